@@ -1,0 +1,34 @@
+# Tally: `make run` and `make test` on a fresh clone. See README.md.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test lint typecheck bench clean-var
+
+$(STAMP): requirements.txt requirements-dev.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+# Installs, picks PostgreSQL/Redis (env, local servers, or embedded under var/),
+# migrates, seeds the demo tenant and starts web, worker, beat and the PSP simulator.
+run: install
+	$(BIN)/python -m config.runner
+
+# Installs and runs the whole suite against real PostgreSQL and Redis.
+test: install
+	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
+	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check wallets payments tenants webhooks config
+	$(BIN)/mypy wallets payments
+
+bench: install
+	@eval "$$($(BIN)/python -m config.localservices --database tally_bench)" && \
+	  $(BIN)/python bench/run_all.py

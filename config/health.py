@@ -1,0 +1,70 @@
+"""/healthz, /readyz and /metrics, answered on every host before tenant routing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+from django.http import HttpRequest, HttpResponse
+
+from config import metrics
+
+
+def _check_database() -> dict[str, Any]:
+    try:
+        with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return {"ok": True}
+    except Exception as exc:  # noqa: BLE001 - readiness reports any failure
+        return {"ok": False, "error": type(exc).__name__}
+
+
+def _check_redis() -> dict[str, Any]:
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5)
+        client.ping()
+        return {"ok": True}
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "error": type(exc).__name__}
+
+
+def _check_migrations() -> dict[str, Any]:
+    try:
+        connection = connections[DEFAULT_DB_ALIAS]
+        connection.set_schema_to_public()  # type: ignore[attr-defined]
+        executor = MigrationExecutor(connection)
+        plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        return {"ok": not plan, "pending": len(plan)}
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "error": type(exc).__name__}
+
+
+def readiness() -> tuple[bool, dict[str, Any]]:
+    checks = {"database": _check_database()}
+    checks["redis"] = _check_redis()
+    checks["migrations"] = _check_migrations() if checks["database"]["ok"] else {"ok": False, "error": "database"}
+    return all(c["ok"] for c in checks.values()), checks
+
+
+class HealthMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        path = request.path
+        if path == "/healthz":
+            return HttpResponse(b'{"status":"ok"}', content_type="application/json")
+        if path == "/readyz":
+            ready, checks = readiness()
+            body = json.dumps({"status": "ready" if ready else "not_ready", "checks": checks})
+            return HttpResponse(body, status=200 if ready else 503, content_type="application/json")
+        if path == "/metrics":
+            payload, content_type = metrics.render()
+            return HttpResponse(payload, content_type=content_type)
+        return self.get_response(request)

@@ -1,0 +1,87 @@
+"""Request ids, structured-log context and request metrics."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse
+
+from config import metrics
+
+request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+_INCOMING_ID = re.compile(r"^[A-Za-z0-9_\-]{8,64}$")
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_urlsafe(18)
+
+
+def current_request_id() -> str:
+    return request_id_var.get()
+
+
+class LogContextFilter(logging.Filter):
+    """Adds the request id and tenant schema to every log record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id_var.get()
+        record.tenant = getattr(connection, "schema_name", "-")
+        return True
+
+
+_EMAIL = re.compile(r"^(.)(.*)(@.*)$")
+
+
+def mask_email(value: str | None) -> str | None:
+    if not value:
+        return value
+    return _EMAIL.sub(lambda m: m.group(1) + "***" + m.group(3), value)
+
+
+def mask_phone(value: str | None) -> str | None:
+    if not value:
+        return value
+    return "***" + value[-2:] if len(value) > 2 else "***"
+
+
+class RequestIdMiddleware:
+    """Gives every request an id (or keeps a sane incoming one) and echoes it back."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        incoming = request.headers.get("X-Request-Id", "")
+        rid = incoming if _INCOMING_ID.match(incoming) else new_request_id()
+        request.request_id = rid  # type: ignore[attr-defined]
+        token = request_id_var.set(rid)
+        try:
+            response = self.get_response(request)
+        finally:
+            request_id_var.reset(token)
+        response["Request-Id"] = rid
+        return response
+
+
+class MetricsMiddleware:
+    """Counts requests by face, method and status; runs after the tenant is resolved."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        response = self.get_response(request)
+        parts = request.path.split("/")
+        face = parts[2] if len(parts) > 2 and parts[1] == "v1" else "other"
+        if face not in {"customer", "terminal", "merchant", "admin"}:
+            face = "other"
+        metrics.REQUESTS.labels(face=face, method=request.method, status=str(response.status_code)).inc()
+        metrics.REQUEST_SECONDS.labels(face=face).observe(time.perf_counter() - started)
+        return response

@@ -1,0 +1,72 @@
+"""`make run`: pick servers, migrate, seed the demo tenant, start every process.
+
+Processes come from the Procfile and run under honcho; Ctrl-C stops them all.
+Embedded PostgreSQL/Redis (when no server answers) keep running under var/ so the
+next `make run` reuses the same data.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from config.localservices import ROOT, VAR, resolve
+
+
+def main() -> int:
+    env = resolve(database=os.environ.get("TALLY_DB_NAME", "tally"), embedded_ok=True)
+    os.environ.update(env)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    prom_dir = VAR / "prometheus"
+    shutil.rmtree(prom_dir, ignore_errors=True)
+    prom_dir.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
+
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from tenants.demo import demo_seed, platform_ensure
+
+    print(f"database: {_redact(env['DATABASE_URL'])}\nredis:    {env['REDIS_URL']}", flush=True)
+    call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
+    platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)  # template schema must exist before tenants migrate
+    call_command("migrate_schemas", interactive=False, verbosity=0)
+    seeded = demo_seed()
+
+    port = os.environ.get("PORT", "8000")
+    demo = settings.TALLY_DEMO_DOMAIN
+    lines = [
+        "",
+        "Tally is starting (web, worker, beat, PSP simulator). Ctrl-C stops everything.",
+        f"  admin (demo tenant):  http://{demo}:{port}/admin/   user admin / {seeded['admin_password']}",
+        f"  admin (platform):     http://{settings.TALLY_PUBLIC_DOMAIN}:{port}/admin/   same login",
+        f"  API docs:             http://{demo}:{port}/v1/docs",
+        f"  readiness:            curl -H 'Host: {demo}' http://127.0.0.1:{port}/readyz",
+        "  demo keys (Authorization: Bearer <key>):",
+    ]
+    lines += [f"    {label:<16} {key}" for label, key in seeded["keys"].items()]
+    lines += ["  demo ids: " + ", ".join(f"{k}={v}" for k, v in seeded["ids"].items()), ""]
+    print("\n".join(lines), flush=True)
+
+    os.environ["VENV_BIN"] = str(Path(sys.executable).parent)
+    os.environ.setdefault("PORT", port)
+    honcho = Path(sys.executable).parent / "honcho"
+    return subprocess.call([str(honcho), "-f", str(ROOT / "Procfile"), "-d", str(ROOT), "start"])
+
+
+def _redact(url: str) -> str:
+    if "@" in url and ":" in url.split("@")[0].split("//")[-1]:
+        scheme, rest = url.split("//", 1)
+        creds, host = rest.split("@", 1)
+        return f"{scheme}//{creds.split(':')[0]}:***@{host}"
+    return url
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

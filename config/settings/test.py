@@ -1,0 +1,9 @@
+from .base import *  # noqa: F401,F403
+from .base import DATABASES, env
+
+DEBUG = False
+# A fixed database name keeps runs comparable; pytest-django prefixes it with test_.
+DATABASES["default"]["NAME"] = env("TALLY_TEST_DB_NAME", default="tally")
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+CELERY_TASK_ALWAYS_EAGER = True

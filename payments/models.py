@@ -1,0 +1,1 @@
+"""Payment objects (payments, refunds, transfers, top-ups, adjustments, intents) and the outbox."""

@@ -1,0 +1,89 @@
+"""The demo tenant `make run` seeds: idempotent, so a second run reuses everything.
+
+Keys are stored hashed, so the raw demo keys are kept in var/demo_keys.json (a local,
+git-ignored file) to be printed again on the next run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django_tenants.utils import schema_context
+
+from tenants.models import Domain, Tenant
+from tenants.services import tenant_create, tenant_template_ensure
+from wallets.models import Customer, Merchant, Store, Terminal
+from wallets.services.principals import (
+    api_key_create,
+    customer_create,
+    merchant_create,
+    staff_member_get_or_create,
+    store_create,
+    terminal_create,
+)
+
+DEMO_SCHEMA = "demo"
+KEYS_FILE = Path(settings.BASE_DIR) / "var" / "demo_keys.json"
+DEMO_STARTING_BALANCES = {"alice": 50_000, "bob": 20_000}  # JPY
+
+
+def platform_ensure(*, public_domain: str) -> Tenant:
+    connection.set_schema_to_public()
+    public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Tally platform", "main_currency": "XXX"})
+    Domain.objects.get_or_create(domain=public_domain, defaults={"tenant": public, "is_primary": True})
+    tenant_template_ensure()
+    return public
+
+
+def _superuser_ensure(username: str, password: str) -> None:
+    user_model = get_user_model()
+    user = user_model.objects.filter(username=username).first()
+    if user is None:
+        user_model.objects.create_superuser(username=username, password=password, email="")
+
+
+def demo_seed() -> dict[str, Any]:
+    """Create the demo tenant and its parties once; return what to print (keys, logins)."""
+    from wallets.ids import random_token
+
+    KEYS_FILE.parent.mkdir(exist_ok=True)
+    saved: dict[str, Any] = json.loads(KEYS_FILE.read_text()) if KEYS_FILE.exists() else {}
+    platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)
+    password = saved.get("admin_password") or random_token(16)
+    _superuser_ensure("admin", password)  # public-schema admin: tenants and domains
+
+    if not Tenant.objects.filter(schema_name=DEMO_SCHEMA).exists():
+        tenant_create(schema_name=DEMO_SCHEMA, domain=settings.TALLY_DEMO_DOMAIN, name="Demo Town", main_currency="JPY")
+    keys: dict[str, str] = saved.get("keys", {})
+    with schema_context(DEMO_SCHEMA):
+        _superuser_ensure("admin", password)  # tenant-schema admin: the operator's staff
+        alice = Customer.objects.filter(name="Alice").first() or customer_create(name="Alice", email="alice@example.com")
+        bob = Customer.objects.filter(name="Bob").first() or customer_create(name="Bob", email="bob@example.com")
+        merchant = Merchant.objects.filter(name="Corner Café").first() or merchant_create(name="Corner Café")
+        store = Store.objects.filter(merchant=merchant).first() or store_create(merchant=merchant, name="Main Street")
+        terminal = Terminal.objects.filter(store=store).first() or terminal_create(store=store, name="Till 1")
+        staff = staff_member_get_or_create(username="admin")
+        principals = {"customer_alice": alice, "customer_bob": bob, "merchant": merchant, "terminal": terminal, "staff": staff}
+        for label, principal in principals.items():
+            if label not in keys:
+                _, keys[label] = api_key_create(principal=principal)
+        _demo_balances_ensure(customers={"alice": alice, "bob": bob})
+        ids = {"alice": alice.id, "bob": bob.id, "merchant": merchant.id, "store": store.id, "terminal": terminal.id}
+    saved = {"admin_password": password, "keys": keys, "ids": ids}
+    KEYS_FILE.write_text(json.dumps(saved, indent=2))
+    KEYS_FILE.chmod(0o600)
+    return saved
+
+
+def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:
+    """Fund the demo customers once, through the same adjustment service staff use."""
+    try:
+        from payments.services import demo_funding_ensure
+    except ImportError:  # the ledger is not there yet
+        return
+    demo_funding_ensure(customers=customers, amounts=DEMO_STARTING_BALANCES)

@@ -1,0 +1,63 @@
+"""Tenants (operators) and their domains. Lives in the public schema."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django_tenants.models import DomainMixin, TenantMixin
+
+
+class IdempotencyMode(models.TextChoices):
+    MANDATORY = "mandatory", "Mandatory (400 without a key)"
+    OPTIONAL = "optional", "Optional (executed, counted as missing)"
+
+
+class Tenant(TenantMixin):
+    """An operator: one PostgreSQL schema with its own customers, merchants and assets."""
+
+    name = models.CharField(max_length=200)
+    main_currency = models.CharField(
+        max_length=12, validators=[RegexValidator(r"^[A-Z][A-Z0-9_]{1,11}$")],
+        help_text="Code of the main asset, e.g. JPY.",
+    )
+    currency_exponent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(8)])
+    is_active = models.BooleanField(default=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    # Idempotency rollout per face (SPEC 6).
+    idempotency_customer = models.CharField(max_length=10, choices=IdempotencyMode.choices, default=IdempotencyMode.MANDATORY)
+    idempotency_terminal = models.CharField(max_length=10, choices=IdempotencyMode.choices, default=IdempotencyMode.MANDATORY)
+    idempotency_merchant = models.CharField(max_length=10, choices=IdempotencyMode.choices, default=IdempotencyMode.MANDATORY)
+    idempotency_admin = models.CharField(max_length=10, choices=IdempotencyMode.choices, default=IdempotencyMode.MANDATORY)
+    idempotency_replay_window_seconds = models.PositiveIntegerField(default=24 * 3600)
+    idempotency_tombstone_window_seconds = models.PositiveIntegerField(default=24 * 3600)
+    idempotency_wait_ms = models.PositiveIntegerField(default=5000, validators=[MaxValueValidator(30000)])
+
+    # Money rules used by the payments service.
+    # Points earned per main-currency minor unit spent; result rounded down (ROUND_FLOOR).
+    points_earn_rate = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0.01"), validators=[MinValueValidator(0)])
+    # Top-up bonus as a fraction of the top-up, paid from the bonus pool; rounded down (ROUND_FLOOR).
+    topup_bonus_rate = models.DecimalField(max_digits=8, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)])
+    # Grams of CO2 avoided per main-currency minor unit spent; rounded half-even (ROUND_HALF_EVEN).
+    carbon_grams_per_unit = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0.5"), validators=[MinValueValidator(0)])
+    # Anything a later feature needs before it earns a column.
+    extra_settings = models.JSONField(default=dict, blank=True)
+
+    auto_create_schema = True
+    auto_drop_schema = False
+
+    class Meta:
+        ordering = ["schema_name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.schema_name})"
+
+    def idempotency_mode_for(self, face: str) -> str:
+        return str(getattr(self, f"idempotency_{face}"))
+
+
+class Domain(DomainMixin):
+    def __str__(self) -> str:
+        return self.domain

@@ -1,0 +1,53 @@
+"""Write services for tenants (public schema)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection, transaction
+from django_tenants.utils import schema_context, schema_exists
+
+from tenants.models import Domain, Tenant
+from wallets.services.principals import tenant_ledger_bootstrap
+
+TEMPLATE_SCHEMA = settings.TENANT_BASE_SCHEMA
+
+
+def tenant_template_ensure() -> Tenant:
+    """Make sure the migrated template schema that new tenants are cloned from exists.
+
+    It is an inactive tenant row, so `migrate_schemas` keeps it migrated with the rest.
+    """
+    connection.set_schema_to_public()
+    template = Tenant.objects.filter(schema_name=TEMPLATE_SCHEMA).first()
+    if template is None:
+        template = Tenant(schema_name=TEMPLATE_SCHEMA, name="Template (not a tenant)", main_currency="XXX", is_active=False)
+        template.save()  # no clone source yet: runs the tenant migrations
+    elif not schema_exists(TEMPLATE_SCHEMA):
+        template.create_schema(check_if_exists=True, verbosity=0)
+    return template
+
+
+def tenant_create(
+    *,
+    schema_name: str,
+    domain: str,
+    name: str,
+    main_currency: str,
+    currency_exponent: int = 0,
+) -> Tenant:
+    """Create a tenant: schema (cloned from the template), domain, assets, system accounts."""
+    tenant_template_ensure()
+    connection.set_schema_to_public()
+    with transaction.atomic():
+        tenant = Tenant(
+            schema_name=schema_name,
+            name=name,
+            main_currency=main_currency,
+            currency_exponent=currency_exponent,
+        )
+        tenant.full_clean(exclude=["schema_name"])
+        tenant.save(verbosity=0)
+        Domain.objects.create(tenant=tenant, domain=domain, is_primary=True)
+    with schema_context(schema_name):
+        tenant_ledger_bootstrap(main_currency=main_currency, exponent=currency_exponent)
+    return tenant

@@ -1,0 +1,100 @@
+"""Fixtures: two session-scoped tenants (committed once per test database), helpers to
+run code inside a tenant, and HTTP clients bound to a tenant's host.
+
+Most tests use `tenant` (inside pytest-django's rolled-back transaction). Tests that
+race real threads use `live_tenant`: no wrapping transaction, so their rows commit and
+other connections see them; they create uniquely-named data and leave it behind in the
+throwaway test database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import pytest
+from django.db import connection, connections
+from django.test import Client
+from django_tenants.utils import schema_context
+
+from tenants.models import Domain, Tenant
+from tenants.services import tenant_create
+
+T = TypeVar("T")
+
+TENANT_A = {"schema_name": "test_a", "domain": "a.test.localhost", "name": "Tenant A", "main_currency": "JPY"}
+TENANT_B = {"schema_name": "test_b", "domain": "b.test.localhost", "name": "Tenant B", "main_currency": "EUR", "currency_exponent": 2}
+
+
+def _public_tenant_ensure() -> None:
+    connection.set_schema_to_public()
+    public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Platform", "main_currency": "XXX"})
+    Domain.objects.get_or_create(domain="public.test.localhost", defaults={"tenant": public, "is_primary": True})
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    with django_db_blocker.unblock():
+        _public_tenant_ensure()
+        for spec in (TENANT_A, TENANT_B):
+            if not Tenant.objects.filter(schema_name=spec["schema_name"]).exists():
+                tenant_create(**spec)
+        connection.set_schema_to_public()
+    yield
+
+
+@pytest.fixture(scope="session")
+def tenant_a(django_db_setup: None, django_db_blocker: Any) -> Tenant:
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        return Tenant.objects.get(schema_name=TENANT_A["schema_name"])
+
+
+@pytest.fixture(scope="session")
+def tenant_b(django_db_setup: None, django_db_blocker: Any) -> Tenant:
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        return Tenant.objects.get(schema_name=TENANT_B["schema_name"])
+
+
+@pytest.fixture
+def tenant(db: None, tenant_a: Tenant) -> Iterator[Tenant]:
+    """Tenant A's schema for the test, inside the test's rolled-back transaction."""
+    connection.set_tenant(tenant_a)
+    yield tenant_a
+    connection.set_schema_to_public()
+
+
+@pytest.fixture
+def live_tenant(django_db_setup: None, django_db_blocker: Any, tenant_a: Tenant) -> Iterator[Tenant]:
+    """Tenant A with real commits, for tests that race threads or processes."""
+    with django_db_blocker.unblock():
+        connection.set_tenant(tenant_a)
+        yield tenant_a
+        connection.set_schema_to_public()
+
+
+@contextmanager
+def in_tenant(tenant: Tenant) -> Iterator[None]:
+    """Run a block inside `tenant`'s schema, restoring the previous schema after."""
+    with schema_context(tenant.schema_name):
+        yield
+
+
+def run_in_thread_tenant(tenant: Tenant, fn: Callable[[], T]) -> T:
+    """Body for a worker thread: its own connection, set to `tenant`, closed after."""
+    try:
+        connection.set_tenant(tenant)
+        return fn()
+    finally:
+        connections.close_all()
+
+
+@pytest.fixture
+def tenant_client(tenant: Tenant) -> Client:
+    return Client(HTTP_HOST=TENANT_A["domain"])
+
+
+def host_of(tenant: Tenant) -> str:
+    return str(tenant.get_primary_domain().domain)

@@ -1,0 +1,204 @@
+"""Parties, assets, accounts and API keys of one tenant (tenant schema).
+
+The ledger (balances, transactions, entries, holds) builds on these.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+
+from wallets import ids
+
+
+class AssetKind(models.TextChoices):
+    CURRENCY = "currency", "Main currency"
+    POINTS = "points", "Points"
+    CARBON = "carbon", "Carbon credits"
+    REGIONAL = "regional", "Regional currency"
+
+
+class Asset(models.Model):
+    code = models.CharField(max_length=12, primary_key=True, validators=[RegexValidator(r"^[A-Z][A-Z0-9_]{1,11}$")])
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=10, choices=AssetKind.choices)
+    exponent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(8)])
+    # Per-wallet cap in minor units: balance + amount <= cap, checked atomically.
+    cap = models.BigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    is_main = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["code"]
+        constraints = [
+            models.UniqueConstraint(fields=["is_main"], condition=models.Q(is_main=True), name="asset_one_main"),
+            models.CheckConstraint(condition=models.Q(cap__isnull=True) | models.Q(cap__gt=0), name="asset_cap_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return self.code
+
+
+class Customer(models.Model):
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_customer_id, editable=False)
+    name = models.CharField(max_length=200)
+    email = models.EmailField(blank=True, default="")
+    phone = models.CharField(max_length=32, blank=True, default="")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class Merchant(models.Model):
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_merchant_id, editable=False)
+    name = models.CharField(max_length=200)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class Store(models.Model):
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_store_id, editable=False)
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="stores")
+    name = models.CharField(max_length=200)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class Terminal(models.Model):
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_terminal_id, editable=False)
+    store = models.ForeignKey(Store, on_delete=models.PROTECT, related_name="terminals")
+    name = models.CharField(max_length=200)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class StaffMember(models.Model):
+    """An operator's staff member: an API principal (`ak_` keys) tied to an admin login."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_staff_id, editable=False)
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="staff_member")
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.user.get_username()} ({self.id})"
+
+
+class AccountKind(models.TextChoices):
+    CUSTOMER = "customer", "Customer wallet"
+    MERCHANT = "merchant", "Merchant account"
+    SYSTEM = "system", "System account"
+
+
+class SystemRole(models.TextChoices):
+    """System accounts may go negative; they are the other side of money entering or leaving."""
+
+    PSP_FUNDING = "psp_funding", "PSP funding (card top-ups)"
+    BONUS_POOL = "bonus_pool", "Bonus pool (top-up bonuses, points issuance)"
+    FEES = "fees", "Fees"
+    CARBON_REGISTRY = "carbon_registry", "Carbon registry"
+    ADJUSTMENTS = "adjustments", "Staff adjustments"
+
+
+class Account(models.Model):
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_account_id, editable=False)
+    kind = models.CharField(max_length=10, choices=AccountKind.choices)
+    customer = models.OneToOneField(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="account")
+    merchant = models.OneToOneField(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="account")
+    system_role = models.CharField(max_length=20, choices=SystemRole.choices, null=True, blank=True, unique=True)
+    frozen = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(kind="customer", customer__isnull=False, merchant__isnull=True, system_role__isnull=True)
+                    | models.Q(kind="merchant", merchant__isnull=False, customer__isnull=True, system_role__isnull=True)
+                    | models.Q(kind="system", system_role__isnull=False, customer__isnull=True, merchant__isnull=True)
+                ),
+                name="account_owner_matches_kind",
+            )
+        ]
+
+    @property
+    def may_go_negative(self) -> bool:
+        return self.kind == AccountKind.SYSTEM
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.system_role or self.customer_id or self.merchant_id}"
+
+
+class PrincipalType(models.TextChoices):
+    CUSTOMER = "customer", "Customer"
+    MERCHANT = "merchant", "Merchant"
+    TERMINAL = "terminal", "Terminal"
+    STAFF = "staff", "Staff"
+
+
+KEY_PREFIXES = {
+    PrincipalType.CUSTOMER: "ck_",
+    PrincipalType.MERCHANT: "sk_",
+    PrincipalType.TERMINAL: "tk_",
+    PrincipalType.STAFF: "ak_",
+}
+
+
+class ApiKey(models.Model):
+    """A bearer key. Only its SHA-256 is stored; the key itself is shown once."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_api_key_id, editable=False)
+    principal_type = models.CharField(max_length=10, choices=PrincipalType.choices)
+    customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
+    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
+    terminal = models.ForeignKey(Terminal, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
+    staff = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
+    # The visible start of the key (e.g. "ck_Ab12"), for recognising it in lists and logs.
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    # Set when the key is rotated: it keeps working until then (overlap window).
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    models.Q(principal_type="customer", customer__isnull=False, merchant__isnull=True, terminal__isnull=True, staff__isnull=True)
+                    | models.Q(principal_type="merchant", merchant__isnull=False, customer__isnull=True, terminal__isnull=True, staff__isnull=True)
+                    | models.Q(principal_type="terminal", terminal__isnull=False, customer__isnull=True, merchant__isnull=True, staff__isnull=True)
+                    | models.Q(principal_type="staff", staff__isnull=False, customer__isnull=True, merchant__isnull=True, terminal__isnull=True)
+                ),
+                name="api_key_principal_matches_type",
+            )
+        ]
+
+    @property
+    def principal_id(self) -> str:
+        return str(self.customer_id or self.merchant_id or self.terminal_id or self.staff_id)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.principal_type} {self.principal_id})"

@@ -1,0 +1,129 @@
+"""Write services for a tenant's parties (customers, merchants, stores, terminals, staff)
+and their API keys. Call inside the tenant's schema."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.utils import timezone
+
+from wallets import ids
+from wallets.models import (
+    KEY_PREFIXES,
+    Account,
+    AccountKind,
+    ApiKey,
+    Asset,
+    AssetKind,
+    Customer,
+    Merchant,
+    PrincipalType,
+    StaffMember,
+    Store,
+    SystemRole,
+    Terminal,
+)
+
+API_KEY_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
+
+
+def api_key_hash(raw_key: str) -> str:
+    # Keys are long random strings, so a plain SHA-256 (no salt, no stretching) is enough
+    # and lets us find the key by its hash in one indexed lookup.
+    return hashlib.sha256(raw_key.encode("utf-8")).hexdigest()
+
+
+@transaction.atomic
+def customer_create(*, name: str, email: str = "", phone: str = "") -> Customer:
+    customer = Customer.objects.create(name=name, email=email, phone=phone)
+    Account.objects.create(kind=AccountKind.CUSTOMER, customer=customer)
+    return customer
+
+
+@transaction.atomic
+def merchant_create(*, name: str) -> Merchant:
+    merchant = Merchant.objects.create(name=name)
+    Account.objects.create(kind=AccountKind.MERCHANT, merchant=merchant)
+    return merchant
+
+
+def store_create(*, merchant: Merchant, name: str) -> Store:
+    return Store.objects.create(merchant=merchant, name=name)
+
+
+def terminal_create(*, store: Store, name: str) -> Terminal:
+    return Terminal.objects.create(store=store, name=name)
+
+
+@transaction.atomic
+def staff_member_get_or_create(*, username: str) -> StaffMember:
+    user_model = get_user_model()
+    user, _ = user_model.objects.get_or_create(username=username, defaults={"is_staff": True})
+    if not user.is_staff:
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+    staff, _ = StaffMember.objects.get_or_create(user=user)
+    return staff
+
+
+def api_key_create(
+    *,
+    principal: Customer | Merchant | Terminal | StaffMember,
+) -> tuple[ApiKey, str]:
+    """Mint a key for `principal`. Returns the stored row and the raw key (shown once)."""
+    principal_type, field = _principal_type_and_field(principal)
+    raw_key = KEY_PREFIXES[principal_type] + ids.random_token(API_KEY_RANDOM_LENGTH)
+    api_key = ApiKey.objects.create(
+        principal_type=principal_type,
+        prefix=raw_key[:7],
+        key_hash=api_key_hash(raw_key),
+        **{field: principal},
+    )
+    return api_key, raw_key
+
+
+@transaction.atomic
+def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24)) -> tuple[ApiKey, str]:
+    """Mint a successor key; the old one keeps working for `overlap`, then stops."""
+    principal = api_key.customer or api_key.merchant or api_key.terminal or api_key.staff
+    assert principal is not None
+    new_key, raw_key = api_key_create(principal=principal)
+    expires_at = timezone.now() + overlap
+    if api_key.expires_at is None or api_key.expires_at > expires_at:
+        api_key.expires_at = expires_at
+        api_key.save(update_fields=["expires_at"])
+    return new_key, raw_key
+
+
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+    return api_key
+
+
+def _principal_type_and_field(principal: object) -> tuple[PrincipalType, str]:
+    if isinstance(principal, Customer):
+        return PrincipalType.CUSTOMER, "customer"
+    if isinstance(principal, Merchant):
+        return PrincipalType.MERCHANT, "merchant"
+    if isinstance(principal, Terminal):
+        return PrincipalType.TERMINAL, "terminal"
+    if isinstance(principal, StaffMember):
+        return PrincipalType.STAFF, "staff"
+    raise TypeError(f"not a principal: {type(principal).__name__}")
+
+
+@transaction.atomic
+def tenant_ledger_bootstrap(*, main_currency: str, exponent: int) -> None:
+    """Create the standard assets and the system accounts of a new tenant. Idempotent."""
+    Asset.objects.get_or_create(
+        code=main_currency, defaults={"name": main_currency, "kind": AssetKind.CURRENCY, "exponent": exponent, "is_main": True}
+    )
+    Asset.objects.get_or_create(code="POINT", defaults={"name": "Points", "kind": AssetKind.POINTS, "exponent": 0})
+    Asset.objects.get_or_create(code="CARBON", defaults={"name": "Carbon credits (g CO2)", "kind": AssetKind.CARBON, "exponent": 0})
+    for role in SystemRole:
+        Account.objects.get_or_create(system_role=role, defaults={"kind": AccountKind.SYSTEM})

@@ -1,0 +1,1 @@
+"""Webhook endpoints and deliveries."""
