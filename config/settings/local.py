@@ -1,4 +1,4 @@
-from .base import *  # noqa: F401,F403
+from .base import *  # noqa: F403
 from .base import env
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
