@@ -1,6 +1,9 @@
-"""URLs served on the public (platform) host: the admin for tenants and platform staff."""
+"""URLs served on the public (platform) host: the platform admin for tenants."""
 
-from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from tenants.admin import admin_sites_split, platform_site
+
+admin_sites_split()
+
+urlpatterns = [path("admin/", platform_site.urls)]

@@ -1,0 +1,72 @@
+"""The platform admin (public host): tenants, domains, platform users, beat schedules.
+
+It is a separate AdminSite from the one tenant hosts serve: the public tables are on
+every tenant's search_path, so registering them on the tenant admin would show one
+tenant's staff every other tenant.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+
+from tenants.models import Domain, Tenant
+
+
+class PlatformAdminSite(admin.AdminSite):
+    site_header = "Tally platform"
+    site_title = "Tally platform"
+    index_title = "Tenants and platform settings"
+
+
+platform_site = PlatformAdminSite(name="platform")
+
+
+class DomainInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = Domain
+    extra = 0
+
+
+@admin.register(Tenant, site=platform_site)
+class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("schema_name", "name", "main_currency", "is_active", "idempotency_customer", "idempotency_terminal",
+                    "idempotency_merchant", "idempotency_admin", "created")
+    list_filter = ("is_active",)
+    search_fields = ("schema_name", "name")
+    inlines = [DomainInline]
+    readonly_fields = ("schema_name", "created")
+    fieldsets = (
+        (None, {"fields": ("schema_name", "name", "is_active", "created")}),
+        ("Money", {"fields": ("main_currency", "currency_exponent", "points_earn_rate", "topup_bonus_rate", "carbon_grams_per_unit")}),
+        ("Idempotency rollout (per face)", {"fields": ("idempotency_customer", "idempotency_terminal", "idempotency_merchant", "idempotency_admin")}),
+        ("Idempotency retention", {"fields": ("idempotency_replay_window_seconds", "idempotency_tombstone_window_seconds", "idempotency_wait_ms")}),
+        ("Other", {"fields": ("extra_settings",)}),
+    )
+
+    def get_queryset(self, request):  # type: ignore[no-untyped-def]
+        return super().get_queryset(request).exclude(schema_name="tenant_template")
+
+
+@admin.register(Domain, site=platform_site)
+class DomainAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = ("domain", "tenant", "is_primary")
+    search_fields = ("domain",)
+
+
+platform_site.register(User, UserAdmin)
+platform_site.register(Group, GroupAdmin)
+
+
+def admin_sites_split() -> None:
+    """Move the public-schema models other apps registered on the tenant admin to the
+    platform admin. Idempotent; called once the URLconfs (and so autodiscovery) load."""
+    from django_celery_beat import admin as beat_admin  # noqa: F401 - ensures registration happened
+    from django_celery_beat.models import ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask, SolarSchedule
+
+    for model in (PeriodicTask, ClockedSchedule, CrontabSchedule, IntervalSchedule, SolarSchedule):
+        if admin.site.is_registered(model):
+            model_admin = admin.site.get_model_admin(model)
+            admin.site.unregister(model)
+            if not platform_site.is_registered(model):
+                platform_site.register(model, type(model_admin))
