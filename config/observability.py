@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponse
 
 from config import metrics
 
+request_logger = logging.getLogger("tally.request")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _INCOMING_ID = re.compile(r"^[A-Za-z0-9_\-]{8,64}$")
 
@@ -82,6 +83,13 @@ class MetricsMiddleware:
         face = parts[2] if len(parts) > 2 and parts[1] == "v1" else "other"
         if face not in {"customer", "terminal", "merchant", "admin"}:
             face = "other"
+        elapsed = time.perf_counter() - started
         metrics.REQUESTS.labels(face=face, method=request.method, status=str(response.status_code)).inc()
-        metrics.REQUEST_SECONDS.labels(face=face).observe(time.perf_counter() - started)
+        metrics.REQUEST_SECONDS.labels(face=face).observe(elapsed)
+        # One line per request; never headers or bodies (keys, tokens, PINs live there).
+        request_logger.info(
+            "request",
+            extra={"method": request.method, "path": request.path, "status": response.status_code,
+                   "duration_ms": round(elapsed * 1000, 2), "face": face},
+        )
         return response

@@ -121,3 +121,72 @@ def test_cloned_tenant_schema_matches_template(django_db_setup: None, django_db_
             "SELECT count(*) FROM information_schema.triggers WHERE trigger_schema = %s", [tenant_a.schema_name]
         )
         assert cursor.fetchone()[0] == template_triggers
+
+
+@pytest.mark.django_db
+def test_every_request_logs_one_json_line_with_its_request_id_and_no_secrets(tenant_a: Tenant, capfd) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from config.observability import LogContextFilter
+
+    handler_stream: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            handler_stream.append(self.format(record))
+
+    from pythonjsonlogger.json import JsonFormatter
+
+    handler = Collect()
+    handler.addFilter(LogContextFilter())
+    handler.setFormatter(JsonFormatter("%(levelname)s %(name)s %(message)s %(request_id)s %(tenant)s"))
+    logger = logging.getLogger("tally.request")
+    logger.addHandler(handler)
+    try:
+        response = Client(HTTP_HOST="a.test.localhost").get(
+            "/v1/customer/wallet", HTTP_AUTHORIZATION="Bearer ck_supersecretvalue1234567890"
+        )
+    finally:
+        logger.removeHandler(handler)
+    lines = [json.loads(line) for line in handler_stream]
+    assert len(lines) == 1
+    assert lines[0]["request_id"] == response["Request-Id"]
+    assert lines[0]["tenant"] == tenant_a.schema_name
+    assert lines[0]["path"] == "/v1/customer/wallet"
+    assert "supersecret" not in handler_stream[0]
+
+
+def test_production_settings_refuse_to_start_without_required_values() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS", "DATABASE_URL"}}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings.production"
+    code = "import django; django.setup()"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY must be set in production" in result.stderr
+    env.update(DJANGO_SECRET_KEY="x" * 50, DJANGO_ALLOWED_HOSTS="tally.example", DATABASE_URL="postgres://u@127.0.0.1:5432/x")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.django_db
+def test_platform_admin_lists_tenants_but_a_tenant_admin_does_not(tenant_a: Tenant) -> None:
+    from django.contrib.auth import get_user_model
+
+    connection.set_schema_to_public()
+    user_model = get_user_model()
+    user_model.objects.create_superuser(username="platform-root", password="pw-123456")
+    public = Client(HTTP_HOST="public.test.localhost")
+    public.login(username="platform-root", password="pw-123456")
+    assert public.get("/admin/tenants/tenant/").status_code == 200
+
+    tenant_admin = Client(HTTP_HOST="a.test.localhost")
+    with in_tenant(tenant_a):  # login() authenticates in the current schema
+        user_model.objects.create_superuser(username="tenant-root", password="pw-123456")
+        assert tenant_admin.login(username="tenant-root", password="pw-123456")
+    assert tenant_admin.get("/admin/").status_code == 200
+    assert tenant_admin.get("/admin/tenants/tenant/").status_code == 404
+    assert tenant_admin.get("/admin/django_celery_beat/periodictask/").status_code == 404

@@ -137,6 +137,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in workers
 
 # --- Observability ----------------------------------------------------------------
 LOG_LEVEL = env("TALLY_LOG_LEVEL", default="INFO")

@@ -1,0 +1,30 @@
+"""gunicorn settings for `make run` and production: JSON logs, multiprocess metrics."""
+
+import os
+
+from prometheus_client import multiprocess
+
+bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
+# Two cores: the work per request is mostly waiting on PostgreSQL, so a few workers
+# per core keep both cores busy (see docs/BENCHMARKS.md for the measured choice).
+workers = int(os.environ.get("WEB_CONCURRENCY", "4"))
+worker_class = "sync"
+timeout = 30
+graceful_timeout = 20
+max_requests = 20000
+max_requests_jitter = 2000
+accesslog = None  # Django logs one JSON line per request (config.observability)
+errorlog = "-"
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "pythonjsonlogger.json.JsonFormatter", "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
+    "loggers": {"gunicorn.error": {"handlers": ["console"], "level": "INFO", "propagate": False}},
+}
+
+
+def child_exit(server, worker):  # type: ignore[no-untyped-def]
+    # A dead worker's live gauges must stop counting in /metrics.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
