@@ -14,3 +14,10 @@ urlpatterns = [
     path("v1/docs", SpectacularRedocView.as_view(url_name="schema"), name="docs"),
     path("v1/", include("payments.api.urls")),
 ]
+
+# Errors that never reach a DRF view (unknown route or tenant host, crashes outside a
+# view) still answer the SPEC envelope on /v1/ paths.
+handler400 = "payments.api.errors.handler400"
+handler403 = "payments.api.errors.handler403"
+handler404 = "payments.api.errors.handler404"
+handler500 = "payments.api.errors.handler500"

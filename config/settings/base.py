@@ -115,17 +115,29 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TALLY_MAX_BODY_BYTES", default=64 * 1024)
 
 REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "payments.api.schema.TallyAutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
     "COERCE_DECIMAL_TO_STRING": True,
+    # One error envelope for every face (SPEC 5), DRF's own errors included.
+    "EXCEPTION_HANDLER": "payments.api.errors.api_exception_handler",
+    # Counted in Redis per API key and per tenant (payments/api/throttling.py); a tenant
+    # may override them in Tenant.extra_settings["throttle_rates"].
+    "DEFAULT_THROTTLE_RATES": {
+        "api_key": env("TALLY_THROTTLE_KEY_RATE", default="6000/min"),
+        "tenant": env("TALLY_THROTTLE_TENANT_RATE", default="60000/min"),
+    },
+    "PAGE_SIZE": 20,  # list pages: default 20, capped at 100 (payments/api/pagination.py)
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tally API",
     "DESCRIPTION": "Multi-tenant wallets and payments. See SPEC.md for the contract.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SCHEMA_PATH_PREFIX": r"/v1",
+    "SECURITY": [{"bearerAuth": []}],
 }
 
 # --- Celery (tenant-schemas-celery carries the schema on every task) ---------------

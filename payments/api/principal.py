@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 from wallets.models import ApiKey, Customer, Merchant, StaffMember, Terminal
 
+# Which principal type each face accepts (SPEC 4); any other principal gets 403.
+FACE_PRINCIPAL_TYPES = {"customer": "customer", "terminal": "terminal", "merchant": "merchant", "admin": "staff"}
+
 
 @dataclass(frozen=True)
 class Principal:
@@ -26,3 +29,17 @@ class Principal:
         if isinstance(self.obj, Terminal):
             return str(self.obj.store.merchant_id)
         return None
+
+    @property
+    def store_id(self) -> str | None:
+        """The store a terminal principal is bound to."""
+        if isinstance(self.obj, Terminal):
+            return str(self.obj.store_id)
+        return None
+
+
+def principal_from_api_key(api_key: ApiKey) -> Principal:
+    obj = api_key.customer or api_key.merchant or api_key.terminal or api_key.staff
+    if obj is None:  # the database CHECK makes this impossible; refuse rather than guess
+        raise ValueError(f"api key {api_key.id} has no principal")
+    return Principal(type=str(api_key.principal_type), id=str(obj.pk), obj=obj, api_key=api_key)

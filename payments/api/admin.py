@@ -1,0 +1,141 @@
+"""Admin face (`ak_` staff keys): parties, keys, adjustments, freezes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from payments.api import lookups
+from payments.api import serializers as s
+from payments.api.base import AdminView
+from payments.api.pagination import ListParamsSerializer
+from wallets.services import principals as party_services
+
+TAG = ["admin"]
+
+
+class CustomersView(AdminView):
+    @extend_schema(tags=TAG, summary="List customers", parameters=[ListParamsSerializer], responses=s.CustomerList)
+    def get(self, request: Request) -> Response:
+        return self.list_response(lookups.customer_list(), s.CustomerOut, self.query(ListParamsSerializer))
+
+    @extend_schema(tags=TAG, summary="Create a customer (and their wallet)", request=s.CustomerCreateIn, responses={201: s.CustomerOut})
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.CustomerCreateIn)
+        customer = party_services.customer_create(name=data["name"], email=data["email"], phone=data["phone"])
+        return self.render(s.CustomerOut, customer, status=201)
+
+
+class CustomerDetailView(AdminView):
+    @extend_schema(tags=TAG, summary="Retrieve a customer", responses=s.CustomerOut)
+    def get(self, request: Request, customer_id: str) -> Response:
+        return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))
+
+
+class MerchantsView(AdminView):
+    @extend_schema(tags=TAG, summary="List merchants", parameters=[ListParamsSerializer], responses=s.MerchantList)
+    def get(self, request: Request) -> Response:
+        return self.list_response(lookups.merchant_list(), s.MerchantOut, self.query(ListParamsSerializer))
+
+    @extend_schema(tags=TAG, summary="Create a merchant", request=s.MerchantCreateIn, responses={201: s.MerchantOut})
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.MerchantCreateIn)
+        return self.render(s.MerchantOut, party_services.merchant_create(name=data["name"]), status=201)
+
+
+class MerchantDetailView(AdminView):
+    @extend_schema(tags=TAG, summary="Retrieve a merchant", responses=s.MerchantOut)
+    def get(self, request: Request, merchant_id: str) -> Response:
+        return self.render(s.MerchantOut, lookups.merchant_get(merchant_id=merchant_id))
+
+
+class StoresView(AdminView):
+    @extend_schema(tags=TAG, summary="List stores", parameters=[ListParamsSerializer], responses=s.StoreList)
+    def get(self, request: Request) -> Response:
+        return self.list_response(lookups.store_list(), s.StoreOut, self.query(ListParamsSerializer))
+
+    @extend_schema(tags=TAG, summary="Create a store of a merchant", request=s.StoreCreateIn, responses={201: s.StoreOut})
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.StoreCreateIn)
+        merchant = lookups.merchant_get(merchant_id=data["merchant"], param="merchant")
+        return self.render(s.StoreOut, party_services.store_create(merchant=merchant, name=data["name"]), status=201)
+
+
+class StoreDetailView(AdminView):
+    @extend_schema(tags=TAG, summary="Retrieve a store", responses=s.StoreOut)
+    def get(self, request: Request, store_id: str) -> Response:
+        return self.render(s.StoreOut, lookups.store_get(store_id=store_id))
+
+
+class TerminalsView(AdminView):
+    @extend_schema(tags=TAG, summary="List terminals", parameters=[ListParamsSerializer], responses=s.TerminalList)
+    def get(self, request: Request) -> Response:
+        return self.list_response(lookups.terminal_list(), s.TerminalOut, self.query(ListParamsSerializer))
+
+    @extend_schema(tags=TAG, summary="Create a terminal in a store", request=s.TerminalCreateIn, responses={201: s.TerminalOut})
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.TerminalCreateIn)
+        store = lookups.store_get(store_id=data["store"], param="store")
+        return self.render(s.TerminalOut, party_services.terminal_create(store=store, name=data["name"]), status=201)
+
+
+class TerminalDetailView(AdminView):
+    @extend_schema(tags=TAG, summary="Retrieve a terminal", responses=s.TerminalOut)
+    def get(self, request: Request, terminal_id: str) -> Response:
+        return self.render(s.TerminalOut, lookups.terminal_get(terminal_id=terminal_id))
+
+
+class ApiKeysView(AdminView):
+    @extend_schema(tags=TAG, summary="List API keys (never the secrets)", parameters=[s.ApiKeyListParams], responses=s.ApiKeyList)
+    def get(self, request: Request) -> Response:
+        params = self.query(s.ApiKeyListParams)
+        keys = lookups.api_key_list(principal_type=params.get("principal_type"), principal_id=params.get("principal_id"))
+        return self.list_response(keys, s.ApiKeyOut, params)
+
+    @extend_schema(
+        tags=TAG, summary="Create an API key for any principal (the key is shown once)", request=s.ApiKeyCreateIn,
+        responses={201: s.ApiKeyCreatedOut},
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.ApiKeyCreateIn)
+        principal = lookups.principal_get(principal_type=data["principal_type"], principal_id=data["principal_id"])
+        api_key, raw_key = party_services.api_key_create(principal=principal)
+        return self.render(s.ApiKeyCreatedOut, _with_key(api_key, raw_key), status=201)
+
+
+class ApiKeyDetailView(AdminView):
+    @extend_schema(tags=TAG, summary="Retrieve an API key", responses=s.ApiKeyOut)
+    def get(self, request: Request, api_key_id: str) -> Response:
+        return self.render(s.ApiKeyOut, lookups.api_key_get(api_key_id=api_key_id))
+
+
+class ApiKeyRotateView(AdminView):
+    @extend_schema(
+        tags=TAG, summary="Rotate a key: a new key now, the old one keeps working for the overlap window",
+        request=s.ApiKeyRotateIn, responses={201: s.ApiKeyRotatedOut},
+    )
+    def post(self, request: Request, api_key_id: str) -> Response:
+        data = self.validated(s.ApiKeyRotateIn)
+        old = lookups.api_key_get(api_key_id=api_key_id)
+        new_key, raw_key = party_services.api_key_rotate(api_key=old, overlap=timedelta(seconds=data["overlap_seconds"]))
+        return self.render(s.ApiKeyRotatedOut, _with_key(new_key, raw_key, replaces=old), status=201)
+
+
+class ApiKeyRevokeView(AdminView):
+    @extend_schema(tags=TAG, summary="Revoke a key now", request=s.EmptyIn, responses={200: s.ApiKeyOut})
+    def post(self, request: Request, api_key_id: str) -> Response:
+        self.validated(s.EmptyIn)
+        api_key = party_services.api_key_revoke(api_key=lookups.api_key_get(api_key_id=api_key_id))
+        return self.render(s.ApiKeyOut, api_key)
+
+
+def _with_key(api_key: Any, raw_key: str, **extra: Any) -> Any:
+    # The raw key lives only in this response: it is never stored, logged or cached.
+    api_key.key = raw_key
+    for name, value in extra.items():
+        setattr(api_key, name, value)
+    return api_key

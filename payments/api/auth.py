@@ -1,0 +1,68 @@
+"""`Authorization: Bearer <key>` -> Principal, and the per-face gate (SPEC 4)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.cache import cache
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
+from wallets.models import ApiKey
+from wallets.selectors import api_key_get_active
+
+logger = logging.getLogger("tally.api")
+
+# last_used_at is advisory (shown to operators when pruning keys): one write per key per
+# minute is plenty, and keeps the hot path of a busy terminal free of an UPDATE per request.
+LAST_USED_RESOLUTION_SECONDS = 60
+# Real keys are ~43 characters; anything far longer is junk we need not even hash.
+MAX_KEY_LENGTH = 128
+
+
+def _touch_last_used(api_key: ApiKey) -> None:
+    try:
+        first_this_minute = cache.add(f"apikey-used:{api_key.id}", 1, LAST_USED_RESOLUTION_SECONDS)
+    except Exception:  # noqa: BLE001 - Redis down: skip the advisory write rather than write every time
+        return
+    if first_this_minute:
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=timezone.now())
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[Principal, ApiKey] | None:
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        if not header:
+            return None
+        scheme, _, raw_key = header.partition(" ")
+        raw_key = raw_key.strip()
+        if scheme.lower() != "bearer" or not raw_key or len(raw_key) > MAX_KEY_LENGTH or not raw_key.isascii():
+            raise exceptions.AuthenticationFailed("invalid API key")
+        api_key = api_key_get_active(raw_key=raw_key)
+        if api_key is None:
+            raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
+        _touch_last_used(api_key)
+        return principal_from_api_key(api_key), api_key
+
+    def authenticate_header(self, request: Request) -> str:
+        # A value here makes DRF answer 401 (not 403) to a missing or bad key.
+        return 'Bearer realm="tally"'
+
+
+class FacePermission(BasePermission):
+    """Each face accepts its own principal type only; the rest get 403."""
+
+    message = "this API key cannot be used on this face"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        principal = request.user
+        if not isinstance(principal, Principal):
+            raise exceptions.NotAuthenticated("missing API key: send Authorization: Bearer <key>")
+        return principal.type == FACE_PRINCIPAL_TYPES[view.face]

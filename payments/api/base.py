@@ -1,0 +1,128 @@
+"""The base view every face inherits: auth, face gate, throttles, strict JSON, body
+limit, and the single plug-in point of the idempotency mechanism (SPEC 6).
+
+Views stay thin: validate input with a serializer, call `payments.services` /
+`wallets.services` (writes) or selectors (reads), render the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.db.models import QuerySet
+from rest_framework import serializers
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from payments.api.auth import ApiKeyAuthentication, FacePermission
+from payments.api.errors import PayloadTooLarge
+from payments.api.pagination import page
+from payments.api.principal import Principal
+from payments.api.throttling import ApiKeyThrottle, TenantThrottle
+
+# --- Idempotency plug-in point -----------------------------------------------------
+# Every POST of every face passes through this one mixin (issue 4 owns it); no view
+# has idempotency code of its own. Until it lands this is an empty class.
+if TYPE_CHECKING:
+
+    class IdempotencyMixin:
+        pass
+
+else:
+    try:
+        from payments.idempotency.drf import IdempotencyMixin
+    except ImportError:  # only before issue 4 lands
+
+        class IdempotencyMixin:
+            pass
+
+
+S = TypeVar("S", bound=serializers.Serializer[Any])
+
+
+class StrictSerializer(serializers.Serializer[Any]):
+    """Refuses unknown fields: a typo in a money request must fail loudly, not be ignored."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {str(unknown[0])[:64]: [serializers.ErrorDetail("unknown parameter", code="parameter_unknown")]}
+                )
+        return super().to_internal_value(data)
+
+
+def body_limit_enforce(request: Request) -> None:
+    """413 for bodies over DATA_UPLOAD_MAX_MEMORY_SIZE.
+
+    DRF's parsers read the raw stream, which skips Django's own size check; reading
+    `HttpRequest.body` first applies it (and the parsers then reuse the buffered body).
+    """
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        declared = 0
+    if limit is not None and declared > limit:
+        raise PayloadTooLarge()
+    try:
+        request._request.body  # noqa: B018 - the read is the check
+    except RequestDataTooBig:
+        raise PayloadTooLarge() from None
+
+
+class FaceView(IdempotencyMixin, APIView):
+    face: ClassVar[str]
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [FacePermission]
+    throttle_classes = [ApiKeyThrottle, TenantThrottle]
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer]
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        body_limit_enforce(request)
+        super().initial(request, *args, **kwargs)
+
+    @property
+    def principal(self) -> Principal:
+        user = self.request.user
+        assert isinstance(user, Principal)  # FacePermission ran before any handler
+        return user
+
+    def validated(self, serializer_class: type[S], *, data: Any | None = None) -> dict[str, Any]:
+        serializer = serializer_class(data=self.request.data if data is None else data)
+        serializer.is_valid(raise_exception=True)
+        return dict(serializer.validated_data)
+
+    def query(self, serializer_class: type[S]) -> dict[str, Any]:
+        return self.validated(serializer_class, data=self.request.query_params.dict())
+
+    def list_response(self, queryset: QuerySet[Any], out: type[serializers.Serializer[Any]], params: dict[str, Any]) -> Response:
+        return Response(page(queryset, params, lambda rows: list(out(rows, many=True).data)))
+
+    @staticmethod
+    def render(out: type[serializers.Serializer[Any]], obj: Any, *, status: int = 200, **extra: Any) -> Response:
+        return Response({**out(obj).data, **extra}, status=status)
+
+
+class CustomerView(FaceView):
+    face = "customer"
+
+
+class TerminalView(FaceView):
+    face = "terminal"
+
+
+class MerchantView(FaceView):
+    face = "merchant"
+
+
+class AdminView(FaceView):
+    face = "admin"

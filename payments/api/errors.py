@@ -1,0 +1,203 @@
+"""The one place that turns a failure into the SPEC's error envelope (SPEC 5).
+
+    {"error": {"type", "code", "message", "param", "request_id"}}
+
+Every face's DRF view routes exceptions here (REST_FRAMEWORK["EXCEPTION_HANDLER"]); the
+Django-level 404/500 handlers answer the same envelope for /v1/ paths that never reach
+a view (unknown route, unknown tenant host, a crash outside DRF).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db import DatabaseError
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults as django_defaults
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+from config import metrics
+from payments.db import is_connection_failure
+from payments.errors import TallyError
+
+logger = logging.getLogger("tally.api")
+
+RETRY_AFTER_SECONDS_DEFAULT = 1
+
+
+class PayloadTooLarge(drf.APIException):
+    status_code = 413
+    default_detail = "request body too large"
+    default_code = "request_too_large"
+
+
+def _request_id(request: Any) -> str:
+    rid = getattr(request, "request_id", None)
+    if rid is None and request is not None:
+        rid = getattr(getattr(request, "_request", None), "request_id", None)
+    return str(rid or "-")
+
+
+def envelope(
+    *,
+    status: int,
+    error_type: str,
+    code: str,
+    message: str,
+    param: str | None,
+    request_id: str,
+) -> dict[str, Any]:
+    return {"error": {"type": error_type, "code": code, "message": message, "param": param, "request_id": request_id}}
+
+
+def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, str, str]:
+    """(param, message, code) of the first leaf of a DRF validation tree.
+
+    Clients fix one field at a time; naming the first one in `param` keeps the envelope flat
+    like Stripe's. Nested fields are dotted (`metadata.key`), list items indexed (`items.0`).
+    """
+    if isinstance(detail, Mapping):
+        for key, value in detail.items():
+            if key in ("non_field_errors", "__all__"):
+                _, message, code = _first_validation_error(value, path)
+                return (path or None), message, code
+            return _first_validation_error(value, f"{path}.{key}" if path else str(key))
+        return (path or None), "invalid request", "parameter_invalid"
+    if isinstance(detail, Sequence) and not isinstance(detail, str):
+        for index, value in enumerate(detail):
+            if isinstance(value, Mapping | list):
+                return _first_validation_error(value, f"{path}.{index}" if path else str(index))
+            return _first_validation_error(value, path)
+        return (path or None), "invalid request", "parameter_invalid"
+    code = getattr(detail, "code", None) or "invalid"
+    return (path or None), str(detail), _validation_code(str(code))
+
+
+def _validation_code(drf_code: str) -> str:
+    if drf_code == "required":
+        return "parameter_missing"
+    if drf_code in {"amount_invalid", "asset_unknown", "cursor_invalid", "parameter_unknown"}:
+        return drf_code
+    return "parameter_invalid"
+
+
+_DRF_CODES: dict[type[drf.APIException], tuple[str, str]] = {
+    drf.ParseError: ("invalid_request_error", "json_invalid"),
+    drf.NotAuthenticated: ("authentication_error", "api_key_missing"),
+    drf.AuthenticationFailed: ("authentication_error", "api_key_invalid"),
+    drf.PermissionDenied: ("permission_error", "permission_denied"),
+    drf.NotFound: ("invalid_request_error", "resource_missing"),
+    drf.MethodNotAllowed: ("invalid_request_error", "method_not_allowed"),
+    drf.NotAcceptable: ("invalid_request_error", "not_acceptable"),
+    drf.UnsupportedMediaType: ("invalid_request_error", "unsupported_media_type"),
+    drf.Throttled: ("rate_limit_error", "rate_limited"),
+    PayloadTooLarge: ("invalid_request_error", "request_too_large"),
+}
+
+
+def _describe(exc: BaseException) -> tuple[int, str, str, str, str | None, dict[str, str]]:
+    """(status, type, code, message, param, headers) for any exception a view may raise."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, TallyError):
+        extra = getattr(exc, "headers", None)
+        if isinstance(extra, Mapping):
+            headers.update({str(k): str(v) for k, v in extra.items()})
+        if exc.retryable and "Retry-After" not in headers:
+            headers["Retry-After"] = str(getattr(exc, "retry_after", RETRY_AFTER_SECONDS_DEFAULT))
+        return exc.status, exc.error_type, exc.code, exc.message, exc.param, headers
+    if isinstance(exc, DatabaseError) and is_connection_failure(exc):
+        # Fail closed (SPEC 5): the client may retry; nothing was decided.
+        metrics.FAIL_CLOSED.labels(store="postgres").inc()
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS_DEFAULT)
+        return 503, "api_error", "unavailable", "database unavailable", None, headers
+    if isinstance(exc, RequestDataTooBig):
+        return 413, "invalid_request_error", "request_too_large", "request body too large", None, headers
+    if isinstance(exc, Http404):
+        return 404, "invalid_request_error", "resource_missing", "no such object", None, headers
+    if isinstance(exc, DjangoPermissionDenied):
+        return 403, "permission_error", "permission_denied", "permission denied", None, headers
+    if isinstance(exc, SuspiciousOperation):
+        return 400, "invalid_request_error", "request_invalid", "the request could not be processed", None, headers
+    if isinstance(exc, drf.ValidationError):
+        param, message, code = _first_validation_error(exc.detail)
+        return 400, "invalid_request_error", code, message, param, headers
+    if isinstance(exc, drf.APIException):
+        error_type, code = next(
+            (v for k, v in _DRF_CODES.items() if isinstance(exc, k)), ("invalid_request_error", str(exc.default_code))
+        )
+        detail = exc.detail
+        message = str(detail) if not isinstance(detail, Mapping | list) else str(exc.default_detail)
+        if isinstance(exc, drf.Throttled):
+            headers["Retry-After"] = str(max(1, math.ceil(getattr(exc, "wait", None) or RETRY_AFTER_SECONDS_DEFAULT)))
+            message = "too many requests: retry later"
+        if isinstance(exc, drf.AuthenticationFailed | drf.NotAuthenticated):
+            headers["WWW-Authenticate"] = 'Bearer realm="tally"'
+        return int(exc.status_code), error_type, code, message, None, headers
+    raise exc
+
+
+def api_exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | None:
+    """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error of every face, one envelope."""
+    request = context.get("request")
+    try:
+        status, error_type, code, message, param, headers = _describe(exc)
+    except Exception:  # an unexpected crash still answers the envelope, never a stack
+        logger.exception("unhandled error in API view")
+        status, error_type, code, message, param, headers = 500, "api_error", "internal_error", "internal error", None, {}
+    body = envelope(status=status, error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
+    response = Response(body, status=status, headers=headers)
+    # The crash was answered; roll back whatever the failed view had done in an atomic block.
+    from rest_framework.views import set_rollback
+
+    set_rollback()
+    return response
+
+
+def error_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    """A plain Django response in the envelope, for code that runs outside DRF views."""
+    try:
+        status, error_type, code, message, param, headers = _describe(exc)
+    except Exception:  # noqa: BLE001
+        status, error_type, code, message, param, headers = 500, "api_error", "internal_error", "internal error", None, {}
+    body = envelope(status=status, error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
+    response = JsonResponse(body, status=status)
+    for key, value in headers.items():
+        response[key] = value
+    return response
+
+
+def _is_api_path(request: HttpRequest) -> bool:
+    return request.path.startswith("/v1/") or request.path == "/v1"
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if _is_api_path(request):
+        return error_response(request, Http404())
+    return django_defaults.page_not_found(request, exception or Http404())
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    if _is_api_path(request):
+        body = envelope(
+            status=500, error_type="api_error", code="internal_error", message="internal error", param=None, request_id=_request_id(request)
+        )
+        return JsonResponse(body, status=500)
+    return django_defaults.server_error(request)
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if _is_api_path(request):
+        return error_response(request, exception if isinstance(exception, BaseException) else SuspiciousOperation())
+    return django_defaults.bad_request(request, exception or SuspiciousOperation())
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if _is_api_path(request):
+        return error_response(request, DjangoPermissionDenied())
+    return django_defaults.permission_denied(request, exception or DjangoPermissionDenied())

@@ -1,0 +1,69 @@
+"""Strict request fields shared by the faces: money, asset codes and object references."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rest_framework import serializers
+
+# The largest integer every JSON client (JavaScript included) represents exactly; far
+# above any real amount in any minor unit, far below bigint, so sums cannot overflow.
+MAX_AMOUNT = 2**53 - 1
+ASSET_CODE_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,11}$")
+OBJECT_ID_RE = re.compile(r"^[a-z]{2,4}_[A-Za-z0-9]{1,40}$")
+
+
+class AmountField(serializers.Field[int, int, int, Any]):
+    """A positive integer in the asset's minor unit (SPEC 2).
+
+    Floats (even 10.0), numeric strings, booleans, zero and negatives are refused: an API
+    that guesses what "10.5" or "1e3" means is an API that moves the wrong amount.
+    """
+
+    default_error_messages = {
+        "invalid": "must be a positive integer in the asset's minor unit (no fraction, no string)",
+        "too_large": f"must be at most {MAX_AMOUNT}",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "Positive integer in the asset's minor unit (e.g. 1000 JPY, 1050 = 10.50 EUR).")
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int) or data <= 0:
+            raise serializers.ValidationError(self.error_messages["invalid"], code="amount_invalid")
+        if data > MAX_AMOUNT:
+            raise serializers.ValidationError(self.error_messages["too_large"], code="amount_invalid")
+        return data
+
+    def to_representation(self, value: int) -> int:
+        return int(value)
+
+
+class AssetField(serializers.RegexField):
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("help_text", "Asset code, e.g. JPY, POINT, CARBON.")
+        super().__init__(ASSET_CODE_RE, max_length=12, error_messages={"invalid": "unknown asset code"}, **kwargs)
+
+
+class ObjectIdField(serializers.RegexField):
+    """A reference to an object by its prefixed id (`cus_...`); existence and ownership are
+    checked by the selector the view calls (another principal's object -> 404)."""
+
+    def __init__(self, prefix: str, **kwargs: Any) -> None:
+        self.prefix = prefix
+        kwargs.setdefault("help_text", f"Id of the object (`{prefix}_...`).")
+        super().__init__(OBJECT_ID_RE, max_length=48, error_messages={"invalid": f"must be an id starting with {prefix}_"}, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value = str(super().to_internal_value(data))
+        if not value.startswith(self.prefix + "_"):
+            self.fail("invalid")
+        return value
+
+
+def strict_char(**kwargs: Any) -> serializers.CharField:
+    """Free text: bounded, trimmed; DRF already refuses NUL characters in CharField."""
+    kwargs.setdefault("max_length", 200)
+    return serializers.CharField(**kwargs)

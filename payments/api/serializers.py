@@ -1,0 +1,362 @@
+"""Request and response shapes of the four faces. Shapes only: no lookups, no rules
+beyond the syntax of a field (rules live in the services)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
+from rest_framework import serializers
+
+from payments.api.base import StrictSerializer
+from payments.api.fields import AmountField, AssetField, ObjectIdField, strict_char
+from payments.api.pagination import ListParamsSerializer, list_serializer
+
+S = serializers
+
+
+class ConstField(S.Field[Any, Any, Any, Any]):
+    """The `object` discriminator of every response object."""
+
+    def __init__(self, value: str, **kwargs: Any) -> None:
+        self.value = value
+        super().__init__(read_only=True, source="*", **kwargs)
+
+    def to_representation(self, value: Any) -> str:
+        return self.value
+
+
+class ConstFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    target_class = ConstField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {"type": "string", "enum": [self.target.value]}
+
+
+def _id() -> S.CharField:
+    return S.CharField()
+
+
+def _ref(source: str, *, nullable: bool = False) -> S.CharField:
+    return S.CharField(source=source, allow_null=nullable)
+
+
+# --- Parties and keys ------------------------------------------------------------------
+
+
+class CustomerOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("customer")
+    created = S.DateTimeField()
+    name = S.CharField()
+    email = S.CharField()
+    phone = S.CharField()
+    frozen = S.BooleanField(source="account.frozen")
+
+
+class MerchantOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("merchant")
+    created = S.DateTimeField()
+    name = S.CharField()
+
+
+class StoreOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("store")
+    created = S.DateTimeField()
+    merchant = _ref("merchant_id")
+    name = S.CharField()
+
+
+class TerminalOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("terminal")
+    created = S.DateTimeField()
+    merchant = _ref("store.merchant_id")
+    store = _ref("store_id")
+    name = S.CharField()
+
+
+class ApiKeyOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("api_key")
+    created = S.DateTimeField()
+    principal_type = S.CharField()
+    principal_id = S.CharField()
+    prefix = S.CharField()
+    expires_at = S.DateTimeField(allow_null=True)
+    revoked_at = S.DateTimeField(allow_null=True)
+    last_used_at = S.DateTimeField(allow_null=True)
+
+
+class ApiKeyCreatedOut(ApiKeyOut):
+    key = S.CharField(help_text="The secret key. Shown once: store it now, it cannot be retrieved again.")
+
+
+class ApiKeyRotatedOut(ApiKeyCreatedOut):
+    replaces = ApiKeyOut(help_text="The rotated key, now expiring at the end of the overlap window.")
+
+
+class CustomerCreateIn(StrictSerializer):
+    name = strict_char()
+    email = S.EmailField(required=False, allow_blank=True, max_length=254, default="")
+    phone = S.RegexField(r"^\+?[0-9 ()\-]{3,31}$", required=False, allow_blank=True, max_length=32, default="")
+
+
+class MerchantCreateIn(StrictSerializer):
+    name = strict_char()
+
+
+class StoreCreateIn(StrictSerializer):
+    merchant = ObjectIdField("mer")
+    name = strict_char()
+
+
+class TerminalCreateIn(StrictSerializer):
+    store = ObjectIdField("sto")
+    name = strict_char()
+
+
+PRINCIPAL_TYPES = ["customer", "merchant", "terminal", "staff"]
+
+
+class ApiKeyCreateIn(StrictSerializer):
+    principal_type = S.ChoiceField(choices=PRINCIPAL_TYPES)
+    principal_id = S.RegexField(r"^(cus|mer|ter|stf)_[A-Za-z0-9]{1,40}$", max_length=48)
+
+
+MAX_KEY_OVERLAP_SECONDS = 7 * 24 * 3600
+
+
+class ApiKeyRotateIn(StrictSerializer):
+    overlap_seconds = S.IntegerField(
+        required=False, min_value=0, max_value=MAX_KEY_OVERLAP_SECONDS, default=24 * 3600,
+        help_text="How long the old key keeps working (default 24 h, at most 7 days).",
+    )
+
+
+class ApiKeyListParams(ListParamsSerializer):
+    principal_type = S.ChoiceField(choices=PRINCIPAL_TYPES, required=False)
+    principal_id = S.RegexField(r"^(cus|mer|ter|stf)_[A-Za-z0-9]{1,40}$", max_length=48, required=False)
+
+
+class FreezeIn(StrictSerializer):
+    reason = strict_char(max_length=500)
+
+
+class UnfreezeIn(StrictSerializer):
+    reason = strict_char(max_length=500, required=False, allow_blank=True, default="")
+
+
+# --- Money objects ---------------------------------------------------------------------
+
+
+class PaymentOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("payment")
+    created = S.DateTimeField()
+    status = S.CharField()
+    asset = _ref("asset_id")
+    amount = S.IntegerField()
+    amount_refunded = S.IntegerField()
+    customer = _ref("customer_id")
+    merchant = _ref("merchant_id")
+    store = _ref("store_id", nullable=True)
+    terminal = _ref("terminal_id", nullable=True)
+    points_earned = S.IntegerField()
+    carbon_grams = S.IntegerField()
+
+
+class RefundOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("refund")
+    created = S.DateTimeField()
+    status = S.CharField()
+    payment = _ref("payment_id")
+    asset = _ref("payment.asset_id")
+    amount = S.IntegerField()
+    reason = S.CharField()
+
+
+class TransferOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("transfer")
+    created = S.DateTimeField()
+    status = S.CharField()
+    from_customer = _ref("from_customer_id")
+    to_customer = _ref("to_customer_id")
+    asset = _ref("asset_id")
+    amount = S.IntegerField()
+
+
+class TopUpOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("topup")
+    created = S.DateTimeField()
+    status = S.CharField()
+    customer = _ref("customer_id")
+    asset = _ref("asset_id")
+    amount = S.IntegerField()
+    bonus_amount = S.IntegerField()
+    payment_method = S.CharField()
+    failure_code = S.CharField()
+
+
+class AdjustmentOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("adjustment")
+    created = S.DateTimeField()
+    staff = _ref("staff_id")
+    customer = _ref("customer_id", nullable=True)
+    merchant = _ref("merchant_id", nullable=True)
+    asset = _ref("asset_id")
+    amount = S.IntegerField()
+    direction = S.CharField()
+    reason = S.CharField()
+
+
+class PaymentIntentOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("payment_intent")
+    created = S.DateTimeField()
+    status = S.CharField()
+    merchant = _ref("merchant_id")
+    customer = _ref("customer_id")
+    asset = _ref("asset_id")
+    amount = S.IntegerField()
+    amount_captured = S.IntegerField()
+    capture_method = S.CharField()
+    payment = _ref("payment_id", nullable=True)
+    failure_code = S.CharField()
+
+
+class BalanceOut(S.Serializer[Any]):
+    asset = S.CharField()
+    balance = S.IntegerField()
+    available = S.IntegerField()
+    held = S.IntegerField()
+
+
+class WalletOut(S.Serializer[Any]):
+    object = ConstField("wallet")
+    customer = S.CharField()
+    frozen = S.BooleanField()
+    balances = BalanceOut(many=True)
+
+
+class MerchantBalanceOut(S.Serializer[Any]):
+    object = ConstField("balance")
+    merchant = S.CharField()
+    balances = BalanceOut(many=True)
+
+
+class TransactionOut(S.Serializer[Any]):
+    """One line of a wallet's history: a ledger entry on the customer's account."""
+
+    id = _ref("transaction_id")
+    object = ConstField("transaction")
+    created = S.DateTimeField()
+    type = _ref("transaction.kind")
+    reference = _ref("transaction.reference")
+    asset = _ref("asset_id")
+    amount = S.IntegerField(help_text="Signed: positive credits the wallet, negative debits it.")
+
+
+class PaymentTokenOut(S.Serializer[Any]):
+    object = ConstField("payment_token")
+    token = S.CharField(help_text="Show it as a QR code; single customer, short-lived.")
+    expires_at = S.DateTimeField()
+
+
+# --- Money requests --------------------------------------------------------------------
+
+
+class TransferCreateIn(StrictSerializer):
+    to_customer = ObjectIdField("cus")
+    asset = AssetField()
+    amount = AmountField()
+
+
+class TopUpCreateIn(StrictSerializer):
+    asset = AssetField()
+    amount = AmountField()
+    payment_method = S.RegexField(r"^[A-Za-z0-9_\-]{1,100}$", max_length=100, help_text="PSP payment method id, e.g. pm_card_visa.")
+
+
+class TerminalPaymentCreateIn(StrictSerializer):
+    customer_token = S.RegexField(r"^[A-Za-z0-9_\-]{8,128}$", max_length=128, required=False)
+    customer = ObjectIdField("cus", required=False)
+    asset = AssetField()
+    amount = AmountField()
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if bool(attrs.get("customer_token")) == bool(attrs.get("customer")):
+            raise S.ValidationError({"customer_token": [S.ErrorDetail("give exactly one of customer_token or customer", code="invalid")]})
+        return attrs
+
+
+class RefundCreateIn(StrictSerializer):
+    payment = ObjectIdField("pay")
+    amount = AmountField()
+    reason = strict_char(max_length=500, required=False, allow_blank=True, default="")
+
+
+class AdjustmentCreateIn(StrictSerializer):
+    customer = ObjectIdField("cus", required=False)
+    merchant = ObjectIdField("mer", required=False)
+    asset = AssetField()
+    amount = AmountField()
+    direction = S.ChoiceField(choices=["credit", "debit"])
+    reason = strict_char(max_length=500)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if bool(attrs.get("customer")) == bool(attrs.get("merchant")):
+            raise S.ValidationError({"customer": [S.ErrorDetail("give exactly one of customer or merchant", code="invalid")]})
+        return attrs
+
+
+class PaymentIntentCreateIn(StrictSerializer):
+    customer = ObjectIdField("cus")
+    asset = AssetField()
+    amount = AmountField()
+    capture_method = S.ChoiceField(choices=["automatic", "manual"], required=False, default="automatic")
+
+
+class PaymentIntentUpdateIn(StrictSerializer):
+    amount = AmountField()
+
+
+class PaymentIntentCaptureIn(StrictSerializer):
+    amount_to_capture = AmountField(required=False, help_text="Defaults to the full authorized amount; the rest is released.")
+
+
+class EmptyIn(StrictSerializer):
+    """Actions that take no parameters still refuse unknown ones."""
+
+
+# --- List query parameters -------------------------------------------------------------
+
+
+class TransactionListParams(ListParamsSerializer):
+    asset = AssetField(required=False)
+
+
+class PaymentListParams(ListParamsSerializer):
+    asset = AssetField(required=False)
+
+
+# --- Lists (documented shapes) ---------------------------------------------------------
+
+CustomerList = list_serializer(CustomerOut, "CustomerList")
+MerchantList = list_serializer(MerchantOut, "MerchantList")
+StoreList = list_serializer(StoreOut, "StoreList")
+TerminalList = list_serializer(TerminalOut, "TerminalList")
+ApiKeyList = list_serializer(ApiKeyOut, "ApiKeyList")
+PaymentList = list_serializer(PaymentOut, "PaymentList")
+RefundList = list_serializer(RefundOut, "RefundList")
+TransferList = list_serializer(TransferOut, "TransferList")
+TopUpList = list_serializer(TopUpOut, "TopUpList")
+AdjustmentList = list_serializer(AdjustmentOut, "AdjustmentList")
+PaymentIntentList = list_serializer(PaymentIntentOut, "PaymentIntentList")
+TransactionList = list_serializer(TransactionOut, "TransactionList")

@@ -1,0 +1,116 @@
+"""Per-key and per-tenant rate limits, counted in Redis (SPEC 5: 429 with Retry-After).
+
+Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE
+pipeline per scope per request. Counters live in Redis so every gunicorn worker and
+host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
+overridden per tenant in `Tenant.extra_settings["throttle_rates"]`.
+
+Redis down: throttling fails open (a rate limit protects capacity, not money) and stops
+trying for a few seconds, so an outage does not add a timeout to every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import connection
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle
+
+from payments.api.principal import Principal
+
+logger = logging.getLogger("tally.api")
+
+_DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+REDIS_BACKOFF_SECONDS = 5.0
+
+_client_lock = threading.Lock()
+_client: redis.Redis | None = None
+_redis_down_until = 0.0
+
+
+def _redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        with _client_lock:
+            if _client is None:
+                _client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.25, socket_timeout=0.25)
+    return _client
+
+
+def parse_rate(rate: str | None) -> tuple[int, int] | None:
+    """"600/min" -> (600, 60); None or "" -> no limit."""
+    if not rate:
+        return None
+    count, _, period = str(rate).partition("/")
+    return int(count), _DURATIONS[period.strip()[0].lower()]
+
+
+def _rate_for(request: Request, scope: str) -> tuple[int, int] | None:
+    tenant = getattr(request._request, "tenant", None)
+    overrides: dict[str, Any] = {}
+    if tenant is not None and isinstance(getattr(tenant, "extra_settings", None), dict):
+        overrides = tenant.extra_settings.get("throttle_rates") or {}
+    rate = overrides.get(scope) if scope in overrides else api_settings.DEFAULT_THROTTLE_RATES.get(scope)
+    return parse_rate(None if rate is None else str(rate))
+
+
+class _RedisWindowThrottle(BaseThrottle):
+    scope = ""
+
+    def __init__(self) -> None:
+        self._wait: float | None = None
+
+    def ident(self, request: Request) -> str | None:
+        raise NotImplementedError
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        global _redis_down_until
+        ident = self.ident(request)
+        rate = _rate_for(request, self.scope)
+        if ident is None or rate is None:
+            return True
+        limit, period = rate
+        now = time.time()
+        if now < _redis_down_until:
+            return True
+        window = int(now // period)
+        schema = getattr(connection, "schema_name", "public")
+        key = f"tally:throttle:{schema}:{self.scope}:{ident}:{window}"
+        try:
+            pipe = _redis().pipeline(transaction=False)
+            pipe.incr(key)
+            pipe.expire(key, period + 1, nx=True)
+            count = int(pipe.execute()[0])
+        except redis.RedisError:
+            _redis_down_until = now + REDIS_BACKOFF_SECONDS
+            logger.warning("throttle store unavailable: failing open", extra={"scope": self.scope})
+            return True
+        if count > limit:
+            self._wait = (window + 1) * period - now
+            return False
+        return True
+
+    def wait(self) -> float | None:
+        return self._wait
+
+
+class ApiKeyThrottle(_RedisWindowThrottle):
+    scope = "api_key"
+
+    def ident(self, request: Request) -> str | None:
+        principal = request.user
+        return principal.api_key.id if isinstance(principal, Principal) else None
+
+
+class TenantThrottle(_RedisWindowThrottle):
+    scope = "tenant"
+
+    def ident(self, request: Request) -> str | None:
+        return "all"
