@@ -128,7 +128,6 @@ REST_FRAMEWORK = {
         "api_key": env("TALLY_THROTTLE_KEY_RATE", default="6000/min"),
         "tenant": env("TALLY_THROTTLE_TENANT_RATE", default="60000/min"),
     },
-    "PAGE_SIZE": 20,  # list pages: default 20, capped at 100 (payments/api/pagination.py)
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tally API",

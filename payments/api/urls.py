@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, path, register_converter
 
-from payments.api import admin
+from payments.api import admin, merchant
 from payments.api import schema as _schema  # noqa: F401 - registers the OpenAPI extensions
 
 
@@ -36,4 +36,16 @@ urlpatterns: list[URLPattern] = [
     path("admin/api_keys/<oid:api_key_id>", admin.ApiKeyDetailView.as_view(), name="admin-api-key"),
     path("admin/api_keys/<oid:api_key_id>/rotate", admin.ApiKeyRotateView.as_view(), name="admin-api-key-rotate"),
     path("admin/api_keys/<oid:api_key_id>/revoke", admin.ApiKeyRevokeView.as_view(), name="admin-api-key-revoke"),
+    # merchant
+    path("merchant/stores", merchant.StoresView.as_view(), name="merchant-stores"),
+    path("merchant/stores/<oid:store_id>", merchant.StoreDetailView.as_view(), name="merchant-store"),
+    path("merchant/terminals", merchant.TerminalsView.as_view(), name="merchant-terminals"),
+    path("merchant/terminals/<oid:terminal_id>", merchant.TerminalDetailView.as_view(), name="merchant-terminal"),
+    path("merchant/webhook_endpoints", merchant.WebhookEndpointsView.as_view(), name="merchant-webhook-endpoints"),
+    path("merchant/webhook_endpoints/<oid:endpoint_id>", merchant.WebhookEndpointDetailView.as_view(), name="merchant-webhook-endpoint"),
+    path(
+        "merchant/webhook_endpoints/<oid:endpoint_id>/rotate_secret",
+        merchant.WebhookEndpointRotateSecretView.as_view(),
+        name="merchant-webhook-endpoint-rotate-secret",
+    ),
 ]

@@ -1,0 +1,66 @@
+"""Merchant webhook endpoints: registration, the secret shown once, rotation, scoping."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from tests.api.conftest import Api, World, error_of
+from webhooks.models import WebhookEndpoint
+from webhooks.services import webhook_endpoint_signing_secrets
+
+
+def _create(api: Api, world: World, **body: object) -> dict:  # type: ignore[type-arg]
+    payload = {"url": "https://merchant.example/hooks", "enabled_events": ["payment.succeeded"], **body}
+    r = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, payload)
+    assert r.status_code == 201, r.content
+    return r.json()  # type: ignore[no-any-return]
+
+
+def test_register_shows_secret_once(api: Api, world: World) -> None:
+    body = _create(api, world, description="orders")
+    assert body["id"].startswith("we_") and body["object"] == "webhook_endpoint"
+    assert body["secret"].startswith("whsec_") and body["status"] == "enabled"
+    r = api.get(f"/v1/merchant/webhook_endpoints/{body['id']}", world.merchant.key)
+    assert r.status_code == 200 and "secret" not in r.json()
+    listed = api.get("/v1/merchant/webhook_endpoints", world.merchant.key).json()
+    assert [e["id"] for e in listed["data"]] == [body["id"]]
+    assert "secret" not in listed["data"][0]
+
+
+def test_rotation_keeps_old_secret_signing_during_overlap(api: Api, world: World) -> None:
+    body = _create(api, world)
+    r = api.post(f"/v1/merchant/webhook_endpoints/{body['id']}/rotate_secret", world.merchant.key, {"overlap_seconds": 600})
+    assert r.status_code == 200, r.content
+    new_secret = r.json()["secret"]
+    assert new_secret != body["secret"]
+    endpoint = WebhookEndpoint.objects.get(pk=body["id"])
+    assert webhook_endpoint_signing_secrets(endpoint=endpoint) == [new_secret, body["secret"]]
+    later = timezone.now() + timedelta(seconds=601)
+    assert webhook_endpoint_signing_secrets(endpoint=endpoint, now=later) == [new_secret]
+
+
+def test_update_and_disable(api: Api, world: World) -> None:
+    body = _create(api, world)
+    r = api.post(f"/v1/merchant/webhook_endpoints/{body['id']}", world.merchant.key, {"status": "disabled", "enabled_events": ["*"]})
+    assert r.status_code == 200 and r.json()["status"] == "disabled" and r.json()["enabled_events"] == ["*"]
+
+
+def test_plain_http_and_bad_events_are_refused(api: Api, world: World) -> None:
+    r = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": "http://merchant.example/h", "enabled_events": ["*"]})
+    assert r.status_code == 400 and error_of(r)["param"] == "url"
+    r = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": "https://m.example/h", "enabled_events": ["DROP TABLE"]})
+    assert r.status_code == 400 and error_of(r)["param"] == "enabled_events"
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_another_merchants_endpoint_is_404(api: Api, world: World) -> None:
+    body = _create(api, world)
+    for method, path in [("GET", f"/v1/merchant/webhook_endpoints/{body['id']}"),
+                         ("POST", f"/v1/merchant/webhook_endpoints/{body['id']}"),
+                         ("POST", f"/v1/merchant/webhook_endpoints/{body['id']}/rotate_secret")]:
+        r = api.call(method, path, world.merchant2.key, {} if method == "POST" else None)
+        assert r.status_code == 404, (path, r.content)
+        assert body["secret"] not in r.content.decode()
+    assert api.get("/v1/merchant/webhook_endpoints", world.merchant2.key).json()["data"] == []

@@ -1,0 +1,115 @@
+"""Write services for merchant webhook endpoints: registration, changes, secret rotation."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from payments.errors import TallyError
+from wallets import ids
+from wallets.models import Merchant
+from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - a visible prefix, not a secret
+SECRET_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
+MAX_ENDPOINTS_PER_MERCHANT = 16
+MAX_EVENT_TYPES = 50
+EVENT_TYPE_RE = re.compile(r"^(\*|[a-z][a-z_]{0,40}(\.[a-z][a-z_]{0,40}){0,3})$")
+MAX_SECRET_OVERLAP = timedelta(days=7)
+
+
+class WebhookEndpointInvalid(TallyError):
+    code = "webhook_endpoint_invalid"
+
+
+def _new_secret() -> str:
+    return SECRET_PREFIX + ids.random_token(SECRET_RANDOM_LENGTH)
+
+
+def _url_check(url: str) -> str:
+    parts = urlsplit(url)
+    # Plain http only where settings allow it (local development and tests); production
+    # deliveries carry payment data and must be encrypted in transit.
+    allowed = {"https", "http"} if getattr(settings, "TALLY_WEBHOOK_ALLOW_HTTP", settings.DEBUG) else {"https"}
+    if parts.scheme not in allowed or not parts.hostname or parts.username or parts.password:
+        raise WebhookEndpointInvalid("url must be an https URL without credentials", param="url")
+    return url
+
+
+def _events_check(events: list[str]) -> list[str]:
+    if not events or len(events) > MAX_EVENT_TYPES or not all(isinstance(e, str) and EVENT_TYPE_RE.match(e) for e in events):
+        raise WebhookEndpointInvalid("enabled_events must list event types such as payment.succeeded, or *", param="enabled_events")
+    return sorted(set(events))
+
+
+@transaction.atomic
+def webhook_endpoint_create(
+    *, merchant: Merchant, url: str, enabled_events: list[str], description: str = ""
+) -> tuple[WebhookEndpoint, str]:
+    """Register an endpoint. Returns it and its signing secret (shown to the merchant once)."""
+    # Lock the merchant row so two concurrent registrations cannot both pass the limit.
+    Merchant.objects.select_for_update().filter(pk=merchant.pk).first()
+    if WebhookEndpoint.objects.filter(merchant=merchant).count() >= MAX_ENDPOINTS_PER_MERCHANT:
+        raise WebhookEndpointInvalid(f"at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints per merchant", param=None)
+    secret = _new_secret()
+    endpoint = WebhookEndpoint.objects.create(
+        merchant=merchant, url=_url_check(url), enabled_events=_events_check(enabled_events), description=description, secret=secret
+    )
+    return endpoint, secret
+
+
+def webhook_endpoint_update(
+    *,
+    endpoint: WebhookEndpoint,
+    url: str | None = None,
+    enabled_events: list[str] | None = None,
+    description: str | None = None,
+    status: str | None = None,
+) -> WebhookEndpoint:
+    fields: list[str] = []
+    if url is not None:
+        endpoint.url = _url_check(url)
+        fields.append("url")
+    if enabled_events is not None:
+        endpoint.enabled_events = _events_check(enabled_events)
+        fields.append("enabled_events")
+    if description is not None:
+        endpoint.description = description
+        fields.append("description")
+    if status is not None:
+        if status not in WebhookEndpointStatus.values:
+            raise WebhookEndpointInvalid("status must be enabled or disabled", param="status")
+        endpoint.status = status
+        fields.append("status")
+    if fields:
+        endpoint.save(update_fields=[*fields, "updated"])
+    return endpoint
+
+
+@transaction.atomic
+def webhook_endpoint_secret_rotate(*, endpoint: WebhookEndpoint, overlap: timedelta = timedelta(hours=24)) -> tuple[WebhookEndpoint, str]:
+    """A new signing secret now; the current one keeps signing for `overlap` (at most 7 days)."""
+    if overlap < timedelta(0) or overlap > MAX_SECRET_OVERLAP:
+        raise WebhookEndpointInvalid("overlap must be between 0 and 7 days", param="overlap_seconds")
+    locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+    secret = _new_secret()
+    locked.previous_secret = locked.secret if overlap > timedelta(0) else ""
+    locked.previous_secret_expires_at = timezone.now() + overlap if overlap > timedelta(0) else None
+    locked.secret = secret
+    locked.save(update_fields=["secret", "previous_secret", "previous_secret_expires_at", "updated"])
+    return locked, secret
+
+
+def webhook_endpoint_signing_secrets(*, endpoint: WebhookEndpoint, now: datetime | None = None) -> list[str]:
+    """The secrets a delivery is signed with right now: the current one, plus the previous
+    one inside its overlap window."""
+    now = now or timezone.now()
+    secrets = [endpoint.secret]
+    if endpoint.previous_secret and endpoint.previous_secret_expires_at and endpoint.previous_secret_expires_at > now:
+        secrets.append(endpoint.previous_secret)
+    return secrets
