@@ -1,1 +1,258 @@
-"""Payment objects (payments, refunds, transfers, top-ups, adjustments, intents) and the outbox."""
+"""Payment objects (payments, refunds, transfers, top-ups, adjustments, intents) and the outbox.
+
+Every row that moves money points at the LedgerTransaction that moved it. Amounts are
+integers in the asset's minor unit; CHECK constraints are the last line of defence
+(the services check first).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from wallets import ids
+from wallets.models import Asset, Customer, Hold, LedgerTransaction, Merchant, StaffMember, Store, Terminal
+
+
+def new_payment_token_id() -> str:
+    return ids.new_id("ptk")
+
+
+class PaymentStatus(models.TextChoices):
+    SUCCEEDED = "succeeded", "Succeeded"
+
+
+class Payment(models.Model):
+    """A customer paying a merchant (at a terminal, or through a payment intent)."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_payment_id, editable=False)
+    status = models.CharField(max_length=12, choices=PaymentStatus.choices, default=PaymentStatus.SUCCEEDED)
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payments")
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payments")
+    store = models.ForeignKey(Store, null=True, blank=True, on_delete=models.PROTECT, related_name="payments")
+    terminal = models.ForeignKey(Terminal, null=True, blank=True, on_delete=models.PROTECT, related_name="payments")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    amount_refunded = models.BigIntegerField(default=0)
+    # Rewards earned by this payment and how much of them refunds have taken back.
+    points_earned = models.BigIntegerField(default=0)
+    points_reversed = models.BigIntegerField(default=0)
+    carbon_grams = models.BigIntegerField(default=0)
+    carbon_grams_reversed = models.BigIntegerField(default=0)
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [
+            models.Index(fields=["merchant", "-created", "-id"], name="payment_merchant_created"),
+            models.Index(fields=["terminal", "-created", "-id"], name="payment_terminal_created"),
+            models.Index(fields=["customer", "-created", "-id"], name="payment_customer_created"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="payment_amount_positive"),
+            models.CheckConstraint(condition=Q(amount_refunded__gte=0, amount_refunded__lte=F("amount")), name="payment_refunded_bounded"),
+            models.CheckConstraint(condition=Q(points_reversed__gte=0, points_reversed__lte=F("points_earned")), name="payment_points_bounded"),
+            models.CheckConstraint(
+                condition=Q(carbon_grams_reversed__gte=0, carbon_grams_reversed__lte=F("carbon_grams")), name="payment_carbon_bounded"
+            ),
+        ]
+
+    @property
+    def amount_refundable(self) -> int:
+        return self.amount - self.amount_refunded
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.amount} {self.asset_id}"
+
+
+class Refund(models.Model):
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_refund_id, editable=False)
+    status = models.CharField(max_length=12, default="succeeded")
+    payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="refunds")
+    amount = models.BigIntegerField()
+    reason = models.CharField(max_length=500, blank=True, default="")
+    points_reversed = models.BigIntegerField(default=0)
+    carbon_grams_reversed = models.BigIntegerField(default=0)
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [models.CheckConstraint(condition=Q(amount__gt=0), name="refund_amount_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.amount} of {self.payment_id}"
+
+
+class Transfer(models.Model):
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_transfer_id, editable=False)
+    status = models.CharField(max_length=12, default="succeeded")
+    from_customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="transfers_out")
+    to_customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="transfers_in")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="transfer_amount_positive"),
+            models.CheckConstraint(condition=~Q(from_customer=F("to_customer")), name="transfer_not_to_self"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.amount} {self.asset_id}"
+
+
+class TopUpStatus(models.TextChoices):
+    PENDING = "pending", "Pending (waiting for the PSP)"
+    SUCCEEDED = "succeeded", "Succeeded (credited)"
+    FAILED = "failed", "Failed"
+
+
+class TopUp(models.Model):
+    """Money entering a wallet from a card (PSP funding), plus the tenant's top-up bonus."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_topup_id, editable=False)
+    status = models.CharField(max_length=10, choices=TopUpStatus.choices, default=TopUpStatus.PENDING)
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="topups")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    bonus_amount = models.BigIntegerField(default=0)
+    payment_method = models.CharField(max_length=100)
+    psp_reference = models.CharField(max_length=200, blank=True, default="")
+    failure_code = models.CharField(max_length=50, blank=True, default="")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="topup_amount_positive"),
+            models.CheckConstraint(condition=Q(bonus_amount__gte=0), name="topup_bonus_non_negative"),
+            models.CheckConstraint(
+                condition=Q(status="succeeded", ledger_transaction__isnull=False) | ~Q(status="succeeded"), name="topup_succeeded_has_ledger"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
+
+
+class AdjustmentDirection(models.TextChoices):
+    CREDIT = "credit", "Credit"
+    DEBIT = "debit", "Debit"
+
+
+class Adjustment(models.Model):
+    """A staff correction with a reason, against the adjustments system account."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_adjustment_id, editable=False)
+    staff = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments")
+    customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments")
+    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    direction = models.CharField(max_length=6, choices=AdjustmentDirection.choices)
+    reason = models.CharField(max_length=500)
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="adjustment_amount_positive"),
+            models.CheckConstraint(
+                condition=Q(customer__isnull=False, merchant__isnull=True) | Q(customer__isnull=True, merchant__isnull=False),
+                name="adjustment_one_party",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.direction} {self.amount} {self.asset_id}"
+
+
+class CaptureMethod(models.TextChoices):
+    AUTOMATIC = "automatic", "Automatic"
+    MANUAL = "manual", "Manual"
+
+
+class PaymentIntentStatus(models.TextChoices):
+    CREATED = "created", "Created"
+    CHARGE_REQUESTED = "charge_requested", "Charge requested"
+    CHARGED = "charged", "Charged"
+    CHARGE_FAILED = "charge_failed", "Charge failed"
+    AUTHORIZED = "authorized", "Authorized (funds held)"
+    CAPTURED = "captured", "Captured"
+    CANCELED = "canceled", "Canceled"
+
+
+class PaymentIntent(models.Model):
+    """A merchant-initiated charge (SPEC 7). Every transition is a compare-and-set on `version`."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_payment_intent_id, editable=False)
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payment_intents")
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_intents")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    amount_captured = models.BigIntegerField(default=0)
+    capture_method = models.CharField(max_length=10, choices=CaptureMethod.choices, default=CaptureMethod.AUTOMATIC)
+    status = models.CharField(max_length=20, choices=PaymentIntentStatus.choices, default=PaymentIntentStatus.CREATED)
+    version = models.PositiveIntegerField(default=1)
+    hold = models.OneToOneField(Hold, null=True, blank=True, on_delete=models.PROTECT, related_name="payment_intent")
+    payment = models.OneToOneField(Payment, null=True, blank=True, on_delete=models.PROTECT, related_name="payment_intent")
+    failure_code = models.CharField(max_length=50, blank=True, default="")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["merchant", "-created", "-id"], name="intent_merchant_created")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="intent_amount_positive"),
+            models.CheckConstraint(condition=Q(amount_captured__gte=0, amount_captured__lte=F("amount")), name="intent_captured_bounded"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.amount} {self.asset_id} ({self.status} v{self.version})"
+
+
+class PaymentToken(models.Model):
+    """A short-lived customer token for a terminal's QR scan. Only its SHA-256 is stored."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_payment_token_id, editable=False)
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    expires_at = models.DateTimeField()
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.customer_id})"
+
+
+class OutboxEvent(models.Model):
+    """An event committed with the movement it describes; a relay publishes it at least once."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_event_id, editable=False)
+    topic = models.CharField(max_length=100)
+    payload = models.JSONField()
+    created = models.DateTimeField(default=timezone.now)
+    published_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["created", "id"]
+        indexes = [
+            models.Index(fields=["created", "id"], condition=Q(published_at__isnull=True), name="outbox_unpublished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.topic}"

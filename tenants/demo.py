@@ -17,7 +17,7 @@ from django_tenants.utils import schema_context
 
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_create, tenant_template_ensure
-from wallets.models import Customer, Merchant, Store, Terminal
+from wallets.models import Asset, Customer, Merchant, Store, Terminal
 from wallets.services.principals import (
     api_key_create,
     customer_create,
@@ -30,6 +30,7 @@ from wallets.services.principals import (
 DEMO_SCHEMA = "demo"
 KEYS_FILE = Path(settings.BASE_DIR) / "var" / "demo_keys.json"
 DEMO_STARTING_BALANCES = {"alice": 50_000, "bob": 20_000}  # JPY
+DEMO_FUNDING_REASON = "demo starting balance"
 
 
 def platform_ensure(*, public_domain: str) -> Tenant:
@@ -81,9 +82,19 @@ def demo_seed() -> dict[str, Any]:
 
 
 def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:
-    """Fund the demo customers once, through the same adjustment service staff use."""
-    try:
-        from payments.services import demo_funding_ensure
-    except ImportError:  # the ledger is not there yet
-        return
-    demo_funding_ensure(customers=customers, amounts=DEMO_STARTING_BALANCES)
+    """Fund the demo customers once, through the same adjustment service staff use.
+
+    Idempotent: a customer who already has the demo adjustment is left alone.
+    """
+    from payments.models import Adjustment
+    from payments.services import adjustment_create
+
+    staff = staff_member_get_or_create(username="admin")
+    main_currency = Asset.objects.get(is_main=True).code
+    for label, customer in customers.items():
+        if Adjustment.objects.filter(customer=customer, reason=DEMO_FUNDING_REASON).exists():
+            continue
+        adjustment_create(
+            staff=staff, customer=customer, asset_code=main_currency, amount=DEMO_STARTING_BALANCES[label],
+            direction="credit", reason=DEMO_FUNDING_REASON,
+        )

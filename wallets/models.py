@@ -8,6 +8,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from wallets import ids
 
@@ -126,6 +127,8 @@ class Account(models.Model):
     merchant = models.OneToOneField(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="account")
     system_role = models.CharField(max_length=20, choices=SystemRole.choices, null=True, blank=True, unique=True)
     frozen = models.BooleanField(default=False)
+    frozen_reason = models.CharField(max_length=500, blank=True, default="")
+    frozen_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -202,3 +205,136 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.principal_type} {self.principal_id})"
+
+
+# --- Ledger ---------------------------------------------------------------------------
+# Codes of the reward assets every tenant has (created by tenant_ledger_bootstrap).
+POINTS_ASSET = "POINT"
+CARBON_ASSET = "CARBON"
+
+# Merchant and system balances are split over this many rows ("shards") so that many
+# concurrent payments to one merchant (and the bonus pool / carbon registry that every
+# payment touches) do not queue on one row lock. The balance is the SUM over the shards,
+# exact at every read. Customer wallets have a single row (shard 0).
+BALANCE_SHARDS = 32
+
+
+class Balance(models.Model):
+    """One balance row of an (account, asset); merchant and system accounts have several (shards).
+
+    `held` is the part of `balance` reserved by active holds: available = balance - held.
+    Rows are created lazily by the first movement and only ever changed together with the
+    ledger entries that explain the change, in the same transaction.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="balances")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    shard = models.SmallIntegerField(default=0)
+    balance = models.BigIntegerField(default=0)
+    held = models.BigIntegerField(default=0)
+    # Denormalised from Account.kind so the CHECK below can see it (system accounts may go negative).
+    may_go_negative = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "asset", "shard"], name="balance_account_asset_shard_uniq"),
+            models.CheckConstraint(condition=models.Q(held__gte=0), name="balance_held_non_negative"),
+            models.CheckConstraint(
+                condition=models.Q(may_go_negative=True) | models.Q(balance__gte=models.F("held")),
+                name="balance_covers_held_unless_system",
+            ),
+            models.CheckConstraint(condition=models.Q(shard__gte=0, shard__lt=BALANCE_SHARDS), name="balance_shard_in_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account_id}/{self.asset_id}#{self.shard}: {self.balance} (held {self.held})"
+
+
+class LedgerTransactionKind(models.TextChoices):
+    PAYMENT = "payment", "Payment"
+    REFUND = "refund", "Refund"
+    TRANSFER = "transfer", "Transfer"
+    TOPUP = "topup", "Top-up"
+    ADJUSTMENT = "adjustment", "Adjustment"
+    CAPTURE = "capture", "Intent capture"
+
+
+class LedgerTransaction(models.Model):
+    """One movement: two or more entries summing to zero per asset. Append-only (DB trigger)."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_ledger_transaction_id, editable=False)
+    kind = models.CharField(max_length=12, choices=LedgerTransactionKind.choices)
+    # The business object that caused it (pay_..., ref_..., trf_..., top_..., adj_..., pi_...).
+    reference = models.CharField(max_length=ids.ID_MAX_LENGTH, db_index=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.kind} {self.reference}"
+
+
+class LedgerEntry(models.Model):
+    """A signed amount on one (account, asset): positive credits, negative debits. Append-only."""
+
+    id = models.BigAutoField(primary_key=True)
+    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created", "id"]
+        indexes = [models.Index(fields=["account", "created", "id"], name="ledgerentry_account_created")]
+        constraints = [models.CheckConstraint(condition=~models.Q(amount=0), name="ledgerentry_amount_non_zero")]
+
+    def __str__(self) -> str:
+        return f"{self.transaction_id} {self.account_id} {self.asset_id} {self.amount:+d}"
+
+
+class HoldStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    CAPTURED = "captured", "Captured"
+    RELEASED = "released", "Released"
+
+
+class Hold(models.Model):
+    """Funds reserved on a customer wallet (an authorized intent): counted in Balance.held."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_hold_id, editable=False)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    status = models.CharField(max_length=10, choices=HoldStatus.choices, default=HoldStatus.ACTIVE)
+    reference = models.CharField(max_length=ids.ID_MAX_LENGTH, db_index=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created", "id"]
+        constraints = [models.CheckConstraint(condition=models.Q(amount__gt=0), name="hold_amount_positive")]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
+
+
+class CarbonImpact(models.Model):
+    """Aggregate CO2 grams avoided by a customer's or merchant's payments (net of refunds).
+
+    Not money (the CARBON credits themselves move in the ledger); sharded like balances so a
+    hot merchant's aggregate does not serialise its payments. Read as SUM over shards.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="carbon_impacts")
+    shard = models.SmallIntegerField(default=0)
+    grams = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "shard"], name="carbonimpact_account_shard_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.account_id}#{self.shard}: {self.grams} g"

@@ -1,0 +1,68 @@
+"""Money at the edge of the service: amounts are int minor units (or integral Decimals),
+never float (SPEC 2); rates are Decimals with the rounding mode stated next to them."""
+
+from __future__ import annotations
+
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, InvalidOperation
+
+from payments.errors import AmountInvalid
+
+# Largest single amount accepted, in minor units: far above any real payment, far below
+# bigint overflow even when many such amounts are summed into a balance.
+MAX_AMOUNT = 10**15
+
+
+def amount_to_minor(value: object, *, param: str = "amount") -> int:
+    """`value` as a positive int amount in minor units, or AmountInvalid(param=param).
+
+    Raises TypeError on a float: a float never reaches a stored amount, it is a bug in the
+    caller (the HTTP layer refuses JSON fractions before they get here).
+    """
+    if isinstance(value, float):
+        raise TypeError(f"{param}: float amounts are refused; use int minor units or Decimal")
+    if isinstance(value, bool):
+        raise AmountInvalid(param=param)
+    if isinstance(value, int):
+        minor = value
+    elif isinstance(value, Decimal):
+        try:
+            if not value.is_finite() or value != value.to_integral_value():
+                raise AmountInvalid(param=param)
+            minor = int(value)
+        except InvalidOperation as exc:
+            raise AmountInvalid(param=param) from exc
+    else:
+        raise AmountInvalid(param=param)
+    if minor <= 0 or minor > MAX_AMOUNT:
+        raise AmountInvalid(param=param)
+    return minor
+
+
+def points_for(*, amount: int, rate: Decimal) -> int:
+    """Points earned for `amount` main-currency minor units: amount x rate, rounded down (ROUND_FLOOR)."""
+    _require_decimal(rate)
+    return int((Decimal(amount) * rate).to_integral_value(rounding=ROUND_FLOOR))
+
+
+def topup_bonus_for(*, amount: int, rate: Decimal) -> int:
+    """Top-up bonus for `amount`: amount x rate, rounded down (ROUND_FLOOR)."""
+    _require_decimal(rate)
+    return int((Decimal(amount) * rate).to_integral_value(rounding=ROUND_FLOOR))
+
+
+def carbon_grams_for(*, amount: int, grams_per_unit: Decimal) -> int:
+    """Grams of CO2 for `amount` main-currency minor units, rounded half-even (ROUND_HALF_EVEN)."""
+    _require_decimal(grams_per_unit)
+    return int((Decimal(amount) * grams_per_unit).to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+def proportion_floor(*, total: int, part: int, whole: int) -> int:
+    """floor(total x part / whole) in exact integer arithmetic (refunds return rewards in proportion)."""
+    return (total * part) // whole
+
+
+def _require_decimal(rate: object) -> None:
+    if isinstance(rate, float):
+        raise TypeError("rates are Decimal, never float")
+    if not isinstance(rate, Decimal):
+        raise TypeError(f"rate must be Decimal, not {type(rate).__name__}")

@@ -1,0 +1,206 @@
+"""Ledger and payments service: correctness on real PostgreSQL (single-threaded)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from payments import selectors
+from payments.errors import AmountInvalid, AssetUnknown, CapExceeded, InsufficientFunds, NotFound, WalletFrozen
+from payments.models import OutboxEvent, Payment
+from payments.services import (
+    adjustment_create,
+    payment_create,
+    payment_token_create,
+    payment_token_resolve,
+    refund_create,
+    topup_create,
+    topup_credit,
+    transfer_create,
+    wallet_freeze,
+    wallet_unfreeze,
+)
+from tests.factories import CustomerFactory, TerminalFactory, fund, staff
+from wallets.models import Asset, LedgerEntry, LedgerTransaction
+from wallets.selectors import asset_totals, balance_entry_mismatches, ledger_unbalanced_transactions
+
+pytestmark = pytest.mark.django_db
+
+
+def _balance(customer, asset="JPY") -> dict:  # type: ignore[no-untyped-def]
+    return next(line for line in selectors.wallet_balances(customer=customer) if line["asset"] == asset)
+
+
+def _assert_ledger_sound() -> None:
+    assert ledger_unbalanced_transactions() == []
+    assert balance_entry_mismatches() == []
+    assert all(total == 0 for total in asset_totals().values())
+
+
+def test_payment_moves_money_earns_points_and_carbon(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 10_000)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1_001)
+    assert payment.merchant_id == terminal.store.merchant_id and payment.store_id == terminal.store_id
+    # Default rates: 0.01 point per yen (floor), 0.5 g per yen (half-even).
+    assert payment.points_earned == 10
+    assert payment.carbon_grams == 500  # 500.5 -> 500 (half-even)
+    assert Payment.objects.get(pk=payment.pk).amount == 1_001
+    assert _balance(customer)["balance"] == 8_999
+    assert _balance(customer, "POINT")["balance"] == 10
+    assert _balance(customer, "CARBON")["balance"] == 500
+    merchant_jpy = next(b for b in selectors.merchant_balances(merchant=terminal.store.merchant) if b["asset"] == "JPY")
+    assert merchant_jpy["balance"] == 1_001
+    assert selectors.carbon_impact_grams(merchant=terminal.store.merchant) == 500
+    assert OutboxEvent.objects.filter(topic="payment.succeeded", payload__id=payment.pk).count() == 1
+    _assert_ledger_sound()
+
+
+def test_payment_is_one_sql_statement(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 10_000)
+    with CaptureQueriesContext(connection) as queries:
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+    # django-tenants re-issues SET search_path per cursor unless TENANT_LIMIT_SET_CALLS is on.
+    statements = [q["sql"] for q in queries if not q["sql"].startswith("SET search_path")]
+    assert len(statements) == 1 and "tally_payment_create" in statements[0], statements
+
+
+def test_insufficient_funds_changes_nothing(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 100)
+    before = (Payment.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count())
+    with pytest.raises(InsufficientFunds):
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=101)
+    assert (Payment.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count()) == before
+    assert _balance(customer)["balance"] == 100
+
+
+@pytest.mark.parametrize("bad", [0, -1, 10**15 + 1, True, "10", None, Decimal("1.5"), Decimal("NaN"), [], Decimal("-3")])
+def test_bad_amounts_are_refused_and_change_nothing(tenant, bad) -> None:  # type: ignore[no-untyped-def]
+    customer, other, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    before = (LedgerTransaction.objects.count(), OutboxEvent.objects.count())
+    for call in (
+        lambda: payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=bad),
+        lambda: transfer_create(from_customer=customer, to_customer=other, asset_code="JPY", amount=bad),
+        lambda: topup_create(customer=customer, asset_code="JPY", amount=bad, payment_method="card"),
+        lambda: adjustment_create(staff=staff(), customer=customer, asset_code="JPY", amount=bad, direction="credit", reason="x"),
+    ):
+        with pytest.raises(AmountInvalid) as info:
+            call()
+        assert info.value.param == "amount"
+    assert (LedgerTransaction.objects.count(), OutboxEvent.objects.count()) == before
+    assert _balance(customer)["balance"] == 1_000
+
+
+def test_float_amounts_raise_type_error_and_change_nothing(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, other, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    before = LedgerTransaction.objects.count()
+    with pytest.raises(TypeError):
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=10.0)
+    with pytest.raises(TypeError):
+        transfer_create(from_customer=customer, to_customer=other, asset_code="JPY", amount=1.0)
+    assert LedgerTransaction.objects.count() == before
+    assert _balance(customer)["balance"] == 1_000
+
+
+def test_integral_decimal_is_accepted(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    assert payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=Decimal("250")).amount == 250
+
+
+def test_unknown_asset_is_refused(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, other, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    with pytest.raises(AssetUnknown):
+        payment_create(terminal=terminal, customer=customer, asset_code="XYZ", amount=1)
+    with pytest.raises(AssetUnknown):
+        transfer_create(from_customer=customer, to_customer=other, asset_code="XYZ", amount=1)
+
+
+def test_refunds_partial_repeated_bounded_and_return_rewards_in_proportion(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 10_000)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1_000)  # 10 points, 500 g
+    first = refund_create(payment=payment, amount=300, reason="broken cup")
+    assert (first.points_reversed, first.carbon_grams_reversed) == (3, 150)
+    with pytest.raises(AmountInvalid):
+        refund_create(payment=payment, amount=701)
+    second = refund_create(payment=payment, amount=700)
+    assert (second.points_reversed, second.carbon_grams_reversed) == (7, 350)
+    with pytest.raises(AmountInvalid):
+        refund_create(payment=payment, amount=1)
+    assert _balance(customer)["balance"] == 10_000
+    assert _balance(customer, "POINT")["balance"] == 0
+    assert selectors.carbon_impact_grams(customer=customer) == 0
+    assert Payment.objects.get(pk=payment.pk).amount_refunded == 1_000
+    _assert_ledger_sound()
+
+
+def test_transfer_and_frozen_wallets(tenant) -> None:  # type: ignore[no-untyped-def]
+    alice, bob, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
+    fund(alice, 500)
+    transfer_create(from_customer=alice, to_customer=bob, asset_code="JPY", amount=200)
+    assert (_balance(alice)["balance"], _balance(bob)["balance"]) == (300, 200)
+    wallet_freeze(customer=alice, staff=staff(), reason="fraud check")
+    with pytest.raises(WalletFrozen):
+        payment_create(terminal=terminal, customer=alice, asset_code="JPY", amount=1)
+    with pytest.raises(WalletFrozen):
+        transfer_create(from_customer=bob, to_customer=alice, asset_code="JPY", amount=1)
+    wallet_unfreeze(customer=alice, staff=staff())
+    payment_create(terminal=terminal, customer=alice, asset_code="JPY", amount=1)
+    _assert_ledger_sound()
+
+
+def test_cap_is_enforced_on_credits(tenant) -> None:  # type: ignore[no-untyped-def]
+    Asset.objects.update_or_create(code="LOCAL", defaults={"name": "Local", "kind": "regional", "cap": 1_000})
+    alice, bob = CustomerFactory(), CustomerFactory()
+    fund(alice, 1_000, asset="LOCAL")
+    fund(bob, 900, asset="LOCAL")
+    with pytest.raises(CapExceeded):
+        transfer_create(from_customer=alice, to_customer=bob, asset_code="LOCAL", amount=101)
+    with pytest.raises(CapExceeded):
+        fund(bob, 101, asset="LOCAL")
+    transfer_create(from_customer=alice, to_customer=bob, asset_code="LOCAL", amount=100)
+    assert _balance(bob, "LOCAL")["balance"] == 1_000
+    _assert_ledger_sound()
+
+
+def test_topup_credit_with_bonus_is_idempotent(tenant) -> None:  # type: ignore[no-untyped-def]
+    tenant.topup_bonus_rate = Decimal("0.05")
+    try:
+        customer = CustomerFactory()
+        topup = topup_create(customer=customer, asset_code="JPY", amount=1_000, payment_method="card")
+        assert (topup.status, topup.bonus_amount) == ("pending", 50)
+        topup_credit(topup=topup)
+        topup_credit(topup=topup)
+        assert _balance(customer)["balance"] == 1_050
+    finally:
+        tenant.topup_bonus_rate = Decimal("0")
+    _assert_ledger_sound()
+
+
+def test_payment_tokens(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer = CustomerFactory()
+    token, raw = payment_token_create(customer=customer)
+    assert raw not in token.token_hash and raw.startswith("ptok_")
+    assert payment_token_resolve(token=raw) == customer
+    for bad in ("ptok_nope", "", None, "x" * 500):
+        with pytest.raises(NotFound):
+            payment_token_resolve(token=bad)
+
+
+@pytest.mark.parametrize("statement", ["UPDATE wallets_ledgerentry SET amount = amount + 1", "DELETE FROM wallets_ledgerentry",
+                                       "UPDATE wallets_ledgertransaction SET reference = 'x'", "DELETE FROM wallets_ledgertransaction"])
+def test_database_refuses_update_and_delete_on_the_ledger(tenant, statement) -> None:  # type: ignore[no-untyped-def]
+    customer = CustomerFactory()
+    fund(customer, 10)
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(statement)
+    assert LedgerEntry.objects.filter(account__customer=customer, amount=10).exists()
