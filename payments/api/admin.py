@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from payments import services as payment_services
 from payments.api import lookups
 from payments.api import serializers as s
 from payments.api.base import AdminView
@@ -139,3 +140,50 @@ def _with_key(api_key: Any, raw_key: str, **extra: Any) -> Any:
     for name, value in extra.items():
         setattr(api_key, name, value)
     return api_key
+
+
+class AdjustmentsView(AdminView):
+    @extend_schema(tags=TAG, summary="List adjustments", parameters=[ListParamsSerializer], responses=s.AdjustmentList)
+    def get(self, request: Request) -> Response:
+        return self.list_response(lookups.adjustments_list(), s.AdjustmentOut, self.query(ListParamsSerializer))
+
+    @extend_schema(
+        tags=TAG, summary="Credit or debit a customer or merchant, with a reason (audited)", request=s.AdjustmentCreateIn,
+        responses={201: s.AdjustmentOut},
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.AdjustmentCreateIn)
+        customer = lookups.customer_get(customer_id=data["customer"], param="customer") if data.get("customer") else None
+        merchant = lookups.merchant_get(merchant_id=data["merchant"], param="merchant") if data.get("merchant") else None
+        adjustment = payment_services.adjustment_create(
+            staff=self.staff, customer=customer, merchant=merchant, asset_code=data["asset"], amount=data["amount"],
+            direction=data["direction"], reason=data["reason"],
+        )
+        return self.render(s.AdjustmentOut, adjustment, status=201)
+
+
+class AdjustmentDetailView(AdminView):
+    @extend_schema(tags=TAG, summary="Retrieve an adjustment", responses=s.AdjustmentOut)
+    def get(self, request: Request, adjustment_id: str) -> Response:
+        return self.render(s.AdjustmentOut, lookups.adjustment_get(adjustment_id=adjustment_id))
+
+
+class CustomerFreezeView(AdminView):
+    @extend_schema(
+        tags=TAG, summary="Freeze a customer's wallet (payments, transfers, refunds, top-ups refused)", request=s.FreezeIn,
+        responses={200: s.CustomerOut},
+    )
+    def post(self, request: Request, customer_id: str) -> Response:
+        data = self.validated(s.FreezeIn)
+        customer = lookups.customer_get(customer_id=customer_id)
+        payment_services.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
+        return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))
+
+
+class CustomerUnfreezeView(AdminView):
+    @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
+    def post(self, request: Request, customer_id: str) -> Response:
+        data = self.validated(s.UnfreezeIn)
+        customer = lookups.customer_get(customer_id=customer_id)
+        payment_services.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
+        return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))

@@ -25,6 +25,7 @@ from payments.api.errors import PayloadTooLarge
 from payments.api.pagination import page
 from payments.api.principal import Principal
 from payments.api.throttling import ApiKeyThrottle, TenantThrottle
+from wallets.models import StaffMember
 
 # --- Idempotency plug-in point -----------------------------------------------------
 # Every POST of every face passes through this one mixin (issue 4 owns it); no view
@@ -126,3 +127,9 @@ class MerchantView(FaceView):
 
 class AdminView(FaceView):
     face = "admin"
+
+    @property
+    def staff(self) -> StaffMember:
+        obj = self.principal.obj
+        assert isinstance(obj, StaffMember)
+        return obj

@@ -7,9 +7,9 @@ from typing import Any
 
 from rest_framework import serializers
 
-# The largest integer every JSON client (JavaScript included) represents exactly; far
-# above any real amount in any minor unit, far below bigint, so sums cannot overflow.
-MAX_AMOUNT = 2**53 - 1
+from payments.errors import AmountInvalid
+from payments.money import MAX_AMOUNT, amount_to_minor
+
 ASSET_CODE_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,11}$")
 OBJECT_ID_RE = re.compile(r"^[a-z]{2,4}_[A-Za-z0-9]{1,40}$")
 
@@ -31,11 +31,17 @@ class AmountField(serializers.Field[int, int, int, Any]):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int) or data <= 0:
+        # JSON gives int, float, str, bool, None, list or dict; only a plain int may pass. The
+        # float check comes first: amount_to_minor treats a float as a bug (TypeError), but
+        # here it is client input and deserves a 400.
+        if isinstance(data, float | bool) or not isinstance(data, int):
             raise serializers.ValidationError(self.error_messages["invalid"], code="amount_invalid")
         if data > MAX_AMOUNT:
             raise serializers.ValidationError(self.error_messages["too_large"], code="amount_invalid")
-        return data
+        try:
+            return amount_to_minor(data, param=self.field_name or "amount")
+        except AmountInvalid:
+            raise serializers.ValidationError(self.error_messages["invalid"], code="amount_invalid") from None
 
     def to_representation(self, value: int) -> int:
         return int(value)

@@ -7,9 +7,12 @@ cases are indistinguishable to a caller (SPEC 4).
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
-from payments.errors import NotFound
+from payments import selectors as payment_selectors
+from payments.errors import NotFound, TallyError
+from payments.models import Adjustment, Payment, Refund, TopUp, Transfer
 from wallets.models import ApiKey, Customer, Merchant, PrincipalType, StaffMember, Store, Terminal
 
 
@@ -103,7 +106,56 @@ def api_key_list(*, principal_type: str | None = None, principal_id: str | None 
     if principal_type:
         qs = qs.filter(principal_type=principal_type)
     if principal_id:
-        from django.db.models import Q
-
         qs = qs.filter(Q(customer_id=principal_id) | Q(merchant_id=principal_id) | Q(terminal_id=principal_id) | Q(staff_id=principal_id))
     return qs
+
+
+# --- Money objects not covered by payments.selectors -------------------------------------
+
+
+def refunds_list(*, merchant_id: str | None = None, customer_id: str | None = None, store_id: str | None = None) -> QuerySet[Refund]:
+    if not (merchant_id or customer_id or store_id):
+        raise ValueError("refunds_list needs a scope")  # an unscoped list would leak every refund
+    qs = Refund.objects.select_related("payment")
+    if merchant_id:
+        qs = qs.filter(payment__merchant_id=merchant_id)
+    if customer_id:
+        qs = qs.filter(payment__customer_id=customer_id)
+    if store_id:
+        qs = qs.filter(payment__store_id=store_id)
+    return qs
+
+
+def transfers_list(*, customer_id: str) -> QuerySet[Transfer]:
+    return Transfer.objects.filter(Q(from_customer_id=customer_id) | Q(to_customer_id=customer_id))
+
+
+def topups_list(*, customer_id: str) -> QuerySet[TopUp]:
+    return TopUp.objects.filter(customer_id=customer_id)
+
+
+def adjustments_list() -> QuerySet[Adjustment]:
+    return Adjustment.objects.all()
+
+
+def adjustment_get(*, adjustment_id: str) -> Adjustment:
+    adjustment = Adjustment.objects.filter(pk=adjustment_id).first()
+    if adjustment is None:
+        raise _not_found("adjustment", None)
+    return adjustment
+
+
+# Terminals refund only what they took today (SPEC 4): older refunds go through the
+# merchant's back office, where someone accountable decides.
+class RefundWindowClosed(TallyError):
+    status = 409
+    code = "refund_window_closed"
+
+
+def terminal_refundable_payment_get(*, payment_id: str, store_id: str) -> Payment:
+    """A payment of the terminal's store taken today (in the tenant's time zone), else
+    NotFound (not its store's) or RefundWindowClosed (an older one)."""
+    payment = payment_selectors.payment_get(payment_id=payment_id, store_id=store_id)
+    if timezone.localdate(payment.created) != timezone.localdate():
+        raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")
+    return payment

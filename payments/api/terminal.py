@@ -1,0 +1,64 @@
+"""Terminal face (`tk_` keys): a storefront device bound to one store of one merchant."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from payments import selectors as payment_selectors
+from payments import services as payment_services
+from payments.api import lookups
+from payments.api import serializers as s
+from payments.api.base import TerminalView
+from wallets.models import Terminal
+
+TAG = ["terminal"]
+
+
+class _TerminalView(TerminalView):
+    @property
+    def terminal(self) -> Terminal:
+        obj = self.principal.obj
+        assert isinstance(obj, Terminal)
+        return obj
+
+
+class PaymentsView(_TerminalView):
+    @extend_schema(tags=TAG, summary="Payments taken at this terminal's store", parameters=[s.PaymentListParams], responses=s.PaymentList)
+    def get(self, request: Request) -> Response:
+        params = self.query(s.PaymentListParams)
+        payments = payment_selectors.payments_list(store_id=self.terminal.store_id)
+        if params.get("asset"):
+            payments = payments.filter(asset_id=params["asset"])
+        return self.list_response(payments, s.PaymentOut, params)
+
+    @extend_schema(
+        tags=TAG, summary="Take a payment from a customer (scanned payment token, or customer id)",
+        request=s.TerminalPaymentCreateIn, responses={201: s.PaymentOut},
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.TerminalPaymentCreateIn)
+        if data.get("customer_token"):
+            customer = payment_services.payment_token_resolve(token=data["customer_token"])
+        else:
+            customer = lookups.customer_get(customer_id=data["customer"], param="customer")
+        payment = payment_services.payment_create(terminal=self.terminal, customer=customer, asset_code=data["asset"], amount=data["amount"])
+        return self.render(s.PaymentOut, payment, status=201)
+
+
+class PaymentDetailView(_TerminalView):
+    @extend_schema(tags=TAG, summary="Retrieve a payment of this terminal's store", responses=s.PaymentOut)
+    def get(self, request: Request, payment_id: str) -> Response:
+        return self.render(s.PaymentOut, payment_selectors.payment_get(payment_id=payment_id, store_id=self.terminal.store_id))
+
+
+class RefundsView(_TerminalView):
+    @extend_schema(
+        tags=TAG, summary="Refund a payment of this store taken today (partial or full)", request=s.RefundCreateIn, responses={201: s.RefundOut}
+    )
+    def post(self, request: Request) -> Response:
+        data = self.validated(s.RefundCreateIn)
+        payment = lookups.terminal_refundable_payment_get(payment_id=data["payment"], store_id=self.terminal.store_id)
+        refund = payment_services.refund_create(payment=payment, amount=data["amount"], reason=data["reason"])
+        return self.render(s.RefundOut, refund, status=201)
