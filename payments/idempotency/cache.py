@@ -1,0 +1,121 @@
+"""Redis read-through cache of completed responses, for fast replays.
+
+It never decides a claim: only `completed` responses are cached, each entry carries its
+fingerprint and the end of its replay window, and its TTL never outlives that window,
+so an entry can only ever say what PostgreSQL would say. Keys go through the default
+cache's per-tenant key function (django_tenants.cache.make_key) and the schema name is
+also stored in the entry and checked on read.
+
+Redis down: every call degrades to a miss (replays come from PostgreSQL) and a short
+circuit breaker stops paying the connect timeout on every request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.cache import cache
+from django.db import connection
+
+logger = logging.getLogger("tally.idempotency")
+
+MAX_TTL_SECONDS = 3600
+BREAKER_SECONDS = 5.0
+
+_breaker_lock = threading.Lock()
+_breaker_open_until = 0.0
+
+
+@dataclass(frozen=True)
+class CachedResponse:
+    fingerprint: str
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    request_id: str
+    replay_until: float  # epoch seconds
+
+
+def _schema_name() -> str:
+    return str(getattr(connection, "schema_name", "public"))
+
+
+def _cache_key(principal_id: str, key: str) -> str:
+    digest = hashlib.sha256(f"{principal_id}\x00{key}".encode("utf-8", "surrogatepass")).hexdigest()
+    return f"idem:v1:{digest}"
+
+
+def _breaker_open() -> bool:
+    return time.monotonic() < _breaker_open_until
+
+
+def _breaker_trip(exc: BaseException) -> None:
+    global _breaker_open_until
+    with _breaker_lock:
+        _breaker_open_until = time.monotonic() + BREAKER_SECONDS
+    logger.warning("idempotency replay cache unavailable, bypassing for %ss: %s", BREAKER_SECONDS, type(exc).__name__)
+
+
+def replay_cache_breaker_reset() -> None:
+    global _breaker_open_until
+    with _breaker_lock:
+        _breaker_open_until = 0.0
+
+
+def replay_cache_get(*, principal_id: str, key: str) -> CachedResponse | None:
+    if _breaker_open():
+        return None
+    try:
+        raw: Any = cache.get(_cache_key(principal_id, key))
+    except Exception as exc:  # noqa: BLE001 - any Redis failure is a miss, never an error
+        _breaker_trip(exc)
+        return None
+    if not isinstance(raw, dict) or raw.get("schema") != _schema_name():
+        return None
+    try:
+        entry = CachedResponse(
+            fingerprint=str(raw["fingerprint"]),
+            status=int(raw["status"]),
+            headers={str(k): str(v) for k, v in dict(raw["headers"]).items()},
+            body=bytes(raw["body"]),
+            request_id=str(raw["request_id"]),
+            replay_until=float(raw["replay_until"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if time.time() >= entry.replay_until:
+        return None
+    return entry
+
+
+def replay_cache_set(*, principal_id: str, key: str, entry: CachedResponse) -> None:
+    ttl = min(MAX_TTL_SECONDS, int(entry.replay_until - time.time()))
+    if ttl <= 0 or _breaker_open():
+        return
+    value = {
+        "schema": _schema_name(),
+        "fingerprint": entry.fingerprint,
+        "status": entry.status,
+        "headers": entry.headers,
+        "body": entry.body,
+        "request_id": entry.request_id,
+        "replay_until": entry.replay_until,
+    }
+    try:
+        cache.set(_cache_key(principal_id, key), value, ttl)
+    except Exception as exc:  # noqa: BLE001
+        _breaker_trip(exc)
+
+
+def replay_cache_delete(*, principal_id: str, key: str) -> None:
+    if _breaker_open():
+        return
+    try:
+        cache.delete(_cache_key(principal_id, key))
+    except Exception as exc:  # noqa: BLE001
+        _breaker_trip(exc)

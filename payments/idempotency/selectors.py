@@ -1,0 +1,146 @@
+"""Reads of the idempotency layer. Call inside the tenant's schema."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from payments.idempotency.models import IdempotencyRecord, RecordState
+
+DEFAULT_LEASE_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class IdempotencyPolicy:
+    """A tenant's idempotency settings, read once per request."""
+
+    wait_ms: int = 5000
+    replay_window_seconds: int = 24 * 3600
+    tombstone_window_seconds: int = 24 * 3600
+    lease_seconds: int = DEFAULT_LEASE_SECONDS
+
+
+@dataclass(frozen=True)
+class RecordSnapshot:
+    """One record as read with the database clock (`now`), for window decisions."""
+
+    id: int
+    fingerprint: str
+    state: str
+    fence: int
+    request_id: str
+    response_status: int | None
+    response_headers: dict[str, str]
+    response_body: bytes | None
+    created: datetime
+    completed_at: datetime | None
+    lease_expires_at: datetime | None
+    minted: dict[str, str]
+    transaction_started: datetime
+    now: datetime
+
+    def phase(self, policy: IdempotencyPolicy) -> str:
+        """"replay", "tombstone" or "expired" (past both windows: the key is new again)."""
+        age = self.now - self.created
+        if age < timedelta(seconds=policy.replay_window_seconds):
+            return "replay"
+        if age < timedelta(seconds=policy.replay_window_seconds + policy.tombstone_window_seconds):
+            return "tombstone"
+        return "expired"
+
+    @property
+    def lease_expired(self) -> bool:
+        return self.state == RecordState.IN_FLIGHT and self.lease_expires_at is not None and self.lease_expires_at <= self.now
+
+    def replay_until(self, policy: IdempotencyPolicy) -> datetime:
+        return self.created + timedelta(seconds=policy.replay_window_seconds)
+
+
+def _json_field(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str | bytes):
+        return json.loads(value)
+    return value
+
+
+_FETCH_SQL = """
+SELECT id, fingerprint, state, fence, request_id, response_status, response_headers, response_body,
+       created, completed_at, lease_expires_at, minted, now(), clock_timestamp()
+FROM idempotency_record WHERE principal_id = %s AND "key" = %s
+"""
+
+
+def idempotency_record_snapshot(*, principal_id: str, key: str, for_update: bool = False) -> RecordSnapshot | None:
+    """The record for (principal, key) with the database clock, or None."""
+    sql = _FETCH_SQL + (" FOR UPDATE" if for_update else "")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [principal_id, key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    headers = _json_field(row[6]) or {}
+    body = row[7]
+    return RecordSnapshot(
+        id=int(row[0]),
+        fingerprint=str(row[1]),
+        state=str(row[2]),
+        fence=int(row[3]),
+        request_id=str(row[4]),
+        response_status=None if row[5] is None else int(row[5]),
+        response_headers={str(k): str(v) for k, v in dict(headers).items()},
+        response_body=None if body is None else bytes(body),
+        created=row[8],
+        completed_at=row[9],
+        lease_expires_at=row[10],
+        minted={str(k): str(v) for k, v in dict(_json_field(row[11]) or {}).items()},
+        transaction_started=row[12],
+        now=row[13],
+    )
+
+
+def idempotency_record_get(*, principal_id: str, key: str) -> IdempotencyRecord | None:
+    return IdempotencyRecord.objects.filter(principal_id=principal_id, key=key).first()
+
+
+def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
+    """The policy of `tenant`, else of the tenant whose schema the connection is in.
+
+    Inside a task or `schema_context` the connection's tenant is a stand-in without the
+    settings columns, so the row is read from the public table then.
+    """
+    candidate = tenant if tenant is not None else getattr(connection, "tenant", None)
+    if candidate is None or not hasattr(candidate, "idempotency_wait_ms"):
+        from tenants.models import Tenant
+
+        candidate = Tenant.objects.filter(schema_name=getattr(connection, "schema_name", None)).first()
+        if candidate is None:
+            return IdempotencyPolicy()
+    return IdempotencyPolicy(
+        wait_ms=int(candidate.idempotency_wait_ms),
+        replay_window_seconds=int(candidate.idempotency_replay_window_seconds),
+        tombstone_window_seconds=int(candidate.idempotency_tombstone_window_seconds),
+    )
+
+
+def idempotency_orphans_list(*, limit: int = 100) -> list[IdempotencyRecord]:
+    """In-flight records whose lease expired: a recovery worker takes them over (fence + 1)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp() "
+            "ORDER BY lease_expires_at LIMIT %s",
+            [limit],
+        )
+        record_ids = [int(r[0]) for r in cursor.fetchall()]
+    return list(IdempotencyRecord.objects.filter(id__in=record_ids).order_by("lease_expires_at"))
+
+
+def idempotency_stuck_count() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp()")
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
