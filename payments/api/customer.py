@@ -83,9 +83,10 @@ class TransferDetailView(_CustomerView):
 
 
 class TopUpsView(_CustomerView):
-    # The PSP call is an external effect: the idempotency layer commits the claim first
-    # and completes it with a fenced compare-and-set (SPEC 6).
-    idempotency_effect = "external"
+    # Until the PSP charge lands (a later issue) creating the pending top-up is a purely
+    # internal write, so it commits with the claim and the stored response (the strongest
+    # mode). The PSP issue switches this to idempotency_effect = "external", with the
+    # pending top-up written in idempotency_on_claim under a minted id.
 
     @extend_schema(tags=TAG, summary="Card top-ups", parameters=[ListParamsSerializer], responses=s.TopUpList)
     def get(self, request: Request) -> Response:

@@ -151,12 +151,7 @@ def api_exception_handler(exc: Exception, context: Mapping[str, Any]) -> Respons
         logger.exception("unhandled error in API view")
         status, error_type, code, message, param, headers = 500, "api_error", "internal_error", "internal error", None, {}
     body = envelope(status=status, error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
-    response = Response(body, status=status, headers=headers)
-    # The crash was answered; roll back whatever the failed view had done in an atomic block.
-    from rest_framework.views import set_rollback
-
-    set_rollback()
-    return response
+    return Response(body, status=status, headers=headers)
 
 
 def error_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
