@@ -120,8 +120,8 @@ class ApiKeyRotateView(AdminView):
         request=s.ApiKeyRotateIn, responses={201: s.ApiKeyRotatedOut},
     )
     def post(self, request: Request, api_key_id: str) -> Response:
-        data = self.validated(s.ApiKeyRotateIn)
         old = lookups.api_key_get(api_key_id=api_key_id)
+        data = self.validated(s.ApiKeyRotateIn)
         new_key, raw_key = party_services.api_key_rotate(api_key=old, overlap=timedelta(seconds=data["overlap_seconds"]))
         return self.render(s.ApiKeyRotatedOut, _with_key(new_key, raw_key, replaces=old), status=201)
 
@@ -129,8 +129,9 @@ class ApiKeyRotateView(AdminView):
 class ApiKeyRevokeView(AdminView):
     @extend_schema(tags=TAG, summary="Revoke a key now", request=s.EmptyIn, responses={200: s.ApiKeyOut})
     def post(self, request: Request, api_key_id: str) -> Response:
+        api_key = lookups.api_key_get(api_key_id=api_key_id)
         self.validated(s.EmptyIn)
-        api_key = party_services.api_key_revoke(api_key=lookups.api_key_get(api_key_id=api_key_id))
+        api_key = party_services.api_key_revoke(api_key=api_key)
         return self.render(s.ApiKeyOut, api_key)
 
 
@@ -174,8 +175,8 @@ class CustomerFreezeView(AdminView):
         responses={200: s.CustomerOut},
     )
     def post(self, request: Request, customer_id: str) -> Response:
-        data = self.validated(s.FreezeIn)
         customer = lookups.customer_get(customer_id=customer_id)
+        data = self.validated(s.FreezeIn)
         payment_services.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
         return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))
 
@@ -183,7 +184,7 @@ class CustomerFreezeView(AdminView):
 class CustomerUnfreezeView(AdminView):
     @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
     def post(self, request: Request, customer_id: str) -> Response:
-        data = self.validated(s.UnfreezeIn)
         customer = lookups.customer_get(customer_id=customer_id)
+        data = self.validated(s.UnfreezeIn)
         payment_services.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
         return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))

@@ -81,8 +81,8 @@ class WebhookEndpointDetailView(_MerchantView):
 
     @extend_schema(tags=TAG, summary="Update a webhook endpoint", request=s.WebhookEndpointUpdateIn, responses={200: s.WebhookEndpointOut})
     def post(self, request: Request, endpoint_id: str) -> Response:
-        data = self.validated(s.WebhookEndpointUpdateIn)
         endpoint = webhook_selectors.webhook_endpoint_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id)
+        data = self.validated(s.WebhookEndpointUpdateIn)
         endpoint = webhook_services.webhook_endpoint_update(endpoint=endpoint, **data)
         return self.render(s.WebhookEndpointOut, endpoint)
 
@@ -93,8 +93,8 @@ class WebhookEndpointRotateSecretView(_MerchantView):
         request=s.WebhookSecretRotateIn, responses={200: s.WebhookEndpointWithSecretOut},
     )
     def post(self, request: Request, endpoint_id: str) -> Response:
-        data = self.validated(s.WebhookSecretRotateIn)
         endpoint = webhook_selectors.webhook_endpoint_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id)
+        data = self.validated(s.WebhookSecretRotateIn)
         endpoint, secret = webhook_services.webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(seconds=data["overlap_seconds"]))
         return self.render(s.WebhookEndpointOut, endpoint, secret=secret)
 
@@ -178,8 +178,9 @@ class PaymentIntentDetailView(_IntentView):
         tags=TAG, summary="Change the amount (only while created)", request=s.PaymentIntentUpdateIn, responses={200: s.PaymentIntentOut}
     )
     def post(self, request: Request, intent_id: str) -> Response:
+        intent = self.intent(intent_id)  # another merchant's intent is a 404 whatever the body
         data = self.validated(s.PaymentIntentUpdateIn)
-        intent = payment_services.payment_intent_update_amount(intent=self.intent(intent_id), amount=data["amount"])
+        intent = payment_services.payment_intent_update_amount(intent=intent, amount=data["amount"])
         return self.render(s.PaymentIntentOut, intent)
 
 
@@ -189,8 +190,9 @@ class PaymentIntentConfirmView(_IntentView):
         request=s.EmptyIn, responses={200: s.PaymentIntentOut},
     )
     def post(self, request: Request, intent_id: str) -> Response:
+        intent = self.intent(intent_id)
         self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, payment_services.payment_intent_confirm(intent=self.intent(intent_id)))
+        return self.render(s.PaymentIntentOut, payment_services.payment_intent_confirm(intent=intent))
 
 
 class PaymentIntentAuthorizeView(_IntentView):
@@ -199,8 +201,9 @@ class PaymentIntentAuthorizeView(_IntentView):
         request=s.EmptyIn, responses={200: s.PaymentIntentOut},
     )
     def post(self, request: Request, intent_id: str) -> Response:
+        intent = self.intent(intent_id)
         self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, payment_services.payment_intent_authorize(intent=self.intent(intent_id)))
+        return self.render(s.PaymentIntentOut, payment_services.payment_intent_authorize(intent=intent))
 
 
 class PaymentIntentCaptureView(_IntentView):
@@ -209,8 +212,9 @@ class PaymentIntentCaptureView(_IntentView):
         request=s.PaymentIntentCaptureIn, responses={200: s.PaymentIntentOut},
     )
     def post(self, request: Request, intent_id: str) -> Response:
+        intent = self.intent(intent_id)
         data = self.validated(s.PaymentIntentCaptureIn)
-        intent = payment_services.payment_intent_capture(intent=self.intent(intent_id), amount=data.get("amount_to_capture"))
+        intent = payment_services.payment_intent_capture(intent=intent, amount=data.get("amount_to_capture"))
         return self.render(s.PaymentIntentOut, intent)
 
 
@@ -219,5 +223,6 @@ class PaymentIntentCancelView(_IntentView):
         tags=TAG, summary="Cancel a created or authorized intent (releases any hold)", request=s.EmptyIn, responses={200: s.PaymentIntentOut}
     )
     def post(self, request: Request, intent_id: str) -> Response:
+        intent = self.intent(intent_id)
         self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, payment_services.payment_intent_cancel(intent=self.intent(intent_id)))
+        return self.render(s.PaymentIntentOut, payment_services.payment_intent_cancel(intent=intent))
