@@ -28,11 +28,18 @@ class Payment(models.Model):
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_payment_id, editable=False)
     status = models.CharField(max_length=12, choices=PaymentStatus.choices, default=PaymentStatus.SUCCEEDED)
-    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payments")
-    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payments")
-    store = models.ForeignKey(Store, null=True, blank=True, on_delete=models.PROTECT, related_name="payments")
-    terminal = models.ForeignKey(Terminal, null=True, blank=True, on_delete=models.PROTECT, related_name="payments")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    # Only the per-customer FK is a database constraint: merchant, store, terminal and asset
+    # rows are shared by every payment, and a KEY SHARE lock per payment on one hot row
+    # costs a MultiXact each (see docs/BENCHMARKS.md). The payment path resolves them first.
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payments", db_index=False)
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False)
+    store = models.ForeignKey(
+        Store, null=True, blank=True, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False
+    )
+    terminal = models.ForeignKey(
+        Terminal, null=True, blank=True, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False
+    )
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
     amount = models.BigIntegerField()
     amount_refunded = models.BigIntegerField(default=0)
     # Rewards earned by this payment and how much of them refunds have taken back.
@@ -40,14 +47,14 @@ class Payment(models.Model):
     points_reversed = models.BigIntegerField(default=0)
     carbon_grams = models.BigIntegerField(default=0)
     carbon_grams_reversed = models.BigIntegerField(default=0)
-    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_index=False)
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-created", "-id"]
         indexes = [
             models.Index(fields=["merchant", "-created", "-id"], name="payment_merchant_created"),
-            models.Index(fields=["terminal", "-created", "-id"], name="payment_terminal_created"),
+            models.Index(fields=["store", "-created", "-id"], name="payment_store_created"),
             models.Index(fields=["customer", "-created", "-id"], name="payment_customer_created"),
         ]
         constraints = [

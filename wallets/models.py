@@ -228,8 +228,8 @@ class Balance(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="balances")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="balances", db_index=False)
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     shard = models.SmallIntegerField(default=0)
     balance = models.BigIntegerField(default=0)
     held = models.BigIntegerField(default=0)
@@ -281,8 +281,12 @@ class LedgerEntry(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries")
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    # No database FK to the account and the asset: every payment would take a KEY SHARE
+    # lock on the same hot rows (the JPY asset, the system accounts), and concurrent share
+    # locks on one row cost a MultiXact each. Entries are written only by the ledger
+    # services, which resolve both first; reconciliation checks them.
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries", db_constraint=False, db_index=False)
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
     amount = models.BigIntegerField()
     created = models.DateTimeField(default=timezone.now)
 
@@ -329,7 +333,7 @@ class CarbonImpact(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="carbon_impacts")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="carbon_impacts", db_index=False)
     shard = models.SmallIntegerField(default=0)
     grams = models.BigIntegerField(default=0)
 
