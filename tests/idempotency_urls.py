@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.urls import path
+from django.urls import include, path
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.parsers import JSONParser
@@ -40,6 +40,9 @@ class HeaderPrincipalAuthentication(BaseAuthentication):
             raise exceptions.NotAuthenticated()
         obj: Any = None
         principal_type = request.META.get("HTTP_X_TEST_PRINCIPAL_TYPE", "terminal")
+        cut = HOOKS.get(request.META.get("HTTP_X_TEST_BEFORE_CLAIM", ""))
+        if cut is not None:
+            cut()  # runs in initial(), after tenant resolution, before the idempotency claim
         if principal_id.startswith("ter_"):
             from wallets.models import Terminal
 
@@ -131,4 +134,5 @@ urlpatterns = [
     path("v1/test/optional", OptionalFaceView.as_view()),
     path("v1/test/external", ExternalView.as_view()),
     path("v1/test/payments", PaymentView.as_view()),
+    path("", include("config.urls")),  # the real faces stay reachable
 ]

@@ -149,6 +149,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in workers
+# Beat entries (synced into django_celery_beat by the DatabaseScheduler); add yours by key.
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+# Idempotency retention: purge records past replay + tombstone windows, per tenant (issue 4).
+CELERY_BEAT_SCHEDULE["idempotency-purge"] = {"task": "idempotency.purge_all_tenants", "schedule": 600.0}
 
 # --- Observability ----------------------------------------------------------------
 LOG_LEVEL = env("TALLY_LOG_LEVEL", default="INFO")

@@ -52,6 +52,7 @@ from payments.idempotency.selectors import (
     RecordSnapshot,
     idempotency_policy_get,
     idempotency_record_snapshot,
+    idempotency_stuck_count,
 )
 from wallets import ids
 
@@ -866,3 +867,13 @@ def idempotency_records_purge(*, policy: IdempotencyPolicy, batch_size: int = PU
         if deleted < batch_size:
             break
     return total
+
+
+def idempotency_maintenance_run(*, batch_size: int = PURGE_BATCH) -> int:
+    """One tenant's housekeeping (its schema must be active): purge records past both
+    windows, then publish how many in-flight records are past their lease. Returns the
+    number purged. Locks: rows of each purge batch (SKIP LOCKED)."""
+    purged = idempotency_records_purge(policy=idempotency_policy_get(), batch_size=batch_size)
+    schema_name = str(getattr(connection, "schema_name", "public"))
+    metrics.IDEMPOTENCY_STUCK_INFLIGHT.labels(tenant=schema_name).set(idempotency_stuck_count())
+    return purged

@@ -1,0 +1,26 @@
+"""Retention of idempotency records (SPEC 6): a beat task in the public schema fans out one
+task per tenant (tenant-schemas-celery carries the schema), each one service call."""
+
+from __future__ import annotations
+
+from django_tenants.utils import schema_context
+
+from config.celery import app
+from payments.idempotency.selectors import idempotency_tenant_schemas_list
+from payments.idempotency.services import idempotency_maintenance_run
+
+
+@app.task(name="idempotency.purge_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # config.celery is untyped
+def idempotency_purge_all_tenants() -> int:
+    """Beat entry point: enqueue `idempotency_purge_tenant` inside every active tenant."""
+    schemas = idempotency_tenant_schemas_list()
+    for schema_name in schemas:
+        with schema_context(schema_name):
+            idempotency_purge_tenant.delay()
+    return len(schemas)
+
+
+@app.task(name="idempotency.purge_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # config.celery is untyped
+def idempotency_purge_tenant() -> int:
+    """Runs in one tenant's schema: purge expired records, refresh the stuck gauge."""
+    return idempotency_maintenance_run()
