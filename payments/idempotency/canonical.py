@@ -37,13 +37,14 @@ from typing import Any
 
 FINGERPRINT_VERSION = b"tally-idempotency-v1"
 KEY_MAX_LENGTH = 255
-_KEY_RE = re.compile(r"^[\x20-\x7e]{1,255}$")
+_KEY_RE = re.compile(r"[\x20-\x7e]{1,255}")
 _POSITIONAL_LIMIT = 64
 
 
 def idempotency_key_is_valid(key: str) -> bool:
     """1 to 255 printable ASCII characters (0x20-0x7E), and not only spaces."""
-    return bool(_KEY_RE.match(key)) and bool(key.strip())
+    # fullmatch: "$" would let a trailing newline through.
+    return bool(_KEY_RE.fullmatch(key)) and bool(key.strip())
 
 
 def canonical_number(value: Decimal) -> str:
