@@ -1,0 +1,197 @@
+"""Contention on real PostgreSQL with real threads (one connection per thread).
+
+Uses `live_tenant`: rows commit, so every thread sees them; each test makes its own
+uniquely-named parties and leaves them in the throwaway test database.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from payments import selectors
+from payments.errors import InsufficientFunds, InvalidState
+from payments.models import OutboxEvent, Payment, PaymentIntent
+from payments.services import (
+    payment_create,
+    payment_intent_authorize,
+    payment_intent_cancel,
+    payment_intent_capture,
+    payment_intent_confirm,
+    payment_intent_create,
+    refund_create,
+    transfer_create,
+)
+from tenants.models import Tenant
+from tests.conftest import run_in_thread_tenant
+from tests.factories import CustomerFactory, MerchantFactory, StoreFactory, TerminalFactory, fund
+from wallets.models import Balance, LedgerEntry
+from wallets.selectors import balance_entry_mismatches, ledger_unbalanced_transactions
+
+
+def _race(tenant: Tenant, jobs: list[Callable[[], Any]]) -> list[tuple[str, Any]]:
+    """Start every job at the same moment, each on its own thread and connection."""
+    barrier = threading.Barrier(len(jobs))
+    results: list[tuple[str, Any]] = [("missing", None)] * len(jobs)
+
+    def run(index: int, job: Callable[[], Any]) -> None:
+        def body() -> Any:
+            barrier.wait()
+            return job()
+
+        try:
+            results[index] = ("ok", run_in_thread_tenant(tenant, body))
+        except Exception as exc:
+            results[index] = ("error", exc)
+
+    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+def _jpy(customer: Any) -> dict[str, int]:
+    return next(dict(line) for line in selectors.wallet_balances(customer=customer) if line["asset"] == "JPY")
+
+
+def test_fifty_concurrent_payments_of_ten_from_a_hundred(live_tenant: Tenant) -> None:
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 100)
+    results = _race(live_tenant, [lambda: payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=10)] * 50)
+    successes = [value for status, value in results if status == "ok"]
+    failures = [value for status, value in results if status == "error"]
+    assert len(successes) == 10
+    assert len(failures) == 40 and all(isinstance(exc, InsufficientFunds) for exc in failures), failures[:3]
+    assert _jpy(customer)["balance"] == 0
+    assert Payment.objects.filter(customer=customer).count() == 10
+    assert OutboxEvent.objects.filter(topic="payment.succeeded", payload__customer=customer.pk).count() == 10
+    merchant_jpy = next(line for line in selectors.merchant_balances(merchant=terminal.store.merchant) if line["asset"] == "JPY")
+    assert merchant_jpy["balance"] == 100
+
+
+def test_opposite_transfers_at_once_never_surface_a_deadlock(live_tenant: Tenant) -> None:
+    alice, bob = CustomerFactory(), CustomerFactory()
+    fund(alice, 1_000)
+    fund(bob, 1_000)
+
+    def a_to_b() -> None:
+        for _ in range(5):
+            transfer_create(from_customer=alice, to_customer=bob, asset_code="JPY", amount=7)
+
+    def b_to_a() -> None:
+        for _ in range(5):
+            transfer_create(from_customer=bob, to_customer=alice, asset_code="JPY", amount=3)
+
+    results = _race(live_tenant, [a_to_b, b_to_a] * 8)
+    assert [value for status, value in results if status == "error"] == []
+    assert _jpy(alice)["balance"] == 1_000 - 8 * 5 * 7 + 8 * 5 * 3
+    assert _jpy(bob)["balance"] == 1_000 + 8 * 5 * 7 - 8 * 5 * 3
+
+
+def test_hot_merchant_many_payers_balance_exact(live_tenant: Tenant) -> None:
+    store = StoreFactory(merchant=MerchantFactory())
+    terminals = [TerminalFactory(store=store) for _ in range(2)]
+    payers = [CustomerFactory() for _ in range(12)]
+    for payer in payers:
+        fund(payer, 1_000)
+
+    def pay(index: int) -> Callable[[], None]:
+        def run() -> None:
+            for n in range(10):
+                payment_create(terminal=terminals[n % 2], customer=payers[index], asset_code="JPY", amount=1 + index)
+
+        return run
+
+    results = _race(live_tenant, [pay(i) for i in range(len(payers))])
+    assert [value for status, value in results if status == "error"] == []
+    expected = sum(10 * (1 + i) for i in range(len(payers)))
+    merchant_jpy = next(line for line in selectors.merchant_balances(merchant=store.merchant) if line["asset"] == "JPY")
+    assert merchant_jpy["balance"] == expected
+    assert Balance.objects.filter(account__merchant=store.merchant, asset_id="JPY").count() > 1  # spread over shards
+
+    # Concurrent refunds against the sharded balance: each bounded by its payment, total exact.
+    payments = list(Payment.objects.filter(merchant=store.merchant))
+    results = _race(live_tenant, [lambda p=p: refund_create(payment=p, amount=p.amount) for p in payments[:12]])
+    assert [value for status, value in results if status == "error"] == []
+    refunded = sum(p.amount for p in payments[:12])
+    merchant_jpy = next(line for line in selectors.merchant_balances(merchant=store.merchant) if line["asset"] == "JPY")
+    assert merchant_jpy["balance"] == expected - refunded
+
+
+def test_concurrent_refunds_never_exceed_the_payment(live_tenant: Tenant) -> None:
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+    results = _race(live_tenant, [lambda: refund_create(payment=payment, amount=30)] * 8)
+    assert sum(1 for status, _ in results if status == "ok") == 3
+    assert Payment.objects.get(pk=payment.pk).amount_refunded == 90
+
+
+def test_concurrent_capture_and_cancel_do_exactly_one(live_tenant: Tenant) -> None:
+    merchant = MerchantFactory()
+    for _ in range(5):
+        customer = CustomerFactory()
+        fund(customer, 500)
+        intent = payment_intent_create(merchant=merchant, customer=customer, asset_code="JPY", amount=300, capture_method="manual")
+        payment_intent_authorize(intent=intent)
+        assert _jpy(customer) == {"asset": "JPY", "balance": 500, "available": 200, "held": 300}
+        snapshot = PaymentIntent.objects.get(pk=intent.pk)
+        capture_copy, cancel_copy = PaymentIntent.objects.get(pk=intent.pk), PaymentIntent.objects.get(pk=intent.pk)
+        results = _race(
+            live_tenant,
+            [lambda c=capture_copy: payment_intent_capture(intent=c, amount=200), lambda c=cancel_copy: payment_intent_cancel(intent=c)],
+        )
+        oks = [value for status, value in results if status == "ok"]
+        errors = [value for status, value in results if status == "error"]
+        assert len(oks) == 1 and len(errors) == 1 and isinstance(errors[0], InvalidState), results
+        final = PaymentIntent.objects.get(pk=intent.pk)
+        assert final.version == snapshot.version + 1
+        balance = _jpy(customer)
+        if final.status == "captured":
+            assert balance == {"asset": "JPY", "balance": 300, "available": 300, "held": 0}
+        else:
+            assert final.status == "canceled"
+            assert balance == {"asset": "JPY", "balance": 500, "available": 500, "held": 0}
+
+
+def test_two_concurrent_confirms_charge_once(live_tenant: Tenant) -> None:
+    merchant, customer = MerchantFactory(), CustomerFactory()
+    fund(customer, 1_000)
+    intent = payment_intent_create(merchant=merchant, customer=customer, asset_code="JPY", amount=400)
+    copies = [PaymentIntent.objects.get(pk=intent.pk) for _ in range(4)]
+    results = _race(live_tenant, [lambda c=c: payment_intent_confirm(intent=c) for c in copies])
+    assert sum(1 for status, _ in results if status == "ok") == 1
+    assert PaymentIntent.objects.get(pk=intent.pk).status == "charged"
+    assert Payment.objects.filter(customer=customer).count() == 1
+    assert _jpy(customer)["balance"] == 600
+
+
+def test_ledger_is_sound_after_the_races(live_tenant: Tenant) -> None:
+    assert LedgerEntry.objects.exists()
+    assert ledger_unbalanced_transactions() == []
+    assert balance_entry_mismatches() == []
+
+
+# pytest-django creates the test database only if some collected test is marked django_db;
+# this one also keeps the file runnable on its own.
+@pytest.mark.django_db
+def test_authorization_beyond_available_is_refused(tenant: Tenant) -> None:
+    customer, merchant = CustomerFactory(), MerchantFactory()
+    fund(customer, 100)
+    intent = payment_intent_create(merchant=merchant, customer=customer, asset_code="JPY", amount=101, capture_method="manual")
+    with pytest.raises(InsufficientFunds):
+        payment_intent_authorize(intent=intent)
+    assert PaymentIntent.objects.get(pk=intent.pk).status == "created"
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_threads() -> Any:
+    before = threading.active_count()
+    yield
+    assert threading.active_count() <= before
