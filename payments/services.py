@@ -13,6 +13,7 @@ Rates come from the current tenant (`connection.tenant`), rounding modes in paym
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import secrets
 from collections.abc import Callable, Mapping
@@ -535,15 +536,33 @@ def _intent_cas(intent: PaymentIntent, *, expected: tuple[str, ...], **changes: 
             f"payment intent is {current[0]} (version {current[1]}); expected {' or '.join(expected)} at version {intent.version}", param=None
         )
     fresh = PaymentIntent.objects.get(pk=intent.pk)
-    for field in ("status", "version", "amount", "amount_captured", "hold_id", "payment_id", "failure_code", "updated"):
-        setattr(intent, field, getattr(fresh, field))
+    _intent_sync(intent, fresh)
     return fresh
+
+
+_INTENT_STATE_FIELDS = ("status", "version", "amount", "amount_captured", "hold_id", "payment_id", "failure_code", "updated")
+
+
+def _intent_sync(target: PaymentIntent, source: PaymentIntent) -> PaymentIntent:
+    for field in _INTENT_STATE_FIELDS:
+        setattr(target, field, getattr(source, field))
+    return target
+
+
+def _intent_run(intent: PaymentIntent, body: Callable[[PaymentIntent], PaymentIntent], *, operation: str) -> PaymentIntent:
+    """Run `body` on a working copy of the caller's intent; the caller's object takes the new
+    state only once the transaction succeeded (a refusal leaves it as it was)."""
+    result = _run(lambda: body(copy.copy(intent)), operation=operation)
+    _intent_sync(intent, result)
+    return result
 
 
 def payment_intent_update_amount(*, intent: PaymentIntent, amount: object) -> PaymentIntent:
     """Change the amount; only while `created` (else InvalidState, 409)."""
     minor = amount_to_minor(amount)
-    return _run(lambda: _intent_cas(intent, expected=(PaymentIntentStatus.CREATED,), amount=minor), operation="payment_intent_update_amount")
+    return _intent_run(
+        intent, lambda working: _intent_cas(working, expected=(PaymentIntentStatus.CREATED,), amount=minor), operation="payment_intent_update_amount"
+    )
 
 
 def payment_intent_confirm(*, intent: PaymentIntent) -> PaymentIntent:
@@ -555,7 +574,7 @@ def payment_intent_confirm(*, intent: PaymentIntent) -> PaymentIntent:
     if intent.capture_method == CaptureMethod.MANUAL:
         return payment_intent_authorize(intent=intent)
 
-    def body() -> PaymentIntent:
+    def body(intent: PaymentIntent) -> PaymentIntent:
         locked = _intent_cas(intent, expected=(PaymentIntentStatus.CREATED,), status=PaymentIntentStatus.CHARGE_REQUESTED)
         try:
             # _charge refuses before it writes, so the failure can be recorded in this transaction.
@@ -575,7 +594,7 @@ def payment_intent_confirm(*, intent: PaymentIntent) -> PaymentIntent:
         outbox_event_create(topic="payment_intent.charged", payload=_intent_payload(charged))
         return charged
 
-    return _run(body, operation="payment_intent_confirm")
+    return _intent_run(intent, body, operation="payment_intent_confirm")
 
 
 def payment_intent_authorize(*, intent: PaymentIntent) -> PaymentIntent:
@@ -585,7 +604,7 @@ def payment_intent_authorize(*, intent: PaymentIntent) -> PaymentIntent:
     if intent.capture_method != CaptureMethod.MANUAL:
         raise InvalidState("only manual-capture intents are authorized", param=None)
 
-    def body() -> PaymentIntent:
+    def body(intent: PaymentIntent) -> PaymentIntent:
         _intent_cas(intent, expected=(PaymentIntentStatus.CREATED,), status=PaymentIntentStatus.AUTHORIZED)
         account = Account.objects.get(customer_id=intent.customer_id)
         if account.frozen:
@@ -597,7 +616,7 @@ def payment_intent_authorize(*, intent: PaymentIntent) -> PaymentIntent:
         outbox_event_create(topic="payment_intent.authorized", payload=_intent_payload(fresh))
         return fresh
 
-    return _run(body, operation="payment_intent_authorize")
+    return _intent_run(intent, body, operation="payment_intent_authorize")
 
 
 def payment_intent_capture(*, intent: PaymentIntent, amount: object = None) -> PaymentIntent:
@@ -606,7 +625,7 @@ def payment_intent_capture(*, intent: PaymentIntent, amount: object = None) -> P
     charge's balance rows."""
     minor = None if amount is None else amount_to_minor(amount)
 
-    def body() -> PaymentIntent:
+    def body(intent: PaymentIntent) -> PaymentIntent:
         capture = intent.amount if minor is None else minor
         if capture > intent.amount:
             raise AmountInvalid(f"amount exceeds the authorized {intent.amount}", param="amount")
@@ -622,21 +641,21 @@ def payment_intent_capture(*, intent: PaymentIntent, amount: object = None) -> P
         outbox_event_create(topic="payment_intent.captured", payload=_intent_payload(fresh))
         return fresh
 
-    return _run(body, operation="payment_intent_capture")
+    return _intent_run(intent, body, operation="payment_intent_capture")
 
 
 def payment_intent_cancel(*, intent: PaymentIntent) -> PaymentIntent:
     """created | authorized -> canceled, releasing any hold. Locks: the intent row, the hold,
     the customer's balance row."""
 
-    def body() -> PaymentIntent:
+    def body(intent: PaymentIntent) -> PaymentIntent:
         locked = _intent_cas(intent, expected=(PaymentIntentStatus.CREATED, PaymentIntentStatus.AUTHORIZED), status=PaymentIntentStatus.CANCELED)
         if locked.hold is not None:
             hold_release(hold=locked.hold)
         outbox_event_create(topic="payment_intent.canceled", payload=_intent_payload(locked))
         return locked
 
-    return _run(body, operation="payment_intent_cancel")
+    return _intent_run(intent, body, operation="payment_intent_cancel")
 
 
 # --- Payment tokens (terminal QR scan) ---------------------------------------------------
