@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from django.http import HttpResponse
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
@@ -69,13 +69,6 @@ def tally_error_response(request: Any, exc: TallyError) -> Response:
     return Response(body, status=exc.status, headers=headers)
 
 
-class _UndoEffect(Exception):
-    """Leaves the view's savepoint with a refusal/error response, rolling back its writes."""
-
-    def __init__(self, response: HttpResponseBase) -> None:
-        self.response = response
-
-
 class IdempotencyMixin(APIView):
     """Makes every POST of the view idempotent (SPEC 6). Put it before APIView.
 
@@ -96,9 +89,11 @@ class IdempotencyMixin(APIView):
     ``.mint(name, prefix)`` gives ids stable across re-executions of the key).
 
     Internal effect: ``post()`` runs inside the transaction that holds the claim and
-    will hold the stored response (one commit), inside a savepoint: if it raises or
-    answers >= 400, its own writes are rolled back. It may run more than once (database
-    conflicts are retried whole), so it must not touch anything outside the database.
+    will hold the stored response (one commit). If it raises or answers >= 400, that
+    whole transaction is rolled back (its writes and the claim); a 402 is then stored
+    under a fresh claim in a second short transaction, without running ``post()`` again.
+    It may run more than once (database conflicts are retried whole), so it must not
+    touch anything outside the database.
     Exceptions become responses through ``self.handle_exception`` (the faces' exception
     handler; ``TallyError`` gets the SPEC envelope even without it).
 
@@ -174,7 +169,7 @@ class IdempotencyMixin(APIView):
 
         def execute(ctx: IdempotencyContext) -> Executed:
             self.idempotency = ctx
-            response = self._run_handler(handler, request, args, kwargs, savepoint=not external)
+            response = self._run_handler(handler, request, args, kwargs)
             if isinstance(response, Response):
                 response = self.finalize_response(request, response, *args, **kwargs)
                 response.render()
@@ -195,18 +190,10 @@ class IdempotencyMixin(APIView):
         return _replay_response(outcome)
 
     def _run_handler(
-        self, handler: Callable[..., HttpResponseBase], request: Request, args: tuple[Any, ...], kwargs: dict[str, Any], *, savepoint: bool
+        self, handler: Callable[..., HttpResponseBase], request: Request, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> HttpResponseBase:
         try:
-            if not savepoint:
-                return handler(request, *args, **kwargs)
-            with transaction.atomic():
-                response = handler(request, *args, **kwargs)
-                if response.status_code >= 400:
-                    raise _UndoEffect(response)
-                return response
-        except _UndoEffect as undo:
-            return undo.response
+            return handler(request, *args, **kwargs)
         except DatabaseError:
             raise  # conflicts are retried whole by the layer; connection loss answers 503
         except Exception as exc:  # noqa: BLE001 - every failure of the view becomes its response

@@ -120,6 +120,7 @@ class Outcome:
     original_request_id: str
     stored: bool
     value: Any = None  # the executor's value when executed now, else None
+    replay_until: datetime | None = None  # end of the replay window, on replays from PostgreSQL
 
 
 class Disposition(Enum):
@@ -147,6 +148,14 @@ class _Discard(Exception):
 class _Failed(Exception):
     def __init__(self, executed: Executed) -> None:
         self.executed = executed
+
+
+class _Refused(Exception):
+    """A business refusal (402): roll back everything the view wrote, then store the answer."""
+
+    def __init__(self, executed: Executed, minted: dict[str, str]) -> None:
+        self.executed = executed
+        self.minted = minted
 
 
 class _Again(Exception):
@@ -213,11 +222,6 @@ def _lock_timeout_set(remaining_seconds: float) -> None:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_ms(remaining_seconds)])
 
 
-def _lock_timeout_reset() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
-
-
 def _is_lock_timeout(exc: BaseException) -> bool:
     return sqlstate_of(exc) == LOCK_NOT_AVAILABLE
 
@@ -226,8 +230,10 @@ def _claim_insert(*, call: IdempotentCall, effect: str, lease_seconds: int, rema
     """Claim (principal, key) in the current transaction. Needs: an open transaction.
 
     Blocks while another uncommitted transaction holds the same key, at most
-    `remaining_seconds` (then `_WaitTimedOut`); the transaction's lock_timeout is back to
-    its default afterwards."""
+    `remaining_seconds` (then `_WaitTimedOut`). The rest of the transaction keeps that
+    lock_timeout: an effect stuck on a lock longer than a duplicate may wait for it gets
+    55P03 (retried whole as a conflict) instead of holding the key hostage; and resetting
+    it would cost a round trip on every keyed request."""
     try:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -242,7 +248,6 @@ def _claim_insert(*, call: IdempotentCall, effect: str, lease_seconds: int, rema
         if _is_lock_timeout(exc):
             raise _WaitTimedOut() from exc
         raise
-    _lock_timeout_reset()
     return None if row is None else (int(row[0]), row[1])
 
 
@@ -268,7 +273,6 @@ def _takeover(
         if _is_lock_timeout(exc):
             raise _WaitTimedOut() from exc
         raise
-    _lock_timeout_reset()
     if row is None:
         raise _Again()
     minted = row[2] if not isinstance(row[2], str) else json.loads(row[2])
@@ -303,7 +307,10 @@ def _executed_outcome(*, call: IdempotentCall, executed: Executed, stored: bool)
 def _replay_outcome(*, snapshot: RecordSnapshot, policy: IdempotencyPolicy, call: IdempotentCall) -> Outcome:
     assert snapshot.response_status is not None and snapshot.response_body is not None
     response = StoredResponse(status=snapshot.response_status, headers=snapshot.response_headers, body=snapshot.response_body)
-    return Outcome(response=response, replayed=True, source="postgres", original_request_id=snapshot.request_id, stored=True)
+    return Outcome(
+        response=response, replayed=True, source="postgres", original_request_id=snapshot.request_id, stored=True,
+        replay_until=snapshot.replay_until(policy),
+    )
 
 
 def _cache_after_replay(*, call: IdempotentCall, outcome: Outcome, replay_until: datetime) -> None:
@@ -430,14 +437,21 @@ def idempotency_execute(
                 continue
             except _Discard as discard:
                 return _executed_outcome(call=call, executed=discard.executed, stored=False)
+            except _Refused as refused:
+                try:
+                    stored = _store_refusal(call=call, policy=policy, refused=refused, deadline=deadline)
+                except _Again:
+                    continue
+                if stored is None:
+                    continue
+                return stored
             except _Failed as failed:
                 _record_failed(call=call, effect=Effect.INTERNAL)
                 return _executed_outcome(call=call, executed=failed.executed, stored=False)
             if outcome.replayed:
                 metrics.IDEMPOTENCY_REPLAYS.labels(source="postgres").inc()
-                snapshot_until = _replay_until_of(call=call, policy=policy)
-                if snapshot_until is not None:
-                    _cache_after_replay(call=call, outcome=outcome, replay_until=snapshot_until)
+                if outcome.replay_until is not None:
+                    _cache_after_replay(call=call, outcome=outcome, replay_until=outcome.replay_until)
             return outcome
         raise _WaitTimedOut()
     except _WaitTimedOut:
@@ -457,18 +471,6 @@ def idempotency_execute(
             metrics.IDEMPOTENCY_INFLIGHT_WAIT_SECONDS.observe(time.monotonic() - started)
 
 
-def _replay_until_of(*, call: IdempotentCall, policy: IdempotencyPolicy) -> datetime | None:
-    # The replay outcome does not carry the claim time; one indexed read after commit
-    # (replays from PostgreSQL only) keeps Outcome small. Failures just skip caching.
-    try:
-        snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
-    except DatabaseError:
-        return None
-    if snapshot is None or snapshot.state != RecordState.COMPLETED or snapshot.fingerprint != call.fingerprint:
-        return None
-    return snapshot.replay_until(policy)
-
-
 def _execute_in_transaction(*, call: IdempotentCall, ctx: IdempotencyContext, execute: Callable[[IdempotencyContext], Executed]) -> Outcome:
     executed = execute(ctx)
     disposition = disposition_for_status(executed.response.status)
@@ -476,9 +478,39 @@ def _execute_in_transaction(*, call: IdempotentCall, ctx: IdempotencyContext, ex
         raise _Discard(executed)
     if disposition is Disposition.FAIL:
         raise _Failed(executed)
+    if executed.response.status >= 400:
+        raise _Refused(executed, dict(ctx.minted))
     if _store_completed(ctx=ctx, call=call, response=executed.response) is None:
         raise StaleFence(f"record {ctx.record_id} fence {ctx.fence} moved inside its own transaction")
     return _executed_outcome(call=call, executed=executed, stored=True)
+
+
+def _store_refusal(*, call: IdempotentCall, policy: IdempotencyPolicy, refused: _Refused, deadline: float) -> Outcome | None:
+    """Second, short transaction after a refusal rolled back the view's writes: claim
+    again and store the refusal without executing anything. None if someone else holds
+    or finished the key meanwhile (the caller's next round replays or waits for it).
+    Locks: the claim row (insert or fenced takeover)."""
+
+    def write() -> Outcome | None:
+        claimed = _claim_insert(call=call, effect=Effect.INTERNAL, lease_seconds=policy.lease_seconds, remaining_seconds=deadline - time.monotonic())
+        if claimed is not None:
+            ctx = IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=claimed[0], fence=1, claimed_at=claimed[1])
+        else:
+            snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
+            if snapshot is None:
+                raise _Again()
+            if _check_existing(call=call, snapshot=snapshot, policy=policy) in ("replay", "busy"):
+                return None
+            ctx = _takeover(
+                call=call, effect=Effect.INTERNAL, snapshot=snapshot, lease_seconds=policy.lease_seconds,
+                renew=True, remaining_seconds=deadline - time.monotonic(),
+            )
+        ctx.minted = dict(refused.minted)
+        if _store_completed(ctx=ctx, call=call, response=refused.executed.response) is None:
+            raise StaleFence(f"record {ctx.record_id} fence {ctx.fence} moved inside its own transaction")
+        return _executed_outcome(call=call, executed=refused.executed, stored=True)
+
+    return run_atomic(write, operation=f"idempotency.{call.scope}.refusal")
 
 
 def _in_use_or_replay(*, call: IdempotentCall, policy: IdempotencyPolicy, started: float) -> Outcome:

@@ -1,0 +1,169 @@
+"""Cost of the idempotency layer, in-process, through the real terminal payment endpoint.
+
+    .venv/bin/python bench/bench_idempotency.py --requests 2000
+
+Full Django stack (middleware, API-key auth, DRF, payments.services.payment_create) via
+the test client, one thread. Keyed and unkeyed payments alternate (the tenant's terminal
+face is `optional`, so unkeyed requests skip the mechanism) so drift hits both alike;
+reported: p50/p99 of each and the added cost (keyed minus unkeyed, per percentile).
+Then replays of one completed key: from Redis (read-through cache warm) and from
+PostgreSQL (cache bypassed).
+
+Uses its own database (default tally_bench_idem, --database-url) and Redis db 4, with its
+own tenant, so it never touches a test or dev database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SCHEMA = "bench_idem"
+HOST = "bench-idem.localhost"
+
+
+def _ensure_database(url: str) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _setup(database_url: str, redis_url: str) -> None:
+    os.environ["DATABASE_URL"] = database_url
+    os.environ["REDIS_URL"] = redis_url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    os.environ["DJANGO_DEBUG"] = "false"
+    os.environ["TALLY_LOG_LEVEL"] = "WARNING"
+    _ensure_database(database_url)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate_schemas", verbosity=0, interactive=False)
+
+
+def _fixtures() -> dict[str, Any]:
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.services import adjustment_create
+    from tenants.models import Tenant
+    from tenants.services import tenant_create
+    from wallets.services.principals import (
+        api_key_create,
+        customer_create,
+        merchant_create,
+        staff_member_get_or_create,
+        store_create,
+        terminal_create,
+    )
+
+    connection.set_schema_to_public()
+    if not Tenant.objects.filter(schema_name=SCHEMA).exists():
+        tenant_create(schema_name=SCHEMA, domain=HOST, name="Bench idempotency", main_currency="JPY")
+    Tenant.objects.filter(schema_name=SCHEMA).update(idempotency_terminal="optional")
+    with schema_context(SCHEMA):
+        staff = staff_member_get_or_create(username="bench-ops")
+        customer = customer_create(name="bench payer")
+        adjustment_create(staff=staff, customer=customer, asset_code="JPY", amount=10**12, direction="credit", reason="bench funding")
+        store = store_create(merchant=merchant_create(name="bench merchant"), name="Main")
+        _, key = api_key_create(principal=terminal_create(store=store, name="Till"))
+    connection.set_schema_to_public()
+    return {"customer": customer.id, "terminal_key": key}
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(_pct(values, 0.50) * 1000, 3), "p99_ms": round(_pct(values, 0.99) * 1000, 3),
+            "mean_ms": round(statistics.fmean(values) * 1000, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000, help="payments per variant (keyed, unkeyed)")
+    parser.add_argument("--replays", type=int, default=2000)
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench_idem"))
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/4")
+    args = parser.parse_args()
+
+    _setup(args.database_url, args.redis_url)
+    world = _fixtures()
+    from django.test import Client
+
+    from payments.idempotency import cache as replay_cache
+
+    client = Client(HTTP_HOST=HOST)
+    body = json.dumps({"customer": world["customer"], "asset": "JPY", "amount": 1})
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {world['terminal_key']}"}
+
+    def pay(key: str | None) -> float:
+        extra = dict(auth)
+        if key is not None:
+            extra["HTTP_IDEMPOTENCY_KEY"] = key
+        started = time.perf_counter()
+        response = client.post("/v1/terminal/payments", data=body, content_type="application/json", **extra)
+        elapsed = time.perf_counter() - started
+        assert response.status_code == 201, response.content
+        return elapsed
+
+    for _ in range(100):  # warm-up: connections, caches, code paths
+        pay(None)
+        pay(uuid.uuid4().hex)
+
+    keyed: list[float] = []
+    unkeyed: list[float] = []
+    for i in range(args.requests):
+        if i % 2:
+            keyed.append(pay(uuid.uuid4().hex))
+            unkeyed.append(pay(None))
+        else:
+            unkeyed.append(pay(None))
+            keyed.append(pay(uuid.uuid4().hex))
+
+    replay_key = uuid.uuid4().hex
+    pay(replay_key)
+    pay(replay_key)  # first replay fills the cache
+    from_redis = [pay(replay_key) for _ in range(args.replays)]
+    replay_cache._breaker_open_until = float("inf")  # bypass Redis: every replay from PostgreSQL
+    try:
+        from_pg = [pay(replay_key) for _ in range(args.replays)]
+    finally:
+        replay_cache.replay_cache_breaker_reset()
+
+    k, u = _summary(keyed), _summary(unkeyed)
+    result = {
+        "requests_per_variant": args.requests,
+        "unkeyed_payment": u,
+        "keyed_payment": k,
+        "added_by_layer": {"p50_ms": round(k["p50_ms"] - u["p50_ms"], 3), "p99_ms": round(k["p99_ms"] - u["p99_ms"], 3),
+                           "mean_ms": round(k["mean_ms"] - u["mean_ms"], 3)},
+        "replay_from_redis": _summary(from_redis),
+        "replay_from_postgres": _summary(from_pg),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
