@@ -48,7 +48,8 @@ S = TypeVar("S", bound=serializers.Serializer[Any])
 
 
 class StrictSerializer(serializers.Serializer[Any]):
-    """Refuses unknown fields: a typo in a money request must fail loudly, not be ignored."""
+    """Refuses unknown fields (a typo in a money request must fail loudly, not be ignored)
+    and non-string values for text fields (DRF would turn 0 into "0")."""
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):
@@ -57,6 +58,10 @@ class StrictSerializer(serializers.Serializer[Any]):
                 raise serializers.ValidationError(
                     {str(unknown[0])[:64]: [serializers.ErrorDetail("unknown parameter", code="parameter_unknown")]}
                 )
+            for name, field in self.fields.items():
+                value = data.get(name)
+                if isinstance(field, serializers.CharField) and name in data and value is not None and not isinstance(value, str):
+                    raise serializers.ValidationError({name: [serializers.ErrorDetail("must be a string", code="invalid")]})
         return super().to_internal_value(data)
 
 

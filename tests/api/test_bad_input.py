@@ -180,3 +180,11 @@ def test_throttle_per_tenant(api: Api, world: World, tenant: Any) -> None:
     keys: list[Callable[[], Any]] = [lambda k=k: api.get("/v1/merchant/stores", k) for k in (world.merchant.key, world.merchant2.key)]
     statuses = [keys[i % 2]().status_code for i in range(6)]
     assert 429 in statuses
+
+
+def test_text_fields_refuse_numbers_and_objects(api: Api, world: World) -> None:
+    for bad in (0, 1.5, True, ["x"], {"x": 1}):
+        r = api.post("/v1/admin/merchants", world.staff.key, {"name": bad})
+        assert r.status_code == 400 and error_of(r)["param"] == "name", bad
+        r = api.post("/v1/customer/topups", world.customer.key, {"asset": "JPY", "amount": 1, "payment_method": bad})
+        assert r.status_code == 400 and error_of(r)["param"] == "payment_method", bad
