@@ -1,0 +1,197 @@
+"""Hypothesis stateful test: random top-ups, payments, refunds, transfers, holds and
+captures against a plain-Python model, with the ledger invariants checked after every step
+on real PostgreSQL (SPEC 1.4)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from payments import selectors
+from payments.errors import AmountInvalid, CapExceeded, InsufficientFunds
+from payments.services import (
+    payment_create,
+    payment_intent_authorize,
+    payment_intent_cancel,
+    payment_intent_capture,
+    payment_intent_create,
+    refund_create,
+    topup_create,
+    topup_credit,
+    transfer_create,
+)
+from tests.factories import CustomerFactory, TerminalFactory
+from wallets.models import Asset
+from wallets.selectors import asset_totals, balance_entry_mismatches, ledger_unbalanced_transactions
+
+CAP = 5_000
+BONUS = Decimal("0.1")
+POINTS_RATE = Decimal("0.01")
+GRAMS_RATE = Decimal("0.5")
+ASSETS = ("JPY", "LOCAL")
+amounts = st.integers(min_value=1, max_value=3_000)
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.customers = [CustomerFactory() for _ in range(3)]
+        self.terminal = TerminalFactory()
+        # model[(customer index, asset)] = [balance, held]
+        self.model: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.payments: list[dict[str, Any]] = []
+        self.intents: list[dict[str, Any]] = []
+
+    def available(self, who: int, asset: str) -> int:
+        balance, held = self.model[(who, asset)]
+        return balance - held
+
+    @rule(who=st.integers(0, 2), asset=st.sampled_from(ASSETS), amount=amounts)
+    def top_up(self, who: int, asset: str, amount: int) -> None:
+        bonus = int((Decimal(amount) * BONUS).to_integral_value(rounding=ROUND_FLOOR))
+        cap = CAP if asset == "LOCAL" else None
+        if cap is not None and self.model[(who, asset)][0] + amount + bonus > cap:
+            with pytest.raises(CapExceeded):
+                topup_create(customer=self.customers[who], asset_code=asset, amount=amount, payment_method="card")
+            return
+        topup = topup_create(customer=self.customers[who], asset_code=asset, amount=amount, payment_method="card")
+        topup_credit(topup=topup)
+        self.model[(who, asset)][0] += amount + bonus
+
+    @rule(who=st.integers(0, 2), asset=st.sampled_from(ASSETS), amount=amounts)
+    def pay(self, who: int, asset: str, amount: int) -> None:
+        if self.available(who, asset) < amount:
+            with pytest.raises(InsufficientFunds):
+                payment_create(terminal=self.terminal, customer=self.customers[who], asset_code=asset, amount=amount)
+            return
+        payment = payment_create(terminal=self.terminal, customer=self.customers[who], asset_code=asset, amount=amount)
+        points = grams = 0
+        if asset == "JPY":
+            points = int((Decimal(amount) * POINTS_RATE).to_integral_value(rounding=ROUND_FLOOR))
+            grams = int((Decimal(amount) * GRAMS_RATE).to_integral_value(rounding=ROUND_HALF_EVEN))
+        assert (payment.points_earned, payment.carbon_grams) == (points, grams)
+        self.model[(who, asset)][0] -= amount
+        self.model[(who, "POINT")][0] += points
+        self.model[(who, "CARBON")][0] += grams
+        self.payments.append(
+            {"obj": payment, "who": who, "asset": asset, "amount": amount, "refunded": 0, "points": points, "points_back": 0,
+             "grams": grams, "grams_back": 0}
+        )
+
+    @precondition(lambda self: self.payments)
+    @rule(index=st.integers(0, 10_000), amount=amounts)
+    def refund(self, index: int, amount: int) -> None:
+        p = self.payments[index % len(self.payments)]
+        who, asset = p["who"], p["asset"]
+        if amount > p["amount"] - p["refunded"]:
+            with pytest.raises(AmountInvalid):
+                refund_create(payment=p["obj"], amount=amount)
+            return
+        if asset == "LOCAL" and self.model[(who, asset)][0] + amount > CAP:
+            with pytest.raises(CapExceeded):
+                refund_create(payment=p["obj"], amount=amount)
+            return
+        refund = refund_create(payment=p["obj"], amount=amount)
+        after = p["refunded"] + amount
+        points_back = min(p["points"] * after // p["amount"] - p["points_back"], self.available(who, "POINT"))
+        grams_back = min(p["grams"] * after // p["amount"] - p["grams_back"], self.available(who, "CARBON"))
+        points_back, grams_back = max(points_back, 0), max(grams_back, 0)
+        assert (refund.points_reversed, refund.carbon_grams_reversed) == (points_back, grams_back)
+        p["refunded"], p["points_back"], p["grams_back"] = after, p["points_back"] + points_back, p["grams_back"] + grams_back
+        self.model[(who, asset)][0] += amount
+        self.model[(who, "POINT")][0] -= points_back
+        self.model[(who, "CARBON")][0] -= grams_back
+
+    @rule(source=st.integers(0, 2), recipient=st.integers(0, 2), asset=st.sampled_from((*ASSETS, "POINT")), amount=amounts)
+    def transfer(self, source: int, recipient: int, asset: str, amount: int) -> None:
+        target = recipient
+        if source == target:
+            return
+        call = lambda: transfer_create(  # noqa: E731
+            from_customer=self.customers[source], to_customer=self.customers[target], asset_code=asset, amount=amount
+        )
+        if self.available(source, asset) < amount:
+            with pytest.raises(InsufficientFunds):
+                call()
+            return
+        if asset == "LOCAL" and self.model[(target, asset)][0] + amount > CAP:
+            with pytest.raises(CapExceeded):
+                call()
+            return
+        call()
+        self.model[(source, asset)][0] -= amount
+        self.model[(target, asset)][0] += amount
+
+    @rule(who=st.integers(0, 2), amount=amounts)
+    def hold(self, who: int, amount: int) -> None:
+        intent = payment_intent_create(
+            merchant=self.terminal.store.merchant, customer=self.customers[who], asset_code="JPY", amount=amount, capture_method="manual"
+        )
+        if self.available(who, "JPY") < amount:
+            with pytest.raises(InsufficientFunds):
+                payment_intent_authorize(intent=intent)
+            return
+        payment_intent_authorize(intent=intent)
+        self.model[(who, "JPY")][1] += amount
+        self.intents.append({"obj": intent, "who": who, "amount": amount})
+
+    @precondition(lambda self: self.intents)
+    @rule(index=st.integers(0, 10_000), fraction=st.integers(0, 100), cancel=st.booleans())
+    def capture_or_cancel(self, index: int, fraction: int, cancel: bool) -> None:
+        entry = self.intents.pop(index % len(self.intents))
+        who, amount = entry["who"], entry["amount"]
+        self.model[(who, "JPY")][1] -= amount
+        if cancel:
+            payment_intent_cancel(intent=entry["obj"])
+            return
+        capture = max(1, amount * fraction // 100)
+        payment_intent_capture(intent=entry["obj"], amount=capture)
+        points = int((Decimal(capture) * POINTS_RATE).to_integral_value(rounding=ROUND_FLOOR))
+        grams = int((Decimal(capture) * GRAMS_RATE).to_integral_value(rounding=ROUND_HALF_EVEN))
+        self.model[(who, "JPY")][0] -= capture
+        self.model[(who, "POINT")][0] += points
+        self.model[(who, "CARBON")][0] += grams
+
+    @rule(who=st.integers(0, 2), bad=st.sampled_from([0, -1, -3000, 10**15 + 1, 2.5, 10.0, True, "5"]))
+    def bad_amount_changes_nothing(self, who: int, bad: Any) -> None:
+        expected = TypeError if isinstance(bad, float) else AmountInvalid
+        with pytest.raises(expected):
+            payment_create(terminal=self.terminal, customer=self.customers[who], asset_code="JPY", amount=bad)
+        with pytest.raises(expected):
+            transfer_create(from_customer=self.customers[who], to_customer=self.customers[(who + 1) % 3], asset_code="JPY", amount=bad)
+
+    @invariant()
+    def balances_match_the_model_and_the_ledger(self) -> None:
+        for who, customer in enumerate(self.customers):
+            for line in selectors.wallet_balances(customer=customer):
+                balance, held = self.model[(who, line["asset"])]
+                assert (line["balance"], line["held"]) == (balance, held), (who, line)
+                assert line["balance"] >= 0 and line["available"] >= 0
+                if line["asset"] == "LOCAL":
+                    assert line["balance"] <= CAP
+        assert ledger_unbalanced_transactions() == []
+        assert balance_entry_mismatches() == []
+        assert all(total == 0 for total in asset_totals().values()), asset_totals()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db
+def test_ledger_state_machine(tenant) -> None:  # type: ignore[no-untyped-def]
+    Asset.objects.update_or_create(code="LOCAL", defaults={"name": "Local currency", "kind": "regional", "cap": CAP})
+    saved = (tenant.topup_bonus_rate, tenant.points_earn_rate, tenant.carbon_grams_per_unit)
+    tenant.topup_bonus_rate, tenant.points_earn_rate, tenant.carbon_grams_per_unit = BONUS, POINTS_RATE, GRAMS_RATE
+    try:
+        run_state_machine_as_test(
+            LedgerMachine,
+            settings=settings(
+                max_examples=25, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck), database=None
+            ),
+        )
+    finally:
+        tenant.topup_bonus_rate, tenant.points_earn_rate, tenant.carbon_grams_per_unit = saved
