@@ -204,3 +204,27 @@ def test_database_refuses_update_and_delete_on_the_ledger(tenant, statement) -> 
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(statement)
     assert LedgerEntry.objects.filter(account__customer=customer, amount=10).exists()
+
+
+def test_demo_starting_balances_are_funded_once(tenant) -> None:  # type: ignore[no-untyped-def]
+    from tenants.demo import DEMO_STARTING_BALANCES, _demo_balances_ensure
+
+    customers = {"alice": CustomerFactory(), "bob": CustomerFactory()}
+    _demo_balances_ensure(customers=customers)
+    _demo_balances_ensure(customers=customers)
+    for label, customer in customers.items():
+        assert _balance(customer)["balance"] == DEMO_STARTING_BALANCES[label]
+    _assert_ledger_sound()
+
+
+def test_merchant_adjustment_debit_is_bounded_by_the_sharded_balance(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    merchant = terminal.store.merchant
+    fund(customer, 1_000)
+    for _ in range(5):
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+    with pytest.raises(InsufficientFunds):
+        adjustment_create(staff=staff(), merchant=merchant, asset_code="JPY", amount=501, direction="debit", reason="fee")
+    adjustment_create(staff=staff(), merchant=merchant, asset_code="JPY", amount=500, direction="debit", reason="fee")
+    assert next(b for b in selectors.merchant_balances(merchant=merchant) if b["asset"] == "JPY")["balance"] == 0
+    _assert_ledger_sound()
