@@ -1,0 +1,232 @@
+"""Keyed terminal payments over loopback HTTP against gunicorn, vs the raw-SQL ceiling.
+
+    .venv/bin/python bench/bench_http.py --seconds 15 --clients 16 --workers 4
+
+Seeds its own database (default tally_bench_http) with a tenant, customers with funds,
+200 merchants with one terminal each (spread traffic) and one hot merchant with 16
+terminals (hot traffic), mints fresh terminal keys, starts gunicorn with the production
+settings and config/gunicorn.py (the worker count given), then drives
+`POST /v1/terminal/payments` with a fresh Idempotency-Key each from --clients concurrent
+clients (processes x threads, new connection per request, like sync gunicorn wants).
+Reports payments/s, p50 and p99 for spread and hot traffic, then runs the raw-SQL
+ceiling (bench/rawsql.py, pgbench) with the same client count and duration, and the
+ratios. gunicorn is stopped at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SCHEMA = "benchhttp"
+DOMAIN = "benchhttp.localhost"
+SPREAD_MERCHANTS = 200
+HOT_TERMINALS = 16
+CUSTOMERS = 2_000
+START_BALANCE = 10**12
+
+
+def _ensure_database(url: str) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/")
+    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _env(database_url: str, redis_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        DJANGO_SETTINGS_MODULE="config.settings.production",
+        DJANGO_SECRET_KEY="bench-" + "x" * 50,
+        DJANGO_ALLOWED_HOSTS="*",
+        TALLY_LOG_LEVEL="WARNING",
+        # Measure the API, not the rate limiter's refusals (its Redis round trip still counts).
+        TALLY_THROTTLE_KEY_RATE="1000000/min",
+        TALLY_THROTTLE_TENANT_RATE="10000000/min",
+    )
+    return env
+
+
+def seed(database_url: str, redis_url: str) -> dict[str, Any]:
+    """Tenant, parties and fresh keys; returns the keys and customer ids for the clients."""
+    os.environ.update(_env(database_url, redis_url))
+    _ensure_database(database_url)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from django_tenants.utils import schema_context
+
+    from tenants.models import Tenant
+    from tenants.services import tenant_create
+    from wallets.models import Account, AccountKind, Customer, Merchant, Store, SystemRole, Terminal
+    from wallets.services.ledger import Leg, ledger_post
+    from wallets.services.principals import api_key_create
+
+    call_command("migrate_schemas", verbosity=0, interactive=False)
+    connection.set_schema_to_public()
+    if not Tenant.objects.filter(schema_name=SCHEMA).exists():
+        tenant_create(schema_name=SCHEMA, domain=DOMAIN, name="Bench HTTP", main_currency="JPY")
+    with schema_context(SCHEMA):
+        if not Merchant.objects.filter(name="Hot merchant").exists():
+            with transaction.atomic():
+                merchants = Merchant.objects.bulk_create([Merchant(name=f"Spread merchant {i}") for i in range(SPREAD_MERCHANTS)])
+                hot = Merchant.objects.create(name="Hot merchant")
+                Account.objects.bulk_create([Account(kind=AccountKind.MERCHANT, merchant=m) for m in [*merchants, hot]])
+                stores = Store.objects.bulk_create([Store(merchant=m, name="Store") for m in merchants])
+                Terminal.objects.bulk_create([Terminal(store=s, name="Till") for s in stores])
+                hot_store = Store.objects.create(merchant=hot, name="Flagship")
+                Terminal.objects.bulk_create([Terminal(store=hot_store, name=f"Till {i}") for i in range(HOT_TERMINALS)])
+                customers = Customer.objects.bulk_create([Customer(name=f"Bench customer {i}") for i in range(CUSTOMERS)])
+                accounts = Account.objects.bulk_create([Account(kind=AccountKind.CUSTOMER, customer=c) for c in customers])
+                source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS)
+                legs = [Leg(a, "JPY", START_BALANCE) for a in accounts] + [Leg(source, "JPY", -START_BALANCE * len(accounts))]
+                ledger_post(kind="adjustment", reference="bench_http_funding", legs=legs)
+        spread = [api_key_create(principal=t)[1] for t in Terminal.objects.exclude(store__merchant__name="Hot merchant")]
+        hot_keys = [api_key_create(principal=t)[1] for t in Terminal.objects.filter(store__merchant__name="Hot merchant")]
+        customer_ids = list(Customer.objects.values_list("id", flat=True)[:CUSTOMERS])
+    return {"spread": spread, "hot": hot_keys, "customers": customer_ids}
+
+
+def _client_process(port: int, keys: list[str], customers: list[str], threads: int, seconds: float, out: Any) -> None:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def worker(seed: int) -> None:
+        rnd = random.Random(seed)
+        local: list[float] = []
+        local_status: dict[int, int] = {}
+        while time.monotonic() < deadline:
+            body = json.dumps({"customer": rnd.choice(customers), "asset": "JPY", "amount": rnd.randint(1, 5000)})
+            headers = {
+                "Host": DOMAIN, "Authorization": f"Bearer {rnd.choice(keys)}", "Idempotency-Key": uuid.uuid4().hex,
+                "Content-Type": "application/json",
+            }
+            started = time.perf_counter()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                conn.request("POST", "/v1/terminal/payments", body=body, headers=headers)
+                status = conn.getresponse().status
+            except OSError:
+                status = 0
+            finally:
+                conn.close()
+            local.append(time.perf_counter() - started)
+            local_status[status] = local_status.get(status, 0) + 1
+        with lock:
+            latencies.extend(local)
+            for k, v in local_status.items():
+                statuses[k] = statuses.get(k, 0) + v
+
+    pool = [threading.Thread(target=worker, args=(os.getpid() * 1000 + i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    out.put({"latencies": latencies, "statuses": statuses})
+
+
+def drive(port: int, keys: list[str], customers: list[str], *, clients: int, seconds: float, processes: int = 2) -> dict[str, Any]:
+    queue: Any = multiprocessing.Queue()
+    per = max(1, clients // processes)
+    procs = [multiprocessing.Process(target=_client_process, args=(port, keys, customers, per, seconds, queue)) for _ in range(processes)]
+    started = time.monotonic()
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    elapsed = time.monotonic() - started
+    latencies = sorted(x for r in results for x in r["latencies"])
+    statuses: dict[int, int] = {}
+    for r in results:
+        for k, v in r["statuses"].items():
+            statuses[int(k)] = statuses.get(int(k), 0) + v
+    ok = statuses.get(201, 0)
+
+    def pct(q: float) -> float:
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1) if latencies else 0.0
+
+    return {"payments_per_s": round(ok / elapsed, 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99), "statuses": statuses, "seconds": round(elapsed, 1)}
+
+
+def _wait_ready(port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/healthz", headers={"Host": DOMAIN})
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("gunicorn did not become ready")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_http")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
+    parser.add_argument("--skip-rawsql", action="store_true")
+    args = parser.parse_args()
+
+    fixtures = seed(args.database_url, args.redis_url)
+    env = _env(args.database_url, args.redis_url)
+    env.update(PORT=str(args.port), WEB_CONCURRENCY=str(args.workers))
+    server = subprocess.Popen(
+        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    result: dict[str, Any] = {"workers": args.workers, "clients": args.clients, "seconds": args.seconds}
+    try:
+        _wait_ready(args.port)
+        drive(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=2)  # warm-up
+        result["http_spread"] = drive(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
+        result["http_hot"] = drive(args.port, fixtures["hot"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+    if not args.skip_rawsql:
+        from bench.rawsql import run_ceiling
+
+        ceiling = run_ceiling(clients=args.clients, seconds=args.seconds)
+        result["rawsql"] = ceiling
+        result["ratio_spread"] = round(result["http_spread"]["payments_per_s"] / ceiling["rawsql_spread_tps"], 3)
+        result["ratio_hot"] = round(result["http_hot"]["payments_per_s"] / ceiling["rawsql_hot_tps"], 3)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
