@@ -100,15 +100,63 @@ def _summary(values: list[float]) -> dict[str, float]:
             "mean_ms": round(statistics.fmean(values) * 1000, 3)}
 
 
+def _engine_only(count: int) -> dict[str, Any]:
+    """The mechanism alone, without HTTP: one transaction writing one row (so both pay the
+    commit's WAL flush), bare (run_atomic) versus through idempotency_execute with a fresh
+    key (claim, effect, stored response, Redis lookup). Alternating, like the HTTP run."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.db import run_atomic
+    from payments.idempotency.selectors import IdempotencyPolicy
+    from payments.idempotency.services import Executed, IdempotentCall, StoredResponse, idempotency_execute
+
+    body = b'{"id":"pay_x","amount":1}'
+
+    def effect() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO bench_effect (v) VALUES (1)")
+
+    def execute(ctx: Any) -> Executed:
+        effect()
+        return Executed(response=StoredResponse(status=201, headers={"Content-Type": "application/json"}, body=body))
+
+    policy = IdempotencyPolicy()
+    bare: list[float] = []
+    keyed: list[float] = []
+    with schema_context(SCHEMA):
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE IF NOT EXISTS bench_effect (id bigserial PRIMARY KEY, v int NOT NULL)")
+        for i in range(count + 100):
+            call = IdempotentCall(principal_id="ter_bench", key=uuid.uuid4().hex, fingerprint="0" * 64, scope="terminal", request_id="req_bench")
+            t0 = time.perf_counter()
+            run_atomic(effect, operation="bench")
+            t1 = time.perf_counter()
+            idempotency_execute(call=call, policy=policy, execute=execute)
+            t2 = time.perf_counter()
+            if i >= 100:
+                bare.append(t1 - t0)
+                keyed.append(t2 - t1)
+    b, k = _summary(bare), _summary(keyed)
+    return {
+        "bare_transaction": b, "through_layer": k,
+        "added_p50_ms": round(k["p50_ms"] - b["p50_ms"], 3), "added_p99_ms": round(k["p99_ms"] - b["p99_ms"], 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000, help="payments per variant (keyed, unkeyed)")
     parser.add_argument("--replays", type=int, default=2000)
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tally_bench_idem"))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/4")
+    parser.add_argument("--limit-set-calls", action="store_true", help="TENANT_LIMIT_SET_CALLS=True (no SET search_path per cursor)")
     args = parser.parse_args()
 
     _setup(args.database_url, args.redis_url)
+    from django.conf import settings
+
+    settings.TENANT_LIMIT_SET_CALLS = args.limit_set_calls
     world = _fixtures()
     from django.test import Client
 
@@ -152,6 +200,7 @@ def main() -> None:
     finally:
         replay_cache.replay_cache_breaker_reset()
 
+    engine = _engine_only(args.requests)
     k, u = _summary(keyed), _summary(unkeyed)
     result = {
         "requests_per_variant": args.requests,
@@ -161,6 +210,8 @@ def main() -> None:
                            "mean_ms": round(k["mean_ms"] - u["mean_ms"], 3)},
         "replay_from_redis": _summary(from_redis),
         "replay_from_postgres": _summary(from_pg),
+        "engine_only": engine,
+        "tenant_limit_set_calls": args.limit_set_calls,
     }
     print(json.dumps(result, indent=2))
 
