@@ -28,10 +28,11 @@ class Payment(models.Model):
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_payment_id, editable=False)
     status = models.CharField(max_length=12, choices=PaymentStatus.choices, default=PaymentStatus.SUCCEEDED)
-    # Only the per-customer FK is a database constraint: merchant, store, terminal and asset
-    # rows are shared by every payment, and a KEY SHARE lock per payment on one hot row
-    # costs a MultiXact each (see docs/BENCHMARKS.md). The payment path resolves them first.
-    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payments", db_index=False)
+    # No database foreign keys (see LedgerEntry): merchant, store, terminal and asset rows
+    # are shared by every payment, and a KEY SHARE lock per payment on one hot row costs a
+    # MultiXact each; each FK check is also one more query per payment. The payment path
+    # (tally_payment_create) resolves every referenced row before it inserts.
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False)
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False)
     store = models.ForeignKey(
         Store, null=True, blank=True, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False
@@ -47,7 +48,7 @@ class Payment(models.Model):
     points_reversed = models.BigIntegerField(default=0)
     carbon_grams = models.BigIntegerField(default=0)
     carbon_grams_reversed = models.BigIntegerField(default=0)
-    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_index=False)
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -266,7 +266,9 @@ class LedgerTransaction(models.Model):
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_ledger_transaction_id, editable=False)
     kind = models.CharField(max_length=12, choices=LedgerTransactionKind.choices)
     # The business object that caused it (pay_..., ref_..., trf_..., top_..., adj_..., pi_...).
-    reference = models.CharField(max_length=ids.ID_MAX_LENGTH, db_index=True)
+    # Not indexed: every payment would pay for it; the business object points at its
+    # transaction (ledger_transaction_id), which is how lookups go.
+    reference = models.CharField(max_length=ids.ID_MAX_LENGTH)
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -280,11 +282,13 @@ class LedgerEntry(models.Model):
     """A signed amount on one (account, asset): positive credits, negative debits. Append-only."""
 
     id = models.BigAutoField(primary_key=True)
-    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries")
-    # No database FK to the account and the asset: every payment would take a KEY SHARE
-    # lock on the same hot rows (the JPY asset, the system accounts), and concurrent share
-    # locks on one row cost a MultiXact each. Entries are written only by the ledger
-    # services, which resolve both first; reconciliation checks them.
+    # No database foreign keys on the hot append-only tables. To the account and the asset:
+    # every payment would take a KEY SHARE lock on the same hot rows (the JPY asset, the
+    # system accounts), and concurrent share locks on one row cost a MultiXact each. To
+    # the transaction: it is inserted in the same statement and can never be deleted
+    # (append-only trigger), so the check (one query per entry) proves nothing. Entries are
+    # written only by the ledger services; reconciliation checks them.
+    transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries", db_constraint=False)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries", db_constraint=False, db_index=False)
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
     amount = models.BigIntegerField()
