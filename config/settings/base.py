@@ -54,6 +54,10 @@ ROOT_URLCONF = "config.urls"
 TENANT_BASE_SCHEMA = "tenant_template"
 TENANT_CREATION_FAKES_MIGRATIONS = env.bool("TENANT_CREATION_FAKES_MIGRATIONS", default=True)
 SHOW_PUBLIC_IF_NO_TENANT_FOUND = False
+# Issue `SET search_path` once per connection and tenant switch instead of before every
+# statement. Safe: django-tenants forgets the cached path on set_tenant, rollback,
+# savepoint rollback and close, so it is re-issued whenever the database may have lost it.
+TENANT_LIMIT_SET_CALLS = env.bool("TENANT_LIMIT_SET_CALLS", default=True)
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/tally")}
 DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
