@@ -190,3 +190,31 @@ def test_platform_admin_lists_tenants_but_a_tenant_admin_does_not(tenant_a: Tena
     assert tenant_admin.get("/admin/").status_code == 200
     assert tenant_admin.get("/admin/tenants/tenant/").status_code == 404
     assert tenant_admin.get("/admin/django_celery_beat/periodictask/").status_code == 404
+
+
+@pytest.mark.django_db
+def test_tenant_lookup_is_cached_but_a_settings_change_is_seen_at_once(tenant_a: Tenant) -> None:
+    from django.test import RequestFactory
+    from django.test.utils import CaptureQueriesContext
+
+    from tenants.middleware import CachedTenantMiddleware, tenant_cache_clear
+
+    seen: list[Tenant] = []
+
+    def remember(request):  # type: ignore[no-untyped-def]
+        seen.append(request.tenant)
+
+    middleware = CachedTenantMiddleware(remember)
+    request = RequestFactory(HTTP_HOST="a.test.localhost").get("/")
+    tenant_cache_clear()
+    middleware(request)
+    with CaptureQueriesContext(connection) as queries:
+        middleware(request)
+    assert not any("tenants_domain" in q["sql"] for q in queries.captured_queries)
+
+    connection.set_schema_to_public()
+    tenant = Tenant.objects.get(pk=tenant_a.pk)
+    tenant.idempotency_wait_ms = 1234
+    tenant.save(update_fields=["idempotency_wait_ms"])  # clears this process's cache
+    middleware(request)
+    assert seen[-1].idempotency_wait_ms == 1234

@@ -58,6 +58,8 @@ SHOW_PUBLIC_IF_NO_TENANT_FOUND = False
 # statement. Safe: django-tenants forgets the cached path on set_tenant, rollback,
 # savepoint rollback and close, so it is re-issued whenever the database may have lost it.
 TENANT_LIMIT_SET_CALLS = env.bool("TENANT_LIMIT_SET_CALLS", default=True)
+# Host -> tenant lookups are cached in each process this long (tenants/middleware.py).
+TENANT_CACHE_SECONDS = env.float("TENANT_CACHE_SECONDS", default=10.0)
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/tally")}
 DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"
@@ -83,7 +85,7 @@ CACHES = {
 MIDDLEWARE = [
     "config.observability.RequestIdMiddleware",
     "config.health.HealthMiddleware",
-    "django_tenants.middleware.main.TenantMainMiddleware",
+    "tenants.middleware.CachedTenantMiddleware",
     "config.observability.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -1,0 +1,47 @@
+"""Tenant resolution by host with a short in-process cache.
+
+django-tenants looks the Domain up on every request; a payment request would spend a
+round trip on it. The cache holds (tenant, expiry) per host for TENANT_CACHE_SECONDS and
+is emptied in this process whenever a Tenant or Domain is saved or deleted, so another
+process sees a settings change (e.g. an idempotency mode switched in the admin) within
+TENANT_CACHE_SECONDS at most. An unknown host is never cached.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db.models.signals import post_delete, post_save
+from django_tenants.middleware.main import TenantMainMiddleware
+
+from tenants.models import Domain, Tenant
+
+_cache: dict[str, tuple[Tenant, float]] = {}
+_lock = threading.Lock()
+
+
+def tenant_cache_clear(**_: Any) -> None:
+    with _lock:
+        _cache.clear()
+
+
+for _model in (Tenant, Domain):
+    post_save.connect(tenant_cache_clear, sender=_model, dispatch_uid=f"tenant-cache-save-{_model.__name__}")
+    post_delete.connect(tenant_cache_clear, sender=_model, dispatch_uid=f"tenant-cache-delete-{_model.__name__}")
+
+
+class CachedTenantMiddleware(TenantMainMiddleware):
+    def get_tenant(self, domain_model: Any, hostname: str) -> Tenant:
+        ttl = float(getattr(settings, "TENANT_CACHE_SECONDS", 10))
+        now = time.monotonic()
+        hit = _cache.get(hostname)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        tenant: Tenant = super().get_tenant(domain_model, hostname)
+        if ttl > 0:
+            with _lock:
+                _cache[hostname] = (tenant, now + ttl)
+        return tenant
