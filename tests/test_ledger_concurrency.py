@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from config import metrics
 from payments import selectors
 from payments.errors import InsufficientFunds, InvalidState
 from payments.models import OutboxEvent, Payment, PaymentIntent
@@ -56,6 +57,17 @@ def _race(tenant: Tenant, jobs: list[Callable[[], Any]]) -> list[tuple[str, Any]
     return results
 
 
+def _deadlocks_retried() -> float:
+    """Deadlocks run_atomic has retried so far (a retried deadlock never reaches the caller,
+    so the tests look here to prove there was none)."""
+    return sum(
+        sample.value
+        for metric in metrics.TRANSACTION_CONFLICT_RETRIES.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total") and sample.labels.get("reason") == "deadlock"
+    )
+
+
 def _jpy(customer: Any) -> dict[str, int]:
     return next(dict(line) for line in selectors.wallet_balances(customer=customer) if line["asset"] == "JPY")
 
@@ -88,8 +100,10 @@ def test_opposite_transfers_at_once_never_surface_a_deadlock(live_tenant: Tenant
         for _ in range(5):
             transfer_create(from_customer=bob, to_customer=alice, asset_code="JPY", amount=3)
 
+    deadlocks = _deadlocks_retried()
     results = _race(live_tenant, [a_to_b, b_to_a] * 8)
     assert [value for status, value in results if status == "error"] == []
+    assert _deadlocks_retried() == deadlocks
     assert _jpy(alice)["balance"] == 1_000 - 8 * 5 * 7 + 8 * 5 * 3
     assert _jpy(bob)["balance"] == 1_000 + 8 * 5 * 7 - 8 * 5 * 3
 
@@ -170,6 +184,31 @@ def test_two_concurrent_confirms_charge_once(live_tenant: Tenant) -> None:
     assert PaymentIntent.objects.get(pk=intent.pk).status == "charged"
     assert Payment.objects.filter(customer=customer).count() == 1
     assert _jpy(customer)["balance"] == 600
+
+
+def test_payments_refunds_and_transfers_of_the_same_wallets_at_once_never_deadlock(live_tenant: Tenant) -> None:
+    store = StoreFactory(merchant=MerchantFactory())
+    terminal = TerminalFactory(store=store)
+    alice, bob = CustomerFactory(), CustomerFactory()
+    fund(alice, 100_000)
+    fund(bob, 100_000)
+    earlier = [payment_create(terminal=terminal, customer=who, asset_code="JPY", amount=1_000) for who in (alice, bob) * 4]
+
+    def pay(who: Any) -> Callable[[], None]:
+        return lambda: [payment_create(terminal=terminal, customer=who, asset_code="JPY", amount=100) for _ in range(5)] and None
+
+    def refund(payment: Payment) -> Callable[[], None]:
+        return lambda: [refund_create(payment=payment, amount=100) for _ in range(5)] and None
+
+    def transfer(source: Any, target: Any) -> Callable[[], None]:
+        return lambda: [transfer_create(from_customer=source, to_customer=target, asset_code="POINT", amount=1) for _ in range(3)] and None
+
+    jobs = [pay(alice), pay(bob), *(refund(p) for p in earlier), transfer(alice, bob), transfer(bob, alice)]
+    deadlocks = _deadlocks_retried()
+    results = _race(live_tenant, jobs)
+    assert [value for status, value in results if status == "error"] == []
+    assert _deadlocks_retried() == deadlocks
+    assert ledger_unbalanced_transactions() == [] and balance_entry_mismatches() == []
 
 
 def test_ledger_is_sound_after_the_races(live_tenant: Tenant) -> None:

@@ -7,8 +7,11 @@ here opens its own. The payment hot path is the PL/pgSQL function tally_payment_
 Lock order (deadlock freedom depends on everyone using it):
   1. business rows (payment, intent) before any balance;
   2. balance rows by lock_key: customer accounts, then merchant accounts, then system
-     accounts; within a kind by account id; within an account the non-reward assets
-     before the reward assets (CARBON, POINT), each group by code; shards ascending.
+     accounts; customers and merchants by account id, system accounts by role (PSP
+     funding, adjustments, fees, bonus pool, carbon registry); within an account the
+     non-reward assets before the reward assets (CARBON, POINT), each group by code;
+     shards ascending;
+  3. carbon aggregates (customer row, then a merchant shard) last.
 Credits to a merchant or system account take one shard and need no check, so they are
 written last; debits of a merchant lock all its shards of that asset.
 """
@@ -54,8 +57,19 @@ class Leg:
     amount: int
 
 
+# System accounts in a fixed order, the one tally_payment_create uses (bonus pool, then
+# carbon registry); their ids are random, so ordering them by id would not match it.
+_SYSTEM_ROLE_RANK = {role: rank for rank, role in enumerate(
+    [SystemRole.PSP_FUNDING, SystemRole.ADJUSTMENTS, SystemRole.FEES, SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY]
+)}
+
+
 def lock_key(*, account: Account, asset_code: str) -> tuple[int, str, int, str]:
-    return (_KIND_RANK[AccountKind(account.kind)], account.id, 1 if asset_code in REWARD_ASSETS else 0, asset_code)
+    """Position of (account, asset) in the global lock order (see the module docstring)."""
+    owner = account.id
+    if account.kind == AccountKind.SYSTEM and account.system_role:
+        owner = f"{_SYSTEM_ROLE_RANK[SystemRole(account.system_role)]:02d}"
+    return (_KIND_RANK[AccountKind(account.kind)], owner, 1 if asset_code in REWARD_ASSETS else 0, asset_code)
 
 
 def system_account(*, role: SystemRole) -> Account:
