@@ -27,7 +27,7 @@ from payments.services import adjustment_create
 from tenants.models import Tenant
 from tests import idempotency_urls
 from tests.conftest import TENANT_A, run_in_thread_tenant
-from tests.test_idempotency import customers_named, post, sample, uid
+from tests.test_idempotency import customers_named, post, sample, tenant_settings_set, uid
 from wallets.models import Account, LedgerTransaction
 from wallets.services.ledger import account_balance
 from wallets.services.principals import (
@@ -45,7 +45,7 @@ pytestmark = pytest.mark.urls("tests.idempotency_urls")
 @pytest.fixture
 def tenant_settings_reset(live_tenant: Tenant) -> Iterator[Tenant]:
     yield live_tenant
-    Tenant.objects.filter(pk=live_tenant.pk).update(idempotency_wait_ms=5000)
+    tenant_settings_set(live_tenant, idempotency_wait_ms=5000)
     connection.set_tenant(live_tenant)
 
 
@@ -147,7 +147,7 @@ def test_a_duplicate_waits_for_a_slow_winner_then_replays(live_tenant: Tenant) -
 
 
 def test_a_duplicate_gives_up_after_the_tenants_wait_with_409(tenant_settings_reset: Tenant) -> None:
-    Tenant.objects.filter(pk=tenant_settings_reset.pk).update(idempotency_wait_ms=300)
+    tenant_settings_set(tenant_settings_reset, idempotency_wait_ms=300)
     key, principal, name = uid("k-"), uid("p-"), uid("n-")
     release = threading.Event()
     hook = uid("stall-")
