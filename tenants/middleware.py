@@ -5,6 +5,9 @@ round trip on it. The cache holds (tenant, expiry) per host for TENANT_CACHE_SEC
 is emptied in this process whenever a Tenant or Domain is saved or deleted, so another
 process sees a settings change (e.g. an idempotency mode switched in the admin) within
 TENANT_CACHE_SECONDS at most. An unknown host is never cached.
+
+With the database unreachable the request is refused with 503 in the error envelope
+(fail closed) before anything else runs.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import time
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, transaction
 from django.db.models.signals import post_delete, post_save
+from django.http import HttpRequest, HttpResponse
 from django_tenants.middleware.main import TenantMainMiddleware
 
 from tenants.models import Domain, Tenant
@@ -28,12 +33,31 @@ def tenant_cache_clear(**_: Any) -> None:
         _cache.clear()
 
 
+def _tenant_changed(**_: Any) -> None:
+    # Now, for reads later in this transaction, and again once it commits, so a value
+    # read while the change was uncommitted is not served after it.
+    tenant_cache_clear()
+    transaction.on_commit(tenant_cache_clear)
+
+
 for _model in (Tenant, Domain):
-    post_save.connect(tenant_cache_clear, sender=_model, dispatch_uid=f"tenant-cache-save-{_model.__name__}")
-    post_delete.connect(tenant_cache_clear, sender=_model, dispatch_uid=f"tenant-cache-delete-{_model.__name__}")
+    post_save.connect(_tenant_changed, sender=_model, dispatch_uid=f"tenant-cache-save-{_model.__name__}")
+    post_delete.connect(_tenant_changed, sender=_model, dispatch_uid=f"tenant-cache-delete-{_model.__name__}")
 
 
 class CachedTenantMiddleware(TenantMainMiddleware):
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        from payments.db import is_connection_failure
+
+        try:
+            return super().process_request(request)  # type: ignore[no-any-return]
+        except DatabaseError as exc:
+            if not is_connection_failure(exc):
+                raise
+            from payments.api.errors import error_response
+
+            return error_response(request, exc)  # 503 unavailable, Retry-After
+
     def get_tenant(self, domain_model: Any, hostname: str) -> Tenant:
         ttl = float(getattr(settings, "TENANT_CACHE_SECONDS", 10))
         now = time.monotonic()

@@ -34,14 +34,27 @@ def _public_tenant_ensure() -> None:
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+def django_db_setup(
+    django_test_environment: None, django_db_blocker: Any, django_db_modify_db_settings: None
+) -> Iterator[None]:
+    """Create the test database whatever the selected tests are marked with.
+
+    pytest-django only sets up the databases that `django_db`-marked tests name, so a run
+    of only `live_tenant` tests would find none.
+    """
+    from django.test.utils import setup_databases, teardown_databases
+
     with django_db_blocker.unblock():
+        db_cfg = setup_databases(verbosity=0, interactive=False, aliases={"default"})
         _public_tenant_ensure()
         for spec in (TENANT_A, TENANT_B):
             if not Tenant.objects.filter(schema_name=spec["schema_name"]).exists():
                 tenant_create(**spec)
         connection.set_schema_to_public()
     yield
+    with django_db_blocker.unblock():
+        connections.close_all()
+        teardown_databases(db_cfg, verbosity=0)
 
 
 @pytest.fixture(scope="session")

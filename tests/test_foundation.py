@@ -193,12 +193,16 @@ def test_platform_admin_lists_tenants_but_a_tenant_admin_does_not(tenant_a: Tena
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("settings")
 def test_tenant_lookup_is_cached_but_a_settings_change_is_seen_at_once(tenant_a: Tenant) -> None:
     from django.test import RequestFactory
     from django.test.utils import CaptureQueriesContext
 
     from tenants.middleware import CachedTenantMiddleware, tenant_cache_clear
 
+    from django.conf import settings
+
+    settings.TENANT_CACHE_SECONDS = 10.0  # the pytest-django `settings` fixture restores it
     seen: list[Tenant] = []
 
     def remember(request):  # type: ignore[no-untyped-def]
@@ -218,3 +222,35 @@ def test_tenant_lookup_is_cached_but_a_settings_change_is_seen_at_once(tenant_a:
     tenant.save(update_fields=["idempotency_wait_ms"])  # clears this process's cache
     middleware(request)
     assert seen[-1].idempotency_wait_ms == 1234
+
+
+def test_database_down_before_tenant_resolution_answers_503_envelope(live_tenant: Tenant) -> None:
+    import threading
+
+    from django.conf import settings
+    from django.db import connections
+
+    from tests.proxies import TcpProxy
+
+    proxy = TcpProxy(int(settings.DATABASES["default"].get("PORT") or 5432))
+    proxy.cut()
+    box: dict[str, object] = {}
+
+    def call() -> None:
+        conn = connections["default"]
+        conn.close()
+        conn.settings_dict = {**conn.settings_dict, "PORT": proxy.port}
+        try:
+            box["response"] = Client(HTTP_HOST="a.test.localhost", raise_request_exception=False).get("/v1/customer/wallet")
+        finally:
+            conn.close()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    thread.join(30)
+    proxy.close()
+    response = box["response"]
+    assert response.status_code == 503, response.content  # type: ignore[attr-defined]
+    body = json.loads(response.content)  # type: ignore[attr-defined]
+    assert body["error"]["code"] == "unavailable"
+    assert int(response["Retry-After"]) >= 1  # type: ignore[index]

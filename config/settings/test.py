@@ -7,3 +7,6 @@ DATABASES["default"]["NAME"] = env("TALLY_TEST_DB_NAME", default="tally")
 DATABASES["default"]["CONN_MAX_AGE"] = 0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
+# Tests change tenant settings inside rolled-back transactions; a cached tenant would
+# outlive the rollback. The cache itself is tested with an explicit override.
+TENANT_CACHE_SECONDS = 0.0
