@@ -165,10 +165,10 @@ def _charge(
     txn_id = ids.new_ledger_transaction_id()
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT * FROM tally_payment_create(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            "SELECT * FROM tally_payment_create(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
             [
                 payment_id, txn_id, ids.new_event_id(), customer_id, terminal_id, merchant_id,
-                asset_code, amount, points, grams, POINTS_ASSET, CARBON_ASSET, BALANCE_SHARDS,
+                asset_code, amount, points, grams, POINTS_ASSET, CARBON_ASSET, BALANCE_SHARDS, timezone.now(),
             ],
         )
         row = cursor.fetchone()

@@ -228,3 +228,19 @@ def test_merchant_adjustment_debit_is_bounded_by_the_sharded_balance(tenant) -> 
     adjustment_create(staff=staff(), merchant=merchant, asset_code="JPY", amount=500, direction="debit", reason="fee")
     assert next(b for b in selectors.merchant_balances(merchant=merchant) if b["asset"] == "JPY")["balance"] == 0
     _assert_ledger_sound()
+
+
+def test_ledger_entries_for_customer_filter_and_order(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=200)
+    entries = list(selectors.ledger_entries_for_customer(customer=customer))
+    assert len(entries) == 4
+    assert {(e.asset_id, e.amount) for e in entries[:3]} == {("JPY", -200), ("POINT", 2), ("CARBON", 100)}
+    assert (entries[3].asset_id, entries[3].amount) == ("JPY", 1_000)
+    keys = [(e.created, e.id) for e in entries]
+    assert keys == sorted(keys, reverse=True)
+    jpy = list(selectors.ledger_entries_for_customer(customer=customer, asset_code="JPY", newest_first=False))
+    assert [e.amount for e in jpy] == [1_000, -200]
+    later = list(selectors.ledger_entries_for_customer(customer=customer, created_gte=entries[0].created))
+    assert {e.transaction_id for e in later} == {entries[0].transaction_id}
