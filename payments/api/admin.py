@@ -91,6 +91,8 @@ class TerminalDetailView(AdminView):
 
 
 class ApiKeysView(AdminView):
+    idempotency_response_contains_secret = True  # the answer holds a secret shown once
+
     @extend_schema(tags=TAG, summary="List API keys (never the secrets)", parameters=[s.ApiKeyListParams], responses=s.ApiKeyList)
     def get(self, request: Request) -> Response:
         params = self.query(s.ApiKeyListParams)
@@ -115,6 +117,8 @@ class ApiKeyDetailView(AdminView):
 
 
 class ApiKeyRotateView(AdminView):
+    idempotency_response_contains_secret = True  # the answer holds a secret shown once
+
     @extend_schema(
         tags=TAG, summary="Rotate a key: a new key now, the old one keeps working for the overlap window",
         request=s.ApiKeyRotateIn, responses={201: s.ApiKeyRotatedOut},

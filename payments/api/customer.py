@@ -52,6 +52,8 @@ class TransactionsView(_CustomerView):
 
 
 class PaymentTokensView(_CustomerView):
+    idempotency_response_contains_secret = True  # the answer holds the token
+
     @extend_schema(
         tags=TAG, summary="Mint a short-lived payment token for the terminal's QR scan", request=s.EmptyIn, responses={201: s.PaymentTokenOut}
     )

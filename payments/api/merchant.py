@@ -55,6 +55,8 @@ class TerminalDetailView(_MerchantView):
 
 
 class WebhookEndpointsView(_MerchantView):
+    idempotency_response_contains_secret = True  # the answer holds a secret shown once
+
     @extend_schema(tags=TAG, summary="List webhook endpoints", parameters=[ListParamsSerializer], responses=s.WebhookEndpointList)
     def get(self, request: Request) -> Response:
         endpoints = webhook_selectors.webhook_endpoint_list(merchant_id=self.merchant_id)
@@ -88,6 +90,8 @@ class WebhookEndpointDetailView(_MerchantView):
 
 
 class WebhookEndpointRotateSecretView(_MerchantView):
+    idempotency_response_contains_secret = True  # the answer holds a secret shown once
+
     @extend_schema(
         tags=TAG, summary="Rotate the signing secret (the new one is shown once; the old one signs during the overlap)",
         request=s.WebhookSecretRotateIn, responses={200: s.WebhookEndpointWithSecretOut},

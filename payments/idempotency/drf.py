@@ -24,6 +24,7 @@ from payments.db import is_connection_failure
 from payments.errors import TallyError, Unavailable
 from payments.idempotency.canonical import fingerprint_compute, idempotency_key_is_valid
 from payments.idempotency.errors import IdempotencyError, IdempotencyKeyInvalid, IdempotencyKeyMissing
+from payments.idempotency.sealing import response_body_seal, response_body_unseal
 from payments.idempotency.selectors import IdempotencyPolicy, idempotency_policy_get
 from payments.idempotency.services import (
     Executed,
@@ -82,7 +83,10 @@ class IdempotencyMixin(APIView):
         ``idempotency_mint`` ({"topup": "top"}: ids minted at claim, external only),
         ``idempotency_lease_seconds`` and an ``idempotency_on_claim(ctx)`` method
         (external only: runs in the claim's transaction; write the pending object and its
-        outbox row there).
+        outbox row there);
+      - ``idempotency_response_contains_secret = True`` on views that answer a secret
+        shown once (API keys, webhook secrets, payment tokens): the stored body is sealed
+        (payments/idempotency/sealing.py) and unsealed for the replay.
 
     The view's ``post()`` just does its work and returns a Response or raises. During
     it, ``self.idempotency`` is the ``IdempotencyContext`` (``.key`` None when unkeyed;
@@ -110,6 +114,7 @@ class IdempotencyMixin(APIView):
     idempotency_effect: ClassVar[str] = "internal"
     idempotency_mint: ClassVar[dict[str, str]] = {}
     idempotency_lease_seconds: ClassVar[int | None] = None
+    idempotency_response_contains_secret: ClassVar[bool] = False
     idempotency: IdempotencyContext
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
@@ -174,6 +179,8 @@ class IdempotencyMixin(APIView):
                 response = self.finalize_response(request, response, *args, **kwargs)
                 response.render()
             body = bytes(response.content)  # type: ignore[attr-defined]
+            if self.idempotency_response_contains_secret:
+                body = response_body_seal(body=body, principal_id=call.principal_id, key=call.key)
             stored = StoredResponse(status=response.status_code, headers=_storable_headers(response), body=body)
             return Executed(response=stored, value=response)
 
@@ -187,7 +194,7 @@ class IdempotencyMixin(APIView):
             value = outcome.value
             assert isinstance(value, HttpResponseBase)
             return value
-        return _replay_response(outcome)
+        return _replay_response(outcome, call)
 
     def _run_handler(
         self, handler: Callable[..., HttpResponseBase], request: Request, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -237,8 +244,9 @@ def _storable_headers(response: HttpResponseBase) -> dict[str, str]:
     return {name: str(value) for name, value in response.items() if name.lower() not in _UNSTORED_HEADERS}
 
 
-def _replay_response(outcome: Outcome) -> HttpResponse:
-    response = HttpResponse(content=outcome.response.body, status=outcome.response.status)
+def _replay_response(outcome: Outcome, call: IdempotentCall) -> HttpResponse:
+    body = response_body_unseal(stored=outcome.response.body, principal_id=call.principal_id, key=call.key)
+    response = HttpResponse(content=body, status=outcome.response.status)
     for name, value in outcome.response.headers.items():
         response[name] = value
     response["Idempotent-Replayed"] = "true"

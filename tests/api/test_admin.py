@@ -99,3 +99,41 @@ def test_last_used_at_is_recorded(api: Api, world: World) -> None:
     api.get("/v1/admin/customers", world.staff.key)
     key.refresh_from_db()
     assert key.last_used_at is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "secret_field"),
+    [("/v1/admin/api_keys", "key"), ("/v1/customer/payment_tokens", "token"), ("/v1/merchant/webhook_endpoints", "secret")],
+)
+def test_secrets_shown_once_are_sealed_at_rest_and_replayed_byte_identical(api: Api, world: World, path: str, secret_field: str) -> None:
+    from django.db import connection as db
+
+    from payments.idempotency.models import IdempotencyRecord
+
+    bodies = {
+        "/v1/admin/api_keys": (world.staff.key, {"principal_type": "customer", "principal_id": world.customer2.id}),
+        "/v1/customer/payment_tokens": (world.customer.key, {}),
+        "/v1/merchant/webhook_endpoints": (world.merchant.key, {"url": "https://hooks.example.com/tally", "enabled_events": ["payment.succeeded"]}),
+    }
+    bearer, body = bodies[path]
+    first = api.post(path, bearer, body, idem="sealed-secret-1")
+    assert first.status_code == 201, first.content
+    secret = first.json()[secret_field]
+    assert secret
+    record = IdempotencyRecord.objects.get(key="sealed-secret-1")
+    assert secret.encode() not in bytes(record.response_body)
+    with db.cursor() as cursor:  # nowhere in the row, whatever the column
+        cursor.execute("SELECT row_to_json(r)::text FROM idempotency_record r WHERE key = %s", ["sealed-secret-1"])
+        assert secret not in cursor.fetchone()[0]
+    replay = api.post(path, bearer, body, idem="sealed-secret-1")
+    assert replay["Idempotent-Replayed"] == "true"
+    assert replay.content == first.content
+
+
+def test_a_revoked_key_cannot_be_rotated_into_a_working_one(api: Api, world: World) -> None:
+    created = api.post("/v1/admin/api_keys", world.staff.key, {"principal_type": "customer", "principal_id": world.customer2.id}).json()
+    assert api.post(f"/v1/admin/api_keys/{created['id']}/revoke", world.staff.key, {}).status_code == 200
+    r = api.post(f"/v1/admin/api_keys/{created['id']}/rotate", world.staff.key, {"overlap_seconds": 60})
+    assert r.status_code == 409, r.content
+    assert r.json()["error"]["code"] == "invalid_state"
+    assert api.get("/v1/customer/wallet", created["key"]).status_code == 401

@@ -87,7 +87,15 @@ def api_key_create(
 
 @transaction.atomic
 def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24)) -> tuple[ApiKey, str]:
-    """Mint a successor key; the old one keeps working for `overlap`, then stops."""
+    """Mint a successor key; the old one keeps working for `overlap`, then stops.
+
+    A revoked or expired key cannot be rotated: that would hand a working key to
+    whoever holds a dead one.
+    """
+    from payments.errors import InvalidState
+
+    if api_key.revoked_at is not None or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
+        raise InvalidState("this key is revoked or expired and cannot be rotated; create a new key")
     principal = api_key.customer or api_key.merchant or api_key.terminal or api_key.staff
     assert principal is not None
     new_key, raw_key = api_key_create(principal=principal)
