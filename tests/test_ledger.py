@@ -244,3 +244,12 @@ def test_ledger_entries_for_customer_filter_and_order(tenant) -> None:  # type: 
     assert [e.amount for e in jpy] == [1_000, -200]
     later = list(selectors.ledger_entries_for_customer(customer=customer, created_gte=entries[0].created))
     assert {e.transaction_id for e in later} == {entries[0].transaction_id}
+
+
+def test_ids_are_long_random_and_alphanumeric() -> None:
+    from wallets import ids
+
+    tokens = {ids.random_token(24) for _ in range(2_000)}
+    assert len(tokens) == 2_000
+    assert all(len(t) == 24 and t.isascii() and t.isalnum() for t in tokens)
+    assert len(set("".join(tokens))) == 62
