@@ -46,11 +46,32 @@ def run_atomic(fn: Callable[[], T], *, operation: str) -> T:
     """Run `fn` in one database transaction, retrying it whole on a conflict."""
     if connection.in_atomic_block:
         return fn()
+
+    def in_transaction() -> T:
+        with transaction.atomic():
+            return fn()
+
+    return _retrying_conflicts(in_transaction, operation=operation)
+
+
+def run_single_statement(fn: Callable[[], T], *, operation: str) -> T:
+    """Run `fn`, which sends exactly ONE SQL statement, with the conflict retry of
+    `run_atomic` but without BEGIN/COMMIT when no transaction encloses it.
+
+    PostgreSQL runs a lone statement atomically (autocommit), so the transaction would
+    only add two round trips. Inside an enclosing atomic block (the idempotency layer's)
+    the statement joins that transaction and conflicts propagate to its owner.
+    """
+    if connection.in_atomic_block:
+        return fn()
+    return _retrying_conflicts(fn, operation=operation)
+
+
+def _retrying_conflicts(attempt_fn: Callable[[], T], *, operation: str) -> T:
     attempt = 0
     while True:
         try:
-            with transaction.atomic():
-                return fn()
+            return attempt_fn()
         except DatabaseError as exc:
             state = sqlstate_of(exc)
             if state in CONFLICT_SQLSTATES:

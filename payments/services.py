@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from payments.db import run_atomic
+from payments.db import run_atomic, run_single_statement
 from payments.errors import (
     AmountInvalid,
     AssetUnknown,
@@ -155,7 +155,8 @@ def _charge(
     """Customer -> merchant in one SQL statement (tally_payment_create, payments/migrations/0002).
 
     Locks: the customer's rows (asset, then CARBON, POINT), one merchant shard, one shard of
-    the bonus pool and of the carbon registry, then the carbon aggregates. Needs a transaction.
+    the bonus pool and of the carbon registry, then the carbon aggregates. Sends exactly one
+    statement, which is atomic by itself (see payments.db.run_single_statement).
     """
     tenant = _current_tenant()
     rewarded = asset_code == tenant.main_currency
@@ -206,7 +207,7 @@ def payment_create(*, terminal: Terminal, customer: Customer, asset_code: str, a
     minor = amount_to_minor(amount)
     if not isinstance(asset_code, str) or not asset_code:
         raise AssetUnknown(param="asset")
-    return run_atomic(
+    return run_single_statement(
         lambda: _charge(customer_id=customer.pk, terminal_id=terminal.pk, merchant_id=None, asset_code=asset_code, amount=minor),
         operation="payment_create",
     )
