@@ -196,19 +196,26 @@ def _charge(
     return payment
 
 
-def payment_create(*, terminal: Terminal, customer: Customer, asset_code: str, amount: object) -> Payment:
+def payment_create(
+    *, terminal: Terminal, customer: Customer | None = None, customer_id: str | None = None, asset_code: str, amount: object
+) -> Payment:
     """Take a payment from `customer` at `terminal` (its store's merchant is paid).
 
     Earns points at the tenant's points_earn_rate (ROUND_FLOOR) and records carbon at
     carbon_grams_per_unit (ROUND_HALF_EVEN), both only for the main currency. Reward
     credits are limited to what fits under a capped reward asset. One SQL statement.
     Raises AmountInvalid, AssetUnknown, InsufficientFunds, WalletFrozen, NotFound.
+    Pass `customer` or just its `customer_id`: the statement itself checks the customer
+    exists (NotFound, param "customer"), so the API need not load it first.
     """
     minor = amount_to_minor(amount)
     if not isinstance(asset_code, str) or not asset_code:
         raise AssetUnknown(param="asset")
+    if (customer is None) == (customer_id is None):
+        raise TypeError("pass exactly one of customer and customer_id")
+    payer_id = str(customer.pk) if customer is not None else str(customer_id)
     return run_single_statement(
-        lambda: _charge(customer_id=customer.pk, terminal_id=terminal.pk, merchant_id=None, asset_code=asset_code, amount=minor),
+        lambda: _charge(customer_id=payer_id, terminal_id=terminal.pk, merchant_id=None, asset_code=asset_code, amount=minor),
         operation="payment_create",
     )
 

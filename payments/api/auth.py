@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import time
+from datetime import timedelta
 from typing import Any
 
-from django.core.cache import cache
+from django.db.models import Q
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
@@ -25,13 +27,24 @@ LAST_USED_RESOLUTION_SECONDS = 60
 MAX_KEY_LENGTH = 128
 
 
+_last_touched: dict[str, float] = {}
+_LAST_TOUCHED_MAX_ENTRIES = 100_000
+
+
 def _touch_last_used(api_key: ApiKey) -> None:
-    try:
-        first_this_minute = cache.add(f"apikey-used:{api_key.id}", 1, LAST_USED_RESOLUTION_SECONDS)
-    except Exception:  # noqa: BLE001 - Redis down: skip the advisory write rather than write every time
+    """Record use at most once a minute per key: an in-process memo skips the write for
+    this worker, and the conditional UPDATE skips it when another worker already did."""
+    now = time.monotonic()
+    last = _last_touched.get(api_key.id)
+    if last is not None and now - last < LAST_USED_RESOLUTION_SECONDS:
         return
-    if first_this_minute:
-        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=timezone.now())
+    if len(_last_touched) >= _LAST_TOUCHED_MAX_ENTRIES:
+        _last_touched.clear()
+    _last_touched[api_key.id] = now
+    stamp = timezone.now()
+    ApiKey.objects.filter(pk=api_key.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=stamp - timedelta(seconds=LAST_USED_RESOLUTION_SECONDS))
+    ).update(last_used_at=stamp)
 
 
 class ApiKeyAuthentication(BaseAuthentication):

@@ -24,7 +24,7 @@ from payments.api.auth import ApiKeyAuthentication, FacePermission
 from payments.api.errors import PayloadTooLarge
 from payments.api.pagination import page
 from payments.api.principal import Principal
-from payments.api.throttling import ApiKeyThrottle, TenantThrottle
+from payments.api.throttling import KeyAndTenantThrottle
 from wallets.models import StaffMember
 
 # --- Idempotency plug-in point -----------------------------------------------------
@@ -88,7 +88,7 @@ class FaceView(IdempotencyMixin, APIView):
     face: ClassVar[str]
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [FacePermission]
-    throttle_classes = [ApiKeyThrottle, TenantThrottle]
+    throttle_classes = [KeyAndTenantThrottle]
     parser_classes = [JSONParser]
     renderer_classes = [JSONRenderer]
 

@@ -40,10 +40,12 @@ class PaymentsView(_TerminalView):
     def post(self, request: Request) -> Response:
         data = self.validated(s.TerminalPaymentCreateIn)
         if data.get("customer_token"):
-            customer = payment_services.payment_token_resolve(token=data["customer_token"])
+            customer_id = payment_services.payment_token_resolve(token=data["customer_token"]).pk
         else:
-            customer = lookups.customer_get(customer_id=data["customer"], param="customer")
-        payment = payment_services.payment_create(terminal=self.terminal, customer=customer, asset_code=data["asset"], amount=data["amount"])
+            customer_id = data["customer"]  # the payment statement itself answers 404 for an unknown customer
+        payment = payment_services.payment_create(
+            terminal=self.terminal, customer_id=customer_id, asset_code=data["asset"], amount=data["amount"]
+        )
         return self.render(s.PaymentOut, payment, status=201)
 
 

@@ -61,56 +61,55 @@ def _rate_for(request: Request, scope: str) -> tuple[int, int] | None:
     return parse_rate(None if rate is None else str(rate))
 
 
-class _RedisWindowThrottle(BaseThrottle):
-    scope = ""
+class KeyAndTenantThrottle(BaseThrottle):
+    """Both limits, per API key and per tenant, counted in ONE Redis pipeline (one round
+    trip per request). A request refused by either limit is refused; Retry-After is the
+    longer wait."""
+
+    SCOPES = ("api_key", "tenant")
 
     def __init__(self) -> None:
         self._wait: float | None = None
 
-    def ident(self, request: Request) -> str | None:
-        raise NotImplementedError
+    @staticmethod
+    def _ident(request: Request, scope: str) -> str | None:
+        if scope == "tenant":
+            return "all"
+        principal = request.user
+        return principal.api_key.id if isinstance(principal, Principal) else None
 
     def allow_request(self, request: Request, view: Any) -> bool:
         global _redis_down_until
-        ident = self.ident(request)
-        rate = _rate_for(request, self.scope)
-        if ident is None or rate is None:
-            return True
-        limit, period = rate
         now = time.time()
         if now < _redis_down_until:
             return True
-        window = int(now // period)
         schema = getattr(connection, "schema_name", "public")
-        key = f"tally:throttle:{schema}:{self.scope}:{ident}:{window}"
+        checks: list[tuple[str, int, int, int]] = []  # (key, limit, period, window)
+        for scope in self.SCOPES:
+            ident = self._ident(request, scope)
+            rate = _rate_for(request, scope)
+            if ident is None or rate is None:
+                continue
+            limit, period = rate
+            window = int(now // period)
+            checks.append((f"tally:throttle:{schema}:{scope}:{ident}:{window}", limit, period, window))
+        if not checks:
+            return True
         try:
             pipe = _redis().pipeline(transaction=False)
-            pipe.incr(key)
-            pipe.expire(key, period + 1, nx=True)
-            count = int(pipe.execute()[0])
+            for key, _, period, _ in checks:
+                pipe.incr(key)
+                pipe.expire(key, period + 1, nx=True)
+            counts = [int(c) for c in pipe.execute()[0::2]]
         except redis.RedisError:
             _redis_down_until = now + REDIS_BACKOFF_SECONDS
-            logger.warning("throttle store unavailable: failing open", extra={"scope": self.scope})
+            logger.warning("throttle store unavailable: failing open")
             return True
-        if count > limit:
-            self._wait = (window + 1) * period - now
+        waits = [(window + 1) * period - now for (_, limit, period, window), count in zip(checks, counts, strict=True) if count > limit]
+        if waits:
+            self._wait = max(waits)
             return False
         return True
 
     def wait(self) -> float | None:
         return self._wait
-
-
-class ApiKeyThrottle(_RedisWindowThrottle):
-    scope = "api_key"
-
-    def ident(self, request: Request) -> str | None:
-        principal = request.user
-        return principal.api_key.id if isinstance(principal, Principal) else None
-
-
-class TenantThrottle(_RedisWindowThrottle):
-    scope = "tenant"
-
-    def ident(self, request: Request) -> str | None:
-        return "all"
