@@ -2,39 +2,78 @@
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Model
 from django.utils import timezone
 
-from wallets.models import ApiKey, Customer, Merchant, StaffMember, Terminal
+from wallets.models import ApiKey, Customer, Merchant, StaffMember, Store, Terminal
 from wallets.services.principals import api_key_hash
+
+M = TypeVar("M", bound=Model)
 
 
 def api_key_get_active(*, raw_key: str) -> ApiKey | None:
     """The live key row for `raw_key`, or None if unknown, revoked or past its overlap window.
 
-    Two indexed single-table lookups (the key by its hash, then its one principal with what
-    the principal needs): a six-table select_related of every principal type cost several
-    milliseconds of planning per request under load.
+    Runs on every API request, so it is two indexed single-table statements in raw SQL
+    (the key by its hash, then its principal; a terminal with its store): the ORM's query
+    compilation cost more than the database work, and one six-table join cost ~0.5 ms of
+    planning per request. Rows become real model instances through `Model.from_db`.
     """
-    now = timezone.now()
-    keys = list(
-        ApiKey.objects.filter(key_hash=api_key_hash(raw_key), revoked_at__isnull=True)
-        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-        .order_by()[:1]
+    key = _fetch_one(
+        ApiKey,
+        "a.key_hash = %s AND a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > %s)",
+        [api_key_hash(raw_key), timezone.now()],
     )
-    if not keys:
+    if key is None:
         return None
-    key = keys[0]
     if key.customer_id is not None:
-        key.customer = Customer.objects.get(pk=key.customer_id)
+        key.customer = _fetch_one(Customer, "a.id = %s", [key.customer_id])
     elif key.merchant_id is not None:
-        key.merchant = Merchant.objects.get(pk=key.merchant_id)
+        key.merchant = _fetch_one(Merchant, "a.id = %s", [key.merchant_id])
     elif key.terminal_id is not None:
-        key.terminal = Terminal.objects.select_related("store").get(pk=key.terminal_id)
+        terminal = _fetch_one(Terminal, "a.id = %s", [key.terminal_id], join=Store, join_on="store_id")
+        if terminal is None:
+            return None
+        key.terminal = terminal
     elif key.staff_id is not None:
         key.staff = StaffMember.objects.select_related("user").get(pk=key.staff_id)
     return key
+
+
+def _columns(model: type[Model], alias: str) -> tuple[list[str], str]:
+    fields = model._meta.concrete_fields
+    return [f.attname for f in fields], ", ".join(f'{alias}."{f.column}"' for f in fields)
+
+
+def _fetch_one(
+    model: type[M], where: str, params: list[Any], *, join: type[Model] | None = None, join_on: str = ""
+) -> M | None:
+    """One row of `model` (and optionally the row it points to through `join_on`) as
+    model instances, from a raw single statement. `where` is trusted SQL (never client
+    input) naming `model`'s columns as `a.<column>`; values go in `params`."""
+    names, select = _columns(model, "a")
+    table = model._meta.db_table
+    sql = f'SELECT {select}'
+    if join is not None:
+        join_names, join_select = _columns(join, "b")
+        sql += f', {join_select} FROM "{table}" a JOIN "{join._meta.db_table}" b ON b."{join._meta.pk.column}" = a."{join_on}"'
+    else:
+        join_names = []
+        sql += f' FROM "{table}" a'
+    sql += f" WHERE {where} LIMIT 1"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    obj = model.from_db(connection.alias, names, row[: len(names)])
+    if join is not None:
+        related = join.from_db(connection.alias, join_names, row[len(names):])
+        setattr(obj, join_on.removesuffix("_id"), related)
+    return obj
 
 
 # --- Ledger integrity (reconciliation and tests) -------------------------------------
