@@ -5,9 +5,9 @@ import os
 from prometheus_client import multiprocess
 
 bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
-# Two cores: the work per request is mostly waiting on PostgreSQL, so a few workers
-# per core keep both cores busy (see docs/BENCHMARKS.md for the measured choice).
-workers = int(os.environ.get("WEB_CONCURRENCY", "4"))
+# Measured on 2 cores (docs/BENCHMARKS.md, HTTP section): 3 sync workers beat 4 and 6;
+# a request is mostly Python CPU, and PostgreSQL needs the rest of the second core.
+workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
 worker_class = "sync"
 timeout = 30
 graceful_timeout = 20
