@@ -43,7 +43,7 @@ def main() -> int:
     demo = settings.TALLY_DEMO_DOMAIN
     lines = [
         "",
-        "Tally is starting (web, worker, beat, PSP simulator). Ctrl-C stops everything.",
+        "Tally is starting (web, Celery worker, Celery beat; the PSP simulator joins with the card top-up work). Ctrl-C stops everything.",
         f"  admin (demo tenant):  http://{demo}:{port}/admin/   user admin / {seeded['admin_password']}",
         f"  admin (platform):     http://{settings.TALLY_PUBLIC_DOMAIN}:{port}/admin/   same login",
         f"  API docs:             http://{demo}:{port}/v1/docs",
