@@ -175,6 +175,74 @@ def drive(port: int, keys: list[str], customers: list[str], *, clients: int, sec
     return {"payments_per_s": round(ok / elapsed, 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99), "statuses": statuses, "seconds": round(elapsed, 1)}
 
 
+_WRK_SCRIPT = """
+local keys = {%(keys)s}
+local customers = {%(customers)s}
+local counter = 0
+local tid = 0
+local threads = {}
+function setup(thread)
+  thread:set("tid", #threads + 1)
+  table.insert(threads, thread)
+end
+function init(args)
+  math.randomseed(os.time() * 1000 + tid)
+end
+function request()
+  counter = counter + 1
+  local body = string.format('{"customer":"%%s","asset":"JPY","amount":%%d}', customers[math.random(#customers)], math.random(1, 5000))
+  local headers = {
+    ["Host"] = "%(host)s",
+    ["Authorization"] = "Bearer " .. keys[math.random(#keys)],
+    ["Idempotency-Key"] = string.format("wrk-%%d-%%d-%%d-%%d", os.time(), tid, counter, math.random(1000000000)),
+    ["Content-Type"] = "application/json",
+  }
+  return wrk.format("POST", "/v1/terminal/payments", headers, body)
+end
+"""
+
+
+def drive_wrk(port: int, keys: list[str], customers: list[str], *, clients: int, seconds: float) -> dict[str, Any]:
+    """The same traffic from wrk (C, two threads): the load generator then costs the two
+    cores far less than Python clients do. Sync gunicorn closes each connection; wrk reconnects."""
+    import shutil
+    import tempfile
+
+    if shutil.which("wrk") is None:
+        raise SystemExit("--driver wrk needs wrk (Debian package wrk)")
+    script = _WRK_SCRIPT % {
+        "keys": ",".join(f'"{k}"' for k in keys), "customers": ",".join(f'"{c}"' for c in customers), "host": DOMAIN,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{clients}", f"-d{int(seconds)}s", "--latency", "-s", f.name, f"http://127.0.0.1:{port}/v1/terminal/payments"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    os.unlink(f.name)
+
+    def ms(label: str) -> float:
+        import re
+
+        m = re.search(rf"^\s*{label}\s+([0-9.]+)(us|ms|s)\s*$", out, re.M)
+        if not m:
+            return 0.0
+        value, unit = float(m.group(1)), m.group(2)
+        return round(value / 1000 if unit == "us" else value * 1000 if unit == "s" else value, 1)
+
+    import re
+
+    total = int(re.search(r"([0-9]+) requests in", out).group(1))  # type: ignore[union-attr]
+    duration = float(re.search(r"requests in ([0-9.]+)s", out).group(1))  # type: ignore[union-attr]
+    bad_match = re.search(r"Non-2xx or 3xx responses: ([0-9]+)", out)
+    bad = int(bad_match.group(1)) if bad_match else 0
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "payments_per_s": round((total - bad) / duration, 1), "p50_ms": ms("50%"), "p99_ms": ms("99%"),
+        "statuses": {"2xx": total - bad, "other": bad}, "socket_errors": errors.group(1) if errors else "", "seconds": duration,
+    }
+
+
 def _wait_ready(port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -192,12 +260,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers")
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn sync workers")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_http")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--skip-rawsql", action="store_true")
+    parser.add_argument("--driver", choices=["python", "wrk"], default="python",
+                        help="load generator: Python clients (no extra install) or wrk (lighter on the 2 cores)")
     args = parser.parse_args()
+    run = drive_wrk if args.driver == "wrk" else drive
 
     fixtures = seed(args.database_url, args.redis_url)
     env = _env(args.database_url, args.redis_url)
@@ -206,12 +277,12 @@ def main() -> None:
         [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
     )
-    result: dict[str, Any] = {"workers": args.workers, "clients": args.clients, "seconds": args.seconds}
+    result: dict[str, Any] = {"workers": args.workers, "clients": args.clients, "seconds": args.seconds, "driver": args.driver}
     try:
         _wait_ready(args.port)
-        drive(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=2)  # warm-up
-        result["http_spread"] = drive(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
-        result["http_hot"] = drive(args.port, fixtures["hot"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
+        run(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=2)  # warm-up
+        result["http_spread"] = run(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
+        result["http_hot"] = run(args.port, fixtures["hot"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
