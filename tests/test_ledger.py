@@ -25,7 +25,13 @@ from payments.services import (
 )
 from tests.factories import CustomerFactory, TerminalFactory, fund, staff
 from wallets.models import Asset, LedgerEntry, LedgerTransaction
-from wallets.selectors import asset_totals, balance_entry_mismatches, ledger_unbalanced_transactions
+from wallets.selectors import (
+    asset_totals,
+    balance_entry_mismatches,
+    ledger_orphan_references,
+    ledger_unbalanced_transactions,
+    unconstrained_references,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -36,6 +42,7 @@ def _balance(customer, asset="JPY") -> dict:  # type: ignore[no-untyped-def]
 
 def _assert_ledger_sound() -> None:
     assert ledger_unbalanced_transactions() == []
+    assert ledger_orphan_references() == []
     assert balance_entry_mismatches() == []
     assert all(total == 0 for total in asset_totals().values())
 
@@ -204,6 +211,122 @@ def test_database_refuses_update_and_delete_on_the_ledger(tenant, statement) -> 
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(statement)
     assert LedgerEntry.objects.filter(account__customer=customer, amount=10).exists()
+
+
+# --- References without database foreign keys (wallets/0006) ---------------------------
+
+# The relations the hot tables keep without a database foreign key, and what they point at.
+UNCONSTRAINED = [
+    ("payments_payment", "asset_id", "wallets_asset", "code"),
+    ("payments_payment", "customer_id", "wallets_customer", "id"),
+    ("payments_payment", "ledger_transaction_id", "wallets_ledgertransaction", "id"),
+    ("payments_payment", "merchant_id", "wallets_merchant", "id"),
+    ("payments_payment", "store_id", "wallets_store", "id"),
+    ("payments_payment", "terminal_id", "wallets_terminal", "id"),
+    ("wallets_ledgerentry", "account_id", "wallets_account", "id"),
+    ("wallets_ledgerentry", "asset_id", "wallets_asset", "code"),
+    ("wallets_ledgerentry", "transaction_id", "wallets_ledgertransaction", "id"),
+]
+
+
+def test_unconstrained_references_are_the_known_ones_and_every_target_is_guarded(tenant) -> None:  # type: ignore[no-untyped-def]
+    assert unconstrained_references() == UNCONSTRAINED
+    with connection.cursor() as cursor:
+        # The database really has no foreign key on them (else the list above is stale).
+        cursor.execute(
+            "SELECT c.conrelid::regclass::text, a.attname FROM pg_constraint c "
+            "JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) "
+            "WHERE c.contype = 'f' AND c.connamespace = current_schema()::regnamespace"
+        )
+        constrained = set(cursor.fetchall())
+        assert not constrained & {(table, column) for table, column, _, _ in UNCONSTRAINED}
+        # Every table they point at refuses DELETE in the database itself.
+        cursor.execute(
+            "SELECT DISTINCT t.tgrelid::regclass::text FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+            "WHERE NOT t.tgisinternal AND t.tgtype & 8 = 8 "  # 8: fires on DELETE
+            "AND p.proname IN ('tally_referenced_row_guard', 'tally_ledger_append_only') "
+            "AND p.pronamespace = current_schema()::regnamespace AND t.tgrelid::regclass::text = ANY (%s)",
+            [sorted({target for _, _, target, _ in UNCONSTRAINED})],
+        )
+        assert {row[0] for row in cursor.fetchall()} == {target for _, _, target, _ in UNCONSTRAINED}
+
+
+def _guarded_rows() -> dict[str, tuple[str, str]]:
+    """(primary key column, value) of one fresh row per guarded table."""
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 10)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1)
+    Asset.objects.create(code="GUARDED", name="Unused asset", kind="regional")
+    return {
+        "wallets_account": ("id", customer.account.id),
+        "wallets_asset": ("code", "GUARDED"),
+        "wallets_customer": ("id", customer.id),
+        "wallets_merchant": ("id", terminal.store.merchant_id),
+        "wallets_store": ("id", terminal.store_id),
+        "wallets_terminal": ("id", terminal.id),
+        "wallets_ledgertransaction": ("id", payment.ledger_transaction_id),
+    }
+
+
+@pytest.mark.parametrize("table", ["wallets_account", "wallets_asset", "wallets_customer", "wallets_merchant", "wallets_store",
+                                   "wallets_terminal", "wallets_ledgertransaction"])
+def test_database_refuses_to_delete_or_rekey_a_referenced_row(tenant, table) -> None:  # type: ignore[no-untyped-def]
+    pk, value = _guarded_rows()[table]
+    # The message of the trigger, not the one of a foreign key that may also refuse.
+    refused = "append-only" if table == "wallets_ledgertransaction" else "referenced row: DELETE"
+    with pytest.raises(DatabaseError, match=refused), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f'DELETE FROM "{table}" WHERE "{pk}" = %s', [value])
+    refused = "append-only" if table == "wallets_ledgertransaction" else "referenced row: UPDATE"
+    with pytest.raises(DatabaseError, match=refused), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f'UPDATE "{table}" SET "{pk}" = %s WHERE "{pk}" = %s', ["X" + value[1:], value])
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT count(*) FROM "{table}" WHERE "{pk}" = %s', [value])
+        assert cursor.fetchone()[0] == 1
+    # Other columns stay editable (only the key is frozen).
+    if table == "wallets_customer":
+        with connection.cursor() as cursor:
+            cursor.execute('UPDATE wallets_customer SET name = %s WHERE id = %s', ["Renamed", value])
+            assert cursor.rowcount == 1
+
+
+def test_orphan_references_are_reported(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 100)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=40)
+    assert ledger_orphan_references() == []
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        with connection.cursor() as cursor:
+            # An entry on an account that does not exist, in a transaction that does not
+            # exist, of an asset that does not exist; and a payment pointing at nothing.
+            cursor.execute(
+                "INSERT INTO wallets_ledgerentry (transaction_id, account_id, asset_id, amount, created) "
+                "VALUES ('ltx_missing', 'acc_missing', 'NOPE', 5, now())"
+            )
+            cursor.execute(
+                "INSERT INTO payments_payment (id, status, customer_id, merchant_id, store_id, terminal_id, asset_id, amount, "
+                "amount_refunded, points_earned, points_reversed, carbon_grams, carbon_grams_reversed, ledger_transaction_id, created) "
+                "SELECT 'pay_orphan', status, 'cus_missing', 'mer_missing', 'sto_missing', 'ter_missing', 'NOPE', amount, 0, 0, 0, 0, 0, "
+                "'ltx_missing', created FROM payments_payment WHERE id = %s",
+                [payment.id],
+            )
+        assert ledger_orphan_references() == [
+            ("payments_payment", "asset_id", "NOPE"),
+            ("payments_payment", "customer_id", "cus_missing"),
+            ("payments_payment", "ledger_transaction_id", "ltx_missing"),
+            ("payments_payment", "merchant_id", "mer_missing"),
+            ("payments_payment", "store_id", "sto_missing"),
+            ("payments_payment", "terminal_id", "ter_missing"),
+            ("wallets_ledgerentry", "account_id", "acc_missing"),
+            ("wallets_ledgerentry", "asset_id", "NOPE"),
+            ("wallets_ledgerentry", "transaction_id", "ltx_missing"),
+        ]
+        raise Rollback
+    assert ledger_orphan_references() == []
+    _assert_ledger_sound()
 
 
 def test_demo_starting_balances_are_funded_once(tenant) -> None:  # type: ignore[no-untyped-def]

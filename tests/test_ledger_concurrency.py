@@ -30,7 +30,7 @@ from tenants.models import Tenant
 from tests.conftest import run_in_thread_tenant
 from tests.factories import CustomerFactory, MerchantFactory, StoreFactory, TerminalFactory, fund
 from wallets.models import Balance, LedgerEntry
-from wallets.selectors import balance_entry_mismatches, ledger_unbalanced_transactions
+from wallets.selectors import balance_entry_mismatches, ledger_orphan_references, ledger_unbalanced_transactions
 
 
 def _race(tenant: Tenant, jobs: list[Callable[[], Any]]) -> list[tuple[str, Any]]:
@@ -215,6 +215,7 @@ def test_ledger_is_sound_after_the_races(live_tenant: Tenant) -> None:
     assert LedgerEntry.objects.exists()
     assert ledger_unbalanced_transactions() == []
     assert balance_entry_mismatches() == []
+    assert ledger_orphan_references() == []
 
 
 # pytest-django creates the test database only if some collected test is marked django_db;

@@ -28,7 +28,7 @@ from payments.services import (
 )
 from tests.factories import CustomerFactory, TerminalFactory
 from wallets.models import Asset
-from wallets.selectors import asset_totals, balance_entry_mismatches, ledger_unbalanced_transactions
+from wallets.selectors import asset_totals, balance_entry_mismatches, ledger_orphan_references, ledger_unbalanced_transactions
 
 CAP = 5_000
 BONUS = Decimal("0.1")
@@ -177,6 +177,7 @@ class LedgerMachine(RuleBasedStateMachine):
                     assert line["balance"] <= CAP
         assert ledger_unbalanced_transactions() == []
         assert balance_entry_mismatches() == []
+        assert ledger_orphan_references() == []
         assert all(total == 0 for total in asset_totals().values()), asset_totals()
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from django.apps import apps
 from django.db import connection
-from django.db.models import Model
+from django.db.models import ForeignKey, Model
 from django.utils import timezone
 
 from wallets.models import ApiKey, Customer, Merchant, StaffMember, Store, Terminal
@@ -108,3 +109,47 @@ def asset_totals() -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT asset_id, SUM(balance) FROM wallets_balance GROUP BY asset_id")
         return {str(asset): int(total) for asset, total in cursor.fetchall()}
+
+
+# Apps whose tables live in the tenant schema and may hold foreign keys without a
+# database constraint (the hot append-only tables: wallets/0004-0005, payments/0003-0005).
+_TENANT_APP_LABELS = ("wallets", "payments", "idempotency", "webhooks")
+
+
+def unconstrained_references() -> list[tuple[str, str, str, str]]:
+    """(table, column, target table, target column) of every tenant foreign key declared
+    with `db_constraint=False`: the references the database does not check itself.
+
+    The targets are protected by delete/primary-key triggers (wallets/0006);
+    `ledger_orphan_references` checks the rows.
+    """
+    relations = []
+    for label in _TENANT_APP_LABELS:
+        for model in apps.get_app_config(label).get_models():
+            for field in model._meta.concrete_fields:
+                if isinstance(field, ForeignKey) and not getattr(field, "db_constraint", True):
+                    target = field.target_field
+                    relations.append((model._meta.db_table, str(field.column), target.model._meta.db_table, str(target.column)))
+    return sorted(relations)
+
+
+def ledger_orphan_references() -> list[tuple[str, str, str]]:
+    """(table, column, value) of every reference, in a table without its database foreign
+    keys, that points at no row: ledger entries -> transaction, account, asset; payments ->
+    customer, merchant, store, terminal, asset, ledger transaction. Empty when sound.
+
+    One anti-join per relation. A dangling value shared by several rows is listed once.
+    """
+    orphans: list[tuple[str, str, str]] = []
+    qn = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        for table, column, target_table, target_column in unconstrained_references():
+            # Identifiers come from model metadata (never input), quoted.
+            ref, tgt = f"r.{qn(column)}", f"t.{qn(target_column)}"
+            sql = (
+                f"SELECT DISTINCT {ref} FROM {qn(table)} r WHERE {ref} IS NOT NULL "  # noqa: S608
+                f"AND NOT EXISTS (SELECT 1 FROM {qn(target_table)} t WHERE {tgt} = {ref}) ORDER BY 1"
+            )
+            cursor.execute(sql)
+            orphans += [(table, column, str(value)) for (value,) in cursor.fetchall()]
+    return orphans
