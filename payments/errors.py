@@ -61,6 +61,14 @@ class InvalidState(TallyError):
     code = "invalid_state"
 
 
+class RefundWindowClosed(TallyError):
+    """Terminals refund only what they took today (SPEC 4): older refunds go through the
+    merchant's back office, where someone accountable decides."""
+
+    status = 409
+    code = "refund_window_closed"
+
+
 class Conflict(TallyError):
     """Serialization failure, deadlock or lock timeout that outlived the retries."""
 

@@ -25,6 +25,7 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from payments import selectors as payment_selectors
 from payments.db import run_atomic, run_single_statement
 from payments.errors import (
     AmountInvalid,
@@ -33,6 +34,7 @@ from payments.errors import (
     InsufficientFunds,
     InvalidState,
     NotFound,
+    RefundWindowClosed,
     TallyError,
     WalletFrozen,
 )
@@ -286,6 +288,20 @@ def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refu
         return refund
 
     return _run(body, operation="refund_create")
+
+
+def terminal_refund_create(*, terminal: Terminal, payment_id: str, amount: object, reason: str = "") -> Refund:
+    """A terminal's refund: only of a payment of its own store, only on the day it was taken.
+
+    NotFound (param "payment") for an unknown payment or another store's, so the two are
+    indistinguishable (SPEC 4); RefundWindowClosed (409) for one not taken today, in the
+    current time zone (`timezone.localdate`): older ones are refunded from the merchant
+    account. Then exactly `refund_create`.
+    """
+    payment = payment_selectors.payment_get(payment_id=payment_id, store_id=terminal.store_id)
+    if timezone.localdate(payment.created) != timezone.localdate():
+        raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")
+    return refund_create(payment=payment, amount=amount, reason=reason)
 
 
 def _available(account: Account, asset_code: str) -> int:

@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
+from datetime import datetime, time, timedelta
 from decimal import Decimal
 
 import pytest
 from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from payments import selectors
-from payments.errors import AmountInvalid, AssetUnknown, CapExceeded, InsufficientFunds, NotFound, WalletFrozen
-from payments.models import OutboxEvent, Payment
+from payments.errors import AmountInvalid, AssetUnknown, CapExceeded, InsufficientFunds, NotFound, RefundWindowClosed, WalletFrozen
+from payments.models import OutboxEvent, Payment, Refund
 from payments.services import (
     adjustment_create,
     payment_create,
     payment_token_create,
     payment_token_resolve,
     refund_create,
+    terminal_refund_create,
     topup_create,
     topup_credit,
     transfer_create,
     wallet_freeze,
     wallet_unfreeze,
 )
-from tests.factories import CustomerFactory, TerminalFactory, fund, staff
+from tests.factories import CustomerFactory, StoreFactory, TerminalFactory, fund, staff
 from wallets.models import Asset, LedgerEntry, LedgerTransaction
 from wallets.selectors import (
     asset_totals,
@@ -147,6 +150,35 @@ def test_refunds_partial_repeated_bounded_and_return_rewards_in_proportion(tenan
     assert _balance(customer, "POINT")["balance"] == 0
     assert selectors.carbon_impact_grams(customer=customer) == 0
     assert Payment.objects.get(pk=payment.pk).amount_refunded == 1_000
+    _assert_ledger_sound()
+
+
+def test_terminal_refund_create_same_store_same_day_only(tenant) -> None:  # type: ignore[no-untyped-def]
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    same_merchant_other_store = TerminalFactory(store=StoreFactory(merchant=terminal.store.merchant))
+    fund(customer, 1_000)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=600)
+    refund = terminal_refund_create(terminal=terminal, payment_id=payment.id, amount=100, reason="wrong item")
+    assert (refund.payment_id, refund.amount, refund.reason) == (payment.id, 100, "wrong item")
+    assert _balance(customer)["balance"] == 500
+    # Another store's (even the same merchant's) or an unknown payment: not found, alike.
+    for other, payment_id in ((same_merchant_other_store, payment.id), (TerminalFactory(), payment.id), (terminal, "pay_nope")):
+        with pytest.raises(NotFound) as missing:
+            terminal_refund_create(terminal=other, payment_id=payment_id, amount=1)
+        assert missing.value.param == "payment"
+    # Today is the current time zone's calendar day: from its midnight on, not a moment before.
+    midnight = timezone.make_aware(datetime.combine(timezone.localdate(), time.min))
+    Payment.objects.filter(pk=payment.pk).update(created=midnight)
+    terminal_refund_create(terminal=terminal, payment_id=payment.id, amount=100)
+    for created in (midnight - timedelta(microseconds=1), timezone.now() - timedelta(days=2)):
+        Payment.objects.filter(pk=payment.pk).update(created=created)
+        with pytest.raises(RefundWindowClosed) as closed:
+            terminal_refund_create(terminal=terminal, payment_id=payment.id, amount=100)
+        assert (closed.value.status, closed.value.code, closed.value.param) == (409, "refund_window_closed", "payment")
+    assert Refund.objects.filter(payment_id=payment.id).count() == 2
+    assert Payment.objects.get(pk=payment.pk).amount_refunded == 200
+    # The merchant's back office still can.
+    refund_create(payment=Payment.objects.get(pk=payment.pk), amount=100)
     _assert_ledger_sound()
 
 

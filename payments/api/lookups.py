@@ -8,11 +8,9 @@ cases are indistinguishable to a caller (SPEC 4).
 from __future__ import annotations
 
 from django.db.models import Q, QuerySet
-from django.utils import timezone
 
-from payments import selectors as payment_selectors
-from payments.errors import NotFound, TallyError
-from payments.models import Adjustment, Payment, Refund, TopUp, Transfer
+from payments.errors import NotFound
+from payments.models import Adjustment, Refund, TopUp, Transfer
 from wallets.models import ApiKey, Customer, Merchant, PrincipalType, StaffMember, Store, Terminal
 
 
@@ -144,18 +142,3 @@ def adjustment_get(*, adjustment_id: str) -> Adjustment:
         raise _not_found("adjustment", None)
     return adjustment
 
-
-# Terminals refund only what they took today (SPEC 4): older refunds go through the
-# merchant's back office, where someone accountable decides.
-class RefundWindowClosed(TallyError):
-    status = 409
-    code = "refund_window_closed"
-
-
-def terminal_refundable_payment_get(*, payment_id: str, store_id: str) -> Payment:
-    """A payment of the terminal's store taken today (in the tenant's time zone), else
-    NotFound (not its store's) or RefundWindowClosed (an older one)."""
-    payment = payment_selectors.payment_get(payment_id=payment_id, store_id=store_id)
-    if timezone.localdate(payment.created) != timezone.localdate():
-        raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")
-    return payment

@@ -8,7 +8,6 @@ from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
 from payments import services as payment_services
-from payments.api import lookups
 from payments.api import serializers as s
 from payments.api.base import TerminalView
 from wallets.models import Terminal
@@ -61,6 +60,7 @@ class RefundsView(_TerminalView):
     )
     def post(self, request: Request) -> Response:
         data = self.validated(s.RefundCreateIn)
-        payment = lookups.terminal_refundable_payment_get(payment_id=data["payment"], store_id=self.terminal.store_id)
-        refund = payment_services.refund_create(payment=payment, amount=data["amount"], reason=data["reason"])
+        refund = payment_services.terminal_refund_create(
+            terminal=self.terminal, payment_id=data["payment"], amount=data["amount"], reason=data["reason"]
+        )
         return self.render(s.RefundOut, refund, status=201)
