@@ -41,17 +41,6 @@ CUSTOMERS = 2_000
 START_BALANCE = 10**12
 
 
-def _ensure_database(url: str) -> None:
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            conn.execute(f'CREATE DATABASE "{name}"')
-
 
 def _env(database_url: str, redis_url: str) -> dict[str, str]:
     env = dict(os.environ)
@@ -72,7 +61,9 @@ def _env(database_url: str, redis_url: str) -> dict[str, str]:
 def seed(database_url: str, redis_url: str) -> dict[str, Any]:
     """Tenant, parties and fresh keys; returns the keys and customer ids for the clients."""
     os.environ.update(_env(database_url, redis_url))
-    _ensure_database(database_url)
+    from config.localservices import database_ensure
+
+    database_ensure(database_url)
     import django
 
     django.setup()

@@ -32,18 +32,6 @@ SCHEMA = "bench_idem"
 HOST = "bench-idem.localhost"
 
 
-def _ensure_database(url: str) -> None:
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            conn.execute(f'CREATE DATABASE "{name}"')
-
 
 def _setup(database_url: str, redis_url: str) -> None:
     os.environ["DATABASE_URL"] = database_url
@@ -51,7 +39,9 @@ def _setup(database_url: str, redis_url: str) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     os.environ["DJANGO_DEBUG"] = "false"
     os.environ["TALLY_LOG_LEVEL"] = "WARNING"
-    _ensure_database(database_url)
+    from config.localservices import database_ensure
+
+    database_ensure(database_url)
     import django
 
     django.setup()

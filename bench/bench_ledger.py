@@ -32,18 +32,6 @@ CUSTOMERS = 4_000
 START_BALANCE = 10**12
 
 
-def _ensure_database(url: str) -> None:
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone() is None:
-            conn.execute(f'CREATE DATABASE "{name}"')
-
 
 def _setup(database_url: str, limit_set_calls: bool) -> None:
     os.environ["DATABASE_URL"] = database_url
@@ -51,7 +39,9 @@ def _setup(database_url: str, limit_set_calls: bool) -> None:
     os.environ["DJANGO_DEBUG"] = "false"  # DEBUG keeps every query in memory
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/3")
     os.environ["TALLY_LOG_LEVEL"] = "WARNING"
-    _ensure_database(database_url)
+    from config.localservices import database_ensure
+
+    database_ensure(database_url)
     import django
     from django.conf import settings
 

@@ -31,7 +31,7 @@ def _answers(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
-def _ensure_database(url: str) -> None:
+def database_ensure(url: str) -> None:
     """Create the named database if the server has no such database yet."""
     from urllib.parse import urlsplit, urlunsplit
 
@@ -110,7 +110,7 @@ def resolve(*, database: str, embedded_ok: bool) -> dict[str, str]:
                 "(pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)."
             )
     if db_url.startswith(("postgres://", "postgresql://")) and "@127.0.0.1" in db_url:
-        _ensure_database(db_url)
+        database_ensure(db_url)
     env["DATABASE_URL"] = db_url
 
     redis_url = os.environ.get("REDIS_URL")
