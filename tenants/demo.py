@@ -18,6 +18,7 @@ from django_tenants.utils import schema_context
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_create, tenant_template_ensure
 from wallets.models import Asset, Customer, Merchant, Store, Terminal
+from wallets.selectors import api_key_get_active
 from wallets.services.principals import (
     api_key_create,
     customer_create,
@@ -48,12 +49,12 @@ def _superuser_ensure(username: str, password: str) -> None:
         user_model.objects.create_superuser(username=username, password=password, email="")
 
 
-def demo_seed() -> dict[str, Any]:
+def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
     """Create the demo tenant and its parties once; return what to print (keys, logins)."""
     from wallets.ids import random_token
 
-    KEYS_FILE.parent.mkdir(exist_ok=True)
-    saved: dict[str, Any] = json.loads(KEYS_FILE.read_text()) if KEYS_FILE.exists() else {}
+    keys_file.parent.mkdir(exist_ok=True)
+    saved: dict[str, Any] = json.loads(keys_file.read_text()) if keys_file.exists() else {}
     platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)
     password = saved.get("admin_password") or random_token(16)
     _superuser_ensure("admin", password)  # public-schema admin: tenants and domains
@@ -71,13 +72,16 @@ def demo_seed() -> dict[str, Any]:
         staff = staff_member_get_or_create(username="admin")
         principals = {"customer_alice": alice, "customer_bob": bob, "merchant": merchant, "terminal": terminal, "staff": staff}
         for label, principal in principals.items():
-            if label not in keys:
+            # var/ may have been seeded against another database (local server vs embedded):
+            # reuse a saved key only if it is live here and still names this principal.
+            saved_key = api_key_get_active(raw_key=keys[label]) if label in keys else None
+            if saved_key is None or saved_key.principal_id != principal.pk:
                 _, keys[label] = api_key_create(principal=principal)
         _demo_balances_ensure(customers={"alice": alice, "bob": bob})
         ids = {"alice": alice.id, "bob": bob.id, "merchant": merchant.id, "store": store.id, "terminal": terminal.id}
     saved = {"admin_password": password, "keys": keys, "ids": ids}
-    KEYS_FILE.write_text(json.dumps(saved, indent=2))
-    KEYS_FILE.chmod(0o600)
+    keys_file.write_text(json.dumps(saved, indent=2))
+    keys_file.chmod(0o600)
     return saved
 
 

@@ -254,3 +254,26 @@ def test_database_down_before_tenant_resolution_answers_503_envelope(live_tenant
     body = json.loads(response.content)  # type: ignore[attr-defined]
     assert body["error"]["code"] == "unavailable"
     assert int(response["Retry-After"]) >= 1  # type: ignore[index]
+
+
+def test_demo_seed_is_idempotent_and_replaces_keys_this_database_does_not_know(
+    django_db_setup: None, django_db_blocker, tmp_path  # type: ignore[no-untyped-def]
+) -> None:
+    from tenants.demo import demo_seed
+    from wallets.selectors import api_key_get_active
+
+    keys_file = tmp_path / "demo_keys.json"
+    with django_db_blocker.unblock():
+        first = demo_seed(keys_file=keys_file)
+        second = demo_seed(keys_file=keys_file)
+        assert second["keys"] == first["keys"] and second["ids"] == first["ids"]
+        saved = json.loads(keys_file.read_text())
+        saved["keys"]["terminal"] = "tk_from_another_database_0000000000000000"
+        keys_file.write_text(json.dumps(saved))
+        healed = demo_seed(keys_file=keys_file)
+        assert healed["keys"]["terminal"] != saved["keys"]["terminal"]
+        assert healed["keys"]["customer_alice"] == first["keys"]["customer_alice"]
+        with in_tenant(Tenant.objects.get(schema_name="demo")):
+            for label, raw in healed["keys"].items():
+                assert api_key_get_active(raw_key=raw) is not None, label
+        connection.set_schema_to_public()
