@@ -195,12 +195,11 @@ def test_platform_admin_lists_tenants_but_a_tenant_admin_does_not(tenant_a: Tena
 @pytest.mark.django_db
 @pytest.mark.usefixtures("settings")
 def test_tenant_lookup_is_cached_but_a_settings_change_is_seen_at_once(tenant_a: Tenant) -> None:
+    from django.conf import settings
     from django.test import RequestFactory
     from django.test.utils import CaptureQueriesContext
 
     from tenants.middleware import CachedTenantMiddleware, tenant_cache_clear
-
-    from django.conf import settings
 
     settings.TENANT_CACHE_SECONDS = 10.0  # the pytest-django `settings` fixture restores it
     seen: list[Tenant] = []
