@@ -14,7 +14,6 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db.models import QuerySet
 from rest_framework import serializers
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -23,6 +22,7 @@ from rest_framework.views import APIView
 from payments.api.auth import ApiKeyAuthentication, FacePermission
 from payments.api.errors import PayloadTooLarge
 from payments.api.pagination import page
+from payments.api.parsers import StrictJSONParser
 from payments.api.principal import Principal
 from payments.api.throttling import KeyAndTenantThrottle
 from wallets.models import StaffMember
@@ -89,7 +89,7 @@ class FaceView(IdempotencyMixin, APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [FacePermission]
     throttle_classes = [KeyAndTenantThrottle]
-    parser_classes = [JSONParser]
+    parser_classes = [StrictJSONParser]
     renderer_classes = [JSONRenderer]
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:

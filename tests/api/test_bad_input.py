@@ -188,3 +188,23 @@ def test_text_fields_refuse_numbers_and_objects(api: Api, world: World) -> None:
         assert r.status_code == 400 and error_of(r)["param"] == "name", bad
         r = api.post("/v1/customer/topups", world.customer.key, {"asset": "JPY", "amount": 1, "payment_method": bad})
         assert r.status_code == 400 and error_of(r)["param"] == "payment_method", bad
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"amount": ' + "[" * 3000 + "]" * 3000 + "}",  # RecursionError inside json, not ValueError
+        '{"name": ' + '{"a": ' * 40 + "1" + "}" * 40 + "}",  # deeper than any body of ours
+        '{"\\ud800": 1}',  # a lone surrogate as a key: echoed back as `param` it cannot be rendered
+        '{"name": "Eve \\udfff"}',  # ... as a value it cannot be stored in PostgreSQL
+    ],
+    ids=["deep-recursion", "deep", "surrogate-key", "surrogate-value"],
+)
+@pytest.mark.parametrize("path", ["/v1/admin/customers", "/v1/merchant/refunds", "/v1/terminal/payments"])
+def test_bodies_python_json_accepts_but_we_cannot_handle_are_400(api: Api, world: World, raw: str, path: str) -> None:
+    bearer = {"admin": world.staff.key, "merchant": world.merchant.key, "terminal": world.terminal.key}[path.split("/")[2]]
+    before = (Payment.objects.count(), Refund.objects.count())
+    r = api.call("POST", path, bearer, raw=raw)
+    assert r.status_code == 400, r.content
+    assert error_of(r)["type"] == "invalid_request_error"
+    assert (Payment.objects.count(), Refund.objects.count()) == before
