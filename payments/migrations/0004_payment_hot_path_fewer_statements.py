@@ -5,6 +5,8 @@ payment, the outbox event and the carbon aggregates now go in one data-modifying
 and all balance credits in one ordered upsert. The lock order is unchanged (see 0002).
 """
 
+from importlib import import_module
+
 from django.db import migrations
 
 FORWARD = r"""
@@ -150,5 +152,5 @@ $$;
 class Migration(migrations.Migration):
     dependencies = [("payments", "0003_payment_hot_path_indexes")]
 
-    # Backwards: 0002's definition is restored by re-running 0002's SQL.
-    operations = [migrations.RunSQL(FORWARD, migrations.RunSQL.noop)]
+    # Backwards: 0002's definition (same signature) is restored by re-running 0002's SQL.
+    operations = [migrations.RunSQL(FORWARD, import_module("payments.migrations.0002_payment_hot_path").FORWARD)]

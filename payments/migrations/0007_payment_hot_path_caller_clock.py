@@ -3,6 +3,8 @@ other timestamp the services write) instead of now(), the start of the enclosing
 transaction: a payment made inside a longer transaction sorted before rows written
 earlier in it. Same body otherwise (see 0004)."""
 
+from importlib import import_module
+
 from django.db import migrations
 
 FORWARD = r"""
@@ -148,9 +150,11 @@ END;
 $$;
 """
 
+# Backwards: drop this signature and restore 0004's function, which the code of that
+# state calls (rolling back a release must leave a working payment path).
 BACKWARD = """
 DROP FUNCTION IF EXISTS tally_payment_create(text, text, text, text, text, text, text, bigint, bigint, bigint, text, text, integer, timestamptz);
-"""
+""" + import_module("payments.migrations.0004_payment_hot_path_fewer_statements").FORWARD
 
 
 class Migration(migrations.Migration):
