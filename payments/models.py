@@ -230,12 +230,15 @@ class PaymentIntent(models.Model):
 
 
 class PaymentToken(models.Model):
-    """A short-lived customer token for a terminal's QR scan. Only its SHA-256 is stored."""
+    """A short-lived, single-use customer token for a terminal's QR scan. Only its SHA-256
+    is stored; `used_at` is set by the payment that consumes it, in that payment's
+    transaction, so a refused payment leaves it usable and a leaked QR pays at most once."""
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_payment_token_id, editable=False)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_tokens")
     token_hash = models.CharField(max_length=64, unique=True)
     expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -690,18 +690,61 @@ def _token_hash(raw: str) -> str:
 
 
 def payment_token_create(*, customer: Customer) -> tuple[PaymentToken, str]:
-    """A token for the customer's QR code, valid PAYMENT_TOKEN_TTL (reusable until then).
+    """A token for the customer's QR code, valid PAYMENT_TOKEN_TTL, good for one payment.
     Returns the row and the raw token (shown once; only its SHA-256 is stored)."""
     raw = PAYMENT_TOKEN_PREFIX + ids.random_token(PAYMENT_TOKEN_RANDOM_LENGTH)
     token = PaymentToken.objects.create(customer=customer, token_hash=_token_hash(raw), expires_at=timezone.now() + PAYMENT_TOKEN_TTL)
     return token, raw
 
 
+def payment_token_consume(*, token: object) -> str:
+    """Use a live, unused token: mark it used and return its customer id, in the caller's
+    transaction; else NotFound(param="customer_token").
+
+    Locks: the token row (the conditional UPDATE), so of two payments racing one token
+    the second waits for the first and then finds it used.
+    """
+    if not isinstance(token, str) or not token.startswith(PAYMENT_TOKEN_PREFIX) or len(token) > 100:
+        raise NotFound("invalid or expired payment token", param="customer_token")
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "{PaymentToken._meta.db_table}" SET used_at = %s '  # noqa: S608 - our own table name, no input
+            "WHERE token_hash = %s AND used_at IS NULL AND expires_at > %s RETURNING customer_id",
+            [now, _token_hash(token), now],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound("invalid, used or expired payment token", param="customer_token")
+    return str(row[0])
+
+
+def payment_create_with_token(*, terminal: Terminal, customer_token: object, asset_code: str, amount: object) -> Payment:
+    """Take a payment from the customer whose QR token the terminal scanned; the token is
+    consumed in the payment's own transaction (a refused payment leaves it usable).
+
+    Locks: the token row, then those of payment_create.
+    """
+    minor = amount_to_minor(amount)
+    if not isinstance(asset_code, str) or not asset_code:
+        raise AssetUnknown(param="asset")
+
+    def body() -> Payment:
+        customer_id = payment_token_consume(token=customer_token)
+        return _charge(customer_id=customer_id, terminal_id=terminal.pk, merchant_id=None, asset_code=asset_code, amount=minor)
+
+    return run_atomic(body, operation="payment_create")
+
+
 def payment_token_resolve(*, token: object) -> Customer:
     """The customer a live token belongs to, else NotFound(param="customer_token")."""
     if not isinstance(token, str) or not token.startswith(PAYMENT_TOKEN_PREFIX) or len(token) > 100:
         raise NotFound("invalid or expired payment token", param="customer_token")
-    row = PaymentToken.objects.select_related("customer").filter(token_hash=_token_hash(token), expires_at__gt=timezone.now()).first()
+    row = (
+        PaymentToken.objects.select_related("customer")
+        .filter(token_hash=_token_hash(token), used_at__isnull=True, expires_at__gt=timezone.now())
+        .first()
+    )
     if row is None:
         raise NotFound("invalid or expired payment token", param="customer_token")
     return row.customer

@@ -235,3 +235,35 @@ def _no_leftover_threads() -> Any:
     before = threading.active_count()
     yield
     assert threading.active_count() <= before
+
+
+def test_two_terminals_racing_one_payment_token_charge_once(live_tenant) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from payments.errors import NotFound
+    from payments.services import payment_create_with_token, payment_token_create
+
+    customer, terminals = CustomerFactory(), [TerminalFactory(), TerminalFactory()]
+    fund(customer, 10_000)
+    _, raw = payment_token_create(customer=customer)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def pay(terminal) -> None:  # type: ignore[no-untyped-def]
+        def body() -> None:
+            barrier.wait()
+            try:
+                payment_create_with_token(terminal=terminal, customer_token=raw, asset_code="JPY", amount=1_000)
+                outcomes.append("paid")
+            except NotFound:
+                outcomes.append("refused")
+
+        run_in_thread_tenant(live_tenant, body)
+
+    threads = [threading.Thread(target=pay, args=(t,)) for t in terminals]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes) == ["paid", "refused"]
+    assert Payment.objects.filter(customer=customer).count() == 1

@@ -39,12 +39,13 @@ class PaymentsView(_TerminalView):
     def post(self, request: Request) -> Response:
         data = self.validated(s.TerminalPaymentCreateIn)
         if data.get("customer_token"):
-            customer_id = payment_services.payment_token_resolve(token=data["customer_token"]).pk
-        else:
-            customer_id = data["customer"]  # the payment statement itself answers 404 for an unknown customer
-        payment = payment_services.payment_create(
-            terminal=self.terminal, customer_id=customer_id, asset_code=data["asset"], amount=data["amount"]
-        )
+            payment = payment_services.payment_create_with_token(
+                terminal=self.terminal, customer_token=data["customer_token"], asset_code=data["asset"], amount=data["amount"]
+            )
+        else:  # the payment statement itself answers 404 for an unknown customer
+            payment = payment_services.payment_create(
+                terminal=self.terminal, customer_id=data["customer"], asset_code=data["asset"], amount=data["amount"]
+            )
         return self.render(s.PaymentOut, payment, status=201)
 
 

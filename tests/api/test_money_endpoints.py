@@ -269,3 +269,15 @@ def test_no_rows_without_funds(api: Api, world: World, model: type) -> None:
     r = api.post("/v1/customer/transfers", world.customer.key, {"to_customer": world.customer2.id, "asset": "JPY", "amount": 1})
     assert r.status_code == 402
     assert not model.objects.exists()
+
+
+def test_payment_token_pays_once_and_a_refused_payment_does_not_use_it(api: Api, world: World) -> None:
+    fund(world, world.customer.obj, 1000)
+    token = api.post("/v1/customer/payment_tokens", world.customer.key).json()["token"]
+    refused = api.post("/v1/terminal/payments", world.terminal.key, {"customer_token": token, "asset": "JPY", "amount": 5000})
+    assert refused.status_code == 402, refused.content  # nothing moved: the token is still good
+    paid = api.post("/v1/terminal/payments", world.terminal.key, {"customer_token": token, "asset": "JPY", "amount": 300})
+    assert paid.status_code == 201, paid.content
+    again = api.post("/v1/terminal/payments", world.terminal.key, {"customer_token": token, "asset": "JPY", "amount": 300})
+    assert again.status_code == 404 and error_of(again)["param"] == "customer_token"
+    assert balance_of(api, world.customer.key)["balance"] == 700
