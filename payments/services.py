@@ -70,7 +70,16 @@ from wallets.models import (
     SystemRole,
     Terminal,
 )
-from wallets.services.ledger import Leg, account_balance, hold_place, hold_release, ledger_post, system_account
+from wallets.services.ledger import (
+    Leg,
+    account_balance,
+    customer_balance_row_lock,
+    hold_place,
+    hold_release,
+    ledger_post,
+    lock_key,
+    system_account,
+)
 
 T = TypeVar("T")
 
@@ -246,10 +255,18 @@ def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refu
         refunded_after = locked.amount_refunded + minor
         points_back = proportion_floor(total=locked.points_earned, part=refunded_after, whole=locked.amount) - locked.points_reversed
         grams_back = proportion_floor(total=locked.carbon_grams, part=refunded_after, whole=locked.amount) - locked.carbon_grams_reversed
+        # Take back at most what the customer still has, read under lock: the customer's rows
+        # are locked here, in lock order, so no concurrent spend can change them before
+        # ledger_post (which would then refuse the refund with a stored 402).
+        reversed_assets = [code for code, back in ((POINTS_ASSET, points_back), (CARBON_ASSET, grams_back)) if back > 0]
+        available: dict[str, int] = {}
+        for code in sorted({locked.asset_id, *reversed_assets}, key=lambda c: lock_key(account=customer_account, asset_code=c)):
+            row = customer_balance_row_lock(account=customer_account, asset_code=code)
+            available[code] = row.balance - row.held
         if points_back > 0:
-            points_back = min(points_back, _available(customer_account, POINTS_ASSET))
+            points_back = min(points_back, available[POINTS_ASSET])
         if grams_back > 0:
-            grams_back = min(grams_back, _available(customer_account, CARBON_ASSET))
+            grams_back = min(grams_back, available[CARBON_ASSET])
         refund_id = ids.new_refund_id()
         legs = [Leg(merchant_account, locked.asset_id, -minor), Leg(customer_account, locked.asset_id, minor)]
         if points_back > 0:
@@ -302,11 +319,6 @@ def terminal_refund_create(*, terminal: Terminal, payment_id: str, amount: objec
     if timezone.localdate(payment.created) != timezone.localdate():
         raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")
     return refund_create(payment=payment, amount=amount, reason=reason)
-
-
-def _available(account: Account, asset_code: str) -> int:
-    balance, held = account_balance(account=account, asset_code=asset_code)
-    return balance - held
 
 
 def _carbon_impact_add(*, account: Account, shard: int, grams: int) -> None:

@@ -267,3 +267,49 @@ def test_two_terminals_racing_one_payment_token_charge_once(live_tenant) -> None
         t.join(30)
     assert sorted(outcomes) == ["paid", "refused"]
     assert Payment.objects.filter(customer=customer).count() == 1
+
+
+def test_refund_racing_a_points_spend_takes_back_what_is_left_instead_of_refusing(live_tenant) -> None:  # type: ignore[no-untyped-def]
+    import threading
+    import time
+
+    from django.db import transaction
+
+    from payments.services import payment_create, refund_create, transfer_create
+
+    customer, friend, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
+    fund(customer, 10_000)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1_000)
+    assert payment.points_earned == 10
+    spend_locked, release_spend = threading.Event(), threading.Event()
+    outcome: dict[str, object] = {}
+
+    def spend() -> None:
+        def body() -> None:
+            with transaction.atomic():  # holds the customer's POINT row until released
+                transfer_create(from_customer=customer, to_customer=friend, asset_code="POINT", amount=5)
+                spend_locked.set()
+                release_spend.wait(10)
+
+        run_in_thread_tenant(live_tenant, body)
+
+    def refund() -> None:
+        def body() -> None:
+            try:
+                outcome["refund"] = refund_create(payment=payment, amount=1_000)
+            except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+                outcome["error"] = exc
+
+        run_in_thread_tenant(live_tenant, body)
+
+    spender = threading.Thread(target=spend)
+    spender.start()
+    assert spend_locked.wait(10)
+    refunder = threading.Thread(target=refund)
+    refunder.start()
+    time.sleep(0.5)  # the refund is now waiting on the customer's rows
+    release_spend.set()
+    spender.join(30)
+    refunder.join(30)
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["refund"].points_reversed == 5  # type: ignore[attr-defined]
