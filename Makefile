@@ -20,8 +20,11 @@ install: $(STAMP)
 run: install
 	$(BIN)/python -m config.runner
 
-# Installs and runs the whole suite against real PostgreSQL and Redis.
+# Installs, checks ruff + mypy (strict on wallets/ and payments/), then runs the whole
+# suite against real PostgreSQL and Redis.
 test: install
+	$(BIN)/ruff check wallets payments tenants webhooks config
+	$(BIN)/mypy wallets payments
 	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
 
