@@ -54,7 +54,7 @@ def _fixtures() -> dict[str, Any]:
     from django.db import connection
     from django_tenants.utils import schema_context
 
-    from payments.services import adjustment_create
+    from payments.services.adjustments import adjustment_create
     from tenants.models import Tenant
     from tenants.services import tenant_create
     from wallets.services.principals import (
@@ -97,9 +97,9 @@ def _engine_only(count: int) -> dict[str, Any]:
     from django.db import connection
     from django_tenants.utils import schema_context
 
-    from payments.db import run_atomic
     from payments.idempotency.selectors import IdempotencyPolicy
     from payments.idempotency.services import Executed, IdempotentCall, StoredResponse, idempotency_execute
+    from wallets.transactions import run_atomic
 
     body = b'{"id":"pay_x","amount":1}'
 

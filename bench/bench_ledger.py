@@ -99,7 +99,7 @@ def _parties_ensure() -> None:
 def _run(fixtures: dict[str, Any], *, threads: int, seconds: float, hot: bool) -> dict[str, Any]:
     from django.db import connection, connections
 
-    from payments.services import payment_create
+    from payments.services.charges import payment_create
 
     tenant, customers, terminals = fixtures["tenant"], fixtures["customers"], fixtures["terminals"]
     counts = [0] * threads
@@ -150,7 +150,7 @@ def _statements_per_payment(fixtures: dict[str, Any]) -> dict[str, Any]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from payments.services import payment_create
+    from payments.services.charges import payment_create
 
     connection.set_tenant(fixtures["tenant"])
     customer, terminal = fixtures["customers"][0], fixtures["terminals"][1]

@@ -40,7 +40,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.test.utils import override_settings
 
-    from tenants.demo import platform_ensure
+    from payments.demo import platform_ensure
     from tenants.services import tenant_create
 
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)

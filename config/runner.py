@@ -31,7 +31,7 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from tenants.demo import demo_seed, platform_ensure
+    from payments.demo import demo_seed, platform_ensure
 
     print(f"database: {_redact(env['DATABASE_URL'])}\nredis:    {env['REDIS_URL']}", flush=True)
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)

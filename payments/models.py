@@ -7,6 +7,8 @@ integers in the asset's minor unit; CHECK constraints are the last line of defen
 
 from __future__ import annotations
 
+import hashlib
+
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
@@ -17,6 +19,19 @@ from wallets.models import Asset, Customer, Hold, LedgerTransaction, Merchant, S
 
 def new_payment_token_id() -> str:
     return ids.new_id("ptk")
+
+
+PAYMENT_TOKEN_PREFIX = "ptok_"  # noqa: S105 - a prefix, not a secret
+PAYMENT_TOKEN_MAX_LENGTH = 100
+
+
+def payment_token_hash(raw: str) -> str:
+    """What a payment token is stored and found as: its SHA-256."""
+    return hashlib.sha256(raw.encode("utf-8")).hexdigest()
+
+
+def payment_token_is_well_formed(token: object) -> bool:
+    return isinstance(token, str) and token.startswith(PAYMENT_TOKEN_PREFIX) and len(token) <= PAYMENT_TOKEN_MAX_LENGTH
 
 
 class PaymentStatus(models.TextChoices):

@@ -1,4 +1,5 @@
-"""Reads for the faces: balances, ledger history, payment lookups scoped to a principal.
+"""Reads of the payments app for the faces, the admin and the services: balances, ledger
+history, and money objects scoped to a principal (another principal's object is NotFound).
 
 Balances are exact at every read: the SUM over an account's shard rows, in one query.
 """
@@ -6,47 +7,43 @@ Balances are exact at every read: the SUM over an account's shard rows, in one q
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypedDict
 
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import F, Q, QuerySet, Sum
+from django.utils import timezone
 
-from payments.errors import NotFound
-from payments.models import Payment, PaymentIntent, Refund, TopUp, Transfer
-from wallets.models import Account, Asset, Balance, CarbonImpact, Customer, LedgerEntry, Merchant
-
-
-class BalanceLine(TypedDict):
-    asset: str
-    balance: int
-    available: int
-    held: int
-
-
-def _balances(account: Account) -> list[BalanceLine]:
-    totals = {
-        row["asset_id"]: (int(row["balance"]), int(row["held"]))
-        for row in Balance.objects.filter(account=account).values("asset_id").annotate(balance=Sum("balance"), held=Sum("held"))
-    }
-    lines: list[BalanceLine] = []
-    # Every asset of the tenant, main currency first, so a new wallet shows its zeros.
-    for code in Asset.objects.order_by("-is_main", "code").values_list("code", flat=True):
-        balance, held = totals.get(code, (0, 0))
-        lines.append({"asset": code, "balance": balance, "available": balance - held, "held": held})
-    return lines
+from payments.models import (
+    Adjustment,
+    Payment,
+    PaymentIntent,
+    PaymentToken,
+    Refund,
+    TopUp,
+    Transfer,
+    payment_token_hash,
+    payment_token_is_well_formed,
+)
+from wallets.errors import NotFound
+from wallets.models import Account, Customer, LedgerEntry, Merchant
+from wallets.selectors import BalanceLine, account_balance_lines
 
 
 def wallet_balances(*, customer: Customer) -> list[BalanceLine]:
-    return _balances(Account.objects.get(customer_id=customer.pk))
+    return account_balance_lines(account=Account.objects.get(customer_id=customer.pk))
 
 
 def merchant_balances(*, merchant: Merchant) -> list[BalanceLine]:
-    return _balances(Account.objects.get(merchant_id=merchant.pk))
+    return account_balance_lines(account=Account.objects.get(merchant_id=merchant.pk))
 
 
 def carbon_impact_grams(*, customer: Customer | None = None, merchant: Merchant | None = None) -> int:
-    """Net grams of CO2 recorded for a customer's or a merchant's payments (after refunds)."""
-    account = Account.objects.get(customer_id=customer.pk) if customer is not None else Account.objects.get(merchant_id=getattr(merchant, "pk", None))
-    return int(CarbonImpact.objects.filter(account=account).aggregate(total=Sum("grams"))["total"] or 0)
+    """Net grams of CO2 recorded for a customer's or a merchant's payments (after refunds),
+    summed from the payments themselves (each keeps what it earned and what refunds took back)."""
+    if (customer is None) == (merchant is None):
+        raise TypeError("pass exactly one of customer and merchant")
+    scope = {"customer_id": customer.pk} if customer is not None else {"merchant_id": getattr(merchant, "pk", None)}
+    payments = Payment.objects.filter(**scope)
+    total = payments.aggregate(total=Sum(F("carbon_grams") - F("carbon_grams_reversed")))["total"]
+    return int(total or 0)
 
 
 def ledger_entries_for_customer(
@@ -81,7 +78,12 @@ def payment_get(
 
 
 def payments_list(
-    *, merchant_id: str | None = None, terminal_id: str | None = None, store_id: str | None = None, customer_id: str | None = None
+    *,
+    merchant_id: str | None = None,
+    terminal_id: str | None = None,
+    store_id: str | None = None,
+    customer_id: str | None = None,
+    asset_code: str | None = None,
 ) -> QuerySet[Payment]:
     """Payments in a principal's scope, newest first (ordered by -created, -id). At least one
     scope is required: an unscoped list is refused rather than leaking every payment."""
@@ -96,6 +98,8 @@ def payments_list(
         payments = payments.filter(store_id=store_id)
     if customer_id:
         payments = payments.filter(customer_id=customer_id)
+    if asset_code:
+        payments = payments.filter(asset_id=asset_code)
     return payments.order_by("-created", "-id")
 
 
@@ -144,3 +148,49 @@ def topup_get(*, topup_id: str, customer_id: str | None = None) -> TopUp:
     if topup is None:
         raise NotFound("no such top-up", param="topup")
     return topup
+
+
+def refunds_list(*, merchant_id: str | None = None, customer_id: str | None = None, store_id: str | None = None) -> QuerySet[Refund]:
+    if not (merchant_id or customer_id or store_id):
+        raise ValueError("refunds_list needs a scope")  # an unscoped list would leak every refund
+    qs = Refund.objects.select_related("payment")
+    if merchant_id:
+        qs = qs.filter(payment__merchant_id=merchant_id)
+    if customer_id:
+        qs = qs.filter(payment__customer_id=customer_id)
+    if store_id:
+        qs = qs.filter(payment__store_id=store_id)
+    return qs
+
+
+def transfers_list(*, customer_id: str) -> QuerySet[Transfer]:
+    return Transfer.objects.filter(Q(from_customer_id=customer_id) | Q(to_customer_id=customer_id))
+
+
+def topups_list(*, customer_id: str) -> QuerySet[TopUp]:
+    return TopUp.objects.filter(customer_id=customer_id)
+
+
+def adjustments_list() -> QuerySet[Adjustment]:
+    return Adjustment.objects.all()
+
+
+def adjustment_get(*, adjustment_id: str) -> Adjustment:
+    adjustment = Adjustment.objects.filter(pk=adjustment_id).first()
+    if adjustment is None:
+        raise NotFound("no such adjustment", param=None)
+    return adjustment
+
+
+def payment_token_resolve(*, token: object) -> Customer:
+    """The customer a live, unused token belongs to, else NotFound(param="customer_token")."""
+    if not payment_token_is_well_formed(token):
+        raise NotFound("invalid or expired payment token", param="customer_token")
+    row = (
+        PaymentToken.objects.select_related("customer")
+        .filter(token_hash=payment_token_hash(str(token)), used_at__isnull=True, expires_at__gt=timezone.now())
+        .first()
+    )
+    if row is None:
+        raise NotFound("invalid or expired payment token", param="customer_token")
+    return row.customer

@@ -6,8 +6,8 @@ is emptied in this process whenever a Tenant or Domain is saved or deleted, so a
 process sees a settings change (e.g. an idempotency mode switched in the admin) within
 TENANT_CACHE_SECONDS at most. An unknown host is never cached.
 
-With the database unreachable the request is refused with 503 in the error envelope
-(fail closed) before anything else runs.
+config.middleware wraps it to fail closed (503 in the error envelope) when the database
+is unreachable.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.db.models.signals import post_delete, post_save
-from django.http import HttpRequest, HttpResponse
 from django_tenants.middleware.main import TenantMainMiddleware
 
 from tenants.models import Domain, Tenant
@@ -46,17 +45,7 @@ for _model in (Tenant, Domain):
 
 
 class CachedTenantMiddleware(TenantMainMiddleware):
-    def process_request(self, request: HttpRequest) -> HttpResponse | None:
-        from payments.db import is_connection_failure
-
-        try:
-            return super().process_request(request)  # type: ignore[no-any-return]
-        except DatabaseError as exc:
-            if not is_connection_failure(exc):
-                raise
-            from payments.api.errors import error_response
-
-            return error_response(request, exc)  # 503 unavailable, Retry-After
+    """django-tenants' middleware with a per-process host -> tenant cache (cleared on save)."""
 
     def get_tenant(self, domain_model: Any, hostname: str) -> Tenant:
         ttl = float(getattr(settings, "TENANT_CACHE_SECONDS", 10))

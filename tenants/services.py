@@ -7,7 +7,7 @@ from django.db import connection, transaction
 from django_tenants.utils import schema_context, schema_exists
 
 from tenants.models import Domain, Tenant
-from wallets.services.principals import tenant_ledger_bootstrap
+from tenants.signals import tenant_created
 
 TEMPLATE_SCHEMA = settings.TENANT_BASE_SCHEMA
 
@@ -35,7 +35,9 @@ def tenant_create(
     main_currency: str,
     currency_exponent: int = 0,
 ) -> Tenant:
-    """Create a tenant: schema (cloned from the template), domain, assets, system accounts."""
+    """Create a tenant: schema (cloned from the template) and domain; then, inside the new
+    schema, `tenant_created` lets the apps above set up their part (wallets: the assets
+    and system accounts)."""
     tenant_template_ensure()
     connection.set_schema_to_public()
     with transaction.atomic():
@@ -49,5 +51,5 @@ def tenant_create(
         tenant.save(verbosity=0)
         Domain.objects.create(tenant=tenant, domain=domain, is_primary=True)
     with schema_context(schema_name):
-        tenant_ledger_bootstrap(main_currency=main_currency, exponent=currency_exponent)
+        tenant_created.send(sender=Tenant, tenant=tenant)
     return tenant

@@ -9,7 +9,7 @@ from typing import Any
 import factory
 
 from payments.models import AdjustmentDirection
-from payments.services import adjustment_create
+from payments.services.adjustments import adjustment_create
 from wallets.models import Customer, Merchant, StaffMember, Store, Terminal
 from wallets.services.principals import customer_create, merchant_create, staff_member_get_or_create, store_create, terminal_create
 

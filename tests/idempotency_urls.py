@@ -22,8 +22,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from payments.api.principal import Principal
-from payments.errors import InsufficientFunds
 from payments.idempotency.drf import IdempotencyMixin
+from wallets.errors import InsufficientFunds
 from wallets.models import Customer
 from wallets.services.principals import customer_create
 
@@ -118,14 +118,14 @@ class PaymentView(_Base):
     face = "terminal"
 
     def post(self, request: Request) -> Response:
-        from payments import services  # the ledger issue's service module
         from payments.api.principal import Principal as P
+        from payments.services.charges import payment_create
 
         principal = request.user
         assert isinstance(principal, P)
         data = request.data
         customer = Customer.objects.get(id=data["customer"])
-        payment = services.payment_create(terminal=principal.obj, customer=customer, asset_code=data["asset"], amount=int(data["amount"]))
+        payment = payment_create(terminal=principal.obj, customer=customer, asset_code=data["asset"], amount=int(data["amount"]))
         return Response({"id": payment.id, "amount": payment.amount, "asset": data["asset"]}, status=201)
 
 

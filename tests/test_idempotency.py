@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from config import metrics
+from payments.idempotency import metrics
 from payments.idempotency.models import IdempotencyRecord
 from tenants.models import Tenant
 from tests import idempotency_urls

@@ -19,17 +19,18 @@ from django.conf import settings
 from django.db import connection, connections
 from django.test import Client, override_settings
 
-from config import metrics
+from payments.idempotency import metrics
 from payments.idempotency.cache import replay_cache_breaker_reset
 from payments.idempotency.models import IdempotencyRecord
 from payments.models import Payment
-from payments.services import adjustment_create
+from payments.services.adjustments import adjustment_create
 from tenants.models import Tenant
 from tests import idempotency_urls
 from tests.conftest import TENANT_A, run_in_thread_tenant
 from tests.test_idempotency import customers_named, post, sample, tenant_settings_set, uid
+from wallets import metrics as wallet_metrics
 from wallets.models import Account, LedgerTransaction
-from wallets.services.ledger import account_balance
+from wallets.selectors import account_balance
 from wallets.services.principals import (
     api_key_create,
     customer_create,
@@ -444,7 +445,7 @@ def test_postgres_unreachable_answers_503_and_leaves_nothing(live_tenant: Tenant
     key, principal, name = uid("k-"), uid("p-"), uid("n-")
     hook = uid("cut-")
     idempotency_urls.HOOKS[hook] = proxy.cut
-    fail_closed = sample(metrics.FAIL_CLOSED, store="postgres")
+    fail_closed = sample(wallet_metrics.FAIL_CLOSED, store="postgres")
     try:
         if cut_at == "before_claim":
             response = _post_through(proxy, live_tenant, {"name": name}, key, principal, HTTP_X_TEST_BEFORE_CLAIM=hook)
@@ -456,7 +457,7 @@ def test_postgres_unreachable_answers_503_and_leaves_nothing(live_tenant: Tenant
     error = json.loads(response.content)["error"]
     assert error["code"] == "unavailable" and error["request_id"] == response["Request-Id"]
     assert int(response["Retry-After"]) >= 1
-    assert sample(metrics.FAIL_CLOSED, store="postgres") >= fail_closed + 1
+    assert sample(wallet_metrics.FAIL_CLOSED, store="postgres") >= fail_closed + 1
     connection.set_tenant(live_tenant)
     assert customers_named(name) == 0 and record_of(principal, key) is None  # no half-done effect, no claim
     # PostgreSQL is back: the same key executes (it was never burned).

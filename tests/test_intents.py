@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 
 from payments import selectors
-from payments.errors import AmountInvalid, InvalidState, WalletFrozen
 from payments.models import OutboxEvent, PaymentIntent
-from payments.services import (
+from payments.services.freezes import wallet_freeze
+from payments.services.intents import (
     payment_intent_authorize,
     payment_intent_cancel,
     payment_intent_capture,
     payment_intent_confirm,
     payment_intent_create,
     payment_intent_update_amount,
-    transfer_create,
-    wallet_freeze,
 )
+from payments.services.transfers import transfer_create
 from tests.factories import CustomerFactory, MerchantFactory, fund, staff
+from wallets.errors import AmountInvalid, InvalidState, WalletFrozen
 from wallets.models import Hold
 from wallets.selectors import balance_entry_mismatches, ledger_unbalanced_transactions
 

@@ -11,22 +11,19 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from payments import selectors
-from payments.errors import AmountInvalid, AssetUnknown, CapExceeded, InsufficientFunds, NotFound, RefundWindowClosed, WalletFrozen
+from payments.api.errors import http_status_of
+from payments.errors import RefundWindowClosed
 from payments.models import OutboxEvent, Payment, Refund
-from payments.services import (
-    adjustment_create,
-    payment_create,
-    payment_token_create,
-    payment_token_resolve,
-    refund_create,
-    terminal_refund_create,
-    topup_create,
-    topup_credit,
-    transfer_create,
-    wallet_freeze,
-    wallet_unfreeze,
-)
+from payments.selectors import payment_token_resolve
+from payments.services.adjustments import adjustment_create
+from payments.services.charges import payment_create
+from payments.services.freezes import wallet_freeze, wallet_unfreeze
+from payments.services.refunds import refund_create, terminal_refund_create
+from payments.services.tokens import payment_token_create
+from payments.services.topups import topup_create, topup_credit
+from payments.services.transfers import transfer_create
 from tests.factories import CustomerFactory, StoreFactory, TerminalFactory, fund, staff
+from wallets.errors import AmountInvalid, AssetUnknown, CapExceeded, InsufficientFunds, NotFound, WalletFrozen
 from wallets.models import Asset, LedgerEntry, LedgerTransaction
 from wallets.selectors import (
     asset_totals,
@@ -69,14 +66,29 @@ def test_payment_moves_money_earns_points_and_carbon(tenant) -> None:  # type: i
     _assert_ledger_sound()
 
 
-def test_payment_is_one_sql_statement(tenant) -> None:  # type: ignore[no-untyped-def]
+def test_payment_is_an_orm_posting_of_seven_statements(tenant) -> None:  # type: ignore[no-untyped-def]
+    """The payment path is the ledger's one posting path, in the ORM, and stays lean: the
+    accounts in one query, every balance row locked by one statement in lock order, one
+    F() update of the balances, then the four inserts. No SQL function is involved."""
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 10_000)
+    payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)  # the reward and shard rows now exist
     with CaptureQueriesContext(connection) as queries:
         payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
     # django-tenants re-issues SET search_path per cursor unless TENANT_LIMIT_SET_CALLS is on.
     statements = [q["sql"] for q in queries if not q["sql"].startswith("SET search_path")]
-    assert len(statements) == 1 and "tally_payment_create" in statements[0], statements
+    shapes = [(sql.split()[0], next(t for t in sql.replace('"', " ").split() if t.startswith(("wallets_", "payments_")))) for sql in statements]
+    assert shapes == [
+        ("SELECT", "wallets_account"),
+        ("SELECT", "wallets_balance"),
+        ("UPDATE", "wallets_balance"),
+        ("INSERT", "wallets_ledgertransaction"),
+        ("INSERT", "wallets_ledgerentry"),
+        ("INSERT", "payments_payment"),
+        ("INSERT", "payments_outboxevent"),
+    ], statements
+    assert statements[1].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[1]
+    assert not any("tally_payment_create" in sql for sql in statements)
 
 
 def test_insufficient_funds_changes_nothing(tenant) -> None:  # type: ignore[no-untyped-def]
@@ -174,7 +186,7 @@ def test_terminal_refund_create_same_store_same_day_only(tenant) -> None:  # typ
         Payment.objects.filter(pk=payment.pk).update(created=created)
         with pytest.raises(RefundWindowClosed) as closed:
             terminal_refund_create(terminal=terminal, payment_id=payment.id, amount=100)
-        assert (closed.value.status, closed.value.code, closed.value.param) == (409, "refund_window_closed", "payment")
+        assert (http_status_of(closed.value)[0], closed.value.code, closed.value.param) == (409, "refund_window_closed", "payment")
     assert Refund.objects.filter(payment_id=payment.id).count() == 2
     assert Payment.objects.get(pk=payment.pk).amount_refunded == 200
     # The merchant's back office still can.
@@ -362,7 +374,7 @@ def test_orphan_references_are_reported(tenant) -> None:  # type: ignore[no-unty
 
 
 def test_demo_starting_balances_are_funded_once(tenant) -> None:  # type: ignore[no-untyped-def]
-    from tenants.demo import DEMO_STARTING_BALANCES, _demo_balances_ensure
+    from payments.demo import DEMO_STARTING_BALANCES, _demo_balances_ensure
 
     customers = {"alice": CustomerFactory(), "bob": CustomerFactory()}
     _demo_balances_ensure(customers=customers)

@@ -12,23 +12,23 @@ from typing import Any
 
 import pytest
 
-from config import metrics
 from payments import selectors
-from payments.errors import InsufficientFunds, InvalidState
 from payments.models import OutboxEvent, Payment, PaymentIntent
-from payments.services import (
-    payment_create,
+from payments.services.charges import payment_create
+from payments.services.intents import (
     payment_intent_authorize,
     payment_intent_cancel,
     payment_intent_capture,
     payment_intent_confirm,
     payment_intent_create,
-    refund_create,
-    transfer_create,
 )
+from payments.services.refunds import refund_create
+from payments.services.transfers import transfer_create
 from tenants.models import Tenant
 from tests.conftest import run_in_thread_tenant
 from tests.factories import CustomerFactory, MerchantFactory, StoreFactory, TerminalFactory, fund
+from wallets import metrics
+from wallets.errors import InsufficientFunds, InvalidState
 from wallets.models import Balance, LedgerEntry
 from wallets.selectors import balance_entry_mismatches, ledger_orphan_references, ledger_unbalanced_transactions
 
@@ -240,8 +240,9 @@ def _no_leftover_threads() -> Any:
 def test_two_terminals_racing_one_payment_token_charge_once(live_tenant) -> None:  # type: ignore[no-untyped-def]
     import threading
 
-    from payments.errors import NotFound
-    from payments.services import payment_create_with_token, payment_token_create
+    from payments.services.charges import payment_create_with_token
+    from payments.services.tokens import payment_token_create
+    from wallets.errors import NotFound
 
     customer, terminals = CustomerFactory(), [TerminalFactory(), TerminalFactory()]
     fund(customer, 10_000)
@@ -275,7 +276,9 @@ def test_refund_racing_a_points_spend_takes_back_what_is_left_instead_of_refusin
 
     from django.db import transaction
 
-    from payments.services import payment_create, refund_create, transfer_create
+    from payments.services.charges import payment_create
+    from payments.services.refunds import refund_create
+    from payments.services.transfers import transfer_create
 
     customer, friend, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
     fund(customer, 10_000)
@@ -297,7 +300,7 @@ def test_refund_racing_a_points_spend_takes_back_what_is_left_instead_of_refusin
         def body() -> None:
             try:
                 outcome["refund"] = refund_create(payment=payment, amount=1_000)
-            except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+            except Exception as exc:
                 outcome["error"] = exc
 
         run_in_thread_tenant(live_tenant, body)

@@ -14,19 +14,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from payments import selectors
-from payments.errors import AmountInvalid, CapExceeded, InsufficientFunds
-from payments.services import (
-    payment_create,
-    payment_intent_authorize,
-    payment_intent_cancel,
-    payment_intent_capture,
-    payment_intent_create,
-    refund_create,
-    topup_create,
-    topup_credit,
-    transfer_create,
-)
+from payments.services.charges import payment_create
+from payments.services.intents import payment_intent_authorize, payment_intent_cancel, payment_intent_capture, payment_intent_create
+from payments.services.refunds import refund_create
+from payments.services.topups import topup_create, topup_credit
+from payments.services.transfers import transfer_create
 from tests.factories import CustomerFactory, TerminalFactory
+from wallets.errors import AmountInvalid, CapExceeded, InsufficientFunds
 from wallets.models import Asset
 from wallets.selectors import asset_totals, balance_entry_mismatches, ledger_orphan_references, ledger_unbalanced_transactions
 

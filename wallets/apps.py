@@ -1,6 +1,19 @@
+from typing import Any
+
 from django.apps import AppConfig
 
 
 class WalletsConfig(AppConfig):
     name = "wallets"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from tenants.signals import tenant_created
+
+        tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
+
+
+def _tenant_ledger_bootstrap(*, tenant: Any, **_: Any) -> None:
+    from wallets.services.ledger import tenant_ledger_bootstrap
+
+    tenant_ledger_bootstrap(main_currency=tenant.main_currency, exponent=tenant.currency_exponent)

@@ -327,22 +327,3 @@ class Hold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
-
-
-class CarbonImpact(models.Model):
-    """Aggregate CO2 grams avoided by a customer's or merchant's payments (net of refunds).
-
-    Not money (the CARBON credits themselves move in the ledger); sharded like balances so a
-    hot merchant's aggregate does not serialise its payments. Read as SUM over shards.
-    """
-
-    id = models.BigAutoField(primary_key=True)
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="carbon_impacts", db_index=False)
-    shard = models.SmallIntegerField(default=0)
-    grams = models.BigIntegerField(default=0)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["account", "shard"], name="carbonimpact_account_shard_uniq")]
-
-    def __str__(self) -> str:
-        return f"{self.account_id}#{self.shard}: {self.grams} g"

@@ -1,18 +1,45 @@
-"""Read selectors for parties and keys."""
+"""Reads of the wallets app: parties and keys (principal-scoped), accounts, balances,
+and the ledger's integrity checks.
+
+Scoping lives here, in one place: every `*_get` takes the principal's scope and raises
+`NotFound` for an object that does not exist *or* belongs to someone else, so the two
+cases are indistinguishable to a caller (SPEC 4).
+"""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import hashlib
+from dataclasses import dataclass
+from typing import Any, TypedDict, TypeVar
 
 from django.apps import apps
 from django.db import connection
-from django.db.models import ForeignKey, Model
+from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
-from wallets.models import ApiKey, Customer, Merchant, StaffMember, Store, Terminal
-from wallets.services.principals import api_key_hash
+from wallets.errors import AssetUnknown, NotFound
+from wallets.models import (
+    Account,
+    AccountKind,
+    ApiKey,
+    Asset,
+    Balance,
+    Customer,
+    Merchant,
+    PrincipalType,
+    StaffMember,
+    Store,
+    SystemRole,
+    Terminal,
+)
 
 M = TypeVar("M", bound=Model)
+
+
+def api_key_hash(raw_key: str) -> str:
+    # Keys are long random strings, so a plain SHA-256 (no salt, no stretching) is enough
+    # and lets us find the key by its hash in one indexed lookup.
+    return hashlib.sha256(raw_key.encode("utf-8")).hexdigest()
 
 
 def api_key_get_active(*, raw_key: str) -> ApiKey | None:
@@ -153,3 +180,190 @@ def ledger_orphan_references() -> list[tuple[str, str, str]]:
             cursor.execute(sql)
             orphans += [(table, column, str(value)) for (value,) in cursor.fetchall()]
     return orphans
+
+
+# --- Parties and keys, scoped ------------------------------------------------------------
+
+
+def _not_found(kind: str, param: str | None) -> NotFound:
+    return NotFound(f"no such {kind}", param=param)
+
+
+def customer_get(*, customer_id: str, param: str | None = None) -> Customer:
+    customer = Customer.objects.select_related("account").filter(pk=customer_id).first()
+    if customer is None:
+        raise _not_found("customer", param)
+    return customer
+
+
+def customer_list() -> QuerySet[Customer]:
+    return Customer.objects.select_related("account")
+
+
+def merchant_get(*, merchant_id: str, param: str | None = None) -> Merchant:
+    merchant = Merchant.objects.filter(pk=merchant_id).first()
+    if merchant is None:
+        raise _not_found("merchant", param)
+    return merchant
+
+
+def merchant_list() -> QuerySet[Merchant]:
+    return Merchant.objects.all()
+
+
+def store_get(*, store_id: str, merchant_id: str | None = None, param: str | None = None) -> Store:
+    qs = Store.objects.filter(pk=store_id)
+    if merchant_id is not None:
+        qs = qs.filter(merchant_id=merchant_id)
+    store = qs.first()
+    if store is None:
+        raise _not_found("store", param)
+    return store
+
+
+def store_list(*, merchant_id: str | None = None) -> QuerySet[Store]:
+    qs = Store.objects.all()
+    return qs if merchant_id is None else qs.filter(merchant_id=merchant_id)
+
+
+def terminal_get(*, terminal_id: str, merchant_id: str | None = None, param: str | None = None) -> Terminal:
+    qs = Terminal.objects.select_related("store").filter(pk=terminal_id)
+    if merchant_id is not None:
+        qs = qs.filter(store__merchant_id=merchant_id)
+    terminal = qs.first()
+    if terminal is None:
+        raise _not_found("terminal", param)
+    return terminal
+
+
+def terminal_list(*, merchant_id: str | None = None, store_id: str | None = None) -> QuerySet[Terminal]:
+    qs = Terminal.objects.select_related("store")
+    if merchant_id is not None:
+        qs = qs.filter(store__merchant_id=merchant_id)
+    if store_id is not None:
+        qs = qs.filter(store_id=store_id)
+    return qs
+
+
+def staff_get(*, staff_id: str, param: str | None = None) -> StaffMember:
+    staff = StaffMember.objects.filter(pk=staff_id).first()
+    if staff is None:
+        raise _not_found("staff member", param)
+    return staff
+
+
+def principal_get(*, principal_type: str, principal_id: str) -> Customer | Merchant | Terminal | StaffMember:
+    param = "principal_id"
+    if principal_type == PrincipalType.CUSTOMER:
+        return customer_get(customer_id=principal_id, param=param)
+    if principal_type == PrincipalType.MERCHANT:
+        return merchant_get(merchant_id=principal_id, param=param)
+    if principal_type == PrincipalType.TERMINAL:
+        return terminal_get(terminal_id=principal_id, param=param)
+    return staff_get(staff_id=principal_id, param=param)
+
+
+def api_key_get(*, api_key_id: str) -> ApiKey:
+    api_key = ApiKey.objects.filter(pk=api_key_id).first()
+    if api_key is None:
+        raise _not_found("api key", None)
+    return api_key
+
+
+def api_key_list(*, principal_type: str | None = None, principal_id: str | None = None) -> QuerySet[ApiKey]:
+    qs = ApiKey.objects.all()
+    if principal_type:
+        qs = qs.filter(principal_type=principal_type)
+    if principal_id:
+        qs = qs.filter(Q(customer_id=principal_id) | Q(merchant_id=principal_id) | Q(terminal_id=principal_id) | Q(staff_id=principal_id))
+    return qs
+
+
+# --- Accounts, assets and balances ---------------------------------------------------------
+
+
+def asset_get(*, asset_code: object, param: str = "asset") -> Asset:
+    if not isinstance(asset_code, str) or not asset_code:
+        raise AssetUnknown(param=param)
+    asset = Asset.objects.filter(code=asset_code).first()
+    if asset is None:
+        raise AssetUnknown(f"unknown asset: {asset_code[:20]}", param=param)
+    return asset
+
+
+def asset_exists(*, asset_code: str) -> bool:
+    return Asset.objects.filter(code=asset_code).exists()
+
+
+def account_of(*, party: Customer | Merchant) -> Account:
+    if isinstance(party, Customer):
+        return Account.objects.get(customer_id=party.pk)
+    return Account.objects.get(merchant_id=party.pk)
+
+
+def customer_accounts_get(*, customer_ids: list[str]) -> dict[str, Account]:
+    """Customer id -> account, in one query (frozen flags as of now)."""
+    return {str(account.customer_id): account for account in Account.objects.filter(customer_id__in=customer_ids)}
+
+
+@dataclass(frozen=True)
+class MovementAccounts:
+    """The accounts one customer <-> merchant movement touches, read in one query."""
+
+    customer: Account | None
+    merchant: Account | None
+    system: dict[str, Account]
+
+    def system_account(self, role: SystemRole) -> Account:
+        return self.system[role]
+
+
+def movement_accounts_get(*, customer_id: str | None, merchant_id: str | None, system_roles: tuple[SystemRole, ...] = ()) -> MovementAccounts:
+    """The customer's and the merchant's accounts and the named system accounts, in one
+    query (frozen flags as of now, in the caller's transaction)."""
+    match = Q(system_role__in=system_roles) if system_roles else Q(pk__in=[])
+    if customer_id is not None:
+        match |= Q(customer_id=customer_id)
+    if merchant_id is not None:
+        match |= Q(merchant_id=merchant_id)
+    customer = merchant = None
+    system: dict[str, Account] = {}
+    for account in Account.objects.filter(match):
+        if account.kind == AccountKind.CUSTOMER:
+            customer = account
+        elif account.kind == AccountKind.MERCHANT:
+            merchant = account
+        else:
+            system[str(account.system_role)] = account
+    return MovementAccounts(customer=customer, merchant=merchant, system=system)
+
+
+def system_account_get(*, role: SystemRole) -> Account:
+    return Account.objects.get(system_role=role)
+
+
+class BalanceLine(TypedDict):
+    asset: str
+    balance: int
+    available: int
+    held: int
+
+
+def account_balance(*, account: Account, asset_code: str) -> tuple[int, int]:
+    """(balance, held) of an account in one asset: the SUM over its shards."""
+    totals = Balance.objects.filter(account=account, asset_id=asset_code).aggregate(balance=Sum("balance"), held=Sum("held"))
+    return int(totals["balance"] or 0), int(totals["held"] or 0)
+
+
+def account_balance_lines(*, account: Account) -> list[BalanceLine]:
+    """Every asset of the tenant, main currency first, so a new wallet shows its zeros;
+    each the SUM over the account's shards (exact at every read)."""
+    totals = {
+        row["asset_id"]: (int(row["balance"]), int(row["held"]))
+        for row in Balance.objects.filter(account=account).values("asset_id").annotate(balance=Sum("balance"), held=Sum("held"))
+    }
+    lines: list[BalanceLine] = []
+    for code in Asset.objects.order_by("-is_main", "code").values_list("code", flat=True):
+        balance, held = totals.get(code, (0, 0))
+        lines.append({"asset": code, "balance": balance, "available": balance - held, "held": held})
+    return lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from payments.errors import NotFound
+from wallets.errors import NotFound
 from webhooks.models import WebhookEndpoint
 
 

@@ -10,9 +10,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from payments.errors import TallyError
 from wallets import ids
 from wallets.models import Merchant
+from webhooks.errors import WebhookEndpointInvalid
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a visible prefix, not a secret
@@ -21,10 +21,6 @@ MAX_ENDPOINTS_PER_MERCHANT = 16
 MAX_EVENT_TYPES = 50
 EVENT_TYPE_RE = re.compile(r"^(\*|[a-z][a-z_]{0,40}(\.[a-z][a-z_]{0,40}){0,3})$")
 MAX_SECRET_OVERLAP = timedelta(days=7)
-
-
-class WebhookEndpointInvalid(TallyError):
-    code = "webhook_endpoint_invalid"
 
 
 def _new_secret() -> str:

@@ -85,7 +85,7 @@ CACHES = {
 MIDDLEWARE = [
     "config.observability.RequestIdMiddleware",
     "config.health.HealthMiddleware",
-    "tenants.middleware.CachedTenantMiddleware",
+    "config.middleware.FailClosedTenantMiddleware",
     "config.observability.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

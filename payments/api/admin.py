@@ -9,11 +9,12 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from payments import services as payment_services
-from payments.api import lookups
+from payments import selectors as payment_selectors
 from payments.api import serializers as s
 from payments.api.base import AdminView
 from payments.api.pagination import ListParamsSerializer
+from payments.services import adjustments, freezes
+from wallets import selectors as wallet_selectors
 from wallets.services import principals as party_services
 
 TAG = ["admin"]
@@ -22,7 +23,7 @@ TAG = ["admin"]
 class CustomersView(AdminView):
     @extend_schema(tags=TAG, summary="List customers", parameters=[ListParamsSerializer], responses=s.CustomerList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.customer_list(), s.CustomerOut, self.query(ListParamsSerializer))
+        return self.list_response(wallet_selectors.customer_list(), s.CustomerOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a customer (and their wallet)", request=s.CustomerCreateIn, responses={201: s.CustomerOut})
     def post(self, request: Request) -> Response:
@@ -34,13 +35,13 @@ class CustomersView(AdminView):
 class CustomerDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a customer", responses=s.CustomerOut)
     def get(self, request: Request, customer_id: str) -> Response:
-        return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))
+        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
 
 
 class MerchantsView(AdminView):
     @extend_schema(tags=TAG, summary="List merchants", parameters=[ListParamsSerializer], responses=s.MerchantList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.merchant_list(), s.MerchantOut, self.query(ListParamsSerializer))
+        return self.list_response(wallet_selectors.merchant_list(), s.MerchantOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a merchant", request=s.MerchantCreateIn, responses={201: s.MerchantOut})
     def post(self, request: Request) -> Response:
@@ -51,43 +52,43 @@ class MerchantsView(AdminView):
 class MerchantDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a merchant", responses=s.MerchantOut)
     def get(self, request: Request, merchant_id: str) -> Response:
-        return self.render(s.MerchantOut, lookups.merchant_get(merchant_id=merchant_id))
+        return self.render(s.MerchantOut, wallet_selectors.merchant_get(merchant_id=merchant_id))
 
 
 class StoresView(AdminView):
     @extend_schema(tags=TAG, summary="List stores", parameters=[ListParamsSerializer], responses=s.StoreList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.store_list(), s.StoreOut, self.query(ListParamsSerializer))
+        return self.list_response(wallet_selectors.store_list(), s.StoreOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a store of a merchant", request=s.StoreCreateIn, responses={201: s.StoreOut})
     def post(self, request: Request) -> Response:
         data = self.validated(s.StoreCreateIn)
-        merchant = lookups.merchant_get(merchant_id=data["merchant"], param="merchant")
+        merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant")
         return self.render(s.StoreOut, party_services.store_create(merchant=merchant, name=data["name"]), status=201)
 
 
 class StoreDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a store", responses=s.StoreOut)
     def get(self, request: Request, store_id: str) -> Response:
-        return self.render(s.StoreOut, lookups.store_get(store_id=store_id))
+        return self.render(s.StoreOut, wallet_selectors.store_get(store_id=store_id))
 
 
 class TerminalsView(AdminView):
     @extend_schema(tags=TAG, summary="List terminals", parameters=[ListParamsSerializer], responses=s.TerminalList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.terminal_list(), s.TerminalOut, self.query(ListParamsSerializer))
+        return self.list_response(wallet_selectors.terminal_list(), s.TerminalOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a terminal in a store", request=s.TerminalCreateIn, responses={201: s.TerminalOut})
     def post(self, request: Request) -> Response:
         data = self.validated(s.TerminalCreateIn)
-        store = lookups.store_get(store_id=data["store"], param="store")
+        store = wallet_selectors.store_get(store_id=data["store"], param="store")
         return self.render(s.TerminalOut, party_services.terminal_create(store=store, name=data["name"]), status=201)
 
 
 class TerminalDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a terminal", responses=s.TerminalOut)
     def get(self, request: Request, terminal_id: str) -> Response:
-        return self.render(s.TerminalOut, lookups.terminal_get(terminal_id=terminal_id))
+        return self.render(s.TerminalOut, wallet_selectors.terminal_get(terminal_id=terminal_id))
 
 
 class ApiKeysView(AdminView):
@@ -96,7 +97,7 @@ class ApiKeysView(AdminView):
     @extend_schema(tags=TAG, summary="List API keys (never the secrets)", parameters=[s.ApiKeyListParams], responses=s.ApiKeyList)
     def get(self, request: Request) -> Response:
         params = self.query(s.ApiKeyListParams)
-        keys = lookups.api_key_list(principal_type=params.get("principal_type"), principal_id=params.get("principal_id"))
+        keys = wallet_selectors.api_key_list(principal_type=params.get("principal_type"), principal_id=params.get("principal_id"))
         return self.list_response(keys, s.ApiKeyOut, params)
 
     @extend_schema(
@@ -105,7 +106,7 @@ class ApiKeysView(AdminView):
     )
     def post(self, request: Request) -> Response:
         data = self.validated(s.ApiKeyCreateIn)
-        principal = lookups.principal_get(principal_type=data["principal_type"], principal_id=data["principal_id"])
+        principal = wallet_selectors.principal_get(principal_type=data["principal_type"], principal_id=data["principal_id"])
         api_key, raw_key = party_services.api_key_create(principal=principal)
         return self.render(s.ApiKeyCreatedOut, _with_key(api_key, raw_key), status=201)
 
@@ -113,7 +114,7 @@ class ApiKeysView(AdminView):
 class ApiKeyDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve an API key", responses=s.ApiKeyOut)
     def get(self, request: Request, api_key_id: str) -> Response:
-        return self.render(s.ApiKeyOut, lookups.api_key_get(api_key_id=api_key_id))
+        return self.render(s.ApiKeyOut, wallet_selectors.api_key_get(api_key_id=api_key_id))
 
 
 class ApiKeyRotateView(AdminView):
@@ -124,7 +125,7 @@ class ApiKeyRotateView(AdminView):
         request=s.ApiKeyRotateIn, responses={201: s.ApiKeyRotatedOut},
     )
     def post(self, request: Request, api_key_id: str) -> Response:
-        old = lookups.api_key_get(api_key_id=api_key_id)
+        old = wallet_selectors.api_key_get(api_key_id=api_key_id)
         data = self.validated(s.ApiKeyRotateIn)
         new_key, raw_key = party_services.api_key_rotate(api_key=old, overlap=timedelta(seconds=data["overlap_seconds"]))
         return self.render(s.ApiKeyRotatedOut, _with_key(new_key, raw_key, replaces=old), status=201)
@@ -133,7 +134,7 @@ class ApiKeyRotateView(AdminView):
 class ApiKeyRevokeView(AdminView):
     @extend_schema(tags=TAG, summary="Revoke a key now", request=s.EmptyIn, responses={200: s.ApiKeyOut})
     def post(self, request: Request, api_key_id: str) -> Response:
-        api_key = lookups.api_key_get(api_key_id=api_key_id)
+        api_key = wallet_selectors.api_key_get(api_key_id=api_key_id)
         self.validated(s.EmptyIn)
         api_key = party_services.api_key_revoke(api_key=api_key)
         return self.render(s.ApiKeyOut, api_key)
@@ -150,7 +151,7 @@ def _with_key(api_key: Any, raw_key: str, **extra: Any) -> Any:
 class AdjustmentsView(AdminView):
     @extend_schema(tags=TAG, summary="List adjustments", parameters=[ListParamsSerializer], responses=s.AdjustmentList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.adjustments_list(), s.AdjustmentOut, self.query(ListParamsSerializer))
+        return self.list_response(payment_selectors.adjustments_list(), s.AdjustmentOut, self.query(ListParamsSerializer))
 
     @extend_schema(
         tags=TAG, summary="Credit or debit a customer or merchant, with a reason (audited)", request=s.AdjustmentCreateIn,
@@ -158,9 +159,9 @@ class AdjustmentsView(AdminView):
     )
     def post(self, request: Request) -> Response:
         data = self.validated(s.AdjustmentCreateIn)
-        customer = lookups.customer_get(customer_id=data["customer"], param="customer") if data.get("customer") else None
-        merchant = lookups.merchant_get(merchant_id=data["merchant"], param="merchant") if data.get("merchant") else None
-        adjustment = payment_services.adjustment_create(
+        customer = wallet_selectors.customer_get(customer_id=data["customer"], param="customer") if data.get("customer") else None
+        merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant") if data.get("merchant") else None
+        adjustment = adjustments.adjustment_create(
             staff=self.staff, customer=customer, merchant=merchant, asset_code=data["asset"], amount=data["amount"],
             direction=data["direction"], reason=data["reason"],
         )
@@ -170,7 +171,7 @@ class AdjustmentsView(AdminView):
 class AdjustmentDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve an adjustment", responses=s.AdjustmentOut)
     def get(self, request: Request, adjustment_id: str) -> Response:
-        return self.render(s.AdjustmentOut, lookups.adjustment_get(adjustment_id=adjustment_id))
+        return self.render(s.AdjustmentOut, payment_selectors.adjustment_get(adjustment_id=adjustment_id))
 
 
 class CustomerFreezeView(AdminView):
@@ -179,16 +180,16 @@ class CustomerFreezeView(AdminView):
         responses={200: s.CustomerOut},
     )
     def post(self, request: Request, customer_id: str) -> Response:
-        customer = lookups.customer_get(customer_id=customer_id)
+        customer = wallet_selectors.customer_get(customer_id=customer_id)
         data = self.validated(s.FreezeIn)
-        payment_services.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))
+        freezes.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
+        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
 
 
 class CustomerUnfreezeView(AdminView):
     @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
     def post(self, request: Request, customer_id: str) -> Response:
-        customer = lookups.customer_get(customer_id=customer_id)
+        customer = wallet_selectors.customer_get(customer_id=customer_id)
         data = self.validated(s.UnfreezeIn)
-        payment_services.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, lookups.customer_get(customer_id=customer_id))
+        freezes.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
+        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))

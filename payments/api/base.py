@@ -8,7 +8,7 @@ Views stay thin: validate input with a serializer, call `payments.services` /
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -25,24 +25,8 @@ from payments.api.pagination import page
 from payments.api.parsers import StrictJSONParser
 from payments.api.principal import Principal
 from payments.api.throttling import KeyAndTenantThrottle
+from payments.idempotency.drf import IdempotencyMixin
 from wallets.models import StaffMember
-
-# --- Idempotency plug-in point -----------------------------------------------------
-# Every POST of every face passes through this one mixin (issue 4 owns it); no view
-# has idempotency code of its own. Until it lands this is an empty class.
-if TYPE_CHECKING:
-
-    class IdempotencyMixin:
-        pass
-
-else:
-    try:
-        from payments.idempotency.drf import IdempotencyMixin
-    except ImportError:  # only before issue 4 lands
-
-        class IdempotencyMixin:
-            pass
-
 
 S = TypeVar("S", bound=serializers.Serializer[Any])
 

@@ -8,12 +8,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
-from payments import services as payment_services
-from payments.api import lookups
 from payments.api import serializers as s
 from payments.api.base import CustomerView
 from payments.api.pagination import ListParamsSerializer
 from payments.models import TopUpStatus
+from payments.services import tokens, topups, transfers
+from wallets import selectors as wallet_selectors
 from wallets.models import Customer
 
 TAG = ["customer"]
@@ -33,7 +33,7 @@ class WalletView(_CustomerView):
         customer = self.customer
         wallet = {
             "customer": customer.pk,
-            "frozen": lookups.customer_get(customer_id=customer.pk).account.frozen,
+            "frozen": wallet_selectors.customer_get(customer_id=customer.pk).account.frozen,
             "balances": payment_selectors.wallet_balances(customer=customer),
         }
         return self.render(s.WalletOut, wallet)
@@ -59,20 +59,20 @@ class PaymentTokensView(_CustomerView):
     )
     def post(self, request: Request) -> Response:
         self.validated(s.EmptyIn)
-        token, raw = payment_services.payment_token_create(customer=self.customer)
+        token, raw = tokens.payment_token_create(customer=self.customer)
         return self.render(s.PaymentTokenOut, {"token": raw, "expires_at": token.expires_at}, status=201)
 
 
 class TransfersView(_CustomerView):
     @extend_schema(tags=TAG, summary="Transfers sent or received", parameters=[ListParamsSerializer], responses=s.TransferList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.transfers_list(customer_id=self.customer.pk), s.TransferOut, self.query(ListParamsSerializer))
+        return self.list_response(payment_selectors.transfers_list(customer_id=self.customer.pk), s.TransferOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Send money to another customer", request=s.TransferCreateIn, responses={201: s.TransferOut})
     def post(self, request: Request) -> Response:
         data = self.validated(s.TransferCreateIn)
-        to_customer = lookups.customer_get(customer_id=data["to_customer"], param="to_customer")
-        transfer = payment_services.transfer_create(
+        to_customer = wallet_selectors.customer_get(customer_id=data["to_customer"], param="to_customer")
+        transfer = transfers.transfer_create(
             from_customer=self.customer, to_customer=to_customer, asset_code=data["asset"], amount=data["amount"]
         )
         return self.render(s.TransferOut, transfer, status=201)
@@ -92,7 +92,7 @@ class TopUpsView(_CustomerView):
 
     @extend_schema(tags=TAG, summary="Card top-ups", parameters=[ListParamsSerializer], responses=s.TopUpList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.topups_list(customer_id=self.customer.pk), s.TopUpOut, self.query(ListParamsSerializer))
+        return self.list_response(payment_selectors.topups_list(customer_id=self.customer.pk), s.TopUpOut, self.query(ListParamsSerializer))
 
     @extend_schema(
         tags=TAG, summary="Top up the wallet by card", request=s.TopUpCreateIn,
@@ -100,7 +100,7 @@ class TopUpsView(_CustomerView):
     )
     def post(self, request: Request) -> Response:
         data = self.validated(s.TopUpCreateIn)
-        topup = payment_services.topup_create(
+        topup = topups.topup_create(
             customer=self.customer, asset_code=data["asset"], amount=data["amount"], payment_method=data["payment_method"]
         )
         return self.render(s.TopUpOut, topup, status=202 if topup.status == TopUpStatus.PENDING else 201)
@@ -131,7 +131,7 @@ class PaymentDetailView(_CustomerView):
 class RefundsView(_CustomerView):
     @extend_schema(tags=TAG, summary="Refunds of the customer's payments", parameters=[ListParamsSerializer], responses=s.RefundList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.refunds_list(customer_id=self.customer.pk), s.RefundOut, self.query(ListParamsSerializer))
+        return self.list_response(payment_selectors.refunds_list(customer_id=self.customer.pk), s.RefundOut, self.query(ListParamsSerializer))
 
 
 class RefundDetailView(_CustomerView):

@@ -1,10 +1,13 @@
-"""The one place that turns a failure into the SPEC's error envelope (SPEC 5).
+"""The one place that turns a failure into the SPEC's error envelope (SPEC 5), and the
+one place that decides the HTTP status of a domain error.
 
     {"error": {"type", "code", "message", "param", "request_id"}}
 
 Every face's DRF view routes exceptions here (REST_FRAMEWORK["EXCEPTION_HANDLER"]); the
 Django-level 404/500 handlers answer the same envelope for /v1/ paths that never reach
-a view (unknown route, unknown tenant host, a crash outside DRF).
+a view (unknown route, unknown tenant host, a crash outside DRF). Domain errors carry a
+code and no HTTP (wallets.errors and the apps' own `errors` modules); `http_status_of`
+maps them.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from django.views import defaults as django_defaults
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from config import metrics
-from payments.db import is_connection_failure
-from payments.errors import TallyError
+from payments.idempotency.errors import IdempotencyErrorCode
+from wallets import metrics
+from wallets.errors import BusinessRefusal, Conflict, InvalidState, NotFound, TallyError, Unavailable
+from wallets.transactions import is_connection_failure
 
 logger = logging.getLogger("tally.api")
 
@@ -44,16 +48,36 @@ def _request_id(request: Any) -> str:
     return str(rid or "-")
 
 
-def envelope(
-    *,
-    status: int,
-    error_type: str,
-    code: str,
-    message: str,
-    param: str | None,
-    request_id: str,
-) -> dict[str, Any]:
+def envelope(*, error_type: str, code: str, message: str, param: str | None, request_id: str) -> dict[str, Any]:
+    """The SPEC 5 error body; built here and nowhere else."""
     return {"error": {"type": error_type, "code": code, "message": message, "param": param, "request_id": request_id}}
+
+
+# Codes whose status differs from their family's (SPEC 5: 410 expired key, 422 reused key).
+_STATUS_BY_CODE: dict[str, tuple[int, str]] = {
+    IdempotencyErrorCode.KEY_EXPIRED: (410, "idempotency_error"),
+    IdempotencyErrorCode.KEY_REUSED: (422, "idempotency_error"),
+    IdempotencyErrorCode.KEY_IN_USE: (409, "idempotency_error"),
+}
+# Families, most specific first; anything else a TallyError is a 400.
+_STATUS_BY_FAMILY: tuple[tuple[type[TallyError], int, str], ...] = (
+    (NotFound, 404, "invalid_request_error"),
+    (BusinessRefusal, 402, "payment_error"),
+    (Conflict, 409, "api_error"),
+    (InvalidState, 409, "invalid_request_error"),
+    (Unavailable, 503, "api_error"),
+)
+
+
+def http_status_of(exc: TallyError) -> tuple[int, str]:
+    """(HTTP status, envelope type) of a domain error."""
+    by_code = _STATUS_BY_CODE.get(str(exc.code))
+    if by_code is not None:
+        return by_code
+    for family, status, error_type in _STATUS_BY_FAMILY:
+        if isinstance(exc, family):
+            return status, error_type
+    return 400, "invalid_request_error"
 
 
 def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, str, str]:
@@ -105,12 +129,10 @@ def _describe(exc: BaseException) -> tuple[int, str, str, str, str | None, dict[
     """(status, type, code, message, param, headers) for any exception a view may raise."""
     headers: dict[str, str] = {}
     if isinstance(exc, TallyError):
-        extra = getattr(exc, "headers", None)
-        if isinstance(extra, Mapping):
-            headers.update({str(k): str(v) for k, v in extra.items()})
-        if exc.retryable and "Retry-After" not in headers:
-            headers["Retry-After"] = str(getattr(exc, "retry_after", RETRY_AFTER_SECONDS_DEFAULT))
-        return exc.status, exc.error_type, exc.code, exc.message, exc.param, headers
+        if exc.retryable:
+            headers["Retry-After"] = str(exc.retry_after_seconds)
+        status, error_type = http_status_of(exc)
+        return status, error_type, str(exc.code), exc.message, exc.param, headers
     if isinstance(exc, DatabaseError) and is_connection_failure(exc):
         # Fail closed (SPEC 5): the client may retry; nothing was decided.
         metrics.FAIL_CLOSED.labels(store="postgres").inc()
@@ -150,7 +172,7 @@ def api_exception_handler(exc: Exception, context: Mapping[str, Any]) -> Respons
     except Exception:  # an unexpected crash still answers the envelope, never a stack
         logger.exception("unhandled error in API view")
         status, error_type, code, message, param, headers = 500, "api_error", "internal_error", "internal error", None, {}
-    body = envelope(status=status, error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
+    body = envelope(error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
     return Response(body, status=status, headers=headers)
 
 
@@ -160,7 +182,7 @@ def error_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
         status, error_type, code, message, param, headers = _describe(exc)
     except Exception:  # noqa: BLE001
         status, error_type, code, message, param, headers = 500, "api_error", "internal_error", "internal error", None, {}
-    body = envelope(status=status, error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
+    body = envelope(error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
     response = JsonResponse(body, status=status)
     for key, value in headers.items():
         response[key] = value
@@ -179,9 +201,7 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
 
 def handler500(request: HttpRequest) -> HttpResponse:
     if _is_api_path(request):
-        body = envelope(
-            status=500, error_type="api_error", code="internal_error", message="internal error", param=None, request_id=_request_id(request)
-        )
+        body = envelope(error_type="api_error", code="internal_error", message="internal error", param=None, request_id=_request_id(request))
         return JsonResponse(body, status=500)
     return django_defaults.server_error(request)
 

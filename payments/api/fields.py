@@ -7,8 +7,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from payments.errors import AmountInvalid
-from payments.money import MAX_AMOUNT, amount_to_minor
+from wallets.errors import AmountInvalid
+from wallets.money import MAX_AMOUNT, amount_to_minor
 
 ASSET_CODE_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,11}$")
 OBJECT_ID_RE = re.compile(r"^[a-z]{2,4}_[A-Za-z0-9]{1,40}$")

@@ -10,12 +10,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
-from payments import services as payment_services
-from payments.api import lookups
 from payments.api import serializers as s
 from payments.api.base import MerchantView
 from payments.api.pagination import ListParamsSerializer
 from payments.models import PaymentIntent
+from payments.services import intents, refunds
+from wallets import selectors as wallet_selectors
 from webhooks import selectors as webhook_selectors
 from webhooks import services as webhook_services
 
@@ -33,25 +33,25 @@ class _MerchantView(MerchantView):
 class StoresView(_MerchantView):
     @extend_schema(tags=TAG, summary="List the merchant's stores", parameters=[ListParamsSerializer], responses=s.StoreList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.store_list(merchant_id=self.merchant_id), s.StoreOut, self.query(ListParamsSerializer))
+        return self.list_response(wallet_selectors.store_list(merchant_id=self.merchant_id), s.StoreOut, self.query(ListParamsSerializer))
 
 
 class StoreDetailView(_MerchantView):
     @extend_schema(tags=TAG, summary="Retrieve one of the merchant's stores", responses=s.StoreOut)
     def get(self, request: Request, store_id: str) -> Response:
-        return self.render(s.StoreOut, lookups.store_get(store_id=store_id, merchant_id=self.merchant_id))
+        return self.render(s.StoreOut, wallet_selectors.store_get(store_id=store_id, merchant_id=self.merchant_id))
 
 
 class TerminalsView(_MerchantView):
     @extend_schema(tags=TAG, summary="List the merchant's terminals", parameters=[ListParamsSerializer], responses=s.TerminalList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.terminal_list(merchant_id=self.merchant_id), s.TerminalOut, self.query(ListParamsSerializer))
+        return self.list_response(wallet_selectors.terminal_list(merchant_id=self.merchant_id), s.TerminalOut, self.query(ListParamsSerializer))
 
 
 class TerminalDetailView(_MerchantView):
     @extend_schema(tags=TAG, summary="Retrieve one of the merchant's terminals", responses=s.TerminalOut)
     def get(self, request: Request, terminal_id: str) -> Response:
-        return self.render(s.TerminalOut, lookups.terminal_get(terminal_id=terminal_id, merchant_id=self.merchant_id))
+        return self.render(s.TerminalOut, wallet_selectors.terminal_get(terminal_id=terminal_id, merchant_id=self.merchant_id))
 
 
 class WebhookEndpointsView(_MerchantView):
@@ -68,7 +68,7 @@ class WebhookEndpointsView(_MerchantView):
     )
     def post(self, request: Request) -> Response:
         data = self.validated(s.WebhookEndpointCreateIn)
-        merchant = lookups.merchant_get(merchant_id=self.merchant_id)
+        merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
         endpoint, secret = webhook_services.webhook_endpoint_create(
             merchant=merchant, url=data["url"], enabled_events=data["enabled_events"], description=data["description"]
         )
@@ -106,7 +106,7 @@ class WebhookEndpointRotateSecretView(_MerchantView):
 class BalanceView(_MerchantView):
     @extend_schema(tags=TAG, summary="The merchant's balances per asset", responses=s.MerchantBalanceOut)
     def get(self, request: Request) -> Response:
-        merchant = lookups.merchant_get(merchant_id=self.merchant_id)
+        merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
         return self.render(s.MerchantBalanceOut, {"merchant": merchant.pk, "balances": payment_selectors.merchant_balances(merchant=merchant)})
 
 
@@ -129,7 +129,7 @@ class PaymentDetailView(_MerchantView):
 class RefundsView(_MerchantView):
     @extend_schema(tags=TAG, summary="The merchant's refunds", parameters=[ListParamsSerializer], responses=s.RefundList)
     def get(self, request: Request) -> Response:
-        return self.list_response(lookups.refunds_list(merchant_id=self.merchant_id), s.RefundOut, self.query(ListParamsSerializer))
+        return self.list_response(payment_selectors.refunds_list(merchant_id=self.merchant_id), s.RefundOut, self.query(ListParamsSerializer))
 
     @extend_schema(
         tags=TAG, summary="Refund a payment, partly or fully, as often as what is left allows",
@@ -138,7 +138,7 @@ class RefundsView(_MerchantView):
     def post(self, request: Request) -> Response:
         data = self.validated(s.RefundCreateIn)
         payment = payment_selectors.payment_get(payment_id=data["payment"], merchant_id=self.merchant_id)
-        refund = payment_services.refund_create(payment=payment, amount=data["amount"], reason=data["reason"])
+        refund = refunds.refund_create(payment=payment, amount=data["amount"], reason=data["reason"])
         return self.render(s.RefundOut, refund, status=201)
 
 
@@ -160,9 +160,9 @@ class PaymentIntentsView(_MerchantView):
     )
     def post(self, request: Request) -> Response:
         data = self.validated(s.PaymentIntentCreateIn)
-        merchant = lookups.merchant_get(merchant_id=self.merchant_id)
-        customer = lookups.customer_get(customer_id=data["customer"], param="customer")
-        intent = payment_services.payment_intent_create(
+        merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
+        customer = wallet_selectors.customer_get(customer_id=data["customer"], param="customer")
+        intent = intents.payment_intent_create(
             merchant=merchant, customer=customer, asset_code=data["asset"], amount=data["amount"], capture_method=data["capture_method"]
         )
         return self.render(s.PaymentIntentOut, intent, status=201)
@@ -184,7 +184,7 @@ class PaymentIntentDetailView(_IntentView):
     def post(self, request: Request, intent_id: str) -> Response:
         intent = self.intent(intent_id)  # another merchant's intent is a 404 whatever the body
         data = self.validated(s.PaymentIntentUpdateIn)
-        intent = payment_services.payment_intent_update_amount(intent=intent, amount=data["amount"])
+        intent = intents.payment_intent_update_amount(intent=intent, amount=data["amount"])
         return self.render(s.PaymentIntentOut, intent)
 
 
@@ -196,7 +196,7 @@ class PaymentIntentConfirmView(_IntentView):
     def post(self, request: Request, intent_id: str) -> Response:
         intent = self.intent(intent_id)
         self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, payment_services.payment_intent_confirm(intent=intent))
+        return self.render(s.PaymentIntentOut, intents.payment_intent_confirm(intent=intent))
 
 
 class PaymentIntentAuthorizeView(_IntentView):
@@ -207,7 +207,7 @@ class PaymentIntentAuthorizeView(_IntentView):
     def post(self, request: Request, intent_id: str) -> Response:
         intent = self.intent(intent_id)
         self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, payment_services.payment_intent_authorize(intent=intent))
+        return self.render(s.PaymentIntentOut, intents.payment_intent_authorize(intent=intent))
 
 
 class PaymentIntentCaptureView(_IntentView):
@@ -218,7 +218,7 @@ class PaymentIntentCaptureView(_IntentView):
     def post(self, request: Request, intent_id: str) -> Response:
         intent = self.intent(intent_id)
         data = self.validated(s.PaymentIntentCaptureIn)
-        intent = payment_services.payment_intent_capture(intent=intent, amount=data.get("amount_to_capture"))
+        intent = intents.payment_intent_capture(intent=intent, amount=data.get("amount_to_capture"))
         return self.render(s.PaymentIntentOut, intent)
 
 
@@ -229,4 +229,4 @@ class PaymentIntentCancelView(_IntentView):
     def post(self, request: Request, intent_id: str) -> Response:
         intent = self.intent(intent_id)
         self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, payment_services.payment_intent_cancel(intent=intent))
+        return self.render(s.PaymentIntentOut, intents.payment_intent_cancel(intent=intent))

@@ -7,9 +7,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
-from payments import services as payment_services
 from payments.api import serializers as s
 from payments.api.base import TerminalView
+from payments.services import charges, refunds
 from wallets.models import Terminal
 
 TAG = ["terminal"]
@@ -39,11 +39,11 @@ class PaymentsView(_TerminalView):
     def post(self, request: Request) -> Response:
         data = self.validated(s.TerminalPaymentCreateIn)
         if data.get("customer_token"):
-            payment = payment_services.payment_create_with_token(
+            payment = charges.payment_create_with_token(
                 terminal=self.terminal, customer_token=data["customer_token"], asset_code=data["asset"], amount=data["amount"]
             )
         else:  # the payment statement itself answers 404 for an unknown customer
-            payment = payment_services.payment_create(
+            payment = charges.payment_create(
                 terminal=self.terminal, customer_id=data["customer"], asset_code=data["asset"], amount=data["amount"]
             )
         return self.render(s.PaymentOut, payment, status=201)
@@ -61,7 +61,7 @@ class RefundsView(_TerminalView):
     )
     def post(self, request: Request) -> Response:
         data = self.validated(s.RefundCreateIn)
-        refund = payment_services.terminal_refund_create(
+        refund = refunds.terminal_refund_create(
             terminal=self.terminal, payment_id=data["payment"], amount=data["amount"], reason=data["reason"]
         )
         return self.render(s.RefundOut, refund, status=201)

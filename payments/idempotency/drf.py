@@ -19,9 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config import metrics
-from payments.db import is_connection_failure
-from payments.errors import TallyError, Unavailable
+from payments.idempotency import metrics
 from payments.idempotency.canonical import fingerprint_compute, idempotency_key_is_valid
 from payments.idempotency.errors import IdempotencyError, IdempotencyKeyInvalid, IdempotencyKeyMissing
 from payments.idempotency.sealing import response_body_seal, response_body_unseal
@@ -35,6 +33,10 @@ from payments.idempotency.services import (
     idempotency_execute,
     idempotency_execute_external,
 )
+from wallets import ids
+from wallets import metrics as wallet_metrics
+from wallets.errors import Unavailable
+from wallets.transactions import is_connection_failure
 
 HEADER = "Idempotency-Key"
 # Headers that belong to the transport or to this particular request, never to the
@@ -45,29 +47,9 @@ _UNSTORED_HEADERS = {
 }
 
 
-def envelope_body(*, status: int, error_type: str, code: str, message: str, param: str | None, request_id: str) -> dict[str, Any]:
-    """The SPEC 5 error envelope."""
-    return {"error": {"type": error_type, "code": code, "message": message, "param": param, "request_id": request_id}}
-
-
 def request_id_of(request: Any) -> str:
     rid = getattr(request, "request_id", None) or getattr(getattr(request, "_request", None), "request_id", None)
-    if rid:
-        return str(rid)
-    from config.observability import current_request_id
-
-    return current_request_id()
-
-
-def tally_error_response(request: Any, exc: TallyError) -> Response:
-    """Envelope response for a TallyError, for when no face exception handler answers it."""
-    headers = dict(getattr(exc, "headers", None) or {})
-    if exc.retryable and "Retry-After" not in headers:
-        headers["Retry-After"] = str(getattr(exc, "retry_after", 1))
-    body = envelope_body(
-        status=exc.status, error_type=exc.error_type, code=exc.code, message=exc.message, param=exc.param, request_id=request_id_of(request)
-    )
-    return Response(body, status=exc.status, headers=headers)
+    return str(rid) if rid else ids.new_id("req")
 
 
 class IdempotencyMixin(APIView):
@@ -98,8 +80,8 @@ class IdempotencyMixin(APIView):
     under a fresh claim in a second short transaction, without running ``post()`` again.
     It may run more than once (database conflicts are retried whole), so it must not
     touch anything outside the database.
-    Exceptions become responses through ``self.handle_exception`` (the faces' exception
-    handler; ``TallyError`` gets the SPEC envelope even without it).
+    Exceptions become responses through ``self.handle_exception``, i.e. the faces' one
+    exception handler (payments/api/errors.py), which renders the SPEC envelope.
 
     Then: 2xx and 402 are stored (exact rendered bytes, status, headers) and replayed;
     other 4xx are not stored (the next request with the key executes); 5xx and crashes
@@ -134,12 +116,12 @@ class IdempotencyMixin(APIView):
         try:
             return self._idempotency_dispatch(handler, request, args, kwargs)
         except (IdempotencyError, Unavailable) as exc:
-            return self._error_response(request, exc)
+            return self.handle_exception(exc)
         except DatabaseError as exc:
             if not is_connection_failure(exc):
                 raise
-            metrics.FAIL_CLOSED.labels(store="postgres").inc()
-            return self._error_response(request, Unavailable("database unavailable: retry later"))
+            wallet_metrics.FAIL_CLOSED.labels(store="postgres").inc()
+            return self.handle_exception(Unavailable("database unavailable: retry later"))
 
     def _idempotency_dispatch(
         self, handler: Callable[..., HttpResponseBase], request: Request, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -204,29 +186,8 @@ class IdempotencyMixin(APIView):
         except DatabaseError:
             raise  # conflicts are retried whole by the layer; connection loss answers 503
         except Exception as exc:  # noqa: BLE001 - every failure of the view becomes its response
-            return self._exception_response(request, exc)
-
-    def _exception_response(self, request: Request, exc: Exception) -> HttpResponseBase:
-        try:
             return self.handle_exception(exc)
-        except Exception as raised:
-            if raised is exc and isinstance(exc, TallyError):
-                return tally_error_response(request, exc)
-            raise
 
-    def _error_response(self, request: Request, exc: TallyError) -> HttpResponseBase:
-        try:
-            response = self.handle_exception(exc)
-        except Exception as raised:
-            if raised is not exc:
-                raise
-            response = tally_error_response(request, exc)
-        for name, value in (getattr(exc, "headers", None) or {}).items():
-            if name not in response:
-                response[name] = value
-        if exc.retryable and "Retry-After" not in response:
-            response["Retry-After"] = str(getattr(exc, "retry_after", 1))
-        return response
 
     @staticmethod
     def _raw_body(request: Request) -> bytes:
@@ -236,8 +197,6 @@ class IdempotencyMixin(APIView):
             # A parser consumed the stream first: fall back to what it parsed.
             return json.dumps(request.data, default=str).encode("utf-8")
 
-
-IdempotentMixin = IdempotencyMixin
 
 
 def _storable_headers(response: HttpResponseBase) -> dict[str, str]:

@@ -1,58 +1,56 @@
-"""Typed answers of the idempotency layer. They are `TallyError`s, so the faces' one
-exception handler renders them in the SPEC envelope; `headers` (e.g. Retry-After) are
-copied onto the response."""
+"""Typed answers of the idempotency layer. Domain errors like every other: a code from
+`IdempotencyErrorCode`, no HTTP; the API's one exception handler maps them (SPEC 5)."""
 
 from __future__ import annotations
 
-from payments.errors import TallyError
+from enum import StrEnum
+
+from wallets.errors import InvalidRequest, TallyError
 
 KEY_PARAM = "Idempotency-Key"
 
 
+class IdempotencyErrorCode(StrEnum):
+    KEY_MISSING = "idempotency_key_missing"
+    KEY_INVALID = "idempotency_key_invalid"
+    KEY_IN_USE = "idempotency_key_in_use"
+    KEY_EXPIRED = "idempotency_key_expired"
+    KEY_REUSED = "idempotency_key_reused"
+
+
 class IdempotencyError(TallyError):
-    error_type = "idempotency_error"
-    headers: dict[str, str]
-
-    def __init__(self, message: str, *, param: str | None = KEY_PARAM, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = KEY_PARAM) -> None:
         super().__init__(message, param=param)
-        self.headers = dict(headers or {})
 
 
-class IdempotencyKeyMissing(IdempotencyError):
-    status = 400
-    error_type = "invalid_request_error"
-    code = "idempotency_key_missing"
+class IdempotencyKeyMissing(IdempotencyError, InvalidRequest):
+    code = IdempotencyErrorCode.KEY_MISSING
 
 
-class IdempotencyKeyInvalid(IdempotencyError):
-    status = 400
-    error_type = "invalid_request_error"
-    code = "idempotency_key_invalid"
+class IdempotencyKeyInvalid(IdempotencyError, InvalidRequest):
+    code = IdempotencyErrorCode.KEY_INVALID
 
 
 class IdempotencyKeyInUse(IdempotencyError):
     """The same key is still being executed by another request after our bounded wait."""
 
-    status = 409
-    code = "idempotency_key_in_use"
+    code = IdempotencyErrorCode.KEY_IN_USE
     retryable = True
 
     def __init__(self, message: str = "a request with this Idempotency-Key is still in progress; retry later", *, retry_after: int = 1) -> None:
-        self.retry_after = max(1, retry_after)
-        super().__init__(message, headers={"Retry-After": str(self.retry_after)})
+        super().__init__(message)
+        self.retry_after_seconds = max(1, retry_after)
 
 
 class IdempotencyKeyExpired(IdempotencyError):
-    status = 410
-    code = "idempotency_key_expired"
+    code = IdempotencyErrorCode.KEY_EXPIRED
 
     def __init__(self, message: str = "this Idempotency-Key is past its replay window; use a new key") -> None:
         super().__init__(message)
 
 
 class IdempotencyKeyReused(IdempotencyError):
-    status = 422
-    code = "idempotency_key_reused"
+    code = IdempotencyErrorCode.KEY_REUSED
 
     def __init__(self, message: str = "this Idempotency-Key was used with a different request") -> None:
         super().__init__(message)

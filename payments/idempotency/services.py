@@ -34,9 +34,7 @@ from typing import Any, Literal
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection, transaction
 
-from config import metrics
-from payments.db import is_connection_failure, run_atomic, sqlstate_of
-from payments.errors import TallyError, Unavailable
+from payments.idempotency import metrics
 from payments.idempotency.cache import CachedResponse, replay_cache_get, replay_cache_set
 from payments.idempotency.canonical import fingerprint_of_value
 from payments.idempotency.errors import (
@@ -55,6 +53,9 @@ from payments.idempotency.selectors import (
     idempotency_stuck_count,
 )
 from wallets import ids
+from wallets import metrics as wallet_metrics
+from wallets.errors import TallyError, Unavailable
+from wallets.transactions import is_connection_failure, run_atomic, sqlstate_of
 
 POLL_INTERVAL_SECONDS = 0.02
 MAX_ROUNDS = 20  # a round ends early only when the record changed under us; 20 is generous
@@ -359,7 +360,7 @@ def _check_existing(*, call: IdempotentCall, snapshot: RecordSnapshot, policy: I
 
 
 def _fail_closed(exc: BaseException) -> Unavailable:
-    metrics.FAIL_CLOSED.labels(store="postgres").inc()
+    wallet_metrics.FAIL_CLOSED.labels(store="postgres").inc()
     error = Unavailable("idempotency store unavailable: retry later")
     error.__cause__ = exc
     return error
@@ -850,13 +851,11 @@ def idempotency_run(
     If `fn` raises, nothing is stored, the record is left failed_retryable and the
     exception propagates. Raises IdempotencyKeyReused / Expired / InUse, Unavailable.
     """
-    from config.observability import current_request_id
-
     resolved_policy = policy or idempotency_policy_get()
     call = IdempotentCall(
         principal_id=principal_id, key=key, scope=scope[:64],
         fingerprint=fingerprint or fingerprint_of_value(scope=scope, principal_id=principal_id, payload=payload),
-        request_id=request_id or current_request_id(), method="TASK", path=scope[:512],
+        request_id=request_id or ids.new_id("req"), method="TASK", path=scope[:512],
     )
 
     def execute(ctx: IdempotencyContext) -> Executed:

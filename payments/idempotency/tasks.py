@@ -3,14 +3,15 @@ task per tenant (tenant-schemas-celery carries the schema), each one service cal
 
 from __future__ import annotations
 
+from celery import shared_task
 from django_tenants.utils import schema_context
+from tenant_schemas_celery.task import TenantTask
 
-from config.celery import app
 from payments.idempotency.selectors import idempotency_tenant_schemas_list
 from payments.idempotency.services import idempotency_maintenance_run
 
 
-@app.task(name="idempotency.purge_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # config.celery is untyped
+@shared_task(base=TenantTask, name="idempotency.purge_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def idempotency_purge_all_tenants() -> int:
     """Beat entry point: enqueue `idempotency_purge_tenant` inside every active tenant."""
     schemas = idempotency_tenant_schemas_list()
@@ -20,7 +21,7 @@ def idempotency_purge_all_tenants() -> int:
     return len(schemas)
 
 
-@app.task(name="idempotency.purge_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # config.celery is untyped
+@shared_task(base=TenantTask, name="idempotency.purge_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def idempotency_purge_tenant() -> int:
     """Runs in one tenant's schema: purge expired records, refresh the stuck gauge."""
     return idempotency_maintenance_run()

@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from payments.models import Adjustment, OutboxEvent, Payment, PaymentIntent, Refund, TopUp, Transfer
-from payments.services import adjustment_create
+from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from wallets.models import Balance, LedgerEntry
 

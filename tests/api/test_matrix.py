@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.urls import get_resolver
 
-from payments.services import adjustment_create
+from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from wallets.services.principals import api_key_create, customer_create
 

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from payments.models import Payment, Refund, TopUp, Transfer
-from payments.services import adjustment_create
+from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from wallets.models import Account
 

@@ -23,7 +23,7 @@ from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
-from payments.services import adjustment_create
+from payments.services.adjustments import adjustment_create
 from tests.api.conftest import World
 from tests.conftest import TENANT_A
 

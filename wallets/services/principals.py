@@ -3,7 +3,6 @@ and their API keys. Call inside the tenant's schema."""
 
 from __future__ import annotations
 
-import hashlib
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
@@ -11,29 +10,22 @@ from django.db import transaction
 from django.utils import timezone
 
 from wallets import ids
+from wallets.errors import InvalidState
 from wallets.models import (
     KEY_PREFIXES,
     Account,
     AccountKind,
     ApiKey,
-    Asset,
-    AssetKind,
     Customer,
     Merchant,
     PrincipalType,
     StaffMember,
     Store,
-    SystemRole,
     Terminal,
 )
+from wallets.selectors import api_key_hash
 
 API_KEY_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
-
-
-def api_key_hash(raw_key: str) -> str:
-    # Keys are long random strings, so a plain SHA-256 (no salt, no stretching) is enough
-    # and lets us find the key by its hash in one indexed lookup.
-    return hashlib.sha256(raw_key.encode("utf-8")).hexdigest()
 
 
 @transaction.atomic
@@ -92,8 +84,6 @@ def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24))
     A revoked or expired key cannot be rotated: that would hand a working key to
     whoever holds a dead one.
     """
-    from payments.errors import InvalidState
-
     if api_key.revoked_at is not None or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
         raise InvalidState("this key is revoked or expired and cannot be rotated; create a new key")
     principal = api_key.customer or api_key.merchant or api_key.terminal or api_key.staff
@@ -123,15 +113,3 @@ def _principal_type_and_field(principal: object) -> tuple[PrincipalType, str]:
     if isinstance(principal, StaffMember):
         return PrincipalType.STAFF, "staff"
     raise TypeError(f"not a principal: {type(principal).__name__}")
-
-
-@transaction.atomic
-def tenant_ledger_bootstrap(*, main_currency: str, exponent: int) -> None:
-    """Create the standard assets and the system accounts of a new tenant. Idempotent."""
-    Asset.objects.get_or_create(
-        code=main_currency, defaults={"name": main_currency, "kind": AssetKind.CURRENCY, "exponent": exponent, "is_main": True}
-    )
-    Asset.objects.get_or_create(code="POINT", defaults={"name": "Points", "kind": AssetKind.POINTS, "exponent": 0})
-    Asset.objects.get_or_create(code="CARBON", defaults={"name": "Carbon credits (g CO2)", "kind": AssetKind.CARBON, "exponent": 0})
-    for role in SystemRole:
-        Account.objects.get_or_create(system_role=role, defaults={"kind": AccountKind.SYSTEM})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal, InvalidOperation
 
-from payments.errors import AmountInvalid
+from wallets.errors import AmountInvalid
 
 # Largest single amount accepted, in minor units: far above any real payment, far below
 # bigint overflow even when many such amounts are summed into a balance.

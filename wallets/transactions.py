@@ -1,24 +1,32 @@
-"""Transactions with bounded retry of conflicts (SPEC 3).
+"""One transaction per service call, with bounded retry of conflicts (SPEC 3).
 
 Only conflicts are retried: serialization failure (40001), deadlock (40P01) and lock
 timeout (55P03); at most 3 retries, 50 ms x 2^n with jitter, each counted. Retrying is
 the job of whoever owns the outermost transaction: inside an enclosing atomic block a
 conflict propagates (the block is aborted; only its owner can start it again).
+
+Nested calls get no savepoint. Every service refuses before it writes (the ledger checks
+funds, caps and freezes before its first write), and an exception that escapes a service
+aborts the caller's atomic block with it, so there is nothing for a savepoint to undo
+that the caller's own rollback would not. That keeps the keyed API path (claim, effect,
+stored response in one transaction) free of SAVEPOINT/RELEASE round trips.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
-from config import metrics
-from payments.errors import Conflict, Unavailable
+from wallets import metrics
+from wallets.errors import Conflict, Unavailable
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 MAX_RETRIES = 3
 BASE_DELAY_SECONDS = 0.05
@@ -43,7 +51,8 @@ def is_connection_failure(exc: BaseException) -> bool:
 
 
 def run_atomic(fn: Callable[[], T], *, operation: str) -> T:
-    """Run `fn` in one database transaction, retrying it whole on a conflict."""
+    """Run `fn` in one database transaction, retrying it whole on a conflict; inside an
+    enclosing atomic block just run it (the block's owner retries)."""
     if connection.in_atomic_block:
         return fn()
 
@@ -54,17 +63,18 @@ def run_atomic(fn: Callable[[], T], *, operation: str) -> T:
     return _retrying_conflicts(in_transaction, operation=operation)
 
 
-def run_single_statement(fn: Callable[[], T], *, operation: str) -> T:
-    """Run `fn`, which sends exactly ONE SQL statement, with the conflict retry of
-    `run_atomic` but without BEGIN/COMMIT when no transaction encloses it.
+def atomic_service(*, operation: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Decorator form of `run_atomic`: the service body is one transaction, conflicts
+    retried whole (the body must therefore have no effect outside the database)."""
 
-    PostgreSQL runs a lone statement atomically (autocommit), so the transaction would
-    only add two round trips. Inside an enclosing atomic block (the idempotency layer's)
-    the statement joins that transaction and conflicts propagate to its owner.
-    """
-    if connection.in_atomic_block:
-        return fn()
-    return _retrying_conflicts(fn, operation=operation)
+    def decorate(fn: Callable[P, T]) -> Callable[P, T]:
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            return run_atomic(lambda: fn(*args, **kwargs), operation=operation)
+
+        return wrapper
+
+    return decorate
 
 
 def _retrying_conflicts(attempt_fn: Callable[[], T], *, operation: str) -> T:

@@ -91,7 +91,7 @@ def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:
     Idempotent: a customer who already has the demo adjustment is left alone.
     """
     from payments.models import Adjustment
-    from payments.services import adjustment_create
+    from payments.services.adjustments import adjustment_create
 
     staff = staff_member_get_or_create(username="admin")
     main_currency = Asset.objects.get(is_main=True).code

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from tenants.demo import demo_seed
+from payments.demo import demo_seed
 
 
 class Command(BaseCommand):

@@ -1,0 +1,62 @@
+"""Staff adjustments: a correction against the adjustments system account, with a reason."""
+
+from __future__ import annotations
+
+from payments.models import Adjustment, AdjustmentDirection
+from payments.services.outbox import epoch_seconds, outbox_event_create
+from wallets import ids
+from wallets.errors import InvalidRequest
+from wallets.models import Customer, LedgerTransactionKind, Merchant, StaffMember, SystemRole
+from wallets.money import amount_to_minor
+from wallets.selectors import account_of, asset_get, system_account_get
+from wallets.services.ledger import Leg, ledger_post
+from wallets.transactions import atomic_service
+
+
+@atomic_service(operation="adjustment_create")
+def adjustment_create(
+    *,
+    staff: StaffMember,
+    customer: Customer | None = None,
+    merchant: Merchant | None = None,
+    asset_code: str,
+    amount: object,
+    direction: str,
+    reason: str,
+) -> Adjustment:
+    """Credit or debit a customer or a merchant against the adjustments system account.
+
+    Works on frozen wallets (that is what staff corrections are for), but never takes a
+    balance below zero or above the cap. Locks: see ledger_post.
+    """
+    minor = amount_to_minor(amount)
+    if (customer is None) == (merchant is None):
+        raise InvalidRequest("give exactly one of customer or merchant", param="customer")
+    if direction not in AdjustmentDirection.values:
+        raise InvalidRequest("direction must be credit or debit", param="direction")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidRequest("a reason is required", param="reason")
+    party: Customer | Merchant = customer if customer is not None else merchant  # type: ignore[assignment]
+    asset = asset_get(asset_code=asset_code)
+    account = account_of(party=party)
+    sign = 1 if direction == AdjustmentDirection.CREDIT else -1
+    adjustment_id = ids.new_adjustment_id()
+    txn = ledger_post(
+        kind=LedgerTransactionKind.ADJUSTMENT,
+        reference=adjustment_id,
+        legs=[Leg(account, asset.code, sign * minor), Leg(system_account_get(role=SystemRole.ADJUSTMENTS), asset.code, -sign * minor)],
+        allow_frozen=True,
+    )
+    adjustment = Adjustment.objects.create(
+        id=adjustment_id, staff=staff, customer=customer, merchant=merchant, asset=asset, amount=minor,
+        direction=direction, reason=reason[:500], ledger_transaction=txn,
+    )
+    outbox_event_create(
+        topic="adjustment.created",
+        payload={
+            "id": adjustment.id, "object": "adjustment", "customer": customer.pk if customer else None,
+            "merchant": merchant.pk if merchant else None, "asset": asset.code, "amount": minor,
+            "direction": direction, "reason": adjustment.reason, "staff": staff.pk, "created": epoch_seconds(adjustment.created),
+        },
+    )
+    return adjustment

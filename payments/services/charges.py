@@ -1,0 +1,147 @@
+"""Charges: a customer paying a merchant, at a terminal (by the customer's id or scanned
+QR token) or through a payment intent. The hottest money path, and an ordinary ledger
+posting: accounts in one query, every balance row locked in one statement, one UPDATE of
+the balances, then the ledger transaction, its entries, the payment and its outbox row.
+
+Rewards, for payments in the tenant's main currency only (rates on the tenant):
+points at `points_earn_rate` (ROUND_FLOOR) from the bonus pool, and carbon credits at
+`carbon_grams_per_unit` (ROUND_HALF_EVEN) from the carbon registry. A reward credit
+that would take a capped reward asset over its cap is cut to what fits.
+"""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from payments.models import Payment, PaymentStatus
+from payments.services.outbox import epoch_seconds, outbox_event_create
+from payments.services.tokens import payment_token_consume
+from tenants.selectors import tenant_current, tenant_rate
+from wallets import ids
+from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
+from wallets.locks import balance_rows_lock
+from wallets.models import CARBON_ASSET, POINTS_ASSET, Customer, LedgerTransactionKind, SystemRole, Terminal
+from wallets.money import amount_to_minor, carbon_grams_for, points_for
+from wallets.selectors import asset_exists, movement_accounts_get
+from wallets.services.ledger import Leg, cap_room, ledger_post, ledger_wants
+from wallets.transactions import atomic_service
+
+_REWARD_SYSTEM_ROLES = (SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY)
+
+
+def charge(
+    *,
+    customer_id: str,
+    merchant_id: str,
+    store_id: str | None,
+    terminal_id: str | None,
+    asset_code: str,
+    amount: int,
+) -> Payment:
+    """Customer -> merchant, in the caller's transaction; refuses before it writes.
+
+    Locks: the customer's balance rows (asset, then CARBON, POINT), the merchant's shard
+    and the bonus pool's and carbon registry's shards, in one statement in the global
+    order (wallets.locks). Raises NotFound (customer, terminal), AssetUnknown,
+    WalletFrozen, InsufficientFunds.
+    """
+    tenant = tenant_current()
+    accounts = movement_accounts_get(customer_id=customer_id, merchant_id=merchant_id, system_roles=_REWARD_SYSTEM_ROLES)
+    if accounts.merchant is None:
+        raise NotFound("no such terminal or merchant", param="terminal")
+    if accounts.customer is None:
+        raise NotFound("no such customer", param="customer")
+    customer, merchant = accounts.customer, accounts.merchant
+    if customer.frozen or merchant.frozen:
+        raise WalletFrozen("the wallet is frozen", param=None)
+
+    rewarded = asset_code == tenant.main_currency
+    points = points_for(amount=amount, rate=tenant_rate(tenant, "points_earn_rate")) if rewarded else 0
+    grams = carbon_grams_for(amount=amount, grams_per_unit=tenant_rate(tenant, "carbon_grams_per_unit")) if rewarded else 0
+    bonus_pool, registry = accounts.system_account(SystemRole.BONUS_POOL), accounts.system_account(SystemRole.CARBON_REGISTRY)
+
+    def legs_for(points: int, grams: int) -> list[Leg]:
+        legs = [Leg(customer, asset_code, -amount), Leg(merchant, asset_code, amount)]
+        if points > 0:
+            legs += [Leg(customer, POINTS_ASSET, points), Leg(bonus_pool, POINTS_ASSET, -points)]
+        if grams > 0:
+            legs += [Leg(customer, CARBON_ASSET, grams), Leg(registry, CARBON_ASSET, -grams)]
+        return legs
+
+    locked = balance_rows_lock(wants=ledger_wants(legs_for(points, grams)))
+    if locked.row(account=customer, asset_code=asset_code) is None:
+        # No balance row: an empty wallet, or an asset this tenant does not have.
+        if not asset_exists(asset_code=asset_code):
+            raise AssetUnknown(param="asset")
+        raise InsufficientFunds("insufficient funds", param="amount")
+    points_room = cap_room(locked=locked, account=customer, asset_code=POINTS_ASSET) if points else None
+    grams_room = cap_room(locked=locked, account=customer, asset_code=CARBON_ASSET) if grams else None
+    points = points if points_room is None else min(points, points_room)
+    grams = grams if grams_room is None else min(grams, grams_room)
+
+    now = timezone.now()
+    payment_id = ids.new_payment_id()
+    txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs_for(points, grams), locked=locked, created=now)
+    payment = Payment.objects.create(
+        id=payment_id,
+        status=PaymentStatus.SUCCEEDED,
+        customer_id=customer_id,
+        merchant_id=merchant_id,
+        store_id=store_id,
+        terminal_id=terminal_id,
+        asset_id=asset_code,
+        amount=amount,
+        points_earned=points,
+        carbon_grams=grams,
+        ledger_transaction_id=txn.id,
+        created=now,
+    )
+    outbox_event_create(
+        topic="payment.succeeded",
+        payload={
+            "id": payment_id, "object": "payment", "status": PaymentStatus.SUCCEEDED.value, "asset": asset_code, "amount": amount,
+            "customer": customer_id, "merchant": merchant_id, "store": store_id, "terminal": terminal_id,
+            "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
+        },
+        created=now,
+    )
+    return payment
+
+
+def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: object, amount: int) -> Payment:
+    if not isinstance(asset_code, str) or not asset_code:
+        raise AssetUnknown(param="asset")
+    return charge(
+        customer_id=customer_id, merchant_id=terminal.store.merchant_id, store_id=terminal.store_id, terminal_id=terminal.pk,
+        asset_code=asset_code, amount=amount,
+    )
+
+
+@atomic_service(operation="payment_create")
+def payment_create(
+    *, terminal: Terminal, customer: Customer | None = None, customer_id: str | None = None, asset_code: object, amount: object
+) -> Payment:
+    """Take a payment from `customer` (or just its `customer_id`) at `terminal` (its
+    store's merchant is paid), with rewards (module docstring).
+
+    Locks: see `charge`. Raises AmountInvalid, AssetUnknown, InsufficientFunds,
+    WalletFrozen, NotFound (param "customer" for an unknown customer, so the API need
+    not load it first).
+    """
+    minor = amount_to_minor(amount)
+    if (customer is None) == (customer_id is None):
+        raise TypeError("pass exactly one of customer and customer_id")
+    payer_id = str(customer.pk) if customer is not None else str(customer_id)
+    return _terminal_charge(terminal=terminal, customer_id=payer_id, asset_code=asset_code, amount=minor)
+
+
+@atomic_service(operation="payment_create")
+def payment_create_with_token(*, terminal: Terminal, customer_token: object, asset_code: object, amount: object) -> Payment:
+    """Take a payment from the customer whose QR token the terminal scanned; the token is
+    consumed in the payment's own transaction (a refused payment leaves it usable).
+
+    Locks: the token row, then those of `charge`.
+    """
+    minor = amount_to_minor(amount)
+    customer_id = payment_token_consume(token=customer_token)
+    return _terminal_charge(terminal=terminal, customer_id=customer_id, asset_code=asset_code, amount=minor)

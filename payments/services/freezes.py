@@ -1,0 +1,39 @@
+"""Wallet freezes by staff: payments, transfers, refunds and top-ups are refused
+(WalletFrozen) until unfrozen; staff adjustments still work."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from payments.services.outbox import outbox_event_create
+from wallets.errors import InvalidRequest
+from wallets.locks import account_lock
+from wallets.models import Account, Customer, StaffMember
+from wallets.selectors import account_of
+from wallets.transactions import atomic_service
+
+
+@atomic_service(operation="wallet_freeze_set")
+def _freeze_set(*, customer: Customer, staff: StaffMember, reason: str, frozen: bool) -> Account:
+    account = account_lock(account_id=account_of(party=customer).pk)
+    account.frozen = frozen
+    account.frozen_reason = reason[:500] if frozen else ""
+    account.frozen_at = timezone.now() if frozen else None
+    account.save(update_fields=["frozen", "frozen_reason", "frozen_at"])
+    outbox_event_create(
+        topic="wallet.frozen" if frozen else "wallet.unfrozen",
+        payload={"object": "wallet", "customer": customer.pk, "staff": staff.pk, "reason": reason[:500]},
+    )
+    return account
+
+
+def wallet_freeze(*, customer: Customer, staff: StaffMember, reason: str) -> Account:
+    """Freeze a customer's wallet. Locks: the account row."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidRequest("a reason is required", param="reason")
+    return _freeze_set(customer=customer, staff=staff, reason=reason, frozen=True)
+
+
+def wallet_unfreeze(*, customer: Customer, staff: StaffMember, reason: str = "") -> Account:
+    """Lift a freeze. Locks: the account row."""
+    return _freeze_set(customer=customer, staff=staff, reason=str(reason), frozen=False)

@@ -1,0 +1,97 @@
+"""Refunds: merchant -> customer, partial and repeatable, never more than is left."""
+
+from __future__ import annotations
+
+from django.db.models import F
+from django.utils import timezone
+
+from payments import selectors as payment_selectors
+from payments.errors import RefundWindowClosed
+from payments.locks import payment_lock
+from payments.models import Payment, Refund
+from payments.services.outbox import epoch_seconds, outbox_event_create
+from wallets import ids
+from wallets.errors import AmountInvalid, NotFound
+from wallets.locks import balance_rows_lock
+from wallets.models import CARBON_ASSET, POINTS_ASSET, LedgerTransactionKind, SystemRole, Terminal
+from wallets.money import amount_to_minor, proportion_floor
+from wallets.selectors import movement_accounts_get
+from wallets.services.ledger import Leg, available, ledger_post, ledger_wants
+from wallets.transactions import atomic_service
+
+
+@atomic_service(operation="refund_create")
+def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refund:
+    """Refund part or all of a payment, never more than is left; repeatable.
+
+    Points and carbon go back in proportion: cumulative floor(earned x refunded / amount),
+    so a full refund returns exactly what was earned; rewards the customer has already
+    spent are not clawed below zero (read under the lock). Refused (CapExceeded) if the
+    customer's wallet would exceed the asset's cap, (WalletFrozen) if frozen.
+    Locks: the payment row, then the balance rows in one statement (customer rows, every
+    shard of the merchant's asset, the system shards).
+    """
+    minor = amount_to_minor(amount)
+    reason = str(reason)[:500]
+    locked_payment = payment_lock(payment_id=payment.pk)
+    if locked_payment is None:
+        raise NotFound("no such payment", param="payment")
+    if minor > locked_payment.amount_refundable:
+        raise AmountInvalid(f"amount exceeds what is left to refund ({locked_payment.amount_refundable})", param="amount")
+    accounts = movement_accounts_get(
+        customer_id=locked_payment.customer_id, merchant_id=locked_payment.merchant_id,
+        system_roles=(SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY),
+    )
+    customer, merchant = accounts.customer, accounts.merchant
+    assert customer is not None and merchant is not None  # accounts are undeletable
+    bonus_pool, registry = accounts.system_account(SystemRole.BONUS_POOL), accounts.system_account(SystemRole.CARBON_REGISTRY)
+    refunded_after, whole = locked_payment.amount_refunded + minor, locked_payment.amount
+    points_back = proportion_floor(total=locked_payment.points_earned, part=refunded_after, whole=whole) - locked_payment.points_reversed
+    grams_back = proportion_floor(total=locked_payment.carbon_grams, part=refunded_after, whole=whole) - locked_payment.carbon_grams_reversed
+
+    def legs_for(points_back: int, grams_back: int) -> list[Leg]:
+        legs = [Leg(merchant, locked_payment.asset_id, -minor), Leg(customer, locked_payment.asset_id, minor)]
+        if points_back > 0:
+            legs += [Leg(customer, POINTS_ASSET, -points_back), Leg(bonus_pool, POINTS_ASSET, points_back)]
+        if grams_back > 0:
+            legs += [Leg(customer, CARBON_ASSET, -grams_back), Leg(registry, CARBON_ASSET, grams_back)]
+        return legs
+
+    locked = balance_rows_lock(wants=ledger_wants(legs_for(points_back, grams_back)))
+    points_back = max(0, min(points_back, available(locked=locked, account=customer, asset_code=POINTS_ASSET)))
+    grams_back = max(0, min(grams_back, available(locked=locked, account=customer, asset_code=CARBON_ASSET)))
+    refund_id = ids.new_refund_id()
+    txn = ledger_post(kind=LedgerTransactionKind.REFUND, reference=refund_id, legs=legs_for(points_back, grams_back), locked=locked)
+    Payment.objects.filter(pk=locked_payment.pk).update(
+        amount_refunded=F("amount_refunded") + minor,
+        points_reversed=F("points_reversed") + points_back,
+        carbon_grams_reversed=F("carbon_grams_reversed") + grams_back,
+    )
+    refund = Refund.objects.create(
+        id=refund_id, payment=locked_payment, amount=minor, reason=reason,
+        points_reversed=points_back, carbon_grams_reversed=grams_back, ledger_transaction=txn,
+    )
+    outbox_event_create(
+        topic="refund.succeeded",
+        payload={
+            "id": refund.id, "object": "refund", "payment": locked_payment.id, "amount": minor, "asset": locked_payment.asset_id,
+            "merchant": locked_payment.merchant_id, "customer": locked_payment.customer_id, "reason": reason,
+            "created": epoch_seconds(refund.created),
+        },
+    )
+    payment.amount_refunded = refunded_after
+    return refund
+
+
+def terminal_refund_create(*, terminal: Terminal, payment_id: str, amount: object, reason: str = "") -> Refund:
+    """A terminal's refund: only of a payment of its own store, only on the day it was taken.
+
+    NotFound (param "payment") for an unknown payment or another store's, so the two are
+    indistinguishable (SPEC 4); RefundWindowClosed for one not taken today, in the current
+    time zone (`timezone.localdate`): older ones are refunded from the merchant account.
+    Then exactly `refund_create`.
+    """
+    payment = payment_selectors.payment_get(payment_id=payment_id, store_id=terminal.store_id)
+    if timezone.localdate(payment.created) != timezone.localdate():
+        raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")
+    return refund_create(payment=payment, amount=amount, reason=reason)

@@ -1,0 +1,30 @@
+"""Reads of the tenants app."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import cast
+
+from django.db import connection
+
+from tenants.models import Tenant
+
+
+def tenant_current() -> Tenant:
+    """The tenant whose schema is active. `connection.tenant` is the real row when the
+    middleware or `set_tenant` set it (no query); under `schema_context` it is a stand-in
+    without settings, so the row is read."""
+    tenant = getattr(connection, "tenant", None)
+    if isinstance(tenant, Tenant):
+        return tenant
+    schema_name: str = getattr(connection, "schema_name")  # noqa: B009 - set by django-tenants' backend
+    return cast(Tenant, Tenant.objects.get(schema_name=schema_name))
+
+
+def tenant_rate(tenant: Tenant, name: str) -> Decimal:
+    """A rate setting of the tenant (points_earn_rate, carbon_grams_per_unit,
+    topup_bonus_rate) as a Decimal; a float there is a bug, refused."""
+    value = getattr(tenant, name)
+    if isinstance(value, float):
+        raise TypeError(f"tenant setting {name} is a float")
+    return Decimal(value)

@@ -1,0 +1,100 @@
+"""The domain's typed failures, for every layer that moves or reads money.
+
+Each error carries a domain `code` (an enum member, also its wire name) and a message,
+and names the offending request field in `param` where there is one. None of them knows
+about HTTP: the API layer (payments/api/errors.py) maps each family to a status in one
+place. Apps above this one (payments, webhooks, idempotency) subclass these families
+with codes of their own.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    INVALID_REQUEST = "invalid_request"
+    AMOUNT_INVALID = "amount_invalid"
+    ASSET_UNKNOWN = "asset_unknown"
+    RESOURCE_MISSING = "resource_missing"
+    INSUFFICIENT_FUNDS = "insufficient_funds"
+    CAP_EXCEEDED = "cap_exceeded"
+    WALLET_FROZEN = "wallet_frozen"
+    INVALID_STATE = "invalid_state"
+    CONFLICT = "conflict"
+    UNAVAILABLE = "unavailable"
+
+
+class TallyError(Exception):
+    """Base of every domain failure. `retryable` failures may succeed if sent again
+    unchanged (contention, an unreachable store); `retry_after_seconds` says when."""
+
+    code: StrEnum = ErrorCode.INVALID_REQUEST
+    retryable: bool = False
+    retry_after_seconds: int = 1
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequest(TallyError):
+    """The request is wrong as sent: fixing it is the caller's job."""
+
+
+class AmountInvalid(InvalidRequest):
+    code = ErrorCode.AMOUNT_INVALID
+
+    def __init__(self, message: str = "amount must be a positive integer in the asset's minor unit", *, param: str | None = "amount") -> None:
+        super().__init__(message, param=param)
+
+
+class AssetUnknown(InvalidRequest):
+    code = ErrorCode.ASSET_UNKNOWN
+
+    def __init__(self, message: str = "unknown asset", *, param: str | None = "asset") -> None:
+        super().__init__(message, param=param)
+
+
+class NotFound(TallyError):
+    """No such object, or not one the caller may see: the two are indistinguishable (SPEC 4)."""
+
+    code = ErrorCode.RESOURCE_MISSING
+
+
+class BusinessRefusal(TallyError):
+    """Refused after execution began (SPEC 5: stored and replayed like a success)."""
+
+
+class InsufficientFunds(BusinessRefusal):
+    code = ErrorCode.INSUFFICIENT_FUNDS
+
+
+class CapExceeded(BusinessRefusal):
+    code = ErrorCode.CAP_EXCEEDED
+
+
+class WalletFrozen(BusinessRefusal):
+    code = ErrorCode.WALLET_FROZEN
+
+
+class InvalidState(TallyError):
+    """The object is not in a state that allows this (an intent no longer editable, a
+    revoked key rotated)."""
+
+    code = ErrorCode.INVALID_STATE
+
+
+class Conflict(TallyError):
+    """Serialization failure, deadlock or lock timeout that outlived the retries."""
+
+    code = ErrorCode.CONFLICT
+    retryable = True
+
+
+class Unavailable(TallyError):
+    """The database (or another store we must not guess without) is unreachable."""
+
+    code = ErrorCode.UNAVAILABLE
+    retryable = True

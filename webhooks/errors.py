@@ -1,0 +1,15 @@
+"""Failures of the webhooks app (domain codes; the API maps them)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from wallets.errors import InvalidRequest
+
+
+class WebhookErrorCode(StrEnum):
+    ENDPOINT_INVALID = "webhook_endpoint_invalid"
+
+
+class WebhookEndpointInvalid(InvalidRequest):
+    code = WebhookErrorCode.ENDPOINT_INVALID
