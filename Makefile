@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck bench clean-var
+.PHONY: install run test lint
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,22 +16,21 @@ $(STAMP): requirements.txt requirements-dev.txt
 install: $(STAMP)
 
 # Installs, picks PostgreSQL/Redis (env, local servers, or embedded under var/),
-# migrates, seeds the demo tenant and starts web, worker, beat and the PSP simulator.
+# migrates, seeds the demo tenant and starts web, worker and beat.
 run: install
 	$(BIN)/python -m config.runner
 
-# Installs, checks ruff + mypy (strict on wallets/ and payments/), then runs the whole
-# suite against real PostgreSQL and Redis.
+# Installs, checks ruff, mypy (strict on wallets/, payments/ and webhooks/) and the
+# import-linter layer contracts (pyproject.toml), then runs the whole suite against real
+# PostgreSQL and Redis.
 test: install
 	$(BIN)/ruff check wallets payments tenants webhooks config
-	$(BIN)/mypy wallets payments
+	$(BIN)/mypy wallets payments webhooks
+	$(BIN)/lint-imports --no-logo
 	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check wallets payments tenants webhooks config
-	$(BIN)/mypy wallets payments
-
-bench: install
-	@eval "$$($(BIN)/python -m config.localservices --database tally_bench)" && \
-	  $(BIN)/python bench/run_all.py
+	$(BIN)/mypy wallets payments webhooks
+	$(BIN)/lint-imports --no-logo

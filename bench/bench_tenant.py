@@ -40,8 +40,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.test.utils import override_settings
 
-    from payments.demo import platform_ensure
-    from tenants.services import tenant_create
+    from tenants.services import platform_ensure, tenant_create
 
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
     platform_ensure(public_domain="bench.localhost")

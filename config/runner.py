@@ -31,7 +31,8 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from payments.demo import demo_seed, platform_ensure
+    from payments.demo import demo_seed
+    from tenants.services import platform_ensure
 
     print(f"database: {_redact(env['DATABASE_URL'])}\nredis:    {env['REDIS_URL']}", flush=True)
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)

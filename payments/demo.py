@@ -12,12 +12,11 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django_tenants.utils import schema_context
 
-from tenants.models import Domain, Tenant
-from tenants.services import tenant_create, tenant_template_ensure
-from wallets.models import Asset, Customer, Merchant, Store, Terminal
+from tenants.models import Tenant
+from tenants.services import platform_ensure, tenant_create
+from wallets.models import Asset, Customer, Merchant, StaffMember, Store, Terminal
 from wallets.selectors import api_key_get_active
 from wallets.services.principals import (
     api_key_create,
@@ -32,14 +31,6 @@ DEMO_SCHEMA = "demo"
 KEYS_FILE = Path(settings.BASE_DIR) / "var" / "demo_keys.json"
 DEMO_STARTING_BALANCES = {"alice": 50_000, "bob": 20_000}  # JPY
 DEMO_FUNDING_REASON = "demo starting balance"
-
-
-def platform_ensure(*, public_domain: str) -> Tenant:
-    connection.set_schema_to_public()
-    public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Tally platform", "main_currency": "XXX"})
-    Domain.objects.get_or_create(domain=public_domain, defaults={"tenant": public, "is_primary": True})
-    tenant_template_ensure()
-    return public
 
 
 def _superuser_ensure(username: str, password: str) -> None:
@@ -70,7 +61,9 @@ def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
         store = Store.objects.filter(merchant=merchant).first() or store_create(merchant=merchant, name="Main Street")
         terminal = Terminal.objects.filter(store=store).first() or terminal_create(store=store, name="Till 1")
         staff = staff_member_get_or_create(username="admin")
-        principals = {"customer_alice": alice, "customer_bob": bob, "merchant": merchant, "terminal": terminal, "staff": staff}
+        principals: dict[str, Customer | Merchant | Terminal | StaffMember] = {
+            "customer_alice": alice, "customer_bob": bob, "merchant": merchant, "terminal": terminal, "staff": staff,
+        }
         for label, principal in principals.items():
             # var/ may have been seeded against another database (local server vs embedded):
             # reuse a saved key only if it is live here and still names this principal.

@@ -4,6 +4,7 @@ invalid state, conflicts) are in wallets.errors; the API maps every code in one 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 from wallets.errors import InvalidState
 
@@ -16,4 +17,4 @@ class RefundWindowClosed(InvalidState):
     """Terminals refund only what they took today (SPEC 4): older refunds go through the
     merchant's back office, where someone accountable decides."""
 
-    code = PaymentErrorCode.REFUND_WINDOW_CLOSED
+    code: ClassVar[StrEnum] = PaymentErrorCode.REFUND_WINDOW_CLOSED

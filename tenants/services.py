@@ -53,3 +53,12 @@ def tenant_create(
     with schema_context(schema_name):
         tenant_created.send(sender=Tenant, tenant=tenant)
     return tenant
+
+
+def platform_ensure(*, public_domain: str) -> Tenant:
+    """The public tenant (platform admin host) and the template schema. Idempotent."""
+    connection.set_schema_to_public()
+    public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Tally platform", "main_currency": "XXX"})
+    Domain.objects.get_or_create(domain=public_domain, defaults={"tenant": public, "is_primary": True})
+    tenant_template_ensure()
+    return public

@@ -10,6 +10,7 @@ with codes of their own.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 
 class ErrorCode(StrEnum):
@@ -29,7 +30,7 @@ class TallyError(Exception):
     """Base of every domain failure. `retryable` failures may succeed if sent again
     unchanged (contention, an unreachable store); `retry_after_seconds` says when."""
 
-    code: StrEnum = ErrorCode.INVALID_REQUEST
+    code: ClassVar[StrEnum] = ErrorCode.INVALID_REQUEST
     retryable: bool = False
     retry_after_seconds: int = 1
 
@@ -44,14 +45,14 @@ class InvalidRequest(TallyError):
 
 
 class AmountInvalid(InvalidRequest):
-    code = ErrorCode.AMOUNT_INVALID
+    code: ClassVar[StrEnum] = ErrorCode.AMOUNT_INVALID
 
     def __init__(self, message: str = "amount must be a positive integer in the asset's minor unit", *, param: str | None = "amount") -> None:
         super().__init__(message, param=param)
 
 
 class AssetUnknown(InvalidRequest):
-    code = ErrorCode.ASSET_UNKNOWN
+    code: ClassVar[StrEnum] = ErrorCode.ASSET_UNKNOWN
 
     def __init__(self, message: str = "unknown asset", *, param: str | None = "asset") -> None:
         super().__init__(message, param=param)
@@ -60,7 +61,7 @@ class AssetUnknown(InvalidRequest):
 class NotFound(TallyError):
     """No such object, or not one the caller may see: the two are indistinguishable (SPEC 4)."""
 
-    code = ErrorCode.RESOURCE_MISSING
+    code: ClassVar[StrEnum] = ErrorCode.RESOURCE_MISSING
 
 
 class BusinessRefusal(TallyError):
@@ -68,33 +69,33 @@ class BusinessRefusal(TallyError):
 
 
 class InsufficientFunds(BusinessRefusal):
-    code = ErrorCode.INSUFFICIENT_FUNDS
+    code: ClassVar[StrEnum] = ErrorCode.INSUFFICIENT_FUNDS
 
 
 class CapExceeded(BusinessRefusal):
-    code = ErrorCode.CAP_EXCEEDED
+    code: ClassVar[StrEnum] = ErrorCode.CAP_EXCEEDED
 
 
 class WalletFrozen(BusinessRefusal):
-    code = ErrorCode.WALLET_FROZEN
+    code: ClassVar[StrEnum] = ErrorCode.WALLET_FROZEN
 
 
 class InvalidState(TallyError):
     """The object is not in a state that allows this (an intent no longer editable, a
     revoked key rotated)."""
 
-    code = ErrorCode.INVALID_STATE
+    code: ClassVar[StrEnum] = ErrorCode.INVALID_STATE
 
 
 class Conflict(TallyError):
     """Serialization failure, deadlock or lock timeout that outlived the retries."""
 
-    code = ErrorCode.CONFLICT
+    code: ClassVar[StrEnum] = ErrorCode.CONFLICT
     retryable = True
 
 
 class Unavailable(TallyError):
     """The database (or another store we must not guess without) is unreachable."""
 
-    code = ErrorCode.UNAVAILABLE
+    code: ClassVar[StrEnum] = ErrorCode.UNAVAILABLE
     retryable = True

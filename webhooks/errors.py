@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 from wallets.errors import InvalidRequest
 
@@ -12,4 +13,4 @@ class WebhookErrorCode(StrEnum):
 
 
 class WebhookEndpointInvalid(InvalidRequest):
-    code = WebhookErrorCode.ENDPOINT_INVALID
+    code: ClassVar[StrEnum] = WebhookErrorCode.ENDPOINT_INVALID

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
 from wallets.errors import InvalidRequest, TallyError
 
@@ -24,17 +25,17 @@ class IdempotencyError(TallyError):
 
 
 class IdempotencyKeyMissing(IdempotencyError, InvalidRequest):
-    code = IdempotencyErrorCode.KEY_MISSING
+    code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_MISSING
 
 
 class IdempotencyKeyInvalid(IdempotencyError, InvalidRequest):
-    code = IdempotencyErrorCode.KEY_INVALID
+    code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_INVALID
 
 
 class IdempotencyKeyInUse(IdempotencyError):
     """The same key is still being executed by another request after our bounded wait."""
 
-    code = IdempotencyErrorCode.KEY_IN_USE
+    code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_IN_USE
     retryable = True
 
     def __init__(self, message: str = "a request with this Idempotency-Key is still in progress; retry later", *, retry_after: int = 1) -> None:
@@ -43,14 +44,14 @@ class IdempotencyKeyInUse(IdempotencyError):
 
 
 class IdempotencyKeyExpired(IdempotencyError):
-    code = IdempotencyErrorCode.KEY_EXPIRED
+    code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_EXPIRED
 
     def __init__(self, message: str = "this Idempotency-Key is past its replay window; use a new key") -> None:
         super().__init__(message)
 
 
 class IdempotencyKeyReused(IdempotencyError):
-    code = IdempotencyErrorCode.KEY_REUSED
+    code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_REUSED
 
     def __init__(self, message: str = "this Idempotency-Key was used with a different request") -> None:
         super().__init__(message)
