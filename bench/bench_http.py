@@ -74,7 +74,7 @@ def seed(database_url: str, redis_url: str) -> dict[str, Any]:
     from tenants.models import Tenant
     from tenants.services import tenant_create
     from wallets.models import Account, AccountKind, Customer, Merchant, Store, SystemRole, Terminal
-    from wallets.services.ledger import Leg, ledger_post
+    from wallets.services.ledger import Leg, balance_rows_create, ledger_post
     from wallets.services.principals import api_key_create
 
     call_command("migrate_schemas", verbosity=0, interactive=False)
@@ -96,6 +96,8 @@ def seed(database_url: str, redis_url: str) -> dict[str, Any]:
                 source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS)
                 legs = [Leg(a, "JPY", START_BALANCE) for a in accounts] + [Leg(source, "JPY", -START_BALANCE * len(accounts))]
                 ledger_post(kind="adjustment", reference="bench_http_funding", legs=legs)
+        # Accounts made in bulk above skip the service that gives them their balance rows.
+        balance_rows_create(accounts=Account.objects.all())
         spread = [api_key_create(principal=t)[1] for t in Terminal.objects.exclude(store__merchant__name="Hot merchant")]
         hot_keys = [api_key_create(principal=t)[1] for t in Terminal.objects.filter(store__merchant__name="Hot merchant")]
         customer_ids = list(Customer.objects.values_list("id", flat=True)[:CUSTOMERS])

@@ -66,9 +66,9 @@ def test_payment_moves_money_earns_points_and_carbon(tenant) -> None:  # type: i
     _assert_ledger_sound()
 
 
-def test_payment_is_an_orm_posting_of_seven_statements(tenant) -> None:  # type: ignore[no-untyped-def]
-    """The payment path is the ledger's one posting path, in the ORM, and stays lean: the
-    accounts in one query, every balance row locked by one statement in lock order, one
+def test_payment_is_an_orm_posting_of_six_statements(tenant) -> None:  # type: ignore[no-untyped-def]
+    """The payment path is the ledger's one posting path, in the ORM, and stays lean: every
+    balance row locked by one statement in lock order (with its account and asset), one
     F() update of the balances, then the four inserts. No SQL function is involved."""
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 10_000)
@@ -79,7 +79,6 @@ def test_payment_is_an_orm_posting_of_seven_statements(tenant) -> None:  # type:
     statements = [q["sql"] for q in queries if not q["sql"].startswith("SET search_path")]
     shapes = [(sql.split()[0], next(t for t in sql.replace('"', " ").split() if t.startswith(("wallets_", "payments_")))) for sql in statements]
     assert shapes == [
-        ("SELECT", "wallets_account"),
         ("SELECT", "wallets_balance"),
         ("UPDATE", "wallets_balance"),
         ("INSERT", "wallets_ledgertransaction"),
@@ -87,7 +86,7 @@ def test_payment_is_an_orm_posting_of_seven_statements(tenant) -> None:  # type:
         ("INSERT", "payments_payment"),
         ("INSERT", "payments_outboxevent"),
     ], statements
-    assert statements[1].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[1]
+    assert statements[0].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[0]
     assert not any("tally_payment_create" in sql for sql in statements)
 
 

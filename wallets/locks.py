@@ -3,12 +3,12 @@
 Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
   1. business rows (payment, intent, top-up, token: payments/locks.py) before any balance;
-  2. balance rows by `lock_key`: customer accounts, then merchant accounts, then system
-     accounts; customers and merchants by account id, system accounts by role (PSP
-     funding, adjustments, fees, bonus pool, carbon registry); within an account the
-     non-reward assets before the reward assets (CARBON, POINT), each group by code;
-     shards ascending. All the balance rows one movement needs are locked by ONE
-     statement, `balance_rows_lock`, which returns them in that order;
+  2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`, or
+     `balance_rows_lock_by_owner` when the accounts are not loaded yet), ordered by
+     (account id, asset, shard) (`lock_key`): PostgreSQL locks the rows as the sort
+     emits them, so any two transactions meet their common rows in the same order. No
+     transaction locks balance rows a second time (an intent capture consumes its hold
+     inside the charge's posting for that reason);
   3. an account row (freezes) and a hold row are locked on their own, never while
      holding balance rows of another account.
 
@@ -23,36 +23,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Case, IntegerField, Q, Value, When
+from django.db.models import Q
 
 from wallets.models import (
     BALANCE_SHARDS,
-    CARBON_ASSET,
-    POINTS_ASSET,
     Account,
     AccountKind,
     Balance,
     Hold,
-    SystemRole,
 )
 
-REWARD_ASSETS = frozenset({POINTS_ASSET, CARBON_ASSET})
-_KIND_RANK = {AccountKind.CUSTOMER: 0, AccountKind.MERCHANT: 1, AccountKind.SYSTEM: 2}
-_SYSTEM_ROLE_RANK = {
-    role: rank
-    for rank, role in enumerate(
-        [SystemRole.PSP_FUNDING, SystemRole.ADJUSTMENTS, SystemRole.FEES, SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY]
-    )
-}
 ALL_SHARDS = -1
 
 
-def lock_key(*, account: Account, asset_code: str) -> tuple[int, str, int, str]:
-    """Position of (account, asset) in the global lock order (see the module docstring)."""
-    owner = account.id
-    if account.kind == AccountKind.SYSTEM and account.system_role:
-        owner = f"{_SYSTEM_ROLE_RANK[SystemRole(account.system_role)]:02d}"
-    return (_KIND_RANK[AccountKind(account.kind)], owner, 1 if asset_code in REWARD_ASSETS else 0, asset_code)
+def lock_key(*, account: Account, asset_code: str, shard: int = 0) -> tuple[str, str, int]:
+    """Position of a balance row in the global lock order (see the module docstring);
+    `_LOCK_ORDER` is the same order in SQL."""
+    return (account.id, asset_code, shard)
+
+
+_LOCK_ORDER = ("account_id", "asset_id", "shard")
 
 
 def connection_shard() -> int:
@@ -90,6 +80,14 @@ class LockedBalances:
     def __init__(self, rows: Iterable[Balance]) -> None:
         self.rows: dict[tuple[str, str, int], Balance] = {(r.account_id, r.asset_id, r.shard): r for r in rows}
 
+    def account_of(self, *, kind: AccountKind, owner: str) -> Account | None:
+        """The account of a customer id, merchant id or system role among the locked rows."""
+        for row in self.rows.values():
+            account = row.account
+            if account.kind == kind and owner in (account.customer_id, account.merchant_id, account.system_role):
+                return account
+        return None
+
     def row(self, *, account: Account, asset_code: str, shard: int = 0) -> Balance | None:
         return self.rows.get((account.id, asset_code, shard))
 
@@ -113,7 +111,7 @@ def balance_rows_lock(*, wants: Iterable[BalanceWant]) -> LockedBalances:
     caller refuses. The asset comes with each row (its cap). Merchant-debit wants lock the
     shards that exist (a missing shard holds nothing).
     """
-    ordered = sorted(set(wants), key=lambda w: (lock_key(account=w.account, asset_code=w.asset_code), w.shard))
+    ordered = list(dict.fromkeys(wants))
     if not ordered:
         return LockedBalances([])
     locked = _select_for_update(ordered)
@@ -131,22 +129,53 @@ def balance_rows_lock(*, wants: Iterable[BalanceWant]) -> LockedBalances:
 
 
 def _select_for_update(ordered: list[BalanceWant]) -> LockedBalances:
+    # One condition per (account, shard), its assets as a list: fewer ORM lookups to build.
+    groups: dict[tuple[str, int], list[str]] = {}
+    for want in ordered:
+        groups.setdefault((want.account.id, want.shard), []).append(want.asset_code)
     matches = Q()
-    rank: list[When] = []
-    for position, want in enumerate(ordered):
-        match = Q(account_id=want.account.id, asset_id=want.asset_code)
-        if want.shard != ALL_SHARDS:
-            match &= Q(shard=want.shard)
-        matches |= match
-        rank.append(When(match, then=Value(position)))
-    rows = (
-        Balance.objects.filter(matches)
-        .select_related("asset")
-        .annotate(lock_rank=Case(*rank, output_field=IntegerField()))
-        .order_by("lock_rank", "shard")
-        .select_for_update(of=("self",))
-    )
-    return LockedBalances(rows)
+    for (account_id, shard), assets in groups.items():
+        if shard == ALL_SHARDS:
+            matches |= Q(account_id=account_id, asset_id__in=assets)
+        else:
+            matches |= Q(account_id=account_id, shard=shard, asset_id__in=assets)
+    return LockedBalances(_locking_select(matches))
+
+
+def _locking_select(matches: Q) -> list[Balance]:
+    """SELECT .. FOR UPDATE OF wallets_balance ORDER BY the lock order, with each row's
+    account (frozen flag) and asset (cap)."""
+    return list(Balance.objects.filter(matches).select_related("account", "asset").order_by(*_LOCK_ORDER).select_for_update(of=("self",)))
+
+
+_OWNER_FIELD = {
+    AccountKind.CUSTOMER: "account__customer_id", AccountKind.MERCHANT: "account__merchant_id", AccountKind.SYSTEM: "account__system_role",
+}
+
+
+@dataclass(frozen=True)
+class OwnerRow:
+    """A balance row named by its owner, for locking before the accounts are loaded:
+    `owner` is a customer id, a merchant id, or a system role."""
+
+    kind: AccountKind
+    owner: str
+    asset_code: str
+    shard: int = 0
+
+
+def balance_rows_lock_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
+    """Lock the named balance rows FOR UPDATE with ONE statement in the global lock order,
+    finding the accounts by their owners in the same statement (the payment path: its
+    accounts and its rows in one round trip). Rows that do not exist are simply absent:
+    the caller then loads the accounts and uses `balance_rows_lock`, which makes them."""
+    groups: dict[tuple[AccountKind, str, int], list[str]] = {}
+    for row in rows:
+        groups.setdefault((row.kind, row.owner, row.shard), []).append(row.asset_code)
+    matches = Q()
+    for (kind, owner, shard), assets in groups.items():
+        matches |= Q(**{_OWNER_FIELD[kind]: owner}, shard=shard, asset_id__in=assets)
+    return LockedBalances(_locking_select(matches))
 
 
 def account_lock(*, account_id: str) -> Account:
@@ -155,5 +184,5 @@ def account_lock(*, account_id: str) -> Account:
 
 
 def hold_lock(*, hold_id: str) -> Hold:
-    """Lock one hold row; callers lock its balance row after it."""
+    """Lock one hold row (a business row: before any balance row)."""
     return Hold.objects.filter(pk=hold_id).order_by("pk").select_for_update().get()

@@ -223,8 +223,9 @@ class Balance(models.Model):
     """One balance row of an (account, asset); merchant and system accounts have several (shards).
 
     `held` is the part of `balance` reserved by active holds: available = balance - held.
-    Rows are created lazily by the first movement and only ever changed together with the
-    ledger entries that explain the change, in the same transaction.
+    Rows are created with their account (wallets.services.ledger.balance_rows_create), or
+    by the first movement for an asset added later, and only ever changed together with
+    the ledger entries that explain the change, in the same transaction.
     """
 
     id = models.BigAutoField(primary_key=True)

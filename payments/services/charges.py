@@ -19,10 +19,10 @@ from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
 from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
-from wallets.locks import balance_rows_lock
-from wallets.models import CARBON_ASSET, POINTS_ASSET, Customer, LedgerTransactionKind, SystemRole, Terminal
+from wallets.locks import LockedBalances, OwnerRow, balance_rows_lock, balance_rows_lock_by_owner, connection_shard
+from wallets.models import CARBON_ASSET, POINTS_ASSET, AccountKind, Customer, Hold, LedgerTransactionKind, SystemRole, Terminal
 from wallets.money import amount_to_minor, carbon_grams_for, points_for
-from wallets.selectors import asset_exists, movement_accounts_get
+from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_get
 from wallets.services.ledger import Leg, cap_room, ledger_post, ledger_wants
 from wallets.transactions import atomic_service
 
@@ -37,8 +37,10 @@ def charge(
     terminal_id: str | None,
     asset_code: str,
     amount: int,
+    consume_hold: Hold | None = None,
 ) -> Payment:
     """Customer -> merchant, in the caller's transaction; refuses before it writes.
+    `consume_hold`: a hold (locked by the caller) this charge captures (ledger_post).
 
     Locks: the customer's balance rows (asset, then CARBON, POINT), the merchant's shard
     and the bonus pool's and carbon registry's shards, in one statement in the global
@@ -46,29 +48,14 @@ def charge(
     WalletFrozen, InsufficientFunds.
     """
     tenant = tenant_current()
-    accounts = movement_accounts_get(customer_id=customer_id, merchant_id=merchant_id, system_roles=_REWARD_SYSTEM_ROLES)
-    if accounts.merchant is None:
-        raise NotFound("no such terminal or merchant", param="terminal")
-    if accounts.customer is None:
-        raise NotFound("no such customer", param="customer")
-    customer, merchant = accounts.customer, accounts.merchant
-    if customer.frozen or merchant.frozen:
-        raise WalletFrozen("the wallet is frozen", param=None)
-
     rewarded = asset_code == tenant.main_currency
     points = points_for(amount=amount, rate=tenant_rate(tenant, "points_earn_rate")) if rewarded else 0
     grams = carbon_grams_for(amount=amount, grams_per_unit=tenant_rate(tenant, "carbon_grams_per_unit")) if rewarded else 0
-    bonus_pool, registry = accounts.system_account(SystemRole.BONUS_POOL), accounts.system_account(SystemRole.CARBON_REGISTRY)
-
-    def legs_for(points: int, grams: int) -> list[Leg]:
-        legs = [Leg(customer, asset_code, -amount), Leg(merchant, asset_code, amount)]
-        if points > 0:
-            legs += [Leg(customer, POINTS_ASSET, points), Leg(bonus_pool, POINTS_ASSET, -points)]
-        if grams > 0:
-            legs += [Leg(customer, CARBON_ASSET, grams), Leg(registry, CARBON_ASSET, -grams)]
-        return legs
-
-    locked = balance_rows_lock(wants=ledger_wants(legs_for(points, grams)))
+    locked, accounts = _rows_lock(customer_id=customer_id, merchant_id=merchant_id, asset_code=asset_code, points=points, grams=grams)
+    customer, merchant = accounts.customer, accounts.merchant
+    assert customer is not None and merchant is not None  # _rows_lock raised NotFound otherwise
+    if customer.frozen or merchant.frozen:
+        raise WalletFrozen("the wallet is frozen", param=None)
     if locked.row(account=customer, asset_code=asset_code) is None:
         # No balance row: an empty wallet, or an asset this tenant does not have.
         if not asset_exists(asset_code=asset_code):
@@ -81,7 +68,8 @@ def charge(
 
     now = timezone.now()
     payment_id = ids.new_payment_id()
-    txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs_for(points, grams), locked=locked, created=now)
+    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
+    txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, consume_hold=consume_hold)
     payment = Payment.objects.create(
         id=payment_id,
         status=PaymentStatus.SUCCEEDED,
@@ -106,6 +94,51 @@ def charge(
         created=now,
     )
     return payment
+
+
+def _rows_lock(*, customer_id: str, merchant_id: str, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
+    """Lock the charge's balance rows, finding its accounts in the same statement.
+
+    The usual case is one statement. When a row is missing (a wallet's first reward, the
+    connection's first credit to a merchant or system shard, or an empty wallet), the
+    accounts are read and `balance_rows_lock` makes the rows that may be made.
+    Raises NotFound for an unknown customer, terminal or merchant.
+    """
+    shard = connection_shard()
+    wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, merchant_id, asset_code, shard)]
+    if points:
+        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, POINTS_ASSET)]
+        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, POINTS_ASSET, shard)]
+    if grams:
+        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, CARBON_ASSET)]
+        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.CARBON_REGISTRY, CARBON_ASSET, shard)]
+    locked = balance_rows_lock_by_owner(rows=wanted)
+    if len(locked.rows) == len(wanted):
+        system = {role: locked.account_of(kind=AccountKind.SYSTEM, owner=role) for role in _REWARD_SYSTEM_ROLES}
+        return locked, MovementAccounts(
+            customer=locked.account_of(kind=AccountKind.CUSTOMER, owner=customer_id),
+            merchant=locked.account_of(kind=AccountKind.MERCHANT, owner=merchant_id),
+            system={role: account for role, account in system.items() if account is not None},
+        )
+    accounts = movement_accounts_get(customer_id=customer_id, merchant_id=merchant_id, system_roles=_REWARD_SYSTEM_ROLES)
+    if accounts.merchant is None:
+        raise NotFound("no such terminal or merchant", param="terminal")
+    if accounts.customer is None:
+        raise NotFound("no such customer", param="customer")
+    legs = _legs(accounts, asset_code=asset_code, amount=1, points=points, grams=grams)  # only the signs matter here
+    return balance_rows_lock(wants=ledger_wants(legs)), accounts
+
+
+def _legs(accounts: MovementAccounts, *, asset_code: str, amount: int, points: int, grams: int) -> list[Leg]:
+    """Customer -> merchant, and the rewards from the system accounts to the customer."""
+    customer, merchant = accounts.customer, accounts.merchant
+    assert customer is not None and merchant is not None
+    legs = [Leg(customer, asset_code, -amount), Leg(merchant, asset_code, amount)]
+    if points > 0:
+        legs += [Leg(customer, POINTS_ASSET, points), Leg(accounts.system_account(SystemRole.BONUS_POOL), POINTS_ASSET, -points)]
+    if grams > 0:
+        legs += [Leg(customer, CARBON_ASSET, grams), Leg(accounts.system_account(SystemRole.CARBON_REGISTRY), CARBON_ASSET, -grams)]
+    return legs
 
 
 def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: object, amount: int) -> Payment:

@@ -24,7 +24,8 @@ from payments.models import CaptureMethod, PaymentIntent, PaymentIntentStatus
 from payments.services.charges import charge
 from payments.services.outbox import outbox_event_create
 from wallets.errors import AmountInvalid, AssetUnknown, InsufficientFunds, InvalidRequest, InvalidState, NotFound, WalletFrozen
-from wallets.models import Account, Customer, HoldStatus, Merchant
+from wallets.locks import hold_lock
+from wallets.models import Account, Customer, Merchant
 from wallets.money import amount_to_minor
 from wallets.selectors import asset_get, customer_accounts_get
 from wallets.services.ledger import hold_place, hold_release
@@ -132,13 +133,13 @@ def _capture(*, intent: PaymentIntent, amount: int | None) -> PaymentIntent:
     capture = locked.amount if amount is None else amount
     if capture > locked.amount:
         raise AmountInvalid(f"amount exceeds the authorized {locked.amount}", param="amount")
-    if _customer_account(locked).frozen:  # refuse before the hold is released
-        raise WalletFrozen("the wallet is frozen", param=None)
-    assert locked.hold is not None
-    hold_release(hold=locked.hold, status=HoldStatus.CAPTURED)
+    assert locked.hold_id is not None
+    hold = hold_lock(hold_id=locked.hold_id)
+    # The charge consumes the whole hold (the uncaptured rest goes back to available) in
+    # its own posting, so the capture locks its balance rows once.
     payment = charge(
         customer_id=locked.customer_id, merchant_id=locked.merchant_id, store_id=None, terminal_id=None,
-        asset_code=locked.asset_id, amount=capture,
+        asset_code=locked.asset_id, amount=capture, consume_hold=hold,
     )
     captured = _cas(
         intent, expected=(PaymentIntentStatus.AUTHORIZED,), status=PaymentIntentStatus.CAPTURED, amount_captured=capture, payment_id=payment.pk

@@ -22,6 +22,7 @@ from django.utils import timezone
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, balance_want, hold_lock
 from wallets.models import (
+    BALANCE_SHARDS,
     CARBON_ASSET,
     POINTS_ASSET,
     Account,
@@ -59,13 +60,17 @@ def ledger_post(
     locked: LockedBalances | None = None,
     allow_frozen: bool = False,
     created: datetime | None = None,
+    consume_hold: Hold | None = None,
 ) -> LedgerTransaction:
     """Post one balanced ledger transaction and move the balances with it.
 
     `legs` carry Account rows read in this transaction (their `frozen` flag is the one
     checked). Pass `locked` when the caller has already locked the rows (to read them
     before deciding the legs, as a payment does for rewards under a cap); it must cover
-    `ledger_wants(legs)`.
+    `ledger_wants(legs)`. `consume_hold`, an active hold the caller has locked, on the
+    (account, asset) this posting debits: its amount counts as available to the debit,
+    is released from `held` in the same update, and the hold ends `captured` (an intent
+    capture, which so locks its balance rows once).
 
     Locks: the legs' balance rows in the global order (wallets.locks), one statement.
     Writes: one UPDATE of those rows (F() + the change per row), the transaction, its
@@ -83,6 +88,14 @@ def ledger_post(
 
     # Phase 1: check everything against the locked rows; nothing is written yet.
     deltas: dict[int, int] = defaultdict(int)
+    held_deltas: dict[int, int] = {}
+    if consume_hold is not None:
+        if consume_hold.status != HoldStatus.ACTIVE:
+            raise ValueError(f"hold {consume_hold.pk} is {consume_hold.status}")
+        hold_row = locked.row(account=consume_hold.account, asset_code=consume_hold.asset_id)
+        if hold_row is None or net.get((consume_hold.account, consume_hold.asset_id), 0) >= 0:
+            raise ValueError("a consumed hold must be on a row this posting debits")
+        held_deltas[hold_row.pk] = -consume_hold.amount
     for want in wants:
         amount = net[(want.account, want.asset_code)]
         if want.shard == ALL_SHARDS:
@@ -94,7 +107,7 @@ def ledger_post(
                 raise InsufficientFunds("insufficient funds", param="amount")
             raise ValueError(f"balance row {want} was not locked")  # balance_rows_lock makes creatable rows
         if want.account.kind == AccountKind.CUSTOMER:
-            if amount < 0 and row.balance - row.held < -amount:
+            if amount < 0 and row.balance - row.held - held_deltas.get(row.pk, 0) < -amount:
                 raise InsufficientFunds("insufficient funds", param="amount")
             cap = row.asset.cap
             if amount > 0 and cap is not None and row.balance + amount > cap:
@@ -102,7 +115,10 @@ def ledger_post(
         deltas[row.pk] += amount
 
     # Phase 2: write.
-    _balances_add(deltas)
+    _balances_add(deltas, held_deltas)
+    if consume_hold is not None:
+        consume_hold.status = HoldStatus.CAPTURED
+        consume_hold.save(update_fields=["status", "updated"])
     now = created or timezone.now()
     txn = LedgerTransaction.objects.create(kind=kind, reference=reference, created=now)
     LedgerEntry.objects.bulk_create(
@@ -138,17 +154,26 @@ def _merchant_debit_plan(shards: list[Balance], amount: int, deltas: dict[int, i
             remaining -= take
 
 
-def _balances_add(deltas: dict[int, int]) -> None:
-    """One UPDATE for every changed row: balance = balance + its change (rows already locked)."""
+def _balances_add(deltas: dict[int, int], held_deltas: dict[int, int]) -> None:
+    """One UPDATE for every changed row: balance = balance + its change, held likewise
+    (the rows are already locked, so the order it visits them in does not matter)."""
     changes = {pk: delta for pk, delta in deltas.items() if delta != 0}
-    if not changes:
+    if not changes and not held_deltas:
         return
-    if len(changes) == 1:
-        ((pk, delta),) = changes.items()
-        Balance.objects.filter(pk=pk).update(balance=F("balance") + delta)
-        return
-    change = Case(*(When(pk=pk, then=Value(delta)) for pk, delta in changes.items()), output_field=BigIntegerField())
-    Balance.objects.filter(pk__in=list(changes)).update(balance=F("balance") + change)
+    rows = list(changes.keys() | held_deltas.keys())
+    updates = {}
+    if changes:
+        updates["balance"] = F("balance") + _per_row(changes, rows=rows)
+    if held_deltas:
+        updates["held"] = F("held") + _per_row(held_deltas, rows=rows)
+    Balance.objects.filter(pk__in=rows).update(**updates)
+
+
+def _per_row(values: dict[int, int], *, rows: list[int]) -> Value | Case:
+    """The change of each of `rows` (0 for a row not in `values`), as one SQL expression."""
+    if len(rows) == 1:
+        return Value(values.get(rows[0], 0))
+    return Case(*(When(pk=pk, then=Value(value)) for pk, value in values.items()), default=Value(0), output_field=BigIntegerField())
 
 
 def _net(legs: Iterable[Leg]) -> dict[tuple[Account, str], int]:
@@ -214,16 +239,35 @@ def hold_release(*, hold: Hold, status: HoldStatus = HoldStatus.RELEASED) -> Hol
     return locked_hold
 
 
-# --- Tenant set-up --------------------------------------------------------------------
+# --- Set-up ------------------------------------------------------------------------------
+
+
+def balance_rows_create(*, accounts: Iterable[Account]) -> None:
+    """Create the (empty) balance rows of new accounts for every asset: a customer's single
+    row, every shard of a merchant or system account. Idempotent.
+
+    Made up front so that a posting finds every row it locks: a row made during a posting
+    is made while earlier rows are held, outside the one locking statement (wallets.locks).
+    Locks: none (new rows).
+    """
+    codes = list(Asset.objects.values_list("code", flat=True))
+    rows = [
+        Balance(account_id=account.id, asset_id=code, shard=shard, may_go_negative=account.kind == AccountKind.SYSTEM)
+        for account in accounts
+        for code in codes
+        for shard in (range(1) if account.kind == AccountKind.CUSTOMER else range(BALANCE_SHARDS))
+    ]
+    Balance.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
 
 
 @transaction.atomic
 def tenant_ledger_bootstrap(*, main_currency: str, exponent: int) -> None:
-    """Create the standard assets and the system accounts of a new tenant. Idempotent."""
+    """Create the standard assets and the system accounts (with their balance rows) of a
+    new tenant. Idempotent."""
     Asset.objects.get_or_create(
         code=main_currency, defaults={"name": main_currency, "kind": AssetKind.CURRENCY, "exponent": exponent, "is_main": True}
     )
     Asset.objects.get_or_create(code=POINTS_ASSET, defaults={"name": "Points", "kind": AssetKind.POINTS, "exponent": 0})
     Asset.objects.get_or_create(code=CARBON_ASSET, defaults={"name": "Carbon credits (g CO2)", "kind": AssetKind.CARBON, "exponent": 0})
-    for role in SystemRole:
-        Account.objects.get_or_create(system_role=role, defaults={"kind": AccountKind.SYSTEM})
+    system = [Account.objects.get_or_create(system_role=role, defaults={"kind": AccountKind.SYSTEM})[0] for role in SystemRole]
+    balance_rows_create(accounts=system)

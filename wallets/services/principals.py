@@ -24,21 +24,24 @@ from wallets.models import (
     Terminal,
 )
 from wallets.selectors import api_key_hash
+from wallets.services.ledger import balance_rows_create
 
 API_KEY_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
 
 
 @transaction.atomic
 def customer_create(*, name: str, email: str = "", phone: str = "") -> Customer:
+    """A customer, their wallet account and its balance rows."""
     customer = Customer.objects.create(name=name, email=email, phone=phone)
-    Account.objects.create(kind=AccountKind.CUSTOMER, customer=customer)
+    balance_rows_create(accounts=[Account.objects.create(kind=AccountKind.CUSTOMER, customer=customer)])
     return customer
 
 
 @transaction.atomic
 def merchant_create(*, name: str) -> Merchant:
+    """A merchant, its account and its (sharded) balance rows."""
     merchant = Merchant.objects.create(name=name)
-    Account.objects.create(kind=AccountKind.MERCHANT, merchant=merchant)
+    balance_rows_create(accounts=[Account.objects.create(kind=AccountKind.MERCHANT, merchant=merchant)])
     return merchant
 
 
