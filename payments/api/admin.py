@@ -1,4 +1,5 @@
-"""Admin face (`ak_` staff keys): parties, keys, adjustments, freezes."""
+"""Admin face (`ak_` staff keys): parties, keys, adjustments, freezes. Routed by
+config/api_urls.py."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ from datetime import timedelta
 from typing import Any
 
 from drf_spectacular.utils import extend_schema
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.api.base import AdminView
+from payments.api.base import AdminViewSet
 from payments.api.pagination import ListParamsSerializer
 from payments.services import adjustments, freezes
 from wallets import selectors as wallet_selectors
@@ -20,82 +22,104 @@ from wallets.services import principals as party_services
 TAG = ["admin"]
 
 
-class CustomersView(AdminView):
+class CustomerViewSet(AdminViewSet):
+    lookup_url_kwarg = "customer_id"
+
     @extend_schema(tags=TAG, summary="List customers", parameters=[ListParamsSerializer], responses=s.CustomerList)
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         return self.list_response(wallet_selectors.customer_list(), s.CustomerOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a customer (and their wallet)", request=s.CustomerCreateIn, responses={201: s.CustomerOut})
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.CustomerCreateIn)
         customer = party_services.customer_create(name=data["name"], email=data["email"], phone=data["phone"])
         return self.render(s.CustomerOut, customer, status=201)
 
-
-class CustomerDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a customer", responses=s.CustomerOut)
-    def get(self, request: Request, customer_id: str) -> Response:
+    def retrieve(self, request: Request, customer_id: str) -> Response:
+        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
+
+    @extend_schema(
+        tags=TAG, summary="Freeze a customer's wallet (payments, transfers, refunds, top-ups refused)", request=s.FreezeIn,
+        responses={200: s.CustomerOut},
+    )
+    @action(detail=True, methods=["post"])
+    def freeze(self, request: Request, customer_id: str) -> Response:
+        customer = wallet_selectors.customer_get(customer_id=customer_id)
+        data = self.validated(s.FreezeIn)
+        freezes.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
+        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
+
+    @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
+    @action(detail=True, methods=["post"])
+    def unfreeze(self, request: Request, customer_id: str) -> Response:
+        customer = wallet_selectors.customer_get(customer_id=customer_id)
+        data = self.validated(s.UnfreezeIn)
+        freezes.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
         return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
 
 
-class MerchantsView(AdminView):
+class MerchantViewSet(AdminViewSet):
+    lookup_url_kwarg = "merchant_id"
+
     @extend_schema(tags=TAG, summary="List merchants", parameters=[ListParamsSerializer], responses=s.MerchantList)
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         return self.list_response(wallet_selectors.merchant_list(), s.MerchantOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a merchant", request=s.MerchantCreateIn, responses={201: s.MerchantOut})
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.MerchantCreateIn)
         return self.render(s.MerchantOut, party_services.merchant_create(name=data["name"]), status=201)
 
-
-class MerchantDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a merchant", responses=s.MerchantOut)
-    def get(self, request: Request, merchant_id: str) -> Response:
+    def retrieve(self, request: Request, merchant_id: str) -> Response:
         return self.render(s.MerchantOut, wallet_selectors.merchant_get(merchant_id=merchant_id))
 
 
-class StoresView(AdminView):
+class StoreViewSet(AdminViewSet):
+    lookup_url_kwarg = "store_id"
+
     @extend_schema(tags=TAG, summary="List stores", parameters=[ListParamsSerializer], responses=s.StoreList)
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         return self.list_response(wallet_selectors.store_list(), s.StoreOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a store of a merchant", request=s.StoreCreateIn, responses={201: s.StoreOut})
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.StoreCreateIn)
         merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant")
         return self.render(s.StoreOut, party_services.store_create(merchant=merchant, name=data["name"]), status=201)
 
-
-class StoreDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a store", responses=s.StoreOut)
-    def get(self, request: Request, store_id: str) -> Response:
+    def retrieve(self, request: Request, store_id: str) -> Response:
         return self.render(s.StoreOut, wallet_selectors.store_get(store_id=store_id))
 
 
-class TerminalsView(AdminView):
+class TerminalViewSet(AdminViewSet):
+    lookup_url_kwarg = "terminal_id"
+
     @extend_schema(tags=TAG, summary="List terminals", parameters=[ListParamsSerializer], responses=s.TerminalList)
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         return self.list_response(wallet_selectors.terminal_list(), s.TerminalOut, self.query(ListParamsSerializer))
 
     @extend_schema(tags=TAG, summary="Create a terminal in a store", request=s.TerminalCreateIn, responses={201: s.TerminalOut})
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.TerminalCreateIn)
         store = wallet_selectors.store_get(store_id=data["store"], param="store")
         return self.render(s.TerminalOut, party_services.terminal_create(store=store, name=data["name"]), status=201)
 
-
-class TerminalDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve a terminal", responses=s.TerminalOut)
-    def get(self, request: Request, terminal_id: str) -> Response:
+    def retrieve(self, request: Request, terminal_id: str) -> Response:
         return self.render(s.TerminalOut, wallet_selectors.terminal_get(terminal_id=terminal_id))
 
 
-class ApiKeysView(AdminView):
-    idempotency_response_contains_secret = True  # the answer holds a secret shown once
+class ApiKeyViewSet(AdminViewSet):
+    # create and rotate answer a secret shown once: the idempotency layer seals the stored
+    # body of every POST of this viewset (revoke's too, which is harmless: replays unseal).
+    idempotency_response_contains_secret = True
+    lookup_url_kwarg = "api_key_id"
 
     @extend_schema(tags=TAG, summary="List API keys (never the secrets)", parameters=[s.ApiKeyListParams], responses=s.ApiKeyList)
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         params = self.query(s.ApiKeyListParams)
         keys = wallet_selectors.api_key_list(principal_type=params.get("principal_type"), principal_id=params.get("principal_id"))
         return self.list_response(keys, s.ApiKeyOut, params)
@@ -104,36 +128,30 @@ class ApiKeysView(AdminView):
         tags=TAG, summary="Create an API key for any principal (the key is shown once)", request=s.ApiKeyCreateIn,
         responses={201: s.ApiKeyCreatedOut},
     )
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.ApiKeyCreateIn)
         principal = wallet_selectors.principal_get(principal_type=data["principal_type"], principal_id=data["principal_id"])
         api_key, raw_key = party_services.api_key_create(principal=principal)
         return self.render(s.ApiKeyCreatedOut, _with_key(api_key, raw_key), status=201)
 
-
-class ApiKeyDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve an API key", responses=s.ApiKeyOut)
-    def get(self, request: Request, api_key_id: str) -> Response:
+    def retrieve(self, request: Request, api_key_id: str) -> Response:
         return self.render(s.ApiKeyOut, wallet_selectors.api_key_get(api_key_id=api_key_id))
-
-
-class ApiKeyRotateView(AdminView):
-    idempotency_response_contains_secret = True  # the answer holds a secret shown once
 
     @extend_schema(
         tags=TAG, summary="Rotate a key: a new key now, the old one keeps working for the overlap window",
         request=s.ApiKeyRotateIn, responses={201: s.ApiKeyRotatedOut},
     )
-    def post(self, request: Request, api_key_id: str) -> Response:
+    @action(detail=True, methods=["post"])
+    def rotate(self, request: Request, api_key_id: str) -> Response:
         old = wallet_selectors.api_key_get(api_key_id=api_key_id)
         data = self.validated(s.ApiKeyRotateIn)
         new_key, raw_key = party_services.api_key_rotate(api_key=old, overlap=timedelta(seconds=data["overlap_seconds"]))
         return self.render(s.ApiKeyRotatedOut, _with_key(new_key, raw_key, replaces=old), status=201)
 
-
-class ApiKeyRevokeView(AdminView):
     @extend_schema(tags=TAG, summary="Revoke a key now", request=s.EmptyIn, responses={200: s.ApiKeyOut})
-    def post(self, request: Request, api_key_id: str) -> Response:
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, api_key_id: str) -> Response:
         api_key = wallet_selectors.api_key_get(api_key_id=api_key_id)
         self.validated(s.EmptyIn)
         api_key = party_services.api_key_revoke(api_key=api_key)
@@ -148,16 +166,18 @@ def _with_key(api_key: Any, raw_key: str, **extra: Any) -> Any:
     return api_key
 
 
-class AdjustmentsView(AdminView):
+class AdjustmentViewSet(AdminViewSet):
+    lookup_url_kwarg = "adjustment_id"
+
     @extend_schema(tags=TAG, summary="List adjustments", parameters=[ListParamsSerializer], responses=s.AdjustmentList)
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         return self.list_response(payment_selectors.adjustments_list(), s.AdjustmentOut, self.query(ListParamsSerializer))
 
     @extend_schema(
         tags=TAG, summary="Credit or debit a customer or merchant, with a reason (audited)", request=s.AdjustmentCreateIn,
         responses={201: s.AdjustmentOut},
     )
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.AdjustmentCreateIn)
         customer = wallet_selectors.customer_get(customer_id=data["customer"], param="customer") if data.get("customer") else None
         merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant") if data.get("merchant") else None
@@ -167,29 +187,6 @@ class AdjustmentsView(AdminView):
         )
         return self.render(s.AdjustmentOut, adjustment, status=201)
 
-
-class AdjustmentDetailView(AdminView):
     @extend_schema(tags=TAG, summary="Retrieve an adjustment", responses=s.AdjustmentOut)
-    def get(self, request: Request, adjustment_id: str) -> Response:
+    def retrieve(self, request: Request, adjustment_id: str) -> Response:
         return self.render(s.AdjustmentOut, payment_selectors.adjustment_get(adjustment_id=adjustment_id))
-
-
-class CustomerFreezeView(AdminView):
-    @extend_schema(
-        tags=TAG, summary="Freeze a customer's wallet (payments, transfers, refunds, top-ups refused)", request=s.FreezeIn,
-        responses={200: s.CustomerOut},
-    )
-    def post(self, request: Request, customer_id: str) -> Response:
-        customer = wallet_selectors.customer_get(customer_id=customer_id)
-        data = self.validated(s.FreezeIn)
-        freezes.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
-
-
-class CustomerUnfreezeView(AdminView):
-    @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
-    def post(self, request: Request, customer_id: str) -> Response:
-        customer = wallet_selectors.customer_get(customer_id=customer_id)
-        data = self.validated(s.UnfreezeIn)
-        freezes.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))

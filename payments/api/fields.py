@@ -11,7 +11,9 @@ from wallets.errors import AmountInvalid
 from wallets.money import MAX_AMOUNT, amount_to_minor
 
 ASSET_CODE_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,11}$")
-OBJECT_ID_RE = re.compile(r"^[a-z]{2,4}_[A-Za-z0-9]{1,40}$")
+# An object id (`cus_...`): in request bodies (ObjectIdField) and as the routers' lookup.
+OBJECT_ID_PATTERN = r"[a-z]{2,4}_[A-Za-z0-9]{1,40}"
+OBJECT_ID_RE = re.compile(rf"^{OBJECT_ID_PATTERN}$")
 
 
 class AmountField(serializers.Field[int, int, int, Any]):

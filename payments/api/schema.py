@@ -62,6 +62,14 @@ class TallyAutoSchema(AutoSchema):
             params.append(IDEMPOTENCY_KEY_PARAMETER)
         return params
 
+    def _is_list_view(self, serializer: Any = None) -> bool:
+        # A face's `list` action answers its own documented envelope ({object, data,
+        # next_cursor}: the *List serializers), never a bare array: drf-spectacular must not
+        # wrap it in one, add DRF pagination or filter parameters, nor rename the operation.
+        if self.path.startswith("/v1/") and getattr(self.view, "action", None) == "list":
+            return False
+        return bool(super()._is_list_view(serializer))
+
     def get_tags(self) -> list[str]:
         parts = [p for p in self.path.split("/") if p and not p.startswith("{")]
         return [parts[1]] if len(parts) > 1 and parts[0] == "v1" else super().get_tags()

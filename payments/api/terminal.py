@@ -1,4 +1,5 @@
-"""Terminal face (`tk_` keys): a storefront device bound to one store of one merchant."""
+"""Terminal face (`tk_` keys): a storefront device bound to one store of one merchant.
+Routed by config/api_urls.py."""
 
 from __future__ import annotations
 
@@ -8,35 +9,26 @@ from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.api.base import TerminalView
+from payments.api.base import TerminalViewSet
 from payments.services import charges, refunds
-from wallets.models import Terminal
 
 TAG = ["terminal"]
 
 
-class _TerminalView(TerminalView):
-    @property
-    def terminal(self) -> Terminal:
-        obj = self.principal.obj
-        assert isinstance(obj, Terminal)
-        return obj
+class PaymentViewSet(TerminalViewSet):
+    lookup_url_kwarg = "payment_id"
 
-
-class PaymentsView(_TerminalView):
     @extend_schema(tags=TAG, summary="Payments taken at this terminal's store", parameters=[s.PaymentListParams], responses=s.PaymentList)
-    def get(self, request: Request) -> Response:
+    def list(self, request: Request) -> Response:
         params = self.query(s.PaymentListParams)
-        payments = payment_selectors.payments_list(store_id=self.terminal.store_id)
-        if params.get("asset"):
-            payments = payments.filter(asset_id=params["asset"])
+        payments = payment_selectors.payments_list(store_id=self.terminal.store_id, asset_code=params.get("asset"))
         return self.list_response(payments, s.PaymentOut, params)
 
     @extend_schema(
         tags=TAG, summary="Take a payment from a customer (scanned payment token, or customer id)",
         request=s.TerminalPaymentCreateIn, responses={201: s.PaymentOut},
     )
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.TerminalPaymentCreateIn)
         if data.get("customer_token"):
             payment = charges.payment_create_with_token(
@@ -48,18 +40,16 @@ class PaymentsView(_TerminalView):
             )
         return self.render(s.PaymentOut, payment, status=201)
 
-
-class PaymentDetailView(_TerminalView):
     @extend_schema(tags=TAG, summary="Retrieve a payment of this terminal's store", responses=s.PaymentOut)
-    def get(self, request: Request, payment_id: str) -> Response:
+    def retrieve(self, request: Request, payment_id: str) -> Response:
         return self.render(s.PaymentOut, payment_selectors.payment_get(payment_id=payment_id, store_id=self.terminal.store_id))
 
 
-class RefundsView(_TerminalView):
+class RefundViewSet(TerminalViewSet):
     @extend_schema(
         tags=TAG, summary="Refund a payment of this store taken today (partial or full)", request=s.RefundCreateIn, responses={201: s.RefundOut}
     )
-    def post(self, request: Request) -> Response:
+    def create(self, request: Request) -> Response:
         data = self.validated(s.RefundCreateIn)
         refund = refunds.terminal_refund_create(
             terminal=self.terminal, payment_id=data["payment"], amount=data["amount"], reason=data["reason"]

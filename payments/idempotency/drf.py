@@ -104,7 +104,9 @@ class IdempotencyMixin(APIView):
         handler = getattr(self, "post", None)
         if request.method == "POST" and handler is not None:
             # DRF's dispatch looks the handler up by name after initial(): an instance
-            # attribute wraps this one request's post() without any per-view code.
+            # attribute wraps this one request's post() without any per-view code. On a
+            # viewset, `post` is the action the router maps to POST on that route (create,
+            # update or an @action), bound by ViewSetMixin.as_view before dispatch.
             setattr(self, "post", functools.partial(self._idempotent_post, handler))  # noqa: B010
 
     def idempotency_on_claim(self, ctx: IdempotencyContext) -> None:

@@ -5,11 +5,13 @@ same type that does not own the object 404 -- with nothing of the object in any 
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from django.urls import get_resolver
+from django.urls import URLResolver, get_resolver
 
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
@@ -46,17 +48,26 @@ def objects(api: Api, world: World) -> Objects:
     return Objects(ids=ids, secrets=[hook["secret"], world.customer.key, world.merchant.key, world.terminal.key, world.staff.key])
 
 
+def _routes(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """(route, callback) of every pattern, walking the includes (one router per face)."""
+    for pattern in patterns:
+        route = prefix + str(pattern.pattern).lstrip("^").rstrip("$")
+        if isinstance(pattern, URLResolver):
+            yield from _routes(pattern.url_patterns, route)
+        else:
+            yield route, pattern.callback
+
+
 def _endpoints() -> list[tuple[str, str, str]]:
     """(method, path template, face) of every /v1/ face route, read from the URLconf so a new
     endpoint cannot escape the matrix."""
     out: list[tuple[str, str, str]] = []
-    for pattern in get_resolver("payments.api.urls").url_patterns:
-        route = str(pattern.pattern).replace("<oid:", "{").replace(">", "}")
-        view = pattern.callback.view_class  # type: ignore[attr-defined]
+    for route, callback in _routes(get_resolver("config.api_urls").url_patterns):
+        template = "/v1/" + re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", route)
         face = route.split("/")[0]
         for method in ("get", "post"):
-            if hasattr(view, method):
-                out.append((method.upper(), "/v1/" + route, face))
+            if method in callback.actions:  # the viewset's action map (routers only serve viewsets)
+                out.append((method.upper(), template, face))
     return out
 
 

@@ -1,0 +1,50 @@
+"""Routes of the four API faces under /v1/ (included by config/urls.py).
+
+The composition root builds one FaceRouter per face and registers that face's viewsets on
+it: from payments.api (the money, parties and keys) and from webhooks.api (the merchant's
+webhook endpoints). The router generates the paths (SPEC 10) from each prefix, the actions
+a viewset defines and its `lookup_url_kwarg`; see payments/api/routers.py.
+"""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, URLResolver, include, path
+
+from payments.api import admin, customer, merchant, terminal
+from payments.api import schema as _schema  # noqa: F401 - registers the OpenAPI extensions
+from payments.api.routers import FaceRouter
+from webhooks.api import views as webhooks
+
+customer_router = FaceRouter("customer")
+customer_router.register("wallet", customer.WalletViewSet)
+customer_router.register("transactions", customer.TransactionViewSet)
+customer_router.register("payment_tokens", customer.PaymentTokenViewSet)
+customer_router.register("transfers", customer.TransferViewSet)
+customer_router.register("topups", customer.TopUpViewSet)
+customer_router.register("payments", customer.PaymentViewSet)
+customer_router.register("refunds", customer.RefundViewSet)
+
+terminal_router = FaceRouter("terminal")
+terminal_router.register("payments", terminal.PaymentViewSet)
+terminal_router.register("refunds", terminal.RefundViewSet)
+
+merchant_router = FaceRouter("merchant")
+merchant_router.register("balance", merchant.BalanceViewSet)
+merchant_router.register("payments", merchant.PaymentViewSet)
+merchant_router.register("refunds", merchant.RefundViewSet)
+merchant_router.register("payment_intents", merchant.PaymentIntentViewSet)
+merchant_router.register("stores", merchant.StoreViewSet)
+merchant_router.register("terminals", merchant.TerminalViewSet)
+merchant_router.register("webhook_endpoints", webhooks.WebhookEndpointViewSet)
+
+admin_router = FaceRouter("admin")
+admin_router.register("customers", admin.CustomerViewSet)
+admin_router.register("merchants", admin.MerchantViewSet)
+admin_router.register("stores", admin.StoreViewSet)
+admin_router.register("terminals", admin.TerminalViewSet)
+admin_router.register("api_keys", admin.ApiKeyViewSet)
+admin_router.register("adjustments", admin.AdjustmentViewSet)
+
+ROUTERS = {"customer": customer_router, "terminal": terminal_router, "merchant": merchant_router, "admin": admin_router}
+
+urlpatterns: list[URLPattern | URLResolver] = [path(f"{face}/", include(router.urls)) for face, router in ROUTERS.items()]

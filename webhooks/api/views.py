@@ -1,0 +1,71 @@
+"""Merchant face (`sk_` keys): the merchant's webhook endpoints. Reads through
+webhooks.selectors, writes through webhooks.services, always scoped to the key's merchant."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from payments.api.base import MerchantViewSet
+from payments.api.pagination import ListParamsSerializer
+from wallets import selectors as wallet_selectors
+from webhooks import selectors as webhook_selectors
+from webhooks import services as webhook_services
+from webhooks.api import serializers as s
+from webhooks.models import WebhookEndpoint
+
+TAG = ["merchant"]
+
+
+class WebhookEndpointViewSet(MerchantViewSet):
+    # create and rotate_secret answer a signing secret shown once: the idempotency layer
+    # seals the stored body of every POST of this viewset (update's too, which is harmless:
+    # replays unseal).
+    idempotency_response_contains_secret = True
+    lookup_url_kwarg = "endpoint_id"
+
+    def endpoint(self, endpoint_id: str) -> WebhookEndpoint:
+        return webhook_selectors.webhook_endpoint_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id)
+
+    @extend_schema(tags=TAG, summary="List webhook endpoints", parameters=[ListParamsSerializer], responses=s.WebhookEndpointList)
+    def list(self, request: Request) -> Response:
+        endpoints = webhook_selectors.webhook_endpoint_list(merchant_id=self.merchant_id)
+        return self.list_response(endpoints, s.WebhookEndpointOut, self.query(ListParamsSerializer))
+
+    @extend_schema(
+        tags=TAG, summary="Register a webhook endpoint (the signing secret is shown once)",
+        request=s.WebhookEndpointCreateIn, responses={201: s.WebhookEndpointWithSecretOut},
+    )
+    def create(self, request: Request) -> Response:
+        data = self.validated(s.WebhookEndpointCreateIn)
+        merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
+        endpoint, secret = webhook_services.webhook_endpoint_create(
+            merchant=merchant, url=data["url"], enabled_events=data["enabled_events"], description=data["description"]
+        )
+        return self.render(s.WebhookEndpointOut, endpoint, status=201, secret=secret)
+
+    @extend_schema(tags=TAG, summary="Retrieve a webhook endpoint (never its secret)", responses=s.WebhookEndpointOut)
+    def retrieve(self, request: Request, endpoint_id: str) -> Response:
+        return self.render(s.WebhookEndpointOut, self.endpoint(endpoint_id))
+
+    @extend_schema(tags=TAG, summary="Update a webhook endpoint", request=s.WebhookEndpointUpdateIn, responses={200: s.WebhookEndpointOut})
+    def update(self, request: Request, endpoint_id: str) -> Response:
+        endpoint = self.endpoint(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
+        data = self.validated(s.WebhookEndpointUpdateIn)
+        endpoint = webhook_services.webhook_endpoint_update(endpoint=endpoint, **data)
+        return self.render(s.WebhookEndpointOut, endpoint)
+
+    @extend_schema(
+        tags=TAG, summary="Rotate the signing secret (the new one is shown once; the old one signs during the overlap)",
+        request=s.WebhookSecretRotateIn, responses={200: s.WebhookEndpointWithSecretOut},
+    )
+    @action(detail=True, methods=["post"])
+    def rotate_secret(self, request: Request, endpoint_id: str) -> Response:
+        endpoint = self.endpoint(endpoint_id)
+        data = self.validated(s.WebhookSecretRotateIn)
+        endpoint, secret = webhook_services.webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(seconds=data["overlap_seconds"]))
+        return self.render(s.WebhookEndpointOut, endpoint, secret=secret)
