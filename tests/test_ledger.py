@@ -419,3 +419,35 @@ def test_ids_are_long_random_and_alphanumeric() -> None:
     assert len(tokens) == 2_000
     assert all(len(t) == 24 and t.isascii() and t.isalnum() for t in tokens)
     assert len(set("".join(tokens))) == 62
+
+
+def test_every_movement_locks_its_balance_rows_with_one_statement(tenant) -> None:  # type: ignore[no-untyped-def]
+    """Deadlock freedom rests on this (wallets/locks.py): a transaction takes all the balance
+    rows it needs in ONE ordered SELECT .. FOR UPDATE, and never a second time."""
+    from payments.services.intents import payment_intent_authorize, payment_intent_cancel, payment_intent_capture, payment_intent_create
+
+    customer, other, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
+    merchant = terminal.store.merchant
+    fund(customer, 10_000)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1_000)
+    held = payment_intent_create(merchant=merchant, customer=customer, asset_code="JPY", amount=500, capture_method="manual")
+    released = payment_intent_create(merchant=merchant, customer=customer, asset_code="JPY", amount=100, capture_method="manual")
+    payment_intent_authorize(intent=released)
+    movements = {
+        "payment": lambda: payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100),
+        "refund": lambda: refund_create(payment=payment, amount=300),
+        "transfer": lambda: transfer_create(from_customer=customer, to_customer=other, asset_code="JPY", amount=50),
+        "top-up credit": lambda: topup_credit(topup=topup_create(customer=customer, asset_code="JPY", amount=100, payment_method="card")),
+        "adjustment": lambda: fund(customer, 10),
+        "authorize": lambda: payment_intent_authorize(intent=held),
+        "capture": lambda: payment_intent_capture(intent=held, amount=200),
+        "cancel": lambda: payment_intent_cancel(intent=released),
+    }
+    for name, movement in movements.items():
+        with CaptureQueriesContext(connection) as queries:
+            movement()
+        locks = [q["sql"] for q in queries if 'FOR UPDATE OF "wallets_balance"' in q["sql"]]
+        assert len(locks) == 1, (name, locks)
+        assert locks[0].rstrip().endswith('ORDER BY "wallets_balance"."account_id" ASC, "wallets_balance"."asset_id" ASC, '
+                                          '"wallets_balance"."shard" ASC FOR UPDATE OF "wallets_balance"'), (name, locks[0])
+    _assert_ledger_sound()
