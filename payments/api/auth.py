@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import logging
-import time
-from datetime import timedelta
 from typing import Any
 
-from django.db.models import Q
-from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
@@ -17,34 +13,12 @@ from rest_framework.request import Request
 from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
 from wallets.models import ApiKey
 from wallets.selectors import api_key_get_active
+from wallets.services.principals import api_key_last_used_touch
 
 logger = logging.getLogger("tally.api")
 
-# last_used_at is advisory (shown to operators when pruning keys): one write per key per
-# minute is plenty, and keeps the hot path of a busy terminal free of an UPDATE per request.
-LAST_USED_RESOLUTION_SECONDS = 60
 # Real keys are ~43 characters; anything far longer is junk we need not even hash.
 MAX_KEY_LENGTH = 128
-
-
-_last_touched: dict[str, float] = {}
-_LAST_TOUCHED_MAX_ENTRIES = 100_000
-
-
-def _touch_last_used(api_key: ApiKey) -> None:
-    """Record use at most once a minute per key: an in-process memo skips the write for
-    this worker, and the conditional UPDATE skips it when another worker already did."""
-    now = time.monotonic()
-    last = _last_touched.get(api_key.id)
-    if last is not None and now - last < LAST_USED_RESOLUTION_SECONDS:
-        return
-    if len(_last_touched) >= _LAST_TOUCHED_MAX_ENTRIES:
-        _last_touched.clear()
-    _last_touched[api_key.id] = now
-    stamp = timezone.now()
-    ApiKey.objects.filter(pk=api_key.pk).filter(
-        Q(last_used_at__isnull=True) | Q(last_used_at__lt=stamp - timedelta(seconds=LAST_USED_RESOLUTION_SECONDS))
-    ).update(last_used_at=stamp)
 
 
 class ApiKeyAuthentication(BaseAuthentication):
@@ -61,7 +35,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         api_key = api_key_get_active(raw_key=raw_key)
         if api_key is None:
             raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
-        _touch_last_used(api_key)
+        api_key_last_used_touch(api_key=api_key)
         return principal_from_api_key(api_key), api_key
 
     def authenticate_header(self, request: Request) -> str:

@@ -3,10 +3,12 @@ and their API keys. Call inside the tenant's schema."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from wallets import ids
@@ -97,6 +99,30 @@ def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24))
         api_key.expires_at = expires_at
         api_key.save(update_fields=["expires_at"])
     return new_key, raw_key
+
+
+# last_used_at is advisory (shown to operators when pruning keys): one write per key per
+# minute is plenty, and keeps the hot path of a busy terminal free of an UPDATE per request.
+LAST_USED_RESOLUTION_SECONDS = 60
+_LAST_TOUCHED_MAX_ENTRIES = 100_000
+_last_touched: dict[str, float] = {}
+
+
+def api_key_last_used_touch(*, api_key: ApiKey) -> None:
+    """Record that a key was used, at most once a minute per key: an in-process memo skips
+    the write for this worker, and the conditional UPDATE skips it when another worker
+    already did. Locks: the key row, when it writes."""
+    now = time.monotonic()
+    last = _last_touched.get(api_key.id)
+    if last is not None and now - last < LAST_USED_RESOLUTION_SECONDS:
+        return
+    if len(_last_touched) >= _LAST_TOUCHED_MAX_ENTRIES:
+        _last_touched.clear()
+    _last_touched[api_key.id] = now
+    stamp = timezone.now()
+    ApiKey.objects.filter(pk=api_key.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=stamp - timedelta(seconds=LAST_USED_RESOLUTION_SECONDS))
+    ).update(last_used_at=stamp)
 
 
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
