@@ -5,7 +5,7 @@ Deadlock freedom depends on every writer using these helpers, never an inline
   1. business rows (payment, intent, top-up, token: payments/locks.py) before any balance;
   2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`, or
      `balance_rows_lock_by_owner` when the accounts are not loaded yet), ordered by
-     (account id, asset, shard) (`lock_key`): PostgreSQL locks the rows as the sort
+     (account id, asset, shard) (`LOCK_ORDER`): PostgreSQL locks the rows as the sort
      emits them, so any two transactions meet their common rows in the same order. No
      transaction locks balance rows a second time (an intent capture consumes its hold
      inside the charge's posting for that reason);
@@ -25,24 +25,13 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import Q
 
-from wallets.models import (
-    BALANCE_SHARDS,
-    Account,
-    AccountKind,
-    Balance,
-    Hold,
-)
+from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Hold
 
 ALL_SHARDS = -1
 
 
-def lock_key(*, account: Account, asset_code: str, shard: int = 0) -> tuple[str, str, int]:
-    """Position of a balance row in the global lock order (see the module docstring);
-    `_LOCK_ORDER` is the same order in SQL."""
-    return (account.id, asset_code, shard)
-
-
-_LOCK_ORDER = ("account_id", "asset_id", "shard")
+# The global order of balance rows (module docstring), as the locking SELECT's ORDER BY.
+LOCK_ORDER = ("account_id", "asset_id", "shard")
 
 
 def connection_shard() -> int:
@@ -145,7 +134,7 @@ def _select_for_update(ordered: list[BalanceWant]) -> LockedBalances:
 def _locking_select(matches: Q) -> list[Balance]:
     """SELECT .. FOR UPDATE OF wallets_balance ORDER BY the lock order, with each row's
     account (frozen flag) and asset (cap)."""
-    return list(Balance.objects.filter(matches).select_related("account", "asset").order_by(*_LOCK_ORDER).select_for_update(of=("self",)))
+    return list(Balance.objects.filter(matches).select_related("account", "asset").order_by(*LOCK_ORDER).select_for_update(of=("self",)))
 
 
 _OWNER_FIELD = {
