@@ -451,3 +451,53 @@ def test_every_movement_locks_its_balance_rows_with_one_statement(tenant) -> Non
         assert locks[0].rstrip().endswith('ORDER BY "wallets_balance"."account_id" ASC, "wallets_balance"."asset_id" ASC, '
                                           '"wallets_balance"."shard" ASC FOR UPDATE OF "wallets_balance"'), (name, locks[0])
     _assert_ledger_sound()
+
+
+def test_an_asset_added_later_gives_every_account_its_row_and_payments_lock_once(tenant) -> None:  # type: ignore[no-untyped-def]
+    from wallets.models import AssetKind
+    from wallets.services.ledger import asset_create
+
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    asset_create(code="LOC", name="Local", kind=AssetKind.REGIONAL)
+    fund(customer, 1_000, asset="LOC")
+    with CaptureQueriesContext(connection) as queries:
+        payment_create(terminal=terminal, customer=customer, asset_code="LOC", amount=100)
+    locks = [q["sql"] for q in queries if 'FOR UPDATE OF "wallets_balance"' in q["sql"]]
+    made = [q["sql"] for q in queries if q["sql"].startswith('INSERT INTO "wallets_balance"')]
+    assert (len(locks), len(made)) == (1, 0)
+    assert _balance(customer, "LOC")["balance"] == 900
+    _assert_ledger_sound()
+
+
+def test_a_frozen_wallet_paying_in_an_unknown_asset_is_told_the_asset_is_unknown(tenant) -> None:  # type: ignore[no-untyped-def]
+    """The refusal order of the payment path: unknown asset (400, not stored) before a frozen
+    wallet (402, stored and replayed), as the PL/pgSQL function had it."""
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    wallet_freeze(customer=customer, staff=staff(), reason="review")
+    with pytest.raises(AssetUnknown):
+        payment_create(terminal=terminal, customer=customer, asset_code="XYZ", amount=1)
+    with pytest.raises(WalletFrozen):
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1)
+
+
+def test_balance_rows_backfill_gives_old_accounts_their_rows(tenant) -> None:  # type: ignore[no-untyped-def]
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Merchant
+
+    # Accounts made the way they were before balance rows came with the account.
+    old_customer = Customer.objects.create(name="Old")
+    Account.objects.create(kind=AccountKind.CUSTOMER, customer=old_customer)
+    old_merchant = Merchant.objects.create(name="Old shop")
+    Account.objects.create(kind=AccountKind.MERCHANT, merchant=old_merchant)
+    assets = Asset.objects.count()
+    out = StringIO()
+    call_command("balance_rows_backfill", tenant=tenant.schema_name, batch=7, stdout=out)
+    assert Balance.objects.filter(account__customer=old_customer).count() == assets
+    assert Balance.objects.filter(account__merchant=old_merchant).count() == assets * BALANCE_SHARDS
+    assert f"{tenant.schema_name}: done" in out.getvalue()
+    call_command("balance_rows_backfill", tenant=tenant.schema_name, stdout=StringIO())  # again: nothing changes
+    assert Balance.objects.filter(account__customer=old_customer).count() == assets

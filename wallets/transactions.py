@@ -5,11 +5,14 @@ timeout (55P03); at most 3 retries, 50 ms x 2^n with jitter, each counted. Retry
 the job of whoever owns the outermost transaction: inside an enclosing atomic block a
 conflict propagates (the block is aborted; only its owner can start it again).
 
-Nested calls get no savepoint. Every service refuses before it writes (the ledger checks
-funds, caps and freezes before its first write), and an exception that escapes a service
-aborts the caller's atomic block with it, so there is nothing for a savepoint to undo
-that the caller's own rollback would not. That keeps the keyed API path (claim, effect,
-stored response in one transaction) free of SAVEPOINT/RELEASE round trips.
+Nested calls get no savepoint, which keeps the keyed API path (claim, effect, stored
+response in one transaction) free of SAVEPOINT/RELEASE round trips. The rule that makes
+this safe: an exception that escapes a service aborts the transaction it ran in, and its
+owner rolls back everything the service wrote. The ledger refuses before its first write,
+but some services write first (a token payment consumes the token, an intent confirm
+sets `charge_requested`), so a caller must never catch a service's exception inside an
+atomic block and carry on; the idempotency layer does not, it rolls back and stores the
+refusal in a fresh transaction.
 """
 
 from __future__ import annotations

@@ -42,10 +42,11 @@ def charge(
     """Customer -> merchant, in the caller's transaction; refuses before it writes.
     `consume_hold`: a hold (locked by the caller) this charge captures (ledger_post).
 
-    Locks: the customer's balance rows (asset, then CARBON, POINT), the merchant's shard
-    and the bonus pool's and carbon registry's shards, in one statement in the global
-    order (wallets.locks). Raises NotFound (customer, terminal), AssetUnknown,
-    WalletFrozen, InsufficientFunds.
+    Locks: the customer's balance rows (asset, POINT, CARBON), the merchant's shard and
+    the bonus pool's and carbon registry's shards, in one statement in the global order
+    (wallets.locks). Refusals, in this order (the order the PL/pgSQL function had):
+    NotFound (terminal or merchant, then customer), AssetUnknown, WalletFrozen,
+    InsufficientFunds.
     """
     tenant = tenant_current()
     rewarded = asset_code == tenant.main_currency
@@ -54,12 +55,13 @@ def charge(
     locked, accounts = _rows_lock(customer_id=customer_id, merchant_id=merchant_id, asset_code=asset_code, points=points, grams=grams)
     customer, merchant = accounts.customer, accounts.merchant
     assert customer is not None and merchant is not None  # _rows_lock raised NotFound otherwise
+    # No balance row: an asset this tenant does not have, or a wallet that never held it.
+    no_row = locked.row(account=customer, asset_code=asset_code) is None
+    if no_row and not asset_exists(asset_code=asset_code):
+        raise AssetUnknown(param="asset")
     if customer.frozen or merchant.frozen:
         raise WalletFrozen("the wallet is frozen", param=None)
-    if locked.row(account=customer, asset_code=asset_code) is None:
-        # No balance row: an empty wallet, or an asset this tenant does not have.
-        if not asset_exists(asset_code=asset_code):
-            raise AssetUnknown(param="asset")
+    if no_row:
         raise InsufficientFunds("insufficient funds", param="amount")
     points_room = cap_room(locked=locked, account=customer, asset_code=POINTS_ASSET) if points else None
     grams_room = cap_room(locked=locked, account=customer, asset_code=CARBON_ASSET) if grams else None
@@ -141,9 +143,13 @@ def _legs(accounts: MovementAccounts, *, asset_code: str, amount: int, points: i
     return legs
 
 
-def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: object, amount: int) -> Payment:
+def _asset_code_check(asset_code: object) -> str:
     if not isinstance(asset_code, str) or not asset_code:
         raise AssetUnknown(param="asset")
+    return asset_code
+
+
+def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: str, amount: int) -> Payment:
     return charge(
         customer_id=customer_id, merchant_id=terminal.store.merchant_id, store_id=terminal.store_id, terminal_id=terminal.pk,
         asset_code=asset_code, amount=amount,
@@ -165,16 +171,18 @@ def payment_create(
     if (customer is None) == (customer_id is None):
         raise TypeError("pass exactly one of customer and customer_id")
     payer_id = str(customer.pk) if customer is not None else str(customer_id)
-    return _terminal_charge(terminal=terminal, customer_id=payer_id, asset_code=asset_code, amount=minor)
+    return _terminal_charge(terminal=terminal, customer_id=payer_id, asset_code=_asset_code_check(asset_code), amount=minor)
 
 
 @atomic_service(operation="payment_create")
 def payment_create_with_token(*, terminal: Terminal, customer_token: object, asset_code: object, amount: object) -> Payment:
-    """Take a payment from the customer whose QR token the terminal scanned; the token is
-    consumed in the payment's own transaction (a refused payment leaves it usable).
+    """Take a payment from the customer whose QR token the terminal scanned. The token is
+    consumed (a write) before the charge can refuse: a refusal leaves it usable only
+    because it aborts this transaction, and the owner rolls the consumption back with it.
 
     Locks: the token row, then those of `charge`.
     """
     minor = amount_to_minor(amount)
+    code = _asset_code_check(asset_code)
     customer_id = payment_token_consume(token=customer_token)
-    return _terminal_charge(terminal=terminal, customer_id=customer_id, asset_code=asset_code, amount=minor)
+    return _terminal_charge(terminal=terminal, customer_id=customer_id, asset_code=code, amount=minor)

@@ -242,15 +242,15 @@ def hold_release(*, hold: Hold, status: HoldStatus = HoldStatus.RELEASED) -> Hol
 # --- Set-up ------------------------------------------------------------------------------
 
 
-def balance_rows_create(*, accounts: Iterable[Account]) -> None:
-    """Create the (empty) balance rows of new accounts for every asset: a customer's single
-    row, every shard of a merchant or system account. Idempotent.
+def balance_rows_create(*, accounts: Iterable[Account], asset_codes: Iterable[str] | None = None) -> None:
+    """Create the (empty) balance rows of accounts for every asset (or `asset_codes`): a
+    customer's single row, every shard of a merchant or system account. Idempotent.
 
     Made up front so that a posting finds every row it locks: a row made during a posting
     is made while earlier rows are held, outside the one locking statement (wallets.locks).
     Locks: none (new rows).
     """
-    codes = list(Asset.objects.values_list("code", flat=True))
+    codes = list(asset_codes) if asset_codes is not None else list(Asset.objects.values_list("code", flat=True))
     rows = [
         Balance(account_id=account.id, asset_id=code, shard=shard, may_go_negative=account.kind == AccountKind.SYSTEM)
         for account in accounts
@@ -258,6 +258,19 @@ def balance_rows_create(*, accounts: Iterable[Account]) -> None:
         for shard in (range(1) if account.kind == AccountKind.CUSTOMER else range(BALANCE_SHARDS))
     ]
     Balance.objects.bulk_create(rows, ignore_conflicts=True, batch_size=2000)
+
+
+@transaction.atomic
+def asset_create(*, code: str, name: str, kind: str, exponent: int = 0, cap: int | None = None) -> Asset:
+    """A new asset of the tenant, with a balance row for every existing account (so no
+    posting has to make one while holding others). Locks: none (new rows)."""
+    asset = Asset(code=code, name=name, kind=kind, exponent=exponent, cap=cap)
+    asset.full_clean()
+    asset.save(force_insert=True)
+    accounts = Account.objects.order_by("id")
+    for start in range(0, accounts.count(), 2000):
+        balance_rows_create(accounts=accounts[start : start + 2000], asset_codes=[code])
+    return asset
 
 
 @transaction.atomic
