@@ -1,5 +1,5 @@
 """The HTTP request metrics and the /metrics exposition. Each app declares the metrics it
-emits in its own `metrics` module (wallets, payments.idempotency); they register on import.
+emits in its own `metrics` module (wallets, payments.idempotency, webhooks); they register on import.
 
 Under gunicorn set PROMETHEUS_MULTIPROC_DIR so each worker writes its samples to
 files that /metrics aggregates (prometheus-client multiprocess mode).
@@ -22,6 +22,7 @@ from prometheus_client import (
 # its first request on.
 from payments.idempotency import metrics as _idempotency_metrics  # noqa: F401
 from wallets import metrics as _wallet_metrics  # noqa: F401
+from webhooks import metrics as _webhook_metrics  # noqa: F401
 
 REQUESTS = Counter("tally_requests_total", "HTTP requests", ["face", "method", "status"])
 REQUEST_SECONDS = Histogram("tally_request_seconds", "HTTP request latency", ["face"])

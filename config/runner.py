@@ -39,16 +39,27 @@ def main() -> int:
     platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)  # template schema must exist before tenants migrate
     call_command("migrate_schemas", interactive=False, verbosity=0)
     seeded = demo_seed()
+    # The demo merchant's webhook endpoint -> the receiver the Procfile starts (docs/WEBHOOKS.md).
+    from webhooks.demo import demo_webhook_endpoint_ensure
+
+    receiver_port = os.environ.setdefault("TALLY_WEBHOOK_RECEIVER_PORT", "8765")
+    hook = demo_webhook_endpoint_ensure(
+        merchant_id=seeded["ids"]["merchant"], url=f"http://127.0.0.1:{receiver_port}/webhooks", state_file=VAR / "demo_webhook.json"
+    )
+    os.environ["TALLY_WEBHOOK_SECRET"] = hook["secret"]  # for the receiver process only
 
     port = os.environ.get("PORT", "8000")
     demo = settings.TALLY_DEMO_DOMAIN
     lines = [
         "",
-        "Tally is starting (web, Celery worker, Celery beat; the PSP simulator joins with the card top-up work). Ctrl-C stops everything.",
+        "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver; the PSP simulator joins with the"
+        " card top-up work). Ctrl-C stops everything.",
         f"  admin (demo tenant):  http://{demo}:{port}/admin/   user admin / {seeded['admin_password']}",
         f"  admin (platform):     http://{settings.TALLY_PUBLIC_DOMAIN}:{port}/admin/   same login",
         f"  API docs:             http://{demo}:{port}/v1/docs",
         f"  readiness:            curl -H 'Host: {demo}' http://127.0.0.1:{port}/readyz",
+        f"  webhooks:             the demo merchant's endpoint {hook['endpoint']} -> http://127.0.0.1:{receiver_port}/webhooks"
+        " (the `receiver` lines below print each event it gets)",
         "  demo keys (Authorization: Bearer <key>):",
     ]
     lines += [f"    {label:<16} {key}" for label, key in seeded["keys"].items()]

@@ -273,6 +273,11 @@ class OutboxEvent(models.Model):
     published_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
+    # The relay (webhooks.services.relay) skips a row until this time after a failed
+    # publication (null: due now); after a bounded number of attempts it sets `dead_at`:
+    # a dead letter stays visible (admin) and can be requeued.
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    dead_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created", "id"]

@@ -1,11 +1,18 @@
-"""Merchant webhook endpoints (deliveries come with the outbox relay)."""
+"""Merchant webhook endpoints, and the deliveries the outbox relay makes to them (SPEC 8)."""
 
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
+from django.utils import timezone
 
+from payments.models import OutboxEvent
 from wallets import ids
 from wallets.models import Merchant
+
+
+def new_webhook_delivery_id() -> str:
+    return ids.new_id("whd")
 
 
 class WebhookEndpointStatus(models.TextChoices):
@@ -33,6 +40,8 @@ class WebhookEndpoint(models.Model):
     secret = models.CharField(max_length=80)
     previous_secret = models.CharField(max_length=80, blank=True, default="")
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
+    # Why the endpoint was disabled, shown to the merchant ("" when enabled, or disabled by hand).
+    disabled_reason = models.CharField(max_length=500, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -42,3 +51,67 @@ class WebhookEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.url} ({self.status})"
+
+
+class WebhookDeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"  # due at next_attempt_at
+    SUCCEEDED = "succeeded", "Succeeded"  # the endpoint answered 2xx
+    FAILED = "failed", "Failed"  # retried for the whole window without a 2xx; redeliverable
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: made once by the relay (unique per endpoint and event),
+    sent until a 2xx answers or the retry window closes, and redeliverable after.
+
+    Per endpoint, deliveries are sent one at a time in event order (`event_created`,
+    `event_id`): a later one waits while an earlier one is pending.
+    """
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_webhook_delivery_id, editable=False)
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
+    event = models.ForeignKey(OutboxEvent, on_delete=models.PROTECT, related_name="+")
+    topic = models.CharField(max_length=100)
+    event_created = models.DateTimeField()  # the event's `created`: the per-endpoint order
+    status = models.CharField(max_length=10, choices=WebhookDeliveryStatus.choices, default=WebhookDeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    give_up_at = models.DateTimeField()  # retries stop here (3 days after creation or redelivery)
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "event"], name="webhookdelivery_once_per_endpoint")]
+        indexes = [
+            models.Index(fields=["endpoint", "-created", "-id"], name="webhookdelivery_endpoint"),
+            models.Index(
+                fields=["endpoint", "event_created", "event"], condition=Q(status="pending"), name="webhookdelivery_pending",
+            ),
+            models.Index(fields=["next_attempt_at"], condition=Q(status="pending"), name="webhookdelivery_due"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.topic} -> {self.endpoint_id} ({self.status})"
+
+
+class WebhookDeliveryAttempt(models.Model):
+    """One POST of a delivery: what came back, how fast, and why it failed."""
+
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.PROTECT, related_name="attempt_log")
+    attempted_at = models.DateTimeField(default=timezone.now)
+    succeeded = models.BooleanField()
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)  # null: no HTTP answer
+    latency_ms = models.PositiveIntegerField()
+    address = models.CharField(max_length=64, blank=True, default="")  # the IP connected to (after the SSRF check)
+    response_excerpt = models.CharField(max_length=500, blank=True, default="")
+    error = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        ordering = ["-attempted_at", "-id"]
+        indexes = [models.Index(fields=["delivery", "-attempted_at"], name="webhookattempt_delivery")]
+
+    def __str__(self) -> str:
+        return f"{self.delivery_id} {self.status_code or self.error}"

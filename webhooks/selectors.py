@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from wallets.errors import NotFound
-from webhooks.models import WebhookEndpoint
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 
 def webhook_endpoint_list(*, merchant_id: str) -> QuerySet[WebhookEndpoint]:
@@ -17,3 +17,17 @@ def webhook_endpoint_get(*, merchant_id: str, endpoint_id: str) -> WebhookEndpoi
     if endpoint is None:  # unknown, or another merchant's: the same answer
         raise NotFound("no such webhook endpoint")
     return endpoint
+
+
+def webhook_delivery_list(*, merchant_id: str, endpoint_id: str) -> QuerySet[WebhookDelivery]:
+    """One endpoint's deliveries, newest first (the endpoint must be the merchant's)."""
+    endpoint = webhook_endpoint_get(merchant_id=merchant_id, endpoint_id=endpoint_id)
+    return WebhookDelivery.objects.filter(endpoint=endpoint)
+
+
+def webhook_delivery_get(*, merchant_id: str, endpoint_id: str, delivery_id: str) -> WebhookDelivery:
+    endpoint = webhook_endpoint_get(merchant_id=merchant_id, endpoint_id=endpoint_id)
+    delivery = WebhookDelivery.objects.filter(endpoint=endpoint, pk=delivery_id).first()
+    if delivery is None:  # unknown, or another endpoint's: the same answer
+        raise NotFound("no such webhook delivery", param="delivery")
+    return delivery

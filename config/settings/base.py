@@ -149,8 +149,28 @@ SPECTACULAR_SETTINGS = {
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+# Celery configured for money (docs/WEBHOOKS.md "Celery"). Every Tally task is safe to run
+# twice (the relay is at least once, publication and deliveries are keyed), and none may
+# be lost, so:
+# - Acknowledge a message after the task ran, not when a worker took it: a worker that
+#   dies mid-task (OOM, SIGKILL, deploy) leaves the message to be delivered again.
 CELERY_TASK_ACKS_LATE = True
+# - ...and when the pool child running it dies, hand the message back at once rather than
+#   acknowledging it as failed.
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# - Prefetch one message per process: a slow relay must not sit on messages another
+#   worker could run, and a crash returns at most one.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# - Time limits: the relay stops taking work after its own 60 s budget; the soft limit
+#   (SoftTimeLimitExceeded) lets a stuck one unwind and roll back, the hard limit kills it.
+#   Whatever it did not finish is rolled back and picked up by the next run.
+CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=120)
+CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=180)
+# - Redis redelivers an unacknowledged message after the visibility timeout. A countdown
+#   or ETA longer than it would be delivered again (and again) before it is due, so Tally
+#   never schedules with countdown/eta: retries (outbox, webhooks) are rows with a due
+#   time that the beat sweep reads. The timeout only has to outlast the hard time limit.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
@@ -159,6 +179,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in work
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 # Idempotency retention: purge records past replay + tombstone windows, per tenant (issue 4).
 CELERY_BEAT_SCHEDULE["idempotency-purge"] = {"task": "idempotency.purge_all_tenants", "schedule": 600.0}
+# The outbox relay's sweep, per tenant: catches every event an after-commit kick missed
+# and sends the webhook retries that have come due (SPEC 8).
+CELERY_BEAT_SCHEDULE["webhooks-relay"] = {"task": "webhooks.relay_all_tenants", "schedule": 10.0}
 
 # --- Observability ----------------------------------------------------------------
 LOG_LEVEL = env("TALLY_LOG_LEVEL", default="INFO")
@@ -183,3 +206,12 @@ LOGGING = {
 # --- Tally --------------------------------------------------------------------------
 TALLY_DEMO_DOMAIN = env("TALLY_DEMO_DOMAIN", default="demo.localhost")
 TALLY_PUBLIC_DOMAIN = env("TALLY_PUBLIC_DOMAIN", default="localhost")
+# Webhook targets (webhooks/targets.py): plain http and loopback addresses are refused
+# unless these say otherwise (local development sets both; never in production).
+TALLY_WEBHOOK_ALLOW_HTTP = env.bool("TALLY_WEBHOOK_ALLOW_HTTP", default=DEBUG)
+TALLY_WEBHOOK_ALLOW_LOOPBACK = env.bool("TALLY_WEBHOOK_ALLOW_LOOPBACK", default=False)
+# Kick the outbox relay after each commit that wrote an event (low latency). Off, the beat
+# sweep alone relays (every 10 s): e.g. while the broker is being moved.
+TALLY_OUTBOX_RELAY_KICK = env.bool("TALLY_OUTBOX_RELAY_KICK", default=True)
+# Test-only: the relay sleeps this long holding a claimed batch (the SIGKILL test). 0 = off.
+TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS = env.float("TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS", default=0.0)

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from tests.api.conftest import Api, World, error_of
 from webhooks.models import WebhookEndpoint
-from webhooks.services import webhook_endpoint_signing_secrets
+from webhooks.services.endpoints import webhook_endpoint_signing_secrets
 
 
 def _create(api: Api, world: World, **body: object) -> dict:  # type: ignore[type-arg]

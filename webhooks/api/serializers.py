@@ -21,6 +21,7 @@ class WebhookEndpointOut(S.Serializer[Any]):
     description = S.CharField()
     enabled_events = S.ListField(child=S.CharField())
     status = S.CharField()
+    disabled_reason = S.CharField(help_text="Why Tally disabled the endpoint (empty unless disabled after persistent failure).")
 
 
 class WebhookEndpointWithSecretOut(WebhookEndpointOut):
@@ -48,3 +49,29 @@ class WebhookSecretRotateIn(StrictSerializer):
 
 
 WebhookEndpointList = list_serializer(WebhookEndpointOut, "WebhookEndpointList")
+
+
+class WebhookDeliveryOut(S.Serializer[Any]):
+    id = S.CharField()
+    object = ConstField("webhook_delivery")
+    created = S.DateTimeField()
+    endpoint = S.CharField(source="endpoint_id")
+    event = S.CharField(source="event_id", help_text="The event's stable id (evt_...): receivers dedupe on it.")
+    type = S.CharField(source="topic")
+    status = S.ChoiceField(choices=["pending", "succeeded", "failed"])
+    attempts = S.IntegerField()
+    next_attempt_at = S.SerializerMethodField(help_text="When a pending delivery is tried next (null unless pending).")
+    last_attempt_at = S.DateTimeField(allow_null=True)
+    last_status_code = S.IntegerField(allow_null=True, help_text="HTTP status of the last attempt (null: no answer).")
+    last_error = S.CharField()
+    delivered_at = S.DateTimeField(allow_null=True)
+
+    def get_next_attempt_at(self, obj: Any) -> str | None:
+        return S.DateTimeField().to_representation(obj.next_attempt_at) if obj.status == "pending" else None
+
+
+WebhookDeliveryList = list_serializer(WebhookDeliveryOut, "WebhookDeliveryList")
+
+
+class WebhookRedeliverIn(StrictSerializer):
+    delivery = strict_char(max_length=64, help_text="The delivery (whd_...) of this endpoint to send again.")

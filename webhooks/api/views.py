@@ -14,9 +14,10 @@ from payments.api.base import MerchantViewSet
 from payments.api.pagination import ListParamsSerializer
 from wallets import selectors as wallet_selectors
 from webhooks import selectors as webhook_selectors
-from webhooks import services as webhook_services
 from webhooks.api import serializers as s
 from webhooks.models import WebhookEndpoint
+from webhooks.services import deliveries as delivery_services
+from webhooks.services import endpoints as webhook_services
 
 TAG = ["merchant"]
 
@@ -69,3 +70,23 @@ class WebhookEndpointViewSet(MerchantViewSet):
         data = self.validated(s.WebhookSecretRotateIn)
         endpoint, secret = webhook_services.webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(seconds=data["overlap_seconds"]))
         return self.render(s.WebhookEndpointOut, endpoint, secret=secret)
+
+    @extend_schema(
+        tags=TAG, summary="List an endpoint's webhook deliveries (newest first)",
+        parameters=[ListParamsSerializer], responses=s.WebhookDeliveryList,
+    )
+    @action(detail=True, methods=["get"])
+    def deliveries(self, request: Request, endpoint_id: str) -> Response:
+        deliveries = webhook_selectors.webhook_delivery_list(merchant_id=self.merchant_id, endpoint_id=endpoint_id)
+        return self.list_response(deliveries, s.WebhookDeliveryOut, self.query(ListParamsSerializer))
+
+    @extend_schema(
+        tags=TAG, summary="Send one of the endpoint's deliveries again (due now, with a fresh retry window)",
+        request=s.WebhookRedeliverIn, responses={200: s.WebhookDeliveryOut},
+    )
+    @action(detail=True, methods=["post"])
+    def redeliver(self, request: Request, endpoint_id: str) -> Response:
+        self.endpoint(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
+        data = self.validated(s.WebhookRedeliverIn)
+        delivery = webhook_selectors.webhook_delivery_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id, delivery_id=data["delivery"])
+        return self.render(s.WebhookDeliveryOut, delivery_services.webhook_delivery_redeliver(delivery=delivery))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from urllib.parse import urlsplit
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -14,6 +12,7 @@ from wallets import ids
 from wallets.models import Merchant
 from webhooks.errors import WebhookEndpointInvalid
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+from webhooks.targets import webhook_target_resolve
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a visible prefix, not a secret
 SECRET_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
@@ -28,12 +27,11 @@ def _new_secret() -> str:
 
 
 def _url_check(url: str) -> str:
-    parts = urlsplit(url)
-    # Plain http only where settings allow it (local development and tests); production
-    # deliveries carry payment data and must be encrypted in transit.
-    allowed = {"https", "http"} if getattr(settings, "TALLY_WEBHOOK_ALLOW_HTTP", settings.DEBUG) else {"https"}
-    if parts.scheme not in allowed or not parts.hostname or parts.username or parts.password:
-        raise WebhookEndpointInvalid("url must be an https URL without credentials", param="url")
+    """Refuse a URL deliveries must never reach (webhooks.targets: https only unless
+    settings allow http; no loopback, private, link-local/metadata or multicast target,
+    whether written as an address or a name that resolves to one). A name that does not
+    resolve yet is accepted: every delivery checks again."""
+    webhook_target_resolve(url=url, unresolvable_ok=True)
     return url
 
 
@@ -81,7 +79,8 @@ def webhook_endpoint_update(
         if status not in WebhookEndpointStatus.values:
             raise WebhookEndpointInvalid("status must be enabled or disabled", param="status")
         endpoint.status = status
-        fields.append("status")
+        endpoint.disabled_reason = ""  # enabled again, or disabled by hand: the old reason no longer applies
+        fields += ["status", "disabled_reason"]
     if fields:
         endpoint.save(update_fields=[*fields, "updated"])
     return endpoint

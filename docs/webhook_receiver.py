@@ -1,0 +1,119 @@
+"""A Tally webhook receiver written with the Python standard library alone.
+
+Copy it, then set TALLY_WEBHOOK_SECRET to your endpoint's signing secret (whsec_...;
+during a rotation, both secrets separated by a comma) and run:
+
+    TALLY_WEBHOOK_SECRET=whsec_... python webhook_receiver.py --port 8765
+
+It checks the `Tally-Signature` header (HMAC-SHA256 over "<t>.<body>", any v1= may match,
+t within 300 s), answers 400 to anything that fails, and handles each event id once:
+Tally delivers at least once, so the same event can arrive again. Answer 2xx quickly;
+do slow work after answering. `make run` starts this file as the demo merchant's receiver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TOLERANCE_SECONDS = 300
+MAX_BODY_BYTES = 1024 * 1024
+
+
+class SignatureError(Exception):
+    pass
+
+
+def verify(*, body: bytes, header: str, secrets: list[str], now: float | None = None, tolerance: int = TOLERANCE_SECONDS) -> dict:
+    """Return the event if `header` signs `body` under one of `secrets` within `tolerance`
+    seconds; raise SignatureError otherwise."""
+    timestamp, signatures = None, []
+    for item in header.split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "t" and value.isdigit():
+            timestamp = int(value)
+        elif key == "v1":
+            signatures.append(value)
+    if timestamp is None or not signatures:
+        raise SignatureError("malformed Tally-Signature header")
+    if abs((time.time() if now is None else now) - timestamp) > tolerance:
+        raise SignatureError("timestamp outside the tolerance")
+    signed = str(timestamp).encode() + b"." + body
+    expected = [hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest() for secret in secrets]
+    if not any(hmac.compare_digest(e, s) for e in expected for s in signatures):
+        raise SignatureError("no signature matches")
+    return json.loads(body)
+
+
+class Dedupe:
+    """Event ids already handled. In memory here; use your database (a unique column,
+    written in the same transaction as the event's effect) in production."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def first_time(self, event_id: str) -> bool:
+        with self._lock:
+            if event_id in self._seen:
+                return False
+            self._seen.add(event_id)
+            return True
+
+
+def handle_event(event: dict) -> None:
+    """Your business logic: runs once per event id."""
+    obj = event["data"]["object"]
+    print(f"{event['id']} {event['type']} {obj.get('id', '')} {obj.get('amount', '')} {obj.get('asset', '')}", flush=True)
+
+
+def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                return self._answer(413, "too large")
+            body = self.rfile.read(length)
+            try:
+                event = verify(body=body, header=self.headers.get("Tally-Signature", ""), secrets=secrets)
+            except (SignatureError, ValueError) as exc:
+                return self._answer(400, str(exc))
+            if dedupe.first_time(event["id"]):
+                handle_event(event)
+            return self._answer(200, "ok")
+
+        def _answer(self, status: int, text: str) -> None:
+            data = text.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: object) -> None:  # quiet: handle_event prints
+            pass
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("TALLY_WEBHOOK_RECEIVER_PORT", "8765")))
+    args = parser.parse_args()
+    secrets = [s for s in os.environ.get("TALLY_WEBHOOK_SECRET", "").split(",") if s]
+    if not secrets:
+        raise SystemExit("set TALLY_WEBHOOK_SECRET to the endpoint's signing secret")
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(secrets, Dedupe()))
+    print(f"webhook receiver listening on http://{args.host}:{args.port}/", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""A real HTTP receiver on 127.0.0.1 for the webhook tests: it records every request and
+answers from a script of statuses (then 200), verifying signatures with the receiver
+merchants copy from docs/WEBHOOKS.md (docs/webhook_receiver.py, standard library only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+DOC_RECEIVER_PATH = Path(__file__).resolve().parent.parent / "docs" / "webhook_receiver.py"
+
+
+def doc_receiver() -> Any:
+    """docs/webhook_receiver.py as a module (it is not a package module: merchants copy it)."""
+    spec = importlib.util.spec_from_file_location("tally_doc_webhook_receiver", DOC_RECEIVER_PATH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Receiver:
+    port: int
+    script: list[int] = field(default_factory=list)  # statuses to answer first, in order; then 200
+    requests: list[Received] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def event_ids(self, path: str | None = None) -> list[str]:
+        import json
+
+        with self.lock:
+            return [json.loads(r.body)["id"] for r in self.requests if path is None or r.path == path]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def receiver_running(port: int = 0, script: list[int] | None = None) -> Iterator[Receiver]:
+    state = Receiver(port=port, script=list(script or []))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            with state.lock:
+                state.requests.append(Received(path=self.path, headers=dict(self.headers.items()), body=body))
+                status = state.script.pop(0) if state.script else 200
+            self.send_response(status)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

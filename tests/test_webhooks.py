@@ -1,0 +1,499 @@
+"""The outbox relay and merchant webhook deliveries (SPEC 8), against real PostgreSQL and a
+real HTTP receiver on 127.0.0.1: at least once, never a rolled-back event, a relay killed
+with SIGKILL loses nothing, two relays keep each endpoint's order, retries, signatures,
+and no SSRF at registration or at send time."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import current_app
+from django.db import connection, transaction
+from django.utils import timezone
+
+from payments.models import OutboxEvent
+from payments.services.charges import payment_create
+from payments.services.outbox import _RelayKick, outbox_event_create
+from tenants.models import Tenant
+from tests.conftest import run_in_thread_tenant
+from tests.factories import CustomerFactory, MerchantFactory, TerminalFactory, fund
+from tests.receivers import doc_receiver, free_port, receiver_running
+from wallets.models import Merchant
+from wallets.transactions import run_atomic
+from webhooks import metrics
+from webhooks.errors import WebhookEndpointInvalid, WebhookTargetRefused
+from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
+from webhooks.services.deliveries import RETRY_WINDOW, retry_delay
+from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate
+from webhooks.services.relay import outbox_batch_publish, outbox_lag_refresh, outbox_relay_run
+from webhooks.signing import signature_header
+from webhooks.targets import webhook_target_resolve
+
+ROOT = Path(__file__).resolve().parent.parent
+RX = doc_receiver()
+
+
+def _sample(metric: Any, suffix: str = "_total", **labels: str) -> float:
+    return sum(
+        s.value for m in metric.collect() for s in m.samples
+        if s.name.endswith(suffix) and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+@pytest.fixture
+def loopback_http(settings: Any) -> None:
+    """The tests' receivers listen on 127.0.0.1 over plain http (as `make run`'s does)."""
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
+
+
+@pytest.fixture
+def live_endpoints(live_tenant: Tenant) -> Iterator[list[WebhookEndpoint]]:
+    """Endpoints a live test registers (they commit): disabled after it, so later tests'
+    relays never call a receiver that is gone."""
+    made: list[WebhookEndpoint] = []
+    yield made
+    WebhookEndpoint.objects.filter(pk__in=[e.pk for e in made]).update(status="disabled")
+
+
+def _endpoint(merchant: Merchant, url: str, events: list[str] | None = None) -> tuple[WebhookEndpoint, str]:
+    return webhook_endpoint_create(merchant=merchant, url=url, enabled_events=events or ["*"])
+
+
+def _event(merchant: Merchant, n: int, topic: str = "payment.succeeded") -> OutboxEvent:
+    """One committed event (own transaction when none is open)."""
+    return run_atomic(
+        lambda: outbox_event_create(topic=topic, payload={"id": f"pay_t{n}", "object": "payment", "merchant": merchant.pk, "amount": n}),
+        operation="test_event",
+    )
+
+
+# --- the relay ------------------------------------------------------------------------
+
+
+def test_relay_publishes_every_committed_event_never_a_rolled_back_one(live_tenant: Tenant, loopback_http: None, live_endpoints: list) -> None:
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    merchant = terminal.store.merchant
+    fund(customer, 1_000)
+    with receiver_running() as rx:
+        endpoint, secret = _endpoint(merchant, rx.url(), ["payment.succeeded"])
+        live_endpoints.append(endpoint)
+        paid = [payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=10) for _ in range(5)]
+        with pytest.raises(RuntimeError), transaction.atomic():
+            payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=11)  # writes its event...
+            raise RuntimeError("...and rolls back")
+        # Every commit kicked the relay (Celery eager in tests): delivered already.
+        events = list(OutboxEvent.objects.filter(topic="payment.succeeded", payload__merchant=merchant.pk))
+        assert sorted(e.payload["id"] for e in events) == sorted(p.id for p in paid)
+        assert all(e.published_at is not None for e in events)
+        assert sorted(rx.event_ids()) == sorted(e.id for e in events)
+        for request in rx.requests:
+            event = RX.verify(body=request.body, header=request.headers["Tally-Signature"], secrets=[secret])
+            assert event["object"] == "event" and event["type"] == "payment.succeeded" and event["id"].startswith("evt_")
+            assert event["data"]["object"]["amount"] == 10  # never the rolled-back 11
+    assert WebhookDelivery.objects.filter(endpoint=endpoint, status=WebhookDeliveryStatus.SUCCEEDED).count() == 5
+
+
+def test_the_kick_is_registered_once_per_transaction(live_tenant: Tenant) -> None:
+    merchant = MerchantFactory()
+    with transaction.atomic():
+        _event(merchant, 1)
+        _event(merchant, 2)
+        kicks = [entry[1] for entry in connection.run_on_commit if isinstance(entry[1], _RelayKick)]
+        assert len(kicks) == 1 and kicks[0].schema_name == live_tenant.schema_name
+
+
+def _broker_pools_reset(app: Any) -> None:
+    """Forget the app's broker pools (not close them: kombu shares them per URL), so the next
+    publish connects to `broker_url` as set now."""
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
+def test_a_failed_kick_never_breaks_the_payment_and_the_sweep_catches_up(
+    live_tenant: Tenant, loopback_http: None, live_endpoints: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 100)
+    app = current_app
+    saved = (app.conf.task_always_eager, app.conf.broker_url)
+    with receiver_running() as rx:
+        endpoint, _ = _endpoint(terminal.store.merchant, rx.url())
+        live_endpoints.append(endpoint)
+        # The broker is down: send_task fails (no publish retries), after the commit.
+        app.conf.task_always_eager, app.conf.broker_url = False, "redis://127.0.0.1:1/0"
+        _broker_pools_reset(app)
+        try:
+            with caplog.at_level(logging.WARNING, logger="payments.services.outbox"):
+                started = time.monotonic()
+                payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=7)
+                assert time.monotonic() - started < 10
+        finally:
+            app.conf.task_always_eager, app.conf.broker_url = saved
+            _broker_pools_reset(app)
+        assert any("kick failed" in r.message for r in caplog.records)
+        event = OutboxEvent.objects.get(topic="payment.succeeded", payload__id=payment.id)
+        assert event.published_at is None and rx.requests == []
+        # The beat sweep (fans out one relay per tenant; eager here).
+        from webhooks.tasks import webhooks_relay_all_tenants
+
+        webhooks_relay_all_tenants.apply()
+        event.refresh_from_db()
+        assert event.published_at is not None and rx.event_ids() == [event.id]
+
+
+def _test_db_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(DJANGO_SETTINGS_MODULE="config.settings.test", TALLY_TEST_DB_NAME=str(connection.settings_dict["NAME"]), **extra)
+    return env
+
+
+def test_a_relay_killed_with_sigkill_mid_batch_loses_nothing(live_tenant: Tenant, loopback_http: None, live_endpoints: list, settings: Any) -> None:
+    settings.TALLY_OUTBOX_RELAY_KICK = False  # only the relays below publish
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        endpoint, _ = _endpoint(merchant, rx.url())
+        live_endpoints.append(endpoint)
+        events = [_event(merchant, n) for n in range(12)]
+        ids = [e.id for e in events]
+        relay = subprocess.Popen(  # a real relay process, holding its claimed batch for 120 s
+            [sys.executable, "manage.py", "outbox_relay", "--schema", live_tenant.schema_name], cwd=ROOT,
+            env=_test_db_env(TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS="120", TALLY_WEBHOOK_ALLOW_HTTP="1", TALLY_WEBHOOK_ALLOW_LOOPBACK="1"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # wait until it holds every one of our rows
+                with transaction.atomic():
+                    free = len(OutboxEvent.objects.select_for_update(skip_locked=True).filter(pk__in=ids).values_list("pk", flat=True))
+                if free == 0:
+                    break
+                assert relay.poll() is None, relay.communicate()
+                assert time.monotonic() < deadline, "the relay never claimed the batch"
+                time.sleep(0.1)
+            # Meanwhile another relay skips the claimed rows rather than waiting on them.
+            outbox_batch_publish()
+            assert not OutboxEvent.objects.filter(pk__in=ids, published_at__isnull=False).exists()
+        finally:
+            os.kill(relay.pid, signal.SIGKILL)
+            out, err = relay.communicate()
+        assert relay.returncode == -signal.SIGKILL, (out, err)
+        # Its transaction died with it: nothing was published, nothing is lost.
+        assert OutboxEvent.objects.filter(pk__in=ids, published_at__isnull=True).count() == 12
+        outbox_relay_run()  # the next relay
+        assert OutboxEvent.objects.filter(pk__in=ids, published_at__isnull=False).count() == 12
+        assert rx.event_ids() == ids
+
+
+def test_two_relays_at_once_deliver_each_event_to_each_endpoint_in_event_order(
+    live_tenant: Tenant, loopback_http: None, live_endpoints: list, settings: Any
+) -> None:
+    settings.TALLY_OUTBOX_RELAY_KICK = False
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        for path in ("/e1", "/e2"):
+            live_endpoints.append(_endpoint(merchant, rx.url(path))[0])
+        ids = [_event(merchant, n).id for n in range(40)]
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def relay() -> None:
+            def body() -> None:
+                barrier.wait()
+                for _ in range(3):
+                    outbox_relay_run(batch_size=4)
+
+            try:
+                run_in_thread_tenant(live_tenant, body)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=relay) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert not errors and not any(t.is_alive() for t in threads)
+        outbox_relay_run()  # whatever was still behind a lock when both finished
+        expected = list(OutboxEvent.objects.filter(pk__in=ids).order_by("created", "id").values_list("id", flat=True))
+        assert expected == ids
+        assert rx.event_ids("/e1") == expected
+        assert rx.event_ids("/e2") == expected
+
+
+def test_a_failing_publication_is_retried_then_dead_lettered_and_lag_is_measured(tenant: Tenant) -> None:
+    merchant = MerchantFactory()
+    event = _event(merchant, 1)
+    OutboxEvent.objects.filter(pk=event.pk).update(created=timezone.now() - timedelta(seconds=90))
+    assert outbox_lag_refresh() >= 90
+    assert _sample(metrics.OUTBOX_LAG_SECONDS, "", tenant=tenant.schema_name) >= 90
+    dead_before = _sample(metrics.OUTBOX_DEAD_LETTERS)
+    _endpoint(merchant, "https://93.184.215.14/h")
+    # A real database failure while publishing this one event (a trigger refusing its
+    # delivery rows; DDL rolls back with the test's transaction).
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE FUNCTION test_refuse_delivery() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected'; END $$")
+        cursor.execute(
+            "CREATE TRIGGER test_refuse_delivery BEFORE INSERT ON webhooks_webhookdelivery FOR EACH ROW "
+            "WHEN (NEW.event_id = %s) EXECUTE FUNCTION test_refuse_delivery()", [event.pk],
+        )
+    other = _event(merchant, 2)
+    later = timezone.now()
+    for attempt in range(1, 9):
+        outbox_relay_run(now=later)
+        event.refresh_from_db()
+        assert event.attempts == attempt and event.published_at is None and "injected" in event.last_error
+        later = later + timedelta(hours=1)
+    assert event.dead_at is not None
+    assert _sample(metrics.OUTBOX_DEAD_LETTERS) == dead_before + 1
+    other.refresh_from_db()
+    assert other.published_at is not None  # one bad event never holds back the rest
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER test_refuse_delivery ON webhooks_webhookdelivery")
+    # Requeued from the admin: it gets a new round (and, fixed, publishes).
+    from webhooks.services.relay import outbox_event_requeue
+
+    outbox_event_requeue(event=event)
+    outbox_relay_run()
+    event.refresh_from_db()
+    assert event.published_at is not None and event.dead_at is None
+    assert WebhookDelivery.objects.filter(event=event).count() == 1
+
+
+# --- deliveries -------------------------------------------------------------------------
+
+
+def test_a_receiver_that_is_down_then_up_gets_the_event_after_retries(tenant: Tenant, loopback_http: None) -> None:
+    port = free_port()  # nothing listens there yet
+    merchant = MerchantFactory()
+    endpoint, secret = _endpoint(merchant, f"http://127.0.0.1:{port}/hook")
+    event = _event(merchant, 1)
+    failures_before = _sample(metrics.WEBHOOK_FAILURES, reason="network")
+    outbox_relay_run()
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint, event=event)
+    assert delivery.status == "pending" and delivery.attempts == 1 and "Connection" in delivery.last_error
+    assert delivery.next_attempt_at > timezone.now() + timedelta(seconds=10)  # backing off
+    assert _sample(metrics.WEBHOOK_FAILURES, reason="network") == failures_before + 1
+    outbox_relay_run()  # not due yet: no attempt
+    assert WebhookDelivery.objects.get(pk=delivery.pk).attempts == 1
+    outbox_relay_run(now=timezone.now() + timedelta(minutes=1))  # due, still down
+    assert WebhookDelivery.objects.get(pk=delivery.pk).attempts == 2
+    with receiver_running(port=port) as rx:
+        outbox_relay_run(now=timezone.now() + timedelta(minutes=5))
+    delivery.refresh_from_db()
+    assert delivery.status == "succeeded" and delivery.attempts == 3 and delivery.last_status_code == 200
+    assert rx.event_ids() == [event.id]
+    assert RX.verify(body=rx.requests[0].body, header=rx.requests[0].headers["Tally-Signature"], secrets=[secret])["id"] == event.id
+    log = list(delivery.attempt_log.order_by("attempted_at", "id"))
+    assert [a.succeeded for a in log] == [False, False, True]
+    assert log[-1].status_code == 200 and log[-1].response_excerpt == "ok" and log[-1].address == "127.0.0.1"
+    assert all(a.latency_ms >= 0 for a in log) and log[0].status_code is None and log[0].error
+
+
+def test_a_500_then_a_200_counts_as_one_success_and_the_receiver_handles_it_once(tenant: Tenant, loopback_http: None) -> None:
+    merchant = MerchantFactory()
+    succeeded_before = _sample(metrics.WEBHOOK_DELIVERIES, outcome="succeeded")
+    with receiver_running(script=[500]) as rx:
+        endpoint, secret = _endpoint(merchant, rx.url())
+        event = _event(merchant, 1)
+        outbox_relay_run()
+        outbox_relay_run(now=timezone.now() + timedelta(minutes=1))
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    assert delivery.status == "succeeded" and delivery.attempts == 2
+    assert [a.status_code for a in delivery.attempt_log.order_by("attempted_at", "id")] == [500, 200]
+    assert _sample(metrics.WEBHOOK_DELIVERIES, outcome="succeeded") == succeeded_before + 1
+    # Both requests carry the same event (same id, same body); the copyable receiver
+    # handles it once.
+    assert rx.event_ids() == [event.id, event.id] and rx.requests[0].body == rx.requests[1].body
+    dedupe, handled = RX.Dedupe(), []
+    for request in rx.requests:
+        verified = RX.verify(body=request.body, header=request.headers["Tally-Signature"], secrets=[secret])
+        if dedupe.first_time(verified["id"]):
+            handled.append(verified["id"])
+    assert handled == [event.id]
+
+
+def test_redirects_are_not_followed(tenant: Tenant, loopback_http: None) -> None:
+    merchant = MerchantFactory()
+    with receiver_running(script=[302]) as rx:
+        endpoint, _ = _endpoint(merchant, rx.url())
+        _event(merchant, 1)
+        outbox_relay_run()
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    assert delivery.status == "pending" and delivery.last_status_code == 302 and len(rx.requests) == 1
+
+
+def test_persistent_failure_gives_up_after_three_days_and_disables_the_endpoint(tenant: Tenant, loopback_http: None) -> None:
+    merchant = MerchantFactory()
+    endpoint, _ = _endpoint(merchant, f"http://127.0.0.1:{free_port()}/hook")
+    _event(merchant, 1)
+    _event(merchant, 2)
+    outbox_relay_run()
+    assert WebhookDelivery.objects.filter(endpoint=endpoint, attempts=1).count() == 1  # in order: the second waits
+    outbox_relay_run(now=timezone.now() + RETRY_WINDOW + timedelta(minutes=1))
+    endpoint.refresh_from_db()
+    assert endpoint.status == "disabled" and "failed for 3 days" in endpoint.disabled_reason
+    statuses = sorted(WebhookDelivery.objects.filter(endpoint=endpoint).values_list("status", flat=True))
+    assert statuses == ["failed", "pending"]
+
+
+def test_retry_schedule_is_exponential_jittered_and_capped() -> None:
+    for attempts, base in [(1, 30), (2, 60), (3, 120), (10, 15_360), (11, 6 * 3600), (30, 6 * 3600)]:
+        for _ in range(20):
+            assert base / 2 <= retry_delay(attempts=attempts).total_seconds() <= base
+
+
+# --- signatures --------------------------------------------------------------------------
+
+
+def test_signatures_verify_with_the_standard_library_and_fail_when_tampered_or_stale() -> None:
+    body, now = b'{"id":"evt_1","object":"event"}', int(time.time())
+    header = signature_header(secrets=["whsec_right"], timestamp=now, body=body)
+    assert header.startswith(f"t={now},v1=")
+    assert RX.verify(body=body, header=header, secrets=["whsec_right"])["id"] == "evt_1"
+    with pytest.raises(RX.SignatureError):
+        RX.verify(body=body.replace(b"evt_1", b"evt_2"), header=header, secrets=["whsec_right"])  # tampered body
+    with pytest.raises(RX.SignatureError):
+        RX.verify(body=body, header=header, secrets=["whsec_wrong"])  # wrong secret
+    stale = signature_header(secrets=["whsec_right"], timestamp=now - 301, body=body)
+    with pytest.raises(RX.SignatureError):
+        RX.verify(body=body, header=stale, secrets=["whsec_right"])  # older than 300 s
+    assert RX.verify(body=body, header=signature_header(secrets=["whsec_right"], timestamp=now - 299, body=body), secrets=["whsec_right"])
+    with pytest.raises(RX.SignatureError):
+        RX.verify(body=body, header="v1=abc", secrets=["whsec_right"])  # no timestamp
+
+
+def test_during_a_rotation_overlap_deliveries_carry_both_signatures(tenant: Tenant, loopback_http: None) -> None:
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        endpoint, old_secret = _endpoint(merchant, rx.url())
+        endpoint, new_secret = webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(hours=1))
+        _event(merchant, 1)
+        outbox_relay_run()
+    header = rx.requests[0].headers["Tally-Signature"]
+    assert header.count("v1=") == 2
+    for secret in (old_secret, new_secret):  # a receiver still on the old secret, or already on the new
+        RX.verify(body=rx.requests[0].body, header=header, secrets=[secret])
+
+
+def test_the_documented_receiver_is_the_file_make_run_starts() -> None:
+    doc = (ROOT / "docs" / "WEBHOOKS.md").read_text()
+    assert (ROOT / "docs" / "webhook_receiver.py").read_text().strip() in doc
+    assert "receiver:" in (ROOT / "Procfile").read_text()
+
+
+# --- no SSRF -----------------------------------------------------------------------------
+
+REFUSED = [
+    "http://127.0.0.1/",
+    "http://127.1/",  # inet_aton shorthand
+    "http://2130706433/",  # 127.0.0.1 as one number
+    "http://169.254.169.254/latest/meta-data/",
+    "http://[::1]/",
+    "http://[::ffff:127.0.0.1]/",
+    "http://[::ffff:10.0.0.1]/",
+    "http://[64:ff9b::a9fe:a9fe]/",  # NAT64 of 169.254.169.254
+    "http://0.0.0.0/",
+    "http://[::]/",
+    "http://10.0.0.5/",
+    "http://172.16.3.4/",
+    "http://192.168.1.1/",
+    "http://100.64.0.1/",  # shared address space (some clouds' metadata)
+    "http://[fd00:ec2::254]/",  # AWS metadata over IPv6 (unique local)
+    "http://[fe80::1]/",
+    "http://224.0.0.1/",
+    "http://[ff02::1]/",
+    "http://240.0.0.1/",  # reserved
+    "http://localhost:6379/",  # a name that resolves to loopback
+    "http://127.0.0.1:99999/",  # invalid port
+    "http://127.0.0.1:0/",
+    "ftp://93.184.215.14/",
+    "https://user:pw@93.184.215.14/",
+]
+ACCEPTED = [
+    "https://93.184.215.14/hooks",
+    "http://93.184.215.14:8080/hooks",  # plain http only because this test's settings allow it
+    "https://[2606:4700:4700::1111]/hooks",
+    "https://hooks.merchant.example/tally",  # does not resolve (yet): every delivery checks again
+]
+
+
+@pytest.mark.parametrize("url", REFUSED)
+def test_registration_refuses_internal_targets(url: str, tenant: Tenant, settings: Any) -> None:
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
+    with pytest.raises(WebhookEndpointInvalid) as refused:
+        _endpoint(MerchantFactory(), url)
+    assert refused.value.param == "url"
+
+
+@pytest.mark.parametrize("url", ACCEPTED)
+def test_registration_accepts_public_targets(url: str, tenant: Tenant, settings: Any) -> None:
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
+    assert _endpoint(MerchantFactory(), url)[0].url == url
+
+
+def test_loopback_only_when_a_setting_allows_it_and_never_private_or_unspecified(settings: Any) -> None:
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
+    target = webhook_target_resolve(url="http://127.0.0.1:8765/hooks?x=1")
+    assert target is not None and (target.address, target.port, target.path) == ("127.0.0.1", 8765, "/hooks?x=1")
+    assert webhook_target_resolve(url="http://localhost:8765/") is not None
+    for url in ("http://10.0.0.5/", "http://0.0.0.0/", "http://169.254.169.254/", "http://[fd00::1]/"):
+        with pytest.raises(WebhookTargetRefused):
+            webhook_target_resolve(url=url)
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = False
+    with pytest.raises(WebhookEndpointInvalid):
+        webhook_target_resolve(url="http://127.0.0.1:8765/")
+
+
+def test_a_delivery_to_a_name_that_resolves_to_an_internal_address_at_send_time_is_refused(tenant: Tenant, settings: Any) -> None:
+    """Registered while the name pointed elsewhere (DNS rebinding): the row is written
+    directly, as registration saw it. At send time the name resolves to 127.0.0.1, which
+    this deployment does not allow: nothing is sent, and the attempt says why."""
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
+    merchant = MerchantFactory()
+    refused_before = _sample(metrics.WEBHOOK_FAILURES, reason="refused")
+    with receiver_running() as rx:
+        endpoints = [
+            WebhookEndpoint.objects.create(merchant=merchant, url=url, enabled_events=["*"], secret="whsec_x")
+            for url in (f"http://localhost:{rx.port}/hook", "http://10.1.2.3/hook")
+        ]
+        _event(merchant, 1)
+        outbox_relay_run()
+    assert rx.requests == []
+    for endpoint in endpoints:
+        delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+        assert delivery.status == "pending" and delivery.last_error.startswith("refused:")
+        assert delivery.attempt_log.get().address == ""  # never connected
+    assert _sample(metrics.WEBHOOK_FAILURES, reason="refused") == refused_before + 2
+
+
+# --- Celery configured for money -----------------------------------------------------------
+
+
+def test_celery_is_configured_for_money() -> None:
+    from django.conf import settings
+
+    conf = current_app.conf
+    assert conf.task_acks_late is True and conf.task_reject_on_worker_lost is True
+    assert conf.worker_prefetch_multiplier == 1
+    assert 0 < conf.task_soft_time_limit < conf.task_time_limit
+    assert conf.broker_transport_options["visibility_timeout"] > conf.task_time_limit
+    schedule = settings.CELERY_BEAT_SCHEDULE["webhooks-relay"]
+    assert schedule["task"] == "webhooks.relay_all_tenants"
+    assert float(schedule["schedule"]) < conf.broker_transport_options["visibility_timeout"]  # type: ignore[arg-type]
+    assert "webhooks.outbox_relay" in current_app.tasks and "webhooks.relay_all_tenants" in current_app.tasks

@@ -1,0 +1,55 @@
+"""Every lock the webhooks app takes, named (see wallets/locks.py for the money locks).
+
+Order: a relay takes at most one of these at a time, and never while holding a money lock.
+- `outbox_events_claim`: a batch of unpublished outbox rows, FOR UPDATE SKIP LOCKED, in
+  (created, id) order; held for the batch's short publication transaction only.
+- `endpoint_dispatch_lock`: a session advisory lock per endpoint, tried (never waited for)
+  and held while that endpoint's due deliveries are sent one by one, so one endpoint
+  gets its deliveries one at a time, in event order, whatever the number of relays. No
+  row lock is held across an HTTP call; a relay that dies (even SIGKILL) drops its
+  session, and PostgreSQL releases the advisory lock with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import Q, QuerySet
+
+from payments.models import OutboxEvent
+
+
+def outbox_events_claim(*, now: datetime, limit: int) -> QuerySet[OutboxEvent]:
+    """Unpublished, live, due outbox rows in (created, id) order, locked; rows another relay
+    holds are skipped (it publishes them)."""
+    return (
+        OutboxEvent.objects.select_for_update(skip_locked=True)
+        .filter(published_at__isnull=True, dead_at__isnull=True)
+        .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+        .order_by("created", "id")[:limit]
+    )
+
+
+def _advisory_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+@contextmanager
+def endpoint_dispatch_lock(*, endpoint_id: str) -> Iterator[bool]:
+    """Try the endpoint's dispatch lock (per tenant schema); yields whether it was taken."""
+    schema_name = getattr(connection, "schema_name", "public")
+    key = _advisory_key(f"tally:webhook-dispatch:{schema_name}:{endpoint_id}")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        row = cursor.fetchone()
+    taken = bool(row and row[0])
+    try:
+        yield taken
+    finally:
+        if taken:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])

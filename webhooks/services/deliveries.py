@@ -1,0 +1,222 @@
+"""Sending webhook deliveries: signed POSTs, retries with backoff, the attempt log,
+disabling an endpoint that keeps failing, and redelivery (SPEC 8, docs/WEBHOOKS.md).
+
+Per endpoint, deliveries go one at a time in event order: the dispatcher takes the
+endpoint's dispatch lock (webhooks.locks) and sends its oldest pending delivery; only a
+2xx lets it go on to the next one. A delivery whose event is not yet before every
+unpublished outbox event waits, so a relay that published later events cannot overtake
+one still publishing earlier ones.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import random
+import time
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from payments.models import OutboxEvent
+from payments.services.outbox import outbox_relay_kick_on_commit
+from webhooks import metrics
+from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
+from webhooks.locks import endpoint_dispatch_lock
+from webhooks.models import (
+    WebhookDelivery,
+    WebhookDeliveryAttempt,
+    WebhookDeliveryStatus,
+    WebhookEndpoint,
+    WebhookEndpointStatus,
+)
+from webhooks.services.endpoints import webhook_endpoint_signing_secrets
+from webhooks.signing import SIGNATURE_HEADER, signature_header
+from webhooks.targets import webhook_target_resolve
+from webhooks.transport import webhook_post
+
+logger = logging.getLogger(__name__)
+
+# Retries: attempt n failing waits min(30 s x 2^(n-1), 6 h), jittered to 50-100 % of it,
+# until 3 days after the delivery was made (or redelivered); then the delivery fails and
+# its endpoint is disabled. That is ~20 attempts: 30 s, 1, 2, 4 ... 256 min, then every 6 h.
+RETRY_WINDOW = timedelta(days=3)
+RETRY_BASE_SECONDS = 30.0
+RETRY_CAP_SECONDS = 6 * 3600.0
+USER_AGENT = "Tally-Webhooks/1.0"
+
+
+def retry_delay(*, attempts: int) -> timedelta:
+    """The wait after the `attempts`-th failed attempt: exponential, capped, jittered."""
+    delay = min(RETRY_BASE_SECONDS * 2 ** max(attempts - 1, 0), RETRY_CAP_SECONDS)
+    return timedelta(seconds=delay * random.uniform(0.5, 1.0))
+
+
+def webhook_event_body(*, event: OutboxEvent) -> bytes:
+    """The JSON body of an event, identical on every attempt (consumers dedupe on `id`)."""
+    body = {
+        "id": event.id, "object": "event", "type": event.topic, "created": int(event.created.timestamp()),
+        "data": {"object": event.payload},
+    }
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _watermark() -> tuple[datetime, str] | None:
+    """(created, id) of the oldest unpublished live outbox event: deliveries wait behind it."""
+    row = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).order_by("created", "id").values_list("created", "id").first()
+    return (row[0], row[1]) if row else None
+
+
+def webhook_deliveries_dispatch(*, now: datetime | None = None, time_budget_seconds: float = 60.0) -> int:
+    """Send every due delivery of every enabled endpoint whose dispatch lock is free; return
+    the number of attempts made. `now` (tests) says which retries are due.
+
+    Locks: per endpoint, `endpoint_dispatch_lock` (tried; a busy endpoint is another
+    relay's). No row lock is held across an HTTP call; each attempt's outcome commits on its own.
+    """
+    deadline = time.monotonic() + time_budget_seconds
+    due_at = now or timezone.now()
+    endpoint_ids = list(
+        WebhookDelivery.objects.filter(
+            status=WebhookDeliveryStatus.PENDING, next_attempt_at__lte=due_at, endpoint__status=WebhookEndpointStatus.ENABLED
+        ).values_list("endpoint_id", flat=True).distinct()
+    )
+    attempts = 0
+    for endpoint_id in endpoint_ids:
+        if time.monotonic() > deadline:
+            break
+        with endpoint_dispatch_lock(endpoint_id=endpoint_id) as taken:
+            if taken:
+                attempts += _endpoint_drain(endpoint_id=endpoint_id, now=now, deadline=deadline)
+    return attempts
+
+
+def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) -> int:
+    """Send one endpoint's pending deliveries in event order, stopping at the first that is
+    not due or fails. Caller holds the endpoint's dispatch lock."""
+    attempts = 0
+    while time.monotonic() <= deadline:
+        head = (
+            WebhookDelivery.objects.select_related("endpoint", "event")
+            .filter(endpoint_id=endpoint_id, status=WebhookDeliveryStatus.PENDING)
+            .order_by("event_created", "event_id")
+            .first()
+        )
+        moment = now or timezone.now()
+        if head is None or head.endpoint.status != WebhookEndpointStatus.ENABLED or head.next_attempt_at > moment:
+            break
+        watermark = _watermark()
+        if watermark is not None and (head.event_created, head.event_id) >= watermark:
+            break
+        attempts += 1
+        if not webhook_delivery_attempt(delivery=head, now=moment):
+            break
+    return attempts
+
+
+def webhook_delivery_attempt(*, delivery: WebhookDelivery, now: datetime | None = None) -> bool:
+    """POST one delivery now, log the attempt and schedule what follows; True on a 2xx.
+
+    The target is checked again (SSRF) against what the host resolves to now, and the
+    connection goes to the checked address. Locks: none (the caller holds the endpoint's
+    dispatch lock); the outcome commits in its own short transaction.
+    """
+    endpoint = delivery.endpoint
+    body = webhook_event_body(event=delivery.event)
+    timestamp = int(time.time())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        SIGNATURE_HEADER: signature_header(secrets=webhook_endpoint_signing_secrets(endpoint=endpoint), timestamp=timestamp, body=body),
+    }
+    status_code: int | None = None
+    excerpt = error = address = ""
+    reason = ""
+    started = time.monotonic()
+    try:
+        target = webhook_target_resolve(url=endpoint.url)
+        assert target is not None  # unresolvable names raise here
+        address = target.address
+        answer = webhook_post(target=target, body=body, headers=headers)
+        status_code, excerpt = answer.status, answer.excerpt
+        if not 200 <= answer.status < 300:
+            error, reason = f"HTTP {answer.status}", "http_status"
+    except WebhookTargetRefused as exc:
+        error, reason = f"refused: {exc.message}", "refused"
+    except (OSError, http.client.HTTPException) as exc:
+        error, reason = f"{type(exc).__name__}: {exc}"[:500], "network"
+    latency = time.monotonic() - started
+    metrics.WEBHOOK_LATENCY_SECONDS.observe(latency)
+    succeeded = not error
+    _attempt_record(
+        delivery=delivery, now=now or timezone.now(), succeeded=succeeded, status_code=status_code,
+        latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error,
+    )
+    if not succeeded:
+        metrics.WEBHOOK_FAILURES.labels(reason=reason).inc()
+    logger.info(
+        "webhook attempt",
+        extra={"delivery": delivery.id, "endpoint": endpoint.id, "event": delivery.event_id, "status_code": status_code,
+               "latency_ms": int(latency * 1000), "succeeded": succeeded, "error": error},
+    )
+    return succeeded
+
+
+@transaction.atomic
+def _attempt_record(
+    *, delivery: WebhookDelivery, now: datetime, succeeded: bool, status_code: int | None, latency_ms: int,
+    address: str, excerpt: str, error: str,
+) -> None:
+    WebhookDeliveryAttempt.objects.create(
+        delivery=delivery, attempted_at=now, succeeded=succeeded, status_code=status_code, latency_ms=latency_ms,
+        address=address, response_excerpt=excerpt, error=error,
+    )
+    fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": status_code, "last_error": error}
+    if succeeded:
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, status=WebhookDeliveryStatus.SUCCEEDED, delivered_at=now)
+        metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc()
+        return
+    following = now + retry_delay(attempts=delivery.attempts + 1)
+    if following <= delivery.give_up_at:
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, next_attempt_at=following)
+        metrics.WEBHOOK_DELIVERIES.labels(outcome="retrying").inc()
+        return
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, status=WebhookDeliveryStatus.FAILED)
+    metrics.WEBHOOK_DELIVERIES.labels(outcome="gave_up").inc()
+    # Nothing got through to this endpoint for the whole window (its deliveries go in
+    # order, so this one blocked the rest): stop sending, and say why.
+    disabled = WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, status=WebhookEndpointStatus.ENABLED).update(
+        status=WebhookEndpointStatus.DISABLED,
+        disabled_reason=f"Disabled {now:%Y-%m-%d %H:%M} UTC: delivery {delivery.id} failed for {RETRY_WINDOW.days} days ({error})"[:500],
+        updated=now,
+    )
+    if disabled:
+        metrics.WEBHOOK_ENDPOINTS_DISABLED.inc()
+        logger.warning("webhook endpoint disabled", extra={"endpoint": delivery.endpoint_id, "error": error})
+
+
+@transaction.atomic
+def webhook_delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
+    """Send a delivery again: it becomes pending, due now, with a fresh 3-day retry window.
+
+    Its endpoint must be enabled (re-enable it first). It goes out in event order with the
+    endpoint's other pending deliveries (an old event therefore goes first). Locks: the
+    delivery row (FOR UPDATE). The relay is kicked after commit.
+    """
+    locked = WebhookDelivery.objects.select_for_update().select_related("endpoint").get(pk=delivery.pk)
+    if locked.endpoint.status != WebhookEndpointStatus.ENABLED:
+        raise WebhookDeliveryNotRedeliverable("the webhook endpoint is disabled; enable it first", param="delivery")
+    if locked.status != WebhookDeliveryStatus.PENDING:
+        now = timezone.now()
+        locked.status = WebhookDeliveryStatus.PENDING
+        locked.next_attempt_at = now
+        locked.give_up_at = now + RETRY_WINDOW
+        locked.save(update_fields=["status", "next_attempt_at", "give_up_at"])
+    else:  # already pending: just make it due now
+        locked.next_attempt_at = timezone.now()
+        locked.save(update_fields=["next_attempt_at"])
+    outbox_relay_kick_on_commit()
+    return locked

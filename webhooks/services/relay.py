@@ -1,0 +1,147 @@
+"""The outbox relay (SPEC 8): publish committed `OutboxEvent` rows, then send the webhook
+deliveries they made. At least once, in commit order as far as (created, id) tells it.
+
+Publishing an event = making one `WebhookDelivery` per enabled endpoint of the event's
+merchant that wants its type (`enabled_events`, "*" = all), and setting `published_at`,
+in one short transaction per batch. A batch is claimed with FOR UPDATE SKIP LOCKED, so
+relays share the work; a relay that dies mid-batch (even SIGKILL) rolls its batch back
+with its session, and the next relay publishes it. Making a delivery twice is a no-op
+(unique per endpoint and event), so an event published twice is still delivered once per
+endpoint. A publication that fails is retried with backoff and after OUTBOX_MAX_ATTEMPTS
+the row becomes a dead letter (`dead_at`): visible in the admin, requeued from there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from payments.models import OutboxEvent
+from payments.services.outbox import outbox_relay_kick_on_commit
+from webhooks import metrics
+from webhooks.locks import outbox_events_claim
+from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEndpointStatus
+from webhooks.services.deliveries import RETRY_WINDOW, webhook_deliveries_dispatch
+
+logger = logging.getLogger(__name__)
+
+RELAY_BATCH_SIZE = 100
+RELAY_MAX_BATCHES = 50
+OUTBOX_MAX_ATTEMPTS = 8
+OUTBOX_RETRY_BASE_SECONDS = 5.0
+OUTBOX_RETRY_CAP_SECONDS = 600.0
+
+
+def endpoint_wants(*, endpoint: WebhookEndpoint, topic: str) -> bool:
+    return "*" in endpoint.enabled_events or topic in endpoint.enabled_events
+
+
+def _merchant_of(event: OutboxEvent) -> str | None:
+    merchant = event.payload.get("merchant") if isinstance(event.payload, dict) else None
+    return merchant if isinstance(merchant, str) else None
+
+
+def _event_publish(*, event: OutboxEvent, endpoints: list[WebhookEndpoint], now: datetime) -> int:
+    wanted = [e for e in endpoints if endpoint_wants(endpoint=e, topic=event.topic)]
+    WebhookDelivery.objects.bulk_create(
+        [
+            WebhookDelivery(
+                endpoint=e, event=event, topic=event.topic, event_created=event.created, next_attempt_at=now,
+                give_up_at=now + RETRY_WINDOW, created=now,
+            )
+            for e in wanted
+        ],
+        ignore_conflicts=True,  # made already by a relay that died after its commit: at least once
+    )
+    return len(wanted)
+
+
+def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | None = None) -> tuple[int, int]:
+    """Claim and publish one batch; return (claimed, published).
+
+    Locks: the batch's outbox rows (`outbox_events_claim`, FOR UPDATE SKIP LOCKED), for this
+    one transaction. Each event publishes under a savepoint, so one that fails is recorded
+    (attempts, last_error, next_attempt_at, dead_at) without holding back the others.
+    """
+    with transaction.atomic():
+        moment = now or timezone.now()
+        batch = list(outbox_events_claim(now=moment, limit=batch_size))
+        pause = float(getattr(settings, "TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS", 0.0))
+        if pause and batch:  # test-only hook: hold the claimed rows (the SIGKILL test kills us here)
+            time.sleep(pause)
+        merchant_ids = {m for m in map(_merchant_of, batch) if m}
+        by_merchant: dict[str, list[WebhookEndpoint]] = defaultdict(list)
+        for endpoint in WebhookEndpoint.objects.filter(merchant_id__in=merchant_ids, status=WebhookEndpointStatus.ENABLED):
+            by_merchant[endpoint.merchant_id].append(endpoint)
+        published = 0
+        for event in batch:
+            event.attempts += 1
+            try:
+                with transaction.atomic():
+                    merchant_id = _merchant_of(event)
+                    _event_publish(event=event, endpoints=by_merchant.get(merchant_id, []) if merchant_id else [], now=moment)
+                event.published_at, event.last_error, event.next_attempt_at = moment, "", None
+                published += 1
+            except DatabaseError as exc:
+                _publication_failed(event=event, error=f"{type(exc).__name__}: {exc}", now=moment)
+            event.save(update_fields=["published_at", "attempts", "last_error", "next_attempt_at", "dead_at"])
+        metrics.OUTBOX_EVENTS_RELAYED.inc(published)
+        return len(batch), published
+
+
+def _publication_failed(*, event: OutboxEvent, error: str, now: datetime) -> None:
+    event.last_error = error[:1000]
+    metrics.OUTBOX_PUBLISH_FAILURES.inc()
+    if event.attempts >= OUTBOX_MAX_ATTEMPTS:
+        event.dead_at = now
+        metrics.OUTBOX_DEAD_LETTERS.inc()
+        logger.error("outbox event dead-lettered", extra={"event": event.id, "error": event.last_error})
+    else:
+        delay = min(OUTBOX_RETRY_BASE_SECONDS * 2 ** (event.attempts - 1), OUTBOX_RETRY_CAP_SECONDS)
+        event.next_attempt_at = now + timedelta(seconds=delay)
+
+
+def outbox_lag_refresh(*, now: datetime | None = None) -> float:
+    """Set tally_outbox_lag_seconds for this tenant: the age of the oldest unpublished live event."""
+    unpublished = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
+    oldest = unpublished.order_by("created", "id").values_list("created", flat=True).first()
+    lag = max(((now or timezone.now()) - oldest).total_seconds(), 0.0) if oldest else 0.0
+    metrics.OUTBOX_LAG_SECONDS.labels(tenant=str(getattr(connection, "schema_name", "public"))).set(lag)
+    return lag
+
+
+def outbox_relay_run(*, now: datetime | None = None, batch_size: int = RELAY_BATCH_SIZE, max_batches: int = RELAY_MAX_BATCHES) -> int:
+    """The relay, in the current tenant: publish due events batch by batch, refresh the lag
+    gauge, then send due deliveries. Returns the number of events published.
+
+    Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once.
+    """
+    published = 0
+    for _ in range(max_batches):
+        claimed, count = outbox_batch_publish(batch_size=batch_size, now=now)
+        published += count
+        if claimed < batch_size:
+            break
+    outbox_lag_refresh(now=now)
+    webhook_deliveries_dispatch(now=now)
+    return published
+
+
+@transaction.atomic
+def outbox_event_requeue(*, event: OutboxEvent) -> OutboxEvent:
+    """Give a dead letter (or a row waiting for its next attempt) another round now.
+
+    Locks: the outbox row (FOR UPDATE). The relay is kicked after commit.
+    """
+    locked = OutboxEvent.objects.select_for_update().get(pk=event.pk)
+    if locked.published_at is None:
+        locked.dead_at, locked.next_attempt_at, locked.attempts = None, None, 0
+        locked.save(update_fields=["dead_at", "next_attempt_at", "attempts"])
+        outbox_relay_kick_on_commit()
+    return locked

@@ -1,0 +1,28 @@
+"""The outbox relay's Celery tasks (SPEC 8). Kicked after each commit that wrote an event
+(payments.services.outbox sends "webhooks.outbox_relay" by name with the tenant schema),
+and swept by beat every few seconds per tenant, which catches any kick that was lost."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django_tenants.utils import schema_context
+from tenant_schemas_celery.task import TenantTask
+
+from payments.idempotency.selectors import idempotency_tenant_schemas_list
+from webhooks.services.relay import outbox_relay_run
+
+
+@shared_task(base=TenantTask, name="webhooks.outbox_relay", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def webhooks_outbox_relay() -> int:
+    """Runs in one tenant's schema: publish due outbox events, send due deliveries."""
+    return outbox_relay_run()
+
+
+@shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def webhooks_relay_all_tenants() -> int:
+    """Beat entry point: enqueue `webhooks_outbox_relay` inside every active tenant."""
+    schemas = idempotency_tenant_schemas_list()
+    for schema_name in schemas:
+        with schema_context(schema_name):
+            webhooks_outbox_relay.delay()
+    return len(schemas)
