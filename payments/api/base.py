@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from payments.api.auth import ApiKeyAuthentication, FacePermission
-from payments.api.errors import PayloadTooLarge
+from payments.api.errors import BodyIncomplete, LengthRequired, PayloadTooLarge
 from payments.api.pagination import page
 from payments.api.parsers import StrictJSONParser
 from payments.api.principal import Principal
@@ -51,11 +51,19 @@ class StrictSerializer(serializers.Serializer[Any]):
 
 
 def body_limit_enforce(request: Request) -> None:
-    """413 for bodies over DATA_UPLOAD_MAX_MEMORY_SIZE.
+    """Read the whole body before anything runs, or refuse the request (SPEC 1: no money
+    moves on a request we did not read).
 
-    DRF's parsers read the raw stream, which skips Django's own size check; reading
-    `HttpRequest.body` first applies it (and the parsers then reuse the buffered body).
+    - 411 for a body without a Content-Length (`Transfer-Encoding: chunked`): WSGI hands
+      Django such a body as empty, so a view would run on `{}` (a capture of 50 would
+      capture everything, a key reused with another body would replay).
+    - 413 for bodies over DATA_UPLOAD_MAX_MEMORY_SIZE. DRF's parsers read the raw stream,
+      which skips Django's own size check; reading `HttpRequest.body` first applies it
+      (and the parsers then reuse the buffered body).
+    - 400 for a body shorter than its Content-Length (the client stopped sending).
     """
+    if request.META.get("HTTP_TRANSFER_ENCODING"):
+        raise LengthRequired()
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -64,9 +72,11 @@ def body_limit_enforce(request: Request) -> None:
     if limit is not None and declared > limit:
         raise PayloadTooLarge()
     try:
-        request._request.body  # noqa: B018 - the read is the check
+        body = request._request.body
     except RequestDataTooBig:
         raise PayloadTooLarge() from None
+    if len(body) != declared:
+        raise BodyIncomplete()
 
 
 class FaceMetadata(SimpleMetadata):

@@ -41,6 +41,18 @@ class PayloadTooLarge(drf.APIException):
     default_code = "request_too_large"
 
 
+class LengthRequired(drf.APIException):
+    status_code = 411
+    default_detail = "send the body with a Content-Length header; chunked request bodies are not accepted"
+    default_code = "length_required"
+
+
+class BodyIncomplete(drf.APIException):
+    status_code = 400
+    default_detail = "the request body is shorter than its Content-Length"
+    default_code = "request_body_incomplete"
+
+
 def _request_id(request: Any) -> str:
     rid = getattr(request, "request_id", None)
     if rid is None and request is not None:
@@ -122,6 +134,8 @@ _DRF_CODES: dict[type[drf.APIException], tuple[str, str]] = {
     drf.UnsupportedMediaType: ("invalid_request_error", "unsupported_media_type"),
     drf.Throttled: ("rate_limit_error", "rate_limited"),
     PayloadTooLarge: ("invalid_request_error", "request_too_large"),
+    LengthRequired: ("invalid_request_error", "length_required"),
+    BodyIncomplete: ("invalid_request_error", "request_body_incomplete"),
 }
 
 

@@ -1,0 +1,173 @@
+"""A request body is read whole before anything runs, or the request is refused (SPEC 1).
+
+WSGI hands Django a chunked body (no Content-Length) as empty, so a view used to run on
+`{}`: a capture of 50 captured everything. The in-process test builds the environ gunicorn
+builds; the live tests send raw bytes to a real gunicorn, which the test client never does
+(nor can it send a body shorter than its Content-Length).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from payments.models import Payment, PaymentIntent
+from payments.services.adjustments import adjustment_create
+from payments.services.intents import payment_intent_authorize, payment_intent_create
+from tests.api.conftest import Api, World, error_of
+from tests.conftest import TENANT_A
+from wallets.services.principals import (
+    api_key_create,
+    customer_create,
+    merchant_create,
+    staff_member_get_or_create,
+    store_create,
+    terminal_create,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fund(world_staff: Any, customer: Any, amount: int) -> None:
+    adjustment_create(staff=world_staff, customer=customer, asset_code="JPY", amount=amount, direction="credit", reason="test")
+
+
+def test_a_chunked_capture_is_refused_and_captures_nothing(api: Api, world: World) -> None:
+    _fund(world.staff.obj, world.customer.obj, 1_000)
+    intent = payment_intent_create(merchant=world.merchant.obj, customer=world.customer.obj, asset_code="JPY", amount=200, capture_method="manual")
+    payment_intent_authorize(intent=intent)
+    body = json.dumps({"amount_to_capture": 50}).encode()
+    # What gunicorn passes for `Transfer-Encoding: chunked`: no CONTENT_LENGTH at all.
+    response = api.client.generic(
+        "POST", f"/v1/merchant/payment_intents/{intent.pk}/capture", body, content_type="application/json",
+        CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+        HTTP_AUTHORIZATION=f"Bearer {world.merchant.key}", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex,
+    )
+    assert response.status_code == 411, response.content
+    assert error_of(response)["code"] == "length_required"
+    assert PaymentIntent.objects.get(pk=intent.pk).status == "authorized"
+
+
+# --- Against a live gunicorn, raw bytes on a socket ----------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def live_parties(live_tenant: Any) -> dict[str, Any]:
+    """Committed parties in tenant A with keys (a live server cannot see a test transaction)."""
+    suffix = uuid.uuid4().hex[:8]
+    staff = staff_member_get_or_create(username=f"bodies-{suffix}")
+    customer = customer_create(name=f"Chunky {suffix}")
+    merchant = merchant_create(name=f"Shop {suffix}")
+    terminal = terminal_create(store=store_create(merchant=merchant, name="S"), name="T")
+    _fund(staff, customer, 1_000)
+    intent = payment_intent_create(merchant=merchant, customer=customer, asset_code="JPY", amount=200, capture_method="manual")
+    payment_intent_authorize(intent=intent)
+    return {
+        "customer": customer, "intent": intent,
+        "terminal_key": api_key_create(principal=terminal)[1], "merchant_key": api_key_create(principal=merchant)[1],
+    }
+
+
+@pytest.fixture
+def gunicorn(live_tenant: Any) -> Iterator[int]:
+    port = _free_port()
+    database = connection.settings_dict
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
+        DATABASE_URL=f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
+        PORT=str(port), WEB_CONCURRENCY="1", TENANT_CACHE_SECONDS="0", TALLY_OUTBOX_RELAY_KICK="false",
+    )
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.2)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+
+
+def _raw(port: int, head: str, body: bytes = b"", *, then_close: bool = False) -> tuple[int, dict[str, Any]]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + body)
+        if then_close:
+            sock.shutdown(socket.SHUT_WR)  # the client stops sending: no more body is coming
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, json.loads(data.split(b"\r\n\r\n", 1)[1] or b"{}")
+
+
+def _chunked(payload: dict[str, Any]) -> bytes:
+    raw = json.dumps(payload).encode()
+    return f"{len(raw):x}\r\n".encode() + raw + b"\r\n0\r\n\r\n"
+
+
+def _head(path: str, key: str, idem: str, *, chunked: bool, length: int = 0) -> str:
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {length}"
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {TENANT_A['domain']}\r\nAuthorization: Bearer {key}\r\nIdempotency-Key: {idem}\r\n"
+        f"Content-Type: application/json\r\n{framing}\r\nConnection: close\r\n\r\n"
+    )
+
+
+def test_live_chunked_capture_and_payment_are_refused(gunicorn: int, live_parties: dict[str, Any]) -> None:
+    intent = live_parties["intent"]
+    status, body = _raw(
+        gunicorn, _head(f"/v1/merchant/payment_intents/{intent.pk}/capture", live_parties["merchant_key"], uuid.uuid4().hex, chunked=True),
+        _chunked({"amount_to_capture": 50}),
+    )
+    assert (status, body["error"]["code"]) == (411, "length_required")
+    assert PaymentIntent.objects.get(pk=intent.pk).status == "authorized"
+
+    # The same key: first with a proper body (a payment of 5), then chunked with another
+    # body. The contract says 422 for a changed request; it must at least never replay.
+    key, customer = uuid.uuid4().hex, live_parties["customer"]
+    first = json.dumps({"customer": customer.pk, "asset": "JPY", "amount": 5}).encode()
+    status, paid = _raw(gunicorn, _head("/v1/terminal/payments", live_parties["terminal_key"], key, chunked=False, length=len(first)), first)
+    assert status == 201, paid
+    status, body = _raw(
+        gunicorn, _head("/v1/terminal/payments", live_parties["terminal_key"], key, chunked=True),
+        _chunked({"customer": customer.pk, "asset": "JPY", "amount": 7}),
+    )
+    assert (status, body["error"]["code"]) == (411, "length_required")
+    assert list(Payment.objects.filter(customer_id=customer.pk).values_list("amount", flat=True)) == [5]
+
+
+def test_live_body_shorter_than_its_content_length_is_refused(gunicorn: int, live_parties: dict[str, Any]) -> None:
+    customer = live_parties["customer"]
+    body = json.dumps({"customer": customer.pk, "asset": "JPY", "amount": 5}).encode()
+    status, answer = _raw(
+        gunicorn, _head("/v1/terminal/payments", live_parties["terminal_key"], uuid.uuid4().hex, chunked=False, length=len(body) + 20),
+        body, then_close=True,
+    )
+    assert (status, answer["error"]["code"]) == (400, "request_body_incomplete")
+    assert not Payment.objects.filter(customer_id=customer.pk).exists()
