@@ -16,6 +16,7 @@ from config import metrics
 
 request_logger = logging.getLogger("tally.request")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+client_request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("client_request_id", default="-")
 _INCOMING_ID = re.compile(r"^[A-Za-z0-9_\-]{8,64}$")
 
 
@@ -32,6 +33,7 @@ class LogContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id_var.get()
+        record.client_request_id = client_request_id_var.get()
         record.tenant = getattr(connection, "schema_name", "-")
         return True
 
@@ -52,21 +54,36 @@ def mask_phone(value: str | None) -> str | None:
 
 
 class RequestIdMiddleware:
-    """Gives every request an id (or keeps a sane incoming one) and echoes it back."""
+    """Gives every request an id of ours, always: a client's `X-Request-Id` never becomes
+    it (a request id must be trustworthy when tracing an incident). A sane client id is
+    kept beside it, logged and echoed as `Client-Request-Id`.
+
+    Every /v1/ response is also marked `Cache-Control: no-store` (as Stripe does): some
+    carry a secret shown once (API keys, payment tokens, webhook secrets), and none is
+    anything a shared cache should keep.
+    """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        rid = new_request_id()
         incoming = request.headers.get("X-Request-Id", "")
-        rid = incoming if _INCOMING_ID.match(incoming) else new_request_id()
+        client_rid = incoming if _INCOMING_ID.match(incoming) else ""
         request.request_id = rid  # type: ignore[attr-defined]
+        request.client_request_id = client_rid  # type: ignore[attr-defined]
         token = request_id_var.set(rid)
+        client_token = client_request_id_var.set(client_rid or "-")
         try:
             response = self.get_response(request)
         finally:
             request_id_var.reset(token)
+            client_request_id_var.reset(client_token)
         response["Request-Id"] = rid
+        if client_rid:
+            response["Client-Request-Id"] = client_rid
+        if request.path.startswith("/v1/") or request.path == "/v1":
+            response["Cache-Control"] = "no-store"
         return response
 
 

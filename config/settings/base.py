@@ -192,7 +192,7 @@ LOGGING = {
     "formatters": {
         "json": {
             "()": "pythonjsonlogger.json.JsonFormatter",
-            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s %(tenant)s",
+            "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s %(request_id)s %(client_request_id)s %(tenant)s",
             "rename_fields": {"asctime": "ts", "levelname": "level", "name": "logger"},
         }
     },
