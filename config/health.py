@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 
 from config import metrics
 
@@ -65,6 +66,20 @@ class HealthMiddleware:
             body = json.dumps({"status": "ready" if ready else "not_ready", "checks": checks})
             return HttpResponse(body, status=200 if ready else 503, content_type="application/json")
         if path == "/metrics":
+            if not metrics_allowed(request):
+                return HttpResponseNotFound(b"Not found", content_type="text/plain")
             payload, content_type = metrics.render()
             return HttpResponse(payload, content_type=content_type)
         return self.get_response(request)
+
+
+def metrics_allowed(request: HttpRequest) -> bool:
+    """/metrics carries platform-wide counters and every tenant's schema name: only on the
+    platform host, or to the bearer token of TALLY_METRICS_TOKEN (a scraper on any host).
+    Elsewhere it does not exist (404)."""
+    token = getattr(settings, "TALLY_METRICS_TOKEN", "")
+    header = request.META.get("HTTP_AUTHORIZATION", "")
+    if token and hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
+        return True
+    host = request.META.get("HTTP_HOST", "").rsplit(":", 1)[0].lower()
+    return host == str(settings.TALLY_PUBLIC_DOMAIN).lower()
