@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse
+from collections.abc import Callable
 
-from payments.api.errors import error_response
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.db import DatabaseError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
+
+from payments.api.errors import error_response, internal_error_response, is_api_path
 from tenants.middleware import CachedTenantMiddleware
 from wallets.transactions import is_connection_failure
 
@@ -21,3 +24,34 @@ class FailClosedTenantMiddleware(CachedTenantMiddleware):
             if not is_connection_failure(exc):
                 raise
             return error_response(request, exc)  # 503 unavailable, Retry-After
+
+
+def tenant_not_found(request: HttpRequest) -> HttpResponse:
+    """DEFAULT_NOT_FOUND_TENANT_VIEW: an unknown host is a plain 404 (the envelope on
+    /v1/), never django-tenants' message naming the host and the view."""
+    if is_api_path(request):
+        return error_response(request, Http404())
+    return HttpResponseNotFound(b"Not found", content_type="text/plain")
+
+
+_STATUS_EXCEPTIONS: dict[int, Callable[[], Exception]] = {400: SuspiciousOperation, 403: PermissionDenied, 404: Http404}
+
+
+class ApiErrorEnvelopeMiddleware:
+    """Every /v1/ error is the SPEC envelope, DEBUG on or off: Django's technical 404 and
+    500 pages (DEBUG, as under `make run`) list routes and internals; they are replaced by
+    the envelope with the same status."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code < 400 or not is_api_path(request):
+            return response
+        if str(response.get("Content-Type", "")).startswith("application/json"):
+            return response
+        exception = _STATUS_EXCEPTIONS.get(response.status_code)
+        if exception is None:
+            return internal_error_response(request) if response.status_code >= 500 else response
+        return error_response(request, exception())

@@ -19,7 +19,9 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models.signals import post_delete, post_save
+from django.http import HttpRequest
 from django_tenants.middleware.main import TenantMainMiddleware
+from django_tenants.utils import remove_www
 
 from tenants.models import Domain, Tenant
 
@@ -45,7 +47,12 @@ for _model in (Tenant, Domain):
 
 
 class CachedTenantMiddleware(TenantMainMiddleware):
-    """django-tenants' middleware with a per-process host -> tenant cache (cleared on save)."""
+    """django-tenants' middleware with a per-process host -> tenant cache (cleared on save).
+    Host names are matched case-insensitively (DNS names are)."""
+
+    @staticmethod
+    def hostname_from_request(request: HttpRequest) -> str:
+        return str(remove_www(request.get_host().split(":")[0])).lower()
 
     def get_tenant(self, domain_model: Any, hostname: str) -> Tenant:
         ttl = float(getattr(settings, "TENANT_CACHE_SECONDS", 10))

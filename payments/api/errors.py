@@ -203,30 +203,34 @@ def error_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
     return response
 
 
-def _is_api_path(request: HttpRequest) -> bool:
+def is_api_path(request: HttpRequest) -> bool:
     return request.path.startswith("/v1/") or request.path == "/v1"
 
 
+def internal_error_response(request: HttpRequest) -> HttpResponse:
+    body = envelope(error_type="api_error", code="internal_error", message="internal error", param=None, request_id=_request_id(request))
+    return JsonResponse(body, status=500)
+
+
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if _is_api_path(request):
+    if is_api_path(request):
         return error_response(request, Http404())
     return django_defaults.page_not_found(request, exception or Http404())
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
-    if _is_api_path(request):
-        body = envelope(error_type="api_error", code="internal_error", message="internal error", param=None, request_id=_request_id(request))
-        return JsonResponse(body, status=500)
+    if is_api_path(request):
+        return internal_error_response(request)
     return django_defaults.server_error(request)
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if _is_api_path(request):
+    if is_api_path(request):
         return error_response(request, exception if isinstance(exception, BaseException) else SuspiciousOperation())
     return django_defaults.bad_request(request, exception or SuspiciousOperation())
 
 
 def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    if _is_api_path(request):
+    if is_api_path(request):
         return error_response(request, DjangoPermissionDenied())
     return django_defaults.permission_denied(request, exception or DjangoPermissionDenied())
