@@ -75,10 +75,18 @@ def test_healthz_and_readyz_on_tenant_and_unknown_hosts(tenant_a: Tenant) -> Non
 
 
 @pytest.mark.django_db
-def test_metrics_endpoint_speaks_prometheus(tenant_a: Tenant) -> None:
-    response = Client(HTTP_HOST="a.test.localhost").get("/metrics")
+def test_metrics_endpoint_speaks_prometheus_on_the_platform_host_or_to_its_token(tenant_a: Tenant, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.TALLY_PUBLIC_DOMAIN = "public.test.localhost"
+    settings.TALLY_METRICS_TOKEN = "scrape-" + "x" * 24
+    response = Client(HTTP_HOST="public.test.localhost").get("/metrics")
     assert response.status_code == 200
     assert b"tally_requests_total" in response.content
+    # A tenant's host: platform-wide counters and every tenant's schema name are not its to see.
+    tenant_host = Client(HTTP_HOST="a.test.localhost")
+    assert tenant_host.get("/metrics").status_code == 404
+    assert tenant_host.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 404
+    scraped = tenant_host.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.TALLY_METRICS_TOKEN}")
+    assert scraped.status_code == 200 and b"tally_requests_total" in scraped.content
 
 
 @pytest.mark.django_db

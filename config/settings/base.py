@@ -85,6 +85,7 @@ CACHES = {
 MIDDLEWARE = [
     "config.observability.RequestIdMiddleware",
     "config.health.HealthMiddleware",
+    "config.middleware.ApiErrorEnvelopeMiddleware",
     "config.middleware.FailClosedTenantMiddleware",
     "config.observability.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -133,6 +134,8 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {
         "api_key": env("TALLY_THROTTLE_KEY_RATE", default="6000/min"),
         "tenant": env("TALLY_THROTTLE_TENANT_RATE", default="60000/min"),
+        # Failed authentications, per client IP and per presented key prefix.
+        "auth_failure": env("TALLY_THROTTLE_AUTH_FAILURE_RATE", default="60/min"),
     },
 }
 SPECTACULAR_SETTINGS = {
@@ -206,6 +209,10 @@ LOGGING = {
 # --- Tally --------------------------------------------------------------------------
 TALLY_DEMO_DOMAIN = env("TALLY_DEMO_DOMAIN", default="demo.localhost")
 TALLY_PUBLIC_DOMAIN = env("TALLY_PUBLIC_DOMAIN", default="localhost")
+# /metrics answers on the platform host, or on any host to `Authorization: Bearer <this>`.
+TALLY_METRICS_TOKEN = env("TALLY_METRICS_TOKEN", default="")
+# An unknown tenant host answers a plain 404 (the envelope on /v1/) naming nothing internal.
+DEFAULT_NOT_FOUND_TENANT_VIEW = "config.middleware.tenant_not_found"
 # Webhook targets (webhooks/targets.py): plain http and loopback addresses are refused
 # unless these say otherwise (local development sets both; never in production).
 TALLY_WEBHOOK_ALLOW_HTTP = env.bool("TALLY_WEBHOOK_ALLOW_HTTP", default=DEBUG)

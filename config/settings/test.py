@@ -1,5 +1,5 @@
 from .base import *  # noqa: F403
-from .base import DATABASES, env
+from .base import DATABASES, REST_FRAMEWORK, env
 
 DEBUG = False
 # A fixed database name keeps runs comparable; pytest-django prefixes it with test_.
@@ -10,3 +10,6 @@ CELERY_TASK_ALWAYS_EAGER = True
 # Tests change tenant settings inside rolled-back transactions; a cached tenant would
 # outlive the rollback. The cache itself is tested with an explicit override.
 TENANT_CACHE_SECONDS = 0.0
+# The suite sends many bad keys from one address (the route x principal matrix); the
+# failed-authentication limit itself is tested with its own rate.
+REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failure": "1000000/min"}}

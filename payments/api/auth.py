@@ -11,6 +11,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
+from payments.api.throttling import auth_failure_throttle
 from wallets.models import ApiKey
 from wallets.selectors import api_key_get_active
 from wallets.services.principals import api_key_last_used_touch
@@ -31,12 +32,21 @@ class ApiKeyAuthentication(BaseAuthentication):
         scheme, _, raw_key = header.partition(" ")
         raw_key = raw_key.strip()
         if scheme.lower() != "bearer" or not raw_key or len(raw_key) > MAX_KEY_LENGTH or not raw_key.isascii():
+            self._failed(request, raw_key)
             raise exceptions.AuthenticationFailed("invalid API key")
         api_key = api_key_get_active(raw_key=raw_key)
         if api_key is None:
+            self._failed(request, raw_key)
             raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
         api_key_last_used_touch(api_key=api_key)
         return principal_from_api_key(api_key), api_key
+
+    @staticmethod
+    def _failed(request: Request, raw_key: str) -> None:
+        """Throttle failed authentication per IP and key prefix: 429 once over the limit."""
+        wait = auth_failure_throttle(request, key_prefix=raw_key[:7] if raw_key.isascii() else "?")
+        if wait is not None:
+            raise exceptions.Throttled(wait=wait)
 
     def authenticate_header(self, request: Request) -> str:
         # A value here makes DRF answer 401 (not 403) to a missing or bad key.

@@ -113,3 +113,33 @@ class KeyAndTenantThrottle(BaseThrottle):
 
     def wait(self) -> float | None:
         return self._wait
+
+
+def auth_failure_throttle(request: Request, *, key_prefix: str) -> float | None:
+    """Count a failed authentication per client IP and per presented key prefix (scope
+    "auth_failure", fixed windows, one Redis pipeline); the seconds to wait when either is
+    over its rate, else None. Only failures pay for this round trip, and a flood of bad
+    keys stops reaching the database. Redis down: fails open, like the other limits."""
+    global _redis_down_until
+    setting = api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure")
+    rate = parse_rate(None if setting is None else str(setting))
+    now = time.time()
+    if rate is None or now < _redis_down_until:
+        return None
+    limit, period = rate
+    window = int(now // period)
+    idents = (f"ip:{request.META.get('REMOTE_ADDR', '-')}", f"prefix:{key_prefix}")
+    keys = [f"tally:throttle:auth_failure:{ident}:{window}" for ident in idents]
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        for key in keys:
+            pipe.incr(key)
+            pipe.expire(key, period + 1, nx=True)
+        counts = [int(c) for c in pipe.execute()[0::2]]
+    except redis.RedisError:
+        _redis_down_until = now + REDIS_BACKOFF_SECONDS
+        logger.warning("throttle store unavailable: failing open")
+        return None
+    if max(counts) > limit:
+        return (window + 1) * period - now
+    return None

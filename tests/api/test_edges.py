@@ -22,3 +22,42 @@ def test_every_v1_response_is_no_store(api: Api, world: World) -> None:
     for response, status in ((created, 201), (read, 200), (refused, 401), (unknown, 404)):
         assert response.status_code == status, response.content
         assert response["Cache-Control"] == "no-store", response.headers
+
+
+def test_v1_errors_are_the_envelope_even_with_debug_on(api: Api, world: World, settings) -> None:  # type: ignore[no-untyped-def]
+    from django.test import Client
+
+    from tests.api.conftest import error_of
+
+    settings.DEBUG = True
+    for path in ("/v1/nope", "/v1/merchant/payments/PAY_abc", "/v1/merchant/payments/pay_" + "x" * 60):
+        response = api.get(path, world.merchant.key)
+        assert response.status_code == 404, (path, response.content[:200])
+        assert error_of(response)["code"] == "resource_missing"
+    # An unknown host names nothing internal; a host in capitals is the same host.
+    unknown = Client(HTTP_HOST="nobody.test.localhost").get("/v1/customer/wallet")
+    assert unknown.status_code == 404 and error_of(unknown)["code"] == "resource_missing"
+    assert b"hostname" not in unknown.content and b"View" not in unknown.content
+    plain = Client(HTTP_HOST="nobody.test.localhost").get("/admin/")
+    assert plain.status_code == 404 and plain.content == b"Not found"
+    upper = Client(HTTP_HOST=world.host.upper()).get("/v1/customer/wallet", HTTP_AUTHORIZATION=f"Bearer {world.customer.key}")
+    assert upper.status_code == 200, upper.content[:200]
+
+
+def test_failed_authentication_is_throttled_per_address_and_key_prefix(api: Api, world: World, settings) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    from tests.api.conftest import error_of
+
+    rates = settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**rates, "auth_failure": "5/min"}}
+    address = f"10.{random.randrange(256)}.{random.randrange(256)}.{random.randrange(256)}"
+    prefix = "ck_" + "".join(random.choices("abcdefghijklmnopqrstuvwxyz", k=4))  # counters are shared: a fresh prefix
+    statuses = [
+        api.client.get("/v1/customer/wallet", HTTP_AUTHORIZATION=f"Bearer {prefix}wrong{n}", REMOTE_ADDR=address).status_code for n in range(7)
+    ]
+    assert statuses[:5] == [401] * 5 and statuses[5:] == [429, 429], statuses
+    throttled = api.client.get("/v1/customer/wallet", HTTP_AUTHORIZATION=f"Bearer {prefix}wrongX", REMOTE_ADDR=address)
+    assert error_of(throttled)["code"] == "rate_limited" and int(throttled["Retry-After"]) >= 1
+    # A good key from another address is not held up by this address's failures.
+    assert api.get("/v1/customer/wallet", world.customer.key).status_code == 200
