@@ -7,6 +7,7 @@ uniquely-named parties and leaves them in the throwaway test database.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from payments.services.refunds import refund_create
 from payments.services.transfers import transfer_create
 from tenants.models import Tenant
 from tests.conftest import run_in_thread_tenant
-from tests.factories import CustomerFactory, MerchantFactory, StoreFactory, TerminalFactory, fund
+from tests.factories import CustomerFactory, MerchantFactory, StoreFactory, TerminalFactory, fund, staff
 from wallets import metrics
 from wallets.errors import InsufficientFunds, InvalidState
 from wallets.models import Balance, LedgerEntry
@@ -316,3 +317,55 @@ def test_refund_racing_a_points_spend_takes_back_what_is_left_instead_of_refusin
     refunder.join(30)
     assert "error" not in outcome, outcome.get("error")
     assert outcome["refund"].points_reversed == 5  # type: ignore[attr-defined]
+
+
+def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_tenant: Tenant) -> None:
+    """A payment that reaches the wallet's rows while a freeze holds them must not finish
+    after the freeze commits (it would read the account row as it was before)."""
+    from django.db import connection, transaction
+
+    from payments.services.freezes import wallet_freeze
+    from wallets.errors import WalletFrozen
+
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    frozen_holding = threading.Event()
+    release = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def freeze() -> None:
+        def body() -> None:
+            with transaction.atomic():
+                wallet_freeze(customer=customer, staff=staff(), reason="fraud review")
+                frozen_holding.set()
+                release.wait(timeout=10)  # commit only once the payment is waiting on the rows
+
+        run_in_thread_tenant(live_tenant, body)
+
+    def pay() -> None:
+        def body() -> None:
+            try:
+                outcome["payment"] = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+            except WalletFrozen as refused:
+                outcome["refused"] = refused
+
+        run_in_thread_tenant(live_tenant, body)
+
+    freezer = threading.Thread(target=freeze)
+    freezer.start()
+    assert frozen_holding.wait(timeout=10)
+    payer = threading.Thread(target=pay)
+    payer.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the payment is blocked on the wallet's rows
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE %s", ["%wallets_balance%"])
+            row = cursor.fetchone()
+        if row and row[0]:
+            break
+        time.sleep(0.05)
+    release.set()
+    freezer.join(timeout=20)
+    payer.join(timeout=20)
+    assert "refused" in outcome and "payment" not in outcome, outcome
+    assert _jpy(customer)["balance"] == 1_000

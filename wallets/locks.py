@@ -9,8 +9,8 @@ Deadlock freedom depends on every writer using these helpers, never an inline
      emits them, so any two transactions meet their common rows in the same order. No
      transaction locks balance rows a second time (an intent capture consumes its hold
      inside the charge's posting for that reason);
-  3. an account row (freezes) and a hold row are locked on their own, never while
-     holding balance rows of another account.
+  3. a freeze locks all the account's balance rows (one ordered statement), then the
+     account row; nothing locks an account row before balance rows.
 
 Merchant and system accounts are credited on one shard (the connection's own, so
 concurrent payments to one merchant rarely meet); a merchant debit locks all its shards
@@ -108,7 +108,10 @@ def balance_rows_lock(*, wants: Iterable[BalanceWant]) -> LockedBalances:
     if missing and all(w.creatable for w in missing):
         Balance.objects.bulk_create(
             [
-                Balance(account_id=w.account.id, asset_id=w.asset_code, shard=w.shard, may_go_negative=w.account.kind == AccountKind.SYSTEM)
+                Balance(
+                    account_id=w.account.id, asset_id=w.asset_code, shard=w.shard,
+                    may_go_negative=w.account.kind == AccountKind.SYSTEM, frozen=w.account.frozen,
+                )
                 for w in missing
             ],
             ignore_conflicts=True,
@@ -165,6 +168,12 @@ def balance_rows_lock_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
     for (kind, owner, shard), assets in groups.items():
         matches |= Q(**{_OWNER_FIELD[kind]: owner}, shard=shard, asset_id__in=assets)
     return LockedBalances(_locking_select(matches))
+
+
+def account_balance_rows_lock(*, account_id: str) -> list[Balance]:
+    """Lock every balance row of one account, in the global order, with one statement (a
+    freeze: it marks them)."""
+    return list(Balance.objects.filter(account_id=account_id).order_by(*LOCK_ORDER).select_for_update())
 
 
 def account_lock(*, account_id: str) -> Account:

@@ -236,6 +236,10 @@ class Balance(models.Model):
     held = models.BigIntegerField(default=0)
     # Denormalised from Account.kind so the CHECK below can see it (system accounts may go negative).
     may_go_negative = models.BooleanField(default=False)
+    # Denormalised from Account.frozen, set by the freeze in the same transaction as the
+    # account: a posting reads it from the row it has locked, so a payment waiting on the
+    # row while a freeze commits sees the freeze (the account row it joined would be stale).
+    frozen = models.BooleanField(default=False)
 
     class Meta:
         constraints = [

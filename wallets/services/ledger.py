@@ -106,6 +106,8 @@ def ledger_post(
             if not want.creatable:  # a debit of a wallet that never held this asset
                 raise InsufficientFunds("insufficient funds", param="amount")
             raise ValueError(f"balance row {want} was not locked")  # balance_rows_lock makes creatable rows
+        if row.frozen and not allow_frozen:
+            raise WalletFrozen("the wallet is frozen", param=None)
         if want.account.kind == AccountKind.CUSTOMER:
             if amount < 0 and row.balance - row.held - held_deltas.get(row.pk, 0) < -amount:
                 raise InsufficientFunds("insufficient funds", param="amount")
@@ -215,6 +217,8 @@ def hold_place(*, account: Account, asset_code: str, amount: int, reference: str
         raise WalletFrozen("the wallet is frozen", param=None)
     locked = balance_rows_lock(wants=[BalanceWant(account, asset_code, 0, creatable=False)])
     row = locked.row(account=account, asset_code=asset_code)
+    if row is not None and row.frozen:
+        raise WalletFrozen("the wallet is frozen", param=None)
     if row is None or row.balance - row.held < amount:
         raise InsufficientFunds("insufficient funds", param="amount")
     Balance.objects.filter(pk=row.pk).update(held=F("held") + amount)
@@ -252,7 +256,7 @@ def balance_rows_create(*, accounts: Iterable[Account], asset_codes: Iterable[st
     """
     codes = list(asset_codes) if asset_codes is not None else list(Asset.objects.values_list("code", flat=True))
     rows = [
-        Balance(account_id=account.id, asset_id=code, shard=shard, may_go_negative=account.kind == AccountKind.SYSTEM)
+        Balance(account_id=account.id, asset_id=code, shard=shard, may_go_negative=account.kind == AccountKind.SYSTEM, frozen=account.frozen)
         for account in accounts
         for code in codes
         for shard in (range(1) if account.kind == AccountKind.CUSTOMER else range(BALANCE_SHARDS))
