@@ -33,6 +33,7 @@ _ERROR_DESCRIPTIONS = {
     406: "Only application/json responses are available.",
     409: "Same Idempotency-Key still in flight, or the object's state does not allow this.",
     410: "Idempotency-Key past its replay window.",
+    411: "The body was sent without a Content-Length (Transfer-Encoding: chunked): send it with one.",
     413: "Request body too large.",
     415: "Body is not application/json.",
     422: "Same Idempotency-Key used with a different request.",
@@ -40,8 +41,8 @@ _ERROR_DESCRIPTIONS = {
     500: "Internal error (a bug: never the client's fault).",
     503: "A store is unavailable; retry after Retry-After.",
 }
-_READ_ERRORS = (400, 401, 403, 404, 406, 429, 500, 503)
-_WRITE_ERRORS = (400, 401, 402, 403, 404, 406, 409, 410, 413, 415, 422, 429, 500, 503)
+_READ_ERRORS = (400, 401, 403, 404, 406, 411, 429, 500, 503)
+_WRITE_ERRORS = (400, 401, 402, 403, 404, 406, 409, 410, 411, 413, 415, 422, 429, 500, 503)
 
 IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
     name="Idempotency-Key",
