@@ -36,7 +36,7 @@ from webhooks.errors import WebhookEndpointInvalid, WebhookTargetRefused
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
 from webhooks.services.deliveries import RETRY_WINDOW, retry_delay
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate
-from webhooks.services.relay import outbox_batch_publish, outbox_lag_refresh, outbox_relay_run
+from webhooks.services.relay import outbox_batch_publish, outbox_lag_seconds_refresh, outbox_relay_run
 from webhooks.signing import signature_header
 from webhooks.targets import webhook_target_resolve
 
@@ -236,7 +236,7 @@ def test_a_failing_publication_is_retried_then_dead_lettered_and_lag_is_measured
     merchant = MerchantFactory()
     event = _event(merchant, 1)
     OutboxEvent.objects.filter(pk=event.pk).update(created=timezone.now() - timedelta(seconds=90))
-    assert outbox_lag_refresh() >= 90
+    assert outbox_lag_seconds_refresh() >= 90
     assert _sample(metrics.OUTBOX_LAG_SECONDS, "", tenant=tenant.schema_name) >= 90
     dead_before = _sample(metrics.OUTBOX_DEAD_LETTERS)
     _endpoint(merchant, "https://93.184.215.14/h")

@@ -11,7 +11,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
 from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
-from payments.api.throttling import auth_failure_throttle
+from payments.api.throttling import auth_failure_wait_seconds
 from wallets.models import ApiKey
 from wallets.selectors import api_key_get_active
 from wallets.services.principals import api_key_last_used_touch
@@ -44,7 +44,7 @@ class ApiKeyAuthentication(BaseAuthentication):
     @staticmethod
     def _failed(request: Request, raw_key: str) -> None:
         """Throttle failed authentication per IP and key prefix: 429 once over the limit."""
-        wait = auth_failure_throttle(request, key_prefix=raw_key[:7] if raw_key.isascii() else "?")
+        wait = auth_failure_wait_seconds(request, key_prefix=raw_key[:7] if raw_key.isascii() else "?")
         if wait is not None:
             raise exceptions.Throttled(wait=wait)
 

@@ -79,7 +79,6 @@ class KeyAndTenantThrottle(BaseThrottle):
         return principal.api_key.id if isinstance(principal, Principal) else None
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        global _redis_down_until
         now = time.time()
         if now < _redis_down_until:
             return True
@@ -95,15 +94,8 @@ class KeyAndTenantThrottle(BaseThrottle):
             checks.append((f"tally:throttle:{schema}:{scope}:{ident}:{window}", limit, period, window))
         if not checks:
             return True
-        try:
-            pipe = _redis().pipeline(transaction=False)
-            for key, _, period, _ in checks:
-                pipe.incr(key)
-                pipe.expire(key, period + 1, nx=True)
-            counts = [int(c) for c in pipe.execute()[0::2]]
-        except redis.RedisError:
-            _redis_down_until = now + REDIS_BACKOFF_SECONDS
-            logger.warning("throttle store unavailable: failing open")
+        counts = _windows_count([(key, period) for key, _, period, _ in checks], now=now)
+        if counts is None:
             return True
         waits = [(window + 1) * period - now for (_, limit, period, window), count in zip(checks, counts, strict=True) if count > limit]
         if waits:
@@ -115,12 +107,27 @@ class KeyAndTenantThrottle(BaseThrottle):
         return self._wait
 
 
-def auth_failure_throttle(request: Request, *, key_prefix: str) -> float | None:
+def _windows_count(windows: list[tuple[str, int]], *, now: float) -> list[int] | None:
+    """INCR each (key, period) window counter in ONE pipeline and return the counts; None
+    when Redis is down (fail open, and stop trying for a few seconds)."""
+    global _redis_down_until
+    try:
+        pipe = _redis().pipeline(transaction=False)
+        for key, period in windows:
+            pipe.incr(key)
+            pipe.expire(key, period + 1, nx=True)
+        return [int(c) for c in pipe.execute()[0::2]]
+    except redis.RedisError:
+        _redis_down_until = now + REDIS_BACKOFF_SECONDS
+        logger.warning("throttle store unavailable: failing open")
+        return None
+
+
+def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | None:
     """Count a failed authentication per client IP and per presented key prefix (scope
     "auth_failure", fixed windows, one Redis pipeline); the seconds to wait when either is
     over its rate, else None. Only failures pay for this round trip, and a flood of bad
     keys stops reaching the database. Redis down: fails open, like the other limits."""
-    global _redis_down_until
     setting = api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure")
     rate = parse_rate(None if setting is None else str(setting))
     now = time.time()
@@ -129,16 +136,8 @@ def auth_failure_throttle(request: Request, *, key_prefix: str) -> float | None:
     limit, period = rate
     window = int(now // period)
     idents = (f"ip:{request.META.get('REMOTE_ADDR', '-')}", f"prefix:{key_prefix}")
-    keys = [f"tally:throttle:auth_failure:{ident}:{window}" for ident in idents]
-    try:
-        pipe = _redis().pipeline(transaction=False)
-        for key in keys:
-            pipe.incr(key)
-            pipe.expire(key, period + 1, nx=True)
-        counts = [int(c) for c in pipe.execute()[0::2]]
-    except redis.RedisError:
-        _redis_down_until = now + REDIS_BACKOFF_SECONDS
-        logger.warning("throttle store unavailable: failing open")
+    counts = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now=now)
+    if counts is None:
         return None
     if max(counts) > limit:
         return (window + 1) * period - now

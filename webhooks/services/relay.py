@@ -107,7 +107,7 @@ def _publication_failed(*, event: OutboxEvent, error: str, now: datetime) -> Non
         event.next_attempt_at = now + timedelta(seconds=delay)
 
 
-def outbox_lag_refresh(*, now: datetime | None = None) -> float:
+def outbox_lag_seconds_refresh(*, now: datetime | None = None) -> float:
     """Set tally_outbox_lag_seconds for this tenant: the age of the oldest unpublished live event."""
     unpublished = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
     oldest = unpublished.order_by("created", "id").values_list("created", flat=True).first()
@@ -128,7 +128,7 @@ def outbox_relay_run(*, now: datetime | None = None, batch_size: int = RELAY_BAT
         published += count
         if claimed < batch_size:
             break
-    outbox_lag_refresh(now=now)
+    outbox_lag_seconds_refresh(now=now)
     webhook_deliveries_dispatch(now=now)
     return published
 
