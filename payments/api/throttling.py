@@ -94,7 +94,7 @@ class KeyAndTenantThrottle(BaseThrottle):
             checks.append((f"tally:throttle:{schema}:{scope}:{ident}:{window}", limit, period, window))
         if not checks:
             return True
-        counts = _windows_count([(key, period) for key, _, period, _ in checks], now=now)
+        counts = _windows_count([(key, period) for key, _, period, _ in checks], now_seconds=now)
         if counts is None:
             return True
         waits = [(window + 1) * period - now for (_, limit, period, window), count in zip(checks, counts, strict=True) if count > limit]
@@ -107,7 +107,7 @@ class KeyAndTenantThrottle(BaseThrottle):
         return self._wait
 
 
-def _windows_count(windows: list[tuple[str, int]], *, now: float) -> list[int] | None:
+def _windows_count(windows: list[tuple[str, int]], *, now_seconds: float) -> list[int] | None:
     """INCR each (key, period) window counter in ONE pipeline and return the counts; None
     when Redis is down (fail open, and stop trying for a few seconds)."""
     global _redis_down_until
@@ -118,7 +118,7 @@ def _windows_count(windows: list[tuple[str, int]], *, now: float) -> list[int] |
             pipe.expire(key, period + 1, nx=True)
         return [int(c) for c in pipe.execute()[0::2]]
     except redis.RedisError:
-        _redis_down_until = now + REDIS_BACKOFF_SECONDS
+        _redis_down_until = now_seconds + REDIS_BACKOFF_SECONDS
         logger.warning("throttle store unavailable: failing open")
         return None
 
@@ -136,7 +136,7 @@ def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | N
     limit, period = rate
     window = int(now // period)
     idents = (f"ip:{request.META.get('REMOTE_ADDR', '-')}", f"prefix:{key_prefix}")
-    counts = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now=now)
+    counts = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now_seconds=now)
     if counts is None:
         return None
     if max(counts) > limit:
