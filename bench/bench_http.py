@@ -81,6 +81,8 @@ def seed(database_url: str, redis_url: str) -> dict[str, Any]:
     connection.set_schema_to_public()
     if not Tenant.objects.filter(schema_name=SCHEMA).exists():
         tenant_create(schema_name=SCHEMA, domain=DOMAIN, name="Bench HTTP", main_currency="JPY")
+    # The bench charges by customer id, as a tenant may allow (SPEC 4); the QR token is the default.
+    Tenant.objects.filter(schema_name=SCHEMA).update(charge_by_customer_id=True)
     with schema_context(SCHEMA):
         if not Merchant.objects.filter(name="Hot merchant").exists():
             with transaction.atomic():

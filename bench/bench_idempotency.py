@@ -69,6 +69,8 @@ def _fixtures() -> dict[str, Any]:
     connection.set_schema_to_public()
     if not Tenant.objects.filter(schema_name=SCHEMA).exists():
         tenant_create(schema_name=SCHEMA, domain=HOST, name="Bench idempotency", main_currency="JPY")
+    # The bench charges by customer id, as a tenant may allow (SPEC 4); the QR token is the default.
+    Tenant.objects.filter(schema_name=SCHEMA).update(charge_by_customer_id=True)
     Tenant.objects.filter(schema_name=SCHEMA).update(idempotency_terminal="optional")
     with schema_context(SCHEMA):
         staff = staff_member_get_or_create(username="bench-ops")

@@ -67,6 +67,8 @@ def _fixtures() -> dict[str, Any]:
     connection.set_schema_to_public()
     if not Tenant.objects.filter(schema_name=SCHEMA).exists():
         tenant_create(schema_name=SCHEMA, domain="bench.localhost", name="Bench", main_currency="JPY")
+    # The bench charges by customer id, as a tenant may allow (SPEC 4); the QR token is the default.
+    Tenant.objects.filter(schema_name=SCHEMA).update(charge_by_customer_id=True)
     tenant = Tenant.objects.get(schema_name=SCHEMA)
     with schema_context(SCHEMA):
         _parties_ensure()

@@ -23,6 +23,7 @@ customer_router.register("transfers", customer.TransferViewSet)
 customer_router.register("topups", customer.TopUpViewSet)
 customer_router.register("payments", customer.PaymentViewSet)
 customer_router.register("refunds", customer.RefundViewSet)
+customer_router.register("mandates", customer.MandateViewSet)
 
 terminal_router = FaceRouter("terminal")
 terminal_router.register("payments", terminal.PaymentViewSet)

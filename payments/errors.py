@@ -6,11 +6,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar
 
-from wallets.errors import InvalidState
+from wallets.errors import InvalidState, NotPermitted
 
 
 class PaymentErrorCode(StrEnum):
     REFUND_WINDOW_CLOSED = "refund_window_closed"
+    CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED = "charge_by_customer_id_not_permitted"
 
 
 class RefundWindowClosed(InvalidState):
@@ -18,3 +19,16 @@ class RefundWindowClosed(InvalidState):
     merchant's back office, where someone accountable decides."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.REFUND_WINDOW_CLOSED
+
+
+class ChargeByCustomerIdNotPermitted(NotPermitted):
+    """SPEC 4: charging by bare customer id needs the tenant's setting or the customer's
+    mandate for this merchant; otherwise the customer's payment token (QR) is the way."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this merchant may not charge the customer by id: use the customer's payment token, or ask the customer for a mandate",
+            param="customer",
+        )

@@ -287,3 +287,27 @@ class OutboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.topic}"
+
+
+def new_mandate_id() -> str:
+    return ids.new_id("mnd")
+
+
+class Mandate(models.Model):
+    """A customer's standing consent that one merchant (its terminals and intents) may charge
+    them by customer id; revocable from the customer face (SPEC 4)."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_mandate_id, editable=False)
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="mandates")
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="mandates")
+    created = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["customer", "merchant"], condition=Q(revoked_at__isnull=True), name="mandate_one_active"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.customer_id} -> {self.merchant_id}{' (revoked)' if self.revoked_at else ''}"

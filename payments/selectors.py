@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from payments.models import (
     Adjustment,
+    Mandate,
     Payment,
     PaymentIntent,
     PaymentToken,
@@ -194,3 +195,18 @@ def payment_token_resolve(*, token: object) -> Customer:
     if row is None:
         raise NotFound("invalid or expired payment token", param="customer_token")
     return row.customer
+
+
+def mandate_active_exists(*, customer_id: str, merchant_id: str) -> bool:
+    return Mandate.objects.filter(customer_id=customer_id, merchant_id=merchant_id, revoked_at__isnull=True).exists()
+
+
+def mandates_list(*, customer_id: str) -> QuerySet[Mandate]:
+    return Mandate.objects.filter(customer_id=customer_id)
+
+
+def mandate_get(*, mandate_id: str, customer_id: str) -> Mandate:
+    mandate = Mandate.objects.filter(pk=mandate_id, customer_id=customer_id).first()
+    if mandate is None:
+        raise NotFound("no such mandate", param="mandate")
+    return mandate

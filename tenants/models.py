@@ -43,6 +43,10 @@ class Tenant(TenantMixin):
     # Grams of CO2 avoided per main-currency minor unit spent; rounded half-even (ROUND_HALF_EVEN).
     carbon_grams_per_unit = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0.5"), validators=[MinValueValidator(0)])
     # Anything a later feature needs before it earns a column.
+    # SPEC 4: a terminal or merchant charges a customer by the customer's single-use payment
+    # token (the QR). Charging by bare customer id is allowed only where the tenant turns
+    # this on, or where the customer has granted that merchant a standing mandate.
+    charge_by_customer_id = models.BooleanField(default=False)
     extra_settings = models.JSONField(default=dict, blank=True)
 
     auto_create_schema = True

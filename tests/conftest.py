@@ -50,6 +50,8 @@ def django_db_setup(
         for spec in (TENANT_A, TENANT_B):
             if not Tenant.objects.filter(schema_name=spec["schema_name"]).exists():
                 tenant_create(**spec)
+        # Most tests charge by customer id; tests of the token-only default turn it off.
+        Tenant.objects.filter(schema_name__in=[TENANT_A["schema_name"], TENANT_B["schema_name"]]).update(charge_by_customer_id=True)
         connection.set_schema_to_public()
     yield
     with django_db_blocker.unblock():

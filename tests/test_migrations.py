@@ -28,6 +28,8 @@ def scratch_tenant(django_db_setup: None, django_db_blocker: Any) -> Iterator[Te
     with django_db_blocker.unblock():
         schema = f"test_migr_{uuid.uuid4().hex[:8]}"
         tenant = tenant_create(schema_name=schema, domain=f"{schema}.test.localhost", name="Migrations", main_currency="JPY")
+        tenant.charge_by_customer_id = True  # the test pays by customer id
+        tenant.save(update_fields=["charge_by_customer_id"])
         try:
             yield tenant
         finally:

@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     CAP_EXCEEDED = "cap_exceeded"
     WALLET_FROZEN = "wallet_frozen"
     INVALID_STATE = "invalid_state"
+    PERMISSION_DENIED = "permission_denied"
     CONFLICT = "conflict"
     UNAVAILABLE = "unavailable"
 
@@ -78,6 +79,12 @@ class CapExceeded(BusinessRefusal):
 
 class WalletFrozen(BusinessRefusal):
     code: ClassVar[StrEnum] = ErrorCode.WALLET_FROZEN
+
+
+class NotPermitted(TallyError):
+    """The caller is who it says, but may not do this (to this object)."""
+
+    code: ClassVar[StrEnum] = ErrorCode.PERMISSION_DENIED
 
 
 class InvalidState(TallyError):

@@ -4,6 +4,7 @@ top-ups, payments and refunds. Routed by config/api_urls.py."""
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -12,7 +13,7 @@ from payments.api import serializers as s
 from payments.api.base import CustomerViewSet
 from payments.api.pagination import ListParamsSerializer
 from payments.models import TopUpStatus
-from payments.services import tokens, topups, transfers
+from payments.services import mandates, tokens, topups, transfers
 from wallets import selectors as wallet_selectors
 
 TAG = ["customer"]
@@ -126,3 +127,34 @@ class RefundViewSet(CustomerViewSet):
     @extend_schema(tags=TAG, summary="Retrieve a refund of one of the customer's payments", responses=s.RefundOut)
     def retrieve(self, request: Request, refund_id: str) -> Response:
         return self.render(s.RefundOut, payment_selectors.refund_get(refund_id=refund_id, customer_id=self.customer.pk))
+
+
+class MandateViewSet(CustomerViewSet):
+    """The customer's standing consents: a merchant with one may charge them by customer id."""
+
+    lookup_url_kwarg = "mandate_id"
+
+    @extend_schema(tags=TAG, summary="Mandates the customer has granted", parameters=[ListParamsSerializer], responses=s.MandateList)
+    def list(self, request: Request) -> Response:
+        return self.list_response(payment_selectors.mandates_list(customer_id=self.customer.pk), s.MandateOut, self.query(ListParamsSerializer))
+
+    @extend_schema(
+        tags=TAG, summary="Let a merchant charge the customer by customer id (a standing mandate)", request=s.MandateCreateIn,
+        responses={201: s.MandateOut},
+    )
+    def create(self, request: Request) -> Response:
+        data = self.validated(s.MandateCreateIn)
+        merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant")
+        return self.render(s.MandateOut, mandates.mandate_grant(customer=self.customer, merchant=merchant), status=201)
+
+    @extend_schema(tags=TAG, summary="Retrieve a mandate", responses=s.MandateOut)
+    def retrieve(self, request: Request, mandate_id: str) -> Response:
+        return self.render(s.MandateOut, payment_selectors.mandate_get(mandate_id=mandate_id, customer_id=self.customer.pk))
+
+    @extend_schema(tags=TAG, summary="Revoke a mandate: the merchant's next charge by customer id is refused", request=s.EmptyIn,
+                   responses={200: s.MandateOut})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, mandate_id: str) -> Response:
+        mandate = payment_selectors.mandate_get(mandate_id=mandate_id, customer_id=self.customer.pk)
+        self.validated(s.EmptyIn)
+        return self.render(s.MandateOut, mandates.mandate_revoke(mandate=mandate))

@@ -27,7 +27,7 @@ from rest_framework.response import Response
 
 from payments.idempotency.errors import IdempotencyErrorCode
 from wallets import metrics
-from wallets.errors import BusinessRefusal, Conflict, InvalidState, NotFound, TallyError, Unavailable
+from wallets.errors import BusinessRefusal, Conflict, InvalidState, NotFound, NotPermitted, TallyError, Unavailable
 from wallets.transactions import is_connection_failure
 
 logger = logging.getLogger("tally.api")
@@ -74,6 +74,7 @@ _STATUS_BY_CODE: dict[str, tuple[int, str]] = {
 # Families, most specific first; anything else a TallyError is a 400.
 _STATUS_BY_FAMILY: tuple[tuple[type[TallyError], int, str], ...] = (
     (NotFound, 404, "invalid_request_error"),
+    (NotPermitted, 403, "permission_error"),
     (BusinessRefusal, 402, "payment_error"),
     (Conflict, 409, "api_error"),
     (InvalidState, 409, "invalid_request_error"),

@@ -190,6 +190,15 @@ class TransferOut(S.Serializer[Any]):
     amount = S.IntegerField()
 
 
+class MandateOut(S.Serializer[Any]):
+    id = _id()
+    object = ConstField("mandate")
+    created = S.DateTimeField()
+    customer = _ref("customer_id")
+    merchant = _ref("merchant_id")
+    revoked_at = S.DateTimeField(allow_null=True)
+
+
 class TopUpOut(S.Serializer[Any]):
     id = _id()
     object = ConstField("topup")
@@ -278,6 +287,10 @@ class TransferCreateIn(StrictSerializer):
     amount = AmountField()
 
 
+class MandateCreateIn(StrictSerializer):
+    merchant = ObjectIdField("mer")
+
+
 class TopUpCreateIn(StrictSerializer):
     asset = AssetField()
     amount = AmountField()
@@ -349,6 +362,7 @@ class PaymentListParams(ListParamsSerializer):
 # --- Lists (documented shapes) ---------------------------------------------------------
 
 CustomerList = list_serializer(CustomerOut, "CustomerList")
+MandateList = list_serializer(MandateOut, "MandateList")
 MerchantList = list_serializer(MerchantOut, "MerchantList")
 StoreList = list_serializer(StoreOut, "StoreList")
 TerminalList = list_serializer(TerminalOut, "TerminalList")

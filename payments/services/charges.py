@@ -14,6 +14,7 @@ from __future__ import annotations
 from django.utils import timezone
 
 from payments.models import Payment, PaymentStatus
+from payments.services.mandates import charge_by_customer_id_check
 from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
@@ -163,14 +164,17 @@ def payment_create(
     """Take a payment from `customer` (or just its `customer_id`) at `terminal` (its
     store's merchant is paid), with rewards (module docstring).
 
-    Locks: see `charge`. Raises AmountInvalid, AssetUnknown, InsufficientFunds,
-    WalletFrozen, NotFound (param "customer" for an unknown customer, so the API need
-    not load it first).
+    Charging by customer id needs the tenant's `charge_by_customer_id` or the customer's
+    mandate for this merchant (ChargeByCustomerIdNotPermitted, checked first); the usual
+    way is `payment_create_with_token`. Locks: see `charge`. Raises AmountInvalid,
+    AssetUnknown, InsufficientFunds, WalletFrozen, NotFound (param "customer" for an
+    unknown customer, so the API need not load it first).
     """
     minor = amount_to_minor(amount)
     if (customer is None) == (customer_id is None):
         raise TypeError("pass exactly one of customer and customer_id")
     payer_id = str(customer.pk) if customer is not None else str(customer_id)
+    charge_by_customer_id_check(customer_id=payer_id, merchant_id=terminal.store.merchant_id)
     return _terminal_charge(terminal=terminal, customer_id=payer_id, asset_code=_asset_code_check(asset_code), amount=minor)
 
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 from payments.locks import payment_intent_lock
 from payments.models import CaptureMethod, PaymentIntent, PaymentIntentStatus
 from payments.services.charges import charge
+from payments.services.mandates import charge_by_customer_id_check
 from payments.services.outbox import outbox_event_create
 from wallets.errors import AmountInvalid, AssetUnknown, InsufficientFunds, InvalidRequest, InvalidState, NotFound, WalletFrozen
 from wallets.locks import hold_lock
@@ -38,8 +39,11 @@ _STATE_FIELDS = ("status", "version", "amount", "amount_captured", "hold_id", "p
 def payment_intent_create(
     *, merchant: Merchant, customer: Customer, asset_code: str, amount: object, capture_method: str = CaptureMethod.AUTOMATIC
 ) -> PaymentIntent:
-    """A new intent in `created`. Locks: none."""
+    """A new intent in `created`: the merchant charges the customer by id, so it needs the
+    tenant's setting or the customer's mandate (checked again when the intent charges or
+    holds). Locks: none."""
     minor = amount_to_minor(amount)
+    charge_by_customer_id_check(customer_id=customer.pk, merchant_id=merchant.pk)
     if capture_method not in CaptureMethod.values:
         raise InvalidRequest("capture_method must be automatic or manual", param="capture_method")
     asset = asset_get(asset_code=asset_code)
@@ -96,6 +100,7 @@ def _update_amount(*, intent: PaymentIntent, amount: int) -> PaymentIntent:
 
 @atomic_service(operation="payment_intent_confirm")
 def _confirm(*, intent: PaymentIntent) -> PaymentIntent:
+    charge_by_customer_id_check(customer_id=intent.customer_id, merchant_id=intent.merchant_id)
     requested = _cas(intent, expected=(PaymentIntentStatus.CREATED,), status=PaymentIntentStatus.CHARGE_REQUESTED)
     try:
         # charge refuses before it writes, so the failure is recorded in this transaction.
@@ -119,6 +124,7 @@ def _confirm(*, intent: PaymentIntent) -> PaymentIntent:
 
 @atomic_service(operation="payment_intent_authorize")
 def _authorize(*, intent: PaymentIntent) -> PaymentIntent:
+    charge_by_customer_id_check(customer_id=intent.customer_id, merchant_id=intent.merchant_id)
     _expect(_lock(intent), intent, expected=(PaymentIntentStatus.CREATED,))
     hold = hold_place(account=_customer_account(intent), asset_code=intent.asset_id, amount=intent.amount, reference=intent.pk)
     authorized = _cas(intent, expected=(PaymentIntentStatus.CREATED,), status=PaymentIntentStatus.AUTHORIZED, hold_id=hold.pk)

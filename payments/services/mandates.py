@@ -1,0 +1,54 @@
+"""Mandates: a customer's standing consent that a merchant may charge them by customer id."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from payments.errors import ChargeByCustomerIdNotPermitted
+from payments.models import Mandate
+from payments.selectors import mandate_active_exists
+from payments.services.outbox import epoch_seconds, outbox_event_create
+from tenants.selectors import tenant_current
+from wallets.models import Customer, Merchant
+from wallets.transactions import atomic_service
+
+
+def charge_by_customer_id_check(*, customer_id: str, merchant_id: str) -> None:
+    """Refuse (ChargeByCustomerIdNotPermitted) a charge by bare customer id unless the
+    tenant allows it or the customer holds an active mandate for this merchant. Checked
+    before the customer is even looked up, so a refusal says nothing about whether the id
+    exists. Locks: none."""
+    if tenant_current().charge_by_customer_id:
+        return
+    if not mandate_active_exists(customer_id=customer_id, merchant_id=merchant_id):
+        raise ChargeByCustomerIdNotPermitted()
+
+
+@atomic_service(operation="mandate_grant")
+def mandate_grant(*, customer: Customer, merchant: Merchant) -> Mandate:
+    """Let `merchant` charge `customer` by customer id. Granting again returns the active
+    mandate. Locks: none (one active mandate per pair is a unique index)."""
+    active = Mandate.objects.filter(customer=customer, merchant=merchant, revoked_at__isnull=True).first()
+    if active is not None:
+        return active
+    mandate = Mandate.objects.create(customer=customer, merchant=merchant)
+    outbox_event_create(
+        topic="mandate.granted",
+        payload={"id": mandate.id, "object": "mandate", "customer": customer.pk, "merchant": merchant.pk, "created": epoch_seconds(mandate.created)},
+    )
+    return mandate
+
+
+@atomic_service(operation="mandate_revoke")
+def mandate_revoke(*, mandate: Mandate) -> Mandate:
+    """Revoke a mandate: the merchant's next charge by customer id is refused. Revoking
+    twice is a no-op. Locks: the mandate row."""
+    locked = Mandate.objects.select_for_update().get(pk=mandate.pk)
+    if locked.revoked_at is None:
+        locked.revoked_at = timezone.now()
+        locked.save(update_fields=["revoked_at"])
+        outbox_event_create(
+            topic="mandate.revoked",
+            payload={"id": locked.id, "object": "mandate", "customer": locked.customer_id, "merchant": locked.merchant_id},
+        )
+    return locked
