@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import DisallowedHost
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
@@ -74,12 +75,18 @@ class HealthMiddleware:
 
 
 def metrics_allowed(request: HttpRequest) -> bool:
-    """/metrics carries platform-wide counters and every tenant's schema name: only on the
-    platform host, or to the bearer token of TALLY_METRICS_TOKEN (a scraper on any host).
-    Elsewhere it does not exist (404)."""
+    """/metrics carries platform-wide counters and every tenant's schema name: to the bearer
+    token of TALLY_METRICS_TOKEN, or (outside production, TALLY_METRICS_ON_PLATFORM_HOST) on
+    the platform host. Every tenant shares the server, so anyone can send the platform's
+    Host header: in production only the token opens it. Elsewhere it does not exist (404)."""
     token = getattr(settings, "TALLY_METRICS_TOKEN", "")
     header = request.META.get("HTTP_AUTHORIZATION", "")
     if token and hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):
         return True
-    host = request.META.get("HTTP_HOST", "").rsplit(":", 1)[0].lower()
+    if not getattr(settings, "TALLY_METRICS_ON_PLATFORM_HOST", False):
+        return False
+    try:
+        host = request.get_host().rsplit(":", 1)[0].lower()
+    except DisallowedHost:
+        return False
     return host == str(settings.TALLY_PUBLIC_DOMAIN).lower()

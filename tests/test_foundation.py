@@ -78,6 +78,7 @@ def test_healthz_and_readyz_on_tenant_and_unknown_hosts(tenant_a: Tenant) -> Non
 def test_metrics_endpoint_speaks_prometheus_on_the_platform_host_or_to_its_token(tenant_a: Tenant, settings) -> None:  # type: ignore[no-untyped-def]
     settings.TALLY_PUBLIC_DOMAIN = "public.test.localhost"
     settings.TALLY_METRICS_TOKEN = "scrape-" + "x" * 24
+    settings.TALLY_METRICS_ON_PLATFORM_HOST = True
     response = Client(HTTP_HOST="public.test.localhost").get("/metrics")
     assert response.status_code == 200
     assert b"tally_requests_total" in response.content
@@ -87,6 +88,10 @@ def test_metrics_endpoint_speaks_prometheus_on_the_platform_host_or_to_its_token
     assert tenant_host.get("/metrics", HTTP_AUTHORIZATION="Bearer wrong").status_code == 404
     scraped = tenant_host.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.TALLY_METRICS_TOKEN}")
     assert scraped.status_code == 200 and b"tally_requests_total" in scraped.content
+    # Production: anyone can send the platform's Host header to the shared server; only the token opens it.
+    settings.TALLY_METRICS_ON_PLATFORM_HOST = False
+    assert Client(HTTP_HOST="public.test.localhost").get("/metrics").status_code == 404
+    assert tenant_host.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.TALLY_METRICS_TOKEN}").status_code == 200
 
 
 @pytest.mark.django_db

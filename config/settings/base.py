@@ -209,8 +209,10 @@ LOGGING = {
 # --- Tally --------------------------------------------------------------------------
 TALLY_DEMO_DOMAIN = env("TALLY_DEMO_DOMAIN", default="demo.localhost")
 TALLY_PUBLIC_DOMAIN = env("TALLY_PUBLIC_DOMAIN", default="localhost")
-# /metrics answers on the platform host, or on any host to `Authorization: Bearer <this>`.
+# /metrics answers to `Authorization: Bearer <this>` on any host, and (not in production:
+# anyone can send the platform's Host header to a shared server) on the platform host.
 TALLY_METRICS_TOKEN = env("TALLY_METRICS_TOKEN", default="")
+TALLY_METRICS_ON_PLATFORM_HOST = env.bool("TALLY_METRICS_ON_PLATFORM_HOST", default=True)
 # An unknown tenant host answers a plain 404 (the envelope on /v1/) naming nothing internal.
 DEFAULT_NOT_FOUND_TENANT_VIEW = "config.middleware.tenant_not_found"
 # Webhook targets (webhooks/targets.py): plain http and loopback addresses are refused

@@ -14,7 +14,7 @@ from payments.api import serializers as s
 from payments.api.base import MerchantViewSet
 from payments.api.pagination import ListParamsSerializer
 from payments.models import PaymentIntent
-from payments.services import intents, refunds
+from payments.services import intents, mandates, refunds
 from wallets import selectors as wallet_selectors
 
 TAG = ["merchant"]
@@ -105,6 +105,8 @@ class PaymentIntentViewSet(MerchantViewSet):
     def create(self, request: Request) -> Response:
         data = self.validated(s.PaymentIntentCreateIn)
         merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
+        # The charge-by-id rule first: refused alike whether the customer id exists or not.
+        mandates.charge_by_customer_id_check(customer_id=data["customer"], merchant_id=self.merchant_id)
         customer = wallet_selectors.customer_get(customer_id=data["customer"], param="customer")
         intent = intents.payment_intent_create(
             merchant=merchant, customer=customer, asset_code=data["asset"], amount=data["amount"], capture_method=data["capture_method"]

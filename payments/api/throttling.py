@@ -135,7 +135,8 @@ def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | N
         return None
     limit, period = rate
     window = int(now // period)
-    idents = (f"ip:{request.META.get('REMOTE_ADDR', '-')}", f"prefix:{key_prefix}")
+    schema = getattr(connection, "schema_name", "public")  # one tenant's failures never throttle another's
+    idents = (f"{schema}:ip:{request.META.get('REMOTE_ADDR', '-')}", f"{schema}:prefix:{key_prefix}")
     counts = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now_seconds=now)
     if counts is None:
         return None

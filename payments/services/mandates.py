@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from payments.errors import ChargeByCustomerIdNotPermitted
@@ -27,11 +28,16 @@ def charge_by_customer_id_check(*, customer_id: str, merchant_id: str) -> None:
 @atomic_service(operation="mandate_grant")
 def mandate_grant(*, customer: Customer, merchant: Merchant) -> Mandate:
     """Let `merchant` charge `customer` by customer id. Granting again returns the active
-    mandate. Locks: none (one active mandate per pair is a unique index)."""
+    mandate, also when two grants race (one active mandate per pair is a unique index).
+    Locks: none."""
     active = Mandate.objects.filter(customer=customer, merchant=merchant, revoked_at__isnull=True).first()
     if active is not None:
         return active
-    mandate = Mandate.objects.create(customer=customer, merchant=merchant)
+    try:
+        with transaction.atomic():  # a savepoint: a concurrent grant may win the unique index
+            mandate = Mandate.objects.create(customer=customer, merchant=merchant)
+    except IntegrityError:
+        return Mandate.objects.get(customer=customer, merchant=merchant, revoked_at__isnull=True)
     outbox_event_create(
         topic="mandate.granted",
         payload={"id": mandate.id, "object": "mandate", "customer": customer.pk, "merchant": merchant.pk, "created": epoch_seconds(mandate.created)},

@@ -82,3 +82,38 @@ def test_the_services_apply_the_same_rule_to_intents(world: World, token_only: T
 
     with pytest.raises(ChargeByCustomerIdNotPermitted):
         payment_intent_confirm(intent=intent)  # revoked before the charge: refused
+
+
+def test_a_merchant_cannot_tell_whether_a_customer_id_exists(api: Api, world: World, token_only: Tenant) -> None:
+    for customer in (world.customer.id, "cus_doesnotexist"):
+        r = api.post("/v1/merchant/payment_intents", world.merchant.key, {"customer": customer, "asset": "JPY", "amount": 10})
+        assert r.status_code == 403 and error_of(r)["code"] == "charge_by_customer_id_not_permitted", r.content
+
+
+def test_two_grants_at_once_give_one_mandate(live_tenant: Tenant) -> None:
+    import threading
+
+    from payments.models import Mandate
+    from tests.conftest import run_in_thread_tenant
+    from tests.factories import CustomerFactory, MerchantFactory
+
+    customer, merchant = CustomerFactory(), MerchantFactory()
+    barrier, granted, errors = threading.Barrier(4), [], []
+
+    def grant() -> None:
+        def body() -> None:
+            barrier.wait()
+            granted.append(mandate_grant(customer=customer, merchant=merchant).pk)
+
+        try:
+            run_in_thread_tenant(live_tenant, body)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=grant) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == [] and len(set(granted)) == 1 and len(granted) == 4
+    assert Mandate.objects.filter(customer=customer, merchant=merchant).count() == 1

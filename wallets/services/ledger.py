@@ -106,7 +106,9 @@ def ledger_post(
             if not want.creatable:  # a debit of a wallet that never held this asset
                 raise InsufficientFunds("insufficient funds", param="amount")
             raise ValueError(f"balance row {want} was not locked")  # balance_rows_lock makes creatable rows
-        if row.frozen and not allow_frozen:
+        # The row's flag is the one a freeze sets under the row's lock; the account's (read
+        # with the rows) also covers a row made in this posting from a stale account.
+        if (row.frozen or row.account.frozen) and not allow_frozen and want.account.kind != AccountKind.SYSTEM:
             raise WalletFrozen("the wallet is frozen", param=None)
         if want.account.kind == AccountKind.CUSTOMER:
             if amount < 0 and row.balance - row.held - held_deltas.get(row.pk, 0) < -amount:
