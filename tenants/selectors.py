@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import cast
 
+from django.conf import settings
 from django.db import connection
 
 from tenants.models import Tenant
@@ -28,3 +29,10 @@ def tenant_rate(tenant: Tenant, name: str) -> Decimal:
     if isinstance(value, float):
         raise TypeError(f"tenant setting {name} is a float")
     return Decimal(value)
+
+
+def tenant_schemas_active() -> list[str]:
+    """Schemas of the active tenants (not public, not the clone template), for the
+    per-tenant fan-out of periodic tasks and commands."""
+    excluded = ["public", str(settings.TENANT_BASE_SCHEMA)]
+    return [str(s) for s in Tenant.objects.filter(is_active=True).exclude(schema_name__in=excluded).values_list("schema_name", flat=True)]

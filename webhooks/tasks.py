@@ -8,7 +8,7 @@ from celery import shared_task
 from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
-from payments.idempotency.selectors import idempotency_tenant_schemas_list
+from tenants.selectors import tenant_schemas_active
 from webhooks.services.relay import outbox_relay_run
 
 
@@ -21,7 +21,7 @@ def webhooks_outbox_relay() -> int:
 @shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def webhooks_relay_all_tenants() -> int:
     """Beat entry point: enqueue `webhooks_outbox_relay` inside every active tenant."""
-    schemas = idempotency_tenant_schemas_list()
+    schemas = tenant_schemas_active()
     for schema_name in schemas:
         with schema_context(schema_name):
             webhooks_outbox_relay.delay()

@@ -144,13 +144,3 @@ def idempotency_stuck_count() -> int:
         cursor.execute("SELECT count(*) FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp()")
         row = cursor.fetchone()
     return int(row[0]) if row else 0
-
-
-def idempotency_tenant_schemas_list() -> list[str]:
-    """Schemas of the active tenants (not public, not the clone template)."""
-    from django.conf import settings
-
-    from tenants.models import Tenant
-
-    excluded = ["public", str(getattr(settings, "TENANT_BASE_SCHEMA", "tenant_template"))]
-    return [str(s) for s in Tenant.objects.filter(is_active=True).exclude(schema_name__in=excluded).values_list("schema_name", flat=True)]

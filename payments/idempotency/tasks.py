@@ -7,14 +7,14 @@ from celery import shared_task
 from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
-from payments.idempotency.selectors import idempotency_tenant_schemas_list
 from payments.idempotency.services import idempotency_maintenance_run
+from tenants.selectors import tenant_schemas_active
 
 
 @shared_task(base=TenantTask, name="idempotency.purge_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def idempotency_purge_all_tenants() -> int:
     """Beat entry point: enqueue `idempotency_purge_tenant` inside every active tenant."""
-    schemas = idempotency_tenant_schemas_list()
+    schemas = tenant_schemas_active()
     for schema_name in schemas:
         with schema_context(schema_name):
             idempotency_purge_tenant.delay()

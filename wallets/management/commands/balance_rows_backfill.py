@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django_tenants.utils import get_tenant_model, schema_context
+from django_tenants.utils import schema_context
 
+from tenants.selectors import tenant_schemas_active
 from wallets.models import Account
 from wallets.services.ledger import balance_rows_create
 
@@ -29,11 +30,11 @@ class Command(BaseCommand):
         parser.add_argument("--batch", type=int, default=500, help="accounts per transaction")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        tenants = get_tenant_model().objects.exclude(schema_name="public").filter(is_active=True)
+        schemas = sorted(tenant_schemas_active())
         if options["tenant"]:
-            tenants = tenants.filter(schema_name=options["tenant"])
-        for tenant in tenants.order_by("schema_name"):
-            with schema_context(tenant.schema_name):
+            schemas = [schema for schema in schemas if schema == options["tenant"]]
+        for schema_name in schemas:
+            with schema_context(schema_name):
                 total, done, after = Account.objects.count(), 0, ""
                 while True:
                     batch = list(Account.objects.filter(id__gt=after).order_by("id")[: options["batch"]])
@@ -41,5 +42,5 @@ class Command(BaseCommand):
                         break
                     balance_rows_create(accounts=batch)  # one statement per batch: commits on its own
                     done, after = done + len(batch), batch[-1].id
-                    self.stdout.write(f"{tenant.schema_name}: {done}/{total} accounts")
-            self.stdout.write(self.style.SUCCESS(f"{tenant.schema_name}: done"))
+                    self.stdout.write(f"{schema_name}: {done}/{total} accounts")
+            self.stdout.write(self.style.SUCCESS(f"{schema_name}: done"))

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django_tenants.utils import schema_context
 
-from payments.idempotency.selectors import idempotency_tenant_schemas_list
+from tenants.selectors import tenant_schemas_active
 from webhooks.services.relay import outbox_relay_run
 
 
@@ -20,7 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("--schema", help="one tenant's schema (default: every active tenant)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        schemas = [options["schema"]] if options["schema"] else idempotency_tenant_schemas_list()
+        schemas = [options["schema"]] if options["schema"] else tenant_schemas_active()
         for schema_name in schemas:
             with schema_context(schema_name):
                 published = outbox_relay_run()
