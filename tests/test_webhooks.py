@@ -191,6 +191,16 @@ def test_a_relay_killed_with_sigkill_mid_batch_loses_nothing(live_tenant: Tenant
         assert relay.returncode == -signal.SIGKILL, (out, err)
         # Its transaction died with it: nothing was published, nothing is lost.
         assert OutboxEvent.objects.filter(pk__in=ids, published_at__isnull=True).count() == 12
+        # PostgreSQL ends the dead client's session (and frees its row locks) once it reads
+        # the closed socket, a moment after the kill; until then SKIP LOCKED rightly skips them.
+        deadline = time.monotonic() + 30
+        while True:
+            with transaction.atomic():
+                free = len(OutboxEvent.objects.select_for_update(skip_locked=True).filter(pk__in=ids).values_list("pk", flat=True))
+            if free == len(ids):
+                break
+            assert time.monotonic() < deadline, "the killed relay's session never ended"
+            time.sleep(0.05)
         outbox_relay_run()  # the next relay
         assert OutboxEvent.objects.filter(pk__in=ids, published_at__isnull=False).count() == 12
         assert rx.event_ids() == ids
