@@ -8,7 +8,8 @@ bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
 # Measured on 2 cores (docs/BENCHMARKS.md, HTTP section): 3 sync workers beat 4 and 6;
 # a request is mostly Python CPU, and PostgreSQL needs the rest of the second core.
 workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
-worker_class = "sync"
+# The sync worker, answering the errors gunicorn handles itself in the SPEC 5 envelope.
+worker_class = "config.gunicorn_workers.EnvelopeSyncWorker"
 timeout = 30
 graceful_timeout = 20
 max_requests = 20000

@@ -9,24 +9,20 @@ builds; the live tests send raw bytes to a real gunicorn, which the test client 
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from payments.models import Payment, PaymentIntent
 from payments.services.adjustments import adjustment_create
 from payments.services.intents import payment_intent_authorize, payment_intent_create
 from tests.api.conftest import Api, World, error_of
 from tests.conftest import TENANT_A
+from tests.live import gunicorn_running
 from wallets.services.principals import (
     api_key_create,
     customer_create,
@@ -62,12 +58,6 @@ def test_a_chunked_capture_is_refused_and_captures_nothing(api: Api, world: Worl
 # --- Against a live gunicorn, raw bytes on a socket ----------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def live_parties(live_tenant: Any) -> dict[str, Any]:
     """Committed parties in tenant A with keys (a live server cannot see a test transaction)."""
@@ -87,31 +77,8 @@ def live_parties(live_tenant: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def gunicorn(live_tenant: Any) -> Iterator[int]:
-    port = _free_port()
-    database = connection.settings_dict
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
-        DATABASE_URL=f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
-        PORT=str(port), WEB_CONCURRENCY="1", TENANT_CACHE_SECONDS="0", TALLY_OUTBOX_RELAY_KICK="false",
-    )
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.2)
+    with gunicorn_running() as port:
         yield port
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
 
 
 def _raw(port: int, head: str, body: bytes = b"", *, then_close: bool = False) -> tuple[int, dict[str, Any]]:
@@ -171,3 +138,39 @@ def test_live_body_shorter_than_its_content_length_is_refused(gunicorn: int, liv
     )
     assert (status, answer["error"]["code"]) == (400, "request_body_incomplete")
     assert not Payment.objects.filter(customer_id=customer.pk).exists()
+
+
+# --- Errors gunicorn answers before Django sees the request ---------------------------------
+
+
+def _raw_response(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split(" ", 2)[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (b"GET /v1/customer/payments?q=" + b"x" * 9000 + b" HTTP/1.1\r\nHost: a\r\n\r\n", 414, "request_uri_too_long"),
+        (b"GET /v1/customer/payments HTTP/1.1\r\nHost: a\r\nX-Bad\x01Name: 1\r\n\r\n", 400, "request_malformed"),
+        (b"POST /v1/terminal/payments HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", 400, "request_malformed"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(120)) + b"\r\n", 431, "request_headers_too_large"),
+    ],
+    ids=["uri-too-long", "bad-header-bytes", "length-with-chunked", "too-many-headers"],
+)
+def test_errors_gunicorn_answers_itself_are_the_envelope(gunicorn: int, request_bytes: bytes, status: int, code: str) -> None:
+    got_status, headers, body = _raw_response(gunicorn, request_bytes)
+    assert got_status == status, body
+    assert headers["content-type"] == "application/json"
+    assert headers["cache-control"] == "no-store"
+    error = json.loads(body)["error"]
+    assert error["code"] == code
+    assert error["request_id"] == headers["request-id"] and headers["request-id"].startswith("req_")
+    assert b"X-Bad" not in body  # the offending bytes are never echoed
