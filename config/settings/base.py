@@ -137,6 +137,9 @@ REST_FRAMEWORK = {
         # Failed authentications, per client IP and per presented key prefix.
         "auth_failure": env("TALLY_THROTTLE_AUTH_FAILURE_RATE", default="60/min"),
     },
+    # How many reverse proxies in front of gunicorn append to X-Forwarded-For. Unset, the
+    # header is ignored (a client could write any address into it) and REMOTE_ADDR counts.
+    "NUM_PROXIES": env.int("TALLY_NUM_PROXIES", default=None),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tally API",
@@ -146,6 +149,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/v1",
     "SECURITY": [{"bearerAuth": []}],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "payments.api.schema.links_add"],
 }
 
 # --- Celery (tenant-schemas-celery carries the schema on every task) ---------------

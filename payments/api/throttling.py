@@ -123,6 +123,19 @@ def _windows_count(windows: list[tuple[str, int]], *, now_seconds: float) -> lis
         return None
 
 
+def client_address(request: Request) -> str:
+    """The client's address: REMOTE_ADDR, or behind `NUM_PROXIES` trusted proxies the
+    address the outermost of them saw (X-Forwarded-For, read from the right as DRF does;
+    what a client wrote further left is not trusted)."""
+    remote = str(request.META.get("REMOTE_ADDR") or "-")
+    proxies = api_settings.NUM_PROXIES
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
+    if not proxies or not forwarded:
+        return remote
+    hops = [hop.strip() for hop in str(forwarded).split(",") if hop.strip()]
+    return hops[-min(int(proxies), len(hops))] if hops else remote
+
+
 def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | None:
     """Count a failed authentication per client IP and per presented key prefix (scope
     "auth_failure", fixed windows, one Redis pipeline); the seconds to wait when either is
@@ -136,7 +149,7 @@ def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | N
     limit, period = rate
     window = int(now // period)
     schema = getattr(connection, "schema_name", "public")  # one tenant's failures never throttle another's
-    idents = (f"{schema}:ip:{request.META.get('REMOTE_ADDR', '-')}", f"{schema}:prefix:{key_prefix}")
+    idents = (f"{schema}:ip:{client_address(request)}", f"{schema}:prefix:{key_prefix}")
     counts = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now_seconds=now)
     if counts is None:
         return None

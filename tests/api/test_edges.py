@@ -61,3 +61,30 @@ def test_failed_authentication_is_throttled_per_address_and_key_prefix(api: Api,
     assert error_of(throttled)["code"] == "rate_limited" and int(throttled["Retry-After"]) >= 1
     # A good key from another address is not held up by this address's failures.
     assert api.get("/v1/customer/wallet", world.customer.key).status_code == 200
+
+
+def test_failed_authentication_counts_the_address_the_trusted_proxy_saw(api: Api, world: World, settings) -> None:  # type: ignore[no-untyped-def]
+    import random
+
+    rates = settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**rates, "auth_failure": "3/min"}}
+    proxy = f"10.{random.randrange(256)}.{random.randrange(256)}.{random.randrange(256)}"
+
+    def failed(client_ip: str, n: int, prefix: str) -> int:
+        return int(api.client.get(
+            "/v1/customer/wallet", HTTP_AUTHORIZATION=f"Bearer {prefix}wrong{n}", REMOTE_ADDR=proxy,
+            HTTP_X_FORWARDED_FOR=f"6.6.6.6, {client_ip}",  # the client wrote the first hop; the proxy appended the second
+        ).status_code)
+
+    def prefix() -> str:
+        return "ck_" + "".join(random.choices("abcdefghijklmnopqrstuvwxyz", k=6))
+
+    # Behind one trusted proxy: each client address has its own count.
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    noisy = f"192.0.2.{random.randrange(256)}"
+    assert [failed(noisy, n, prefix()) for n in range(4)] == [401, 401, 401, 429]
+    assert failed(f"198.51.100.{random.randrange(256)}", 0, prefix()) == 401  # another client behind the same proxy
+    # With no proxy configured the header is the client's word and is ignored: one address.
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": None}
+    proxy = f"10.{random.randrange(256)}.{random.randrange(256)}.{random.randrange(256)}"
+    assert [failed(f"203.0.113.{n}", n, prefix()) for n in range(4)] == [401, 401, 401, 429]
