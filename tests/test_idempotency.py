@@ -144,7 +144,7 @@ def test_missing_key_is_400_when_mandatory_and_executes_when_optional(mode_reset
     assert post("/v1/test/effect", {"name": name}).status_code == 400
 
 
-@pytest.mark.parametrize("bad", ["", " ", "x" * 256, "caf\u00e9", "tab\there", "new\nline"])
+@pytest.mark.parametrize("bad", ["", " ", " lead", "trail ", "x" * 256, "caf\u00e9", "tab\there", "new\nline"])
 def test_invalid_keys_are_400(live_tenant: Tenant, bad: str) -> None:
     name = uid("n-")
     client = Client(HTTP_HOST=TENANT_A["domain"], raise_request_exception=False)

@@ -291,6 +291,11 @@ def asset_get(*, asset_code: object, param: str = "asset") -> Asset:
     return asset
 
 
+def asset_codes_list() -> list[str]:
+    """This tenant's asset codes, in code order."""
+    return list(Asset.objects.order_by("code").values_list("code", flat=True))
+
+
 def asset_exists(*, asset_code: str) -> bool:
     return Asset.objects.filter(code=asset_code).exists()
 

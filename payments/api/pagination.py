@@ -14,9 +14,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from django.core.validators import RegexValidator
 from django.db.models import Model, Q, QuerySet
 from rest_framework import serializers
 
+# base64url without padding: the alphabet of every cursor `_encode` issues.
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 
@@ -49,7 +52,15 @@ class ListParamsSerializer(serializers.Serializer[Any]):
     limit = serializers.IntegerField(
         required=False, min_value=1, max_value=10**6, help_text=f"Page size, default {DEFAULT_PAGE_SIZE}, capped at {MAX_PAGE_SIZE}."
     )
-    cursor = serializers.CharField(required=False, max_length=512, help_text="`next_cursor` of the previous page.")
+    cursor = serializers.CharField(
+        required=False,
+        max_length=512,
+        validators=[RegexValidator(CURSOR_PATTERN, message="invalid cursor", code="cursor_invalid")],
+        help_text=(
+            "Opaque: the `next_cursor` of the previous page, passed back unchanged. "
+            "A cursor that was not issued by this list is refused (400 `cursor_invalid`)."
+        ),
+    )
     created_gte = serializers.DateTimeField(required=False, help_text="Only objects created at or after this time (ISO 8601).")
     created_lt = serializers.DateTimeField(required=False, help_text="Only objects created before this time (ISO 8601).")
 

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from django.db import connection
+from django_tenants.utils import get_public_schema_name
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
+
+from payments.api.fields import ASSET_CODE_RE
+from payments.idempotency.canonical import KEY_MAX_LENGTH, KEY_PATTERN
+from tenants.models import IdempotencyMode
+from wallets.money import MAX_AMOUNT
+from wallets.selectors import asset_codes_list
 
 
 class ErrorBodySerializer(serializers.Serializer[Any]):
@@ -35,32 +43,53 @@ _ERROR_DESCRIPTIONS = {
     410: "Idempotency-Key past its replay window.",
     411: "The body was sent without a Content-Length (Transfer-Encoding: chunked): send it with one.",
     413: "Request body too large.",
+    414: "Request line too long (answered by the server before the application).",
     415: "Body is not application/json.",
     422: "Same Idempotency-Key used with a different request.",
     429: "Throttled (per key or per tenant); see Retry-After.",
+    431: "Too many headers, or a header too large (answered by the server before the application).",
     500: "Internal error (a bug: never the client's fault).",
     503: "A store is unavailable; retry after Retry-After.",
 }
-_READ_ERRORS = (400, 401, 403, 404, 406, 411, 429, 500, 503)
-_WRITE_ERRORS = (400, 401, 402, 403, 404, 406, 409, 410, 411, 413, 415, 422, 429, 500, 503)
+# A GET's body is read and limited like a POST's (411, 413), though it means nothing.
+_READ_ERRORS = (400, 401, 403, 404, 406, 411, 413, 414, 429, 431, 500, 503)
+_WRITE_ERRORS = (400, 401, 402, 403, 404, 406, 409, 410, 411, 413, 414, 415, 422, 429, 431, 500, 503)
+FACES = ("customer", "terminal", "merchant", "admin")
 
-IDEMPOTENCY_KEY_PARAMETER = OpenApiParameter(
-    name="Idempotency-Key",
-    type=str,
-    location=OpenApiParameter.HEADER,
-    required=False,
-    description=(
-        "1 to 255 printable ASCII characters. Retrying with the same key returns the first "
-        "response (byte-identical) without moving money again. Mandatory or optional per tenant and face."
-    ),
-)
+
+def idempotency_key_parameter(*, required: bool) -> OpenApiParameter:
+    """The Idempotency-Key header as this tenant's face takes it (SPEC 6: mandatory or optional)."""
+    mode = "Mandatory on this face: 400 `idempotency_key_missing` without it." if required else (
+        "Optional on this face for now (staged rollout): without it the request runs unprotected."
+    )
+    return OpenApiParameter(
+        name="Idempotency-Key",
+        type={"type": "string", "pattern": f"^{KEY_PATTERN}$", "minLength": 1, "maxLength": KEY_MAX_LENGTH},
+        location=OpenApiParameter.HEADER,
+        required=required,
+        description=(
+            "1 to 255 printable ASCII characters, not starting or ending with a space (HTTP strips those). "
+            "Retrying with the same key returns the first response (byte-identical) without moving money again. " + mode
+        ),
+    )
+
+
+def face_key_required(face: str) -> bool:
+    """Whether the tenant being served makes the key mandatory on `face`.
+
+    The schema served on a tenant's host tells that tenant's truth; generated anywhere
+    else (the platform host, the test suite) it shows the default, mandatory.
+    """
+    tenant = getattr(connection, "tenant", None)
+    return getattr(tenant, f"idempotency_{face}", IdempotencyMode.MANDATORY) != IdempotencyMode.OPTIONAL
 
 
 class TallyAutoSchema(AutoSchema):
     def get_override_parameters(self) -> list[Any]:
         params = list(super().get_override_parameters())
-        if self.method == "POST":
-            params.append(IDEMPOTENCY_KEY_PARAMETER)
+        parts = self.path.split("/")
+        if self.method == "POST" and len(parts) > 2 and parts[1] == "v1" and parts[2] in FACES:
+            params.append(idempotency_key_parameter(required=face_key_required(parts[2])))
         return params
 
     def _is_list_view(self, serializer: Any = None) -> bool:
@@ -70,6 +99,16 @@ class TallyAutoSchema(AutoSchema):
         if self.path.startswith("/v1/") and getattr(self.view, "action", None) == "list":
             return False
         return bool(super()._is_list_view(serializer))
+
+    def get_operation_id(self) -> str:
+        # `<face>_<resource>_<action>` from the viewset action: unique without numeral
+        # suffixes (a face's list and retrieve are both GETs, which drf-spectacular's
+        # method-based naming cannot tell apart once lists are not arrays).
+        action = getattr(self.view, "action", None)
+        if self.path.startswith("/v1/") and isinstance(action, str):
+            tokens = [t.replace("-", "_") for t in self._tokenize_path()]
+            return "_".join(tokens if tokens[-1:] == [action] else [*tokens, action])
+        return str(super().get_operation_id())
 
     def get_tags(self) -> list[str]:
         parts = [p for p in self.path.split("/") if p and not p.startswith("{")]
@@ -88,6 +127,30 @@ class TallyAutoSchema(AutoSchema):
         return responses
 
 
+class AmountFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    target_class = "payments.api.fields.AmountField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        return {"type": "integer", "minimum": 1, "maximum": MAX_AMOUNT}
+
+
+class AssetFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    """On a tenant's host the asset codes are that tenant's, listed; elsewhere, their pattern."""
+
+    target_class = "payments.api.fields.AssetField"
+    match_subclasses = True
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        field = self.target
+        schema: dict[str, Any] = {"type": "string", "pattern": ASSET_CODE_RE.pattern, "maxLength": 12, "description": str(field.help_text or "")}
+        tenant = getattr(connection, "tenant", None)
+        if tenant is not None and getattr(tenant, "schema_name", "public") != get_public_schema_name():
+            schema["enum"] = asset_codes_list()
+        if field.allow_null:
+            schema["nullable"] = True
+        return schema
+
+
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
     target_class = "payments.api.auth.ApiKeyAuthentication"
     name = "bearerAuth"
@@ -98,3 +161,33 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignor
             "scheme": "bearer",
             "description": "API key with its type prefix: ck_ customer, tk_ terminal, sk_ merchant, ak_ staff.",
         }
+
+
+def _links_for(paths: dict[str, Any], source: str, pointer: str) -> dict[str, Any]:
+    """OpenAPI links from `source` (a collection path) to the operations of its items."""
+    prefix = source + "/{"
+    links: dict[str, Any] = {}
+    for path, operations in paths.items():
+        if not path.startswith(prefix):
+            continue
+        parameter = path[len(prefix) : path.index("}", len(prefix))]
+        for operation in operations.values():
+            if isinstance(operation, dict) and "operationId" in operation:
+                links[operation["operationId"]] = {"operationId": operation["operationId"], "parameters": {parameter: pointer}}
+    return links
+
+
+def links_add(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: link each collection's create (201) and list
+    (200) answers to the operations on the item they return, so a client, or schemathesis's
+    stateful phase, can follow `id` from one call into the next."""
+    paths: dict[str, Any] = result.get("paths", {})
+    for path, operations in paths.items():
+        if "{" in path:
+            continue
+        for method, pointer, status in (("post", "$response.body#/id", "201"), ("get", "$response.body#/data/0/id", "200")):
+            response = operations.get(method, {}).get("responses", {}).get(status)
+            links = _links_for(paths, path, pointer)
+            if response is not None and links:
+                response["links"] = links
+    return result

@@ -9,7 +9,7 @@ from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
 from payments.api.base import StrictSerializer
-from payments.api.fields import AmountField, AssetField, ObjectIdField, strict_char
+from payments.api.fields import AmountField, AssetField, AssetFilterField, ObjectIdField, strict_char
 from payments.api.pagination import ListParamsSerializer, list_serializer
 
 S = serializers
@@ -352,11 +352,11 @@ class EmptyIn(StrictSerializer):
 
 
 class TransactionListParams(ListParamsSerializer):
-    asset = AssetField(required=False)
+    asset = AssetFilterField(required=False)
 
 
 class PaymentListParams(ListParamsSerializer):
-    asset = AssetField(required=False)
+    asset = AssetFilterField(required=False)
 
 
 # --- Lists (documented shapes) ---------------------------------------------------------

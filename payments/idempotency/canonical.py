@@ -37,14 +37,17 @@ from typing import Any
 
 FINGERPRINT_VERSION = b"tally-idempotency-v1"
 KEY_MAX_LENGTH = 255
-_KEY_RE = re.compile(r"[\x20-\x7e]{1,255}")
+# Printable ASCII with no space at either end: HTTP strips a header value's outer
+# whitespace (RFC 9110 5.5), so " k" and "k" would be one key on the wire and two in-process.
+KEY_PATTERN = r"[\x21-\x7e](?:[\x20-\x7e]{0,253}[\x21-\x7e])?"
+_KEY_RE = re.compile(KEY_PATTERN)
 _POSITIONAL_LIMIT = 64
 
 
 def idempotency_key_is_valid(key: str) -> bool:
-    """1 to 255 printable ASCII characters (0x20-0x7E), and not only spaces."""
+    """1 to 255 printable ASCII characters (0x20-0x7E), neither first nor last a space."""
     # fullmatch: "$" would let a trailing newline through.
-    return bool(_KEY_RE.fullmatch(key)) and bool(key.strip())
+    return bool(_KEY_RE.fullmatch(key))
 
 
 def canonical_number(value: Decimal) -> str:

@@ -10,7 +10,6 @@ default 8), keeping the whole run within a few minutes on 2 cores.
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from schemathesis.config import SchemathesisConfig
 
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import World
+from tests.api.schemathesis_live_hooks import idempotency_key_refresh
 from tests.conftest import TENANT_A
 
 MAX_EXAMPLES = int(os.environ.get("TALLY_SCHEMATHESIS_EXAMPLES", "8"))
@@ -79,9 +79,8 @@ def _key_for(path: str, world: World) -> str:
 @schema.parametrize()
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much])
 def test_api_conforms_to_its_schema(case: Any, seeded: World, same_connection: None) -> None:
-    headers = {"Authorization": f"Bearer {_key_for(case.path, seeded)}"}
-    if case.method.upper() == "POST":
-        # A fresh key per call: the idempotency layer's own answers are tested elsewhere;
-        # here every generated body must reach the view.
-        headers["Idempotency-Key"] = uuid.uuid4().hex
-    case.call_and_validate(base_url=f"http://{seeded.host}", headers=headers)
+    # A fresh key for each valid generated one: the idempotency layer's own answers are
+    # tested elsewhere; here every generated body must reach the view. Invalid or missing
+    # keys (negative cases) are sent as generated and must be refused.
+    case.headers = idempotency_key_refresh(case.headers if case.headers is not None else {})
+    case.call_and_validate(base_url=f"http://{seeded.host}", headers={"Authorization": f"Bearer {_key_for(case.path, seeded)}"})
