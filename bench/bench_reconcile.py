@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -138,6 +137,28 @@ def _load(*, entries: int, customers: int, merchants: int) -> None:
         print(f"{SCHEMA}: loaded {LedgerEntry.objects.count():,} ledger entries ({payments:,} payments) in {time.monotonic() - started:.1f} s")
 
 
+def _reconcile(database_url: str, *args: str) -> tuple[int, float, float, str]:
+    """`manage.py reconcile --tenant bench_recon *args` in its own process: (exit, seconds, peak RSS MiB, stdout)."""
+    env = {**os.environ, "DATABASE_URL": database_url}
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "reconcile", "--tenant", SCHEMA, *args],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - started
+    return os.waitstatus_to_exitcode(status), seconds, usage.ru_maxrss / 1024, out
+
+
+def _plant(delta: int, accounts: int) -> None:
+    """Edit `accounts` customer balances by `delta` behind the ledger's back (bench only)."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    with schema_context(SCHEMA), connection.cursor() as cur:
+        cur.execute("UPDATE wallets_balance SET balance = balance + %s WHERE account_id IN "
+                    "(SELECT 'acc_b' || g FROM generate_series(1, %s) g) AND asset_id = 'JPY'", [delta, accounts])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_recon")
@@ -145,22 +166,37 @@ def main() -> None:
     parser.add_argument("--customers", type=int, default=50_000)
     parser.add_argument("--merchants", type=int, default=100)
     parser.add_argument("--chunk-size", type=int, default=2000)
+    parser.add_argument("--plant", type=int, default=20_000, help="then edit this many balances and reconcile again (findings at scale)")
     args = parser.parse_args()
     _setup(args.database_url)
     _load(entries=args.entries, customers=args.customers, merchants=args.merchants)
-    env = {**os.environ, "DATABASE_URL": args.database_url}
-    started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "reconcile", "--tenant", SCHEMA, "--chunk-size", str(args.chunk_size)],
-        env=env, capture_output=True, text=True,
-    )
-    seconds = time.monotonic() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print(done.stdout.rstrip())
-    if done.returncode not in (0, 1):
-        print(done.stderr[-3000:])
-    print(f"reconcile --tenant {SCHEMA}: exit {done.returncode}, {seconds:.1f} s wall (process start included), "
-          f"peak RSS {peak_kib / 1024:.0f} MiB")
+    chunk = ["--chunk-size", str(args.chunk_size)]
+    code, seconds, rss, _ = _reconcile(args.database_url, "--check", "idempotency_stuck", *chunk)
+    print(f"baseline (one trivial check: Django and the command): exit {code}, {seconds:.1f} s, peak RSS {rss:.0f} MiB")
+    code, seconds, rss, out = _reconcile(args.database_url, *chunk)
+    print(out.rstrip())
+    print(f"reconcile --tenant {SCHEMA}, clean: exit {code}, {seconds:.1f} s wall (process start included), peak RSS {rss:.0f} MiB")
+    if args.plant:
+        _plant(1, args.plant)
+        try:
+            code, seconds, rss, out = _reconcile(args.database_url, *chunk)
+        finally:
+            _plant(-1, args.plant)
+        print("\n".join(line for line in out.splitlines() if not line.startswith("    - ")))
+        print(f"reconcile --tenant {SCHEMA}, {args.plant:,} balances edited: exit {code}, {seconds:.1f} s wall, peak RSS {rss:.0f} MiB")
+    _dashboard_time()
+
+
+def _dashboard_time() -> None:
+    from django_tenants.utils import schema_context
+
+    from webhooks.reconciliation.charts import chart_svg
+    from webhooks.reconciliation.selectors import dashboard_run_charts, dashboard_volume_charts
+
+    with schema_context(SCHEMA):
+        started = time.monotonic()
+        charts = [chart_svg(c) for c in dashboard_volume_charts() + dashboard_run_charts()]
+        print(f"dashboard data and {len(charts)} SVG charts: {time.monotonic() - started:.2f} s")
 
 
 if __name__ == "__main__":

@@ -252,7 +252,8 @@ def test_schedule_is_a_beat_periodic_task_an_admin_edit_survives(db: None) -> No
     from webhooks.reconciliation.services import SCHEDULE_NAME, SCHEDULE_TASK, reconciliation_schedule_ensure
 
     connection.set_schema_to_public()
-    task = reconciliation_schedule_ensure()  # made by post_migrate already; ensure is idempotent
+    assert PeriodicTask.objects.filter(name=SCHEDULE_NAME).exists()  # made after migrating the public schema (post_migrate)
+    task = reconciliation_schedule_ensure()  # idempotent
     assert PeriodicTask.objects.filter(name=SCHEDULE_NAME).count() == 1
     assert task.task == SCHEDULE_TASK and task.interval.every == 1 and task.interval.period == IntervalSchedule.HOURS
     task.interval, _ = IntervalSchedule.objects.get_or_create(every=15, period=IntervalSchedule.MINUTES)
