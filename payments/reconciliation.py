@@ -4,13 +4,14 @@ letters; and the per-run metrics the dashboard charts across runs."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 from django.db.models import Count, F, Min, Window
 from django.db.models.functions import Lag
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter, multiprocess
 
 from payments.idempotency import metrics as idempotency_metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
@@ -100,15 +101,26 @@ def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
         )
 
 
-def _counter_total(counter: Counter) -> float:
-    return float(sum(s.value for metric in counter.collect() for s in metric.samples if s.name.endswith("_total")))
+def _counter_totals(counters: list[Counter]) -> float:
+    """The sum of these counters' `_total` samples: across every process writing to
+    PROMETHEUS_MULTIPROC_DIR when it is set (`make run`: web, worker and beat share one),
+    else this process's own."""
+    names = {f"{family.name}_total" for c in counters for family in c.describe()}
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        metrics = list(registry.collect())
+    else:
+        metrics = [m for c in counters for m in c.collect()]
+    return float(sum(s.value for m in metrics for s in m.samples if s.name in names))
 
 
 def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
     """What the dashboard charts across runs and nothing else stores over time: the
-    outbox backlog and lag, the idempotency records by state, and the idempotency
-    counters of this process (Prometheus counters are per process and carry no tenant:
-    the chart shows their increase between runs)."""
+    outbox backlog and lag, the idempotency records by state, and the idempotency replay
+    and conflict (409 in flight, 422 reused) counters. Those are Prometheus counters,
+    read host-wide (see `_counter_totals`) and without a tenant label: the chart shows
+    their increase between runs, for the whole host, not per tenant."""
     live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).aggregate(count=Count("id"), oldest=Min("created"))
     oldest = live["oldest"]
     states = dict(IdempotencyRecord.objects.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
@@ -120,7 +132,8 @@ def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
         "idempotency_completed": int(states.get(RecordState.COMPLETED, 0)),
         "idempotency_failed_retryable": int(states.get(RecordState.FAILED_RETRYABLE, 0)),
         "idempotency_stuck": IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=ctx.now).count(),
-        "process_idempotency_replays_total": _counter_total(idempotency_metrics.IDEMPOTENCY_REPLAYS),
-        "process_idempotency_conflicts_total": _counter_total(idempotency_metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS)
-        + _counter_total(idempotency_metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES),
+        "process_idempotency_replays_total": _counter_totals([idempotency_metrics.IDEMPOTENCY_REPLAYS]),
+        "process_idempotency_conflicts_total": _counter_totals(
+            [idempotency_metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS, idempotency_metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES]
+        ),
     }

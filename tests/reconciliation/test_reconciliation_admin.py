@@ -140,3 +140,24 @@ def test_chart_svg_escapes_and_scales() -> None:
     assert "<b>" not in svg and "&lt;b&gt;&amp;" in svg and "s&lt;" in svg
     assert ">500<" in svg  # the axis tops out at a round number above the largest value
     assert svg.count("<rect") == 2 + 1  # two bars and the legend's swatch
+
+
+def test_run_series_plot_idempotency_counters_between_runs(world: dict[str, Any]) -> None:
+    from payments.idempotency import metrics
+    from webhooks.reconciliation.selectors import dashboard_run_charts
+
+    reconcile()
+    metrics.IDEMPOTENCY_REPLAYS.labels(source="db").inc(5)
+    metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS.inc(2)
+    reconcile()
+    charts = {chart.slug: chart for chart in dashboard_run_charts()}
+    replays, conflicts = charts["idempotency-replays"].series
+    assert list(replays.values) == [0.0, 5.0] and list(conflicts.values) == [0.0, 2.0]
+    assert len(charts["outbox-lag"].labels) == 2
+
+
+def test_run_now_redirects_only_to_this_site(world: dict[str, Any], staff_client: Client) -> None:
+    r = staff_client.post("/admin/reconciliation/reconciliationrun/run-now/", {"next": "https://evil.example/"})
+    assert r.status_code == 302 and r["Location"] == "/admin/reconciliation/reconciliationrun/"
+    r = staff_client.post("/admin/reconciliation/reconciliationrun/run-now/", {"next": "/admin/reconciliation/reconciliationrun/dashboard/"})
+    assert r["Location"] == "/admin/reconciliation/reconciliationrun/dashboard/"

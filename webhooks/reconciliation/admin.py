@@ -20,6 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
@@ -156,7 +157,10 @@ class ReconciliationRunAdmin(_ReadOnly):
         run = reconciliation_run_request(trigger=RunTrigger.ADMIN, requested_by=request.user.get_username())
         reconciliation_run_enqueue_on_commit(run_id=run.pk)
         self.message_user(request, f"Reconciliation run {run.pk} requested; it runs in the background.", messages.SUCCESS)
-        return HttpResponseRedirect(request.POST.get("next") or reverse("admin:reconciliation_reconciliationrun_changelist"))
+        after = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(after, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+            after = reverse("admin:reconciliation_reconciliationrun_changelist")
+        return HttpResponseRedirect(after)
 
     def run_csv_view(self, request: HttpRequest, run_id: int) -> HttpResponseBase:
         run = ReconciliationRun.objects.filter(pk=run_id).first()
