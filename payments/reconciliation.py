@@ -21,16 +21,23 @@ from wallets.reconciliation import CheckContext, Discrepancy, ObjectRef, Severit
 
 def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """Duplicate-charge suspects: a payment by the same customer to the same merchant for the
-    same amount (and asset) within `duplicate_window_seconds` of the previous one. One
-    window function over the payments, streamed; each suspect names both payments."""
+    same amount (and asset) within `duplicate_window_seconds` of the previous one, unless
+    either has been refunded in full (the duplicate is already undone). One window
+    function over the payments, streamed; each suspect names both payments."""
     window: dict[str, Any] = {
         "partition_by": [F("customer_id"), F("merchant_id"), F("asset_id"), F("amount")],
         "order_by": [F("created").asc(), F("id").asc()],
     }
     suspects = (
         Payment.objects.order_by()
-        .annotate(previous_id=Window(Lag("id"), **window), previous_created=Window(Lag("created"), **window))
+        .annotate(
+            previous_id=Window(Lag("id"), **window),
+            previous_created=Window(Lag("created"), **window),
+            previous_refunded=Window(Lag("amount_refunded"), **window),
+        )
         .filter(previous_created__isnull=False, created__lte=F("previous_created") + timedelta(seconds=ctx.duplicate_window_seconds))
+        .exclude(amount_refunded=F("amount"))
+        .exclude(previous_refunded=F("amount"))
         .values_list("id", "previous_id", "customer_id", "merchant_id", "asset_id", "amount", "amount_refunded", "created", "previous_created")
         .order_by("created", "id")
     )

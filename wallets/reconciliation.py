@@ -75,13 +75,24 @@ def rows_stream(sql: str, params: list[Any] | None = None, *, chunk_size: int) -
 
 _BALANCE_VS_ENTRIES_SQL = """
 WITH b AS (SELECT account_id, asset_id, SUM(balance) AS total, COUNT(*) AS shards FROM wallets_balance GROUP BY 1, 2),
-     e AS (SELECT account_id, asset_id, SUM(amount) AS total, COUNT(*) AS entries FROM wallets_ledgerentry GROUP BY 1, 2)
-SELECT COALESCE(b.account_id, e.account_id), COALESCE(b.asset_id, e.asset_id),
-       COALESCE(b.total, 0), COALESCE(e.total, 0), COALESCE(b.shards, 0), COALESCE(e.entries, 0)
-  FROM b FULL OUTER JOIN e ON b.account_id = e.account_id AND b.asset_id = e.asset_id
- WHERE COALESCE(b.total, 0) <> COALESCE(e.total, 0)
+     e AS (SELECT account_id, asset_id, SUM(amount) AS total, COUNT(*) AS entries FROM wallets_ledgerentry GROUP BY 1, 2),
+     d AS (SELECT COALESCE(b.account_id, e.account_id) AS account_id, COALESCE(b.asset_id, e.asset_id) AS asset_id,
+                  COALESCE(b.total, 0) AS balance, COALESCE(e.total, 0) AS entries_sum, COALESCE(b.shards, 0) AS shards,
+                  COALESCE(e.entries, 0) AS entries
+             FROM b FULL OUTER JOIN e ON b.account_id = e.account_id AND b.asset_id = e.asset_id
+            WHERE COALESCE(b.total, 0) <> COALESCE(e.total, 0))
+SELECT d.account_id, d.asset_id, d.balance, d.entries_sum, d.shards, d.entries, a.kind, a.customer_id, a.merchant_id, a.system_role
+  FROM d LEFT JOIN wallets_account a ON a.id = d.account_id
  ORDER BY 1, 2
 """
+
+
+def _owner_refs(kind: str | None, customer: str | None, merchant: str | None) -> tuple[ObjectRef, ...]:
+    if customer:
+        return (ObjectRef("wallets", "customer", customer),)
+    if merchant:
+        return (ObjectRef("wallets", "merchant", merchant),)
+    return ()
 
 
 def ledger_balance_check(ctx: CheckContext) -> Iterator[Discrepancy]:
@@ -89,15 +100,18 @@ def ledger_balance_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     entries; and the held part equals its active holds. One statement each (one snapshot)."""
     ctx.stats["entries"] = LedgerEntry.objects.count()
     ctx.stats["balance_rows"] = Balance.objects.count()
-    for account_id, asset, balance_sum, entries_total, shards, entries in rows_stream(_BALANCE_VS_ENTRIES_SQL, chunk_size=ctx.chunk_size):
+    rows = rows_stream(_BALANCE_VS_ENTRIES_SQL, chunk_size=ctx.chunk_size)
+    for account_id, asset, balance_sum, entries_total, shards, entries, kind, customer, merchant, role in rows:
         balance, entries_sum = int(balance_sum), int(entries_total)  # SUM(bigint) is numeric: exact, as int
+        owner = f"{kind}:{role or customer or merchant}" if kind else "no such account"
         yield Discrepancy(
             kind="ledger_balance_mismatch",
             severity=Severity.CRITICAL,
-            summary=f"{account_id} {asset}: balance {balance} but its ledger entries sum to {entries_sum} (difference {balance - entries_sum:+d})",
-            details={"account": account_id, "asset": asset, "balance": balance, "entries_sum": entries_sum,
+            summary=f"{account_id} ({owner}) {asset}: balance {balance} but its ledger entries sum to {entries_sum} "
+            f"(difference {balance - entries_sum:+d})",
+            details={"account": account_id, "owner": owner, "asset": asset, "balance": balance, "entries_sum": entries_sum,
                      "difference": balance - entries_sum, "shards": int(shards), "entries": int(entries)},
-            refs=(account_ref(str(account_id)),),
+            refs=(account_ref(str(account_id)), *_owner_refs(kind, customer, merchant)),
         )
     held = (
         Balance.objects.values("account_id", "asset_id").annotate(held=Sum("held")).order_by("account_id", "asset_id")

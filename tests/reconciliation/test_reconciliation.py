@@ -16,6 +16,7 @@ from django.utils import timezone
 from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
 from payments.services.charges import payment_create
+from payments.services.refunds import refund_create
 from tenants.models import Tenant
 from tests.factories import TerminalFactory
 from tests.reconciliation.conftest import kinds, reconcile
@@ -43,7 +44,9 @@ def test_balance_edited_behind_the_ledgers_back(world: dict[str, Any]) -> None:
     assert run.status == RunStatus.FINDINGS
     finding = run.findings.get(kind="ledger_balance_mismatch")
     assert finding.details["account"] == account_id and finding.details["difference"] == 7 and finding.severity == "critical"
-    assert finding.refs == [{"app_label": "wallets", "model": "account", "pk": account_id}]
+    assert finding.details["owner"] == f"customer:{world['alice'].pk}"
+    assert finding.refs == [{"app_label": "wallets", "model": "account", "pk": account_id},
+                            {"app_label": "wallets", "model": "customer", "pk": world["alice"].pk}]
     # The edit also broke conservation: the JPY balances no longer sum to zero.
     assert run.findings.get(kind="asset_not_conserved").details == {"asset": "JPY", "sum_of_balances": 7}
 
@@ -106,6 +109,11 @@ def test_duplicate_charge_suspect(world: dict[str, Any]) -> None:
     assert finding.details["payment"] == second.pk and finding.details["previous_payment"] == first.pk
     assert finding.details["customer"] == alice.pk and finding.details["amount"] == 1200
     assert {"app_label": "payments", "model": "payment", "pk": second.pk} in finding.refs
+    # Refunded in full, the duplicate is undone: no longer a suspect.
+    refund_create(payment=second, amount=1200, reason="duplicate")
+    assert reconcile().findings_count == 0
+    Payment.objects.filter(pk=second.pk).update(amount_refunded=600)  # (partly refunded: a suspect again)
+    assert kinds(reconcile()) == {"duplicate_charge_suspect": 1}
     # Six minutes apart is not a suspect.
     Payment.objects.filter(pk=second.pk).update(created=first.created + timedelta(minutes=6))
     assert reconcile().findings_count == 0
