@@ -24,6 +24,7 @@ from wallets.models import Balance, LedgerEntry
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
 from webhooks.reconciliation.checks import CHECKS
 from webhooks.reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
+from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 
 
 def test_clean_data_has_no_findings(world: dict[str, Any]) -> None:
@@ -267,3 +268,78 @@ def test_schedule_is_a_beat_periodic_task_an_admin_edit_survives(db: None) -> No
     task.interval, _ = IntervalSchedule.objects.get_or_create(every=15, period=IntervalSchedule.MINUTES)
     task.save()
     assert reconciliation_schedule_ensure().interval.every == 15  # the staff's edit is kept
+
+
+def test_a_run_executes_once_unless_its_process_died(world: dict[str, Any]) -> None:
+    from webhooks.reconciliation.services import RUN_TIME_LIMIT_SECONDS
+
+    run = reconcile()
+    finished = run.finished_at
+    assert reconciliation_run_execute(run_id=run.pk).finished_at == finished  # a duplicate delivery: nothing again
+    running = reconciliation_run_request(trigger=RunTrigger.BEAT)
+    ReconciliationRun.objects.filter(pk=running.pk).update(status=RunStatus.RUNNING, started_at=timezone.now())
+    assert reconciliation_run_execute(run_id=running.pk).status == RunStatus.RUNNING  # another worker has it
+    # Left "running" past the task's hard limit: its process died; run it again.
+    ReconciliationRun.objects.filter(pk=running.pk).update(started_at=timezone.now() - timedelta(seconds=RUN_TIME_LIMIT_SECONDS + 1))
+    assert reconciliation_run_execute(run_id=running.pk).status == RunStatus.CLEAN
+
+
+def test_a_run_killed_mid_way_commits_nothing_and_runs_again(recon_tenant_committed: Tenant, django_db_blocker: Any) -> None:
+    """SIGKILL `manage.py reconcile` while it is inside its checks (held on a lock after it
+    has found and inserted a finding): the run stays "running" with no finding committed;
+    once past the time limit it is executed again, whole."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from django.db import connections, transaction
+
+    from webhooks.reconciliation.services import RUN_TIME_LIMIT_SECONDS
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "TALLY_TEST_DB_NAME": connections["default"].settings_dict["NAME"]}
+    with django_db_blocker.unblock():
+        connection.set_tenant(recon_tenant_committed)
+        stuck = _record("killed-run", timezone.now() - timedelta(minutes=10))
+        proc = None
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:  # the last check (webhook deliveries) waits here
+                    cursor.execute("LOCK TABLE webhooks_webhookdelivery IN ACCESS EXCLUSIVE MODE")
+                proc = subprocess.Popen([sys.executable, "manage.py", "reconcile", "--tenant", "test_recon"], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                backend = None
+                deadline = time.monotonic() + 60
+                while backend is None and time.monotonic() < deadline:
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT pg_stat_clear_snapshot()")  # activity is otherwise read once per transaction
+                        cursor.execute(
+                            "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s AND datname = current_database()",
+                            ["%webhooks_webhookdelivery%"],
+                        )
+                        row = cursor.fetchone()
+                    backend = row[0] if row else None
+                    time.sleep(0.1)
+                if backend is None:
+                    proc.kill()
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT pid, state, wait_event_type, left(query, 200) FROM pg_stat_activity")
+                        activity = cursor.fetchall()
+                    raise AssertionError(f"the run never reached the locked table: {proc.communicate()[0][-3000:]} {activity}")
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+            run = ReconciliationRun.objects.get(trigger=RunTrigger.COMMAND)
+            assert run.status == RunStatus.RUNNING and run.findings.count() == 0  # the finding it inserted died with it
+            ReconciliationRun.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(seconds=RUN_TIME_LIMIT_SECONDS + 1))
+            again = reconciliation_run_execute(run_id=run.pk)
+            assert again.status == RunStatus.FINDINGS and kinds(again) == {"idempotency_stuck_in_flight": 1}
+            assert again.findings.count() == 1
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            IdempotencyRecord.objects.filter(pk=stuck.pk).delete()
+            ReconciliationRun.objects.all().delete()
+            connection.set_schema_to_public()

@@ -7,6 +7,7 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -23,6 +24,10 @@ logger = logging.getLogger(__name__)
 # counts them in its report but stores no more rows.
 MAX_FINDINGS_STORED_PER_CHECK = 10_000
 FINDINGS_BATCH = 500
+
+# The task's hard time limit (tasks.py): a run still "running" after it was killed by a
+# crash or that limit, and is executed again when its task is redelivered.
+RUN_TIME_LIMIT_SECONDS = 1800
 
 SCHEDULE_NAME = "reconciliation: every tenant"
 SCHEDULE_TASK = "reconciliation.run_all_tenants"
@@ -73,13 +78,19 @@ def reconciliation_run_execute(
     cannot look like a discrepancy between two checks. Every check streams (server-side
     cursors, SQL aggregates), so memory stays flat as the ledger grows.
 
+    A run is executed once: one already finished, or running for less than
+    RUN_TIME_LIMIT_SECONDS, is returned as is (a duplicate delivery of its task). A run
+    left "running" longer than that died with its process (nothing of it committed: the
+    findings are written in the run's transaction) and is executed again.
+
     Locks: the run row (FOR UPDATE) while it is marked running, so two workers given the
     same run do not both execute it; no lock on business rows.
     """
     checks = list(CHECKS if checks is None else checks)
     with transaction.atomic():
         run = ReconciliationRun.objects.select_for_update().get(pk=run_id)
-        if run.status not in (RunStatus.QUEUED, RunStatus.FAILED):
+        stale = run.started_at is not None and run.started_at < timezone.now() - timedelta(seconds=RUN_TIME_LIMIT_SECONDS)
+        if run.status in (RunStatus.CLEAN, RunStatus.FINDINGS) or (run.status == RunStatus.RUNNING and not stale):
             return run
         run.status, run.started_at = RunStatus.RUNNING, timezone.now()
         run.save(update_fields=["status", "started_at"])

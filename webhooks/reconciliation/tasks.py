@@ -9,10 +9,15 @@ from tenant_schemas_celery.task import TenantTask
 
 from tenants.selectors import tenant_schemas_active
 from webhooks.reconciliation.models import RunTrigger
-from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
+from webhooks.reconciliation.services import RUN_TIME_LIMIT_SECONDS, reconciliation_run_execute, reconciliation_run_request
 
 
-@shared_task(base=TenantTask, name="reconciliation.run_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+@shared_task(  # type: ignore[untyped-decorator]  # celery is untyped
+    base=TenantTask, name="reconciliation.run_tenant", ignore_result=True,
+    # A run reads the whole ledger (15 s at 1M entries, docs/BENCHMARKS.md): its own limits,
+    # not the relay's 120/180 s, and under the broker's visibility timeout (3600 s).
+    soft_time_limit=RUN_TIME_LIMIT_SECONDS - 60, time_limit=RUN_TIME_LIMIT_SECONDS,
+)
 def reconciliation_run_tenant(*, run_id: int) -> int:
     """Runs in one tenant's schema: execute one requested run. Returns its findings count."""
     return int(reconciliation_run_execute(run_id=run_id).findings_count)
