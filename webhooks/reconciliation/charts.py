@@ -59,6 +59,8 @@ def chart_svg(chart: Chart) -> SafeString:
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
     values = [Decimal(str(v)) for s in chart.series for v in s.values]
     top = _nice_max(max(values, default=Decimal(0)))
+    if top < 4 and all(v == v.to_integral_value() for v in values):
+        top = Decimal(4)  # counts: whole-number ticks
     n = max(len(chart.labels), 1)
     parts = [
         f'<svg class="tally-chart tally-chart-{escape(chart.kind)}" id="chart-{escape(chart.slug)}" xmlns="http://www.w3.org/2000/svg" '
