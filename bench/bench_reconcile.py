@@ -167,9 +167,14 @@ def main() -> None:
     parser.add_argument("--merchants", type=int, default=100)
     parser.add_argument("--chunk-size", type=int, default=2000)
     parser.add_argument("--plant", type=int, default=20_000, help="then edit this many balances and reconcile again (findings at scale)")
+    parser.add_argument("--exports-only", action="store_true", help="only the dashboard and ledger CSV timings")
     args = parser.parse_args()
     _setup(args.database_url)
     _load(entries=args.entries, customers=args.customers, merchants=args.merchants)
+    if args.exports_only:
+        _dashboard_time()
+        _ledger_csv_time()
+        return
     chunk = ["--chunk-size", str(args.chunk_size)]
     code, seconds, rss, _ = _reconcile(args.database_url, "--check", "idempotency_stuck", *chunk)
     print(f"baseline (one trivial check: Django and the command): exit {code}, {seconds:.1f} s, peak RSS {rss:.0f} MiB")
@@ -185,6 +190,33 @@ def main() -> None:
         print("\n".join(line for line in out.splitlines() if not line.startswith("    - ")))
         print(f"reconcile --tenant {SCHEMA}, {args.plant:,} balances edited: exit {code}, {seconds:.1f} s wall, peak RSS {rss:.0f} MiB")
     _dashboard_time()
+    _ledger_csv_time()
+
+
+def _ledger_csv_time() -> None:
+    """The ledger CSV export's generator over every entry (what the admin streams), into a null sink."""
+    import csv
+    import resource
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from django_tenants.utils import schema_context
+
+    from webhooks.reconciliation.selectors import ledger_csv_rows
+
+    class Null:
+        def write(self, value: str) -> int:
+            return len(value)
+
+    writer = csv.writer(Null())
+    today = timezone.localdate()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with schema_context(SCHEMA):
+        started = time.monotonic()
+        rows = sum(1 for row in ledger_csv_rows(start=today - timedelta(days=60), end=today) if writer.writerow(row))
+        seconds = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"ledger CSV, 60 days: {rows - 1:,} entries in {seconds:.1f} s; this process's peak RSS {before / 1024:.0f} -> {after / 1024:.0f} MiB")
 
 
 def _dashboard_time() -> None:
