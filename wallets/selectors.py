@@ -9,6 +9,7 @@ cases are indistinguishable to a caller (SPEC 4).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
 
@@ -143,6 +144,16 @@ def asset_totals() -> dict[str, int]:
 _TENANT_APP_LABELS = ("wallets", "payments", "idempotency", "webhooks")
 
 
+def _unconstrained_relations() -> list[tuple[type[Model], ForeignKey[Any, Any]]]:
+    relations = []
+    for label in _TENANT_APP_LABELS:
+        for model in apps.get_app_config(label).get_models():
+            for field in model._meta.concrete_fields:
+                if isinstance(field, ForeignKey) and not getattr(field, "db_constraint", True):
+                    relations.append((model, field))
+    return sorted(relations, key=lambda r: (r[0]._meta.db_table, str(r[1].column)))
+
+
 def unconstrained_references() -> list[tuple[str, str, str, str]]:
     """(table, column, target table, target column) of every tenant foreign key declared
     with `db_constraint=False`: the references the database does not check itself.
@@ -150,14 +161,30 @@ def unconstrained_references() -> list[tuple[str, str, str, str]]:
     The targets are protected by delete/primary-key triggers (wallets/0006);
     `ledger_orphan_references` checks the rows.
     """
-    relations = []
-    for label in _TENANT_APP_LABELS:
-        for model in apps.get_app_config(label).get_models():
-            for field in model._meta.concrete_fields:
-                if isinstance(field, ForeignKey) and not getattr(field, "db_constraint", True):
-                    target = field.target_field
-                    relations.append((model._meta.db_table, str(field.column), target.model._meta.db_table, str(target.column)))
-    return sorted(relations)
+    return [
+        (model._meta.db_table, str(field.column), field.target_field.model._meta.db_table, str(field.target_field.column))
+        for model, field in _unconstrained_relations()
+    ]
+
+
+def ledger_orphan_references_iter(*, chunk_size: int = 2000) -> Iterator[tuple[str, str, str, tuple[type[Model], type[Model]]]]:
+    """`ledger_orphan_references`, streamed through a server-side cursor, each with its
+    (source model, target model) for reconciliation's findings."""
+    qn = connection.ops.quote_name
+    for model, field in _unconstrained_relations():
+        table, column = model._meta.db_table, str(field.column)
+        target = field.target_field
+        # Identifiers come from model metadata (never input), quoted.
+        ref, tgt = f"r.{qn(column)}", f"t.{qn(str(target.column))}"
+        sql = (
+            f"SELECT DISTINCT {ref} FROM {qn(table)} r WHERE {ref} IS NOT NULL "  # noqa: S608
+            f"AND NOT EXISTS (SELECT 1 FROM {qn(target.model._meta.db_table)} t WHERE {tgt} = {ref}) ORDER BY 1"
+        )
+        with connection.chunked_cursor() as cursor:
+            cursor.execute(sql)
+            while rows := cursor.fetchmany(chunk_size):
+                for (value,) in rows:
+                    yield table, column, str(value), (model, target.model)
 
 
 def ledger_orphan_references() -> list[tuple[str, str, str]]:
@@ -167,19 +194,7 @@ def ledger_orphan_references() -> list[tuple[str, str, str]]:
 
     One anti-join per relation. A dangling value shared by several rows is listed once.
     """
-    orphans: list[tuple[str, str, str]] = []
-    qn = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        for table, column, target_table, target_column in unconstrained_references():
-            # Identifiers come from model metadata (never input), quoted.
-            ref, tgt = f"r.{qn(column)}", f"t.{qn(target_column)}"
-            sql = (
-                f"SELECT DISTINCT {ref} FROM {qn(table)} r WHERE {ref} IS NOT NULL "  # noqa: S608
-                f"AND NOT EXISTS (SELECT 1 FROM {qn(target_table)} t WHERE {tgt} = {ref}) ORDER BY 1"
-            )
-            cursor.execute(sql)
-            orphans += [(table, column, str(value)) for (value,) in cursor.fetchall()]
-    return orphans
+    return [(table, column, value) for table, column, value, _ in ledger_orphan_references_iter()]
 
 
 # --- Parties and keys, scoped ------------------------------------------------------------

@@ -1,0 +1,146 @@
+"""Reconciliation checks on the payments layer's data (see wallets.reconciliation for the
+contract): duplicate-charge suspects, stuck in-flight idempotency keys, outbox lag and dead
+letters; and the per-run metrics the dashboard charts across runs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, F, Min, Window
+from django.db.models.functions import Lag
+from prometheus_client import CollectorRegistry, Counter, multiprocess
+
+from payments.idempotency import metrics as idempotency_metrics
+from payments.idempotency.models import IdempotencyRecord, RecordState
+from payments.models import OutboxEvent, Payment
+from wallets.reconciliation import CheckContext, Discrepancy, ObjectRef, Severity
+
+
+def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Duplicate-charge suspects: a payment by the same customer to the same merchant for the
+    same amount (and asset) within `duplicate_window_seconds` of the previous one, unless
+    either has been refunded in full (the duplicate is already undone). One window
+    function over the payments, streamed; each suspect names both payments."""
+    window: dict[str, Any] = {
+        "partition_by": [F("customer_id"), F("merchant_id"), F("asset_id"), F("amount")],
+        "order_by": [F("created").asc(), F("id").asc()],
+    }
+    suspects = (
+        Payment.objects.order_by()
+        .annotate(
+            previous_id=Window(Lag("id"), **window),
+            previous_created=Window(Lag("created"), **window),
+            previous_refunded=Window(Lag("amount_refunded"), **window),
+        )
+        .filter(previous_created__isnull=False, created__lte=F("previous_created") + timedelta(seconds=ctx.duplicate_window_seconds))
+        .exclude(amount_refunded=F("amount"))
+        .exclude(previous_refunded=F("amount"))
+        .values_list("id", "previous_id", "customer_id", "merchant_id", "asset_id", "amount", "amount_refunded", "created", "previous_created")
+        .order_by("created", "id")
+    )
+    for pay_id, previous_id, customer, merchant, asset, amount, refunded, created, previous_created in suspects.iterator(chunk_size=ctx.chunk_size):
+        seconds = (created - previous_created).total_seconds()
+        yield Discrepancy(
+            kind="duplicate_charge_suspect",
+            severity=Severity.WARNING,
+            summary=f"{pay_id} charged {customer} {amount} {asset} at {merchant} {seconds:.0f} s after {previous_id}",
+            details={"payment": pay_id, "previous_payment": previous_id, "customer": customer, "merchant": merchant, "asset": asset,
+                     "amount": int(amount), "amount_refunded": int(refunded), "seconds_apart": seconds,
+                     "created": created.isoformat(), "previous_created": previous_created.isoformat()},
+            refs=(ObjectRef("payments", "payment", pay_id), ObjectRef("payments", "payment", str(previous_id)),
+                  ObjectRef("wallets", "customer", customer), ObjectRef("wallets", "merchant", merchant)),
+        )
+    ctx.stats["payments"] = Payment.objects.count()
+
+
+def idempotency_stuck_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """In-flight idempotency records whose lease has expired (the predicate of
+    `idempotency_orphans_list`, streamed rather than limited): a request that crashed
+    between its claim and its completion, which the orphan recovery has not taken over."""
+    stuck = IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=ctx.now).order_by("lease_expires_at", "id")
+    for record in stuck.iterator(chunk_size=ctx.chunk_size):
+        assert record.lease_expires_at is not None
+        stuck_for = (ctx.now - record.lease_expires_at).total_seconds()
+        yield Discrepancy(
+            kind="idempotency_stuck_in_flight",
+            severity=Severity.WARNING,
+            summary=f"key {record.key!r} of {record.principal_id} ({record.scope}) in flight, lease expired {stuck_for:.0f} s ago",
+            details={"principal_id": record.principal_id, "key": record.key, "scope": record.scope, "effect": record.effect,
+                     "fence": record.fence, "request_id": record.request_id, "method": record.method, "path": record.path,
+                     "lease_expires_at": record.lease_expires_at.isoformat(), "stuck_seconds": stuck_for, "minted": record.minted,
+                     "claimed": record.created.isoformat()},
+            refs=(ObjectRef("idempotency", "idempotencyrecord", str(record.pk)),),
+        )
+
+
+def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Outbox lag (the oldest live unpublished event older than the threshold: one finding
+    with the backlog) and dead letters (one finding each)."""
+    live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
+    backlog = live.aggregate(count=Count("id"), oldest=Min("created"))
+    oldest = backlog["oldest"]
+    lag = max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0
+    ctx.stats.update(unpublished=int(backlog["count"]), lag_seconds=lag)
+    if oldest is not None and lag > ctx.outbox_lag_threshold_seconds:
+        first = live.order_by("created", "id").values_list("id", "topic", "attempts", "last_error").first()
+        assert first is not None
+        yield Discrepancy(
+            kind="outbox_lag",
+            severity=Severity.WARNING,
+            summary=f"{backlog['count']} outbox event(s) unpublished, the oldest ({first[0]}) for {lag:.0f} s",
+            details={"unpublished": int(backlog["count"]), "lag_seconds": lag, "threshold_seconds": ctx.outbox_lag_threshold_seconds,
+                     "oldest_event": first[0], "oldest_topic": first[1], "oldest_attempts": first[2], "oldest_last_error": first[3][:500]},
+            refs=(ObjectRef("payments", "outboxevent", str(first[0])),),
+        )
+    dead = OutboxEvent.objects.filter(dead_at__isnull=False, published_at__isnull=True).order_by("dead_at", "id")
+    for event in dead.only("id", "topic", "attempts", "last_error", "dead_at", "created").iterator(chunk_size=ctx.chunk_size):
+        assert event.dead_at is not None
+        yield Discrepancy(
+            kind="outbox_dead_letter",
+            severity=Severity.WARNING,
+            summary=f"outbox event {event.id} ({event.topic}) dead after {event.attempts} attempts: {event.last_error[:120]}",
+            details={"event": event.id, "topic": event.topic, "attempts": event.attempts, "last_error": event.last_error[:500],
+                     "dead_at": event.dead_at.isoformat(), "created": event.created.isoformat()},
+            refs=(ObjectRef("payments", "outboxevent", event.id),),
+        )
+
+
+def _counter_totals(counters: list[Counter]) -> float:
+    """The sum of these counters' `_total` samples: across every process writing to
+    PROMETHEUS_MULTIPROC_DIR when it is set (`make run`: web, worker and beat share one),
+    else this process's own."""
+    names = {f"{family.name}_total" for c in counters for family in c.describe()}
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        metrics = list(registry.collect())
+    else:
+        metrics = [m for c in counters for m in c.collect()]
+    return float(sum(s.value for m in metrics for s in m.samples if s.name in names))
+
+
+def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
+    """What the dashboard charts across runs and nothing else stores over time: the
+    outbox backlog and lag, the idempotency records by state, and the idempotency replay
+    and conflict (409 in flight, 422 reused) counters. Those are Prometheus counters,
+    read host-wide (see `_counter_totals`) and without a tenant label: the chart shows
+    their increase between runs, for the whole host, not per tenant."""
+    live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).aggregate(count=Count("id"), oldest=Min("created"))
+    oldest = live["oldest"]
+    states = dict(IdempotencyRecord.objects.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    return {
+        "outbox_unpublished": int(live["count"]),
+        "outbox_lag_seconds": max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0,
+        "outbox_dead_letters": OutboxEvent.objects.filter(dead_at__isnull=False, published_at__isnull=True).count(),
+        "idempotency_in_flight": int(states.get(RecordState.IN_FLIGHT, 0)),
+        "idempotency_completed": int(states.get(RecordState.COMPLETED, 0)),
+        "idempotency_failed_retryable": int(states.get(RecordState.FAILED_RETRYABLE, 0)),
+        "idempotency_stuck": IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=ctx.now).count(),
+        "process_idempotency_replays_total": _counter_totals([idempotency_metrics.IDEMPOTENCY_REPLAYS]),
+        "process_idempotency_conflicts_total": _counter_totals(
+            [idempotency_metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS, idempotency_metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES]
+        ),
+    }

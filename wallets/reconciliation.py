@@ -1,0 +1,188 @@
+"""Reconciliation checks on the wallets layer's data, and the types every layer's checks share.
+
+A check is a function `(ctx) -> Iterator[Discrepancy]`: it reads (never writes), streams
+its rows (a server-side cursor or an SQL aggregate through the ORM, `chunk_size` rows at a
+time) so its memory does not grow with the ledger, and yields one `Discrepancy` per thing
+to act on. The registry (one list, one kind name per check) and the service that runs
+them and stores the findings live in `webhooks.reconciliation`, the layer that can see
+every app's tables; each layer contributes the checks on its own data:
+wallets (here): the ledger against the balances and holds, conservation, orphaned references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, Sum
+
+from wallets.models import Balance, Hold, HoldStatus, LedgerEntry
+from wallets.selectors import ledger_orphan_references_iter
+
+
+class Severity(StrEnum):
+    CRITICAL = "critical"  # money is wrong somewhere: stop and look
+    WARNING = "warning"  # something to act on (a suspect, a stuck key, a dead letter)
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """A row a finding concerns: rendered as an admin link when the model has an admin page."""
+
+    app_label: str
+    model: str
+    pk: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"app_label": self.app_label, "model": self.model, "pk": self.pk}
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    kind: str
+    severity: Severity
+    summary: str
+    details: dict[str, Any]
+    refs: tuple[ObjectRef, ...] = ()
+
+
+@dataclass
+class CheckContext:
+    """What a check may read: the run's clock and limits, and `stats` for the report (rows scanned...)."""
+
+    now: datetime
+    chunk_size: int = 2000
+    duplicate_window_seconds: int = 300
+    outbox_lag_threshold_seconds: int = 300
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def account_ref(account_id: str) -> ObjectRef:
+    return ObjectRef("wallets", "account", account_id)
+
+
+def rows_stream(sql: str, params: list[Any] | None = None, *, chunk_size: int) -> Iterator[tuple[Any, ...]]:
+    """The rows of one read statement through a server-side cursor, `chunk_size` at a time."""
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params or [])
+        while rows := cursor.fetchmany(chunk_size):
+            yield from rows
+
+
+_BALANCE_VS_ENTRIES_SQL = """
+WITH b AS (SELECT account_id, asset_id, SUM(balance) AS total, COUNT(*) AS shards FROM wallets_balance GROUP BY 1, 2),
+     e AS (SELECT account_id, asset_id, SUM(amount) AS total, COUNT(*) AS entries FROM wallets_ledgerentry GROUP BY 1, 2),
+     d AS (SELECT COALESCE(b.account_id, e.account_id) AS account_id, COALESCE(b.asset_id, e.asset_id) AS asset_id,
+                  COALESCE(b.total, 0) AS balance, COALESCE(e.total, 0) AS entries_sum, COALESCE(b.shards, 0) AS shards,
+                  COALESCE(e.entries, 0) AS entries
+             FROM b FULL OUTER JOIN e ON b.account_id = e.account_id AND b.asset_id = e.asset_id
+            WHERE COALESCE(b.total, 0) <> COALESCE(e.total, 0))
+SELECT d.account_id, d.asset_id, d.balance, d.entries_sum, d.shards, d.entries, a.kind, a.customer_id, a.merchant_id, a.system_role
+  FROM d LEFT JOIN wallets_account a ON a.id = d.account_id
+ ORDER BY 1, 2
+"""
+
+
+def _owner_refs(kind: str | None, customer: str | None, merchant: str | None) -> tuple[ObjectRef, ...]:
+    if customer:
+        return (ObjectRef("wallets", "customer", customer),)
+    if merchant:
+        return (ObjectRef("wallets", "merchant", merchant),)
+    return ()
+
+
+def ledger_balance_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Every (account, asset): the SUM of its balance shards equals the SUM of its ledger
+    entries; and the held part equals its active holds. One statement each (one snapshot)."""
+    ctx.stats["entries"] = LedgerEntry.objects.count()
+    ctx.stats["balance_rows"] = Balance.objects.count()
+    rows = rows_stream(_BALANCE_VS_ENTRIES_SQL, chunk_size=ctx.chunk_size)
+    for account_id, asset, balance_sum, entries_total, shards, entries, kind, customer, merchant, role in rows:
+        balance, entries_sum = int(balance_sum), int(entries_total)  # SUM(bigint) is numeric: exact, as int
+        owner = f"{kind}:{role or customer or merchant}" if kind else "no such account"
+        yield Discrepancy(
+            kind="ledger_balance_mismatch",
+            severity=Severity.CRITICAL,
+            summary=f"{account_id} ({owner}) {asset}: balance {balance} but its ledger entries sum to {entries_sum} "
+            f"(difference {balance - entries_sum:+d})",
+            details={"account": account_id, "owner": owner, "asset": asset, "balance": balance, "entries_sum": entries_sum,
+                     "difference": balance - entries_sum, "shards": int(shards), "entries": int(entries)},
+            refs=(account_ref(str(account_id)), *_owner_refs(kind, customer, merchant)),
+        )
+    held = (
+        Balance.objects.values("account_id", "asset_id").annotate(held=Sum("held")).order_by("account_id", "asset_id")
+        .filter(held__gt=0)
+    )
+    holds = {
+        (row["account_id"], row["asset_id"]): int(row["total"])
+        for row in Hold.objects.filter(status=HoldStatus.ACTIVE).values("account_id", "asset_id").annotate(total=Sum("amount")).order_by()
+    }
+    # Active holds are few (open authorizations); the balances with a held part are streamed.
+    for row in held.iterator(chunk_size=ctx.chunk_size):
+        expected = holds.pop((row["account_id"], row["asset_id"]), 0)
+        if int(row["held"]) != expected:
+            yield _held_mismatch(row["account_id"], row["asset_id"], int(row["held"]), expected)
+    for (account_id, asset), expected in holds.items():
+        if expected:
+            yield _held_mismatch(account_id, asset, 0, expected)
+
+
+def _held_mismatch(account_id: str, asset: str, held: int, holds: int) -> Discrepancy:
+    return Discrepancy(
+        kind="ledger_held_mismatch",
+        severity=Severity.CRITICAL,
+        summary=f"{account_id} {asset}: {held} held on the balance but active holds total {holds}",
+        details={"account": account_id, "asset": asset, "held": held, "active_holds": holds, "difference": held - holds},
+        refs=(account_ref(account_id),),
+    )
+
+
+def conservation_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Double entry: every ledger transaction's entries sum to zero per asset, and so every
+    asset's balances (system accounts hold the other side) sum to zero."""
+    unbalanced = (
+        LedgerEntry.objects.order_by().values("transaction_id", "asset_id")
+        .annotate(total=Sum("amount"), entries=Count("id")).exclude(total=0).order_by("transaction_id", "asset_id")
+    )
+    for row in unbalanced.iterator(chunk_size=ctx.chunk_size):
+        yield Discrepancy(
+            kind="ledger_unbalanced_transaction",
+            severity=Severity.CRITICAL,
+            summary=f"ledger transaction {row['transaction_id']} does not sum to zero in {row['asset_id']}: {int(row['total']):+d}",
+            details={"transaction": row["transaction_id"], "asset": row["asset_id"], "sum": int(row["total"]), "entries": int(row["entries"])},
+            refs=(ObjectRef("wallets", "ledgertransaction", str(row["transaction_id"])),),
+        )
+    totals = Balance.objects.order_by().values("asset_id").annotate(total=Sum("balance")).order_by("asset_id")
+    assets = 0
+    for total in totals:
+        assets += 1
+        if int(total["total"] or 0) != 0:
+            yield Discrepancy(
+                kind="asset_not_conserved",
+                severity=Severity.CRITICAL,
+                summary=f"the balances of {total['asset_id']} sum to {int(total['total']):+d}, not zero",
+                details={"asset": total["asset_id"], "sum_of_balances": int(total["total"])},
+                refs=(ObjectRef("wallets", "asset", str(total["asset_id"])),),
+            )
+    ctx.stats["assets"] = assets
+
+
+def orphan_references_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Every reference without a database foreign key (`ledger_orphan_references`) has its target."""
+    relations = 0
+    for table, column, value, relation in ledger_orphan_references_iter(chunk_size=ctx.chunk_size):
+        relations += 1
+        source_model, target_model = relation
+        yield Discrepancy(
+            kind="orphan_reference",
+            severity=Severity.CRITICAL,
+            summary=f"{table}.{column} = {value} points at no {target_model._meta.label_lower}",
+            details={"table": table, "column": column, "value": value, "target": target_model._meta.label_lower,
+                     "rows": int(source_model._default_manager.filter(**{column: value}).count())},
+            refs=(),
+        )
+    ctx.stats["orphans"] = relations

@@ -1,0 +1,196 @@
+"""Reconciliation in the tenant admin: runs (read-only, "Run now"), findings with links to
+the rows they concern, the dashboard (charts rendered server-side as SVG) and the
+streamed CSV exports of a run's report and of the ledger for a date range.
+
+Views call one service or selector and render; the data comes from
+`webhooks.reconciliation.selectors`.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Iterator
+from datetime import date, timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase, HttpResponseRedirect, StreamingHttpResponse
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
+
+from webhooks.reconciliation.charts import chart_svg
+from webhooks.reconciliation.models import ReconciliationFinding, ReconciliationRun, RunTrigger
+from webhooks.reconciliation.selectors import (
+    dashboard_run_charts,
+    dashboard_volume_charts,
+    ledger_csv_rows,
+    reconciliation_findings_by_kind,
+    reconciliation_findings_csv_rows,
+    reconciliation_run_latest,
+)
+from webhooks.reconciliation.services import reconciliation_run_request
+from webhooks.reconciliation.tasks import reconciliation_run_enqueue_on_commit
+
+RUN_PERMISSION = "reconciliation.add_reconciliationrun"
+LEDGER_EXPORT_PERMISSION = "wallets.view_ledgerentry"
+
+
+def ref_link(ref: dict[str, str]) -> SafeString:
+    """An admin link to the row a finding names, or its name when that model has no admin page."""
+    label = f"{ref['model']} {ref['pk']}"
+    try:
+        url = reverse(f"admin:{ref['app_label']}_{ref['model']}_change", args=[ref["pk"]])
+    except NoReverseMatch:
+        return format_html('<span class="tally-ref">{}</span>', label)
+    return format_html('<a class="tally-ref" href="{}">{}</a>', url, label)
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+_FORMULA_STARTS = ("=", "+", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> Any:
+    """A spreadsheet must not run a cell as a formula (an idempotency key is client text)."""
+    if isinstance(value, str) and value and (value.startswith(_FORMULA_STARTS) or (value[0] == "-" and not value[1:2].isdigit())):
+        return "'" + value
+    return value
+
+
+def csv_streaming_response(rows: Iterable[list[Any]], filename: str) -> StreamingHttpResponse:
+    writer = csv.writer(_Echo())
+
+    def lines() -> Iterator[str]:
+        for row in rows:
+            yield writer.writerow([_cell(v) for v in row])
+
+    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ReconciliationRun)
+class ReconciliationRunAdmin(_ReadOnly):
+    list_display = ("id", "created", "trigger", "status", "findings_count", "duration_ms", "requested_by", "findings_link", "csv_link")
+    list_filter = ("status", "trigger")
+    date_hierarchy = "created"
+    fields = ("id", "trigger", "status", "requested_by", "created", "started_at", "finished_at", "duration_ms", "findings_count",
+              "report_table", "metrics", "error", "findings_link", "csv_link")
+    readonly_fields = fields
+    show_full_result_count = False
+
+    @admin.display(description="report")
+    def report_table(self, run: ReconciliationRun) -> SafeString:
+        rows = format_html_join(
+            "", '<tr class="tally-check"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            ((name, e.get("findings"), e.get("stored"), e.get("seconds"), e.get("stats")) for name, e in run.report.get("checks", {}).items()),
+        )
+        return format_html('<table id="run-report"><tr><th>check</th><th>findings</th><th>stored</th><th>seconds</th>'
+                           "<th>stats</th></tr>{}</table>", rows)
+
+    @admin.display(description="findings")
+    def findings_link(self, run: ReconciliationRun) -> SafeString:
+        url = reverse("admin:reconciliation_reconciliationfinding_changelist") + f"?run__id__exact={run.pk}"
+        return format_html('<a href="{}">{} finding(s)</a>', url, run.findings_count)
+
+    @admin.display(description="CSV")
+    def csv_link(self, run: ReconciliationRun) -> SafeString:
+        return format_html('<a class="tally-csv" href="{}">report.csv</a>', reverse("admin:reconciliation_run_csv", args=[run.pk]))
+
+    def get_urls(self) -> list[URLPattern]:
+        wrap = self.admin_site.admin_view
+        return [
+            path("dashboard/", wrap(self.dashboard_view), name="reconciliation_dashboard"),
+            path("run-now/", wrap(require_POST(self.run_now_view)), name="reconciliation_run_now"),
+            path("<int:run_id>/report.csv", wrap(self.run_csv_view), name="reconciliation_run_csv"),
+            path("ledger.csv", wrap(self.ledger_csv_view), name="reconciliation_ledger_csv"),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        extra = {**(extra_context or {}), "can_run_now": request.user.has_perm(RUN_PERMISSION)}
+        return super().changelist_view(request, extra_context=extra)
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        latest = reconciliation_run_latest()
+        today = timezone.localdate()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Reconciliation dashboard",
+            "opts": self.model._meta,
+            "latest": latest,
+            "by_kind": reconciliation_findings_by_kind(run=latest) if latest else [],
+            "volume_charts": [chart_svg(chart) for chart in dashboard_volume_charts()],
+            "run_charts": [chart_svg(chart) for chart in dashboard_run_charts()],
+            "can_run_now": request.user.has_perm(RUN_PERMISSION),
+            "ledger_start": (today - timedelta(days=7)).isoformat(),
+            "ledger_end": today.isoformat(),
+        }
+        return TemplateResponse(request, "admin/reconciliation/dashboard.html", context)
+
+    def run_now_view(self, request: HttpRequest) -> HttpResponse:
+        if not request.user.has_perm(RUN_PERMISSION):
+            raise PermissionDenied
+        run = reconciliation_run_request(trigger=RunTrigger.ADMIN, requested_by=request.user.get_username())
+        reconciliation_run_enqueue_on_commit(run_id=run.pk)
+        self.message_user(request, f"Reconciliation run {run.pk} requested; it runs in the background.", messages.SUCCESS)
+        after = request.POST.get("next", "")
+        if not url_has_allowed_host_and_scheme(after, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+            after = reverse("admin:reconciliation_reconciliationrun_changelist")
+        return HttpResponseRedirect(after)
+
+    def run_csv_view(self, request: HttpRequest, run_id: int) -> HttpResponseBase:
+        run = ReconciliationRun.objects.filter(pk=run_id).first()
+        if run is None or not self.has_view_permission(request, run):
+            raise PermissionDenied
+        return csv_streaming_response(reconciliation_findings_csv_rows(run=run), f"reconciliation-run-{run.pk}.csv")
+
+    def ledger_csv_view(self, request: HttpRequest) -> HttpResponseBase:
+        if not request.user.has_perm(LEDGER_EXPORT_PERMISSION):
+            raise PermissionDenied
+        try:
+            start = date.fromisoformat(request.GET.get("start", ""))
+            end = date.fromisoformat(request.GET.get("end", ""))
+        except ValueError:
+            return HttpResponseBadRequest("start and end must be dates (YYYY-MM-DD)", content_type="text/plain")
+        if end < start:
+            return HttpResponseBadRequest("end must not be before start", content_type="text/plain")
+        return csv_streaming_response(ledger_csv_rows(start=start, end=end), f"ledger-{start}-{end}.csv")
+
+
+@admin.register(ReconciliationFinding)
+class ReconciliationFindingAdmin(_ReadOnly):
+    list_display = ("id", "run", "kind", "severity", "summary", "links")
+    list_filter = ("kind", "severity", "check_name")
+    search_fields = ("summary",)
+    list_select_related = ("run",)
+    fields = ("id", "run", "check_name", "kind", "severity", "summary", "details", "links", "created")
+    readonly_fields = fields
+    show_full_result_count = False
+
+    @admin.display(description="concerns")
+    def links(self, finding: ReconciliationFinding) -> SafeString:
+        return format_html_join(" ", "{}", ((ref_link(ref),) for ref in finding.refs))

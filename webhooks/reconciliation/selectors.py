@@ -1,0 +1,183 @@
+"""Reads for the reconciliation dashboard and its CSV exports (current tenant).
+
+The dashboard's data comes from here, never from templates or views: the latest run,
+findings by kind, daily payment volume and refunds per asset (SQL aggregates), and the
+series stored on the runs (outbox lag, idempotency) across the last runs. The CSV rows are
+generators over `.iterator()`, so an export streams with flat memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import Count, F, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from payments.models import Payment, Refund
+from wallets.models import Asset, LedgerEntry
+from webhooks.reconciliation.charts import Chart, Series
+from webhooks.reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus
+
+DASHBOARD_DAYS = 30
+DASHBOARD_RUNS = 30
+
+
+def reconciliation_run_latest(*, finished: bool = True) -> ReconciliationRun | None:
+    runs = ReconciliationRun.objects.all()
+    if finished:
+        runs = runs.filter(status__in=[RunStatus.CLEAN, RunStatus.FINDINGS, RunStatus.FAILED])
+    return runs.order_by("-created", "-id").first()
+
+
+@dataclass(frozen=True)
+class KindCount:
+    kind: str
+    severity: str
+    count: int
+
+
+def reconciliation_findings_by_kind(*, run: ReconciliationRun) -> list[KindCount]:
+    """Findings per kind of one run: found (the report counts past the storage cap too)."""
+    severities = dict(run.findings.order_by().values_list("kind", "severity").distinct())
+    return [KindCount(kind=kind, severity=severities.get(kind, ""), count=int(n)) for kind, n in sorted(run.report.get("by_kind", {}).items())]
+
+
+def _days(now: datetime, days: int) -> list[date]:
+    today = timezone.localdate(now)
+    return [today - timedelta(days=days - 1 - i) for i in range(days)]
+
+
+def _major(minor: int, exponent: int) -> Decimal:
+    return Decimal(minor).scaleb(-exponent)
+
+
+def _daily_by_asset(rows: Any, value: str) -> dict[str, dict[date, int]]:
+    by_asset: dict[str, dict[date, int]] = {}
+    for row in rows:
+        by_asset.setdefault(row["asset_code"], {})[row["day"]] = int(row[value] or 0)
+    return by_asset
+
+
+def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOARD_DAYS) -> list[Chart]:
+    """Daily payment volume per asset (major units), and daily refunds, over `days`."""
+    now = now or timezone.now()
+    axis = _days(now, days)
+    since = timezone.make_aware(datetime.combine(axis[0], datetime.min.time()))
+    exponents = dict(Asset.objects.values_list("code", "exponent"))
+    labels = [d.strftime("%m-%d") for d in axis]
+    payments = (
+        Payment.objects.filter(created__gte=since).annotate(day=TruncDate("created")).order_by()
+        .values("day", asset_code=F("asset_id"))
+        .annotate(total=Sum("amount"), n=Count("id"))
+    )
+    charts: list[Chart] = []
+    volume = _daily_by_asset(payments, "total")
+    counts = _daily_by_asset(payments, "n")
+    for asset in sorted(volume):
+        exponent = int(exponents.get(asset, 0))
+        charts.append(Chart(
+            slug=f"volume-{asset.lower()}", title=f"Daily payment volume, {asset}", labels=labels, kind="bar", unit=asset,
+            series=[Series(name=f"{asset} paid", values=[_major(volume[asset].get(d, 0), exponent) for d in axis])],
+        ))
+        charts.append(Chart(
+            slug=f"payments-{asset.lower()}", title=f"Daily payments, {asset}", labels=labels, kind="line", unit="count",
+            series=[Series(name="payments", values=[counts[asset].get(d, 0) for d in axis])],
+        ))
+    if not volume:
+        charts.append(Chart(slug="volume", title="Daily payment volume", labels=labels, kind="bar", series=[]))
+    refunds = (
+        Refund.objects.filter(created__gte=since).annotate(day=TruncDate("created")).order_by()
+        .values("day", asset_code=F("payment__asset_id"))
+        .annotate(total=Sum("amount"), n=Count("id"))
+    )
+    refunded = _daily_by_asset(refunds, "total")
+    refund_counts = _daily_by_asset(refunds, "n")
+    charts.append(Chart(
+        slug="refunds", title="Daily refunds", labels=labels, kind="bar", unit="count",
+        series=[Series(name=f"{asset} refunds", values=[refund_counts[asset].get(d, 0) for d in axis]) for asset in sorted(refund_counts)],
+    ))
+    for asset in sorted(refunded):
+        exponent = int(exponents.get(asset, 0))
+        charts.append(Chart(
+            slug=f"refunds-{asset.lower()}", title=f"Daily refunded amount, {asset}", labels=labels, kind="bar", unit=asset,
+            series=[Series(name=f"{asset} refunded", values=[_major(refunded[asset].get(d, 0), exponent) for d in axis])],
+        ))
+    return charts
+
+
+def _delta(values: list[float]) -> list[float]:
+    """Increase between consecutive snapshots of a per-process counter (a restart resets it)."""
+    out: list[float] = []
+    previous: float | None = None
+    for value in values:
+        out.append(0.0 if previous is None else (value - previous if value >= previous else value))
+        previous = value
+    return out
+
+
+def dashboard_run_charts(*, runs: int = DASHBOARD_RUNS) -> list[Chart]:
+    """Series stored on the last `runs` finished runs: outbox lag and backlog, idempotency
+    (replays and conflicts, stuck and failed keys), and findings per run."""
+    recent = list(
+        ReconciliationRun.objects.filter(status__in=[RunStatus.CLEAN, RunStatus.FINDINGS]).order_by("-created", "-id")
+        .values("id", "created", "metrics", "findings_count")[:runs]
+    )[::-1]
+    labels = [f"#{r['id']} {timezone.localtime(r['created']).strftime('%H:%M')}" for r in recent]
+
+    def metric(name: str) -> list[float]:
+        return [float(r["metrics"].get(name, 0) or 0) for r in recent]
+
+    return [
+        Chart(slug="outbox-lag", title="Outbox lag at each run", labels=labels, unit="seconds",
+              series=[Series(name="lag (s)", values=metric("outbox_lag_seconds"))]),
+        Chart(slug="outbox-backlog", title="Outbox backlog and dead letters at each run", labels=labels, unit="events",
+              series=[Series(name="unpublished", values=metric("outbox_unpublished")),
+                      Series(name="dead letters", values=metric("outbox_dead_letters")),
+                      Series(name="webhooks failed", values=metric("webhook_failed"))]),
+        Chart(slug="idempotency-replays", title="Idempotency replays and conflicts between runs", labels=labels, kind="bar", unit="count",
+              series=[Series(name="replays", values=_delta(metric("process_idempotency_replays_total"))),
+                      Series(name="conflicts (409/422)", values=_delta(metric("process_idempotency_conflicts_total")))]),
+        Chart(slug="idempotency-keys", title="Idempotency keys at each run", labels=labels, unit="records",
+              series=[Series(name="stuck in flight", values=metric("idempotency_stuck")),
+                      Series(name="failed (retryable)", values=metric("idempotency_failed_retryable"))]),
+        Chart(slug="findings", title="Findings per run", labels=labels, kind="bar", unit="count",
+              series=[Series(name="findings", values=[float(r["findings_count"]) for r in recent])]),
+    ]
+
+
+# --- CSV exports ------------------------------------------------------------------------
+
+FINDINGS_CSV_HEADER = ["run", "finding", "check", "kind", "severity", "summary", "refs", "details"]
+LEDGER_CSV_HEADER = ["entry", "created", "transaction", "transaction_kind", "reference", "account", "asset", "amount"]
+
+
+def reconciliation_findings_csv_rows(*, run: ReconciliationRun, chunk_size: int = 2000) -> Iterator[list[Any]]:
+    """The report of one run as CSV rows: a header, one summary row per check, then every finding."""
+    yield ["run", run.pk, "status", run.status, "trigger", run.trigger, "created", run.created.isoformat(), "duration_ms", run.duration_ms]
+    yield ["check", "findings", "stored", "seconds", "stats"]
+    for name, entry in run.report.get("checks", {}).items():
+        yield [name, entry.get("findings"), entry.get("stored"), entry.get("seconds"), json.dumps(entry.get("stats", {}), sort_keys=True)]
+    yield FINDINGS_CSV_HEADER
+    findings = ReconciliationFinding.objects.filter(run=run).order_by("id")
+    for f in findings.iterator(chunk_size=chunk_size):
+        yield [run.pk, f.pk, f.check_name, f.kind, f.severity, f.summary,
+               " ".join(f"{r['app_label']}.{r['model']}:{r['pk']}" for r in f.refs), json.dumps(f.details, sort_keys=True)]
+
+
+def ledger_csv_rows(*, start: date, end: date, chunk_size: int = 2000) -> Iterator[list[Any]]:
+    """Ledger entries created on days start..end (inclusive), oldest first, amounts in minor units."""
+    since = timezone.make_aware(datetime.combine(start, datetime.min.time()))
+    until = timezone.make_aware(datetime.combine(end + timedelta(days=1), datetime.min.time()))
+    yield LEDGER_CSV_HEADER
+    entries = (
+        LedgerEntry.objects.filter(created__gte=since, created__lt=until).order_by("created", "id")
+        .values_list("id", "created", "transaction_id", "transaction__kind", "transaction__reference", "account_id", "asset_id", "amount")
+    )
+    for entry_id, created, txn, kind, reference, account, asset, amount in entries.iterator(chunk_size=chunk_size):
+        yield [entry_id, created.isoformat(), txn, kind, reference, account, asset, amount]

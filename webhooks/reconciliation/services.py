@@ -1,0 +1,149 @@
+"""Reconciliation runs: request one, execute it (every registered check, findings stored
+in batches as they stream), and keep the beat schedule in django-celery-beat."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+from django_tenants.utils import get_public_schema_name
+
+from wallets.reconciliation import CheckContext, Discrepancy
+from webhooks.reconciliation.checks import CHECKS, METRICS, Check
+from webhooks.reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
+
+logger = logging.getLogger(__name__)
+
+# A broken ledger can disagree everywhere: past this many findings per check the run
+# counts them in its report but stores no more rows.
+MAX_FINDINGS_STORED_PER_CHECK = 10_000
+FINDINGS_BATCH = 500
+
+# The task's hard time limit (tasks.py): a run still "running" after it was killed by a
+# crash or that limit, and is executed again when its task is redelivered.
+RUN_TIME_LIMIT_SECONDS = 1800
+
+SCHEDULE_NAME = "reconciliation: every tenant"
+SCHEDULE_TASK = "reconciliation.run_all_tenants"
+SCHEDULE_DEFAULT_HOURS = 1
+
+Progress = Callable[[int, int, str], None]
+
+
+def reconciliation_run_request(*, trigger: RunTrigger, requested_by: str = "") -> ReconciliationRun:
+    """A queued run in the current tenant; the caller executes it (or enqueues it after commit)."""
+    return ReconciliationRun.objects.create(trigger=trigger, requested_by=requested_by[:150])
+
+
+def _finding(run: ReconciliationRun, check: Check, found: Discrepancy) -> ReconciliationFinding:
+    return ReconciliationFinding(
+        run=run, check_name=check.name, kind=found.kind, severity=str(found.severity), summary=found.summary[:500],
+        details=found.details, refs=[ref.as_dict() for ref in found.refs],
+    )
+
+
+def _check_run(run: ReconciliationRun, check: Check, ctx: CheckContext, by_kind: Tally[str]) -> dict[str, Any]:
+    started = time.monotonic()
+    ctx.stats = {}
+    found = stored = 0
+    batch: list[ReconciliationFinding] = []
+    for discrepancy in check.run(ctx):
+        found += 1
+        by_kind[discrepancy.kind] += 1
+        if stored < MAX_FINDINGS_STORED_PER_CHECK:
+            batch.append(_finding(run, check, discrepancy))
+            stored += 1
+            if len(batch) >= FINDINGS_BATCH:
+                ReconciliationFinding.objects.bulk_create(batch)
+                batch = []
+    if batch:
+        ReconciliationFinding.objects.bulk_create(batch)
+    return {"findings": found, "stored": stored, "seconds": round(time.monotonic() - started, 3), "stats": ctx.stats}
+
+
+def reconciliation_run_execute(
+    *, run_id: int, checks: Sequence[Check] | None = None, progress: Progress | None = None, chunk_size: int = 2000
+) -> ReconciliationRun:
+    """Run every registered check (or `checks`) in the current tenant and store the report,
+    the per-run metrics and the findings.
+
+    All checks read one snapshot: outside a transaction the run opens one at REPEATABLE
+    READ (read-only work plus the findings it inserts), so a payment committing mid-run
+    cannot look like a discrepancy between two checks. Every check streams (server-side
+    cursors, SQL aggregates), so memory stays flat as the ledger grows.
+
+    A run is executed once: one already finished, or running for less than
+    RUN_TIME_LIMIT_SECONDS, is returned as is (a duplicate delivery of its task). A run
+    left "running" longer than that died with its process (nothing of it committed: the
+    findings are written in the run's transaction) and is executed again.
+
+    Locks: the run row (FOR UPDATE) while it is marked running, so two workers given the
+    same run do not both execute it; no lock on business rows.
+    """
+    checks = list(CHECKS if checks is None else checks)
+    with transaction.atomic():
+        run = ReconciliationRun.objects.select_for_update().get(pk=run_id)
+        stale = run.started_at is not None and run.started_at < timezone.now() - timedelta(seconds=RUN_TIME_LIMIT_SECONDS)
+        if run.status in (RunStatus.CLEAN, RunStatus.FINDINGS) or (run.status == RunStatus.RUNNING and not stale):
+            return run
+        run.status, run.started_at = RunStatus.RUNNING, timezone.now()
+        run.save(update_fields=["status", "started_at"])
+    started = time.monotonic()
+    by_kind: Tally[str] = Tally()
+    try:
+        owns_transaction = not connection.in_atomic_block
+        with transaction.atomic():
+            if owns_transaction:
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            ctx = CheckContext(now=timezone.now(), chunk_size=chunk_size)
+            report: dict[str, Any] = {"checks": {}}
+            for index, check in enumerate(checks):
+                if progress is not None:
+                    progress(index, len(checks), check.name)
+                report["checks"][check.name] = _check_run(run, check, ctx, by_kind)
+            metrics: dict[str, Any] = {}
+            for collect in METRICS:
+                metrics.update(collect(ctx=ctx))
+            if progress is not None:
+                progress(len(checks), len(checks), "done")
+            report["by_kind"] = dict(sorted(by_kind.items()))
+            run.findings_count = sum(by_kind.values())
+            run.status = RunStatus.FINDINGS if run.findings_count else RunStatus.CLEAN
+            run.report, run.metrics = report, metrics
+            run.finished_at = timezone.now()
+            run.duration_ms = int((time.monotonic() - started) * 1000)
+            run.save(update_fields=["findings_count", "status", "report", "metrics", "finished_at", "duration_ms"])
+    except Exception as exc:
+        ReconciliationRun.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, error=repr(exc)[:2000], finished_at=timezone.now())
+        logger.exception("reconciliation run failed", extra={"run": run.pk})
+        raise
+    logger.info("reconciliation run finished", extra={"run": run.pk, "findings": run.findings_count, "duration_ms": run.duration_ms})
+    return run
+
+
+def reconciliation_schedule_ensure(*, hours: int = SCHEDULE_DEFAULT_HOURS) -> Any:
+    """The beat entry that fans reconciliation out to every tenant, as a django-celery-beat
+    PeriodicTask (public schema) staff edit in the platform admin. Created if missing,
+    never overwritten: an edited interval, crontab or `enabled` flag is kept (an entry in
+    CELERY_BEAT_SCHEDULE would be reset each time beat starts)."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    existing = PeriodicTask.objects.filter(name=SCHEDULE_NAME).first()
+    if existing is not None:
+        return existing
+    interval, _ = IntervalSchedule.objects.get_or_create(every=hours, period=IntervalSchedule.HOURS)
+    task, _ = PeriodicTask.objects.get_or_create(name=SCHEDULE_NAME, defaults={"task": SCHEDULE_TASK, "interval": interval})
+    return task
+
+
+def reconciliation_schedule_ensure_after_migrate(**kwargs: Any) -> None:
+    """post_migrate: ensure the schedule once the public schema (django-celery-beat's tables) is migrated."""
+    if getattr(connection, "schema_name", None) == get_public_schema_name():
+        reconciliation_schedule_ensure()

@@ -1,0 +1,50 @@
+"""Reconciliation's Celery tasks: beat fans out one run per tenant; each task is one service call."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db import connection, transaction
+from django_tenants.utils import schema_context
+from tenant_schemas_celery.task import TenantTask
+
+from tenants.selectors import tenant_schemas_active
+from webhooks.reconciliation.models import RunTrigger
+from webhooks.reconciliation.services import RUN_TIME_LIMIT_SECONDS, reconciliation_run_execute, reconciliation_run_request
+
+
+@shared_task(  # type: ignore[untyped-decorator]  # celery is untyped
+    base=TenantTask, name="reconciliation.run_tenant", ignore_result=True,
+    # A run reads the whole ledger (15 s at 1M entries, docs/BENCHMARKS.md): its own limits,
+    # not the relay's 120/180 s, and under the broker's visibility timeout (3600 s).
+    soft_time_limit=RUN_TIME_LIMIT_SECONDS - 60, time_limit=RUN_TIME_LIMIT_SECONDS,
+)
+def reconciliation_run_tenant(*, run_id: int) -> int:
+    """Runs in one tenant's schema: execute one requested run. Returns its findings count."""
+    return int(reconciliation_run_execute(run_id=run_id).findings_count)
+
+
+class _Enqueue:
+    """The on-commit callback: sends the run's task with the schema it was requested in."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run_id, self.schema_name = run_id, str(getattr(connection, "schema_name"))  # noqa: B009 - set by django-tenants
+
+    def __call__(self) -> None:
+        with schema_context(self.schema_name):
+            reconciliation_run_tenant.delay(run_id=self.run_id)
+
+
+def reconciliation_run_enqueue_on_commit(*, run_id: int) -> None:
+    transaction.on_commit(_Enqueue(run_id))
+
+
+@shared_task(base=TenantTask, name="reconciliation.run_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def reconciliation_run_all_tenants() -> int:
+    """Beat entry point (django-celery-beat PeriodicTask, see reconciliation_schedule_ensure):
+    request a run in every active tenant and enqueue it after commit."""
+    schemas = tenant_schemas_active()
+    for schema_name in schemas:
+        with schema_context(schema_name), transaction.atomic():
+            run = reconciliation_run_request(trigger=RunTrigger.BEAT)
+            reconciliation_run_enqueue_on_commit(run_id=run.pk)
+    return len(schemas)
