@@ -12,6 +12,7 @@ from wallets.errors import InvalidState, NotPermitted
 class PaymentErrorCode(StrEnum):
     REFUND_WINDOW_CLOSED = "refund_window_closed"
     CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED = "charge_by_customer_id_not_permitted"
+    APPROVER_IS_MAKER = "approver_is_maker"
 
 
 class RefundWindowClosed(InvalidState):
@@ -32,3 +33,13 @@ class ChargeByCustomerIdNotPermitted(NotPermitted):
             "this merchant may not charge the customer by id: use the customer's payment token, or ask the customer for a mandate",
             param="customer",
         )
+
+
+class ApproverIsMaker(NotPermitted):
+    """Maker-checker: an adjustment above the tenant's threshold is approved by a staff
+    member other than the one who proposed it."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.APPROVER_IS_MAKER
+
+    def __init__(self) -> None:
+        super().__init__("an adjustment must be approved by a different staff member than the one who proposed it", param="checker")

@@ -145,16 +145,17 @@ def test_staff_redeliver_and_requeue_from_the_admin(api: Api, world: World, tena
         assert hook["id"].encode() in admin.get("/admin/webhooks/webhookendpoint/").content
         secret = WebhookEndpoint.objects.get(pk=hook["id"]).secret.encode()
         assert secret not in admin.get(f"/admin/webhooks/webhookendpoint/{hook['id']}/change/").content
-        r = admin.post("/admin/webhooks/webhookdelivery/", {"action": "redeliver", "_selected_action": [delivery.pk]})
+        # Staff actions: a confirmation page with its own idempotency key (payments/admin_actions.py).
+        r = admin.post(f"/admin/webhooks/webhookdelivery/{delivery.pk}/act/redeliver/", {"idempotency_key": "k-redeliver-1"})
         assert r.status_code == 302
         assert WebhookDelivery.objects.get(pk=delivery.pk).status == "pending"
         outbox_relay_run()
         assert len(rx.requests) == 2
-        r = admin.post("/admin/webhooks/webhookendpoint/", {"action": "disable", "_selected_action": [hook["id"]]})
+        r = admin.post(f"/admin/webhooks/webhookendpoint/{hook['id']}/act/disable/", {"idempotency_key": "k-disable-1"})
         assert r.status_code == 302 and WebhookEndpoint.objects.get(pk=hook["id"]).status == "disabled"
     event = OutboxEvent.objects.get(pk=delivery.event_id)
     OutboxEvent.objects.filter(pk=event.pk).update(published_at=None, dead_at=timezone.now(), attempts=8)
-    r = admin.post("/admin/payments/outboxevent/", {"action": "requeue", "_selected_action": [event.pk]})
+    r = admin.post(f"/admin/payments/outboxevent/{event.pk}/act/requeue/", {"idempotency_key": "k-requeue-1"})
     assert r.status_code == 302
     event.refresh_from_db()
     assert event.dead_at is None and event.attempts == 0
