@@ -217,3 +217,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     date_hierarchy = "created"
     fields = ("created", "actor", "action", "target_type", "target_id", "reason", "before", "after", "via", "ip", "request_id")
     readonly_fields = fields
+
+
+admin.site.site_header = "Tally back office"
+admin.site.site_title = "Tally back office"
+admin.site.index_title = "Wallets, payments, webhooks and the audit log"

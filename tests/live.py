@@ -1,0 +1,69 @@
+"""A live gunicorn on the test database, served as `make run` serves it: static files
+collected into a STATIC_ROOT and answered by whitenoise (no finders). For tests that
+need a real server (static files, the browser test)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def static_collect(*, static_root: Path) -> None:
+    """`manage.py collectstatic` into `static_root`, as `make run` does into var/static."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "TALLY_STATIC_ROOT": str(static_root)}
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+@contextmanager
+def gunicorn_running(*, static_root: Path, log: Path | None = None) -> Iterator[int]:
+    """gunicorn (config/gunicorn.py, 1 worker) on a free port against the test database;
+    yields the port once it answers /healthz."""
+    port = free_port()
+    database = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false", "TALLY_LOG_LEVEL": "WARNING",
+        "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
+        "PORT": str(port), "WEB_CONCURRENCY": "1", "TENANT_CACHE_SECONDS": "0", "TALLY_OUTBOX_RELAY_KICK": "false",
+        "TALLY_STATIC_ROOT": str(static_root), "TALLY_STATIC_USE_FINDERS": "false",
+    }
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
+        cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):  # noqa: S310 - our own server
+                    break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("gunicorn did not start") from None
+                time.sleep(0.2)
+        yield port
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
