@@ -13,6 +13,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -68,13 +69,13 @@ class StaffActionsMixin(admin.ModelAdmin):  # type: ignore[type-arg]
     def _staff_actions_for(self, request: HttpRequest, obj: Any) -> list[dict[str, str]]:
         name = f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_act"
         return [
-            {"label": a.label, "url": reverse(name, args=[obj.pk, a.name], current_app=self.admin_site.name)}
+            {"label": a.label, "url": reverse(name, args=[quote(obj.pk), a.name], current_app=self.admin_site.name)}
             for a in self.staff_actions
             if request.user.has_perm(a.permission) and a.show(obj)
         ]
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        obj = self.get_object(request, object_id)
+        obj = self.get_object(request, unquote(object_id))
         context = {**(extra_context or {}), "staff_actions": self._staff_actions_for(request, obj) if obj is not None else []}
         return super().change_view(request, object_id, form_url, extra_context=context)
 
@@ -84,11 +85,11 @@ class StaffActionsMixin(admin.ModelAdmin):  # type: ignore[type-arg]
             raise Http404("no such action")
         if not request.user.has_perm(spec.permission):
             raise PermissionDenied
-        obj = self.get_object(request, object_id)
+        obj = self.get_object(request, unquote(object_id))  # admin URLs quote ids (as change_view unquotes)
         if obj is None or not self.has_view_or_change_permission(request, obj):
             raise Http404("no such object")
         back = reverse(
-            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_change", args=[obj.pk], current_app=self.admin_site.name
+            f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_change", args=[quote(obj.pk)], current_app=self.admin_site.name
         )
         if request.method == "POST":
             form = spec.form(request.POST)

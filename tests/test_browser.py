@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
+from django.contrib.admin.utils import quote
 from django_tenants.utils import schema_context
 
 from payments.demo import DEMO_SCHEMA, demo_seed
@@ -55,7 +56,7 @@ def test_staff_refund_in_the_browser(seeded_demo: dict[str, Any], django_db_bloc
         # The admin's header colour comes from base.css: unstyled, it would be transparent.
         assert page.evaluate("getComputedStyle(document.querySelector('#header')).backgroundColor") not in ("rgba(0, 0, 0, 0)", "")
 
-        page.goto(f"{base}/admin/payments/payment/{payment_id}/change/")
+        page.goto(f"{base}/admin/payments/payment/{quote(payment_id)}/change/")
         assert "¥1,200" in page.content()
         screenshot(page, shots, "02-payment")
         page.click("a.staff-action:has-text('Refund')")
@@ -64,7 +65,7 @@ def test_staff_refund_in_the_browser(seeded_demo: dict[str, Any], django_db_bloc
         page.fill("#id_reason", "browser test: partial refund")
         screenshot(page, shots, "03-refund-confirmation")
         page.click("input[name=confirm]")
-        page.wait_for_url(f"{base}/admin/payments/payment/{payment_id}/change/")
+        page.wait_for_url(f"{base}/admin/payments/payment/{quote(payment_id)}/change/")
         body = page.content()
         screenshot(page, shots, "04-payment-refunded")
         assert "ref_" in body and "¥500" in body and "(left: ¥700)" in body

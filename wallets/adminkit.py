@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Model, QuerySet
@@ -56,6 +57,7 @@ class TallyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     paginator = EstimatedCountPaginator
     show_full_result_count = False
+    change_list_template = "admin/tally/change_list.html"  # the date drill-down without a scan
     list_per_page = 50
     id_search: dict[str, str] = {}
 
@@ -98,13 +100,23 @@ def money_column(field: str, *, asset: str = "asset", description: str | None = 
     return column
 
 
+_PK_PLACEHOLDER = "__tally_pk__"
+_change_url_templates: dict[str, str | None] = {}
+
+
 def admin_url(obj: Model | None) -> str | None:
+    """`obj`'s admin page. One reverse() per model and process (a list renders hundreds
+    of links); ids are url-safe ([A-Za-z0-9_])."""
     if obj is None:
         return None
-    try:
-        return reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
-    except NoReverseMatch:
-        return None
+    name = f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change"
+    if name not in _change_url_templates:
+        try:
+            _change_url_templates[name] = reverse(name, args=[_PK_PLACEHOLDER])
+        except NoReverseMatch:
+            _change_url_templates[name] = None
+    template = _change_url_templates[name]
+    return template.replace(_PK_PLACEHOLDER, quote(str(obj.pk))) if template is not None else None
 
 
 def link(obj: Model | None, label: object = None) -> str:

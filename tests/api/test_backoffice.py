@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin as django_admin
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
 from django.test import Client
@@ -27,6 +28,11 @@ from wallets.money import money_format
 from wallets.services.roles import staff_login_ensure, staff_roles_ensure
 
 PASSWORD = "pw-backoffice-123"
+
+
+def q(object_id: str) -> str:
+    """An id as the admin puts it in URLs (`_` is its escape character)."""
+    return quote(object_id)
 
 
 def _login(username: str, *, role: str | None = None, superuser: bool = False) -> Client:
@@ -92,17 +98,17 @@ def test_every_tenant_model_has_a_list_and_a_page(api: Api, world: World, tenant
         app, model = label.split(".")
         r = client.get(f"/admin/{app}/{model}/")
         assert r.status_code == 200, (label, r.status_code)
-    page = client.get(f"/admin/payments/payment/{paid['id']}/change/")
+    page = client.get(f"/admin/payments/payment/{q(paid['id'])}/change/")
     assert page.status_code == 200
     body = page.content.decode()
     assert "¥700" in body
     txn = Payment.objects.get(pk=paid["id"]).ledger_transaction_id
-    assert f"/admin/wallets/ledgertransaction/{txn}/change/" in body  # a payment links to its ledger transaction
+    assert f"/admin/wallets/ledgertransaction/{q(txn)}/change/" in body  # a payment links to its ledger transaction
     assert "/admin/payments/outboxevent/?q=" + paid["id"] in body  # ... and to its events
-    assert client.get(f"/admin/wallets/ledgertransaction/{txn}/change/").status_code == 200
-    customer_page = client.get(f"/admin/wallets/customer/{world.customer.id}/change/").content.decode()
+    assert client.get(f"/admin/wallets/ledgertransaction/{q(txn)}/change/").status_code == 200
+    customer_page = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/change/").content.decode()
     assert "Freeze wallet" in customer_page and "¥" in customer_page
-    key_page = client.get(f"/admin/wallets/apikey/{ApiKey.objects.filter(customer=world.customer.obj).first().pk}/change/")
+    key_page = client.get(f"/admin/wallets/apikey/{q(ApiKey.objects.filter(customer=world.customer.obj).first().pk)}/change/")
     assert world.customer.key.encode() not in key_page.content
     assert ApiKey.objects.filter(customer=world.customer.obj).first().key_hash.encode() not in key_page.content
     events = client.get("/admin/payments/outboxevent/", {"q": paid["id"]}).content.decode()
@@ -203,9 +209,9 @@ def test_a_staff_refund_writes_the_same_ledger_as_the_apis(api: Api, world: Worl
     r = api.post("/v1/merchant/refunds", world.merchant.key, {"payment": by_api["id"], "amount": 400})
     assert r.status_code == 201
     client = _login("fin-refund", role="finance")
-    page = client.get(f"/admin/payments/payment/{by_admin['id']}/act/refund/")
+    page = client.get(f"/admin/payments/payment/{q(by_admin['id'])}/act/refund/")
     assert page.status_code == 200
-    done = client.post(f"/admin/payments/payment/{by_admin['id']}/act/refund/", {
+    done = client.post(f"/admin/payments/payment/{q(by_admin['id'])}/act/refund/", {
         "idempotency_key": _confirm_key(page), "amount": 400, "reason": "customer complaint",
     })
     assert done.status_code == 302, done.content[:3000]
@@ -220,7 +226,7 @@ def test_a_staff_refund_writes_the_same_ledger_as_the_apis(api: Api, world: Worl
 def test_a_double_submitted_confirmation_acts_once(api: Api, world: World, tenant: Tenant) -> None:
     paid = _pay(api, world, 1000)
     client = _login("fin-double", role="finance")
-    url = f"/admin/payments/payment/{paid['id']}/act/refund/"
+    url = f"/admin/payments/payment/{q(paid['id'])}/act/refund/"
     form = {"idempotency_key": _confirm_key(client.get(url)), "amount": 100, "reason": ""}
     first, second = client.post(url, form, follow=True), client.post(url, form, follow=True)
     assert first.status_code == second.status_code == 200
@@ -252,7 +258,7 @@ def test_two_concurrent_submissions_of_one_confirmation_refund_once(live_tenant:
     def submit() -> None:
         client = Client(HTTP_HOST=TENANT_A["domain"])
         assert client.login(username=username, password=PASSWORD)
-        statuses.append(client.post(f"/admin/payments/payment/{payment_id}/act/refund/", form).status_code)
+        statuses.append(client.post(f"/admin/payments/payment/{q(payment_id)}/act/refund/", form).status_code)
 
     threads = [threading.Thread(target=run_in_thread_tenant, args=(live_tenant, submit)) for _ in range(2)]
     for t in threads:
@@ -282,20 +288,20 @@ def test_roles_are_groups_with_permissions(tenant: Tenant) -> None:
 def test_each_role_sees_only_its_actions(api: Api, world: World, tenant: Tenant) -> None:
     paid = _pay(api, world, 500)
     viewer, operator = _login("v-act", role="viewer"), _login("o-act", role="operator")
-    assert viewer.get(f"/admin/payments/payment/{paid['id']}/change/").status_code == 200
-    assert b"act/refund" not in viewer.get(f"/admin/payments/payment/{paid['id']}/change/").content
-    assert viewer.get(f"/admin/payments/payment/{paid['id']}/act/refund/").status_code == 403
-    assert viewer.post(f"/admin/payments/payment/{paid['id']}/act/refund/", {"idempotency_key": "k1", "amount": 1}).status_code == 403
-    assert viewer.get(f"/admin/wallets/customer/{world.customer.id}/act/freeze/").status_code == 403
+    assert viewer.get(f"/admin/payments/payment/{q(paid['id'])}/change/").status_code == 200
+    assert b"act/refund" not in viewer.get(f"/admin/payments/payment/{q(paid['id'])}/change/").content
+    assert viewer.get(f"/admin/payments/payment/{q(paid['id'])}/act/refund/").status_code == 403
+    assert viewer.post(f"/admin/payments/payment/{q(paid['id'])}/act/refund/", {"idempotency_key": "k1", "amount": 1}).status_code == 403
+    assert viewer.get(f"/admin/wallets/customer/{q(world.customer.id)}/act/freeze/").status_code == 403
     assert Payment.objects.get(pk=paid["id"]).amount_refunded == 0
-    page = operator.get(f"/admin/wallets/customer/{world.customer.id}/act/freeze/")
+    page = operator.get(f"/admin/wallets/customer/{q(world.customer.id)}/act/freeze/")
     assert page.status_code == 200
-    r = operator.post(f"/admin/wallets/customer/{world.customer.id}/act/freeze/", {"idempotency_key": _confirm_key(page), "reason": "fraud"})
+    r = operator.post(f"/admin/wallets/customer/{q(world.customer.id)}/act/freeze/", {"idempotency_key": _confirm_key(page), "reason": "fraud"})
     assert r.status_code == 302
     assert Account.objects.get(customer_id=world.customer.id).frozen
     assert Balance.objects.filter(account__customer_id=world.customer.id, frozen=False).count() == 0
     assert AuditEntry.objects.get(action="wallet.freeze", target_id=world.customer.id).actor == "user:o-act"
-    assert operator.get(f"/admin/wallets/customer/{world.customer.id}/act/adjust/").status_code == 403  # finance only
+    assert operator.get(f"/admin/wallets/customer/{q(world.customer.id)}/act/adjust/").status_code == 403  # finance only
 
 
 def test_maker_checker_above_the_threshold(world: World, tenant: Tenant) -> None:
@@ -309,8 +315,8 @@ def test_maker_checker_above_the_threshold(world: World, tenant: Tenant) -> None
     before = sum(b.balance for b in Balance.objects.filter(account=account, asset_id="JPY"))
 
     maker_client = _login("fin-maker", role="finance")
-    page = maker_client.get(f"/admin/wallets/customer/{world.customer.id}/act/adjust/")
-    r = maker_client.post(f"/admin/wallets/customer/{world.customer.id}/act/adjust/", {
+    page = maker_client.get(f"/admin/wallets/customer/{q(world.customer.id)}/act/adjust/")
+    r = maker_client.post(f"/admin/wallets/customer/{q(world.customer.id)}/act/adjust/", {
         "idempotency_key": _confirm_key(page), "asset": "JPY", "amount": 5000, "direction": "credit", "reason": "goodwill",
     }, follow=True)
     assert b"waiting for a second staff member" in r.content
@@ -318,8 +324,8 @@ def test_maker_checker_above_the_threshold(world: World, tenant: Tenant) -> None
     assert pending.status == "pending" and sum(b.balance for b in Balance.objects.filter(account=account, asset_id="JPY")) == before
 
     # The maker cannot approve their own proposal, from the admin or the service.
-    page = maker_client.get(f"/admin/payments/pendingadjustment/{pending.pk}/act/approve/")
-    r = maker_client.post(f"/admin/payments/pendingadjustment/{pending.pk}/act/approve/", {"idempotency_key": _confirm_key(page)})
+    page = maker_client.get(f"/admin/payments/pendingadjustment/{q(pending.pk)}/act/approve/")
+    r = maker_client.post(f"/admin/payments/pendingadjustment/{q(pending.pk)}/act/approve/", {"idempotency_key": _confirm_key(page)})
     assert r.status_code == 200 and b"different staff member" in r.content
     from payments.errors import ApproverIsMaker
 
@@ -328,8 +334,8 @@ def test_maker_checker_above_the_threshold(world: World, tenant: Tenant) -> None
     assert PendingAdjustment.objects.get(pk=pending.pk).status == "pending"
 
     checker_client = _login("fin-checker", role="finance")
-    page = checker_client.get(f"/admin/payments/pendingadjustment/{pending.pk}/act/approve/")
-    r = checker_client.post(f"/admin/payments/pendingadjustment/{pending.pk}/act/approve/", {"idempotency_key": _confirm_key(page)})
+    page = checker_client.get(f"/admin/payments/pendingadjustment/{q(pending.pk)}/act/approve/")
+    r = checker_client.post(f"/admin/payments/pendingadjustment/{q(pending.pk)}/act/approve/", {"idempotency_key": _confirm_key(page)})
     assert r.status_code == 302
     pending.refresh_from_db()
     assert pending.status == "approved" and pending.checker_id == checker.pk and pending.adjustment is not None
