@@ -30,7 +30,7 @@ def tally_date_hierarchy(cl: Any) -> dict[str, Any]:
     year, month, day = cl.params.get(year_field), cl.params.get(month_field), cl.params.get(day_field)
     year, month, day = (v[-1] if isinstance(v, list) else v for v in (year, month, day))
     if year and month and day:
-        return dict(django_date_hierarchy(cl))  # one day: no query
+        return dict(django_date_hierarchy(cl) or {})  # one day: no query
 
     def link(filters: dict[str, Any]) -> str:
         return str(cl.get_query_string(filters, [f"{field}__"]))
