@@ -370,3 +370,16 @@ def test_the_platform_superuser_is_not_a_tenant_login(tenant_a: Tenant, db: None
     tenant_client = Client(HTTP_HOST=TENANT_A["domain"])
     r = tenant_client.post("/admin/login/?next=/admin/", {"username": "platform-only", "password": PASSWORD})
     assert r.status_code == 200 and b"Please enter the correct username" in r.content
+
+
+def test_roles_command_repairs_a_tenants_groups(tenant: Tenant) -> None:
+    from io import StringIO
+
+    from django.contrib.auth.models import Group
+    from django.core.management import call_command
+
+    Group.objects.filter(name="operator").delete()
+    out = StringIO()
+    call_command("staff_roles_ensure", "--tenant", tenant.schema_name, stdout=out)
+    assert f"{tenant.schema_name}: finance, operator, viewer" in out.getvalue()
+    assert Group.objects.get(name="operator").permissions.filter(codename="freeze_account").exists()
