@@ -115,7 +115,7 @@ def main() -> None:
 
     pages = {
         "list": "/admin/payments/payment/",
-        "filter asset": "/admin/payments/payment/?asset__code__exact=JPY",
+        "filter year": f"/admin/payments/payment/?created__year={newest.year}",
         "search payment id": f"/admin/payments/payment/?q={one}",
         "search merchant id": f"/admin/payments/payment/?q={merchant}",
         "date drill-down (month)": f"/admin/payments/payment/?created__year={newest.year}&created__month={newest.month}",

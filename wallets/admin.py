@@ -170,9 +170,10 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     """The ledger: append-only (the database refuses UPDATE and DELETE)."""
 
     list_display = ("id", "kind", "reference_link", "created")
-    list_filter = ("kind",)
+    # Ordered by id (the primary key index); no filters or drill-down: a transaction per
+    # movement, and no index on kind or created. Open one from its payment, refund, etc.
+    ordering = ("-id",)
     id_search = {"txn": "id"}
-    date_hierarchy = "created"
     fields = ("id", "kind", "reference_link", "created")
     readonly_fields = fields
     inlines = [LedgerEntryInline]
@@ -191,11 +192,14 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
+    """The ledger's entries, newest first by id (the primary key index: entries have no
+    index on `created` alone, and the posting path should not pay for one). No filters or
+    date drill-down for the same reason; find entries by transaction or account id."""
+
     list_display = ("id", link_column("transaction"), link_column("account"), "asset", money_column("amount"), "created")
-    list_filter = ("asset",)
+    ordering = ("-id",)
     id_search = {"txn": "transaction_id", "acc": "account_id"}
     list_select_related = ("transaction", "account", "asset")
-    date_hierarchy = "created"
 
 
 @admin.register(Hold)

@@ -118,7 +118,7 @@ def test_every_tenant_model_has_a_list_and_a_page(api: Api, world: World, tenant
 def test_big_lists_never_count_the_whole_table(api: Api, world: World, tenant: Tenant) -> None:
     _pay(api, world, 300)
     client = _login("root-count", superuser=True)
-    for path in ("/admin/payments/payment/", "/admin/wallets/ledgerentry/", "/admin/payments/payment/?asset__code__exact=JPY"):
+    for path in ("/admin/payments/payment/", "/admin/wallets/ledgerentry/", "/admin/payments/payment/?created__year=2026"):
         with CaptureQueriesContext(connection) as queries:
             assert client.get(path).status_code == 200
         counts = [q["sql"] for q in queries.captured_queries if "COUNT(" in q["sql"].upper()]
