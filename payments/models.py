@@ -106,6 +106,7 @@ class Refund(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["-created", "-id"], name="refund_created")]  # the admin's list order
         constraints = [models.CheckConstraint(condition=Q(amount__gt=0), name="refund_amount_positive")]
 
     def __str__(self) -> str:

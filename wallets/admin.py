@@ -215,12 +215,28 @@ class HoldAdmin(ReadOnlyAdmin):
 class AuditEntryAdmin(ReadOnlyAdmin):
     """The audit log: append-only (the database refuses UPDATE, DELETE and TRUNCATE)."""
 
-    list_display = ("created", "actor", "action", "target_type", "target_id", "via", "ip", "request_id")
+    list_display = ("created", "actor", "action", "target_type", "target", "via", "ip", "request_id")
     list_filter = ("action", "via", "target_type")
     search_fields = ("=target_id", "=actor", "=request_id")
     date_hierarchy = "created"
-    fields = ("created", "actor", "action", "target_type", "target_id", "reason", "before", "after", "via", "ip", "request_id")
+    fields = ("created", "actor", "action", "target_type", "target", "reason", "before", "after", "via", "ip", "request_id")
     readonly_fields = fields
+
+    # Short target types written by services -> their model ("app.model" types name it).
+    TARGET_MODELS = {"customer": "wallets.customer", "api_key": "wallets.apikey", "adjustment": "payments.adjustment",
+                     "pending_adjustment": "payments.pendingadjustment"}
+
+    @admin.display(description="target")
+    def target(self, obj: AuditEntry) -> str:
+        from django.apps import apps
+
+        label = self.TARGET_MODELS.get(obj.target_type, obj.target_type)
+        try:
+            model = apps.get_model(label) if "." in label else None
+        except LookupError:
+            model = None
+        target = model._default_manager.filter(pk=obj.target_id).first() if model is not None else None
+        return link(target, obj.target_id) if target is not None else obj.target_id
 
 
 admin.site.site_header = "Tally back office"

@@ -50,6 +50,7 @@ class Customer(models.Model):
 
     class Meta:
         ordering = ["created", "id"]
+        indexes = [models.Index(fields=["created", "id"], name="customer_created")]  # the admin's list order
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
@@ -134,6 +135,7 @@ class Account(models.Model):
     class Meta:
         ordering = ["created", "id"]
         permissions = [("freeze_account", "Can freeze and unfreeze a wallet")]
+        indexes = [models.Index(fields=["created", "id"], name="account_created")]  # the admin's list order
         constraints = [
             models.CheckConstraint(
                 condition=(
@@ -189,6 +191,7 @@ class ApiKey(models.Model):
     class Meta:
         ordering = ["created", "id"]
         permissions = [("manage_apikey", "Can rotate and revoke API keys")]
+        indexes = [models.Index(fields=["created", "id"], name="apikey_created")]  # the admin's list order
         constraints = [
             models.CheckConstraint(
                 condition=(
