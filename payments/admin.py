@@ -1,7 +1,7 @@
 """The tenant admin for money objects (payments, refunds, transfers, top-ups, adjustments
 and their approvals, intents, payment tokens, mandates) and for the wallets models that
-have staff actions through payments' services: customers (freeze, unfreeze, adjust) and
-API keys (rotate, revoke). Rows are read-only; every change is a staff action
+have staff actions through payments' services: customers (freeze, unfreeze, adjust),
+merchants (adjust) and API keys (rotate, revoke). Rows are read-only; every change is a staff action
 (payments/admin_actions.py): a confirmation page, an idempotency key, one service call,
 an audit entry."""
 
@@ -34,7 +34,7 @@ from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
-from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry
+from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
 from wallets.services.principals import api_key_revoke, api_key_rotate
 
 
@@ -109,6 +109,34 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
             link_to_list(ApiKey, "API keys", customer=obj.pk), _audit_link("customer", obj.pk),
         ]
         return " · ".join(p for p in parts if p)
+
+
+@admin.register(Merchant)
+class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    list_display = ("id", "name", "balances", "stores", "created")
+    search_fields = ("name",)
+    id_search = {"mer": "id"}
+    date_hierarchy = "created"
+    fields = ("id", "name", "created", "balances", "stores", "payments")
+    readonly_fields = fields
+    staff_actions = (
+        StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm,
+                    lambda request, obj, data: _adjust(request, obj, data, field="merchant"),
+                    description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
+                    " second staff member must approve it.", audit=False),
+    )
+
+    @admin.display(description="balances (shards summed)")
+    def balances(self, obj: Merchant) -> str:
+        return balances_html(Account.objects.filter(merchant=obj).first())
+
+    @admin.display(description="stores")
+    def stores(self, obj: Merchant) -> str:
+        return link_to_list(Store, "stores", merchant=obj.pk)
+
+    @admin.display(description="payments")
+    def payments(self, obj: Merchant) -> str:
+        return link_to_list(Payment, "payments", merchant=obj.pk)
 
 
 # --- API keys (wallets) ---------------------------------------------------------------------

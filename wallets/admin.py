@@ -1,6 +1,6 @@
 """The tenant admin for wallets' models: assets, merchants, stores, terminals, staff,
 accounts and their balances (shards summed), the read-only ledger, holds and the audit
-log. Customers and API keys, which have staff actions (freeze, rotate, revoke), are
+log. Customers, merchants and API keys, which have staff actions (freeze, adjust, rotate, revoke), are
 registered by payments/admin.py, where those actions' services and the idempotency layer
 live. Everything here is read-only: rows change through services only."""
 
@@ -22,7 +22,6 @@ from wallets.models import (
     Hold,
     LedgerEntry,
     LedgerTransaction,
-    Merchant,
     StaffMember,
     Store,
     Terminal,
@@ -54,30 +53,6 @@ class AssetAdmin(ReadOnlyAdmin):
     @admin.display(description="cap per wallet")
     def cap_display(self, obj: Asset) -> str:
         return money(obj.cap, obj)
-
-
-@admin.register(Merchant)
-class MerchantAdmin(ReadOnlyAdmin):
-    list_display = ("id", "name", "balances", "stores", "created")
-    search_fields = ("name",)
-    id_search = {"mer": "id"}
-    date_hierarchy = "created"
-    fields = ("id", "name", "created", "balances", "stores", "payments")
-    readonly_fields = fields
-
-    @admin.display(description="balances (shards summed)")
-    def balances(self, obj: Merchant) -> str:
-        return balances_html(Account.objects.filter(merchant=obj).first())
-
-    @admin.display(description="stores")
-    def stores(self, obj: Merchant) -> str:
-        return link_to_list(Store, "stores", merchant=obj.pk)
-
-    @admin.display(description="payments")
-    def payments(self, obj: Merchant) -> str:
-        from django.apps import apps
-
-        return link_to_list(apps.get_model("payments", "Payment"), "payments", merchant=obj.pk)
 
 
 @admin.register(Store)

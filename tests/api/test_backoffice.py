@@ -108,6 +108,8 @@ def test_every_tenant_model_has_a_list_and_a_page(api: Api, world: World, tenant
     assert client.get(f"/admin/wallets/ledgertransaction/{q(txn)}/change/").status_code == 200
     customer_page = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/change/").content.decode()
     assert "Freeze wallet" in customer_page and "¥" in customer_page
+    merchant_page = client.get(f"/admin/wallets/merchant/{q(world.merchant.id)}/change/").content.decode()
+    assert "Adjust balance" in merchant_page and "¥700" in merchant_page  # the payment, in its shards' sum
     key_page = client.get(f"/admin/wallets/apikey/{q(ApiKey.objects.filter(customer=world.customer.obj).first().pk)}/change/")
     assert world.customer.key.encode() not in key_page.content
     assert ApiKey.objects.filter(customer=world.customer.obj).first().key_hash.encode() not in key_page.content
@@ -383,3 +385,25 @@ def test_roles_command_repairs_a_tenants_groups(tenant: Tenant) -> None:
     call_command("staff_roles_ensure", "--tenant", tenant.schema_name, stdout=out)
     assert f"{tenant.schema_name}: finance, operator, viewer" in out.getvalue()
     assert Group.objects.get(name="operator").permissions.filter(codename="freeze_account").exists()
+
+
+def test_rotating_a_key_in_the_admin_shows_it_once_and_stores_it_sealed(world: World, tenant: Tenant) -> None:
+    from payments.idempotency.models import IdempotencyRecord
+
+    old = ApiKey.objects.filter(customer=world.customer.obj).first()
+    client = _login("ops-rotate", role="operator")
+    url = f"/admin/wallets/apikey/{q(old.pk)}/act/rotate/"
+    form = {"idempotency_key": _confirm_key(client.get(url)), "overlap_seconds": 60}
+    first = client.post(url, form)
+    assert first.status_code == 200
+    raw = re.search(rb'<pre id="secret-shown-once">([^<]+)</pre>', first.content).group(1).decode()
+    assert raw.startswith("ck_") and ApiKey.objects.filter(customer=world.customer.obj).count() == 2
+    again = client.post(url, form)  # a double submission: the same key again, nothing minted
+    assert raw.encode() in again.content and b"Already done" in again.content
+    assert ApiKey.objects.filter(customer=world.customer.obj).count() == 2
+    record = IdempotencyRecord.objects.get(principal_id=f"user:{get_user_model().objects.get(username='ops-rotate').pk}")
+    assert raw.encode() not in bytes(record.response_body)  # sealed, as the API's secret-bearing responses
+    entry = AuditEntry.objects.get(action="api_key.rotate", target_id=old.pk)
+    assert entry.actor == "user:ops-rotate" and raw not in json.dumps(entry.after)
+    r = Api(TENANT_A["domain"]).get("/v1/customer/wallet", raw)
+    assert r.status_code == 200  # the key shown works
