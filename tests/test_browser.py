@@ -90,3 +90,11 @@ def test_staff_refund_in_the_browser(seeded_demo: dict[str, Any], django_db_bloc
         "01-admin-index.png", "02-payment.png", "03-refund-confirmation.png", "04-payment-refunded.png", "05-audit-log.png",
         "06-audit-entry.png",
     ]
+
+
+def test_a_missing_chromium_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import browser
+
+    monkeypatch.setattr(browser, "CHROMIUM", "/nonexistent/chromium")
+    with pytest.raises(pytest.fail.Exception, match=r"apt-get install -y chromium"):
+        browser.chromium_required()
