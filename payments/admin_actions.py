@@ -100,8 +100,16 @@ class StaffActionsMixin(admin.ModelAdmin):  # type: ignore[type-arg]
                         user_id=request.user.pk, action=spec.name, target=obj, idempotency_key=form.cleaned_data["idempotency_key"],
                         data=data, fn=lambda: spec.run(request, obj, data), audit=spec.audit,
                     )
-                except (TallyError, IdempotencyError) as exc:
-                    form.add_error(None, str(getattr(exc, "message", exc)))
+                except IdempotencyError as exc:
+                    # In use (a duplicate is running) or reused for other data: keep the key,
+                    # so this confirmation still acts at most once.
+                    form.add_error(None, exc.message)
+                except TallyError as exc:
+                    # Refused: nothing was done (the claim's transaction rolled back). The
+                    # corrected form gets a fresh key (the old one is bound to this data).
+                    form = spec.form({**request.POST.dict(), "idempotency_key": uuid.uuid4().hex})
+                    form.is_valid()
+                    form.add_error(None, exc.message)
                 else:
                     if result.secret is not None:  # shown on this page only: never in a message cookie
                         return TemplateResponse(request, "admin/tally/secret_shown.html", {

@@ -407,3 +407,17 @@ def test_rotating_a_key_in_the_admin_shows_it_once_and_stores_it_sealed(world: W
     assert entry.actor == "user:ops-rotate" and raw not in json.dumps(entry.after)
     r = Api(TENANT_A["domain"]).get("/v1/customer/wallet", raw)
     assert r.status_code == 200  # the key shown works
+
+
+def test_a_refused_confirmation_does_nothing_and_can_be_corrected(api: Api, world: World, tenant: Tenant) -> None:
+    paid = _pay(api, world, 1000)
+    client = _login("fin-refused", role="finance")
+    url = f"/admin/payments/payment/{q(paid['id'])}/act/refund/"
+    key = _confirm_key(client.get(url))
+    refused = client.post(url, {"idempotency_key": key, "amount": 5000, "reason": ""})
+    assert refused.status_code == 200 and b"exceeds what is left to refund" in refused.content
+    assert Refund.objects.filter(payment_id=paid["id"]).count() == 0 and not AuditEntry.objects.filter(target_id=paid["id"]).exists()
+    fresh = _confirm_key(refused)
+    assert fresh != key  # the corrected form acts under a key of its own
+    assert client.post(url, {"idempotency_key": fresh, "amount": 600, "reason": ""}).status_code == 302
+    assert Payment.objects.get(pk=paid["id"]).amount_refunded == 600
