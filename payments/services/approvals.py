@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.utils import timezone
 
-from payments.errors import ApproverIsMaker
+from payments.errors import AdjustmentApprovalRequired, ApproverIsMaker
 from payments.locks import pending_adjustment_lock
 from payments.models import Adjustment, AdjustmentDirection, PendingAdjustment, PendingAdjustmentStatus
 from payments.services.adjustments import adjustment_create
@@ -66,6 +66,28 @@ def adjustment_propose(
                "maker": maker.pk, "status": pending.status},
     )
     return pending
+
+
+def adjustment_create_within_threshold(
+    *,
+    staff: StaffMember,
+    customer: Customer | None = None,
+    merchant: Merchant | None = None,
+    asset_code: str,
+    amount: object,
+    direction: str,
+    reason: str,
+) -> Adjustment:
+    """An adjustment by one staff member alone (the admin API face): posted if within the
+    tenant's approval threshold, else refused (AdjustmentApprovalRequired) before anything
+    is written, so an API key cannot bypass maker-checker. Locks: see adjustment_create."""
+    minor = amount_to_minor(amount)
+    threshold = adjustment_approval_threshold(asset_code=str(asset_code))
+    if minor > threshold:
+        raise AdjustmentApprovalRequired(threshold=threshold)
+    return adjustment_create(
+        staff=staff, customer=customer, merchant=merchant, asset_code=asset_code, amount=minor, direction=direction, reason=reason
+    )
 
 
 def _decidable(*, pending_id: str, checker: StaffMember) -> PendingAdjustment:

@@ -421,3 +421,13 @@ def test_a_refused_confirmation_does_nothing_and_can_be_corrected(api: Api, worl
     assert fresh != key  # the corrected form acts under a key of its own
     assert client.post(url, {"idempotency_key": fresh, "amount": 600, "reason": ""}).status_code == 302
     assert Payment.objects.get(pk=paid["id"]).amount_refunded == 600
+
+
+def test_an_api_key_cannot_bypass_maker_checker(api: Api, world: World, tenant: Tenant) -> None:
+    Tenant.objects.filter(pk=tenant.pk).update(extra_settings={"adjustment_approval_threshold": 1000})
+    body = {"customer": world.customer.id, "asset": "JPY", "amount": 1001, "direction": "credit", "reason": "big goodwill"}
+    r = api.post("/v1/admin/adjustments", world.staff.key, body)
+    assert r.status_code == 403, r.content
+    assert r.json()["error"]["code"] == "adjustment_approval_required" and r.json()["error"]["param"] == "amount"
+    assert not LedgerEntry.objects.filter(account__customer_id=world.customer.id).exists()
+    assert api.post("/v1/admin/adjustments", world.staff.key, {**body, "amount": 1000}).status_code == 201
