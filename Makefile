@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint
+.PHONY: install run test lint chromium
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,10 +20,16 @@ install: $(STAMP)
 run: install
 	$(BIN)/python -m config.runner
 
+# The browser test drives Debian's Chromium (never a downloaded browser); installed with apt
+# when absent (needs root or sudo).
+chromium:
+	@test -x /usr/bin/chromium || { echo "installing chromium (apt)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y chromium; }
+
 # Installs, checks ruff, mypy (strict on wallets/, payments/ and webhooks/) and the
 # import-linter layer contracts (pyproject.toml), then runs the whole suite against real
 # PostgreSQL and Redis.
-test: install
+test: install chromium
 	$(BIN)/ruff check wallets payments tenants webhooks config
 	$(BIN)/mypy wallets payments webhooks
 	$(BIN)/lint-imports --no-logo

@@ -10,6 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 
 from payments.api.errors import error_response, internal_error_response, is_api_path
 from tenants.middleware import CachedTenantMiddleware
+from wallets.audit import AuditOrigin, audit_origin_set
 from wallets.transactions import is_connection_failure
 
 
@@ -55,3 +56,22 @@ class ApiErrorEnvelopeMiddleware:
         if exception is None:
             return internal_error_response(request) if response.status_code >= 500 else response
         return error_response(request, exception())
+
+
+class AuditOriginMiddleware:
+    """Tells the audit log (wallets.audit) where a request comes from: its address, our
+    request id, and its user, resolved only when an entry is written (the admin's session
+    user, or the API principal that DRF authentication puts on the request)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        origin = AuditOrigin(
+            via="api" if is_api_path(request) else "admin",
+            ip=request.META.get("REMOTE_ADDR") or None,
+            request_id=str(getattr(request, "request_id", "")),
+            user=lambda: getattr(request, "user", None),
+        )
+        with audit_origin_set(origin):
+            return self.get_response(request)

@@ -38,7 +38,9 @@ def main() -> int:
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
     platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)  # template schema must exist before tenants migrate
     call_command("migrate_schemas", interactive=False, verbosity=0)
-    seeded = demo_seed()
+    seeded = demo_seed()  # (re)sets the demo logins' password to the one printed below
+    # The admin's CSS and the API docs' assets, served by whitenoise under gunicorn.
+    call_command("collectstatic", interactive=False, verbosity=0)
     # The demo merchant's webhook endpoint -> the receiver the Procfile starts (docs/WEBHOOKS.md).
     from webhooks.demo import demo_webhook_endpoint_ensure
 
@@ -55,7 +57,9 @@ def main() -> int:
         "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver; the PSP simulator joins with the"
         " card top-up work). Ctrl-C stops everything.",
         f"  admin (demo tenant):  http://{demo}:{port}/admin/   user admin / {seeded['admin_password']}",
-        f"  admin (platform):     http://{settings.TALLY_PUBLIC_DOMAIN}:{port}/admin/   same login",
+        "                        (also viewer, operator, finance, finance2: one per role, same password; set on every run)",
+        f"  admin (platform):     http://{settings.TALLY_PUBLIC_DOMAIN}:{port}/admin/   user admin / same password"
+        " (a separate platform login, not a tenant's staff)",
         f"  API docs:             http://{demo}:{port}/v1/docs",
         f"  readiness:            curl -H 'Host: {demo}' http://127.0.0.1:{port}/readyz",
         f"  webhooks:             the demo merchant's endpoint {hook['endpoint']} -> http://127.0.0.1:{receiver_port}/webhooks"

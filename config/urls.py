@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from tenants.admin import admin_sites_split
 
@@ -11,7 +11,9 @@ admin_sites_split()  # public-schema models belong to the platform admin only
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
+    # Redoc and Swagger UI from drf-spectacular-sidecar's static files: no CDN.
     path("v1/docs", SpectacularRedocView.as_view(url_name="schema"), name="docs"),
+    path("v1/docs/swagger", SpectacularSwaggerView.as_view(url_name="schema"), name="docs-swagger"),
     path("v1/", include("config.api_urls")),  # the four faces, one router each
 ]
 

@@ -26,6 +26,7 @@ from wallets.services.principals import (
     store_create,
     terminal_create,
 )
+from wallets.services.roles import staff_login_ensure, staff_roles_ensure
 
 DEMO_SCHEMA = "demo"
 KEYS_FILE = Path(settings.BASE_DIR) / "var" / "demo_keys.json"
@@ -33,11 +34,20 @@ DEMO_STARTING_BALANCES = {"alice": 50_000, "bob": 20_000}  # JPY
 DEMO_FUNDING_REASON = "demo starting balance"
 
 
-def _superuser_ensure(username: str, password: str) -> None:
+def _platform_superuser_ensure(username: str, password: str) -> None:
+    """The platform admin (public schema): a login of its own, separate from every tenant's
+    staff (auth lives in each schema). Its password is set on every seed."""
     user_model = get_user_model()
-    user = user_model.objects.filter(username=username).first()
-    if user is None:
-        user_model.objects.create_superuser(username=username, password=password, email="")
+    user, _ = user_model.objects.get_or_create(username=username)
+    user.is_staff = user.is_superuser = user.is_active = True
+    user.set_password(password)
+    user.save()
+
+
+# The demo tenant's back-office logins (one per role, wallets.services.roles), all with the
+# seed's password: `operator` and `finance` show the roles, `finance2` is the second
+# staff member that approves `finance`'s adjustments above the threshold.
+DEMO_STAFF = {"admin": None, "viewer": "viewer", "operator": "operator", "finance": "finance", "finance2": "finance"}
 
 
 def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
@@ -48,13 +58,16 @@ def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
     saved: dict[str, Any] = json.loads(keys_file.read_text()) if keys_file.exists() else {}
     platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)
     password = saved.get("admin_password") or random_token(16)
-    _superuser_ensure("admin", password)  # public-schema admin: tenants and domains
+    _platform_superuser_ensure("admin", password)  # public-schema admin: tenants and domains
 
     if not Tenant.objects.filter(schema_name=DEMO_SCHEMA).exists():
         tenant_create(schema_name=DEMO_SCHEMA, domain=settings.TALLY_DEMO_DOMAIN, name="Demo Town", main_currency="JPY")
     keys: dict[str, str] = saved.get("keys", {})
     with schema_context(DEMO_SCHEMA):
-        _superuser_ensure("admin", password)  # tenant-schema admin: the operator's staff
+        # The operator's staff: their passwords are (re)set to the printed one on every seed.
+        staff_roles_ensure()
+        for username, role in DEMO_STAFF.items():
+            staff_login_ensure(username=username, password=password, role=role, superuser=role is None)
         alice = Customer.objects.filter(name="Alice").first() or customer_create(name="Alice", email="alice@example.com")
         bob = Customer.objects.filter(name="Bob").first() or customer_create(name="Bob", email="bob@example.com")
         merchant = Merchant.objects.filter(name="Corner Café").first() or merchant_create(name="Corner Café")

@@ -12,6 +12,8 @@ from wallets.errors import InvalidState, NotPermitted
 class PaymentErrorCode(StrEnum):
     REFUND_WINDOW_CLOSED = "refund_window_closed"
     CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED = "charge_by_customer_id_not_permitted"
+    APPROVER_IS_MAKER = "approver_is_maker"
+    ADJUSTMENT_APPROVAL_REQUIRED = "adjustment_approval_required"
 
 
 class RefundWindowClosed(InvalidState):
@@ -31,4 +33,28 @@ class ChargeByCustomerIdNotPermitted(NotPermitted):
         super().__init__(
             "this merchant may not charge the customer by id: use the customer's payment token, or ask the customer for a mandate",
             param="customer",
+        )
+
+
+class ApproverIsMaker(NotPermitted):
+    """Maker-checker: an adjustment above the tenant's threshold is approved by a staff
+    member other than the one who proposed it."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.APPROVER_IS_MAKER
+
+    def __init__(self) -> None:
+        super().__init__("an adjustment must be approved by a different staff member than the one who proposed it", param="checker")
+
+
+class AdjustmentApprovalRequired(NotPermitted):
+    """An adjustment above the tenant's approval threshold cannot be posted by one staff
+    member's API key: it is proposed in the back office, where a second one approves it."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.ADJUSTMENT_APPROVAL_REQUIRED
+
+    def __init__(self, *, threshold: int) -> None:
+        super().__init__(
+            f"this adjustment is above the tenant's approval threshold ({threshold}): propose it in the back office,"
+            " where a second staff member approves it",
+            param="amount",
         )

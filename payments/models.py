@@ -68,7 +68,10 @@ class Payment(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        permissions = [("refund_payment", "Can refund a payment from the back office")]
         indexes = [
+            # The admin's list order (newest first) and date filters, without a sort of the table.
+            models.Index(fields=["-created", "-id"], name="payment_created"),
             models.Index(fields=["merchant", "-created", "-id"], name="payment_merchant_created"),
             models.Index(fields=["store", "-created", "-id"], name="payment_store_created"),
             models.Index(fields=["customer", "-created", "-id"], name="payment_customer_created"),
@@ -103,6 +106,7 @@ class Refund(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["-created", "-id"], name="refund_created")]  # the admin's list order
         constraints = [models.CheckConstraint(condition=Q(amount__gt=0), name="refund_amount_positive")]
 
     def __str__(self) -> str:
@@ -164,6 +168,10 @@ class TopUp(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
+
+
+def new_pending_adjustment_id() -> str:
+    return ids.new_id("padj")
 
 
 class AdjustmentDirection(models.TextChoices):
@@ -281,6 +289,7 @@ class OutboxEvent(models.Model):
 
     class Meta:
         ordering = ["created", "id"]
+        permissions = [("requeue_outboxevent", "Can requeue an outbox event or dead letter")]
         indexes = [
             models.Index(fields=["created", "id"], condition=Q(published_at__isnull=True), name="outbox_unpublished"),
         ]
@@ -311,3 +320,42 @@ class Mandate(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.customer_id} -> {self.merchant_id}{' (revoked)' if self.revoked_at else ''}"
+
+
+class PendingAdjustmentStatus(models.TextChoices):
+    PENDING = "pending", "Pending approval"
+    APPROVED = "approved", "Approved (posted)"
+    REJECTED = "rejected", "Rejected"
+
+
+class PendingAdjustment(models.Model):
+    """An adjustment above the tenant's approval threshold (maker-checker): proposed by one
+    staff member, posted only when a different one approves it (payments.services.approvals)."""
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_pending_adjustment_id, editable=False)
+    maker = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments_proposed")
+    checker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments_checked")
+    customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    direction = models.CharField(max_length=6, choices=AdjustmentDirection.choices)
+    reason = models.CharField(max_length=500)
+    status = models.CharField(max_length=10, choices=PendingAdjustmentStatus.choices, default=PendingAdjustmentStatus.PENDING)
+    adjustment = models.OneToOneField(Adjustment, null=True, blank=True, on_delete=models.PROTECT, related_name="approval")
+    created = models.DateTimeField(default=timezone.now)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        permissions = [("approve_pendingadjustment", "Can approve or reject another staff member's adjustment")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="pending_adjustment_amount_positive"),
+            models.CheckConstraint(condition=Q(checker__isnull=True) | ~Q(checker=F("maker")), name="pending_adjustment_checker_not_maker"),
+            models.CheckConstraint(
+                condition=Q(status="approved", adjustment__isnull=False) | ~Q(status="approved"), name="pending_adjustment_approved_posted"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.direction} {self.amount} {self.asset_id} ({self.status})"

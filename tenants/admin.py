@@ -35,7 +35,9 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     list_filter = ("is_active",)
     search_fields = ("schema_name", "name")
     inlines = [DomainInline]
-    readonly_fields = ("schema_name", "created")
+    # A face's idempotency mode is switched from the tenant's own admin (Idempotency records ->
+    # "Idempotency mode per face"), audited in that tenant's log; here it is shown only.
+    readonly_fields = ("schema_name", "created", "idempotency_customer", "idempotency_terminal", "idempotency_merchant", "idempotency_admin")
     fieldsets = (
         (None, {"fields": ("schema_name", "name", "is_active", "created")}),
         ("Money", {"fields": ("main_currency", "currency_exponent", "points_earn_rate", "topup_bonus_rate", "carbon_grams_per_unit")}),

@@ -1,6 +1,6 @@
-"""A real gunicorn on the test database, for tests that must cross a socket (chunked
-bodies, gunicorn's own errors, schemathesis from outside). Rows it should see must be
-committed (`live_tenant`)."""
+"""A real gunicorn on the test database, served as `make run` serves it, for tests that
+must cross a socket (chunked bodies, gunicorn's own errors, static files, schemathesis
+from outside, the browser test). Rows it should see must be committed (`live_tenant`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,34 +25,48 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def static_collect(*, static_root: Path) -> None:
+    """`manage.py collectstatic` into `static_root`, as `make run` does into var/static."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "TALLY_STATIC_ROOT": str(static_root)}
+    subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 @contextmanager
-def gunicorn_running(*, workers: int = 1, **extra_env: str) -> Iterator[int]:
-    """Start `config/gunicorn.py` on a free port against this test run's database; yield the port."""
+def gunicorn_running(*, workers: int = 1, static_root: Path | None = None, log: Path | None = None, **extra_env: str) -> Iterator[int]:
+    """gunicorn (config/gunicorn.py) on a free port against the test database; yields the
+    port once it answers /healthz. With `static_root`, static files come from there only
+    (collected, no finders), as in production."""
     port = free_port()
     database = connection.settings_dict
-    env = dict(os.environ)
-    env.update(
-        DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
-        DATABASE_URL=f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
-        PORT=str(port), WEB_CONCURRENCY=str(workers), TENANT_CACHE_SECONDS="0", TALLY_OUTBOX_RELAY_KICK="false",
-    )
-    env.update(extra_env)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false", "TALLY_LOG_LEVEL": "WARNING",
+        "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
+        "PORT": str(port), "WEB_CONCURRENCY": str(workers), "TENANT_CACHE_SECONDS": "0", "TALLY_OUTBOX_RELAY_KICK": "false",
+        **extra_env,
+    }
+    if static_root is not None:
+        env.update(TALLY_STATIC_ROOT=str(static_root), TALLY_STATIC_USE_FINDERS="false")
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        while True:
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):  # noqa: S310 - our own server
                     break
             except OSError:
-                if server.poll() is not None:
-                    raise RuntimeError(f"gunicorn exited with {server.returncode}") from None
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("gunicorn did not start") from None
                 time.sleep(0.2)
         yield port
     finally:
         server.terminate()
         server.wait(timeout=20)
+        if log is not None:
+            out.close()  # type: ignore[union-attr]

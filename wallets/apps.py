@@ -11,9 +11,16 @@ class WalletsConfig(AppConfig):
         from tenants.signals import tenant_created
 
         tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
+        tenant_created.connect(_tenant_roles_ensure, dispatch_uid="wallets-roles-ensure")
 
 
 def _tenant_ledger_bootstrap(*, tenant: Any, **_: Any) -> None:
     from wallets.services.ledger import tenant_ledger_bootstrap
 
     tenant_ledger_bootstrap(main_currency=tenant.main_currency, exponent=tenant.currency_exponent)
+
+
+def _tenant_roles_ensure(**_: Any) -> None:
+    from wallets.services.roles import staff_roles_ensure
+
+    staff_roles_ensure()  # the back-office groups: viewer, operator, finance

@@ -50,6 +50,7 @@ class Customer(models.Model):
 
     class Meta:
         ordering = ["created", "id"]
+        indexes = [models.Index(fields=["created", "id"], name="customer_created")]  # the admin's list order
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
@@ -133,6 +134,8 @@ class Account(models.Model):
 
     class Meta:
         ordering = ["created", "id"]
+        permissions = [("freeze_account", "Can freeze and unfreeze a wallet")]
+        indexes = [models.Index(fields=["created", "id"], name="account_created")]  # the admin's list order
         constraints = [
             models.CheckConstraint(
                 condition=(
@@ -187,6 +190,8 @@ class ApiKey(models.Model):
 
     class Meta:
         ordering = ["created", "id"]
+        permissions = [("manage_apikey", "Can rotate and revoke API keys")]
+        indexes = [models.Index(fields=["created", "id"], name="apikey_created")]  # the admin's list order
         constraints = [
             models.CheckConstraint(
                 condition=(
@@ -332,3 +337,39 @@ class Hold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
+
+
+# --- Audit log ------------------------------------------------------------------------
+class AuditEntry(models.Model):
+    """One staff action or sensitive change (API keys, freezes, idempotency modes, every
+    back-office action): who, what, before and after, when, and from where.
+
+    Append-only: the database refuses UPDATE, DELETE and TRUNCATE (trigger
+    `tally_audit_append_only`, wallets/migrations/0010). Written only by
+    wallets.services.audit.audit_record, in the transaction of the change it records.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    created = models.DateTimeField(default=timezone.now)
+    actor = models.CharField(max_length=200)  # user:<username> | <principal type>:<id> key <prefix> | system
+    action = models.CharField(max_length=64)  # e.g. api_key.revoke, wallet.freeze, refund.create
+    target_type = models.CharField(max_length=64)
+    target_id = models.CharField(max_length=64)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    reason = models.CharField(max_length=500, blank=True, default="")
+    via = models.CharField(max_length=10)  # admin | api | system
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    request_id = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [
+            models.Index(fields=["-created", "-id"], name="audit_created"),
+            models.Index(fields=["target_type", "target_id", "-created"], name="audit_target"),
+            models.Index(fields=["action", "-created"], name="audit_action"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.created:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target_type}:{self.target_id}"

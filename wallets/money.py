@@ -66,3 +66,27 @@ def _require_decimal(rate: object) -> None:
         raise TypeError("rates are Decimal, never float")
     if not isinstance(rate, Decimal):
         raise TypeError(f"rate must be Decimal, not {type(rate).__name__}")
+
+
+# --- Display (the admin, exports): one place that turns minor units into an asset's units ---
+
+CURRENCY_SYMBOLS = {"JPY": "¥", "USD": "$", "GBP": "£"}
+GRAMS_PER_KG = 1000
+
+
+def money_format(*, amount: int, code: str, kind: str, exponent: int) -> str:
+    """`amount` minor units of an asset, as staff read it: ¥1,200, 12.50 EUR, 340 pt,
+    1.2 kg CO₂ (carbon is stored in grams). Exact: Decimal arithmetic, never float."""
+    sign = "-" if amount < 0 else ""
+    magnitude = abs(int(amount))
+    if kind == "points":
+        return f"{sign}{magnitude:,} pt"
+    if kind == "carbon":
+        if magnitude < GRAMS_PER_KG:
+            return f"{sign}{magnitude:,} g CO₂"
+        kg = (Decimal(magnitude) / GRAMS_PER_KG).normalize()
+        return f"{sign}{kg:,f} kg CO₂"
+    value = Decimal(magnitude).scaleb(-exponent) if exponent else Decimal(magnitude)
+    text = f"{value:,.{exponent}f}"
+    symbol = CURRENCY_SYMBOLS.get(code)
+    return f"{sign}{symbol}{text}" if symbol else f"{sign}{text} {code}"

@@ -1,56 +1,48 @@
 """The outbox and merchant webhooks in the tenant admin (SPEC 8-9): read-only rows; staff
-act through the same services as the API (redeliver, requeue a dead letter, enable or
-disable an endpoint). Signing secrets are never shown."""
+act through the same services as the API (redeliver a delivery, requeue an event or a
+dead letter, enable or disable an endpoint), each from a confirmation page with its own
+idempotency key, audited (payments/admin_actions.py). Signing secrets are never shown."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.contrib import admin
 from django.http import HttpRequest
 
+from payments.admin_actions import StaffAction, StaffActionForm, StaffActionsMixin
 from payments.models import OutboxEvent
-from wallets.errors import TallyError
+from wallets.adminkit import ReadOnlyAdmin, link_column
 from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt, WebhookEndpoint, WebhookEndpointStatus
 from webhooks.services.deliveries import webhook_delivery_redeliver
 from webhooks.services.endpoints import webhook_endpoint_update
 from webhooks.services.relay import outbox_event_requeue
 
 
-class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+def _status_set(endpoint: WebhookEndpoint, status: str) -> str:
+    webhook_endpoint_update(endpoint=endpoint, status=status)
+    return f"Endpoint {endpoint.pk} {status}"
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(_ReadOnly):
-    list_display = ("id", "merchant", "url", "status", "disabled_reason", "created")
+class WebhookEndpointAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    list_display = ("id", link_column("merchant"), "url", "status", "disabled_reason", "created")
     list_filter = ("status",)
-    search_fields = ("id", "url", "merchant__id", "merchant__name")
+    search_fields = ("url",)
+    id_search = {"we": "id", "mer": "merchant_id"}
+    date_hierarchy = "created"
+    list_select_related = ("merchant",)
     fields = ("id", "merchant", "url", "description", "enabled_events", "status", "disabled_reason", "previous_secret_expires_at",
               "created", "updated")
     readonly_fields = fields
-    actions = ["enable", "disable"]
-
-    def _status_set(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint], status: str) -> None:
-        for endpoint in queryset:
-            webhook_endpoint_update(endpoint=endpoint, status=status)
-        self.message_user(request, f"{queryset.count()} endpoint(s) {status}")
-
-    @admin.action(description="Enable (deliveries resume)")
-    def enable(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
-        self._status_set(request, queryset, WebhookEndpointStatus.ENABLED)
-
-    @admin.action(description="Disable")
-    def disable(self, request: HttpRequest, queryset: QuerySet[WebhookEndpoint]) -> None:
-        self._status_set(request, queryset, WebhookEndpointStatus.DISABLED)
+    staff_actions = (
+        StaffAction("enable", "Enable (deliveries resume)", "webhooks.manage_webhookendpoint", StaffActionForm,
+                    lambda request, obj, data: _status_set(obj, WebhookEndpointStatus.ENABLED),
+                    show=lambda obj: obj.status != WebhookEndpointStatus.ENABLED),
+        StaffAction("disable", "Disable", "webhooks.manage_webhookendpoint", StaffActionForm,
+                    lambda request, obj, data: _status_set(obj, WebhookEndpointStatus.DISABLED),
+                    show=lambda obj: obj.status == WebhookEndpointStatus.ENABLED),
+    )
 
 
 class WebhookDeliveryAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -65,36 +57,35 @@ class WebhookDeliveryAttemptInline(admin.TabularInline):  # type: ignore[type-ar
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(_ReadOnly):
-    list_display = ("id", "endpoint", "topic", "event", "status", "attempts", "last_status_code", "next_attempt_at", "delivered_at", "created")
+class WebhookDeliveryAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    list_display = ("id", link_column("endpoint"), "topic", link_column("event"), "status", "attempts", "last_status_code",
+                    "next_attempt_at", "delivered_at", "created")
     list_filter = ("status", "topic")
-    search_fields = ("id", "event__id", "endpoint__id")
+    id_search = {"whd": "id", "wd": "id", "evt": "event_id", "we": "endpoint_id"}
+    date_hierarchy = "created"
+    list_select_related = ("endpoint", "event")
     readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
     inlines = [WebhookDeliveryAttemptInline]
-    actions = ["redeliver"]
-
-    @admin.action(description="Redeliver (due now, fresh 3-day retry window)")
-    def redeliver(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
-        done = 0
-        for delivery in queryset:
-            try:
-                webhook_delivery_redeliver(delivery=delivery)
-                done += 1
-            except TallyError as exc:
-                self.message_user(request, f"{delivery.id}: {exc.message}", level=messages.ERROR)
-        self.message_user(request, f"{done} delivery(ies) queued again")
+    staff_actions = (
+        StaffAction("redeliver", "Redeliver", "webhooks.redeliver_webhookdelivery", StaffActionForm,
+                    lambda request, obj, data: f"Delivery {webhook_delivery_redeliver(delivery=obj).pk} queued again",
+                    description="Due now, with a fresh 3-day retry window."),
+    )
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(_ReadOnly):
+class OutboxEventAdmin(StaffActionsMixin, ReadOnlyAdmin):
     list_display = ("id", "topic", "created", "published_at", "attempts", "next_attempt_at", "dead_at", "last_error")
     list_filter = (("published_at", admin.EmptyFieldListFilter), ("dead_at", admin.EmptyFieldListFilter), "topic")
-    search_fields = ("id", "topic")
+    # An event by its id; the events of an object by the object's id (payload "id": a scan
+    # of the outbox, bounded by the list's LIMIT; there is no index on the payload).
+    id_search = {"evt": "id", "pay": "payload__id", "ref": "payload__id", "adj": "payload__id", "top": "payload__id",
+                 "trf": "payload__id", "pi": "payload__id"}
+    search_fields = ("=topic",)
+    date_hierarchy = "created"
     readonly_fields = [f.name for f in OutboxEvent._meta.fields]
-    actions = ["requeue"]
-
-    @admin.action(description="Requeue unpublished / dead-lettered events now")
-    def requeue(self, request: HttpRequest, queryset: QuerySet[OutboxEvent]) -> None:
-        for event in queryset:
-            outbox_event_requeue(event=event)
-        self.message_user(request, f"{queryset.count()} event(s) requeued")
+    staff_actions = (
+        StaffAction("requeue", "Requeue (publish again)", "payments.requeue_outboxevent", StaffActionForm,
+                    lambda request, obj, data: f"Event {outbox_event_requeue(event=obj).pk} requeued",
+                    description="An unpublished or dead-lettered event gets a new round of publication attempts now."),
+    )

@@ -47,6 +47,7 @@ class WebhookEndpoint(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        permissions = [("manage_webhookendpoint", "Can enable and disable a webhook endpoint")]
         indexes = [models.Index(fields=["merchant", "-created", "-id"], name="webhookendpoint_merchant")]
 
     def __str__(self) -> str:
@@ -84,6 +85,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        permissions = [("redeliver_webhookdelivery", "Can redeliver a webhook delivery")]
         constraints = [models.UniqueConstraint(fields=["endpoint", "event"], name="webhookdelivery_once_per_endpoint")]
         indexes = [
             models.Index(fields=["endpoint", "-created", "-id"], name="webhookdelivery_endpoint"),

@@ -30,6 +30,10 @@ SHARED_APPS = [
     "django_celery_beat",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI / Redoc assets served as our own static files (/v1/docs works offline).
+    "drf_spectacular_sidecar",
+    # Admin login throttling; its tables live in every schema (platform and tenant logins).
+    "axes",
 ]
 TENANT_APPS = [
     # Each tenant has its own staff users, sessions and admin log.
@@ -38,6 +42,7 @@ TENANT_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.admin",
+    "axes",
     "wallets",
     "payments",
     "payments.idempotency",
@@ -84,6 +89,8 @@ CACHES = {
 }
 
 MIDDLEWARE = [
+    # Static files first: answered by whitenoise with no tenant lookup or database.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "config.observability.RequestIdMiddleware",
     "config.health.HealthMiddleware",
     "config.middleware.ApiErrorEnvelopeMiddleware",
@@ -96,7 +103,21 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Who and from where, for the audit log (wallets.audit); after authentication.
+    "config.middleware.AuditOriginMiddleware",
+    # Refuses logins while an address/user pair is locked out (after the session user is known).
+    "axes.middleware.AxesMiddleware",
 ]
+AUTHENTICATION_BACKENDS = [
+    "config.auth_backends.LoginThrottleBackend",  # django-axes: refuses locked-out logins
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Admin login throttling (django-axes): 5 failures for one username from one address lock
+# that pair out for 15 minutes. Counted in the schema of the host (tenant or platform).
+AXES_FAILURE_LIMIT = env.int("TALLY_ADMIN_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = env.float("TALLY_ADMIN_LOGIN_COOLOFF_HOURS", default=0.25)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
 
 TEMPLATES = [
     {
@@ -119,7 +140,16 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "/static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# `make run` collects static files here; gunicorn serves them through whitenoise.
+STATIC_ROOT = env.path("TALLY_STATIC_ROOT", default=BASE_DIR / "var" / "static")
+# Without a collectstatic run (tests, a fresh checkout), whitenoise can serve straight
+# from the apps' static folders; production collects and turns this off.
+WHITENOISE_USE_FINDERS = env.bool("TALLY_STATIC_USE_FINDERS", default=True)
+WHITENOISE_AUTOREFRESH = DEBUG
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TALLY_MAX_BODY_BYTES", default=64 * 1024)
 
 REST_FRAMEWORK = {
@@ -151,6 +181,10 @@ SPECTACULAR_SETTINGS = {
     "SCHEMA_PATH_PREFIX": r"/v1",
     "SECURITY": [{"bearerAuth": []}],
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "payments.api.schema.links_add"],
+    # Assets from drf-spectacular-sidecar (static files), never a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Celery (tenant-schemas-celery carries the schema on every task) ---------------

@@ -17,3 +17,5 @@ CSRF_COOKIE_SECURE = env.bool("DJANGO_CSRF_COOKIE_SECURE", default=True)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # /metrics only to TALLY_METRICS_TOKEN: the platform's Host header proves nothing here.
 TALLY_METRICS_ON_PLATFORM_HOST = env.bool("TALLY_METRICS_ON_PLATFORM_HOST", default=False)
+# Static files are collected (`manage.py collectstatic`) at deploy; whitenoise serves STATIC_ROOT.
+WHITENOISE_USE_FINDERS = env.bool("TALLY_STATIC_USE_FINDERS", default=False)

@@ -13,3 +13,6 @@ TENANT_CACHE_SECONDS = 0.0
 # The suite sends many bad keys from one address (the route x principal matrix); the
 # failed-authentication limit itself is tested with its own rate.
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failure": "1000000/min"}}
+# Whitenoise serves from the apps' static folders (finders); no collected STATIC_ROOT
+# unless a test sets one (the live gunicorn test collects into a tmp dir).
+STATIC_ROOT = env("TALLY_STATIC_ROOT", default="") or None

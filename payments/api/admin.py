@@ -15,7 +15,7 @@ from payments import selectors as payment_selectors
 from payments.api import serializers as s
 from payments.api.base import AdminViewSet
 from payments.api.pagination import ListParamsSerializer
-from payments.services import adjustments, freezes
+from payments.services import approvals, freezes
 from wallets import selectors as wallet_selectors
 from wallets.services import principals as party_services
 
@@ -181,7 +181,7 @@ class AdjustmentViewSet(AdminViewSet):
         data = self.validated(s.AdjustmentCreateIn)
         customer = wallet_selectors.customer_get(customer_id=data["customer"], param="customer") if data.get("customer") else None
         merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant") if data.get("merchant") else None
-        adjustment = adjustments.adjustment_create(
+        adjustment = approvals.adjustment_create_within_threshold(
             staff=self.staff, customer=customer, merchant=merchant, asset_code=data["asset"], amount=data["amount"],
             direction=data["direction"], reason=data["reason"],
         )

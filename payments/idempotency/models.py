@@ -49,6 +49,7 @@ class IdempotencyRecord(models.Model):
     class Meta:
         db_table = "idempotency_record"
         ordering = ["-created", "-id"]
+        permissions = [("switch_idempotency_mode", "Can switch a face's idempotency mode")]
         constraints = [
             models.UniqueConstraint(fields=["principal_id", "key"], name="idempotency_record_principal_key"),
             models.CheckConstraint(

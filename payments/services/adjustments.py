@@ -9,6 +9,7 @@ from wallets.errors import InvalidRequest
 from wallets.models import Customer, LedgerTransactionKind, Merchant, StaffMember, SystemRole
 from wallets.money import amount_to_minor
 from wallets.selectors import account_of, asset_get, system_account_get
+from wallets.services.audit import audit_record
 from wallets.services.ledger import Leg, ledger_post
 from wallets.transactions import atomic_service
 
@@ -50,6 +51,11 @@ def adjustment_create(
     adjustment = Adjustment.objects.create(
         id=adjustment_id, staff=staff, customer=customer, merchant=merchant, asset=asset, amount=minor,
         direction=direction, reason=reason[:500], ledger_transaction=txn,
+    )
+    audit_record(
+        action="adjustment.create", target_type="adjustment", target_id=adjustment.id, reason=adjustment.reason,
+        after={"party": party.pk, "asset": asset.code, "amount": minor, "direction": direction, "staff": staff.pk,
+               "ledger_transaction": txn.pk},
     )
     outbox_event_create(
         topic="adjustment.created",

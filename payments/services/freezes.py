@@ -10,6 +10,7 @@ from wallets.errors import InvalidRequest
 from wallets.locks import account_balance_rows_lock, account_lock
 from wallets.models import Account, Balance, Customer, StaffMember
 from wallets.selectors import account_of
+from wallets.services.audit import audit_record
 from wallets.transactions import atomic_service
 
 
@@ -22,16 +23,25 @@ def _freeze_set(*, customer: Customer, staff: StaffMember, reason: str, frozen: 
     # them when this commits is refused.
     rows = account_balance_rows_lock(account_id=account_id)
     account = account_lock(account_id=account_id)
+    before = _freeze_state(account)
     Balance.objects.filter(pk__in=[row.pk for row in rows]).update(frozen=frozen)
     account.frozen = frozen
     account.frozen_reason = reason[:500] if frozen else ""
     account.frozen_at = timezone.now() if frozen else None
     account.save(update_fields=["frozen", "frozen_reason", "frozen_at"])
+    audit_record(
+        action="wallet.freeze" if frozen else "wallet.unfreeze", target_type="customer", target_id=customer.pk,
+        before=before, after=_freeze_state(account), reason=reason,
+    )
     outbox_event_create(
         topic="wallet.frozen" if frozen else "wallet.unfrozen",
         payload={"object": "wallet", "customer": customer.pk, "staff": staff.pk, "reason": reason[:500]},
     )
     return account
+
+
+def _freeze_state(account: Account) -> dict[str, object]:
+    return {"frozen": account.frozen, "frozen_reason": account.frozen_reason, "frozen_at": account.frozen_at}
 
 
 def wallet_freeze(*, customer: Customer, staff: StaffMember, reason: str) -> Account:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote  # admin URLs escape ids (`_` is the escape)
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
@@ -140,21 +141,22 @@ def test_staff_redeliver_and_requeue_from_the_admin(api: Api, world: World, tena
             app = "payments" if page == "outboxevent" else "webhooks"
             r = admin.get(f"/admin/{app}/{page}/")
             assert r.status_code == 200, page
-        page = admin.get(f"/admin/webhooks/webhookdelivery/{delivery.pk}/change/")
+        page = admin.get(f"/admin/webhooks/webhookdelivery/{quote(delivery.pk)}/change/")
         assert page.status_code == 200 and b"ok" in page.content  # the attempt log's response excerpt
         assert hook["id"].encode() in admin.get("/admin/webhooks/webhookendpoint/").content
         secret = WebhookEndpoint.objects.get(pk=hook["id"]).secret.encode()
-        assert secret not in admin.get(f"/admin/webhooks/webhookendpoint/{hook['id']}/change/").content
-        r = admin.post("/admin/webhooks/webhookdelivery/", {"action": "redeliver", "_selected_action": [delivery.pk]})
+        assert secret not in admin.get(f"/admin/webhooks/webhookendpoint/{quote(hook['id'])}/change/").content
+        # Staff actions: a confirmation page with its own idempotency key (payments/admin_actions.py).
+        r = admin.post(f"/admin/webhooks/webhookdelivery/{quote(delivery.pk)}/act/redeliver/", {"idempotency_key": "k-redeliver-1"})
         assert r.status_code == 302
         assert WebhookDelivery.objects.get(pk=delivery.pk).status == "pending"
         outbox_relay_run()
         assert len(rx.requests) == 2
-        r = admin.post("/admin/webhooks/webhookendpoint/", {"action": "disable", "_selected_action": [hook["id"]]})
+        r = admin.post(f"/admin/webhooks/webhookendpoint/{quote(hook['id'])}/act/disable/", {"idempotency_key": "k-disable-1"})
         assert r.status_code == 302 and WebhookEndpoint.objects.get(pk=hook["id"]).status == "disabled"
     event = OutboxEvent.objects.get(pk=delivery.event_id)
     OutboxEvent.objects.filter(pk=event.pk).update(published_at=None, dead_at=timezone.now(), attempts=8)
-    r = admin.post("/admin/payments/outboxevent/", {"action": "requeue", "_selected_action": [event.pk]})
+    r = admin.post(f"/admin/payments/outboxevent/{quote(event.pk)}/act/requeue/", {"idempotency_key": "k-requeue-1"})
     assert r.status_code == 302
     event.refresh_from_db()
     assert event.dead_at is None and event.attempts == 0

@@ -26,6 +26,7 @@ from wallets.models import (
     Terminal,
 )
 from wallets.selectors import api_key_hash
+from wallets.services.audit import audit_record
 from wallets.services.ledger import balance_rows_create
 
 API_KEY_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
@@ -66,11 +67,13 @@ def staff_member_get_or_create(*, username: str) -> StaffMember:
     return staff
 
 
+@transaction.atomic
 def api_key_create(
     *,
     principal: Customer | Merchant | Terminal | StaffMember,
 ) -> tuple[ApiKey, str]:
-    """Mint a key for `principal`. Returns the stored row and the raw key (shown once)."""
+    """Mint a key for `principal`. Returns the stored row and the raw key (shown once).
+    Audited (never the key). Locks: none (INSERTs)."""
     principal_type, field = _principal_type_and_field(principal)
     raw_key = KEY_PREFIXES[principal_type] + ids.random_token(API_KEY_RANDOM_LENGTH)
     api_key = ApiKey.objects.create(
@@ -79,7 +82,16 @@ def api_key_create(
         key_hash=api_key_hash(raw_key),
         **{field: principal},
     )
+    audit_record(action="api_key.create", target_type="api_key", target_id=api_key.pk, after=_api_key_state(api_key))
     return api_key, raw_key
+
+
+def _api_key_state(api_key: ApiKey) -> dict[str, object]:
+    """What the audit log keeps of a key: never its hash or secret."""
+    return {
+        "prefix": api_key.prefix, "principal_type": api_key.principal_type, "principal": api_key.principal_id,
+        "expires_at": api_key.expires_at, "revoked_at": api_key.revoked_at,
+    }
 
 
 @transaction.atomic
@@ -93,11 +105,16 @@ def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24))
         raise InvalidState("this key is revoked or expired and cannot be rotated; create a new key")
     principal = api_key.customer or api_key.merchant or api_key.terminal or api_key.staff
     assert principal is not None
+    before = _api_key_state(api_key)
     new_key, raw_key = api_key_create(principal=principal)
     expires_at = timezone.now() + overlap
     if api_key.expires_at is None or api_key.expires_at > expires_at:
         api_key.expires_at = expires_at
         api_key.save(update_fields=["expires_at"])
+    audit_record(
+        action="api_key.rotate", target_type="api_key", target_id=api_key.pk, before=before,
+        after={**_api_key_state(api_key), "successor": new_key.pk},
+    )
     return new_key, raw_key
 
 
@@ -125,10 +142,14 @@ def api_key_last_used_touch(*, api_key: ApiKey) -> None:
     ).update(last_used_at=stamp)
 
 
+@transaction.atomic
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    """Revoke a key now (idempotent); audited. Locks: the key row (UPDATE)."""
     if api_key.revoked_at is None:
+        before = _api_key_state(api_key)
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+        audit_record(action="api_key.revoke", target_type="api_key", target_id=api_key.pk, before=before, after=_api_key_state(api_key))
     return api_key
 
 

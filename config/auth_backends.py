@@ -1,0 +1,20 @@
+"""Authentication backends wired by settings (AUTHENTICATION_BACKENDS)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from axes.backends import AxesStandaloneBackend
+from django.http import HttpRequest
+
+
+class LoginThrottleBackend(AxesStandaloneBackend):
+    """django-axes' lockout check for every login that comes with a request (the admin's
+    login form, on every host). An authentication without a request (a shell, a test
+    client's `login()`) has no address to throttle and is left to the next backend."""
+
+    def authenticate(self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any) -> None:
+        if request is None:
+            return None
+        super().authenticate(request, username=username, password=password, **kwargs)
+        return None

@@ -1,0 +1,402 @@
+"""The tenant admin for money objects (payments, refunds, transfers, top-ups, adjustments
+and their approvals, intents, payment tokens, mandates) and for the wallets models that
+have staff actions through payments' services: customers (freeze, unfreeze, adjust),
+merchants (adjust) and API keys (rotate, revoke). Rows are read-only; every change is a staff action
+(payments/admin_actions.py): a confirmation page, an idempotency key, one service call,
+an audit entry."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.http import HttpRequest
+
+from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionForm, StaffActionsMixin, staff_of
+from payments.models import (
+    Adjustment,
+    AdjustmentDirection,
+    Mandate,
+    OutboxEvent,
+    Payment,
+    PaymentIntent,
+    PaymentToken,
+    PendingAdjustment,
+    PendingAdjustmentStatus,
+    Refund,
+    TopUp,
+    Transfer,
+)
+from payments.services.approvals import adjustment_propose, pending_adjustment_approve, pending_adjustment_reject
+from payments.services.freezes import wallet_freeze, wallet_unfreeze
+from payments.services.refunds import refund_create
+from wallets.admin import balances_html
+from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
+from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
+from wallets.services.principals import api_key_revoke, api_key_rotate
+
+
+def _audit_link(target_type: str, target_id: str) -> str:
+    return link_to_list(AuditEntry, "audit log", target_type=target_type, target_id=target_id)
+
+
+# --- Customers (wallets) ------------------------------------------------------------------
+
+
+class AdjustForm(StaffActionForm):
+    asset = forms.ModelChoiceField(queryset=Asset.objects.all(), to_field_name="code")
+    amount = forms.IntegerField(min_value=1, help_text="In the asset's minor units (cents for EUR, yen for JPY, grams for CARBON).")
+    direction = forms.ChoiceField(choices=AdjustmentDirection.choices)
+    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+
+    def clean_asset(self) -> str:
+        return str(self.cleaned_data["asset"].code)
+
+
+def _adjust(request: HttpRequest, party: Any, data: dict[str, Any], *, field: str) -> str:
+    result = adjustment_propose(
+        maker=staff_of(request), asset_code=data["asset"], amount=data["amount"], direction=data["direction"],
+        reason=data["reason"], **{field: party},
+    )
+    if isinstance(result, PendingAdjustment):
+        return f"Adjustment {result.pk} is above the approval threshold: waiting for a second staff member's approval"
+    return f"Adjustment {result.pk} posted ({result.direction} {money(result.amount, result.asset)})"
+
+
+def _frozen(customer: Customer) -> bool:
+    return bool(Account.objects.filter(customer=customer, frozen=True).exists())
+
+
+@admin.register(Customer)
+class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    list_display = ("id", "name", "email", "wallet", "created")
+    search_fields = ("name", "=email")
+    id_search = {"cus": "id"}
+    date_hierarchy = "created"
+    fields = ("id", "name", "email", "phone", "created", "wallet", "frozen", "related")
+    readonly_fields = fields
+    staff_actions = (
+        StaffAction("freeze", "Freeze wallet", "wallets.freeze_account", ReasonForm,
+                    lambda request, obj, data: f"Wallet {wallet_freeze(customer=obj, staff=staff_of(request), reason=data['reason']).pk} frozen",
+                    description="Payments, transfers, refunds and top-ups are refused until the wallet is unfrozen.",
+                    audit=False, show=lambda obj: not _frozen(obj)),
+        StaffAction("unfreeze", "Unfreeze wallet", "wallets.freeze_account", OptionalReasonForm,
+                    lambda request, obj, data: f"Wallet {wallet_unfreeze(customer=obj, staff=staff_of(request), reason=data['reason']).pk} unfrozen",
+                    audit=False, show=_frozen),
+        StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm,
+                    lambda request, obj, data: _adjust(request, obj, data, field="customer"),
+                    description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
+                    " second staff member must approve it.", audit=False),
+    )
+
+    @admin.display(description="wallet (shards summed)")
+    def wallet(self, obj: Customer) -> str:
+        return balances_html(Account.objects.filter(customer=obj).first())
+
+    @admin.display(description="frozen")
+    def frozen(self, obj: Customer) -> str:
+        account = Account.objects.filter(customer=obj).first()
+        return f"yes: {account.frozen_reason}" if account is not None and account.frozen else "no"
+
+    @admin.display(description="related")
+    def related(self, obj: Customer) -> str:
+        account = Account.objects.filter(customer=obj).first()
+        parts = [
+            link(account, "wallet account"), link_to_list(Payment, "payments", customer=obj.pk),
+            link_to_list(LedgerEntry, "ledger entries", account=account.pk) if account else "",
+            link_to_list(ApiKey, "API keys", customer=obj.pk), _audit_link("customer", obj.pk),
+        ]
+        return " · ".join(p for p in parts if p)
+
+
+@admin.register(Merchant)
+class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    list_display = ("id", "name", "balances", "stores", "created")
+    search_fields = ("name",)
+    id_search = {"mer": "id"}
+    date_hierarchy = "created"
+    fields = ("id", "name", "created", "balances", "stores", "payments")
+    readonly_fields = fields
+    staff_actions = (
+        StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm,
+                    lambda request, obj, data: _adjust(request, obj, data, field="merchant"),
+                    description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
+                    " second staff member must approve it.", audit=False),
+    )
+
+    @admin.display(description="balances (shards summed)")
+    def balances(self, obj: Merchant) -> str:
+        return balances_html(Account.objects.filter(merchant=obj).first())
+
+    @admin.display(description="stores")
+    def stores(self, obj: Merchant) -> str:
+        return link_to_list(Store, "stores", merchant=obj.pk)
+
+    @admin.display(description="payments")
+    def payments(self, obj: Merchant) -> str:
+        return link_to_list(Payment, "payments", merchant=obj.pk)
+
+
+# --- API keys (wallets) ---------------------------------------------------------------------
+
+
+class RotateForm(StaffActionForm):
+    overlap_seconds = forms.IntegerField(min_value=0, max_value=7 * 24 * 3600, initial=24 * 3600,
+                                         help_text="How long the old key keeps working.")
+
+
+def _rotate(obj: ApiKey, data: dict[str, Any]) -> tuple[str, str]:
+    new_key, raw_key = api_key_rotate(api_key=obj, overlap=timedelta(seconds=data["overlap_seconds"]))
+    return f"New key {new_key.pk} ({new_key.prefix}…) replaces {obj.pk}, which stops working at its expiry", raw_key
+
+
+def _live(key: ApiKey) -> bool:
+    return key.revoked_at is None
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    """API keys: never the secret (only its visible prefix; the hash is not shown either)."""
+
+    list_display = ("id", "prefix", "principal_type", "principal", "created", "expires_at", "revoked_at", "last_used_at")
+    list_filter = ("principal_type", ("revoked_at", admin.EmptyFieldListFilter))
+    id_search = {"key": "id", "cus": "customer_id", "mer": "merchant_id", "ter": "terminal_id", "stf": "staff_id"}
+    search_fields = ("=prefix",)
+    date_hierarchy = "created"
+    fields = ("id", "prefix", "principal_type", "principal", "created", "expires_at", "revoked_at", "last_used_at", "audit")
+    readonly_fields = fields
+    list_select_related = ("customer", "merchant", "terminal", "staff__user")
+    staff_actions = (
+        StaffAction("rotate", "Rotate key", "wallets.manage_apikey", RotateForm, lambda request, obj, data: _rotate(obj, data),
+                    description="A new key now (shown once); the old one keeps working for the overlap.", audit=False, show=_live),
+        StaffAction("revoke", "Revoke key", "wallets.manage_apikey", StaffActionForm,
+                    lambda request, obj, data: f"Key {api_key_revoke(api_key=obj).pk} revoked", description="The key stops working now.",
+                    audit=False, show=_live),
+    )
+
+    @admin.display(description="principal")
+    def principal(self, obj: ApiKey) -> str:
+        return link(obj.customer or obj.merchant or obj.terminal or obj.staff)
+
+    @admin.display(description="audit")
+    def audit(self, obj: ApiKey) -> str:
+        return _audit_link("api_key", obj.pk)
+
+
+# --- Payments and refunds -------------------------------------------------------------------
+
+
+class RefundInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = Refund
+    extra = 0
+    can_delete = False
+    fields = ("refund_link", "amount_display", "reason", "created")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="refund")
+    def refund_link(self, obj: Refund) -> str:
+        return link(obj)
+
+    @admin.display(description="amount")
+    def amount_display(self, obj: Refund) -> str:
+        return money(obj.amount, obj.payment.asset)
+
+
+class RefundForm(StaffActionForm):
+    amount = forms.IntegerField(min_value=1, help_text="In the asset's minor units; at most what is left to refund.")
+    reason = forms.CharField(max_length=500, required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+
+
+def _refund(obj: Payment, data: dict[str, Any]) -> str:
+    refund = refund_create(payment=obj, amount=data["amount"], reason=data["reason"])
+    return f"Refund {refund.pk} of {money(refund.amount, obj.asset)} on {obj.pk}"
+
+
+@admin.register(Payment)
+class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    list_display = ("id", "created", money_column("amount"), money_column("amount_refunded", description="refunded"), "status",
+                    link_column("customer"), link_column("merchant"), "store_id")
+    # No list filters: status has one value and asset has no index of its own (a rare asset
+    # would walk the whole table); the date drill-down and id search use indexes.
+    # Exact ids only: each is an index lookup (pk; merchant, store and customer indexes).
+    id_search = {"pay": "id", "cus": "customer_id", "mer": "merchant_id", "sto": "store_id", "txn": "ledger_transaction_id"}
+    date_hierarchy = "created"
+    list_select_related = ("asset", "customer", "merchant")
+    fields = ("id", "status", "created", "amount_display", "refunded_display", "rewards", "customer_link", "merchant_link",
+              "store_link", "terminal_link", "ledger", "events", "audit")
+    readonly_fields = fields
+    inlines = [RefundInline]
+    staff_actions = (
+        StaffAction("refund", "Refund", "payments.refund_payment", RefundForm, lambda request, obj, data: _refund(obj, data),
+                    description="Refund part or all of this payment through the same service as the API: merchant to customer, rewards"
+                    " returned in proportion.", show=lambda obj: obj.amount_refundable > 0),
+    )
+
+    @admin.display(description="amount")
+    def amount_display(self, obj: Payment) -> str:
+        return money(obj.amount, obj.asset)
+
+    @admin.display(description="refunded")
+    def refunded_display(self, obj: Payment) -> str:
+        return f"{money(obj.amount_refunded, obj.asset)} (left: {money(obj.amount_refundable, obj.asset)})"
+
+    @admin.display(description="rewards")
+    def rewards(self, obj: Payment) -> str:
+        return f"{obj.points_earned - obj.points_reversed} pt, {obj.carbon_grams - obj.carbon_grams_reversed} g CO₂ (net of refunds)"
+
+    @admin.display(description="customer")
+    def customer_link(self, obj: Payment) -> str:
+        return link(obj.customer)
+
+    @admin.display(description="merchant")
+    def merchant_link(self, obj: Payment) -> str:
+        return link(obj.merchant)
+
+    @admin.display(description="store")
+    def store_link(self, obj: Payment) -> str:
+        return link(obj.store)
+
+    @admin.display(description="terminal")
+    def terminal_link(self, obj: Payment) -> str:
+        return link(obj.terminal)
+
+    @admin.display(description="ledger transaction")
+    def ledger(self, obj: Payment) -> str:
+        return link(obj.ledger_transaction)
+
+    @admin.display(description="events")
+    def events(self, obj: Payment) -> str:
+        return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
+
+    @admin.display(description="audit")
+    def audit(self, obj: Payment) -> str:
+        return _audit_link("payments.payment", obj.pk)
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created", "amount_display", link_column("payment"), "reason")
+    id_search = {"ref": "id", "pay": "payment_id"}
+    date_hierarchy = "created"
+    list_select_related = ("payment__asset",)
+    fields = ("id", "status", "created", "amount_display", "payment_link", "reason", "points_reversed", "carbon_grams_reversed", "ledger")
+    readonly_fields = fields
+
+    @admin.display(description="amount")
+    def amount_display(self, obj: Refund) -> str:
+        return money(obj.amount, obj.payment.asset)
+
+    @admin.display(description="payment")
+    def payment_link(self, obj: Refund) -> str:
+        return link(obj.payment)
+
+    @admin.display(description="ledger transaction")
+    def ledger(self, obj: Refund) -> str:
+        return link(obj.ledger_transaction)
+
+
+@admin.register(Transfer)
+class TransferAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created", money_column("amount"), link_column("from_customer"), link_column("to_customer"),
+                    link_column("ledger_transaction"))
+    list_filter = ("asset",)
+    id_search = {"trf": "id", "cus": "from_customer_id"}
+    date_hierarchy = "created"
+    list_select_related = ("asset", "from_customer", "to_customer", "ledger_transaction")
+
+
+@admin.register(TopUp)
+class TopUpAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created", money_column("amount"), money_column("bonus_amount", description="bonus"), "status",
+                    link_column("customer"), "payment_method", "psp_reference", link_column("ledger_transaction"))
+    list_filter = ("status", "asset")
+    id_search = {"top": "id", "cus": "customer_id"}
+    search_fields = ("=psp_reference",)
+    date_hierarchy = "created"
+    list_select_related = ("asset", "customer", "ledger_transaction")
+
+
+@admin.register(Adjustment)
+class AdjustmentAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created", "direction", money_column("amount"), "party", "staff", "reason", link_column("ledger_transaction"))
+    list_filter = ("direction", "asset")
+    id_search = {"adj": "id", "cus": "customer_id", "mer": "merchant_id"}
+    date_hierarchy = "created"
+    list_select_related = ("asset", "customer", "merchant", "staff__user", "ledger_transaction")
+
+    @admin.display(description="customer / merchant")
+    def party(self, obj: Adjustment) -> str:
+        return link(obj.customer or obj.merchant)
+
+
+class DecideForm(StaffActionForm):
+    reason = forms.CharField(max_length=500, required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
+
+
+def _reject(request: HttpRequest, obj: PendingAdjustment, data: dict[str, Any]) -> str:
+    return f"{pending_adjustment_reject(pending=obj, checker=staff_of(request), reason=data['reason']).pk} rejected"
+
+
+def _pending(obj: PendingAdjustment) -> bool:
+    return obj.status == PendingAdjustmentStatus.PENDING
+
+
+@admin.register(PendingAdjustment)
+class PendingAdjustmentAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    """Maker-checker: adjustments above the threshold wait here for a second staff member."""
+
+    list_display = ("id", "created", "status", "direction", money_column("amount"), "party", "maker", "checker", "reason",
+                    link_column("adjustment"))
+    list_filter = ("status", "direction", "asset")
+    id_search = {"padj": "id", "cus": "customer_id", "mer": "merchant_id"}
+    date_hierarchy = "created"
+    list_select_related = ("asset", "customer", "merchant", "maker__user", "checker__user", "adjustment")
+    staff_actions = (
+        StaffAction("approve", "Approve and post", "payments.approve_pendingadjustment", DecideForm,
+                    lambda request, obj, data: f"Adjustment {pending_adjustment_approve(pending=obj, checker=staff_of(request)).pk} posted",
+                    description="Posts the adjustment. You cannot approve your own proposal.", audit=False, show=_pending),
+        StaffAction("reject", "Reject", "payments.approve_pendingadjustment", DecideForm,
+                    lambda request, obj, data: _reject(request, obj, data),
+                    audit=False, show=_pending),
+    )
+
+    @admin.display(description="customer / merchant")
+    def party(self, obj: PendingAdjustment) -> str:
+        return link(obj.customer or obj.merchant)
+
+
+@admin.register(PaymentIntent)
+class PaymentIntentAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created", "status", money_column("amount"), money_column("amount_captured", description="captured"),
+                    "capture_method", link_column("merchant"), link_column("customer"), link_column("payment"))
+    list_filter = ("status", "capture_method", "asset")
+    id_search = {"pi": "id", "mer": "merchant_id", "cus": "customer_id", "pay": "payment_id"}
+    date_hierarchy = "created"
+    list_select_related = ("asset", "merchant", "customer", "payment")
+
+
+@admin.register(PaymentToken)
+class PaymentTokenAdmin(ReadOnlyAdmin):
+    """Payment tokens: never the token (only its id; the hash is not shown either)."""
+
+    list_display = ("id", link_column("customer"), "created", "expires_at", "used_at")
+    list_filter = (("used_at", admin.EmptyFieldListFilter),)
+    id_search = {"ptk": "id", "cus": "customer_id"}
+    date_hierarchy = "created"
+    fields = ("id", "customer", "created", "expires_at", "used_at")
+    readonly_fields = fields
+    list_select_related = ("customer",)
+
+
+@admin.register(Mandate)
+class MandateAdmin(ReadOnlyAdmin):
+    list_display = ("id", link_column("customer"), link_column("merchant"), "created", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    id_search = {"mnd": "id", "cus": "customer_id", "mer": "merchant_id"}
+    date_hierarchy = "created"
+    list_select_related = ("customer", "merchant")

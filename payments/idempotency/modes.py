@@ -1,0 +1,35 @@
+"""Switching a face's idempotency mode (SPEC 6 rollout): audited, from any staff surface."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django_tenants.utils import schema_context
+
+from tenants.models import IdempotencyMode, Tenant
+from wallets.errors import InvalidRequest
+from wallets.services.audit import audit_record
+
+FACES = ("customer", "terminal", "merchant", "admin")
+
+
+def idempotency_mode_set(*, tenant: Tenant, face: str, mode: str, reason: str = "") -> Tenant:
+    """Set `face`'s idempotency mode on `tenant` and write the audit entry (in the tenant's
+    own audit log) in the same transaction. Setting the current mode changes nothing and
+    writes nothing. Locks: the tenant row (public schema)."""
+    if face not in FACES:
+        raise InvalidRequest(f"face must be one of {', '.join(FACES)}", param="face")
+    if mode not in IdempotencyMode.values:
+        raise InvalidRequest(f"mode must be one of {', '.join(IdempotencyMode.values)}", param="mode")
+    with transaction.atomic():
+        locked: Tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # public: on every tenant's search_path
+        before = locked.idempotency_mode_for(face)
+        if before == mode:
+            return locked
+        setattr(locked, f"idempotency_{face}", mode)
+        locked.save(update_fields=[f"idempotency_{face}"])
+        with schema_context(locked.schema_name):
+            audit_record(
+                action="idempotency.mode_set", target_type="tenant_face", target_id=f"{locked.schema_name}:{face}",
+                before={"face": face, "mode": before}, after={"face": face, "mode": mode}, reason=reason,
+            )
+    return locked

@@ -1,0 +1,91 @@
+"""Back-office staff actions: at most once per confirmation, and audited.
+
+Every confirmation page carries an idempotency key of its own (generated when the page
+is shown); the action runs through the one idempotency mechanism (`idempotency_run`)
+under that key and the staff member's login, so a double-clicked button, a resubmitted
+form or a retried request acts once and the second submission answers the first one's
+result. Who did what to which object, before and after, is written to the audit log in
+the same transaction as the action.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+
+from payments.idempotency.sealing import response_body_seal, response_body_unseal
+from payments.idempotency.services import idempotency_run
+from wallets.services.audit import audit_record
+
+# Never copied into the audit log's before/after snapshots.
+SECRET_FIELDS = frozenset({"key_hash", "token_hash", "secret", "previous_secret", "response_body", "response_headers"})
+
+
+@dataclass(frozen=True)
+class StaffActionResult:
+    message: str
+    replayed: bool
+    secret: str | None = None  # a secret shown once (a rotated API key), never stored in clear
+
+
+def _snapshot(obj: models.Model) -> dict[str, Any]:
+    values = {
+        f.attname: getattr(obj, f.attname)
+        for f in obj._meta.concrete_fields
+        if f.name not in SECRET_FIELDS and not isinstance(f, models.BinaryField)
+    }
+    return dict(json.loads(json.dumps(values, cls=DjangoJSONEncoder)))
+
+
+def staff_action_run(
+    *,
+    user_id: int | None,
+    action: str,
+    target: models.Model,
+    idempotency_key: str,
+    data: dict[str, Any],
+    fn: Callable[[], str | tuple[str, str]],
+    audit: bool = True,
+) -> StaffActionResult:
+    """Run `fn` (one service call, returning a message for the staff member) at most once
+    for (this staff login, `idempotency_key`), in one transaction with the audit entry
+    `admin.<action>` (the target's row before and after, the form's data). `audit=False`
+    for actions whose service writes its own entry (freezes, keys, adjustments, modes).
+    Locks: the idempotency claim, then whatever `fn` takes. Raises what `fn` raises
+    (nothing is done then) and the idempotency errors (the key reused for other data)."""
+    label = target._meta.label_lower
+
+    principal_id = f"user:{user_id}"
+
+    def run(_ctx: object) -> dict[str, str]:
+        before = _snapshot(type(target)._default_manager.get(pk=target.pk))
+        outcome = fn()
+        message, secret = outcome if isinstance(outcome, tuple) else (outcome, None)
+        stored = {"message": message}
+        if secret is not None:  # sealed like the API's secret-bearing responses
+            sealed = response_body_seal(body=secret.encode(), principal_id=principal_id, key=idempotency_key)
+            stored["secret_sealed"] = base64.b64encode(sealed).decode("ascii")
+        if audit:
+            after = _snapshot(type(target)._default_manager.get(pk=target.pk))
+            audit_record(
+                action=f"admin.{action}", target_type=label, target_id=str(target.pk), before=before,
+                after={**after, "form": data, "result": message}, reason=str(data.get("reason", "")),
+            )
+        return stored
+
+    result = idempotency_run(
+        scope=f"admin:{label}:{action}", principal_id=principal_id, key=idempotency_key,
+        payload={"target": str(target.pk), "data": data}, fn=run,
+    )
+    sealed_value = result.value.get("secret_sealed")
+    secret_value = (
+        response_body_unseal(stored=base64.b64decode(sealed_value), principal_id=principal_id, key=idempotency_key).decode()
+        if sealed_value else None
+    )
+    return StaffActionResult(message=str(result.value["message"]), replayed=result.replayed, secret=secret_value)

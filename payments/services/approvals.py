@@ -1,0 +1,133 @@
+"""Maker-checker for staff adjustments: above the tenant's threshold an adjustment is a
+proposal (PendingAdjustment) until a second staff member approves it; at or below it,
+it is posted at once. Both paths go through `adjustment_create`, the one posting path."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from payments.errors import AdjustmentApprovalRequired, ApproverIsMaker
+from payments.locks import pending_adjustment_lock
+from payments.models import Adjustment, AdjustmentDirection, PendingAdjustment, PendingAdjustmentStatus
+from payments.services.adjustments import adjustment_create
+from tenants.selectors import tenant_current
+from wallets.errors import InvalidRequest, InvalidState, NotFound
+from wallets.models import Customer, Merchant, StaffMember
+from wallets.money import amount_to_minor
+from wallets.selectors import asset_get
+from wallets.services.audit import audit_record
+from wallets.transactions import atomic_service
+
+# Minor units of any asset; a tenant sets its own in Tenant.extra_settings:
+# {"adjustment_approval_threshold": 100000, "adjustment_approval_thresholds": {"EUR": 50000}}
+ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT = 100_000
+
+
+def adjustment_approval_threshold(*, asset_code: str) -> int:
+    """Largest adjustment (minor units of `asset_code`) one staff member may post alone."""
+    extra = tenant_current().extra_settings or {}
+    per_asset = extra.get("adjustment_approval_thresholds") or {}
+    value = per_asset.get(asset_code, extra.get("adjustment_approval_threshold", ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT))
+    return int(value)
+
+
+@atomic_service(operation="adjustment_propose")
+def adjustment_propose(
+    *,
+    maker: StaffMember,
+    customer: Customer | None = None,
+    merchant: Merchant | None = None,
+    asset_code: str,
+    amount: object,
+    direction: str,
+    reason: str,
+) -> Adjustment | PendingAdjustment:
+    """A staff adjustment from the back office: posted now if within the threshold, else
+    held for a second staff member's approval (audited either way). Locks: see
+    adjustment_create when posted; none when held."""
+    minor = amount_to_minor(amount)
+    if minor <= adjustment_approval_threshold(asset_code=str(asset_code)):
+        return adjustment_create(
+            staff=maker, customer=customer, merchant=merchant, asset_code=asset_code, amount=minor, direction=direction, reason=reason
+        )
+    if (customer is None) == (merchant is None):
+        raise InvalidRequest("give exactly one of customer or merchant", param="customer")
+    if direction not in AdjustmentDirection.values:
+        raise InvalidRequest("direction must be credit or debit", param="direction")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidRequest("a reason is required", param="reason")
+    asset = asset_get(asset_code=asset_code)
+    pending = PendingAdjustment.objects.create(
+        maker=maker, customer=customer, merchant=merchant, asset=asset, amount=minor, direction=direction, reason=reason[:500]
+    )
+    audit_record(
+        action="adjustment.propose", target_type="pending_adjustment", target_id=pending.pk, reason=pending.reason,
+        after={"party": (customer or merchant).pk, "asset": asset.code, "amount": minor, "direction": direction,  # type: ignore[union-attr]
+               "maker": maker.pk, "status": pending.status},
+    )
+    return pending
+
+
+def adjustment_create_within_threshold(
+    *,
+    staff: StaffMember,
+    customer: Customer | None = None,
+    merchant: Merchant | None = None,
+    asset_code: str,
+    amount: object,
+    direction: str,
+    reason: str,
+) -> Adjustment:
+    """An adjustment by one staff member alone (the admin API face): posted if within the
+    tenant's approval threshold, else refused (AdjustmentApprovalRequired) before anything
+    is written, so an API key cannot bypass maker-checker. Locks: see adjustment_create."""
+    minor = amount_to_minor(amount)
+    threshold = adjustment_approval_threshold(asset_code=str(asset_code))
+    if minor > threshold:
+        raise AdjustmentApprovalRequired(threshold=threshold)
+    return adjustment_create(
+        staff=staff, customer=customer, merchant=merchant, asset_code=asset_code, amount=minor, direction=direction, reason=reason
+    )
+
+
+def _decidable(*, pending_id: str, checker: StaffMember) -> PendingAdjustment:
+    locked = pending_adjustment_lock(pending_id=pending_id)
+    if locked is None:
+        raise NotFound("no such pending adjustment", param="pending_adjustment")
+    if locked.status != PendingAdjustmentStatus.PENDING:
+        raise InvalidState(f"this adjustment is already {locked.status}")
+    if locked.maker_id == checker.pk:
+        raise ApproverIsMaker()
+    return locked
+
+
+@atomic_service(operation="pending_adjustment_approve")
+def pending_adjustment_approve(*, pending: PendingAdjustment, checker: StaffMember) -> Adjustment:
+    """Approve and post a proposed adjustment; the checker must not be its maker.
+    Locks: the pending adjustment row, then as adjustment_create."""
+    locked = _decidable(pending_id=pending.pk, checker=checker)
+    adjustment = adjustment_create(
+        staff=locked.maker, customer=locked.customer, merchant=locked.merchant, asset_code=locked.asset_id,
+        amount=locked.amount, direction=locked.direction, reason=locked.reason,
+    )
+    PendingAdjustment.objects.filter(pk=locked.pk).update(
+        status=PendingAdjustmentStatus.APPROVED, checker=checker, adjustment=adjustment, decided_at=timezone.now()
+    )
+    audit_record(
+        action="adjustment.approve", target_type="pending_adjustment", target_id=locked.pk,
+        before={"status": locked.status}, after={"status": PendingAdjustmentStatus.APPROVED, "checker": checker.pk, "adjustment": adjustment.pk},
+    )
+    return adjustment
+
+
+@atomic_service(operation="pending_adjustment_reject")
+def pending_adjustment_reject(*, pending: PendingAdjustment, checker: StaffMember, reason: str = "") -> PendingAdjustment:
+    """Reject a proposed adjustment (nothing is posted). Locks: the pending adjustment row."""
+    locked = _decidable(pending_id=pending.pk, checker=checker)
+    PendingAdjustment.objects.filter(pk=locked.pk).update(status=PendingAdjustmentStatus.REJECTED, checker=checker, decided_at=timezone.now())
+    audit_record(
+        action="adjustment.reject", target_type="pending_adjustment", target_id=locked.pk, reason=reason,
+        before={"status": locked.status}, after={"status": PendingAdjustmentStatus.REJECTED, "checker": checker.pk},
+    )
+    locked.refresh_from_db()
+    return locked

@@ -1,0 +1,219 @@
+"""The tenant admin for wallets' models: assets, merchants, stores, terminals, staff,
+accounts and their balances (shards summed), the read-only ledger, holds and the audit
+log. Customers, merchants and API keys, which have staff actions (freeze, adjust, rotate, revoke), are
+registered by payments/admin.py, where those actions' services and the idempotency layer
+live. Everything here is read-only: rows change through services only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.html import format_html_join
+
+from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
+from wallets.models import (
+    Account,
+    Asset,
+    AuditEntry,
+    Balance,
+    Hold,
+    LedgerEntry,
+    LedgerTransaction,
+    StaffMember,
+    Store,
+    Terminal,
+)
+from wallets.selectors import account_balance_lines
+
+
+def balances_html(account: Account | None) -> str:
+    """An account's balance per asset, each the sum over its shards, in the asset's units."""
+    if account is None:
+        return "-"
+    assets = {a.code: a for a in Asset.objects.all()}
+    return format_html_join(
+        "<br>", "{}{}",
+        (
+            (money(line["balance"], assets.get(line["asset"])), f" (held {money(line['held'], assets.get(line['asset']))})" if line["held"] else "")
+            for line in account_balance_lines(account=account)
+            if line["balance"] or line["held"] or assets[line["asset"]].is_main
+        ),
+    )
+
+
+@admin.register(Asset)
+class AssetAdmin(ReadOnlyAdmin):
+    list_display = ("code", "name", "kind", "exponent", "cap_display", "is_main", "created")
+    list_filter = ("kind", "is_main")
+    search_fields = ("code", "name")
+
+    @admin.display(description="cap per wallet")
+    def cap_display(self, obj: Asset) -> str:
+        return money(obj.cap, obj)
+
+
+@admin.register(Store)
+class StoreAdmin(ReadOnlyAdmin):
+    list_display = ("id", "name", link_column("merchant"), "created")
+    search_fields = ("name",)
+    id_search = {"sto": "id", "mer": "merchant_id"}
+    list_select_related = ("merchant",)
+    date_hierarchy = "created"
+
+
+@admin.register(Terminal)
+class TerminalAdmin(ReadOnlyAdmin):
+    list_display = ("id", "name", link_column("store"), "created")
+    search_fields = ("name",)
+    id_search = {"ter": "id", "sto": "store_id"}
+    list_select_related = ("store",)
+    date_hierarchy = "created"
+
+
+@admin.register(StaffMember)
+class StaffMemberAdmin(ReadOnlyAdmin):
+    list_display = ("id", "user", "created")
+    search_fields = ("user__username",)
+    id_search = {"stf": "id"}
+
+
+class BalanceInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = Balance
+    extra = 0
+    can_delete = False
+    fields = ("asset", "shard", "balance", "held", "frozen")
+    readonly_fields = fields
+    ordering = ("asset", "shard")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Account)
+class AccountAdmin(ReadOnlyAdmin):
+    """Wallets (customer accounts), merchant and system accounts; balances summed over shards."""
+
+    list_display = ("id", "kind", "owner", "balances", "frozen", "created")
+    list_filter = ("kind", "frozen")
+    id_search = {"acc": "id", "cus": "customer_id", "mer": "merchant_id"}
+    list_select_related = ("customer", "merchant")
+    date_hierarchy = "created"
+    fields = ("id", "kind", "owner", "system_role", "frozen", "frozen_reason", "frozen_at", "balances", "entries", "created")
+    readonly_fields = fields
+    inlines = [BalanceInline]
+
+    @admin.display(description="owner")
+    def owner(self, obj: Account) -> str:
+        return link(obj.customer or obj.merchant, None) if (obj.customer or obj.merchant) else str(obj.system_role)
+
+    @admin.display(description="balances (shards summed)")
+    def balances(self, obj: Account) -> str:
+        return balances_html(obj)
+
+    @admin.display(description="ledger entries")
+    def entries(self, obj: Account) -> str:
+        return link_to_list(LedgerEntry, "entries", account=obj.pk)
+
+
+class LedgerEntryInline(admin.TabularInline):  # type: ignore[type-arg]
+    model = LedgerEntry
+    extra = 0
+    can_delete = False
+    fields = ("account_link", "asset", "amount_display", "created")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
+        return super().get_queryset(request).select_related("account", "asset")
+
+    @admin.display(description="account")
+    def account_link(self, obj: LedgerEntry) -> str:
+        return link(obj.account)
+
+    @admin.display(description="amount")
+    def amount_display(self, obj: LedgerEntry) -> str:
+        return money(obj.amount, obj.asset)
+
+
+@admin.register(LedgerTransaction)
+class LedgerTransactionAdmin(ReadOnlyAdmin):
+    """The ledger: append-only (the database refuses UPDATE and DELETE)."""
+
+    list_display = ("id", "kind", "reference_link", "created")
+    # Ordered by id (the primary key index); no filters or drill-down: a transaction per
+    # movement, and no index on kind or created. Open one from its payment, refund, etc.
+    ordering = ("-id",)
+    id_search = {"txn": "id"}
+    fields = ("id", "kind", "reference_link", "created")
+    readonly_fields = fields
+    inlines = [LedgerEntryInline]
+
+    @admin.display(description="reference")
+    def reference_link(self, obj: LedgerTransaction) -> str:
+        from django.apps import apps
+
+        models = {"pay": "Payment", "ref": "Refund", "trf": "Transfer", "top": "TopUp", "adj": "Adjustment", "pi": "PaymentIntent"}
+        prefix = obj.reference.split("_", 1)[0]
+        if prefix not in models:
+            return obj.reference
+        target = apps.get_model("payments", models[prefix]).objects.filter(pk=obj.reference).first()
+        return link(target, obj.reference) if target is not None else obj.reference
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnlyAdmin):
+    """The ledger's entries, newest first by id (the primary key index: entries have no
+    index on `created` alone, and the posting path should not pay for one). No filters or
+    date drill-down for the same reason; find entries by transaction or account id."""
+
+    list_display = ("id", link_column("transaction"), link_column("account"), "asset", money_column("amount"), "created")
+    ordering = ("-id",)
+    id_search = {"txn": "transaction_id", "acc": "account_id"}
+    list_select_related = ("transaction", "account", "asset")
+
+
+@admin.register(Hold)
+class HoldAdmin(ReadOnlyAdmin):
+    list_display = ("id", link_column("account"), money_column("amount"), "status", "reference", "created")
+    list_filter = ("status", "asset")
+    id_search = {"hld": "id", "acc": "account_id", "pi": "reference"}
+    list_select_related = ("account", "asset")
+    date_hierarchy = "created"
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    """The audit log: append-only (the database refuses UPDATE, DELETE and TRUNCATE)."""
+
+    list_display = ("created", "actor", "action", "target_type", "target", "via", "ip", "request_id")
+    list_filter = ("action", "via", "target_type")
+    search_fields = ("=target_id", "=actor", "=request_id")
+    date_hierarchy = "created"
+    fields = ("created", "actor", "action", "target_type", "target", "reason", "before", "after", "via", "ip", "request_id")
+    readonly_fields = fields
+
+    # Short target types written by services -> their model ("app.model" types name it).
+    TARGET_MODELS = {"customer": "wallets.customer", "api_key": "wallets.apikey", "adjustment": "payments.adjustment",
+                     "pending_adjustment": "payments.pendingadjustment"}
+
+    @admin.display(description="target")
+    def target(self, obj: AuditEntry) -> str:
+        from django.apps import apps
+
+        label = self.TARGET_MODELS.get(obj.target_type, obj.target_type)
+        try:
+            model = apps.get_model(label) if "." in label else None
+        except LookupError:
+            model = None
+        target = model._default_manager.filter(pk=obj.target_id).first() if model is not None else None
+        return link(target, obj.target_id) if target is not None else obj.target_id
+
+
+admin.site.site_header = "Tally back office"
+admin.site.site_title = "Tally back office"
+admin.site.index_title = "Wallets, payments, webhooks and the audit log"

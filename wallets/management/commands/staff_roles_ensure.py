@@ -1,0 +1,31 @@
+"""Create or repair the back-office role groups (viewer, operator, finance) in every active
+tenant, or one: for tenants created before the roles existed (new tenants get them at
+creation). Idempotent. Run after `migrate_schemas` (the permissions must exist)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django_tenants.utils import schema_context
+
+from tenants.selectors import tenant_schemas_active
+from wallets.services.roles import staff_roles_ensure
+
+
+class Command(BaseCommand):
+    help = "Create or repair the viewer/operator/finance groups in every active tenant (or --tenant X)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tenant", help="one tenant schema")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        schemas = tenant_schemas_active()
+        if options["tenant"]:
+            if options["tenant"] not in schemas:
+                raise CommandError(f"no active tenant {options['tenant']!r}")
+            schemas = [options["tenant"]]
+        for schema in schemas:
+            with schema_context(schema):
+                groups = staff_roles_ensure()
+            self.stdout.write(f"{schema}: {', '.join(sorted(groups))}")

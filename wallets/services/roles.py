@@ -1,0 +1,74 @@
+"""Back-office roles (Django groups with permissions) and staff logins, per tenant schema.
+
+- viewer:   sees everything in the tenant admin, changes nothing.
+- operator: viewer + freeze/unfreeze wallets, rotate/revoke API keys, redeliver events and
+            webhooks, enable/disable webhook endpoints, refund payments, switch a face's
+            idempotency mode.
+- finance:  viewer + refunds, adjustments (proposing; above the threshold a second staff
+            member approves), approving or rejecting another member's adjustment.
+A tenant's superuser (the demo `admin`) has every permission.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.db import transaction
+from django.db.models import Q
+
+from wallets.models import StaffMember
+
+TENANT_APP_LABELS = ("wallets", "payments", "idempotency", "webhooks")
+
+ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
+    "viewer": (),
+    "operator": (
+        "wallets.freeze_account", "wallets.manage_apikey", "payments.requeue_outboxevent", "webhooks.redeliver_webhookdelivery",
+        "webhooks.manage_webhookendpoint", "payments.refund_payment", "idempotency.switch_idempotency_mode",
+    ),
+    "finance": ("payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment"),
+}
+ROLES = tuple(ROLE_PERMISSIONS)
+
+
+def _permissions(names: tuple[str, ...]) -> list[Permission]:
+    wanted = Q(pk__in=[])
+    for name in names:
+        app_label, codename = name.split(".")
+        wanted |= Q(content_type__app_label=app_label, codename=codename)
+    found = list(Permission.objects.filter(wanted))
+    if len(found) != len(names):
+        missing = set(names) - {f"{p.content_type.app_label}.{p.codename}" for p in found}
+        raise LookupError(f"permissions not migrated yet: {sorted(missing)}")
+    return found
+
+
+@transaction.atomic
+def staff_roles_ensure() -> dict[str, Group]:
+    """Create or repair the role groups of the current tenant schema (idempotent; run by
+    the seed and by tenant creation). Locks: none beyond the rows it writes."""
+    view_all = list(Permission.objects.filter(content_type__app_label__in=TENANT_APP_LABELS, codename__startswith="view_"))
+    groups: dict[str, Group] = {}
+    for role, extra in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        group.permissions.set(view_all + _permissions(extra))
+        groups[role] = group
+    return groups
+
+
+@transaction.atomic
+def staff_login_ensure(*, username: str, password: str, role: str | None = None, superuser: bool = False) -> StaffMember:
+    """A staff login in the current schema with this password, set on every call (so the
+    password printed by `make run` is the one that works), in `role`'s group, with its
+    StaffMember (the principal its actions are recorded as). Locks: the user row."""
+    user_model = get_user_model()
+    user, _ = user_model.objects.get_or_create(username=username)
+    user.is_staff = True
+    user.is_superuser = superuser
+    user.is_active = True
+    user.set_password(password)
+    user.save()
+    if role is not None:
+        user.groups.set([staff_roles_ensure()[role]])
+    staff, _ = StaffMember.objects.get_or_create(user=user)
+    return staff
