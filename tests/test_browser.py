@@ -2,7 +2,8 @@
 serving the demo tenant that `make run` seeds, logged in with the login the seed prints.
 
 Opens a payment, refunds part of it through the admin's staff action (confirmation page),
-sees the refund and its audit entry, and checks the admin's CSS loaded (whitenoise).
+sees the refund and its audit entry, runs a reconciliation from the dashboard and sees its
+charts render, and checks the admin's CSS loaded (whitenoise).
 Screenshots go to var/artifacts/browser/ (the path is printed)."""
 
 from __future__ import annotations
@@ -44,7 +45,12 @@ def test_staff_refund_in_the_browser(seeded_demo: dict[str, Any], django_db_bloc
     static_collect(static_root=static_root)
     host = django_settings.TALLY_DEMO_DOMAIN
     payment_id = seeded_demo["payment"]
-    with gunicorn_running(static_root=static_root, log=shots / "gunicorn.log") as port, browser_page(host_map={host: "127.0.0.1"}) as page:
+    # Eager Celery: "Run now" runs the reconciliation on commit inside the request, as a
+    # worker would moments later (no worker process in this test).
+    with (
+        gunicorn_running(static_root=static_root, log=shots / "gunicorn.log", CELERY_TASK_ALWAYS_EAGER="true") as port,
+        browser_page(host_map={host: "127.0.0.1"}) as page,
+    ):
         base = f"http://{host}:{port}"
         css: list[tuple[str, int]] = []
         page.on("response", lambda r: css.append((r.url, r.status)) if r.url.endswith(".css") else None)
@@ -80,6 +86,16 @@ def test_staff_refund_in_the_browser(seeded_demo: dict[str, Any], django_db_bloc
         entry_page = page.content()
         screenshot(page, shots, "06-audit-entry")
         assert stylesheet_loaded(page, "/static/admin/css/base.css")
+
+        page.goto(f"{base}/admin/reconciliation/reconciliationrun/dashboard/")
+        page.click("#reconciliation-run-now button")
+        page.wait_for_selector("#latest-run-status")
+        screenshot(page, shots, "07-reconciliation-dashboard")
+        assert page.inner_text("#latest-run-status").strip() and page.locator("#findings-by-kind").count() == 1
+        widths = page.evaluate("[...document.querySelectorAll('svg.tally-chart')].map(c => c.getBoundingClientRect().width)")
+        assert widths and all(width > 100 for width in widths), widths  # drawn, not collapsed
+        assert page.locator("#volume-charts svg.tally-chart").count() >= 1
+        assert stylesheet_loaded(page, "/static/admin/css/base.css")
     # The browser's event loop is closed: the ORM may run again.
     with django_db_blocker.unblock(), schema_context(DEMO_SCHEMA):
         refund = Refund.objects.get(payment_id=payment_id)
@@ -88,7 +104,7 @@ def test_staff_refund_in_the_browser(seeded_demo: dict[str, Any], django_db_bloc
     assert refund.pk in body and refund.pk in entry_page and entry.actor == "user:admin" and entry.via == "admin"
     assert sorted(p.name for p in shots.glob("*.png")) == [
         "01-admin-index.png", "02-payment.png", "03-refund-confirmation.png", "04-payment-refunded.png", "05-audit-log.png",
-        "06-audit-entry.png",
+        "06-audit-entry.png", "07-reconciliation-dashboard.png",
     ]
 
 
