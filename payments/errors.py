@@ -6,12 +6,19 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar
 
-from wallets.errors import InvalidState, NotPermitted
+from wallets.errors import BusinessRefusal, InvalidRequest, InvalidState, NotPermitted, Unavailable
 
 
 class PaymentErrorCode(StrEnum):
     REFUND_WINDOW_CLOSED = "refund_window_closed"
     CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED = "charge_by_customer_id_not_permitted"
+    CARD_DECLINED = "card_declined"
+    PSP_UNAVAILABLE = "psp_unavailable"
+    PSP_NOT_CONFIGURED = "psp_not_configured"
+    ASSET_NOT_TOP_UPABLE = "asset_not_top_upable"
+    SIGNATURE_INVALID = "signature_invalid"
+    SIGNATURE_STALE = "signature_timestamp_out_of_tolerance"
+    EVENT_INVALID = "event_invalid"
 
 
 class RefundWindowClosed(InvalidState):
@@ -32,3 +39,42 @@ class ChargeByCustomerIdNotPermitted(NotPermitted):
             "this merchant may not charge the customer by id: use the customer's payment token, or ask the customer for a mandate",
             param="customer",
         )
+
+
+class CardDeclined(BusinessRefusal):
+    """The PSP declined the card (SPEC 5: a 402, stored and replayed)."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.CARD_DECLINED
+
+
+class PspUnavailable(Unavailable):
+    """No answer from the PSP (timeout, 5xx): the outcome is unknown. Retryable with the
+    same key (the PSP dedupes on it); the recovery task converges it meanwhile."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PSP_UNAVAILABLE
+    retryable = True
+    retry_after_seconds = 2
+
+
+class PspNotConfigured(Unavailable):
+    """The tenant has no active card gateway."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PSP_NOT_CONFIGURED
+
+
+class AssetNotTopUpable(InvalidRequest):
+    """Card top-ups buy money: the main or a regional currency, never points or carbon credits."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.ASSET_NOT_TOP_UPABLE
+
+
+class PspSignatureInvalid(InvalidRequest):
+    code: ClassVar[StrEnum] = PaymentErrorCode.SIGNATURE_INVALID
+
+
+class PspSignatureStale(InvalidRequest):
+    code: ClassVar[StrEnum] = PaymentErrorCode.SIGNATURE_STALE
+
+
+class PspEventInvalid(InvalidRequest):
+    code: ClassVar[StrEnum] = PaymentErrorCode.EVENT_INVALID
