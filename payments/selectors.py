@@ -245,9 +245,12 @@ def topups_pending_count() -> int:
 def topups_refund_due(*, limit: int = 100) -> list[TopUp]:
     """Top-ups the PSP charged that could not be credited (cap, frozen) and whose card
     refund has not been made yet."""
-    return list(
-        TopUp.objects.filter(status=TopUpStatus.FAILED, psp_refund_reference="").exclude(psp_reference="").order_by("created")[:limit]
-    )
+    due = TopUp.objects.filter(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES, psp_refund_reference="")
+    return list(due.exclude(psp_reference="").order_by("created")[:limit])
+
+
+# A top-up failed with one of these was charged by the PSP, then refused by us (and refunded).
+CHARGED_THEN_REFUSED_CODES = ("cap_exceeded", "wallet_frozen")
 
 
 @dataclass(frozen=True)
@@ -265,7 +268,8 @@ def topup_settlement_lines(*, day: date, gateway: str | None = None) -> list[Top
     reconciliation of internal vs PSP settlement: every charged top-up, credited or
     refunded (cap, frozen) afterwards."""
     start = datetime.combine(day, time.min, tzinfo=UTC)
-    topups = TopUp.objects.filter(psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1)).exclude(psp_reference="")
+    charged = Q(status=TopUpStatus.SUCCEEDED) | Q(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES)
+    topups = TopUp.objects.filter(charged, psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1)).exclude(psp_reference="")
     if gateway is not None:
         topups = topups.filter(gateway=gateway)
     return [
