@@ -16,7 +16,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import date
-from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
@@ -30,7 +29,7 @@ from payments.errors import (
     PspUnavailable,
 )
 from payments.gateways import metrics
-from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayUnavailable
+from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayUnavailable, PspEvent
 from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
@@ -295,26 +294,30 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
 
 
 @atomic_service(operation="psp_webhook_apply")
-def _event_apply(*, gateway_name: str, event: Any) -> str:
-    """One transaction: the event marker (unique per gateway and event id; a concurrent
-    duplicate waits on it, then finds it), then the effect. Locks: the marker's unique
-    index entry, then the top-up row and balance rows (topup_settle)."""
-    try:
-        with transaction.atomic():
-            marker = PspWebhookEvent.objects.create(gateway=gateway_name, event_id=event.id[:255], type=event.type[:100], outcome="applied")
-    except IntegrityError:
-        return "duplicate"
-    outcome = "ignored"
-    if event.kind in ("charge_succeeded", "charge_failed") and event.reference and TopUp.objects.filter(pk=event.reference).exists():
-        result = ChargeResult(
-            status="succeeded" if event.kind == "charge_succeeded" else "failed", psp_reference=event.psp_reference,
-            amount=event.amount, currency=event.currency, failure_code=event.failure_code, created=event.created,
-        )
-        topup_settle(topup_id=event.reference, result=result)
-        outcome = "applied"
-    marker.outcome = outcome
-    marker.save(update_fields=["outcome"])
-    return outcome
+def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
+    """One transaction (a savepoint when called inside another, so a failure takes the
+    marker with it either way): the event marker (unique per gateway and event id; a
+    concurrent duplicate waits on it, then finds it), then the effect. Locks: the
+    marker's unique index entry, then the top-up row and balance rows (topup_settle)."""
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                marker = PspWebhookEvent.objects.create(
+                    gateway=gateway_name, event_id=event.id[:255], type=event.type[:100], outcome="applied"
+                )
+        except IntegrityError:
+            return "duplicate"
+        outcome = "ignored"
+        if event.kind in ("charge_succeeded", "charge_failed") and event.reference and TopUp.objects.filter(pk=event.reference).exists():
+            result = ChargeResult(
+                status="succeeded" if event.kind == "charge_succeeded" else "failed", psp_reference=event.psp_reference,
+                amount=event.amount, currency=event.currency, failure_code=event.failure_code, created=event.created,
+            )
+            topup_settle(topup_id=event.reference, result=result)
+            outcome = "applied"
+        marker.outcome = outcome
+        marker.save(update_fields=["outcome"])
+        return outcome
 
 
 # --- Settlement ----------------------------------------------------------------------------
