@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import pytest
+from cryptography.exceptions import InvalidTag
 from django.db import connection
 from django.test import Client
 
@@ -187,7 +188,7 @@ def test_gateway_credentials_are_sealed_at_rest(tenant: Tenant) -> None:
     assert b"sk_sim_secret_value" not in raw_key and b"whsec" not in raw_secrets
     assert gateway_secret_key(account=account) == "sk_sim_secret_value" and gateway_webhook_secrets(account=account) == SECRETS
     # Bound to its tenant, gateway and field: copied elsewhere it does not open.
-    with pytest.raises(Exception):  # noqa: B017, PT011 - cryptography's InvalidTag
+    with pytest.raises(InvalidTag):
         credential_unseal(sealed=raw_key, schema="test_b", gateway="simulator", field="secret_key")
-    with pytest.raises(Exception):  # noqa: B017, PT011
+    with pytest.raises(InvalidTag):
         credential_unseal(sealed=raw_key, schema=TENANT_A["schema_name"], gateway="simulator", field="webhook_secrets")
