@@ -125,7 +125,8 @@ class StripeGateway:
             if txn.type not in ("charge", "payment", "refund"):
                 continue
             source = txn.source
-            metadata = getattr(source, "metadata", None) or {}
+            raw_metadata = getattr(source, "metadata", None)
+            metadata = raw_metadata.to_dict() if hasattr(raw_metadata, "to_dict") else dict(raw_metadata or {})
             intent = getattr(source, "payment_intent", None) or getattr(source, "id", "")
             lines.append(
                 SettlementLine(
