@@ -125,8 +125,8 @@ class StripeGateway:
             if txn.type not in ("charge", "payment", "refund"):
                 continue
             source = txn.source
-            raw_metadata = getattr(source, "metadata", None)
-            metadata = raw_metadata.to_dict() if hasattr(raw_metadata, "to_dict") else dict(raw_metadata or {})
+            raw_metadata: Any = getattr(source, "metadata", None) or {}
+            metadata = raw_metadata.to_dict() if hasattr(raw_metadata, "to_dict") else dict(raw_metadata)
             intent = getattr(source, "payment_intent", None) or getattr(source, "id", "")
             lines.append(
                 SettlementLine(
