@@ -406,7 +406,8 @@ def serve(*, host: str, port: int, accounts_file: str | None = None) -> None:
         try:
             with open(accounts_file, encoding="utf-8") as fh:
                 for api_key, endpoints in json.load(fh).items():
-                    sim.account(api_key).endpoints = [{"url": str(e["url"]), "secret": str(e["secret"])} for e in endpoints]
+                    if isinstance(endpoints, list):
+                        sim.account(api_key).endpoints = [{"url": str(e["url"]), "secret": str(e["secret"])} for e in endpoints]
         except FileNotFoundError:
             pass
     server = ThreadingHTTPServer((host, port), _make_handler(sim))
