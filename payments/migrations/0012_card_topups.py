@@ -37,6 +37,10 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['-received', '-id'],
+                # Inside CreateModel, not a later AddConstraint: tenants cloned from the
+                # template schema carry this unique constraint under another name, so a
+                # reverse migration must drop the table, never the constraint by name.
+                'constraints': [models.UniqueConstraint(fields=('gateway', 'event_id'), name='psp_webhook_event_unique')],
             },
         ),
         migrations.AddField(
@@ -71,9 +75,5 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='gatewayaccount',
             constraint=models.UniqueConstraint(condition=models.Q(('active', True)), fields=('active',), name='gateway_account_one_active'),
-        ),
-        migrations.AddConstraint(
-            model_name='pspwebhookevent',
-            constraint=models.UniqueConstraint(fields=('gateway', 'event_id'), name='psp_webhook_event_unique'),
         ),
     ]
