@@ -34,7 +34,7 @@ from payments.api import serializers as s
 from payments.api.errors import envelope, http_status_of
 from payments.gateways import metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
-from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_snapshot
+from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
 from payments.idempotency.services import (
     Executed,
     IdempotencyContext,
@@ -44,9 +44,9 @@ from payments.idempotency.services import (
     idempotency_lease_takeover,
 )
 from payments.models import TopUp, TopUpStatus
-from payments.selectors import topups_pending_stale
+from payments.selectors import topup_get, topups_pending_stale
 from payments.services import card_topups
-from wallets.errors import BusinessRefusal, TallyError
+from wallets.errors import BusinessRefusal, NotFound, TallyError
 
 logger = logging.getLogger("tally.topups")
 
@@ -67,7 +67,7 @@ def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: s
 def topup_saga_charge(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
     """Step 2 (no transaction open): refuse early or charge the card; returns step 3/4, to
     run inside the fenced completion. Raises PspUnavailable when the PSP's answer is unknown."""
-    topup = TopUp.objects.get(pk=topup_id)
+    topup = topup_get(topup_id=topup_id)
     if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
         return lambda: topup_answer(**_outcome(topup_id), request_id=request_id)
     refusal = card_topups.topup_refusal_check(topup=topup)
@@ -100,8 +100,9 @@ def _call_of(record: IdempotencyRecord) -> IdempotentCall:
 
 def _resolve(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) -> str:
     """Ask the PSP again with the same key and complete the record. Returns the outcome."""
-    topup = TopUp.objects.filter(pk=topup_id).first()
-    if topup is None:  # the claim died before its top-up committed: nothing was charged
+    try:
+        topup = topup_get(topup_id=topup_id)
+    except NotFound:  # the claim died before its top-up committed: nothing was charged
         return "unavailable"
     if topup.status == TopUpStatus.PENDING:
         try:
@@ -164,8 +165,9 @@ def topup_recovery_run(*, limit: int = 100) -> dict[str, int]:
         )
         if ctx is None:
             continue  # a live lease: its holder is still at work
-        record = IdempotencyRecord.objects.get(pk=int(ctx.record_id or 0))
-        count(_resolve(ctx=ctx, call=_call_of(record), topup_id=topup.pk))
+        taken = idempotency_record_get(principal_id=topup.claim_principal_id, key=topup.claim_key)
+        if taken is not None:
+            count(_resolve(ctx=ctx, call=_call_of(taken), topup_id=topup.pk))
 
     counts["refunded"] = card_topups.topup_refunds_run(limit=limit)
     card_topups.topups_pending_gauge_refresh()

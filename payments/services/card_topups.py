@@ -35,7 +35,13 @@ from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
 from payments.locks import topup_lock
 from payments.models import GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
-from payments.selectors import gateway_account_active, gateway_account_get, topup_settlement_lines
+from payments.selectors import (
+    gateway_account_active,
+    gateway_account_get,
+    topup_settlement_lines,
+    topups_pending_count,
+    topups_refund_due,
+)
 from payments.services.outbox import outbox_event_create
 from payments.services.topups import topup_credit
 from tenants.selectors import tenant_current, tenant_rate
@@ -88,7 +94,7 @@ def topup_pending_ensure(
 
     Refuses (nothing written) a non-currency asset, a bad amount, a tenant without an
     active gateway. Locks: none (the claim row is the caller's)."""
-    existing = TopUp.objects.filter(pk=topup_id).first()
+    existing = TopUp.objects.filter(pk=topup_id).first()  # takeover: the claim's top-up is already written
     if existing is not None:
         return existing
     minor = amount_to_minor(amount)
@@ -221,8 +227,6 @@ def topup_refunds_run(*, limit: int = 50) -> int:
     """Give back the card money of top-ups charged but not credited (cap, frozen): a PSP
     refund with the key `<top-up id>:refund`, then the reference recorded. Returns how
     many were refunded. Locks: each top-up row, briefly, to record the refund."""
-    from payments.selectors import topups_refund_due
-
     done = 0
     for topup in topups_refund_due(limit=limit):
         try:
@@ -246,8 +250,6 @@ def _refund_record(*, topup_id: str, reference: str) -> None:
 
 
 def topups_pending_gauge_refresh() -> int:
-    from payments.selectors import topups_pending_count
-
     count = topups_pending_count()
     metrics.TOPUPS_PENDING.labels(tenant=str(getattr(connection, "schema_name", "public"))).set(count)
     return count
