@@ -293,7 +293,7 @@ def test_web_killed_between_the_charge_and_the_completion_is_recovered_once(live
 
 
 def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(live: Live, live_tenant: Tenant, settings: Any) -> None:
-    settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 4.0  # the first attempt stalls after the charge
+    settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 8.0  # the first attempt stalls after the charge (long: a loaded machine)
     idem = uuid.uuid4().hex
     box: dict[str, Any] = {}
 

@@ -192,3 +192,18 @@ def test_gateway_credentials_are_sealed_at_rest(tenant: Tenant) -> None:
         credential_unseal(sealed=raw_key, schema="test_b", gateway="simulator", field="secret_key")
     with pytest.raises(InvalidTag):
         credential_unseal(sealed=raw_key, schema=TENANT_A["schema_name"], gateway="simulator", field="webhook_secrets")
+
+
+def test_the_operator_chooses_the_gateway_with_secrets_from_the_environment(tenant: Tenant, monkeypatch: Any) -> None:
+    from django.core.management import CommandError, call_command
+
+    monkeypatch.setenv("TALLY_PSP_SECRET_KEY", "sk_test_from_env")
+    monkeypatch.setenv("TALLY_PSP_WEBHOOK_SECRETS", "whsec_a, whsec_b")
+    call_command("gateway_account_set", "--schema", tenant.schema_name, "--gateway", "stripe")
+    connection.set_tenant(tenant)
+    account = GatewayAccount.objects.get(active=True)
+    assert account.gateway == "stripe" and account.api_base == "https://api.stripe.com"
+    assert gateway_secret_key(account=account) == "sk_test_from_env" and gateway_webhook_secrets(account=account) == ["whsec_a", "whsec_b"]
+    monkeypatch.setenv("TALLY_PSP_WEBHOOK_SECRETS", "")
+    with pytest.raises(CommandError, match="webhook secret"):
+        call_command("gateway_account_set", "--schema", tenant.schema_name, "--gateway", "stripe")
