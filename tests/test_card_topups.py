@@ -395,3 +395,37 @@ def test_the_psps_daily_settlement_report_matches_our_top_ups(live_tenant: Tenan
         TopUp.objects.filter(customer=customer, amount=300).update(psp_reference="ch_not_ours")
         broken = topup_settlement_compare(day=day)
         assert not broken.balanced and len(broken.missing_here) == 1 and len(broken.missing_at_psp) == 1
+
+
+# --- Charged, then refused by us: refunded ------------------------------------------------------
+
+
+def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant: Tenant, psp_simulator: Simulator, monkeypatch: Any) -> None:
+    from payments.services import card_topups
+    from wallets.models import Asset
+
+    psp_key = psp_account_configure(psp_simulator)
+    Asset.objects.filter(code="JPY").update(cap=1_500)
+    customer = customer_create(name="Near cap")
+    key = api_key_create(principal=customer)[1]
+    # The early check passes (as if the balance grew between it and the credit: a race).
+    monkeypatch.setattr(card_topups, "topup_refusal_check", lambda **kwargs: None)
+    client = Client(HTTP_HOST=TENANT_A["domain"])
+    idem = uuid.uuid4().hex
+    body = json.dumps({"asset": "JPY", "amount": 2_000, "payment_method": "pm_card_visa"})
+    r = client.post("/v1/customer/topups", data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}",
+                    HTTP_IDEMPOTENCY_KEY=idem)
+    assert r.status_code == 402 and r.json()["error"]["code"] == "cap_exceeded"
+    topup = TopUp.objects.get(customer=customer)
+    assert topup.status == "failed" and topup.failure_code == "cap_exceeded" and topup.psp_reference
+    assert LedgerTransaction.objects.filter(reference=topup.pk).count() == 0
+    assert account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0] == 0
+    # The card was charged: the recovery gives the money back, once.
+    assert card_topups.topup_refunds_run() == 1 and card_topups.topup_refunds_run() == 0
+    topup.refresh_from_db()
+    assert topup.psp_refund_reference.startswith("re_")
+    state = psp_simulator.state()["accounts"][psp_key]
+    assert [(rf["charge"], rf["amount"]) for rf in state["refunds"]] == [(topup.psp_reference, 2_000)]
+    replay = client.post("/v1/customer/topups", data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}",
+                         HTTP_IDEMPOTENCY_KEY=idem)
+    assert replay.status_code == 402 and replay.content == r.content

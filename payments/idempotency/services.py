@@ -687,7 +687,7 @@ def idempotency_complete(
 
 def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCall, produce: Callable[[], Executed]) -> Executed | None:
     """Fenced completion whose final writes and response come from `produce`, all in ONE
-    transaction: lock the record and check our fence (`idempotency_fence_assert`), run
+    transaction: lock the record and check our fence (and that it is still in flight), run
     `produce()` (the holder's final writes; it returns the response to store: 2xx or 402),
     then the compare-and-set that stores it. Returns what `produce` returned, or None if the
     fence moved (our lease was taken over): then nothing `produce` wrote is kept.
@@ -697,7 +697,12 @@ def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCa
     assert ctx.record_id is not None
 
     def write() -> Executed:
-        idempotency_fence_assert(record_id=ctx.record_id or 0, fence=ctx.fence)
+        with connection.cursor() as cursor:  # lock the record; ours only while in flight under our fence
+            cursor.execute(
+                "SELECT 1 FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight' FOR UPDATE", [ctx.record_id, ctx.fence]
+            )
+            if cursor.fetchone() is None:
+                raise StaleFence(f"record {ctx.record_id}: fence {ctx.fence} is no longer current")
         executed = produce()
         if disposition_for_status(executed.response.status) is not Disposition.STORE:
             raise ValueError(f"a produced completion must be stored (2xx or 402), not {executed.response.status}")
