@@ -429,3 +429,38 @@ def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant:
     replay = client.post("/v1/customer/topups", data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}",
                          HTTP_IDEMPOTENCY_KEY=idem)
     assert replay.status_code == 402 and replay.content == r.content
+
+
+def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: Live) -> None:
+    """The process died right after the claim committed: no charge exists. The recovery
+    charges with the same key (the customer asked for it; the PSP dedupes if the dead
+    attempt's call did get through) and completes the answer the client's retry replays."""
+    from payments.api import topup_saga
+    from payments.idempotency.canonical import fingerprint_compute
+    from payments.idempotency.selectors import IdempotencyPolicy
+    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from payments.services.card_topups import topup_pending_ensure
+
+    idem = uuid.uuid4().hex
+    raw = json.dumps(visa(1300)).encode()
+    call = IdempotentCall(
+        principal_id=live.customer.pk, key=idem, scope="customer", request_id="req_dead",
+        fingerprint=fingerprint_compute(method="POST", path="/v1/customer/topups", principal_id=live.customer.pk, body=raw),
+        method="POST", path="/v1/customer/topups",
+    )
+
+    def on_claim(ctx: Any) -> None:
+        topup_pending_ensure(topup_id=ctx.minted[topup_saga.MINT_NAME], customer=live.customer, asset_code="JPY", amount=1300,
+                             payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=idem)
+
+    claim = idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim)
+    assert isinstance(claim, Claim) and live.charges() == []
+    time.sleep(1.2)
+    topup_id = claim.context.minted["topup"]
+    recover(until=lambda: TopUp.objects.get(pk=topup_id).status != "pending")
+    assert live.credits(topup_id) == 1 and live.balance() == 1300 and len(live.charges()) == 1
+    replay = Client(HTTP_HOST=TENANT_A["domain"]).post(
+        "/v1/customer/topups", data=raw, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {live.key}", HTTP_IDEMPOTENCY_KEY=idem
+    )
+    assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == topup_id
+    assert replay["Original-Request"] == "req_dead"
