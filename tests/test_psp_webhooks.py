@@ -207,3 +207,17 @@ def test_the_operator_chooses_the_gateway_with_secrets_from_the_environment(tena
     monkeypatch.setenv("TALLY_PSP_WEBHOOK_SECRETS", "")
     with pytest.raises(CommandError, match="webhook secret"):
         call_command("gateway_account_set", "--schema", tenant.schema_name, "--gateway", "stripe")
+
+
+def test_event_markers_are_kept_30_days_then_purged(pending: TopUp) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.services.card_topups import psp_webhook_events_purge
+
+    body = event(pending)
+    assert send(body).json()["outcome"] == "applied"
+    assert psp_webhook_events_purge() == 0
+    PspWebhookEvent.objects.update(received=timezone.now() - timedelta(days=31))
+    assert psp_webhook_events_purge(batch_size=1) == 1 and not PspWebhookEvent.objects.exists()

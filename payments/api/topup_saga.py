@@ -16,7 +16,8 @@ the inline request and the recovery task store the same rendering of the same ou
 5. `topup_recovery_run` (Celery beat, per tenant): in-flight top-up records whose lease
    expired, and pending top-ups whose last attempt failed or left no record, are taken
    over (fence + 1), the PSP is asked again with the same key, and the outcome is
-   completed as in 3/4. Then card refunds of charged-but-uncredited top-ups.
+   completed as in 3/4. Then card refunds of charged-but-uncredited top-ups, and the
+   purge of inbound PSP event markers past their 30-day retention.
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ def topup_recovery_run(*, limit: int = 100) -> dict[str, int]:
             count(_resolve(ctx=ctx, call=_call_of(taken), topup_id=topup.pk))
 
     counts["refunded"] = card_topups.topup_refunds_run(limit=limit)
+    counts["webhook_markers_purged"] = card_topups.psp_webhook_events_purge()
     card_topups.topups_pending_gauge_refresh()
     return counts
 

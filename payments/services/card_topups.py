@@ -15,9 +15,10 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import date, timedelta
 
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from payments.errors import (
     AssetNotTopUpable,
@@ -320,6 +321,28 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
         marker.outcome = outcome
         marker.save(update_fields=["outcome"])
         return outcome
+
+
+# Providers retry an event for days (Stripe: up to 3); a marker older than this can no
+# longer meet its duplicate.
+PSP_WEBHOOK_EVENT_RETENTION_DAYS = 30
+
+
+def psp_webhook_events_purge(*, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000) -> int:
+    """Delete inbound event markers past retention, in batches (each its own short
+    transaction). Returns how many went. Locks: each batch's rows (SKIP LOCKED)."""
+    horizon = timezone.now() - timedelta(days=older_than_days)
+    total = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                PspWebhookEvent.objects.select_for_update(skip_locked=True).filter(received__lt=horizon)
+                .order_by("received").values_list("pk", flat=True)[:batch_size]
+            )
+            deleted = PspWebhookEvent.objects.filter(pk__in=ids).delete()[0] if ids else 0
+        total += deleted
+        if deleted < batch_size:
+            return total
 
 
 # --- Settlement ----------------------------------------------------------------------------
