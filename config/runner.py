@@ -49,13 +49,22 @@ def main() -> int:
         merchant_id=seeded["ids"]["merchant"], url=f"http://127.0.0.1:{receiver_port}/webhooks", state_file=VAR / "demo_webhook.json"
     )
     os.environ["TALLY_WEBHOOK_SECRET"] = hook["secret"]  # for the receiver process only
+    # Card top-ups: the PSP simulator the Procfile starts is the demo tenant's gateway.
+    from payments.demo import demo_psp_ensure
+
+    psp_port = os.environ.setdefault("TALLY_PSP_PORT", "8766")
+    web_port = os.environ.get("PORT", "8000")
+    psp = demo_psp_ensure(
+        psp_url=f"http://127.0.0.1:{psp_port}", webhook_url=f"http://{settings.TALLY_DEMO_DOMAIN}:{web_port}/v1/psp/webhooks/simulator",
+        state_file=VAR / "psp_simulator.json",
+    )
 
     port = os.environ.get("PORT", "8000")
     demo = settings.TALLY_DEMO_DOMAIN
     lines = [
         "",
-        "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver; the PSP simulator joins with the"
-        " card top-up work). Ctrl-C stops everything.",
+        "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver, the PSP simulator)."
+        " Ctrl-C stops everything.",
         f"  admin (demo tenant):  http://{demo}:{port}/admin/   user admin / {seeded['admin_password']}",
         "                        (also viewer, operator, finance, finance2: one per role, same password; set on every run)",
         f"  admin (platform):     http://{settings.TALLY_PUBLIC_DOMAIN}:{port}/admin/   user admin / same password"
@@ -64,6 +73,8 @@ def main() -> int:
         f"  readiness:            curl -H 'Host: {demo}' http://127.0.0.1:{port}/readyz",
         f"  webhooks:             the demo merchant's endpoint {hook['endpoint']} -> http://127.0.0.1:{receiver_port}/webhooks"
         " (the `receiver` lines below print each event it gets)",
+        f"  PSP simulator:        http://127.0.0.1:{psp_port}  (card top-ups: pm_card_visa, pm_card_declined; faults: POST /_control/faults;"
+        f" it signs webhooks to {psp['webhook_url']})",
         "  demo keys (Authorization: Bearer <key>):",
     ]
     lines += [f"    {label:<16} {key}" for label, key in seeded["keys"].items()]

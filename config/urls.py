@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from payments.api.psp_webhooks import PspWebhookView
 from tenants.admin import admin_sites_split
 
 admin_sites_split()  # public-schema models belong to the platform admin only
@@ -15,6 +16,8 @@ urlpatterns = [
     path("v1/docs", SpectacularRedocView.as_view(url_name="schema"), name="docs"),
     path("v1/docs/swagger", SpectacularSwaggerView.as_view(url_name="schema"), name="docs-swagger"),
     path("v1/", include("config.api_urls")),  # the four faces, one router each
+    # Inbound PSP webhooks (signed by the PSP, no API key): payments/api/psp_webhooks.py.
+    path("v1/psp/webhooks/<str:gateway>", PspWebhookView.as_view(), name="psp-webhook"),
 ]
 
 # Errors that never reach a DRF view (unknown route or tenant host, crashes outside a

@@ -108,3 +108,22 @@ def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:
             staff=staff, customer=customer, asset_code=main_currency, amount=DEMO_STARTING_BALANCES[label],
             direction="credit", reason=DEMO_FUNDING_REASON,
         )
+
+
+def demo_psp_ensure(*, psp_url: str, webhook_url: str, state_file: Path) -> dict[str, str]:
+    """`make run`: make the PSP simulator the demo tenant's card gateway, once.
+
+    The simulator account's API key and webhook secret are kept in `state_file` (var/,
+    0600); the simulator reads the same file at start to know where to send the demo
+    tenant's signed webhooks. Returns {"api_key", "webhook_url"}."""
+    from payments.services.card_topups import gateway_account_set
+    from wallets.ids import random_token
+
+    saved: dict[str, Any] = json.loads(state_file.read_text()) if state_file.exists() else {}
+    api_key = str(saved.get("api_key") or f"sk_sim_{random_token(16)}")
+    secret = str(saved.get("webhook_secret") or f"whsec_{random_token(24)}")
+    with schema_context(DEMO_SCHEMA):
+        gateway_account_set(gateway="simulator", api_base=psp_url, secret_key=api_key, webhook_secrets=[secret])
+    state_file.write_text(json.dumps({"api_key": api_key, "webhook_secret": secret, api_key: [{"url": webhook_url, "secret": secret}]}))
+    state_file.chmod(0o600)
+    return {"api_key": api_key, "webhook_url": webhook_url}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar
 
-from wallets.errors import InvalidState, NotPermitted
+from wallets.errors import BusinessRefusal, InvalidRequest, InvalidState, NotPermitted, Unavailable
 
 
 class PaymentErrorCode(StrEnum):
@@ -14,6 +14,15 @@ class PaymentErrorCode(StrEnum):
     CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED = "charge_by_customer_id_not_permitted"
     APPROVER_IS_MAKER = "approver_is_maker"
     ADJUSTMENT_APPROVAL_REQUIRED = "adjustment_approval_required"
+
+
+    CARD_DECLINED = "card_declined"
+    PSP_UNAVAILABLE = "psp_unavailable"
+    PSP_NOT_CONFIGURED = "psp_not_configured"
+    ASSET_NOT_TOP_UPABLE = "asset_not_top_upable"
+    SIGNATURE_INVALID = "signature_invalid"
+    SIGNATURE_STALE = "signature_timestamp_out_of_tolerance"
+    EVENT_INVALID = "event_invalid"
 
 
 class RefundWindowClosed(InvalidState):
@@ -58,3 +67,42 @@ class AdjustmentApprovalRequired(NotPermitted):
             " where a second staff member approves it",
             param="amount",
         )
+
+
+class CardDeclined(BusinessRefusal):
+    """The PSP declined the card (SPEC 5: a 402, stored and replayed)."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.CARD_DECLINED
+
+
+class PspUnavailable(Unavailable):
+    """No answer from the PSP (timeout, 5xx): the outcome is unknown. Retryable with the
+    same key (the PSP dedupes on it); the recovery task converges it meanwhile."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PSP_UNAVAILABLE
+    retryable = True
+    retry_after_seconds = 2
+
+
+class PspNotConfigured(Unavailable):
+    """The tenant has no active card gateway."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PSP_NOT_CONFIGURED
+
+
+class AssetNotTopUpable(InvalidRequest):
+    """Card top-ups buy money: the main or a regional currency, never points or carbon credits."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.ASSET_NOT_TOP_UPABLE
+
+
+class PspSignatureInvalid(InvalidRequest):
+    code: ClassVar[StrEnum] = PaymentErrorCode.SIGNATURE_INVALID
+
+
+class PspSignatureStale(InvalidRequest):
+    code: ClassVar[StrEnum] = PaymentErrorCode.SIGNATURE_STALE
+
+
+class PspEventInvalid(InvalidRequest):
+    code: ClassVar[StrEnum] = PaymentErrorCode.EVENT_INVALID

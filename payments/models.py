@@ -153,11 +153,20 @@ class TopUp(models.Model):
     psp_reference = models.CharField(max_length=200, blank=True, default="")
     failure_code = models.CharField(max_length=50, blank=True, default="")
     ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    # The card saga (payments/api/topup_saga.py): which gateway, the idempotency record that
+    # owns it (for the recovery task), when the PSP charged (its settlement day) and, when a
+    # charged top-up could not be credited (cap, frozen), the PSP refund that gave it back.
+    gateway = models.CharField(max_length=20, blank=True, default="")
+    claim_principal_id = models.CharField(max_length=64, blank=True, default="")
+    claim_key = models.CharField(max_length=255, blank=True, default="")
+    psp_charged_at = models.DateTimeField(null=True, blank=True)
+    psp_refund_reference = models.CharField(max_length=200, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["created"], name="topup_pending_created", condition=Q(status="pending"))]
         constraints = [
             models.CheckConstraint(condition=Q(amount__gt=0), name="topup_amount_positive"),
             models.CheckConstraint(condition=Q(bonus_amount__gte=0), name="topup_bonus_non_negative"),
@@ -359,3 +368,46 @@ class PendingAdjustment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} {self.direction} {self.amount} {self.asset_id} ({self.status})"
+
+
+class Gateway(models.TextChoices):
+    SIMULATOR = "simulator", "PSP simulator (development and tests)"
+    STRIPE = "stripe", "Stripe (production)"
+
+
+class GatewayAccount(models.Model):
+    """The tenant's account at a PSP: which gateway card top-ups use (the one `active`
+    row), and its credentials, sealed at rest (payments/gateways/credentials.py)."""
+
+    gateway = models.CharField(max_length=20, choices=Gateway.choices, unique=True)
+    active = models.BooleanField(default=False)
+    api_base = models.URLField(max_length=300, help_text="The PSP's API root (the simulator's URL; Stripe's default).")
+    secret_key_sealed = models.BinaryField()
+    # A JSON list of webhook signing secrets, all valid at once (rotation), sealed.
+    webhook_secrets_sealed = models.BinaryField()
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["active"], condition=Q(active=True), name="gateway_account_one_active")]
+
+    def __str__(self) -> str:
+        return f"{self.gateway}{' (active)' if self.active else ''}"
+
+
+class PspWebhookEvent(models.Model):
+    """An inbound PSP event, recorded in the same transaction as its effect: the unique
+    (gateway, event_id) makes a redelivery a no-op; a failed handler records nothing."""
+
+    gateway = models.CharField(max_length=20)
+    event_id = models.CharField(max_length=255)
+    type = models.CharField(max_length=100)
+    outcome = models.CharField(max_length=20)  # applied, ignored
+    received = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-received", "-id"]
+        constraints = [models.UniqueConstraint(fields=["gateway", "event_id"], name="psp_webhook_event_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.gateway}/{self.event_id} {self.type}"

@@ -6,19 +6,22 @@ Balances are exact at every read: the SUM over an account's shard rows, in one q
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.db.models import F, Q, QuerySet, Sum
 from django.utils import timezone
 
 from payments.models import (
     Adjustment,
+    GatewayAccount,
     Mandate,
     Payment,
     PaymentIntent,
     PaymentToken,
     Refund,
     TopUp,
+    TopUpStatus,
     Transfer,
     payment_token_hash,
     payment_token_is_well_formed,
@@ -210,3 +213,69 @@ def mandate_get(*, mandate_id: str, customer_id: str) -> Mandate:
     if mandate is None:
         raise NotFound("no such mandate", param="mandate")
     return mandate
+
+
+# --- Card gateways and top-ups --------------------------------------------------------------
+
+
+def gateway_account_get(*, gateway: str) -> GatewayAccount:
+    account = GatewayAccount.objects.filter(gateway=gateway).first()
+    if account is None:
+        raise NotFound("no such gateway", param="gateway")
+    return account
+
+
+def gateway_account_active() -> GatewayAccount | None:
+    """The gateway the tenant's card top-ups use, or None."""
+    return GatewayAccount.objects.filter(active=True).first()
+
+
+def topups_pending_stale(*, older_than_seconds: int, limit: int = 100) -> list[TopUp]:
+    """Pending card top-ups claimed longer ago than `older_than_seconds`: the recovery task's work list."""
+    horizon = timezone.now() - timedelta(seconds=older_than_seconds)
+    return list(
+        TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=horizon).exclude(claim_key="").order_by("created")[:limit]
+    )
+
+
+def topups_pending_count() -> int:
+    return TopUp.objects.filter(status=TopUpStatus.PENDING).count()
+
+
+def topups_refund_due(*, limit: int = 100) -> list[TopUp]:
+    """Top-ups the PSP charged that could not be credited (cap, frozen) and whose card
+    refund has not been made yet."""
+    due = TopUp.objects.filter(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES, psp_refund_reference="")
+    return list(due.exclude(psp_reference="").order_by("created")[:limit])
+
+
+# A top-up failed with one of these was charged by the PSP, then refused by us (and refunded).
+CHARGED_THEN_REFUSED_CODES = ("cap_exceeded", "wallet_frozen")
+
+
+@dataclass(frozen=True)
+class TopUpSettlementLine:
+    topup_id: str
+    psp_reference: str
+    gateway: str
+    asset: str
+    amount: int  # what the PSP charged (the bonus is ours, never the card's)
+    refunded: bool
+
+
+def topup_settlement_lines(*, day: date, gateway: str | None = None) -> list[TopUpSettlementLine]:
+    """Our card top-ups the PSP charged on `day` (UTC, the PSP's charge time), for the
+    reconciliation of internal vs PSP settlement: every charged top-up, credited or
+    refunded (cap, frozen) afterwards."""
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    charged = Q(status=TopUpStatus.SUCCEEDED) | Q(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES)
+    topups = TopUp.objects.filter(charged, psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1)).exclude(psp_reference="")
+    if gateway is not None:
+        topups = topups.filter(gateway=gateway)
+    return [
+        TopUpSettlementLine(
+            topup_id=t.pk, psp_reference=t.psp_reference, gateway=t.gateway, asset=t.asset_id, amount=t.amount,
+            refunded=bool(t.psp_refund_reference),
+        )
+        for t in topups.order_by("psp_charged_at", "id")
+    ]

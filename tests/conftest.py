@@ -113,3 +113,24 @@ def tenant_client(tenant: Tenant) -> Client:
 
 def host_of(tenant: Tenant) -> str:
     return str(tenant.get_primary_domain().domain)
+
+
+@pytest.fixture(scope="session")
+def psp_simulator() -> Iterator[Any]:
+    """The real PSP simulator process (payments/gateways/simulator_server.py), one per test session."""
+    from tests.psp_sim import simulator_running
+
+    with simulator_running() as sim:
+        yield sim
+
+
+def psp_account_configure(sim: Any, *, webhook_secrets: list[str] | None = None) -> str:
+    """Make the simulator the current tenant's active card gateway, under a fresh account
+    (API key) of its own; returns that key."""
+    import uuid
+
+    from payments.services.card_topups import gateway_account_set
+
+    api_key = f"sk_sim_{uuid.uuid4().hex}"
+    gateway_account_set(gateway="simulator", api_base=sim.url, secret_key=api_key, webhook_secrets=webhook_secrets or ["whsec_test_1"])
+    return api_key

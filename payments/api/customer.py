@@ -3,6 +3,8 @@ top-ups, payments and refunds. Routed by config/api_urls.py."""
 
 from __future__ import annotations
 
+from django.conf import settings
+from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -10,10 +12,14 @@ from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
+from payments.api import topup_saga
 from payments.api.base import CustomerViewSet
 from payments.api.pagination import ListParamsSerializer
-from payments.models import TopUpStatus
-from payments.services import mandates, tokens, topups, transfers
+from payments.api.schema import ErrorSerializer
+from payments.idempotency.drf import request_id_of
+from payments.idempotency.errors import IdempotencyKeyMissing
+from payments.idempotency.services import IdempotencyContext
+from payments.services import card_topups, mandates, tokens, transfers
 from wallets import selectors as wallet_selectors
 
 TAG = ["customer"]
@@ -77,26 +83,52 @@ class TransferViewSet(CustomerViewSet):
 
 
 class TopUpViewSet(CustomerViewSet):
-    # Until the PSP charge lands (a later issue) creating the pending top-up is a purely
-    # internal write, so it commits with the claim and the stored response (the strongest
-    # mode). The PSP issue switches this to idempotency_effect = "external", with the
-    # pending top-up written in idempotency_on_claim under a minted id.
+    """Card top-ups: an external effect (payments/api/topup_saga.py). The claim commits
+    with the pending top-up, the card is charged outside any transaction with the top-up id
+    as the PSP's idempotency key, and the credit commits with the stored answer."""
+
     lookup_url_kwarg = "topup_id"
+    idempotency_effect = "external"
+    idempotency_mint = {topup_saga.MINT_NAME: "top"}
+
+    def idempotency_lease_for(self) -> int | None:
+        return int(settings.TALLY_TOPUP_LEASE_SECONDS)
+
+    def idempotency_on_claim(self, ctx: IdempotencyContext) -> None:
+        data = self.validated(s.TopUpCreateIn)
+        card_topups.topup_pending_ensure(
+            topup_id=ctx.minted[topup_saga.MINT_NAME], customer=self.customer, asset_code=data["asset"], amount=data["amount"],
+            payment_method=data["payment_method"], claim_principal_id=ctx.principal_id, claim_key=str(ctx.key),
+        )
+
+    def idempotency_on_release(self, ctx: IdempotencyContext) -> None:
+        card_topups.topup_abandon(topup_id=ctx.minted[topup_saga.MINT_NAME])
 
     @extend_schema(tags=TAG, summary="Card top-ups", parameters=[ListParamsSerializer], responses=s.TopUpList)
     def list(self, request: Request) -> Response:
         return self.list_response(payment_selectors.topups_list(customer_id=self.customer.pk), s.TopUpOut, self.query(ListParamsSerializer))
 
     @extend_schema(
-        tags=TAG, summary="Top up the wallet by card", request=s.TopUpCreateIn,
-        responses={201: s.TopUpOut, 202: OpenApiResponse(s.TopUpOut, description="Accepted: pending at the PSP.")},
+        tags=TAG, summary="Top up the wallet by card (main or regional currency)", request=s.TopUpCreateIn,
+        description=(
+            "Charges the card at the operator's PSP with the top-up id as the PSP's idempotency key, then credits the wallet "
+            "(plus the operator's top-up bonus) in the transaction that stores the answer. Requires an Idempotency-Key. "
+            "A 503 `psp_unavailable` means the PSP's answer is unknown: retry with the same key (it never charges twice); "
+            "the top-up also converges on its own (PSP webhook, recovery task)."
+        ),
+        responses={
+            201: OpenApiResponse(s.TopUpOut, description="Charged and credited."),
+            400: OpenApiResponse(ErrorSerializer, description="Invalid request, e.g. `asset_not_top_upable` (points, carbon credits)."),
+            402: OpenApiResponse(ErrorSerializer, description="`card_declined`, `cap_exceeded` or `wallet_frozen` (stored and replayed)."),
+            503: OpenApiResponse(ErrorSerializer, description="`psp_unavailable`: outcome unknown, retry with the same key (Retry-After)."),
+        },
     )
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.TopUpCreateIn)
-        topup = topups.topup_create(
-            customer=self.customer, asset_code=data["asset"], amount=data["amount"], payment_method=data["payment_method"]
-        )
-        return self.render(s.TopUpOut, topup, status=202 if topup.status == TopUpStatus.PENDING else 201)
+    def create(self, request: Request) -> HttpResponseBase:
+        ctx = self.idempotency
+        if ctx.key is None:
+            raise IdempotencyKeyMissing("card top-ups require an Idempotency-Key header")
+        finish = topup_saga.topup_saga_charge(topup_id=ctx.minted[topup_saga.MINT_NAME], request_id=request_id_of(request))
+        return self.idempotency_finish(finish)
 
     @extend_schema(tags=TAG, summary="Retrieve a top-up", responses=s.TopUpOut)
     def retrieve(self, request: Request, topup_id: str) -> Response:

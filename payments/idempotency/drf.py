@@ -110,7 +110,36 @@ class IdempotencyMixin(APIView):
             setattr(self, "post", functools.partial(self._idempotent_post, handler))  # noqa: B010
 
     def idempotency_on_claim(self, ctx: IdempotencyContext) -> None:
-        """External effects: extra writes committed together with the claim."""
+        """External effects: extra writes committed together with the claim. Runs again on
+        every takeover of the key (same minted ids): make it get-or-create. Raising here
+        (validation) rolls the claim back: nothing is stored, the error is the answer."""
+
+    def idempotency_on_release(self, ctx: IdempotencyContext) -> None:
+        """External effects: undo `idempotency_on_claim`'s writes when the answer is a
+        discarded 4xx (runs in the transaction that releases the claim)."""
+
+    def idempotency_lease_for(self) -> int | None:
+        """The lease of an external claim (seconds), None for the tenant's default."""
+        return self.idempotency_lease_seconds
+
+    def idempotency_finish(self, produce: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+        """External effects: finish inside the fenced completion. `produce()` does the
+        final writes and returns the response; it runs in the transaction that checks our
+        fence and stores that response (payments.idempotency.services.
+        idempotency_complete_produced), so a holder whose lease was taken over writes
+        nothing. Returns a placeholder: the produced response is what the client gets."""
+        request = self.request
+
+        def complete() -> Executed:
+            response = produce()
+            if isinstance(response, Response):
+                response = self.finalize_response(request, response)
+                response.render()
+            body = bytes(response.content)  # type: ignore[attr-defined]
+            return Executed(response=StoredResponse(status=response.status_code, headers=_storable_headers(response), body=body), value=response)
+
+        self.idempotency.complete_with = complete
+        return HttpResponse(status=204)
 
     # --- internals ------------------------------------------------------------------
 
@@ -149,10 +178,11 @@ class IdempotencyMixin(APIView):
             request_id=request_id_of(request), method=str(request.method), path=request.path,
         )
         policy = idempotency_policy_get(tenant=tenant)
-        if self.idempotency_lease_seconds is not None:
+        lease_seconds = self.idempotency_lease_for()
+        if lease_seconds is not None:
             policy = IdempotencyPolicy(
                 wait_ms=policy.wait_ms, replay_window_seconds=policy.replay_window_seconds,
-                tombstone_window_seconds=policy.tombstone_window_seconds, lease_seconds=self.idempotency_lease_seconds,
+                tombstone_window_seconds=policy.tombstone_window_seconds, lease_seconds=lease_seconds,
             )
         external = self.idempotency_effect == "external"
 
@@ -170,7 +200,8 @@ class IdempotencyMixin(APIView):
 
         if external:
             outcome = idempotency_execute_external(
-                call=call, policy=policy, execute=execute, mint=dict(self.idempotency_mint), on_claim=self.idempotency_on_claim
+                call=call, policy=policy, execute=execute, mint=dict(self.idempotency_mint), on_claim=self.idempotency_on_claim,
+                on_release=self.idempotency_on_release,
             )
         else:
             outcome = idempotency_execute(call=call, policy=policy, execute=execute)

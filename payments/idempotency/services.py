@@ -96,6 +96,11 @@ class IdempotencyContext:
     claimed_at: datetime | None
     minted: dict[str, str] = field(default_factory=dict)
     takeover: bool = False
+    # External effects: set by the executor when its final writes must commit together
+    # with the stored response. The engine then completes by calling it inside the fenced
+    # completion's transaction (after locking the record and checking the fence), and
+    # stores the response it returns (`idempotency_complete_produced`).
+    complete_with: Callable[[], Executed] | None = None
 
     def mint(self, name: str, prefix: str) -> str:
         existing = self.minted.get(name)
@@ -680,11 +685,45 @@ def idempotency_complete(
     return True
 
 
-def _fenced_update(sql: str, params: list[Any], operation: str) -> bool:
+def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCall, produce: Callable[[], Executed]) -> Executed | None:
+    """Fenced completion whose final writes and response come from `produce`, all in ONE
+    transaction: lock the record and check our fence (and that it is still in flight), run
+    `produce()` (the holder's final writes; it returns the response to store: 2xx or 402),
+    then the compare-and-set that stores it. Returns what `produce` returned, or None if the
+    fence moved (our lease was taken over): then nothing `produce` wrote is kept.
+
+    `produce` may run more than once (conflict retries, each in a fresh transaction), so
+    it must only touch the database. Locks: the record row, then whatever `produce` takes."""
+    assert ctx.record_id is not None
+
+    def write() -> Executed:
+        with connection.cursor() as cursor:  # lock the record; ours only while in flight under our fence
+            cursor.execute(
+                "SELECT 1 FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight' FOR UPDATE", [ctx.record_id, ctx.fence]
+            )
+            if cursor.fetchone() is None:
+                raise StaleFence(f"record {ctx.record_id}: fence {ctx.fence} is no longer current")
+        executed = produce()
+        if disposition_for_status(executed.response.status) is not Disposition.STORE:
+            raise ValueError(f"a produced completion must be stored (2xx or 402), not {executed.response.status}")
+        if _store_completed(ctx=ctx, call=call, response=executed.response) is None:
+            raise StaleFence(f"record {ctx.record_id}: fence {ctx.fence} is no longer current")
+        return executed
+
+    try:
+        return run_atomic(write, operation="idempotency.complete")
+    except StaleFence:
+        return None
+
+
+def _fenced_update(sql: str, params: list[Any], operation: str, effect: Callable[[], None] | None = None) -> bool:
     def write() -> bool:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            return bool(cursor.rowcount == 1)
+            done = bool(cursor.rowcount == 1)
+        if done and effect is not None:
+            effect()
+        return done
 
     return bool(run_atomic(write, operation=operation))
 
@@ -698,10 +737,13 @@ def idempotency_fail(*, record_id: int, fence: int) -> bool:
     )
 
 
-def idempotency_release(*, record_id: int, fence: int) -> bool:
-    """Drop an in-flight claim whose request failed validation (nothing stored)."""
+def idempotency_release(*, record_id: int, fence: int, effect: Callable[[], None] | None = None) -> bool:
+    """Drop an in-flight claim whose request failed validation (nothing stored). `effect`
+    (the holder's undo of what its `on_claim` wrote) runs in the same transaction, only if
+    the fence was still ours."""
     return _fenced_update(
-        "DELETE FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight'", [record_id, fence], "idempotency.release"
+        "DELETE FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight'", [record_id, fence], "idempotency.release",
+        effect,
     )
 
 
@@ -714,19 +756,24 @@ def idempotency_lease_extend(*, record_id: int, fence: int, lease_seconds: int) 
     )
 
 
-def idempotency_lease_takeover(*, principal_id: str, key: str, lease_seconds: int) -> IdempotencyContext | None:
+def idempotency_lease_takeover(
+    *, principal_id: str, key: str, lease_seconds: int, include_failed: bool = False
+) -> IdempotencyContext | None:
     """Take over an in-flight record whose lease expired (recovery worker): fence + 1 and a
-    new lease, committed. Returns the new context, or None if the lease is live or gone.
-    The previous holder's fence is dead from the commit on."""
+    new lease, committed. With `include_failed`, a failed_retryable record is taken too
+    (back in flight): a recovery that must finish what a failed attempt left unknown.
+    Returns the new context, or None if the lease is live or the record gone or finished.
+    The previous holder's fence is dead from the commit on. Locks: the record row."""
 
     def write() -> IdempotencyContext | None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "UPDATE idempotency_record SET fence = fence + 1, "
+                "UPDATE idempotency_record SET fence = fence + 1, state = 'in_flight', "
                 "lease_expires_at = clock_timestamp() + make_interval(secs => %s::double precision), updated = clock_timestamp() "
-                'WHERE principal_id = %s AND "key" = %s AND state = \'in_flight\' AND lease_expires_at <= clock_timestamp() '
+                'WHERE principal_id = %s AND "key" = %s AND ((state = \'in_flight\' AND lease_expires_at <= clock_timestamp()) '
+                "OR (%s AND state = 'failed_retryable')) "
                 "RETURNING id, fence, created, minted",
-                [lease_seconds, principal_id, key],
+                [lease_seconds, principal_id, key, include_failed],
             )
             row = cursor.fetchone()
         if row is None:
@@ -759,11 +806,20 @@ def idempotency_execute_external(
     execute: Callable[[IdempotencyContext], Executed],
     mint: dict[str, str] | None = None,
     on_claim: Callable[[IdempotencyContext], None] | None = None,
+    on_release: Callable[[IdempotencyContext], None] | None = None,
 ) -> Outcome:
     """Claim (committed, with `on_claim`'s outbox row), run `execute` outside any
     transaction (pass `ctx.key`/minted ids to the provider as its idempotency key), then
     complete with a fenced compare-and-set. If our lease was taken over meanwhile, our
-    completion changes nothing and we answer what the record holds (or 409)."""
+    completion changes nothing and we answer what the record holds (or 409).
+
+    `on_claim` runs again on every takeover of the key (same minted ids): it must be
+    idempotent (get-or-create its pending object). If it raises, the claim's transaction
+    rolls back and the exception propagates: nothing is stored. If `execute` sets
+    `ctx.complete_with`, the final writes and the stored response come from it, inside the
+    fenced completion (`idempotency_complete_produced`). A discarded answer (4xx other than
+    402) releases the claim and runs `on_release(ctx)` in that transaction, to undo what
+    `on_claim` wrote."""
     cached = _cached_replay(call)
     if cached is not None:
         return cached
@@ -793,16 +849,31 @@ def idempotency_execute_external(
     except Exception:
         _best_effort(lambda: idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence))
         raise
+    if ctx.complete_with is not None:
+        produce = ctx.complete_with
+        try:
+            produced = idempotency_complete_produced(ctx=ctx, call=call, produce=produce)
+        except Exception:
+            _best_effort(lambda: idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence))
+            raise
+        if produced is not None:
+            return _executed_outcome(call=call, executed=produced, stored=True)
+        return _superseded_answer(call=call, policy=policy)
     disposition = disposition_for_status(executed.response.status)
     if disposition is Disposition.DISCARD:
-        _best_effort(lambda: idempotency_release(record_id=ctx.record_id or 0, fence=ctx.fence))
+        undo = None if on_release is None else (lambda: on_release(ctx))
+        _best_effort(lambda: idempotency_release(record_id=ctx.record_id or 0, fence=ctx.fence, effect=undo))
         return _executed_outcome(call=call, executed=executed, stored=False)
     if disposition is Disposition.FAIL:
         _best_effort(lambda: idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence))
         return _executed_outcome(call=call, executed=executed, stored=False)
     if idempotency_complete(record_id=ctx.record_id, fence=ctx.fence, call=call, response=executed.response, ctx=ctx):
         return _executed_outcome(call=call, executed=executed, stored=True)
-    # Our lease was taken over: the new holder's result is the answer.
+    return _superseded_answer(call=call, policy=policy)
+
+
+def _superseded_answer(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Outcome:
+    """Our lease was taken over: the new holder's result is the answer (or 409 meanwhile)."""
     snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
     if snapshot is not None and snapshot.state == RecordState.COMPLETED and snapshot.fingerprint == call.fingerprint:
         metrics.IDEMPOTENCY_REPLAYS.labels(source="postgres").inc()

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test import Client
 
 from tenants.models import Tenant
-from tests.conftest import TENANT_A, TENANT_B, in_tenant
+from tests.conftest import TENANT_A, TENANT_B, in_tenant, psp_account_configure
 from wallets.models import Customer, Merchant, StaffMember, Store, Terminal
 from wallets.services.principals import (
     api_key_create,
@@ -75,8 +75,10 @@ def _world(host: str, suffix: str) -> World:
 
 
 @pytest.fixture
-def world(tenant: Tenant) -> World:
-    return _world(TENANT_A["domain"], "a")
+def world(tenant: Tenant, psp_simulator: Any) -> World:
+    made = _world(TENANT_A["domain"], "a")
+    made.extra["psp_api_key"] = psp_account_configure(psp_simulator)  # card top-ups charge the real simulator
+    return made
 
 
 @pytest.fixture

@@ -102,15 +102,15 @@ def test_transfer(api: Api, world: World) -> None:
     assert r.status_code == 404 and error_of(r)["param"] == "to_customer"
 
 
-def test_topup_is_accepted_pending(api: Api, world: World) -> None:
+def test_topup_charges_the_card_and_credits_the_wallet(api: Api, world: World) -> None:
     r = api.post("/v1/customer/topups", world.customer.key, {"asset": "JPY", "amount": 5000, "payment_method": "pm_card_visa"})
-    assert r.status_code == 202, r.content
+    assert r.status_code == 201, r.content
     body = r.json()
-    assert body["status"] == "pending" and body["id"].startswith("top_") and body["amount"] == 5000
+    assert body["status"] == "succeeded" and body["id"].startswith("top_") and body["amount"] == 5000
     assert TopUp.objects.filter(pk=body["id"], customer=world.customer.obj).exists()
-    assert api.get(f"/v1/customer/topups/{body['id']}", world.customer.key).json()["status"] == "pending"
+    assert api.get(f"/v1/customer/topups/{body['id']}", world.customer.key).json()["status"] == "succeeded"
     assert api.get("/v1/customer/topups", world.customer.key).json()["data"][0]["id"] == body["id"]
-    assert balance_of(api, world.customer.key)["balance"] == 0  # nothing credited before the PSP says so
+    assert balance_of(api, world.customer.key)["balance"] == 5000
 
 
 def test_customer_sees_own_payments_and_refunds(api: Api, world: World) -> None:

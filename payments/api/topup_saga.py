@@ -1,0 +1,189 @@
+"""The card top-up saga (SPEC 6, external effect), on the idempotency engine's external
+path, and its recovery. It lives with the API because it owns the stored answer's bytes:
+the inline request and the recovery task store the same rendering of the same outcome.
+
+1. Claim (the view's `idempotency_on_claim`, one transaction): the idempotency record
+   (in flight, lease, fence), the pre-registered top-up under the id minted at claim time,
+   and its `topup.created` outbox row.
+2. `topup_saga_charge`, outside any transaction: charge the card at the PSP with the
+   top-up id as its idempotency key. No answer (timeout, 5xx) -> 503 `psp_unavailable`,
+   the record left failed_retryable, the top-up pending: a retry with the same key, a PSP
+   webhook or the recovery task converges it.
+3. / 4. The returned completion runs inside `idempotency_complete_produced`: in ONE
+   transaction the record is locked and its fence checked, the top-up credited (201) or
+   failed (402 card_declined, cap_exceeded, wallet_frozen), and the answer stored by
+   compare-and-set. A holder whose lease was taken over writes nothing.
+5. `topup_recovery_run` (Celery beat, per tenant): in-flight top-up records whose lease
+   expired, and pending top-ups whose last attempt failed or left no record, are taken
+   over (fence + 1), the PSP is asked again with the same key, and the outcome is
+   completed as in 3/4. Then card refunds of charged-but-uncredited top-ups, and the
+   purge of inbound PSP event markers past their 30-day retention.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse
+from rest_framework.renderers import JSONRenderer
+
+from payments.api import serializers as s
+from payments.api.errors import envelope, http_status_of
+from payments.gateways import metrics
+from payments.idempotency.models import IdempotencyRecord, RecordState
+from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
+from payments.idempotency.services import (
+    Executed,
+    IdempotencyContext,
+    IdempotentCall,
+    StoredResponse,
+    idempotency_complete_produced,
+    idempotency_lease_takeover,
+)
+from payments.models import TopUp, TopUpStatus
+from payments.selectors import topup_get, topups_pending_stale
+from payments.services import card_topups
+from wallets.errors import BusinessRefusal, NotFound, TallyError
+
+logger = logging.getLogger("tally.topups")
+
+MINT_NAME = "topup"
+
+
+def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse:
+    """The stored answer of a settled top-up: 201 with the top-up, or 402 with the envelope."""
+    data: Any
+    if refusal is None:
+        status, data = 201, s.TopUpOut(topup).data
+    else:
+        status, error_type = http_status_of(refusal)
+        data = envelope(error_type=error_type, code=str(refusal.code), message=refusal.message, param=refusal.param, request_id=request_id)
+    return HttpResponse(JSONRenderer().render(data), status=status, content_type="application/json")
+
+
+def topup_saga_charge(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
+    """Step 2 (no transaction open): refuse early or charge the card; returns step 3/4, to
+    run inside the fenced completion. Raises PspUnavailable when the PSP's answer is unknown."""
+    topup = topup_get(topup_id=topup_id)
+    if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
+        return lambda: topup_answer(**_outcome(topup_id), request_id=request_id)
+    refusal = card_topups.topup_refusal_check(topup=topup)
+    if refusal is not None:
+        return lambda: topup_answer(**_as_kwargs(card_topups.topup_refuse(topup_id=topup_id, refusal=refusal)), request_id=request_id)
+    result = card_topups.topup_charge(topup=topup)
+    pause = float(getattr(settings, "TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", 0.0))
+    if pause > 0:  # tests only: a window to kill the process between the charge and the completion
+        time.sleep(pause)
+    return lambda: topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup_id, result=result)), request_id=request_id)
+
+
+def _as_kwargs(settled: tuple[TopUp, BusinessRefusal | None]) -> dict[str, Any]:
+    return {"topup": settled[0], "refusal": settled[1]}
+
+
+def _outcome(topup_id: str) -> dict[str, Any]:
+    return _as_kwargs(card_topups.topup_outcome(topup_id=topup_id))
+
+
+# --- Recovery -------------------------------------------------------------------------------
+
+
+def _call_of(record: IdempotencyRecord) -> IdempotentCall:
+    return IdempotentCall(
+        principal_id=record.principal_id, key=record.key, fingerprint=record.fingerprint, scope=record.scope,
+        request_id=record.request_id, method=record.method, path=record.path,
+    )
+
+
+def _resolve(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) -> str:
+    """Ask the PSP again with the same key and complete the record. Returns the outcome."""
+    try:
+        topup = topup_get(topup_id=topup_id)
+    except NotFound:  # the claim died before its top-up committed: nothing was charged
+        return "unavailable"
+    if topup.status == TopUpStatus.PENDING:
+        try:
+            result = card_topups.topup_charge(topup=topup)
+        except TallyError:
+            return "unavailable"  # still unknown: the lease runs out again and the next run retries
+
+        def produce() -> Executed:
+            return _executed(topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup_id, result=result)), request_id=call.request_id))
+    else:
+
+        def produce() -> Executed:
+            return _executed(topup_answer(**_outcome(topup_id), request_id=call.request_id))
+
+    produced = idempotency_complete_produced(ctx=ctx, call=call, produce=produce)
+    if produced is None:
+        return "superseded"
+    return "succeeded" if produced.response.status < 300 else "failed"
+
+
+def _executed(response: HttpResponse) -> Executed:
+    headers = {"Content-Type": str(response["Content-Type"])}
+    return Executed(response=StoredResponse(status=response.status_code, headers=headers, body=bytes(response.content)), value=response)
+
+
+def topup_recovery_run(*, limit: int = 100) -> dict[str, int]:
+    """One tenant's recovery pass (its schema active). Returns counts by outcome.
+
+    Locks: per item, the idempotency record (takeover, then the fenced completion), the
+    top-up row and the balance rows (in the completion's transaction)."""
+    lease_seconds = int(settings.TALLY_TOPUP_LEASE_SECONDS)
+    counts: dict[str, int] = {}
+
+    def count(outcome: str) -> None:
+        counts[outcome] = counts.get(outcome, 0) + 1
+        if outcome in ("succeeded", "failed", "unavailable"):
+            metrics.TOPUP_ORPHANS_RECOVERED.labels(outcome=outcome).inc()
+
+    seen: set[str] = set()
+    for record in idempotency_orphans_list(limit=limit):
+        topup_id = (record.minted or {}).get(MINT_NAME)
+        if record.effect != "external" or not topup_id:
+            continue
+        seen.add(str(topup_id))
+        ctx = idempotency_lease_takeover(principal_id=record.principal_id, key=record.key, lease_seconds=lease_seconds)
+        if ctx is not None:
+            count(_resolve(ctx=ctx, call=_call_of(record), topup_id=str(topup_id)))
+
+    for topup in topups_pending_stale(older_than_seconds=lease_seconds, limit=limit):
+        if topup.pk in seen:
+            continue
+        snapshot = idempotency_record_snapshot(principal_id=topup.claim_principal_id, key=topup.claim_key)
+        if snapshot is None or snapshot.minted.get(MINT_NAME) != topup.pk:
+            count(_settle_without_record(topup))
+            continue
+        if snapshot.state == RecordState.COMPLETED:
+            continue
+        ctx = idempotency_lease_takeover(
+            principal_id=topup.claim_principal_id, key=topup.claim_key, lease_seconds=lease_seconds, include_failed=True
+        )
+        if ctx is None:
+            continue  # a live lease: its holder is still at work
+        taken = idempotency_record_get(principal_id=topup.claim_principal_id, key=topup.claim_key)
+        if taken is not None:
+            count(_resolve(ctx=ctx, call=_call_of(taken), topup_id=topup.pk))
+
+    counts["refunded"] = card_topups.topup_refunds_run(limit=limit)
+    counts["webhook_markers_purged"] = card_topups.psp_webhook_events_purge()
+    card_topups.topups_pending_gauge_refresh()
+    return counts
+
+
+def _settle_without_record(topup: TopUp) -> str:
+    """A pending top-up whose record is gone (purged after its windows): settle the
+    top-up alone; there is no stored answer left to complete."""
+    from wallets.transactions import run_atomic
+
+    try:
+        result = card_topups.topup_charge(topup=topup)
+    except TallyError:
+        return "unavailable"
+    settled, refusal = run_atomic(lambda: card_topups.topup_settle(topup_id=topup.pk, result=result), operation="topup_recover")
+    return "succeeded" if refusal is None and settled.status == TopUpStatus.SUCCEEDED else "failed"

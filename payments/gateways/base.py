@@ -1,0 +1,102 @@
+"""The gateway interface every PSP adapter implements, and its typed outcomes.
+
+A charge is created with OUR idempotency key (the top-up id): the PSP dedupes on it, so
+asking again with the same key and parameters returns the first charge, never a second.
+An answer we did not get (timeout, connection lost, 5xx) is `GatewayUnavailable`: the
+outcome is unknown, and only asking again with the same key resolves it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Literal, Protocol
+
+
+class GatewayError(Exception):
+    """Base of the adapters' failures."""
+
+
+class GatewayUnavailable(GatewayError):
+    """No answer (timeout, connection, 5xx): the charge may or may not exist."""
+
+
+class GatewayRejected(GatewayError):
+    """The PSP refused the request itself (4xx other than a decline): nothing was charged.
+    `param` names the refused parameter when the PSP says ("payment_method": no such card)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class GatewayNotConfigured(GatewayError):
+    """The tenant has no (active) account for this gateway."""
+
+
+@dataclass(frozen=True)
+class ChargeRequest:
+    amount: int  # minor units
+    currency: str
+    payment_method: str
+    idempotency_key: str
+    reference: str  # our object (the top-up id), sent as metadata
+
+
+@dataclass(frozen=True)
+class ChargeResult:
+    status: Literal["succeeded", "failed"]
+    psp_reference: str
+    amount: int
+    currency: str
+    failure_code: str = ""
+    created: datetime | None = None
+
+
+@dataclass(frozen=True)
+class RefundResult:
+    psp_reference: str
+    amount: int
+
+
+@dataclass(frozen=True)
+class SettlementLine:
+    psp_reference: str
+    kind: Literal["charge", "refund"]
+    amount: int  # signed: refunds negative
+    currency: str
+    reference: str  # our object id from the metadata ("" if none)
+
+
+@dataclass(frozen=True)
+class SettlementReport:
+    day: date
+    lines: list[SettlementLine] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PspEvent:
+    """An inbound webhook, parsed: its id (deduplicated), type and what it is about."""
+
+    id: str
+    type: str
+    kind: Literal["charge_succeeded", "charge_failed", "other"]
+    reference: str  # our top-up id from the metadata ("" if none)
+    psp_reference: str
+    failure_code: str
+    created: datetime | None
+    amount: int = 0
+    currency: str = ""
+
+
+class Gateway(Protocol):
+    name: str
+    signature_header: str  # the inbound webhook's signature header (WSGI META name)
+
+    def charge(self, request: ChargeRequest) -> ChargeResult: ...
+
+    def refund(self, *, psp_reference: str, amount: int, idempotency_key: str) -> RefundResult: ...
+
+    def settlement_report(self, *, day: date) -> SettlementReport: ...
+
+    def event_parse(self, body: bytes) -> PspEvent: ...

@@ -1,0 +1,111 @@
+"""The simulator adapter: the gateway of development and tests (payments/gateways/simulator_server.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, date, datetime
+from typing import Any
+
+from payments.gateways import metrics
+from payments.gateways.base import (
+    ChargeRequest,
+    ChargeResult,
+    GatewayRejected,
+    GatewayUnavailable,
+    PspEvent,
+    RefundResult,
+    SettlementLine,
+    SettlementReport,
+)
+
+
+class SimulatorGateway:
+    name = "simulator"
+    signature_header = "HTTP_PSP_SIGNATURE"
+
+    def __init__(self, *, api_base: str, secret_key: str, timeout: float) -> None:
+        self.api_base = api_base.rstrip("/")
+        self.secret_key = secret_key
+        self.timeout = timeout
+
+    def _call(self, operation: str, method: str, path: str, body: dict[str, Any] | None = None, idempotency_key: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {self.secret_key}", "Content-Type": "application/json"}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(self.api_base + path, data=data, headers=headers, method=method)  # noqa: S310 - operator-set URL
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
+                payload = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code >= 500 or exc.code == 429:
+                metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
+                raise GatewayUnavailable(f"{operation}: PSP answered {exc.code}") from exc
+            metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="rejected").inc()
+            try:
+                param = json.loads(exc.read()).get("error", {}).get("param")
+            except (ValueError, OSError, AttributeError):
+                param = None
+            raise GatewayRejected(f"{operation}: PSP refused the request ({exc.code})", param=param) from exc
+        except (urllib.error.URLError, OSError, ValueError) as exc:  # timeout, reset, truncated answer
+            metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
+            raise GatewayUnavailable(f"{operation}: no answer from the PSP ({exc})") from exc
+        finally:
+            metrics.PSP_CALL_SECONDS.labels(gateway=self.name, operation=operation).observe(time.monotonic() - started)
+        return payload
+
+    def charge(self, request: ChargeRequest) -> ChargeResult:
+        body = {
+            "amount": request.amount, "currency": request.currency.lower(), "payment_method": request.payment_method,
+            "metadata": {"tally_topup": request.reference},
+        }
+        try:
+            charge = self._call("charge", "POST", "/v1/charges", body, idempotency_key=request.idempotency_key)
+        except GatewayRejected as exc:
+            if exc.param != "payment_method":
+                raise
+            return ChargeResult(status="failed", psp_reference="", amount=request.amount, currency=request.currency.upper(),
+                                failure_code="payment_method_invalid")
+        return _charge_result(charge)
+
+    def refund(self, *, psp_reference: str, amount: int, idempotency_key: str) -> RefundResult:
+        refund = self._call("refund", "POST", "/v1/refunds", {"charge": psp_reference, "amount": amount}, idempotency_key=idempotency_key)
+        return RefundResult(psp_reference=str(refund["id"]), amount=int(refund["amount"]))
+
+    def settlement_report(self, *, day: date) -> SettlementReport:
+        report = self._call("settlement", "GET", f"/v1/settlements/{day.isoformat()}")
+        lines = [
+            SettlementLine(
+                psp_reference=str(line["id"]), kind="refund" if line["type"] == "refund" else "charge", amount=int(line["amount"]),
+                currency=str(line["currency"]).upper(), reference=str((line.get("metadata") or {}).get("tally_topup", "")),
+            )
+            for line in report["lines"]
+        ]
+        return SettlementReport(day=day, lines=lines)
+
+    def event_parse(self, body: bytes) -> PspEvent:
+        event = json.loads(body)
+        obj = event["data"]["object"]
+        kind = {"charge.succeeded": "charge_succeeded", "charge.failed": "charge_failed"}.get(str(event["type"]), "other")
+        return PspEvent(
+            id=str(event["id"]), type=str(event["type"]), kind=kind,  # type: ignore[arg-type]
+            reference=str((obj.get("metadata") or {}).get("tally_topup", "")), psp_reference=str(obj.get("id", "")),
+            failure_code=str(obj.get("failure_code") or ""), created=_ts(obj.get("created")),
+            amount=int(obj.get("amount") or 0), currency=str(obj.get("currency") or "").upper(),
+        )
+
+
+def _ts(value: Any) -> datetime | None:
+    return datetime.fromtimestamp(int(value), UTC) if isinstance(value, int) else None
+
+
+def _charge_result(charge: dict[str, Any]) -> ChargeResult:
+    return ChargeResult(
+        status="succeeded" if charge["status"] == "succeeded" else "failed", psp_reference=str(charge["id"]),
+        amount=int(charge["amount"]), currency=str(charge["currency"]).upper(), failure_code=str(charge.get("failure_code") or ""),
+        created=_ts(charge.get("created")),
+    )

@@ -1,0 +1,435 @@
+"""The PSP simulator: a small external card processor for development and tests.
+
+Run it as its own process (the `psp` line of the Procfile, and the tests' fixture):
+
+    python -m payments.gateways.simulator_server --port 8766
+
+Standard library only (no Django): it stands for a system outside Tally. Its state
+(accounts, charges, refunds, webhook endpoints) lives in memory for as long as the
+process runs. API (JSON in, JSON out, `Authorization: Bearer <api key>`; an unknown key
+opens a new account, like a test-mode key):
+
+    POST /v1/charges            {amount, currency, payment_method, metadata}  + Idempotency-Key
+    GET  /v1/charges            ?idempotency_key=...   the account's charges
+    POST /v1/refunds            {charge, amount}                              + Idempotency-Key
+    GET  /v1/settlements/<day>  the day's (UTC) settled charges and refunds, with totals
+    POST /v1/webhook_endpoints  {url, secret}  where signed events go (Psp-Signature: t=..,v1=..)
+
+Test cards: `pm_card_visa`, `pm_card_mastercard` (succeed), `pm_card_declined`
+(card_declined), `pm_card_insufficient_funds` (insufficient_funds). The same
+Idempotency-Key with the same parameters returns the first answer; with other
+parameters a 400 `idempotency_error`.
+
+Faults (POST /_control/faults, JSON; any subset): `latency_ms` (every API call),
+`fail_5xx` (the next N API calls answer 500 before doing anything), `hang_after_charge`
+(the next N charges are made, then the answer is held `hang_seconds` and the connection
+dropped: a timeout after it has charged), `duplicate_webhooks` (each event sent twice),
+`out_of_order_webhooks` (events held until POST /_control/flush_webhooks, then sent
+newest first), `webhook_before_response` (the event is delivered before the charge's
+answer is sent). POST /_control/reset clears faults and data; GET /_control/state dumps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import secrets
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+SIGNATURE_HEADER = "Psp-Signature"
+CARDS: dict[str, str | None] = {
+    "pm_card_visa": None,
+    "pm_card_mastercard": None,
+    "pm_card_declined": "card_declined",
+    "pm_card_insufficient_funds": "insufficient_funds",
+}
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def signature_header_for(*, secret: str, body: bytes, timestamp: int) -> str:
+    """`t=<unix>,v1=<hex HMAC-SHA256 over "t.body">` (the scheme Stripe uses)."""
+    mac = hmac.new(secret.encode("utf-8"), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+@dataclass
+class Faults:
+    latency_ms: int = 0
+    fail_5xx: int = 0
+    hang_after_charge: int = 0
+    hang_seconds: float = 30.0
+    duplicate_webhooks: bool = False
+    out_of_order_webhooks: bool = False
+    webhook_before_response: bool = False
+
+
+@dataclass
+class Account:
+    api_key: str
+    endpoints: list[dict[str, str]] = field(default_factory=list)
+    charges: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> charge
+    refunds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # (operation, idempotency key) -> (params fingerprint, status, body)
+    idempotent: dict[tuple[str, str], tuple[str, int, dict[str, Any]]] = field(default_factory=dict)
+
+
+class Simulator:
+    """All state, under one lock (a charge is decided and recorded atomically)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.accounts: dict[str, Account] = {}
+        self.faults = Faults()
+        self.held_events: list[tuple[Account, dict[str, Any]]] = []
+        self.webhook_log: list[dict[str, Any]] = []
+
+    def account(self, api_key: str) -> Account:
+        with self.lock:
+            acct = self.accounts.get(api_key)
+            if acct is None:
+                acct = self.accounts[api_key] = Account(api_key=api_key)
+            return acct
+
+    # --- API ---------------------------------------------------------------------------
+
+    def idempotent(
+        self, acct: Account, operation: str, key: str, params: dict[str, Any], make: Callable[[], tuple[int, dict[str, Any]]]
+    ) -> tuple[int, dict[str, Any], bool]:
+        fingerprint = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+        with self.lock:
+            seen = acct.idempotent.get((operation, key))
+            if seen is not None:
+                if seen[0] != fingerprint:
+                    return 400, {"error": {"type": "idempotency_error", "message": "key reused with other parameters"}}, False
+                return seen[1], seen[2], False
+            status, body = make()
+            acct.idempotent[(operation, key)] = (fingerprint, status, body)
+            return status, body, True
+
+    def charge_create(self, acct: Account, key: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+        amount, currency, method = params.get("amount"), params.get("currency"), params.get("payment_method")
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0 or not isinstance(currency, str) or not currency:
+            return 400, {"error": {"type": "invalid_request_error", "message": "amount (positive integer) and currency are required"}}, None
+        if method not in CARDS:
+            error = {
+                "type": "invalid_request_error", "code": "resource_missing", "param": "payment_method",
+                "message": f"no such payment method: {method}",
+            }
+            return 400, {"error": error}, None
+        event: dict[str, Any] | None = None
+
+        def make() -> tuple[int, dict[str, Any]]:
+            nonlocal event
+            decline = CARDS[str(method)]
+            charge = {
+                "id": _new_id("ch"), "object": "charge", "amount": amount, "currency": currency.lower(),
+                "payment_method": method, "status": "failed" if decline else "succeeded", "failure_code": decline or "",
+                "amount_refunded": 0, "metadata": dict(params.get("metadata") or {}), "idempotency_key": key,
+                "created": int(time.time()),
+            }
+            acct.charges[str(charge["id"])] = charge
+            event = self.event_make("charge.failed" if decline else "charge.succeeded", charge)
+            return 200, dict(charge)
+
+        status, body, _ = self.idempotent(acct, "charge", key, params, make)
+        return status, body, event
+
+    def refund_create(self, acct: Account, key: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+        event: dict[str, Any] | None = None
+
+        def make() -> tuple[int, dict[str, Any]]:
+            nonlocal event
+            charge = acct.charges.get(str(params.get("charge")))
+            amount = params.get("amount")
+            if charge is None or charge["status"] != "succeeded":
+                return 400, {"error": {"type": "invalid_request_error", "message": "no such succeeded charge"}}
+            if not isinstance(amount, int) or amount <= 0 or amount > charge["amount"] - charge["amount_refunded"]:
+                return 400, {"error": {"type": "invalid_request_error", "message": "invalid refund amount"}}
+            charge["amount_refunded"] += amount
+            refund = {
+                "id": _new_id("re"), "object": "refund", "charge": charge["id"], "amount": amount, "currency": charge["currency"],
+                "status": "succeeded", "metadata": dict(charge["metadata"]), "created": int(time.time()),
+            }
+            acct.refunds[str(refund["id"])] = refund
+            event = self.event_make("charge.refunded", dict(charge))
+            return 200, dict(refund)
+
+        status, body, _ = self.idempotent(acct, "refund", key, params, make)
+        return status, body, event
+
+    def settlement(self, acct: Account, day: str) -> dict[str, Any]:
+        with self.lock:
+            def on_day(created: int) -> bool:
+                return datetime.fromtimestamp(created, UTC).date().isoformat() == day
+
+            lines = [
+                {"type": "charge", "id": c["id"], "amount": c["amount"], "currency": c["currency"], "metadata": c["metadata"],
+                 "idempotency_key": c["idempotency_key"]}
+                for c in acct.charges.values() if c["status"] == "succeeded" and on_day(int(c["created"]))
+            ] + [
+                {"type": "refund", "id": r["id"], "charge": r["charge"], "amount": -int(r["amount"]), "currency": r["currency"],
+                 "metadata": r["metadata"]}
+                for r in acct.refunds.values() if on_day(int(r["created"]))
+            ]
+        totals: dict[str, int] = {}
+        for line in lines:
+            totals[line["currency"]] = totals.get(line["currency"], 0) + int(line["amount"])
+        return {"object": "settlement_report", "day": day, "lines": lines, "totals": totals}
+
+    # --- Webhooks ----------------------------------------------------------------------
+
+    def event_make(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return {"id": _new_id("evt"), "object": "event", "type": kind, "created": int(time.time()), "data": {"object": dict(obj)}}
+
+    def events_dispatch(self, acct: Account, event: dict[str, Any], *, inline: bool = False) -> None:
+        with self.lock:
+            if self.faults.out_of_order_webhooks:
+                self.held_events.append((acct, event))
+                return
+            copies = 2 if self.faults.duplicate_webhooks else 1
+        for _ in range(copies):
+            if inline:
+                self.deliver(acct, event)
+            else:
+                threading.Thread(target=self.deliver, args=(acct, event), daemon=True).start()
+
+    def flush_held(self) -> int:
+        with self.lock:
+            held, self.held_events = list(reversed(self.held_events)), []
+            copies = 2 if self.faults.duplicate_webhooks else 1
+        for acct, event in held:  # newest first
+            for _ in range(copies):
+                self.deliver(acct, event)
+        return len(held)
+
+    def deliver(self, acct: Account, event: dict[str, Any]) -> None:
+        body = json.dumps(event, separators=(",", ":")).encode("utf-8")
+        for endpoint in list(acct.endpoints):
+            for attempt in range(5):
+                status = _post_signed(endpoint, body)
+                with self.lock:
+                    self.webhook_log.append({"event": event["id"], "type": event["type"], "url": endpoint["url"], "status": status})
+                if 200 <= status < 300:
+                    break
+                time.sleep(0.2 * 2**attempt)
+
+
+def _post_signed(endpoint: dict[str, str], body: bytes) -> int:
+    """POST a signed event. A `*.localhost` host is reached on 127.0.0.1, its name sent as Host."""
+    parts = urlsplit(endpoint["url"])
+    host = parts.hostname or "127.0.0.1"
+    connect = "127.0.0.1" if host.endswith(".localhost") or host == "localhost" else host
+    netloc = connect + (f":{parts.port}" if parts.port else "")
+    url = f"{parts.scheme}://{netloc}{parts.path or '/'}" + (f"?{parts.query}" if parts.query else "")
+    headers = {
+        "Content-Type": "application/json",
+        SIGNATURE_HEADER: signature_header_for(secret=endpoint["secret"], body=body, timestamp=int(time.time())),
+        "Host": host + (f":{parts.port}" if parts.port else ""),
+    }
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")  # noqa: S310 - URL set by the operator
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _json_body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if not raw:
+                return {}
+            value = json.loads(raw)
+            return value if isinstance(value, dict) else {}
+
+        def _send(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body, separators=(",", ":")).encode("utf-8")
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _account(self) -> Account | None:
+            auth = self.headers.get("Authorization", "")
+            if not auth.startswith("Bearer ") or len(auth) < 12:
+                self._send(401, {"error": {"type": "authentication_error", "message": "bearer api key required"}})
+                return None
+            return sim.account(auth[len("Bearer "):])
+
+        def _api_faults(self) -> bool:
+            """Latency, then an injected 5xx. True when the call was answered here."""
+            with sim.lock:
+                latency = sim.faults.latency_ms
+                fail = sim.faults.fail_5xx > 0
+                if fail:
+                    sim.faults.fail_5xx -= 1
+            if latency:
+                time.sleep(latency / 1000.0)
+            if fail:
+                self._send(500, {"error": {"type": "api_error", "message": "injected failure"}})
+            return fail
+
+        def do_GET(self) -> None:
+            parts = urlsplit(self.path)
+            if parts.path == "/healthz":
+                self._send(200, {"ok": True})
+                return
+            if parts.path == "/_control/state":
+                with sim.lock:
+                    state = {
+                        "accounts": {k: {"charges": list(a.charges.values()), "refunds": list(a.refunds.values()), "endpoints": len(a.endpoints)}
+                                     for k, a in sim.accounts.items()},
+                        "webhooks": list(sim.webhook_log), "held_events": len(sim.held_events),
+                    }
+                self._send(200, state)
+                return
+            acct = self._account()
+            if acct is None or self._api_faults():
+                return
+            if parts.path == "/v1/charges":
+                key = parse_qs(parts.query).get("idempotency_key", [None])[0]
+                with sim.lock:
+                    data = [c for c in acct.charges.values() if key is None or c["idempotency_key"] == key]
+                self._send(200, {"object": "list", "data": data})
+            elif parts.path.startswith("/v1/settlements/"):
+                self._send(200, sim.settlement(acct, parts.path.rsplit("/", 1)[1]))
+            else:
+                self._send(404, {"error": {"type": "invalid_request_error", "message": "unknown path"}})
+
+        def do_POST(self) -> None:
+            path = urlsplit(self.path).path
+            try:
+                params = self._json_body()
+            except (ValueError, UnicodeDecodeError):
+                self._send(400, {"error": {"type": "invalid_request_error", "message": "body must be a JSON object"}})
+                return
+            if path.startswith("/_control/"):
+                self._control(path, params)
+                return
+            acct = self._account()
+            if acct is None or self._api_faults():
+                return
+            if path == "/v1/webhook_endpoints":
+                url, secret = params.get("url"), params.get("secret")
+                if not isinstance(url, str) or not isinstance(secret, str) or not secret:
+                    self._send(400, {"error": {"type": "invalid_request_error", "message": "url and secret are required"}})
+                    return
+                with sim.lock:
+                    acct.endpoints = [e for e in acct.endpoints if e["url"] != url] + [{"url": url, "secret": secret}]
+                self._send(200, {"object": "webhook_endpoint", "url": url})
+                return
+            key = self.headers.get("Idempotency-Key")
+            if not key:
+                self._send(400, {"error": {"type": "invalid_request_error", "message": "Idempotency-Key header is required"}})
+                return
+            if path == "/v1/charges":
+                status, body, event = sim.charge_create(acct, key, params)
+                if event is not None:
+                    self._after_charge(acct, event)
+                    with sim.lock:
+                        hang = sim.faults.hang_after_charge > 0
+                        if hang:
+                            sim.faults.hang_after_charge -= 1
+                        hang_seconds = sim.faults.hang_seconds
+                    if hang:  # charged; the caller never hears it
+                        time.sleep(hang_seconds)
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                self._send(status, body)
+            elif path == "/v1/refunds":
+                status, body, event = sim.refund_create(acct, key, params)
+                if event is not None:
+                    sim.events_dispatch(acct, event)
+                self._send(status, body)
+            else:
+                self._send(404, {"error": {"type": "invalid_request_error", "message": "unknown path"}})
+
+        def _after_charge(self, acct: Account, event: dict[str, Any]) -> None:
+            with sim.lock:
+                first = sim.faults.webhook_before_response
+            sim.events_dispatch(acct, event, inline=first)
+
+        def _control(self, path: str, params: dict[str, Any]) -> None:
+            if path == "/_control/faults":
+                with sim.lock:
+                    for name, value in params.items():
+                        if hasattr(sim.faults, name):
+                            setattr(sim.faults, name, type(getattr(sim.faults, name))(value))
+                    current = dict(sim.faults.__dict__)
+                self._send(200, current)
+            elif path == "/_control/flush_webhooks":
+                self._send(200, {"flushed": sim.flush_held()})
+            elif path == "/_control/reset":
+                with sim.lock:
+                    sim.faults = Faults()
+                    sim.accounts.clear()
+                    sim.held_events.clear()
+                    sim.webhook_log.clear()
+                self._send(200, {"reset": True})
+            else:
+                self._send(404, {"error": {"type": "invalid_request_error", "message": "unknown control"}})
+
+    return Handler
+
+
+def serve(*, host: str, port: int, accounts_file: str | None = None) -> None:
+    sim = Simulator()
+    if accounts_file:
+        # {"<api key>": [{"url": ..., "secret": ...}, ...]}: endpoints registered at start.
+        try:
+            with open(accounts_file, encoding="utf-8") as fh:
+                for api_key, endpoints in json.load(fh).items():
+                    if isinstance(endpoints, list):
+                        sim.account(api_key).endpoints = [{"url": str(e["url"]), "secret": str(e["secret"])} for e in endpoints]
+        except FileNotFoundError:
+            pass
+    server = ThreadingHTTPServer((host, port), _make_handler(sim))
+    server.daemon_threads = True
+    print(f"psp simulator listening on http://{host}:{server.server_address[1]}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Tally's PSP simulator")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8766)
+    parser.add_argument("--accounts-file", default=None, help="JSON {api_key: [{url, secret}]} of webhook endpoints to register at start")
+    args = parser.parse_args(argv)
+    serve(host=args.host, port=args.port, accounts_file=args.accounts_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The Stripe adapter (production): stripe-python's StripeClient, PaymentIntents confirmed
+at once with the card's PaymentMethod, our top-up id passed as Stripe's Idempotency-Key.
+
+- A decline is Stripe's 402 CardError: the charge failed, with its decline code.
+- No answer (APIConnectionError, a timeout) or a 5xx / 429: GatewayUnavailable (the
+  outcome is unknown; asking again with the same key returns the first PaymentIntent).
+  stripe-python's own network retries are off: the saga retries, always with the same key.
+- Other 4xx (bad key, invalid parameters, idempotency key reused with other parameters):
+  GatewayRejected.
+- Webhooks: `Stripe-Signature` (same t=..,v1=.. scheme, checked in payments.gateways.signing);
+  `payment_intent.succeeded` and `payment_intent.payment_failed` carry our top-up id in
+  `metadata.tally_topup`.
+- Settlement: the day's balance transactions (charges and refunds).
+
+Tested against canned responses in Stripe's documented shapes (tests/psp/stripe_fixtures),
+served by a local stub server that `api_base` points at: there is no network here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import stripe
+
+from payments.gateways import metrics
+from payments.gateways.base import (
+    ChargeRequest,
+    ChargeResult,
+    GatewayRejected,
+    GatewayUnavailable,
+    PspEvent,
+    RefundResult,
+    SettlementLine,
+    SettlementReport,
+)
+
+STRIPE_API_BASE = "https://api.stripe.com"
+_EVENT_KINDS = {"payment_intent.succeeded": "charge_succeeded", "payment_intent.payment_failed": "charge_failed"}
+
+
+class StripeGateway:
+    name = "stripe"
+    signature_header = "HTTP_STRIPE_SIGNATURE"
+
+    def __init__(self, *, api_base: str, secret_key: str, timeout: float) -> None:
+        self.client = stripe.StripeClient(
+            secret_key,
+            base_addresses={"api": (api_base or STRIPE_API_BASE).rstrip("/")},
+            http_client=stripe.RequestsClient(timeout=timeout),
+            max_network_retries=0,
+        )
+
+    def _call(self, operation: str, fn: Any) -> Any:
+        started = time.monotonic()
+        try:
+            return fn()
+        except stripe.CardError:
+            raise
+        except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
+            metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
+            raise GatewayUnavailable(f"{operation}: no answer from Stripe") from exc
+        except stripe.StripeError as exc:
+            status = int(getattr(exc, "http_status", None) or 0)
+            if status == 0 or status >= 500:
+                metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
+                raise GatewayUnavailable(f"{operation}: Stripe answered {status or 'nothing'}") from exc
+            metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="rejected").inc()
+            raise GatewayRejected(f"{operation}: Stripe refused the request ({status})", param=getattr(exc, "param", None)) from exc
+        finally:
+            metrics.PSP_CALL_SECONDS.labels(gateway=self.name, operation=operation).observe(time.monotonic() - started)
+
+    def charge(self, request: ChargeRequest) -> ChargeResult:
+        params: Any = {
+            "amount": request.amount, "currency": request.currency.lower(), "payment_method": request.payment_method,
+            "confirm": True, "metadata": {"tally_topup": request.reference},
+            "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
+        }
+        try:
+            options: Any = {"idempotency_key": request.idempotency_key}
+            intent = self._call("charge", lambda: self.client.v1.payment_intents.create(params=params, options=options))
+        except GatewayRejected as exc:
+            if exc.param != "payment_method":
+                raise
+            return ChargeResult(status="failed", psp_reference="", amount=request.amount, currency=request.currency.upper(),
+                                failure_code="payment_method_invalid")
+        except stripe.CardError as exc:
+            error = exc.error
+            failed_intent = getattr(error, "payment_intent", None) if error is not None else None
+            return ChargeResult(
+                status="failed", psp_reference=str(getattr(failed_intent, "id", "") or ""), amount=request.amount,
+                currency=request.currency.upper(), failure_code=str(getattr(error, "decline_code", None) or exc.code or "card_declined"),
+                created=_ts(getattr(failed_intent, "created", None)),
+            )
+        status = str(intent.status)
+        if status == "succeeded":
+            return ChargeResult(
+                status="succeeded", psp_reference=str(intent.id), amount=int(intent.amount), currency=str(intent.currency).upper(),
+                created=_ts(intent.created),
+            )
+        if status in ("requires_payment_method", "canceled"):
+            last_error = getattr(intent, "last_payment_error", None)
+            return ChargeResult(
+                status="failed", psp_reference=str(intent.id), amount=int(intent.amount), currency=str(intent.currency).upper(),
+                failure_code=str(getattr(last_error, "decline_code", None) or "card_declined"), created=_ts(intent.created),
+            )
+        # processing / requires_action: not settled yet; the webhook or the recovery decides.
+        raise GatewayUnavailable(f"charge: PaymentIntent {intent.id} is {status}")
+
+    def refund(self, *, psp_reference: str, amount: int, idempotency_key: str) -> RefundResult:
+        params: Any = {"payment_intent": psp_reference, "amount": amount}
+        options: Any = {"idempotency_key": idempotency_key}
+        refund = self._call("refund", lambda: self.client.v1.refunds.create(params=params, options=options))
+        return RefundResult(psp_reference=str(refund.id), amount=int(refund.amount))
+
+    def settlement_report(self, *, day: date) -> SettlementReport:
+        start = int(datetime.combine(day, datetime.min.time(), tzinfo=UTC).timestamp())
+        end = int((datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(days=1)).timestamp())
+        params: Any = {"created": {"gte": start, "lt": end}, "limit": 100, "expand": ["data.source"]}
+        page = self._call("settlement", lambda: self.client.v1.balance_transactions.list(params=params))
+        lines: list[SettlementLine] = []
+        for txn in page.auto_paging_iter():
+            if txn.type not in ("charge", "payment", "refund"):
+                continue
+            source = txn.source
+            raw_metadata: Any = getattr(source, "metadata", None) or {}
+            metadata = raw_metadata.to_dict() if hasattr(raw_metadata, "to_dict") else dict(raw_metadata)
+            intent = getattr(source, "payment_intent", None) or getattr(source, "id", "")
+            lines.append(
+                SettlementLine(
+                    psp_reference=str(getattr(intent, "id", intent)), kind="refund" if txn.type == "refund" else "charge",
+                    amount=int(txn.amount), currency=str(txn.currency).upper(), reference=str(metadata.get("tally_topup", "")),
+                )
+            )
+        return SettlementReport(day=day, lines=lines)
+
+    def event_parse(self, body: bytes) -> PspEvent:
+        event = json.loads(body)
+        obj = event["data"]["object"]
+        last_error = obj.get("last_payment_error") or {}
+        return PspEvent(
+            id=str(event["id"]), type=str(event["type"]), kind=_EVENT_KINDS.get(str(event["type"]), "other"),  # type: ignore[arg-type]
+            reference=str((obj.get("metadata") or {}).get("tally_topup", "")), psp_reference=str(obj.get("id", "")),
+            failure_code=str(last_error.get("decline_code") or last_error.get("code") or ""), created=_ts(obj.get("created")),
+            amount=int(obj.get("amount") or 0), currency=str(obj.get("currency") or "").upper(),
+        )
+
+
+def _ts(value: Any) -> datetime | None:
+    return datetime.fromtimestamp(int(value), UTC) if isinstance(value, int) else None

@@ -1,0 +1,384 @@
+"""Card top-ups at a PSP: the business steps of the saga (payments/api/topup_saga.py
+orchestrates them with the idempotency engine), the tenant's gateway account, inbound PSP
+webhooks and the settlement comparison.
+
+The PSP is always called with the top-up's id as its idempotency key (minted once, at
+claim time, and kept across retries and takeovers): asking again can only return the
+first charge. Crediting is idempotent on the top-up row (locked; a credited top-up is
+never credited again), so the inline answer, a webhook and the recovery task may all
+try, and one credit results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from payments.errors import (
+    AssetNotTopUpable,
+    CardDeclined,
+    PspEventInvalid,
+    PspNotConfigured,
+    PspSignatureInvalid,
+    PspSignatureStale,
+    PspUnavailable,
+)
+from payments.gateways import metrics
+from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayUnavailable, PspEvent
+from payments.gateways.credentials import credential_seal
+from payments.gateways.registry import gateway_build, gateway_webhook_secrets
+from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
+from payments.locks import topup_lock
+from payments.models import GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
+from payments.selectors import (
+    gateway_account_active,
+    gateway_account_get,
+    topup_settlement_lines,
+    topups_pending_count,
+    topups_refund_due,
+)
+from payments.services.outbox import outbox_event_create
+from payments.services.topups import topup_credit
+from tenants.selectors import tenant_current, tenant_rate
+from wallets.errors import BusinessRefusal, CapExceeded, InvalidRequest, NotFound, WalletFrozen
+from wallets.models import AssetKind, Customer
+from wallets.money import amount_to_minor, topup_bonus_for
+from wallets.selectors import account_balance, account_of, asset_get
+from wallets.transactions import atomic_service
+
+logger = logging.getLogger("tally.topups")
+
+TOP_UPABLE_KINDS = (AssetKind.CURRENCY, AssetKind.REGIONAL)
+
+# --- The tenant's gateway account -------------------------------------------------------
+
+
+@atomic_service(operation="gateway_account_set")
+def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook_secrets: list[str], active: bool = True) -> GatewayAccount:
+    """Create or replace the tenant's account at `gateway`; `active` makes it the one card
+    top-ups use (the previous active one is switched off). Credentials are sealed before
+    they reach the database. Locks: the gateway account rows."""
+    if gateway not in ("simulator", "stripe"):
+        raise InvalidRequest("gateway must be simulator or stripe", param="gateway")
+    if not secret_key or not webhook_secrets or not all(isinstance(s, str) and s for s in webhook_secrets):
+        raise InvalidRequest("a secret key and at least one webhook secret are required", param="webhook_secrets")
+    schema = str(getattr(connection, "schema_name", "public"))
+    list(GatewayAccount.objects.select_for_update().order_by("pk"))
+    if active:
+        GatewayAccount.objects.filter(active=True).exclude(gateway=gateway).update(active=False)
+    account, _ = GatewayAccount.objects.update_or_create(
+        gateway=gateway,
+        defaults={
+            "api_base": api_base, "active": active,
+            "secret_key_sealed": credential_seal(value=secret_key, schema=schema, gateway=gateway, field="secret_key"),
+            "webhook_secrets_sealed": credential_seal(value=json.dumps(webhook_secrets), schema=schema, gateway=gateway, field="webhook_secrets"),
+        },
+    )
+    return account
+
+
+# --- Saga steps ----------------------------------------------------------------------------
+
+
+def topup_pending_ensure(
+    *, topup_id: str, customer: Customer, asset_code: str, amount: object, payment_method: str, claim_principal_id: str, claim_key: str
+) -> TopUp:
+    """Step 1, in the claim's transaction: the pre-registered top-up (status pending) and
+    its `topup.created` outbox row, under the id minted at claim time. Idempotent across
+    takeovers of the claim: an existing top-up of that id is returned as it is.
+
+    Refuses (nothing written) a non-currency asset, a bad amount, a tenant without an
+    active gateway. Locks: none (the claim row is the caller's)."""
+    existing = TopUp.objects.filter(pk=topup_id).first()  # takeover: the claim's top-up is already written
+    if existing is not None:
+        return existing
+    minor = amount_to_minor(amount)
+    asset = asset_get(asset_code=asset_code)
+    if asset.kind not in TOP_UPABLE_KINDS:
+        raise AssetNotTopUpable(f"{asset.code} is not a currency: card top-ups buy the main or a regional currency", param="asset")
+    if not isinstance(payment_method, str) or not payment_method.strip():
+        raise InvalidRequest("payment_method is required", param="payment_method")
+    account = gateway_account_active()
+    if account is None:
+        raise PspNotConfigured("card top-ups are not set up for this operator")
+    bonus = topup_bonus_for(amount=minor, rate=tenant_rate(tenant_current(), "topup_bonus_rate"))
+    topup = TopUp.objects.create(
+        id=topup_id, customer=customer, asset=asset, amount=minor, bonus_amount=bonus, payment_method=payment_method[:100],
+        gateway=account.gateway, claim_principal_id=claim_principal_id[:64], claim_key=claim_key[:255],
+    )
+    outbox_event_create(
+        topic="topup.created",
+        payload={"id": topup.id, "object": "topup", "customer": customer.pk, "asset": asset.code, "amount": minor, "status": topup.status},
+    )
+    return topup
+
+
+def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
+    """Before charging the card: would the credit be refused (frozen wallet, cap on amount +
+    bonus)? A read; the credit checks again under its locks."""
+    account = account_of(party=topup.customer)
+    if account.frozen:
+        return WalletFrozen("the wallet is frozen", param=None)
+    asset = asset_get(asset_code=topup.asset_id)
+    if asset.cap is not None:
+        balance, _ = account_balance(account=account, asset_code=asset.code)
+        if balance + topup.amount + topup.bonus_amount > asset.cap:
+            return CapExceeded(f"the wallet's {asset.code} balance would exceed its cap of {asset.cap}", param="amount")
+    return None
+
+
+def topup_charge(*, topup: TopUp) -> ChargeResult:
+    """Step 2, outside any transaction: charge the card at the top-up's gateway with the
+    top-up id as the PSP's idempotency key. Raises PspUnavailable when the outcome is unknown."""
+    try:
+        gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
+    except NotFound as exc:
+        raise PspNotConfigured("the top-up's gateway is no longer configured") from exc
+    request = ChargeRequest(
+        amount=topup.amount, currency=topup.asset_id, payment_method=topup.payment_method, idempotency_key=topup.pk, reference=topup.pk
+    )
+    try:
+        return gateway.charge(request)
+    except GatewayUnavailable as exc:
+        raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
+    except GatewayError as exc:
+        logger.error("psp refused a charge request", extra={"topup": topup.pk, "error": str(exc)})
+        raise PspUnavailable("the card processor refused the request") from exc
+
+
+def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
+    if topup.status != TopUpStatus.FAILED:
+        return None
+    if topup.failure_code == "cap_exceeded":
+        return CapExceeded(f"the wallet's {topup.asset_id} balance would exceed its cap", param="amount")
+    if topup.failure_code == "wallet_frozen":
+        return WalletFrozen("the wallet is frozen", param=None)
+    return CardDeclined(f"the card was declined ({topup.failure_code})", param="payment_method")
+
+
+def topup_outcome(*, topup_id: str) -> tuple[TopUp, BusinessRefusal | None]:
+    """The top-up as it stands and, if it failed, the refusal that answers it."""
+    topup = TopUp.objects.get(pk=topup_id)
+    return topup, _refusal_of(topup)
+
+
+def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, BusinessRefusal | None]:
+    """Step 3 / 4, in the caller's transaction (the fenced completion, or a webhook's):
+    apply the PSP's answer to the top-up.
+
+    Succeeded: credit amount + bonus (bonus and cap rules of payments.services.topups). If
+    the credit is refused now (cap reached meanwhile, wallet frozen), the top-up fails with
+    that code and the card is refunded by the recovery task (`topup_refunds_run`).
+    Declined: the top-up fails with the PSP's code. Already settled: unchanged (credited
+    once whoever comes first). Locks: the top-up row, then the balance rows (ledger_post)."""
+    topup = topup_lock(topup_id=topup_id)
+    if topup is None:
+        raise NotFound("no such top-up", param="topup")
+    if topup.status != TopUpStatus.PENDING:
+        return topup, _refusal_of(topup)
+    if result.amount != topup.amount or result.currency.upper() != topup.asset_id.upper():
+        logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
+        raise PspEventInvalid("the PSP's charge does not match the top-up's amount and currency", param=None)
+    topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
+    topup.save(update_fields=["psp_reference", "psp_charged_at", "updated"])
+    if result.status == "succeeded":
+        try:
+            with transaction.atomic():  # a refusal is raised before ledger_post writes; the savepoint makes that certain
+                credited = topup_credit(topup=topup)
+            return credited, None
+        except (CapExceeded, WalletFrozen) as refusal:
+            code = "cap_exceeded" if isinstance(refusal, CapExceeded) else "wallet_frozen"
+            return _fail(topup, code), refusal
+    failed = _fail(topup, result.failure_code or "card_declined")
+    return failed, _refusal_of(failed)
+
+
+def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal]:
+    """Refused before the card was charged (frozen, cap). Locks: the top-up row."""
+    topup = topup_lock(topup_id=topup_id)
+    if topup is None:
+        raise NotFound("no such top-up", param="topup")
+    if topup.status == TopUpStatus.PENDING:
+        _fail(topup, "cap_exceeded" if isinstance(refusal, CapExceeded) else "wallet_frozen")
+    return topup, refusal
+
+
+def topup_abandon(*, topup_id: str) -> None:
+    """The claim was released without a stored answer (a discarded 4xx): a still-pending,
+    never-charged top-up of it fails as `request_invalid`. Locks: the top-up row."""
+    topup = topup_lock(topup_id=topup_id)
+    if topup is not None and topup.status == TopUpStatus.PENDING and not topup.psp_reference:
+        _fail(topup, "request_invalid")
+
+
+def _fail(topup: TopUp, failure_code: str) -> TopUp:
+    topup.status, topup.failure_code = TopUpStatus.FAILED, failure_code[:50]
+    topup.save(update_fields=["status", "failure_code", "updated"])
+    outbox_event_create(topic="topup.failed", payload={"id": topup.id, "object": "topup", "failure_code": topup.failure_code})
+    return topup
+
+
+def topup_refunds_run(*, limit: int = 50) -> int:
+    """Give back the card money of top-ups charged but not credited (cap, frozen): a PSP
+    refund with the key `<top-up id>:refund`, then the reference recorded. Returns how
+    many were refunded. Locks: each top-up row, briefly, to record the refund."""
+    done = 0
+    for topup in topups_refund_due(limit=limit):
+        try:
+            gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
+            refund = gateway.refund(psp_reference=topup.psp_reference, amount=topup.amount, idempotency_key=f"{topup.pk}:refund")
+        except (GatewayError, NotFound):
+            logger.warning("card refund of an uncredited top-up failed; retried next run", extra={"topup": topup.pk})
+            continue
+        _refund_record(topup_id=topup.pk, reference=refund.psp_reference)
+        done += 1
+    return done
+
+
+@atomic_service(operation="topup_refund_record")
+def _refund_record(*, topup_id: str, reference: str) -> None:
+    topup = topup_lock(topup_id=topup_id)
+    if topup is not None and not topup.psp_refund_reference:
+        topup.psp_refund_reference = reference[:200]
+        topup.save(update_fields=["psp_refund_reference", "updated"])
+        outbox_event_create(topic="topup.card_refunded", payload={"id": topup.id, "object": "topup", "psp_refund": reference})
+
+
+def topups_pending_gauge_refresh() -> int:
+    count = topups_pending_count()
+    metrics.TOPUPS_PENDING.labels(tenant=str(getattr(connection, "schema_name", "public"))).set(count)
+    return count
+
+
+# --- Inbound PSP webhooks ------------------------------------------------------------------
+
+
+def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes, now: float | None = None) -> str:
+    """Verify and apply one inbound PSP event; returns the outcome (applied, duplicate,
+    ignored). Signature and timestamp first (300 s tolerance, every configured secret, in
+    constant time): PspSignatureInvalid / PspSignatureStale, nothing applied. Then the event
+    id is recorded in the same transaction as its effect: a redelivery is a duplicate; a
+    failing effect rolls the marker back with it, so the provider's retry is processed.
+    Unknown event types are recorded, logged and acknowledged. Locks: see `_event_apply`."""
+    try:
+        account = gateway_account_get(gateway=gateway_name)
+    except NotFound:
+        metrics.PSP_WEBHOOKS.labels(gateway="unknown", outcome="refused_signature").inc()
+        raise
+    gateway = gateway_build(account=account)
+    try:
+        signature_verify(header=signature, body=body, secrets=gateway_webhook_secrets(account=account), now=now or time.time())
+    except SignatureStale as exc:
+        metrics.PSP_WEBHOOKS.labels(gateway=gateway_name, outcome="refused_stale").inc()
+        raise PspSignatureStale("the signature's timestamp is outside the 300 s tolerance", param=None) from exc
+    except SignatureInvalid as exc:
+        metrics.PSP_WEBHOOKS.labels(gateway=gateway_name, outcome="refused_signature").inc()
+        raise PspSignatureInvalid("the webhook signature is missing or matches no secret", param=None) from exc
+    try:
+        event = gateway.event_parse(body)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        metrics.PSP_WEBHOOKS.labels(gateway=gateway_name, outcome="failed").inc()
+        raise PspEventInvalid("the event body is not a valid event", param=None) from exc
+    try:
+        outcome = _event_apply(gateway_name=gateway_name, event=event)
+    except Exception:
+        metrics.PSP_WEBHOOKS.labels(gateway=gateway_name, outcome="failed").inc()
+        raise
+    metrics.PSP_WEBHOOKS.labels(gateway=gateway_name, outcome=outcome).inc()
+    if outcome == "ignored":
+        logger.info("psp webhook acknowledged without effect", extra={"gateway": gateway_name, "event": event.id, "type": event.type})
+    return outcome
+
+
+@atomic_service(operation="psp_webhook_apply")
+def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
+    """One transaction (a savepoint when called inside another, so a failure takes the
+    marker with it either way): the event marker (unique per gateway and event id; a
+    concurrent duplicate waits on it, then finds it), then the effect. Locks: the
+    marker's unique index entry, then the top-up row and balance rows (topup_settle)."""
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                marker = PspWebhookEvent.objects.create(
+                    gateway=gateway_name, event_id=event.id[:255], type=event.type[:100], outcome="applied"
+                )
+        except IntegrityError:
+            return "duplicate"
+        outcome = "ignored"
+        if event.kind in ("charge_succeeded", "charge_failed") and event.reference and TopUp.objects.filter(pk=event.reference).exists():
+            result = ChargeResult(
+                status="succeeded" if event.kind == "charge_succeeded" else "failed", psp_reference=event.psp_reference,
+                amount=event.amount, currency=event.currency, failure_code=event.failure_code, created=event.created,
+            )
+            topup_settle(topup_id=event.reference, result=result)
+            outcome = "applied"
+        marker.outcome = outcome
+        marker.save(update_fields=["outcome"])
+        return outcome
+
+
+# Providers retry an event for days (Stripe: up to 3); a marker older than this can no
+# longer meet its duplicate.
+PSP_WEBHOOK_EVENT_RETENTION_DAYS = 30
+
+
+def psp_webhook_events_purge(*, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000) -> int:
+    """Delete inbound event markers past retention, in batches (each its own short
+    transaction). Returns how many went. Locks: each batch's rows (SKIP LOCKED)."""
+    horizon = timezone.now() - timedelta(days=older_than_days)
+    total = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                PspWebhookEvent.objects.select_for_update(skip_locked=True).filter(received__lt=horizon)
+                .order_by("received").values_list("pk", flat=True)[:batch_size]
+            )
+            deleted = PspWebhookEvent.objects.filter(pk__in=ids).delete()[0] if ids else 0
+        total += deleted
+        if deleted < batch_size:
+            return total
+
+
+# --- Settlement ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettlementComparison:
+    day: date
+    gateway: str
+    matched: int
+    ours_total: int
+    psp_total: int
+    missing_at_psp: list[str] = field(default_factory=list)  # our top-up ids the PSP did not settle
+    missing_here: list[str] = field(default_factory=list)  # PSP charge ids with no top-up of ours
+    amount_mismatches: list[str] = field(default_factory=list)  # top-up ids whose amounts differ
+
+    @property
+    def balanced(self) -> bool:
+        return not (self.missing_at_psp or self.missing_here or self.amount_mismatches)
+
+
+def topup_settlement_compare(*, day: date, gateway: str | None = None) -> SettlementComparison:
+    """Our top-ups charged on `day` (payments.selectors.topup_settlement_lines) against the
+    PSP's settlement report for that day: charges matched on the PSP reference. A refund
+    line of the PSP is matched against our refunded (uncredited) top-ups. Reads only."""
+    account = gateway_account_get(gateway=gateway) if gateway else gateway_account_active()
+    if account is None:
+        raise PspNotConfigured("no active card gateway")
+    report = gateway_build(account=account).settlement_report(day=day)
+    ours = {line.psp_reference: line for line in topup_settlement_lines(day=day, gateway=account.gateway)}
+    psp_charges = {line.psp_reference: line for line in report.lines if line.kind == "charge"}
+    missing_at_psp = sorted(line.topup_id for ref, line in ours.items() if ref not in psp_charges)
+    missing_here = sorted(ref for ref in psp_charges if ref not in ours)
+    mismatches = sorted(line.topup_id for ref, line in ours.items() if ref in psp_charges and psp_charges[ref].amount != line.amount)
+    return SettlementComparison(
+        day=day, gateway=account.gateway, matched=len(set(ours) & set(psp_charges)),
+        ours_total=sum(line.amount for line in ours.values()), psp_total=sum(line.amount for line in psp_charges.values()),
+        missing_at_psp=missing_at_psp, missing_here=missing_here, amount_mismatches=mismatches,
+    )

@@ -1,0 +1,88 @@
+"""The real PSP simulator process for tests (payments/gateways/simulator_server.py), started
+on a free port, and a small client for its control endpoints."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.receivers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Simulator:
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None, api_key: str | None = None) -> Any:
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def faults(self, **faults: Any) -> dict[str, Any]:
+        return dict(self._call("POST", "/_control/faults", faults))
+
+    def faults_clear(self) -> None:
+        self.faults(latency_ms=0, fail_5xx=0, hang_after_charge=0, hang_seconds=30.0, duplicate_webhooks=False,
+                    out_of_order_webhooks=False, webhook_before_response=False)
+
+    def flush_webhooks(self) -> int:
+        return int(self._call("POST", "/_control/flush_webhooks", {})["flushed"])
+
+    def state(self) -> dict[str, Any]:
+        return dict(self._call("GET", "/_control/state"))
+
+    def charges(self, api_key: str, idempotency_key: str | None = None) -> list[dict[str, Any]]:
+        query = f"?idempotency_key={idempotency_key}" if idempotency_key else ""
+        return list(self._call("GET", f"/v1/charges{query}", api_key=api_key)["data"])
+
+    def settlement(self, api_key: str, day: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/v1/settlements/{day}", api_key=api_key))
+
+    def webhook_endpoint(self, api_key: str, url: str, secret: str) -> None:
+        self._call("POST", "/v1/webhook_endpoints", {"url": url, "secret": secret}, api_key=api_key)
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        return list(self.state()["webhooks"])
+
+
+@contextmanager
+def simulator_running() -> Iterator[Simulator]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "payments.gateways.simulator_server", "--port", str(port)], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    sim = Simulator(url=f"http://127.0.0.1:{port}", process=process)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(sim.url + "/healthz", timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None, process.communicate()
+                assert time.monotonic() < deadline, "the PSP simulator did not start"
+                time.sleep(0.05)
+        yield sim
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,466 @@
+"""Card top-ups as a crash-safe saga (SPEC 1.1, 1.5, 6, 8), each test against the real PSP
+simulator process (payments/gateways/simulator_server.py) and real PostgreSQL, with
+committed data: a slow PSP, a PSP 5xx and a timeout after the PSP charged each converge
+to one charge and one credit; the web process killed with SIGKILL between the charge and
+the completion is recovered; a stalled first attempt cannot overwrite the result;
+duplicate and out-of-order PSP webhooks apply once; the settlement report matches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from payments.idempotency.models import IdempotencyRecord
+from payments.models import PspWebhookEvent, TopUp
+from payments.services.card_topups import topup_settlement_compare
+from payments.tasks import topups_recover_all_tenants
+from tenants.models import Tenant
+from tests.conftest import TENANT_A, TENANT_B, in_tenant, psp_account_configure, run_in_thread_tenant
+from tests.psp_sim import Simulator
+from tests.receivers import free_port
+from wallets.models import Account, LedgerTransaction
+from wallets.selectors import account_balance
+from wallets.services.principals import api_key_create, customer_create
+
+ROOT = Path(__file__).resolve().parent.parent
+WEBHOOK_SECRET = "whsec_live_1"
+
+
+@dataclass
+class Live:
+    sim: Simulator
+    psp_key: str
+    customer: Any
+    key: str
+
+    def post(self, idem: str, body: dict[str, Any], client: Client | None = None) -> Any:
+        client = client or Client(HTTP_HOST=TENANT_A["domain"])
+        return client.post("/v1/customer/topups", data=json.dumps(body), content_type="application/json",
+                           HTTP_AUTHORIZATION=f"Bearer {self.key}", HTTP_IDEMPOTENCY_KEY=idem)
+
+    def balance(self) -> int:
+        connection.set_schema(TENANT_A["schema_name"])
+        return account_balance(account=Account.objects.get(customer=self.customer), asset_code="JPY")[0]
+
+    def charges(self) -> list[dict[str, Any]]:
+        return self.sim.charges(self.psp_key)
+
+    def credits(self, topup_id: str) -> int:
+        connection.set_schema(TENANT_A["schema_name"])
+        return LedgerTransaction.objects.filter(kind="topup", reference=topup_id).count()
+
+    def only_topup(self) -> TopUp:
+        connection.set_schema(TENANT_A["schema_name"])
+        topups = list(TopUp.objects.filter(customer=self.customer))
+        assert len(topups) == 1, topups
+        return topups[0]
+
+
+@pytest.fixture
+def live(live_tenant: Tenant, psp_simulator: Simulator, settings: Any) -> Iterator[Live]:
+    settings.TALLY_PSP_TIMEOUT_SECONDS = 1.0
+    settings.TALLY_TOPUP_LEASE_SECONDS = 2
+    settings.TALLY_OUTBOX_RELAY_KICK = False
+    psp_simulator.faults_clear()
+    psp_key = psp_account_configure(psp_simulator, webhook_secrets=[WEBHOOK_SECRET])
+    customer = customer_create(name=f"Card {uuid.uuid4().hex[:8]}")
+    yield Live(sim=psp_simulator, psp_key=psp_key, customer=customer, key=api_key_create(principal=customer)[1])
+    psp_simulator.faults_clear()
+    connection.set_tenant(live_tenant)
+
+
+def visa(amount: int = 1000) -> dict[str, Any]:
+    return {"asset": "JPY", "amount": amount, "payment_method": "pm_card_visa"}
+
+
+def recover(until: Callable[[], bool] | None = None, timeout: float = 20.0) -> None:
+    """The beat task (eager in tests), run until `until` holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topups_recover_all_tenants.apply()
+        connection.set_schema(TENANT_A["schema_name"])
+        if until is None or until():
+            return
+        assert time.monotonic() < deadline, "recovery did not converge"
+        time.sleep(0.3)
+
+
+def assert_replays(live: Live, idem: str, body: dict[str, Any], first: Any) -> None:
+    again = live.post(idem, body)
+    assert again.status_code == first.status_code and again.content == first.content
+    assert again["Idempotent-Replayed"] == "true"
+
+
+# --- Inline outcomes -------------------------------------------------------------------------
+
+
+def test_a_top_up_charges_once_credits_once_and_replays(live: Live) -> None:
+    idem = uuid.uuid4().hex
+    r = live.post(idem, visa(1500))
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["status"] == "succeeded" and body["amount"] == 1500
+    assert live.balance() == 1500 and live.credits(body["id"]) == 1
+    assert [c["idempotency_key"] for c in live.charges()] == [body["id"]]  # our top-up id is the PSP's key
+    assert_replays(live, idem, visa(1500), r)
+    assert len(live.charges()) == 1 and live.balance() == 1500
+
+
+def test_a_decline_answers_402_and_the_402_replays(live: Live) -> None:
+    idem = uuid.uuid4().hex
+    body = {"asset": "JPY", "amount": 700, "payment_method": "pm_card_declined"}
+    r = live.post(idem, body)
+    assert r.status_code == 402 and r.json()["error"]["code"] == "card_declined"
+    topup = live.only_topup()
+    assert topup.status == "failed" and topup.failure_code == "card_declined" and live.balance() == 0
+    assert_replays(live, idem, body, r)
+    assert len(live.charges()) == 1
+
+
+@pytest.mark.parametrize("asset", ["CARBON", "POINT"])
+def test_top_ups_buy_currency_only(live: Live, asset: str) -> None:
+    r = live.post(uuid.uuid4().hex, {"asset": asset, "amount": 100, "payment_method": "pm_card_visa"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "asset_not_top_upable" and r.json()["error"]["param"] == "asset"
+    connection.set_schema(TENANT_A["schema_name"])
+    assert not TopUp.objects.filter(customer=live.customer).exists()
+    assert not IdempotencyRecord.objects.filter(principal_id=live.customer.pk).exists()
+    assert live.charges() == []
+
+
+def test_a_slow_psp_converges_to_one_charge_and_one_credit(live: Live) -> None:
+    live.sim.faults(latency_ms=2500)  # beyond our 1 s timeout: the PSP charges after we gave up
+    idem = uuid.uuid4().hex
+    r = live.post(idem, visa())
+    assert r.status_code == 503 and r.json()["error"]["code"] == "psp_unavailable" and r["Retry-After"]
+    live.sim.faults(latency_ms=0)
+    deadline = time.monotonic() + 10
+    while not live.charges():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    again = live.post(idem, visa())  # the client's retry, same key
+    assert again.status_code == 201, again.content
+    topup_id = again.json()["id"]
+    assert len(live.charges()) == 1 and live.credits(topup_id) == 1 and live.balance() == 1000
+    assert_replays(live, idem, visa(), again)
+
+
+def test_a_psp_5xx_converges_to_one_charge_and_one_credit(live: Live) -> None:
+    live.sim.faults(fail_5xx=1)
+    idem = uuid.uuid4().hex
+    r = live.post(idem, visa())
+    assert r.status_code == 503 and r.json()["error"]["code"] == "psp_unavailable"
+    assert live.charges() == [] and live.only_topup().status == "pending"
+    again = live.post(idem, visa())
+    assert again.status_code == 201
+    assert len(live.charges()) == 1 and live.credits(again.json()["id"]) == 1 and live.balance() == 1000
+
+
+def test_a_timeout_after_the_psp_charged_is_recovered_without_the_client(live: Live) -> None:
+    live.sim.faults(hang_after_charge=1, hang_seconds=3)
+    idem = uuid.uuid4().hex
+    r = live.post(idem, visa(1200))
+    assert r.status_code == 503
+    topup = live.only_topup()
+    assert topup.status == "pending" and len(live.charges()) == 1  # charged; we never heard
+    time.sleep(2.2)  # past the lease: the recovery's work
+    recover(until=lambda: TopUp.objects.get(pk=topup.pk).status != "pending")
+    assert live.credits(topup.pk) == 1 and live.balance() == 1200 and len(live.charges()) == 1
+    replay = live.post(idem, visa(1200))  # the client comes back: the recovered answer
+    assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == topup.pk
+    recover()  # a second pass changes nothing
+    assert live.credits(topup.pk) == 1 and len(live.charges()) == 1
+
+
+# --- SIGKILL between the PSP call and the completion ------------------------------------------
+
+
+def _gunicorn(live_tenant: Tenant, port: int, **extra: str) -> subprocess.Popen[bytes]:
+    database = connection.settings_dict
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
+        DATABASE_URL=f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
+        PORT=str(port), WEB_CONCURRENCY="1", TENANT_CACHE_SECONDS="0", TALLY_OUTBOX_RELAY_KICK="false",
+        TALLY_TOPUP_LEASE_SECONDS="2", TALLY_PSP_TIMEOUT_SECONDS="5", **extra,
+    )
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "gunicorn did not start"
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def web(live_tenant: Tenant) -> Iterator[Callable[..., tuple[subprocess.Popen[bytes], int]]]:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(**extra: str) -> tuple[subprocess.Popen[bytes], int]:
+        port = free_port()
+        server = _gunicorn(live_tenant, port, **extra)
+        started.append(server)
+        _warm_up(port)
+        return server, port
+
+    yield start
+    for server in started:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=20)
+
+
+def _warm_up(port: int) -> None:
+    """One request through the whole stack (an unsigned webhook: 400), so the first real one is not slow."""
+    request = f"POST /v1/psp/webhooks/simulator HTTP/1.1\r\nHost: {TENANT_A['domain']}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request.encode())
+        while sock.recv(65536):
+            pass
+
+
+def _post_raw(port: int, key: str, idem: str, body: dict[str, Any]) -> None:
+    """Send a top-up to gunicorn and wait for whatever comes back (nothing, if it is killed)."""
+    raw = json.dumps(body).encode()
+    head = (
+        f"POST /v1/customer/topups HTTP/1.1\r\nHost: {TENANT_A['domain']}\r\nAuthorization: Bearer {key}\r\n"
+        f"Idempotency-Key: {idem}\r\nContent-Type: application/json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+            sock.sendall(head.encode() + raw)
+            while sock.recv(65536):
+                pass
+    except OSError:
+        pass
+
+
+def test_web_killed_between_the_charge_and_the_completion_is_recovered_once(live: Live, web: Any) -> None:
+    server, port = web(TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS="60")
+    idem = uuid.uuid4().hex
+    client_thread = threading.Thread(target=_post_raw, args=(port, live.key, idem, visa(2500)), daemon=True)
+    client_thread.start()
+    deadline = time.monotonic() + 30
+    while not live.charges():  # the PSP has charged; the worker now sleeps before completing
+        assert time.monotonic() < deadline, "the PSP was never called"
+        time.sleep(0.05)
+    os.killpg(server.pid, signal.SIGKILL)  # master and worker
+    server.wait(timeout=10)
+    client_thread.join(timeout=10)
+    topup = live.only_topup()
+    record = IdempotencyRecord.objects.get(principal_id=live.customer.pk, key=idem)
+    assert topup.status == "pending" and record.state == "in_flight" and live.balance() == 0
+
+    killed_at = time.monotonic()
+    recover(until=lambda: IdempotencyRecord.objects.get(pk=record.pk).state == "completed")
+    recovered_in = time.monotonic() - killed_at
+    assert recovered_in < 20
+    assert live.credits(topup.pk) == 1 and live.balance() == 2500 and len(live.charges()) == 1
+    record.refresh_from_db()
+    assert record.fence == 2 and record.response_status == 201
+
+    replay = live.post(idem, visa(2500))  # the same final answer, from the record the recovery completed
+    assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true"
+    assert replay.content == bytes(record.response_body) and replay.json()["status"] == "succeeded"
+    assert live.post(idem, visa(2500)).content == replay.content
+    recover()
+    assert live.credits(topup.pk) == 1 and len(live.charges()) == 1
+
+
+# --- A stalled first attempt ------------------------------------------------------------------
+
+
+def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(live: Live, live_tenant: Tenant, settings: Any) -> None:
+    settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 8.0  # the first attempt stalls after the charge (long: a loaded machine)
+    idem = uuid.uuid4().hex
+    box: dict[str, Any] = {}
+
+    def first() -> None:
+        box["response"] = run_in_thread_tenant(live_tenant, lambda: live.post(idem, visa(800)))
+
+    stalled = threading.Thread(target=first, daemon=True)
+    stalled.start()
+    deadline = time.monotonic() + 20
+    while not live.charges():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 0.0
+    time.sleep(2.2)  # its lease runs out while it sleeps
+    recover(until=lambda: IdempotencyRecord.objects.get(principal_id=live.customer.pk, key=idem).state == "completed")
+    record = IdempotencyRecord.objects.get(principal_id=live.customer.pk, key=idem)
+    stored = (record.fence, record.response_status, bytes(record.response_body), record.completed_at)
+    stalled.join(timeout=30)
+    assert not stalled.is_alive()
+    late = box["response"]
+    # It woke, found its fence dead, wrote nothing, and answered what the record holds.
+    assert late.status_code == 201 and late.content == stored[2] and late["Idempotent-Replayed"] == "true"
+    record.refresh_from_db()
+    assert (record.fence, record.response_status, bytes(record.response_body), record.completed_at) == stored
+    topup = live.only_topup()
+    assert live.credits(topup.pk) == 1 and live.balance() == 800 and len(live.charges()) == 1
+
+
+# --- PSP webhooks through a live web process ---------------------------------------------------
+
+
+def _webhook_url(port: int) -> str:
+    return f"http://{TENANT_A['domain']}:{port}/v1/psp/webhooks/simulator"
+
+
+def test_a_webhook_before_the_inline_answer_credits_once(live: Live, web: Any) -> None:
+    _, port = web()
+    live.sim.webhook_endpoint(live.psp_key, _webhook_url(port), WEBHOOK_SECRET)
+    live.sim.faults(webhook_before_response=True)  # the event lands and is applied before our call returns
+    r = live.post(uuid.uuid4().hex, visa(900))
+    assert r.status_code == 201
+    topup_id = r.json()["id"]
+    events = PspWebhookEvent.objects.filter(gateway="simulator", type="charge.succeeded", outcome="applied")
+    assert [e.event_id for e in events if e.event_id in {w["event"] for w in live.sim.webhooks()}]
+    assert live.credits(topup_id) == 1 and live.balance() == 900 and len(live.charges()) == 1
+
+
+def test_duplicate_and_out_of_order_webhooks_apply_once(live: Live, web: Any) -> None:
+    _, port = web()
+    live.sim.webhook_endpoint(live.psp_key, _webhook_url(port), WEBHOOK_SECRET)
+    # The inline answers never arrive (a timeout after each charge): only the webhooks settle.
+    live.sim.faults(hang_after_charge=2, hang_seconds=2, duplicate_webhooks=True, out_of_order_webhooks=True)
+    ok, declined = uuid.uuid4().hex, uuid.uuid4().hex
+    assert live.post(ok, visa(600)).status_code == 503
+    assert live.post(declined, {"asset": "JPY", "amount": 50, "payment_method": "pm_card_declined"}).status_code == 503
+    assert TopUp.objects.filter(customer=live.customer, status="pending").count() == 2
+    assert live.sim.flush_webhooks() == 2  # newest first, each event twice
+    deliveries = [w for w in live.sim.webhooks() if w["url"] == _webhook_url(port)]
+    assert len(deliveries) == 4 and all(w["status"] == 200 for w in deliveries)
+    event_ids = {w["event"] for w in deliveries}
+    assert PspWebhookEvent.objects.filter(event_id__in=event_ids).count() == 2
+    topups = {t.payment_method: t for t in TopUp.objects.filter(customer=live.customer)}
+    assert topups["pm_card_visa"].status == "succeeded" and topups["pm_card_declined"].status == "failed"
+    assert live.credits(topups["pm_card_visa"].pk) == 1 and live.balance() == 600
+    # The clients' retries find them settled: same outcome, no second charge or credit.
+    live.sim.faults(hang_after_charge=0)
+    assert live.post(ok, visa(600)).status_code == 201
+    assert live.post(declined, {"asset": "JPY", "amount": 50, "payment_method": "pm_card_declined"}).status_code == 402
+    assert len(live.charges()) == 2 and live.credits(topups["pm_card_visa"].pk) == 1 and live.balance() == 600
+
+
+# --- Settlement ---------------------------------------------------------------------------------
+
+
+def test_the_psps_daily_settlement_report_matches_our_top_ups(live_tenant: Tenant, tenant_b: Tenant, psp_simulator: Simulator) -> None:
+    # Tenant B: its only card top-ups are this test's (tenant A's account changes key per test).
+    with in_tenant(tenant_b):
+        psp_key = psp_account_configure(psp_simulator)
+        customer = customer_create(name=f"Settle {uuid.uuid4().hex[:8]}")
+        key = api_key_create(principal=customer)[1]
+        client = Client(HTTP_HOST=TENANT_B["domain"])
+
+        def post(body: dict[str, Any]) -> int:
+            return client.post("/v1/customer/topups", data=json.dumps(body), content_type="application/json",
+                               HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex).status_code
+
+        assert post({"asset": "EUR", "amount": 300, "payment_method": "pm_card_visa"}) == 201
+        assert post({"asset": "EUR", "amount": 450, "payment_method": "pm_card_mastercard"}) == 201
+        assert post({"asset": "EUR", "amount": 99, "payment_method": "pm_card_declined"}) == 402
+        day = datetime.now(UTC).date()
+        comparison = topup_settlement_compare(day=day)
+        assert comparison.balanced, comparison
+        assert comparison.matched == 2 and comparison.ours_total == comparison.psp_total == 750
+        report = psp_simulator.settlement(psp_key, day.isoformat())
+        assert report["totals"] == {"eur": 750}
+        ours = {t.psp_reference for t in TopUp.objects.filter(customer=customer, status="succeeded")}
+        assert {line["id"] for line in report["lines"]} == ours
+        # A charge the PSP settled that we have no top-up for is reported, not hidden.
+        TopUp.objects.filter(customer=customer, amount=300).update(psp_reference="ch_not_ours")
+        broken = topup_settlement_compare(day=day)
+        assert not broken.balanced and len(broken.missing_here) == 1 and len(broken.missing_at_psp) == 1
+
+
+# --- Charged, then refused by us: refunded ------------------------------------------------------
+
+
+def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant: Tenant, psp_simulator: Simulator, monkeypatch: Any) -> None:
+    from payments.services import card_topups
+    from wallets.models import Asset
+
+    psp_key = psp_account_configure(psp_simulator)
+    Asset.objects.filter(code="JPY").update(cap=1_500)
+    customer = customer_create(name="Near cap")
+    key = api_key_create(principal=customer)[1]
+    # The early check passes (as if the balance grew between it and the credit: a race).
+    monkeypatch.setattr(card_topups, "topup_refusal_check", lambda **kwargs: None)
+    client = Client(HTTP_HOST=TENANT_A["domain"])
+    idem = uuid.uuid4().hex
+    body = json.dumps({"asset": "JPY", "amount": 2_000, "payment_method": "pm_card_visa"})
+    r = client.post("/v1/customer/topups", data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}",
+                    HTTP_IDEMPOTENCY_KEY=idem)
+    assert r.status_code == 402 and r.json()["error"]["code"] == "cap_exceeded"
+    topup = TopUp.objects.get(customer=customer)
+    assert topup.status == "failed" and topup.failure_code == "cap_exceeded" and topup.psp_reference
+    assert LedgerTransaction.objects.filter(reference=topup.pk).count() == 0
+    assert account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0] == 0
+    # The card was charged: the recovery gives the money back, once.
+    assert card_topups.topup_refunds_run() == 1 and card_topups.topup_refunds_run() == 0
+    topup.refresh_from_db()
+    assert topup.psp_refund_reference.startswith("re_")
+    state = psp_simulator.state()["accounts"][psp_key]
+    assert [(rf["charge"], rf["amount"]) for rf in state["refunds"]] == [(topup.psp_reference, 2_000)]
+    replay = client.post("/v1/customer/topups", data=body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}",
+                         HTTP_IDEMPOTENCY_KEY=idem)
+    assert replay.status_code == 402 and replay.content == r.content
+
+
+def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: Live) -> None:
+    """The process died right after the claim committed: no charge exists. The recovery
+    charges with the same key (the customer asked for it; the PSP dedupes if the dead
+    attempt's call did get through) and completes the answer the client's retry replays."""
+    from payments.api import topup_saga
+    from payments.idempotency.canonical import fingerprint_compute
+    from payments.idempotency.selectors import IdempotencyPolicy
+    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from payments.services.card_topups import topup_pending_ensure
+
+    idem = uuid.uuid4().hex
+    raw = json.dumps(visa(1300)).encode()
+    call = IdempotentCall(
+        principal_id=live.customer.pk, key=idem, scope="customer", request_id="req_dead",
+        fingerprint=fingerprint_compute(method="POST", path="/v1/customer/topups", principal_id=live.customer.pk, body=raw),
+        method="POST", path="/v1/customer/topups",
+    )
+
+    def on_claim(ctx: Any) -> None:
+        topup_pending_ensure(topup_id=ctx.minted[topup_saga.MINT_NAME], customer=live.customer, asset_code="JPY", amount=1300,
+                             payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=idem)
+
+    claim = idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim)
+    assert isinstance(claim, Claim) and live.charges() == []
+    time.sleep(1.2)
+    topup_id = claim.context.minted["topup"]
+    recover(until=lambda: TopUp.objects.get(pk=topup_id).status != "pending")
+    assert live.credits(topup_id) == 1 and live.balance() == 1300 and len(live.charges()) == 1
+    replay = Client(HTTP_HOST=TENANT_A["domain"]).post(
+        "/v1/customer/topups", data=raw, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {live.key}", HTTP_IDEMPOTENCY_KEY=idem
+    )
+    assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == topup_id
+    assert replay["Original-Request"] == "req_dead"

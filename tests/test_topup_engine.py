@@ -1,0 +1,139 @@
+"""What the idempotency engine's external path needed before the top-up view could use it
+(issue 10): `on_claim` idempotent across lease takeovers, a discarded 4xx undoing the
+pending object `on_claim` wrote, final writes inside the fenced completion, a takeover of
+a failed_retryable record for the recovery. Real PostgreSQL, committed rows."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from payments.idempotency.models import IdempotencyRecord
+from payments.idempotency.selectors import IdempotencyPolicy
+from payments.idempotency.services import (
+    Claim,
+    Executed,
+    IdempotencyContext,
+    IdempotentCall,
+    StoredResponse,
+    idempotency_claim,
+    idempotency_complete_produced,
+    idempotency_execute_external,
+    idempotency_fail,
+    idempotency_lease_takeover,
+)
+from payments.models import TopUp
+from payments.services.card_topups import gateway_account_set, topup_abandon, topup_pending_ensure
+from tenants.models import Tenant
+from wallets.services.principals import customer_create
+
+POLICY = IdempotencyPolicy(wait_ms=200, lease_seconds=1)
+
+
+@pytest.fixture
+def customer(live_tenant: Tenant) -> Iterator[Any]:
+    gateway_account_set(gateway="simulator", api_base="http://127.0.0.1:9", secret_key="sk_sim_engine", webhook_secrets=["whsec_e"])
+    made = customer_create(name=f"Engine {uuid.uuid4().hex[:6]}")
+    yield made
+    # These top-ups were never meant to be charged: keep them from a later test's recovery pass.
+    TopUp.objects.filter(customer=made, status="pending").update(status="failed", failure_code="test_cleanup")
+
+
+def call_for(customer: Any, key: str, request_id: str = "req_1") -> IdempotentCall:
+    return IdempotentCall(principal_id=customer.pk, key=key, fingerprint="f" * 64, scope="customer", request_id=request_id,
+                          method="POST", path="/v1/customer/topups")
+
+
+def on_claim_for(customer: Any) -> Any:
+    def on_claim(ctx: IdempotencyContext) -> None:
+        topup_pending_ensure(topup_id=ctx.minted["topup"], customer=customer, asset_code="JPY", amount=100,
+                             payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=str(ctx.key))
+    return on_claim
+
+
+def response(status: int, body: bytes = b"{}") -> StoredResponse:
+    return StoredResponse(status=status, headers={"Content-Type": "application/json"}, body=body)
+
+
+def test_on_claim_is_idempotent_across_a_lease_takeover(customer: Any) -> None:
+    key = uuid.uuid4().hex
+    first = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    assert isinstance(first, Claim)
+    time.sleep(1.1)  # the holder died: its lease runs out
+    second = idempotency_claim(call=call_for(customer, key, "req_2"), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    assert isinstance(second, Claim) and second.context.fence == first.context.fence + 1
+    assert second.context.minted == first.context.minted  # the same top-up id
+    assert TopUp.objects.filter(customer=customer).count() == 1
+
+
+def test_a_discarded_4xx_undoes_the_pending_object_of_on_claim(customer: Any) -> None:
+    key = uuid.uuid4().hex
+
+    def execute(ctx: IdempotencyContext) -> Executed:
+        return Executed(response=response(400))
+
+    outcome = idempotency_execute_external(
+        call=call_for(customer, key), policy=POLICY, execute=execute, mint={"topup": "top"}, on_claim=on_claim_for(customer),
+        on_release=lambda ctx: topup_abandon(topup_id=ctx.minted["topup"]),
+    )
+    assert outcome.response.status == 400 and not outcome.stored
+    assert not IdempotencyRecord.objects.filter(principal_id=customer.pk, key=key).exists()
+    topup = TopUp.objects.get(customer=customer)
+    assert topup.status == "failed" and topup.failure_code == "request_invalid"  # never left pending for the recovery
+
+
+def test_a_raising_on_claim_stores_nothing(customer: Any) -> None:
+    key = uuid.uuid4().hex
+
+    def bad_claim(ctx: IdempotencyContext) -> None:
+        on_claim_for(customer)(ctx)
+        raise ValueError("validation failed after the write")
+
+    with pytest.raises(ValueError, match="validation"):
+        idempotency_execute_external(call=call_for(customer, key), policy=POLICY, execute=lambda ctx: Executed(response=response(201)),
+                                     mint={"topup": "top"}, on_claim=bad_claim)
+    assert not IdempotencyRecord.objects.filter(principal_id=customer.pk, key=key).exists()
+    assert not TopUp.objects.filter(customer=customer).exists()
+
+
+def test_final_writes_commit_only_with_the_current_fence(customer: Any) -> None:
+    key = uuid.uuid4().hex
+    stale = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    assert isinstance(stale, Claim)
+    time.sleep(1.1)
+    current = idempotency_lease_takeover(principal_id=customer.pk, key=key, lease_seconds=30)
+    assert current is not None
+    writes: list[str] = []
+
+    def produce(label: str) -> Any:
+        def inner() -> Executed:
+            TopUp.objects.filter(pk=current.minted["topup"]).update(failure_code=label)
+            writes.append(label)
+            return Executed(response=response(201, label.encode()))
+        return inner
+
+    assert idempotency_complete_produced(ctx=stale.context, call=call_for(customer, key), produce=produce("stale")) is None
+    assert TopUp.objects.get(pk=current.minted["topup"]).failure_code == ""  # its write rolled back
+    done = idempotency_complete_produced(ctx=current, call=call_for(customer, key), produce=produce("current"))
+    assert done is not None and done.response.body == b"current"
+    record = IdempotencyRecord.objects.get(principal_id=customer.pk, key=key)
+    assert record.state == "completed" and bytes(record.response_body) == b"current"
+    assert TopUp.objects.get(pk=current.minted["topup"]).failure_code == "current"
+    # Completed: nobody completes it again, not even the current holder.
+    assert idempotency_complete_produced(ctx=current, call=call_for(customer, key), produce=produce("again")) is None
+    assert bytes(IdempotencyRecord.objects.get(pk=record.pk).response_body) == b"current"
+
+
+def test_the_recovery_may_take_over_a_failed_retryable_record(customer: Any) -> None:
+    key = uuid.uuid4().hex
+    claim = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    assert isinstance(claim, Claim)
+    assert idempotency_fail(record_id=claim.context.record_id or 0, fence=claim.context.fence)
+    assert idempotency_lease_takeover(principal_id=customer.pk, key=key, lease_seconds=30) is None  # not without asking
+    ctx = idempotency_lease_takeover(principal_id=customer.pk, key=key, lease_seconds=30, include_failed=True)
+    assert ctx is not None and ctx.fence == claim.context.fence + 1 and ctx.minted == claim.context.minted
+    assert IdempotencyRecord.objects.get(principal_id=customer.pk, key=key).state == "in_flight"
