@@ -58,6 +58,7 @@ class CheckContext:
     chunk_size: int = 2000
     duplicate_window_seconds: int = 300
     outbox_lag_threshold_seconds: int = 300
+    settlement_days: int = 2
     stats: dict[str, Any] = field(default_factory=dict)
 
 

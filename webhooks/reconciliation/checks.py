@@ -6,9 +6,9 @@ checks on its own tables (wallets: ledger, balances, conservation, orphaned refe
 payments: duplicate charges, idempotency, outbox); this layer, the only one that sees
 them all, lists them and adds the webhook deliveries'.
 
-Adding a check (e.g. the PSP settlement report of issue 10): write it next to its data
-(`payments/reconciliation.py` for a check of internal top-ups/payments against the PSP's
-settlement lines) and append one `Check(...)` to `CHECKS`.
+Adding a check: write it next to its data (as `payments/reconciliation.py` holds the check
+of our card top-ups against the PSP's settlement report) and append one `Check(...)` to
+`CHECKS`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from typing import Any
 
 from django.db.models import Count
 
-from payments.reconciliation import duplicate_charges_check, idempotency_stuck_check, outbox_check, payments_run_metrics
+from payments.reconciliation import (
+    duplicate_charges_check,
+    idempotency_stuck_check,
+    outbox_check,
+    payments_run_metrics,
+    psp_settlement_check,
+)
 from wallets.reconciliation import CheckContext, Discrepancy, ObjectRef, Severity, conservation_check, ledger_balance_check, orphan_references_check
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 
@@ -62,8 +68,7 @@ CHECKS: list[Check] = [
     Check("idempotency_stuck", "In-flight idempotency keys past their lease", idempotency_stuck_check),
     Check("outbox", "Outbox lag and dead letters", outbox_check),
     Check("webhook_deliveries", "Webhook deliveries that failed for good", webhook_dead_letters_check),
-    # The PSP settlement check (issue 10) goes here, e.g.
-    # Check("psp_settlement", "Internal top-ups and payments against the PSP's settlement report", psp_settlement_check),
+    Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report", psp_settlement_check),
 ]
 
 # Per-run metrics for the dashboard's charts, one collector per layer.

@@ -1,0 +1,56 @@
+"""Reconciliation against the PSP (issues 10 and 11): our charged card top-ups match the
+real simulator's daily settlement report on clean data; a line of ours the PSP never
+settled, and a PSP charge we have no record of, are each found."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.test import Client
+from django.utils import timezone
+
+from payments.models import TopUp, TopUpStatus
+from tests.conftest import psp_account_configure
+from tests.reconciliation.conftest import RECON_TENANT, kinds, reconcile
+from wallets.services.principals import api_key_create
+
+
+def _card_topup(customer: Any, amount: int) -> TopUp:
+    _, key = api_key_create(principal=customer)
+    response = Client(HTTP_HOST=RECON_TENANT["domain"]).post(
+        "/v1/customer/topups", json.dumps({"asset": "JPY", "amount": amount, "payment_method": "pm_card_visa"}),
+        content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex,
+    )
+    assert response.status_code == 201, response.content
+    return TopUp.objects.get(pk=response.json()["id"])
+
+
+def test_psp_settlement_matches_and_finds_what_is_missing(world: dict[str, Any], psp_simulator: Any) -> None:
+    psp_account_configure(psp_simulator)
+    real = _card_topup(world["alice"], 3_000)
+    assert real.status == TopUpStatus.SUCCEEDED and real.psp_reference
+
+    clean = reconcile()
+    assert kinds(clean) == {}, kinds(clean)
+    day = timezone.now().date().isoformat()
+    assert clean.report["checks"]["psp_settlement"]["stats"][f"psp_settlement_{day}"] == {"matched": 1, "ours": 3_000, "psp": 3_000}
+
+    # A top-up of ours, credited as charged, that the PSP never charged.
+    planted = TopUp.objects.create(
+        customer=world["bob"], asset_id="JPY", amount=700, payment_method="pm_card_visa", status=TopUpStatus.SUCCEEDED,
+        ledger_transaction=real.ledger_transaction, psp_reference=f"ch_planted_{uuid.uuid4().hex[:8]}", psp_charged_at=timezone.now(),
+        gateway="simulator",
+    )
+    missing = reconcile()
+    assert kinds(missing) == {"psp_settlement_missing_line": 1}
+    finding = missing.findings.get()
+    assert finding.details["topup"] == planted.pk and finding.refs == [{"app_label": "payments", "model": "topup", "pk": planted.pk}]
+
+    # The PSP settled a charge that no top-up of ours records.
+    TopUp.objects.filter(pk=planted.pk).delete()
+    TopUp.objects.filter(pk=real.pk).update(psp_reference="")
+    unknown = reconcile()
+    assert kinds(unknown) == {"psp_settlement_unknown_charge": 1}
+    assert unknown.findings.get().details["psp_reference"] == real.psp_reference
