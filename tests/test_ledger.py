@@ -269,6 +269,8 @@ UNCONSTRAINED = [
     ("wallets_ledgerentry", "account_id", "wallets_account", "id"),
     ("wallets_ledgerentry", "asset_id", "wallets_asset", "code"),
     ("wallets_ledgerentry", "transaction_id", "wallets_ledgertransaction", "id"),
+    ("wallets_merchantdailytotal", "account_id", "wallets_account", "id"),
+    ("wallets_merchantdailytotal", "asset_id", "wallets_asset", "code"),
 ]
 
 

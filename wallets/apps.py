@@ -12,6 +12,13 @@ class WalletsConfig(AppConfig):
 
         tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
 
+        from wallets.contacts import CustomerContactsMigration
+        from wallets.settlement import MerchantDailyTotalsMigration
+        from wallets.staged.spec import staged_migration_register
+
+        staged_migration_register(CustomerContactsMigration())
+        staged_migration_register(MerchantDailyTotalsMigration())
+
 
 def _tenant_ledger_bootstrap(*, tenant: Any, **_: Any) -> None:
     from wallets.services.ledger import tenant_ledger_bootstrap

@@ -19,13 +19,14 @@ of the asset.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import connection
 from django.db.models import Q
 
-from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Hold
+from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StagedMigrationState
 
 ALL_SHARDS = -1
 
@@ -184,3 +185,54 @@ def account_lock(*, account_id: str) -> Account:
 def hold_lock(*, hold_id: str) -> Hold:
     """Lock one hold row (a business row: before any balance row)."""
     return Hold.objects.filter(pk=hold_id).order_by("pk").select_for_update().get()
+
+
+# --- Staged data migrations (wallets.staged) ------------------------------------------
+# Customer rows are business rows: a contact update locks one; the contact backfill locks a
+# batch in id order (FOR NO KEY UPDATE, so inserts that reference a customer, taking KEY
+# SHARE, never wait on it). No transaction holds a customer row and then another in a
+# different order, and no posting locks customer rows at all.
+
+
+def customer_lock(*, customer_id: str) -> Customer:
+    """Lock one customer row (a contact update). Takes no balance row."""
+    return Customer.objects.filter(pk=customer_id).order_by("pk").select_for_update(no_key=True).get()
+
+
+def customer_rows_lock(*, after: str, limit: int) -> list[str]:
+    """Lock the next `limit` customer rows after id `after`, in id order (the contact
+    backfill's batch); returns their ids."""
+    return list(Customer.objects.filter(pk__gt=after).order_by("pk").select_for_update(no_key=True).values_list("pk", flat=True)[:limit])
+
+
+def merchant_balance_rows_lock(*, account_ids: list[str]) -> list[Balance]:
+    """Lock every balance row (all assets, all shards) of some merchant accounts with ONE
+    statement in the global order (the settlement backfill: while it holds them no posting
+    can add to those merchants' daily totals)."""
+    if not account_ids:
+        return []
+    return _locking_select(Q(account_id__in=account_ids))
+
+
+def staged_state_lock(*, name: str) -> StagedMigrationState:
+    """Lock (creating it first if needed) a staged migration's state row in this tenant."""
+    StagedMigrationState.objects.get_or_create(name=name)
+    return StagedMigrationState.objects.filter(pk=name).order_by("pk").select_for_update().get()
+
+
+@contextmanager
+def staged_run_lock(*, name: str) -> Iterator[bool]:
+    """A session-level advisory lock on (tenant schema, migration): one runner at a time.
+    Yields False when another session holds it. Released when the block ends, or by
+    PostgreSQL when the process dies (so a killed backfill never blocks its resume)."""
+    key = f"tally.staged:{getattr(connection, 'schema_name', 'public')}:{name}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
+        row = cursor.fetchone()
+    got = bool(row and row[0])
+    try:
+        yield got
+    finally:
+        if got:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [key])

@@ -13,3 +13,6 @@ TENANT_CACHE_SECONDS = 0.0
 # The suite sends many bad keys from one address (the route x principal matrix); the
 # failed-authentication limit itself is tested with its own rate.
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failure": "1000000/min"}}
+# Staged migrations wait TTL + grace after a phase change; short in tests.
+TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=0.2)
+TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=0.3)

@@ -4,6 +4,9 @@ webhook endpoints live in webhooks.api."""
 
 from __future__ import annotations
 
+from datetime import UTC, timedelta
+
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -16,6 +19,7 @@ from payments.api.pagination import ListParamsSerializer
 from payments.models import PaymentIntent
 from payments.services import intents, mandates, refunds
 from wallets import selectors as wallet_selectors
+from wallets.settlement import merchant_daily_totals
 
 TAG = ["merchant"]
 
@@ -49,6 +53,18 @@ class BalanceViewSet(MerchantViewSet):
     def list(self, request: Request) -> Response:
         merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
         return self.render(s.MerchantBalanceOut, {"merchant": merchant.pk, "balances": payment_selectors.merchant_balances(merchant=merchant)})
+
+    @extend_schema(
+        tags=TAG, summary="The merchant's balance history: credited, debited and net per UTC day and asset, newest first",
+        parameters=[s.BalanceHistoryParams], responses=s.DailyTotalList,
+    )
+    @action(detail=False, methods=["get"])
+    def history(self, request: Request) -> Response:
+        params = self.query(s.BalanceHistoryParams)
+        day_to = params.get("day_to") or timezone.now().astimezone(UTC).date()
+        day_from = params.get("day_from") or day_to - timedelta(days=30)
+        totals = merchant_daily_totals(merchant_id=self.merchant_id, asset_code=params.get("asset"), day_from=day_from, day_to=day_to)
+        return self.render(s.DailyTotalList, {"object": "list", "data": totals, "next_cursor": None})
 
 
 class PaymentViewSet(MerchantViewSet):

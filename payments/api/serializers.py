@@ -104,6 +104,20 @@ class CustomerCreateIn(StrictSerializer):
     phone = S.RegexField(r"^\+?[0-9 ()\-]{3,31}$", required=False, allow_blank=True, max_length=32, default="")
 
 
+class ContactUpdateIn(StrictSerializer):
+    """A field left out is unchanged; null or "" clears it; a value sets it."""
+
+    email = S.EmailField(required=False, allow_null=True, allow_blank=True, max_length=254)
+    phone = S.RegexField(r"^\+?[0-9 ()\-]{3,31}$", required=False, allow_null=True, allow_blank=True, max_length=32)
+
+
+class ContactOut(S.Serializer[Any]):
+    object = ConstField("contact")
+    customer = S.CharField(source="id")
+    email = S.CharField()
+    phone = S.CharField()
+
+
 class MerchantCreateIn(StrictSerializer):
     name = strict_char()
 
@@ -260,6 +274,31 @@ class MerchantBalanceOut(S.Serializer[Any]):
     balances = BalanceOut(many=True)
 
 
+class DailyTotalOut(S.Serializer[Any]):
+    """A merchant's day (UTC) in one asset: what was credited and debited, net, entries."""
+
+    object = ConstField("merchant_daily_total")
+    day = S.DateField()
+    asset = S.CharField()
+    credited = S.IntegerField()
+    debited = S.IntegerField()
+    net = S.IntegerField()
+    entries = S.IntegerField()
+
+
+class BalanceHistoryParams(StrictSerializer):
+    asset = AssetField(required=False)
+    day_from = S.DateField(required=False, help_text="First UTC day (default: 30 days before day_to).")
+    day_to = S.DateField(required=False, help_text="Last UTC day, inclusive (default: today).")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "day_from" in attrs and "day_to" in attrs and attrs["day_from"] > attrs["day_to"]:
+            raise S.ValidationError({"day_from": "must not be after day_to"})
+        if "day_from" in attrs and "day_to" in attrs and (attrs["day_to"] - attrs["day_from"]).days > 366:
+            raise S.ValidationError({"day_from": "at most 366 days at once"})
+        return attrs
+
+
 class TransactionOut(S.Serializer[Any]):
     """One line of a wallet's history: a ledger entry on the customer's account."""
 
@@ -362,6 +401,7 @@ class PaymentListParams(ListParamsSerializer):
 # --- Lists (documented shapes) ---------------------------------------------------------
 
 CustomerList = list_serializer(CustomerOut, "CustomerList")
+DailyTotalList = list_serializer(DailyTotalOut, "DailyTotalList")
 MandateList = list_serializer(MandateOut, "MandateList")
 MerchantList = list_serializer(MerchantOut, "MerchantList")
 StoreList = list_serializer(StoreOut, "StoreList")
