@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.db.models import Count
+from django.db.models import Count, Value
 from django.db.models.functions import Concat
-from django.db.models import Value
 
 from payments.models import Payment
 from payments.services.charges import payment_create
@@ -84,7 +83,8 @@ class Traffic:
     def _pay(self, rng: random.Random) -> None:
         while not self.stop.is_set():
             try:
-                payment = payment_create(terminal=rng.choice(self.terminals), customer=rng.choice(self.customers), asset_code="JPY", amount=rng.randint(1, 500))
+                terminal, customer = rng.choice(self.terminals), rng.choice(self.customers)
+                payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=rng.randint(1, 500))
                 self.payments += 1
                 if rng.random() < 0.2:
                     refund_create(payment=payment, amount=1)
@@ -95,8 +95,8 @@ class Traffic:
     def _contacts(self, rng: random.Random) -> None:
         while not self.stop.is_set():
             customer = rng.choice(self.customers)
-            email: str | None | Unset = rng.choice([UNSET, None, f"u{rng.randint(0, 10**6)}@example.com"])
-            phone: str | None | Unset = rng.choice([UNSET, None, f"+44 20 {rng.randint(1000, 9999)} 0000"])
+            email: str | Unset | None = rng.choice([UNSET, None, f"u{rng.randint(0, 10**6)}@example.com"])
+            phone: str | Unset | None = rng.choice([UNSET, None, f"+44 20 {rng.randint(1000, 9999)} 0000"])
             try:
                 customer_contact_update(customer_id=customer.pk, email=email, phone=phone)
             except Exception as exc:
@@ -176,8 +176,9 @@ def _merchants_with_history(count: int) -> None:
 
 
 def _backfill_process(name: str, schema: str, *, batch: int, rate: float) -> subprocess.Popen[str]:
+    command = [sys.executable, "manage.py", "staged_migration", name, "backfill", "--tenant", schema]
     return subprocess.Popen(
-        [sys.executable, "manage.py", "staged_migration", name, "backfill", "--tenant", schema, "--batch", str(batch), "--rate", str(rate), "--no-progress"],
+        [*command, "--batch", str(batch), "--rate", str(rate), "--no-progress"],
         cwd=ROOT, env=db_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 

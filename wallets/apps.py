@@ -19,6 +19,10 @@ class WalletsConfig(AppConfig):
         staged_migration_register(CustomerContactsMigration())
         staged_migration_register(MerchantDailyTotalsMigration())
 
+        # The read-only admin of the staged migrations' state (its own module, beside the
+        # framework; wallets/admin.py holds the other models' pages).
+        import wallets.staged.admin  # noqa: F401
+
 
 def _tenant_ledger_bootstrap(*, tenant: Any, **_: Any) -> None:
     from wallets.services.ledger import tenant_ledger_bootstrap

@@ -10,7 +10,14 @@ Deadlock freedom depends on every writer using these helpers, never an inline
      transaction locks balance rows a second time (an intent capture consumes its hold
      inside the charge's posting for that reason);
   3. a freeze locks all the account's balance rows (one ordered statement), then the
-     account row; nothing locks an account row before balance rows.
+     account row; nothing locks an account row before balance rows;
+  4. after its balance rows, a posting takes the merchant daily-total rows of its
+     merchant legs (wallets.settlement), in key order; such a row is only taken while
+     holding the merchant's balance row of the same shard (or every shard), so it adds no
+     wait of its own. The settlement backfill takes every balance row of a batch of
+     merchants in one ordered statement (as a merchant debit does), then their totals.
+Customer rows are business rows taken by contact updates (one) and the contact backfill
+(a batch, in id order); no posting takes them.
 
 Merchant and system accounts are credited on one shard (the connection's own, so
 concurrent payments to one merchant rarely meet); a merchant debit locks all its shards
