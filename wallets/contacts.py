@@ -238,6 +238,20 @@ def _columns_present(table: str, columns: Iterable[str]) -> set[str]:
         return {str(row[0]) for row in cursor.fetchall()}
 
 
+def _fill(columns: list[str], rows: list[tuple[str | None, ...]], *, absent: str) -> None:
+    """One `UPDATE .. WHERE id = %s AND <absent> IS NULL` per row, sent together with
+    executemany (psycopg pipelines them): Django's bulk_update builds a CASE arm per row
+    and per column, which took 90% of the backfill's time. The rows are locked by the
+    caller; the IS NULL keeps write-if-absent true in the statement itself."""
+    if not rows:
+        return
+    table = connection.ops.quote_name(Customer._meta.db_table)
+    assignments = ", ".join(f"{connection.ops.quote_name(column)} = %s" for column in columns)
+    with connection.cursor() as cursor:
+        sql = f"UPDATE {table} SET {assignments} WHERE id = %s AND {connection.ops.quote_name(absent)} IS NULL"  # noqa: S608 - identifiers ours
+        cursor.executemany(sql, rows)
+
+
 class CustomerContactsMigration(StagedMigration):
     """Plaintext email/phone -> encrypted columns + keyed email hash; contract drops the
     plaintext columns of the tenant."""
@@ -277,10 +291,8 @@ class CustomerContactsMigration(StagedMigration):
                 customer.phone_ciphertext = contact_encrypt(phone)
                 phone_fill.append(customer)
         if not dry_run:
-            if email_fill:
-                Customer.objects.bulk_update(email_fill, ["email_ciphertext", "email_hash"])
-            if phone_fill:
-                Customer.objects.bulk_update(phone_fill, ["phone_ciphertext"])
+            _fill(["email_ciphertext", "email_hash"], [(c.email_ciphertext, c.email_hash, c.pk) for c in email_fill], absent="email_ciphertext")
+            _fill(["phone_ciphertext"], [(c.phone_ciphertext, c.pk) for c in phone_fill], absent="phone_ciphertext")
         written = len({c.pk for c in email_fill} | {c.pk for c in phone_fill})
         return BatchResult(cursor=ids[-1] if len(ids) == limit else None, rows_seen=len(ids), rows_written=written)
 

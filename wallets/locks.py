@@ -212,13 +212,14 @@ def customer_rows_lock(*, after: str, limit: int) -> list[str]:
     return list(Customer.objects.filter(pk__gt=after).order_by("pk").select_for_update(no_key=True).values_list("pk", flat=True)[:limit])
 
 
-def merchant_balance_rows_lock(*, account_ids: list[str]) -> list[Balance]:
+def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:
     """Lock every balance row (all assets, all shards) of some merchant accounts with ONE
     statement in the global order (the settlement backfill: while it holds them no posting
-    can add to those merchants' daily totals)."""
+    can add to those merchants' daily totals). Returns how many rows it locked."""
     if not account_ids:
-        return []
-    return _locking_select(Q(account_id__in=account_ids))
+        return 0
+    rows = Balance.objects.filter(account_id__in=account_ids).order_by(*LOCK_ORDER).select_for_update().values_list("pk", flat=True)
+    return len(list(rows))
 
 
 def staged_state_lock(*, name: str) -> StagedMigrationState:

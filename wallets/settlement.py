@@ -195,9 +195,12 @@ class MerchantDailyTotalsMigration(StagedMigration):
         summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(account_id__in=ids)))
         wrong = sorted(key for key in truth.keys() | summary.keys() if truth.get(key) != summary.get(key))
         if wrong and not dry_run:
-            match = Q()
+            days: dict[tuple[str, str], list[date]] = defaultdict(list)
             for account_id, asset, day in wrong:
-                match |= Q(account_id=account_id, asset_id=asset, day=day)
+                days[(account_id, asset)].append(day)
+            match = Q()
+            for (account_id, asset), wrong_days in days.items():
+                match |= Q(account_id=account_id, asset_id=asset, day__in=wrong_days)
             MerchantDailyTotal.objects.filter(match).delete()
             MerchantDailyTotal.objects.bulk_create(
                 [
