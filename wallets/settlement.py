@@ -177,6 +177,8 @@ class MerchantDailyTotalsMigration(StagedMigration):
     name = MIGRATION
     description = "merchant daily settlement totals: aggregated from the ledger on each read -> a maintained summary table"
     old_survives_contract = True
+    # Merchants per batch: the batch holds their balance rows while it aggregates them.
+    default_batch = 5
 
     def backfill_total(self) -> int:
         return Account.objects.filter(kind=AccountKind.MERCHANT).count()

@@ -51,6 +51,8 @@ class StagedMigration(ABC):
     description: str = ""
     # True when the old representation is still there after contract (verify keeps working).
     old_survives_contract: bool = False
+    # Rows per backfill batch (one transaction) when the command is not told.
+    default_batch: int = 500
 
     def expand(self) -> None:
         """Make sure the new representation exists (raise StagedMigrationRefused if it

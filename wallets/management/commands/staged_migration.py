@@ -3,6 +3,7 @@
     python manage.py staged_migration status [NAME] [--tenant SCHEMA]
     python manage.py staged_migration NAME expand|backfill|verify|switch-reads|contract|rollback [--tenant SCHEMA]
         backfill: [--batch N] [--rate ROWS_PER_SECOND] [--dry-run] [--no-progress]
+        (rows: customers for customer_contacts, merchants for merchant_daily_totals)
 
 NAME is `customer_contacts` or `merchant_daily_totals`. Without --tenant, every active
 tenant (tenants.selectors.tenant_schemas_active), one after the other. Exits 1 if any
@@ -32,7 +33,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs="+", metavar="status [NAME] | NAME PHASE")
         parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
-        parser.add_argument("--batch", type=int, default=500, help="backfill: rows per batch (one transaction each)")
+        parser.add_argument(
+            "--batch", type=int, default=None, help="backfill: rows per batch, one transaction each (default: the migration's, 500 customers or 5 merchants)"
+        )
         parser.add_argument("--rate", type=float, default=0.0, help="backfill: at most this many rows per second (0: unthrottled)")
         parser.add_argument("--dry-run", action="store_true", help="backfill: count what would be written, write nothing")
         parser.add_argument("--no-progress", action="store_true", help="backfill: no progress bar")
@@ -83,7 +86,7 @@ class Command(BaseCommand):
         if phase == "backfill":
             bar = None if options["no_progress"] else _ProgressBar(self, f"{schema}: {migration.name}")
             outcome = runner.staged_backfill(
-                migration=migration, batch=options["batch"], rows_per_second=options["rate"], dry_run=options["dry_run"],
+                migration=migration, batch=options["batch"] or migration.default_batch, rows_per_second=options["rate"], dry_run=options["dry_run"],
                 progress=bar.update if bar else None,
             )
             if bar:
