@@ -34,7 +34,8 @@ class Command(BaseCommand):
         parser.add_argument("args", nargs="+", metavar="status [NAME] | NAME PHASE")
         parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
         parser.add_argument(
-            "--batch", type=int, default=None, help="backfill: rows per batch, one transaction each (default: the migration's, 500 customers or 5 merchants)"
+            "--batch", type=int, default=None,
+            help="backfill: rows per batch, one transaction each (default: the migration's, 500 customers or 5 merchants)",
         )
         parser.add_argument("--rate", type=float, default=0.0, help="backfill: at most this many rows per second (0: unthrottled)")
         parser.add_argument("--dry-run", action="store_true", help="backfill: count what would be written, write nothing")
