@@ -4,11 +4,13 @@ resume are in test_staged_migrations_load.py."""
 
 from __future__ import annotations
 
+import io
 import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django_tenants.utils import schema_context
@@ -271,6 +273,19 @@ def test_contacts_are_encrypted_at_rest_and_survive_key_rotation(scratch: Tenant
     customer_contact_update(customer_id=customer.pk, phone="+1 555 0100")
     newest = Fernet(settings.TALLY_CONTACT_ENCRYPTION_KEYS[0].encode())
     assert newest.decrypt((Customer.objects.get(pk=customer.pk).phone_ciphertext or "").encode()) == b"+1 555 0100"
+    # Re-encrypt what is left under the old key; then the old key can go.
+    out = io.StringIO()
+    call_command("contact_keys_rotate", tenant=scratch.schema_name, stdout=out)
+    assert "1 customers re-encrypted" in out.getvalue()
+    connection.set_tenant(scratch)
+    row = Customer.objects.get(pk=customer.pk)
+    assert newest.decrypt((row.email_ciphertext or "").encode()) == b"alice@example.com"
+    out = io.StringIO()
+    call_command("contact_keys_rotate", tenant=scratch.schema_name, stdout=out)
+    assert "0 customers re-encrypted" in out.getvalue()  # nothing left to rewrite: no write
+    connection.set_tenant(scratch)
+    settings.TALLY_CONTACT_ENCRYPTION_KEYS = settings.TALLY_CONTACT_ENCRYPTION_KEYS[:1]
+    assert customer_contact(customer=Customer.objects.get(pk=customer.pk)).email == "alice@example.com"
 
 
 # --- Settlement totals -----------------------------------------------------------------

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from cryptography.fernet import Fernet, MultiFernet
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
@@ -85,6 +85,16 @@ def contact_encrypt(value: str) -> str:
 def contact_decrypt(token: str) -> str:
     """The value of a token made under any configured key (raises InvalidToken otherwise)."""
     return _contact_fernet().decrypt(token.encode("ascii")).decode("utf-8")
+
+
+def contact_rotate(token: str) -> str | None:
+    """The token re-encrypted under the newest key, or None if it already is."""
+    keys = tuple(settings.TALLY_CONTACT_ENCRYPTION_KEYS)
+    try:
+        Fernet(keys[0].encode()).decrypt(token.encode("ascii"))
+        return None
+    except InvalidToken:
+        return _fernet(keys).rotate(token.encode("ascii")).decode("ascii")
 
 
 def email_normalise(email: str) -> str:

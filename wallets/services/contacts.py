@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from wallets.contacts import UNSET, Unset, contact_changes, contact_write, customer_contact
+from wallets.contacts import UNSET, Unset, contact_changes, contact_rotate, contact_write, customer_contact
 from wallets.errors import NotFound
-from wallets.locks import customer_lock
+from wallets.locks import customer_lock, customer_rows_lock
 from wallets.models import Customer
 from wallets.transactions import run_atomic
 
@@ -27,3 +27,26 @@ def customer_contact_update(*, customer_id: str, email: str | Unset | None = UNS
         return customer
 
     return run_atomic(update, operation="customer_contact_update")
+
+
+def customer_contacts_reencrypt(*, after: str = "", limit: int = 500) -> tuple[str | None, int]:
+    """Re-encrypt, under the newest key, the contact tokens of the next `limit` customers
+    after id `after` that were made under an older key (key rotation); a token already
+    under the newest key is left as it is. One transaction. Returns (the next cursor or
+    None at the end, how many customers were rewritten).
+
+    Locks: the batch's customer rows in id order (customer_rows_lock).
+    """
+
+    def batch() -> tuple[str | None, int]:
+        ids = customer_rows_lock(after=after, limit=limit)
+        rewritten = 0
+        for customer in Customer.objects.filter(pk__in=ids).only("id", "email_ciphertext", "phone_ciphertext").order_by("pk"):
+            fields = {name: contact_rotate(token) for name in ("email_ciphertext", "phone_ciphertext") if (token := getattr(customer, name))}
+            changed = {name: token for name, token in fields.items() if token is not None}
+            if changed:
+                Customer.objects.filter(pk=customer.pk).update(**changed)
+                rewritten += 1
+        return (ids[-1] if len(ids) == limit else None), rewritten
+
+    return run_atomic(batch, operation="customer_contacts_reencrypt")
