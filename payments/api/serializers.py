@@ -286,10 +286,22 @@ class DailyTotalOut(S.Serializer[Any]):
     entries = S.IntegerField()
 
 
+def _plausible_day(value: Any) -> Any:
+    if not 1970 <= value.year <= 9000:
+        raise S.ValidationError("must be a day between the years 1970 and 9000")
+    return value
+
+
 class BalanceHistoryParams(StrictSerializer):
     asset = AssetField(required=False)
     day_from = S.DateField(required=False, help_text="First UTC day (default: 30 days before day_to).")
     day_to = S.DateField(required=False, help_text="Last UTC day, inclusive (default: today).")
+
+    def validate_day_from(self, value: Any) -> Any:
+        return _plausible_day(value)
+
+    def validate_day_to(self, value: Any) -> Any:
+        return _plausible_day(value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "day_from" in attrs and "day_to" in attrs and attrs["day_from"] > attrs["day_to"]:

@@ -61,6 +61,9 @@ def test_the_merchant_balance_history_is_the_days_totals(api: Api, world: World)
     assert bad.status_code == 400 and error_of(bad)["param"] == "day_from"
     bad = api.get("/v1/merchant/balance/history", world.merchant.key, {"day_to": "yesterday"})
     assert bad.status_code == 400 and error_of(bad)["param"] == "day_to"
+    for far in ("9999-12-31", "0001-01-01"):  # no date arithmetic overflows into a 500
+        bad = api.get("/v1/merchant/balance/history", world.merchant.key, {"day_to": far})
+        assert bad.status_code == 400 and error_of(bad)["param"] == "day_to", far
 
 
 def test_the_state_is_in_the_admin_read_only(world: World, tenant: Tenant) -> None:
