@@ -36,7 +36,7 @@ from typing import Final
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from wallets.locks import customer_rows_lock
 from wallets.models import Customer, CustomerLegacyContact, StagedPhase
@@ -179,20 +179,20 @@ def customer_contact_masked(*, customer: Customer) -> Contact:
     return Contact(mask_email(contact.email) or "", mask_phone(contact.phone) or "")
 
 
-def customers_find_by_email(*, email: str) -> list[Customer]:
+def customers_find_by_email(*, email: str) -> QuerySet[Customer]:
     """Customers with this email (case-insensitive), by the keyed hash once reads have
     switched; while both representations are written, the plaintext match and the hash
     match together, each customer once."""
     digest = email_lookup_hash(email)
     if digest is None:
-        return []
+        return Customer.objects.none()
     phase = staged_phase(MIGRATION)
     ids: set[str] = set()
     if writes_new(phase):
         ids |= set(Customer.objects.filter(email_hash=digest).values_list("pk", flat=True))
     if not reads_new(phase):
         ids |= set(CustomerLegacyContact.objects.filter(email__iexact=email_normalise(email)).values_list("pk", flat=True))
-    return list(Customer.objects.filter(pk__in=ids).order_by("created", "id"))
+    return Customer.objects.filter(pk__in=ids).select_related("account").order_by("created", "id")
 
 
 # --- Writes (called by wallets.services inside their transaction) ----------------------

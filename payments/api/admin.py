@@ -17,7 +17,7 @@ from payments.api.base import AdminViewSet
 from payments.api.pagination import ListParamsSerializer
 from payments.services import adjustments, freezes
 from wallets import selectors as wallet_selectors
-from wallets.contacts import customer_contact_attach, customers_contact_attach
+from wallets.contacts import customer_contact_attach, customers_contact_attach, customers_find_by_email
 from wallets.services import contacts as contact_services
 from wallets.services import principals as party_services
 
@@ -27,10 +27,10 @@ TAG = ["admin"]
 class CustomerViewSet(AdminViewSet):
     lookup_url_kwarg = "customer_id"
 
-    @extend_schema(tags=TAG, summary="List customers", parameters=[ListParamsSerializer], responses=s.CustomerList)
+    @extend_schema(tags=TAG, summary="List customers (optionally by email)", parameters=[s.CustomerListParams], responses=s.CustomerList)
     def list(self, request: Request) -> Response:
-        params = self.query(ListParamsSerializer)
-        customers = wallet_selectors.customer_list()
+        params = self.query(s.CustomerListParams)
+        customers = customers_find_by_email(email=params["email"]) if params.get("email") else wallet_selectors.customer_list()
         return self.list_response(customers, s.CustomerOut, params, prepare=lambda rows: customers_contact_attach(customers=rows))
 
     @extend_schema(tags=TAG, summary="Create a customer (and their wallet)", request=s.CustomerCreateIn, responses={201: s.CustomerOut})

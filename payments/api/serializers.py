@@ -402,6 +402,10 @@ class EmptyIn(StrictSerializer):
 # --- List query parameters -------------------------------------------------------------
 
 
+class CustomerListParams(ListParamsSerializer):
+    email = S.EmailField(required=False, max_length=254, help_text="Only customers with this email (case-insensitive).")
+
+
 class TransactionListParams(ListParamsSerializer):
     asset = AssetField(required=False)
 

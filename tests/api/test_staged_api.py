@@ -38,6 +38,9 @@ def test_staff_set_a_customers_contact(api: Api, world: World) -> None:
     listed = api.get("/v1/admin/customers", world.staff.key).json()["data"]
     assert {c["id"]: c["email"] for c in listed}[world.customer2.id] == "bob@example.com"
     assert api.post("/v1/admin/customers/cus_nope/contact", world.staff.key, {"email": None}).status_code == 404
+    found = api.get("/v1/admin/customers", world.staff.key, {"email": "BOB@example.com"}).json()["data"]
+    assert [c["id"] for c in found] == [world.customer2.id]
+    assert api.get("/v1/admin/customers", world.staff.key, {"email": "nobody@example.com"}).json()["data"] == []
 
 
 def test_the_merchant_balance_history_is_the_days_totals(api: Api, world: World) -> None:
