@@ -4,9 +4,6 @@ webhook endpoints live in webhooks.api."""
 
 from __future__ import annotations
 
-from datetime import UTC, timedelta
-
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -61,9 +58,8 @@ class BalanceViewSet(MerchantViewSet):
     @action(detail=False, methods=["get"])
     def history(self, request: Request) -> Response:
         params = self.query(s.BalanceHistoryParams)
-        day_to = params.get("day_to") or timezone.now().astimezone(UTC).date()
-        day_from = params.get("day_from") or day_to - timedelta(days=30)
-        totals = merchant_daily_totals(merchant_id=self.merchant_id, asset_code=params.get("asset"), day_from=day_from, day_to=day_to)
+        days = {"day_from": params["day_from"], "day_to": params["day_to"]}
+        totals = merchant_daily_totals(merchant_id=self.merchant_id, asset_code=params.get("asset"), **days)
         return self.render(s.DailyTotalList, {"object": "list", "data": totals, "next_cursor": None})
 
 

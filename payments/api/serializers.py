@@ -3,6 +3,7 @@ beyond the syntax of a field (rules live in the services)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -304,9 +305,11 @@ class BalanceHistoryParams(StrictSerializer):
         return _plausible_day(value)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if "day_from" in attrs and "day_to" in attrs and attrs["day_from"] > attrs["day_to"]:
+        attrs.setdefault("day_to", datetime.now(UTC).date())
+        attrs.setdefault("day_from", attrs["day_to"] - timedelta(days=30))
+        if attrs["day_from"] > attrs["day_to"]:
             raise S.ValidationError({"day_from": "must not be after day_to"})
-        if "day_from" in attrs and "day_to" in attrs and (attrs["day_to"] - attrs["day_from"]).days > 366:
+        if (attrs["day_to"] - attrs["day_from"]).days > 366:
             raise S.ValidationError({"day_from": "at most 366 days at once"})
         return attrs
 
