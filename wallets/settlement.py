@@ -33,8 +33,9 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Final
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, Count, F, Q, QuerySet, Sum, Value, When
+from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
 from wallets.locks import connection_shard, merchant_balance_rows_lock
 from wallets.models import Account, AccountKind, LedgerEntry, MerchantDailyTotal
@@ -177,24 +178,45 @@ class MerchantDailyTotalsMigration(StagedMigration):
     name = MIGRATION
     description = "merchant daily settlement totals: aggregated from the ledger on each read -> a maintained summary table"
     old_survives_contract = True
-    # Merchants per batch: the batch holds their balance rows while it aggregates them.
+    # Merchants per batch: each window holds their balance rows while it aggregates it.
     default_batch = 5
+    # Days of history recomputed per transaction.
+    window_days = 31
 
     def backfill_total(self) -> int:
         return Account.objects.filter(kind=AccountKind.MERCHANT).count()
 
     def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
-        """Locks: every balance row of the batch's merchants, one statement in the global
+        """One window of `window_days` of history of the next `limit` merchants. The
+        cursor is the last merchant account done, plus `@<day>` while a batch of merchants
+        is between windows.
+
+        Locks: every balance row of the batch's merchants, one statement in the global
         order (merchant_balance_rows_lock; not with `dry_run`), then their summary rows.
-        Recomputes each (merchant, asset, day) from the ledger and rewrites the keys that
-        differ (one row on shard 0), nothing else."""
-        ids = list(Account.objects.filter(kind=AccountKind.MERCHANT, pk__gt=after).order_by("pk").values_list("pk", flat=True)[:limit])
+        Recomputes each (merchant, asset, day) of the window from the ledger and rewrites
+        the keys that differ (one row on shard 0), nothing else. Windows keep each lock
+        short whatever a merchant's history; they stay exact because every posting since
+        the fence after expand dual-writes, so a key is right from the moment a window
+        rewrote it under the lock, whichever window comes first."""
+        after_account, _, from_day = after.partition("@")
+        merchants = Account.objects.filter(kind=AccountKind.MERCHANT, pk__gt=after_account).order_by("pk")
+        ids = list(merchants.values_list("pk", flat=True)[:limit])
         if not ids:
             return BatchResult(cursor=None, rows_seen=0, rows_written=0)
+        entries = LedgerEntry.objects.filter(account_id__in=ids).aggregate(first=Min("created"), last=Max("created"))
+        rows = MerchantDailyTotal.objects.filter(account_id__in=ids).aggregate(first=Min("day"), last=Max("day"))
+        today = utc_day(timezone.now())
+        firsts = [d for d in (entries["first"] and utc_day(entries["first"]), rows["first"]) if d is not None]
+        last = max(d for d in (entries["last"] and utc_day(entries["last"]), rows["last"], today) if d is not None)
+        start = date.fromisoformat(from_day) if from_day else min(firsts, default=today)
+        end = start + timedelta(days=self.window_days)
         if not dry_run:
             merchant_balance_rows_lock(account_ids=ids)
-        truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(account_id__in=ids)))
-        summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(account_id__in=ids)))
+        window = LedgerEntry.objects.filter(
+            account_id__in=ids, created__gte=datetime.combine(start, time.min, tzinfo=UTC), created__lt=datetime.combine(end, time.min, tzinfo=UTC)
+        )
+        truth = _keyed(_ledger_totals(window))
+        summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(account_id__in=ids, day__gte=start, day__lt=end)))
         wrong = sorted(key for key in truth.keys() | summary.keys() if truth.get(key) != summary.get(key))
         if wrong and not dry_run:
             days: dict[tuple[str, str], list[date]] = defaultdict(list)
@@ -212,6 +234,8 @@ class MerchantDailyTotalsMigration(StagedMigration):
                     for c, b, n in [truth[(a, s, d)]]
                 ]
             )
+        if end <= last:  # more history of these merchants: the next window
+            return BatchResult(cursor=f"{after_account}@{end.isoformat()}", rows_seen=0, rows_written=len(wrong))
         return BatchResult(cursor=ids[-1] if len(ids) == limit else None, rows_seen=len(ids), rows_written=len(wrong))
 
     def verify(self) -> VerifyReport:
