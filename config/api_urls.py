@@ -17,6 +17,7 @@ from webhooks.api import views as webhooks
 
 customer_router = FaceRouter("customer")
 customer_router.register("wallet", customer.WalletViewSet)
+customer_router.register("contact", customer.ContactViewSet)
 customer_router.register("transactions", customer.TransactionViewSet)
 customer_router.register("payment_tokens", customer.PaymentTokenViewSet)
 customer_router.register("transfers", customer.TransferViewSet)

@@ -38,21 +38,6 @@ class LogContextFilter(logging.Filter):
         return True
 
 
-_EMAIL = re.compile(r"^(.)(.*)(@.*)$")
-
-
-def mask_email(value: str | None) -> str | None:
-    if not value:
-        return value
-    return _EMAIL.sub(lambda m: m.group(1) + "***" + m.group(3), value)
-
-
-def mask_phone(value: str | None) -> str | None:
-    if not value:
-        return value
-    return "***" + value[-2:] if len(value) > 2 else "***"
-
-
 class RequestIdMiddleware:
     """Gives every request an id of ours, always: a client's `X-Request-Id` never becomes
     it (a request id must be trustworthy when tracing an incident). A sane client id is

@@ -12,6 +12,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionForm, StaffActionsMixin, staff_of
@@ -34,6 +35,7 @@ from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
+from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
 from wallets.services.principals import api_key_revoke, api_key_rotate
 
@@ -71,11 +73,13 @@ def _frozen(customer: Customer) -> bool:
 
 @admin.register(Customer)
 class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
-    list_display = ("id", "name", "email", "wallet", "created")
-    search_fields = ("name", "=email")
+    list_display = ("id", "name", "wallet", "created")
+    search_fields = ("name",)
     id_search = {"cus": "id"}
     date_hierarchy = "created"
-    fields = ("id", "name", "email", "phone", "created", "wallet", "frozen", "related")
+    # Email and phone live in the contact representation of the staged migration
+    # (wallets.contacts): shown masked, searched by exact email through its lookup.
+    fields = ("id", "name", "contact", "created", "wallet", "frozen", "related")
     readonly_fields = fields
     staff_actions = (
         StaffAction("freeze", "Freeze wallet", "wallets.freeze_account", ReasonForm,
@@ -94,6 +98,16 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
     @admin.display(description="wallet (shards summed)")
     def wallet(self, obj: Customer) -> str:
         return balances_html(Account.objects.filter(customer=obj).first())
+
+    @admin.display(description="contact (masked)")
+    def contact(self, obj: Customer) -> str:
+        masked = customer_contact_masked(customer=obj)
+        return " · ".join(part for part in (masked.email, masked.phone) if part) or "-"
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Customer], search_term: str) -> tuple[QuerySet[Customer], bool]:
+        if "@" in search_term:  # an exact email: the contact lookup (hash or plaintext, per phase)
+            return queryset.filter(pk__in=customers_find_by_email(email=search_term.strip()).values("pk")), False
+        return super().get_search_results(request, queryset, search_term)
 
     @admin.display(description="frozen")
     def frozen(self, obj: Customer) -> str:

@@ -179,6 +179,10 @@ def test_production_settings_refuse_to_start_without_required_values() -> None:
     assert result.returncode != 0
     assert "DJANGO_SECRET_KEY must be set in production" in result.stderr
     env.update(DJANGO_SECRET_KEY="x" * 50, DJANGO_ALLOWED_HOSTS="tally.example", DATABASE_URL="postgres://u@127.0.0.1:5432/x")
+    env.pop("TALLY_CONTACT_ENCRYPTION_KEYS", None)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert result.returncode != 0 and "TALLY_CONTACT_ENCRYPTION_KEYS must be set in production" in result.stderr
+    env.update(TALLY_CONTACT_ENCRYPTION_KEYS="ZmVybmV0LWtleS1mb3ItdGhlLXRlc3Qtb25seS0xMjM=", TALLY_CONTACT_HASH_KEY="h" * 40)
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 

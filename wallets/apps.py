@@ -13,6 +13,17 @@ class WalletsConfig(AppConfig):
         tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
         tenant_created.connect(_tenant_roles_ensure, dispatch_uid="wallets-roles-ensure")
 
+        from wallets.contacts import CustomerContactsMigration
+        from wallets.settlement import MerchantDailyTotalsMigration
+        from wallets.staged.spec import staged_migration_register
+
+        staged_migration_register(CustomerContactsMigration())
+        staged_migration_register(MerchantDailyTotalsMigration())
+
+        # The read-only admin of the staged migrations' state (its own module, beside the
+        # framework; wallets/admin.py holds the other models' pages).
+        import wallets.staged.admin  # noqa: F401
+
 
 def _tenant_ledger_bootstrap(*, tenant: Any, **_: Any) -> None:
     from wallets.services.ledger import tenant_ledger_bootstrap

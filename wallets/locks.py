@@ -10,7 +10,14 @@ Deadlock freedom depends on every writer using these helpers, never an inline
      transaction locks balance rows a second time (an intent capture consumes its hold
      inside the charge's posting for that reason);
   3. a freeze locks all the account's balance rows (one ordered statement), then the
-     account row; nothing locks an account row before balance rows.
+     account row; nothing locks an account row before balance rows;
+  4. after its balance rows, a posting takes the merchant daily-total rows of its
+     merchant legs (wallets.settlement), in key order; such a row is only taken while
+     holding the merchant's balance row of the same shard (or every shard), so it adds no
+     wait of its own. The settlement backfill takes every balance row of a batch of
+     merchants in one ordered statement (as a merchant debit does), then their totals.
+Customer rows are business rows taken by contact updates (one) and the contact backfill
+(a batch, in id order); no posting takes them.
 
 Merchant and system accounts are credited on one shard (the connection's own, so
 concurrent payments to one merchant rarely meet); a merchant debit locks all its shards
@@ -19,13 +26,14 @@ of the asset.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import connection
 from django.db.models import Q
 
-from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Hold
+from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StagedMigrationState
 
 ALL_SHARDS = -1
 
@@ -184,3 +192,55 @@ def account_lock(*, account_id: str) -> Account:
 def hold_lock(*, hold_id: str) -> Hold:
     """Lock one hold row (a business row: before any balance row)."""
     return Hold.objects.filter(pk=hold_id).order_by("pk").select_for_update().get()
+
+
+# --- Staged data migrations (wallets.staged) ------------------------------------------
+# Customer rows are business rows: a contact update locks one; the contact backfill locks a
+# batch in id order (FOR NO KEY UPDATE, so inserts that reference a customer, taking KEY
+# SHARE, never wait on it). No transaction holds a customer row and then another in a
+# different order, and no posting locks customer rows at all.
+
+
+def customer_lock(*, customer_id: str) -> Customer:
+    """Lock one customer row (a contact update). Takes no balance row."""
+    return Customer.objects.filter(pk=customer_id).order_by("pk").select_for_update(no_key=True).get()
+
+
+def customer_rows_lock(*, after: str, limit: int) -> list[str]:
+    """Lock the next `limit` customer rows after id `after`, in id order (the contact
+    backfill's batch); returns their ids."""
+    return list(Customer.objects.filter(pk__gt=after).order_by("pk").select_for_update(no_key=True).values_list("pk", flat=True)[:limit])
+
+
+def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:
+    """Lock every balance row (all assets, all shards) of some merchant accounts with ONE
+    statement in the global order (the settlement backfill: while it holds them no posting
+    can add to those merchants' daily totals). Returns how many rows it locked."""
+    if not account_ids:
+        return 0
+    rows = Balance.objects.filter(account_id__in=account_ids).order_by(*LOCK_ORDER).select_for_update().values_list("pk", flat=True)
+    return len(list(rows))
+
+
+def staged_state_lock(*, name: str) -> StagedMigrationState:
+    """Lock (creating it first if needed) a staged migration's state row in this tenant."""
+    StagedMigrationState.objects.get_or_create(name=name)
+    return StagedMigrationState.objects.filter(pk=name).order_by("pk").select_for_update().get()
+
+
+@contextmanager
+def staged_run_lock(*, name: str) -> Iterator[bool]:
+    """A session-level advisory lock on (tenant schema, migration): one runner at a time.
+    Yields False when another session holds it. Released when the block ends, or by
+    PostgreSQL when the process dies (so a killed backfill never blocks its resume)."""
+    key = f"tally.staged:{getattr(connection, 'schema_name', 'public')}:{name}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
+        row = cursor.fetchone()
+    got = bool(row and row[0])
+    try:
+        yield got
+    finally:
+        if got:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [key])

@@ -44,8 +44,17 @@ class Asset(models.Model):
 class Customer(models.Model):
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_customer_id, editable=False)
     name = models.CharField(max_length=200)
-    email = models.EmailField(blank=True, default="")
-    phone = models.CharField(max_length=32, blank=True, default="")
+    # Contact data, encrypted at rest (wallets.contacts: Fernet tokens under MultiFernet,
+    # keys from settings). NULL: not written by the encrypted path yet (the staged
+    # migration `customer_contacts` backfills it from the plaintext columns); the token of
+    # "" is an explicitly empty value. The plaintext columns `email` and `phone` are not
+    # fields of this model: they are `CustomerLegacyContact`, until that migration's
+    # contract drops them.
+    email_ciphertext = models.TextField(null=True, blank=True, editable=False)
+    phone_ciphertext = models.TextField(null=True, blank=True, editable=False)
+    # HMAC-SHA256 (key from settings) of the normalised email: lookups by email without
+    # decrypting. NULL when there is no email.
+    email_hash = models.CharField(max_length=64, null=True, blank=True, editable=False, db_index=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -54,6 +63,24 @@ class Customer(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id})"
+
+
+class CustomerLegacyContact(models.Model):
+    """The plaintext contact columns of `wallets_customer`, as they were before encryption.
+
+    Unmanaged: the columns stay in each tenant's table (created by 0001) until the staged
+    migration `customer_contacts` contracts that tenant, which drops them with a guarded
+    DDL statement. Only wallets.contacts touches this model, and only while the tenant's
+    phase says the columns exist.
+    """
+
+    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True)
+    email = models.CharField(max_length=254, blank=True, default="")
+    phone = models.CharField(max_length=32, blank=True, default="")
+
+    class Meta:
+        managed = False
+        db_table = "wallets_customer"
 
 
 class Merchant(models.Model):
@@ -373,3 +400,77 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target_type}:{self.target_id}"
+
+
+# --- Staged data migrations -------------------------------------------------------------
+
+
+class StagedPhase(models.TextChoices):
+    """The phases of a staged data migration, in order (wallets.staged)."""
+
+    ABSENT = "absent", "Not started: old representation only"
+    EXPANDED = "expanded", "Expanded: new representation exists, dual writes on"
+    BACKFILLED = "backfilled", "Backfilled: every old row copied"
+    VERIFIED = "verified", "Verified: old and new compared equal"
+    READS_SWITCHED = "reads_switched", "Reads switched to the new representation"
+    CONTRACTING = "contracting", "Contracting: old representation being removed"
+    CONTRACTED = "contracted", "Contracted: new representation only"
+
+
+class StagedMigrationState(models.Model):
+    """Where one staged data migration stands in this tenant: its phase, the backfill's
+    cursor and counts, the last verify, and a history of every phase change with timings.
+    Written only by wallets.staged.runner; read by the service layer's switches
+    (wallets.staged.phases) and shown by `manage.py staged_migration status` and the admin."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    phase = models.CharField(max_length=16, choices=StagedPhase.choices, default=StagedPhase.ABSENT)
+    phase_changed_at = models.DateTimeField(default=timezone.now)
+    cursor = models.CharField(max_length=200, blank=True, default="")
+    rows_total = models.BigIntegerField(default=0)
+    rows_done = models.BigIntegerField(default=0)
+    rows_written = models.BigIntegerField(default=0)
+    backfill_started_at = models.DateTimeField(null=True, blank=True)
+    backfill_finished_at = models.DateTimeField(null=True, blank=True)
+    backfill_seconds = models.FloatField(default=0.0)
+    verified_at = models.DateTimeField(null=True, blank=True)
+    verify_ok = models.BooleanField(null=True, blank=True)
+    verify_report = models.JSONField(default=dict, blank=True)
+    history = models.JSONField(default=list, blank=True)
+    # Set by a rollback of expand until the new representation's data has been discarded:
+    # an expand that finds it set discards first (write-if-absent must not meet stale data).
+    discard_pending = models.BooleanField(default=False)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.phase}"
+
+
+class MerchantDailyTotal(models.Model):
+    """What the ledger posted to a merchant account on one UTC day in one asset: credits,
+    debits (as a positive number) and the number of entries, kept by the posting itself
+    (wallets.settlement) in the posting's transaction. Split over shards like merchant
+    balances (the posting's connection shard), so a hot merchant's day is not one row
+    every payment waits on; a day's totals are the SUM over its shards."""
+
+    id = models.BigAutoField(primary_key=True)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
+    day = models.DateField()
+    shard = models.SmallIntegerField(default=0)
+    credited = models.BigIntegerField(default=0)
+    debited = models.BigIntegerField(default=0)
+    entries = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["account", "asset", "day", "shard"], name="merchantdailytotal_key_uniq"),
+            models.CheckConstraint(condition=models.Q(credited__gte=0, debited__gte=0, entries__gte=0), name="merchantdailytotal_non_negative"),
+            models.CheckConstraint(condition=models.Q(shard__gte=0, shard__lt=BALANCE_SHARDS), name="merchantdailytotal_shard_in_range"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.account_id}/{self.asset_id}/{self.day}#{self.shard}: +{self.credited} -{self.debited} ({self.entries})"

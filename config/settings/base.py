@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from pathlib import Path
 
 import environ
@@ -273,3 +275,17 @@ TALLY_TOPUP_LEASE_SECONDS = env.int("TALLY_TOPUP_LEASE_SECONDS", default=30)
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
 # Recovery of card top-ups left unknown (crash, timeout), per tenant.
 CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_all_tenants", "schedule": 10.0}
+
+# Contact data encrypted at rest (wallets.contacts): Fernet keys, newest first. MultiFernet
+# encrypts with the first and decrypts with any, so a key is rotated by putting a new one in
+# front (old tokens still read). The lookup hash is HMAC-SHA256 under its own key. Local and
+# test runs derive both from SECRET_KEY; production requires them (production.py).
+TALLY_CONTACT_ENCRYPTION_KEYS = env.list(
+    "TALLY_CONTACT_ENCRYPTION_KEYS",
+    default=[base64.urlsafe_b64encode(hashlib.sha256(b"tally-contact-encryption:" + SECRET_KEY.encode()).digest()).decode()],
+)
+TALLY_CONTACT_HASH_KEY = env("TALLY_CONTACT_HASH_KEY", default=hashlib.sha256(b"tally-contact-hash:" + SECRET_KEY.encode()).hexdigest())
+# Staged data migrations (wallets.staged): services cache a migration's phase this long per
+# process; a phase change that writers must see is followed by a wait of TTL + grace.
+TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=1.0)
+TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=1.0)

@@ -16,3 +16,7 @@ REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK[
 # Whitenoise serves from the apps' static folders (finders); no collected STATIC_ROOT
 # unless a test sets one (the live gunicorn test collects into a tmp dir).
 STATIC_ROOT = env("TALLY_STATIC_ROOT", default="") or None
+
+# Staged migrations wait TTL + grace after a phase change; short in tests.
+TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=0.2)
+TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=0.3)

@@ -17,6 +17,8 @@ from payments.api.base import AdminViewSet
 from payments.api.pagination import ListParamsSerializer
 from payments.services import approvals, freezes
 from wallets import selectors as wallet_selectors
+from wallets.contacts import customer_contact_attach, customers_contact_attach, customers_find_by_email
+from wallets.services import contacts as contact_services
 from wallets.services import principals as party_services
 
 TAG = ["admin"]
@@ -25,19 +27,21 @@ TAG = ["admin"]
 class CustomerViewSet(AdminViewSet):
     lookup_url_kwarg = "customer_id"
 
-    @extend_schema(tags=TAG, summary="List customers", parameters=[ListParamsSerializer], responses=s.CustomerList)
+    @extend_schema(tags=TAG, summary="List customers (optionally by email)", parameters=[s.CustomerListParams], responses=s.CustomerList)
     def list(self, request: Request) -> Response:
-        return self.list_response(wallet_selectors.customer_list(), s.CustomerOut, self.query(ListParamsSerializer))
+        params = self.query(s.CustomerListParams)
+        customers = customers_find_by_email(email=params["email"]) if params.get("email") else wallet_selectors.customer_list()
+        return self.list_response(customers, s.CustomerOut, params, prepare=lambda rows: customers_contact_attach(customers=rows))
 
     @extend_schema(tags=TAG, summary="Create a customer (and their wallet)", request=s.CustomerCreateIn, responses={201: s.CustomerOut})
     def create(self, request: Request) -> Response:
         data = self.validated(s.CustomerCreateIn)
         customer = party_services.customer_create(name=data["name"], email=data["email"], phone=data["phone"])
-        return self.render(s.CustomerOut, customer, status=201)
+        return self.render(s.CustomerOut, customer_contact_attach(customer=customer), status=201)
 
     @extend_schema(tags=TAG, summary="Retrieve a customer", responses=s.CustomerOut)
     def retrieve(self, request: Request, customer_id: str) -> Response:
-        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
+        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
 
     @extend_schema(
         tags=TAG, summary="Freeze a customer's wallet (payments, transfers, refunds, top-ups refused)", request=s.FreezeIn,
@@ -48,7 +52,7 @@ class CustomerViewSet(AdminViewSet):
         customer = wallet_selectors.customer_get(customer_id=customer_id)
         data = self.validated(s.FreezeIn)
         freezes.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
+        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
 
     @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
     @action(detail=True, methods=["post"])
@@ -56,7 +60,19 @@ class CustomerViewSet(AdminViewSet):
         customer = wallet_selectors.customer_get(customer_id=customer_id)
         data = self.validated(s.UnfreezeIn)
         freezes.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, wallet_selectors.customer_get(customer_id=customer_id))
+        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
+
+
+    @extend_schema(
+        tags=TAG, summary="Set, clear or keep a customer's email and phone (a field left out is unchanged; null clears it)",
+        request=s.ContactUpdateIn, responses={200: s.CustomerOut},
+    )
+    @action(detail=True, methods=["post"])
+    def contact(self, request: Request, customer_id: str) -> Response:
+        customer = wallet_selectors.customer_get(customer_id=customer_id)
+        data = self.validated(s.ContactUpdateIn)
+        contact_services.customer_contact_update(customer_id=customer.pk, **data)
+        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
 
 
 class MerchantViewSet(AdminViewSet):

@@ -8,7 +8,7 @@ built by the composition root (config/api_urls.py) with `payments.api.routers.Fa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 from django.conf import settings
@@ -121,8 +121,13 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
     def query(self, serializer_class: type[S]) -> dict[str, Any]:
         return self.validated(serializer_class, data=self.request.query_params.dict())
 
-    def list_response(self, queryset: QuerySet[Any], out: type[serializers.Serializer[Any]], params: dict[str, Any]) -> Response:
-        return Response(page(queryset, params, lambda rows: list(out(rows, many=True).data)))
+    def list_response(
+        self, queryset: QuerySet[Any], out: type[serializers.Serializer[Any]], params: dict[str, Any],
+        *, prepare: Callable[[list[Any]], list[Any]] | None = None,
+    ) -> Response:
+        """One page of `queryset`; `prepare` (a selector) completes the page's rows before
+        they are rendered (e.g. decrypted contact data)."""
+        return Response(page(queryset, params, lambda rows: list(out(prepare(list(rows)) if prepare else rows, many=True).data)))
 
     @staticmethod
     def render(out: type[serializers.Serializer[Any]], obj: Any, *, status: int = 200, **extra: Any) -> Response:

@@ -21,6 +21,8 @@ from payments.idempotency.errors import IdempotencyKeyMissing
 from payments.idempotency.services import IdempotencyContext
 from payments.services import card_topups, mandates, tokens, transfers
 from wallets import selectors as wallet_selectors
+from wallets.contacts import customer_contact_attach
+from wallets.services import contacts as contact_services
 
 TAG = ["customer"]
 
@@ -35,6 +37,21 @@ class WalletViewSet(CustomerViewSet):
             "balances": payment_selectors.wallet_balances(customer=customer),
         }
         return self.render(s.WalletOut, wallet)
+
+
+class ContactViewSet(CustomerViewSet):
+    @extend_schema(tags=TAG, summary="The customer's own email and phone", responses=s.ContactOut)
+    def list(self, request: Request) -> Response:
+        return self.render(s.ContactOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=self.customer.pk)))
+
+    @extend_schema(
+        tags=TAG, summary="Set, clear or keep the customer's email and phone (a field left out is unchanged; null clears it)",
+        request=s.ContactUpdateIn, responses={200: s.ContactOut},
+    )
+    def create(self, request: Request) -> Response:
+        data = self.validated(s.ContactUpdateIn)
+        contact_services.customer_contact_update(customer_id=self.customer.pk, **data)
+        return self.render(s.ContactOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=self.customer.pk)))
 
 
 class TransactionViewSet(CustomerViewSet):

@@ -16,6 +16,7 @@ from payments.api.pagination import ListParamsSerializer
 from payments.models import PaymentIntent
 from payments.services import intents, mandates, refunds
 from wallets import selectors as wallet_selectors
+from wallets.settlement import merchant_daily_totals
 
 TAG = ["merchant"]
 
@@ -49,6 +50,17 @@ class BalanceViewSet(MerchantViewSet):
     def list(self, request: Request) -> Response:
         merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
         return self.render(s.MerchantBalanceOut, {"merchant": merchant.pk, "balances": payment_selectors.merchant_balances(merchant=merchant)})
+
+    @extend_schema(
+        tags=TAG, summary="The merchant's balance history: credited, debited and net per UTC day and asset, newest first",
+        parameters=[s.BalanceHistoryParams], responses=s.DailyTotalList,
+    )
+    @action(detail=False, methods=["get"])
+    def history(self, request: Request) -> Response:
+        params = self.query(s.BalanceHistoryParams)
+        days = {"day_from": params["day_from"], "day_to": params["day_to"]}
+        totals = merchant_daily_totals(merchant_id=self.merchant_id, asset_code=params.get("asset"), **days)
+        return self.render(s.DailyTotalList, {"object": "list", "data": totals, "next_cursor": None})
 
 
 class PaymentViewSet(MerchantViewSet):

@@ -3,6 +3,7 @@ beyond the syntax of a field (rules live in the services)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
@@ -102,6 +103,20 @@ class CustomerCreateIn(StrictSerializer):
     name = strict_char()
     email = S.EmailField(required=False, allow_blank=True, max_length=254, default="")
     phone = S.RegexField(r"^\+?[0-9 ()\-]{3,31}$", required=False, allow_blank=True, max_length=32, default="")
+
+
+class ContactUpdateIn(StrictSerializer):
+    """A field left out is unchanged; null or "" clears it; a value sets it."""
+
+    email = S.EmailField(required=False, allow_null=True, allow_blank=True, max_length=254)
+    phone = S.RegexField(r"^\+?[0-9 ()\-]{3,31}$", required=False, allow_null=True, allow_blank=True, max_length=32)
+
+
+class ContactOut(S.Serializer[Any]):
+    object = ConstField("contact")
+    customer = S.CharField(source="id")
+    email = S.CharField()
+    phone = S.CharField()
 
 
 class MerchantCreateIn(StrictSerializer):
@@ -260,6 +275,45 @@ class MerchantBalanceOut(S.Serializer[Any]):
     balances = BalanceOut(many=True)
 
 
+class DailyTotalOut(S.Serializer[Any]):
+    """A merchant's day (UTC) in one asset: what was credited and debited, net, entries."""
+
+    object = ConstField("merchant_daily_total")
+    day = S.DateField()
+    asset = S.CharField()
+    credited = S.IntegerField()
+    debited = S.IntegerField()
+    net = S.IntegerField()
+    entries = S.IntegerField()
+
+
+def _plausible_day(value: Any) -> Any:
+    if not 1970 <= value.year <= 9000:
+        raise S.ValidationError("must be a day between the years 1970 and 9000")
+    return value
+
+
+class BalanceHistoryParams(StrictSerializer):
+    asset = AssetField(required=False)
+    day_from = S.DateField(required=False, help_text="First UTC day (default: 30 days before day_to).")
+    day_to = S.DateField(required=False, help_text="Last UTC day, inclusive (default: today).")
+
+    def validate_day_from(self, value: Any) -> Any:
+        return _plausible_day(value)
+
+    def validate_day_to(self, value: Any) -> Any:
+        return _plausible_day(value)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs.setdefault("day_to", datetime.now(UTC).date())
+        attrs.setdefault("day_from", attrs["day_to"] - timedelta(days=30))
+        if attrs["day_from"] > attrs["day_to"]:
+            raise S.ValidationError({"day_from": "must not be after day_to"})
+        if (attrs["day_to"] - attrs["day_from"]).days > 366:
+            raise S.ValidationError({"day_from": "at most 366 days at once"})
+        return attrs
+
+
 class TransactionOut(S.Serializer[Any]):
     """One line of a wallet's history: a ledger entry on the customer's account."""
 
@@ -351,6 +405,10 @@ class EmptyIn(StrictSerializer):
 # --- List query parameters -------------------------------------------------------------
 
 
+class CustomerListParams(ListParamsSerializer):
+    email = S.EmailField(required=False, max_length=254, help_text="Only customers with this email (case-insensitive).")
+
+
 class TransactionListParams(ListParamsSerializer):
     asset = AssetFilterField(required=False)
 
@@ -362,6 +420,7 @@ class PaymentListParams(ListParamsSerializer):
 # --- Lists (documented shapes) ---------------------------------------------------------
 
 CustomerList = list_serializer(CustomerOut, "CustomerList")
+DailyTotalList = list_serializer(DailyTotalOut, "DailyTotalList")
 MandateList = list_serializer(MandateOut, "MandateList")
 MerchantList = list_serializer(MerchantOut, "MerchantList")
 StoreList = list_serializer(StoreOut, "StoreList")

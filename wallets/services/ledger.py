@@ -36,6 +36,7 @@ from wallets.models import (
     LedgerTransaction,
     SystemRole,
 )
+from wallets.settlement import merchant_daily_totals_record
 
 
 @dataclass(frozen=True)
@@ -72,9 +73,11 @@ def ledger_post(
     is released from `held` in the same update, and the hold ends `captured` (an intent
     capture, which so locks its balance rows once).
 
-    Locks: the legs' balance rows in the global order (wallets.locks), one statement.
+    Locks: the legs' balance rows in the global order (wallets.locks), one statement;
+    then, once the tenant has expanded `merchant_daily_totals`, the day's summary row of
+    each merchant leg on this connection's shard (wallets.settlement).
     Writes: one UPDATE of those rows (F() + the change per row), the transaction, its
-    entries. Raises WalletFrozen, InsufficientFunds, CapExceeded before writing.
+    entries, and the merchant legs' daily totals (F() increments). Raises WalletFrozen, InsufficientFunds, CapExceeded before writing.
     """
     _legs_validate(legs)
     if not allow_frozen and any(leg.account.frozen for leg in legs if leg.account.kind != AccountKind.SYSTEM):
@@ -128,6 +131,8 @@ def ledger_post(
     LedgerEntry.objects.bulk_create(
         [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=now) for leg in legs]
     )
+    # Dual write of the merchant daily totals (staged migration; a no-op before expand).
+    merchant_daily_totals_record(legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=now)
     return txn
 
 

@@ -12,6 +12,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from wallets import ids
+from wallets.contacts import MIGRATION as CONTACTS_MIGRATION
+from wallets.contacts import contact_new_fields
 from wallets.errors import InvalidState
 from wallets.models import (
     KEY_PREFIXES,
@@ -19,6 +21,7 @@ from wallets.models import (
     AccountKind,
     ApiKey,
     Customer,
+    CustomerLegacyContact,
     Merchant,
     PrincipalType,
     StaffMember,
@@ -28,14 +31,20 @@ from wallets.models import (
 from wallets.selectors import api_key_hash
 from wallets.services.audit import audit_record
 from wallets.services.ledger import balance_rows_create
+from wallets.staged.phases import staged_phase, writes_new, writes_old
 
 API_KEY_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
 
 
 @transaction.atomic
 def customer_create(*, name: str, email: str = "", phone: str = "") -> Customer:
-    """A customer, their wallet account and its balance rows."""
-    customer = Customer.objects.create(name=name, email=email, phone=phone)
+    """A customer, their wallet account and its balance rows. The contact goes to the
+    representations the tenant's `customer_contacts` phase writes (wallets.contacts)."""
+    phase = staged_phase(CONTACTS_MIGRATION)
+    email, phone = email.strip(), phone.strip()
+    customer = Customer.objects.create(name=name, **(contact_new_fields(email=email, phone=phone) if writes_new(phase) else {}))
+    if writes_old(phase) and (email or phone):
+        CustomerLegacyContact.objects.filter(pk=customer.pk).update(email=email, phone=phone)
     balance_rows_create(accounts=[Account.objects.create(kind=AccountKind.CUSTOMER, customer=customer)])
     return customer
 

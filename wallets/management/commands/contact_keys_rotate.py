@@ -1,0 +1,38 @@
+"""Re-encrypt customer contact data under the newest key of TALLY_CONTACT_ENCRYPTION_KEYS
+(after a new key was put in front), in batches, each its own transaction; tokens already
+under the newest key are left alone, so it is safe to stop and run again. Once it has run
+on every tenant, the old key can leave the list.
+
+    python manage.py contact_keys_rotate [--tenant SCHEMA] [--batch 500]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django_tenants.utils import schema_context
+
+from tenants.selectors import tenant_schemas_active
+from wallets.services.contacts import customer_contacts_reencrypt
+
+
+class Command(BaseCommand):
+    help = "Re-encrypt customer contact data under the newest key (batched, idempotent, resumable)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
+        parser.add_argument("--batch", type=int, default=500, help="customers per transaction")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        schemas = sorted(tenant_schemas_active())
+        if options["tenant"]:
+            schemas = [schema for schema in schemas if schema == options["tenant"]]
+        for schema in schemas:
+            with schema_context(schema):
+                cursor: str | None = ""
+                rewritten = 0
+                while cursor is not None:
+                    cursor, count = customer_contacts_reencrypt(after=cursor, limit=options["batch"])
+                    rewritten += count
+            self.stdout.write(self.style.SUCCESS(f"{schema}: {rewritten} customers re-encrypted under the newest key"))

@@ -1,0 +1,140 @@
+"""Staged data migrations, per tenant, under live traffic (wallets.staged).
+
+    python manage.py staged_migration status [NAME] [--tenant SCHEMA]
+    python manage.py staged_migration NAME expand|backfill|verify|switch-reads|contract|rollback [--tenant SCHEMA]
+        backfill: [--batch N] [--rate ROWS_PER_SECOND] [--dry-run] [--no-progress]
+        (rows: customers for customer_contacts, merchants for merchant_daily_totals)
+
+NAME is `customer_contacts` or `merchant_daily_totals`. Without --tenant, every active
+tenant (tenants.selectors.tenant_schemas_active), one after the other. Exits 1 if any
+tenant refused the phase or failed verify, 0 otherwise (a phase already reached is a no-op).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django_tenants.utils import schema_context
+
+from tenants.selectors import tenant_schemas_active
+from wallets.locks import staged_run_lock
+from wallets.staged import runner
+from wallets.staged.spec import StagedMigration, StagedMigrationRefused, staged_migrations
+
+PHASES = ("expand", "backfill", "verify", "switch-reads", "contract", "rollback")
+
+
+class Command(BaseCommand):
+    help = "Run one phase of a staged data migration on every tenant (or one), or show their status."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("args", nargs="+", metavar="status [NAME] | NAME PHASE")
+        parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
+        parser.add_argument(
+            "--batch", type=int, default=None,
+            help="backfill: rows per batch, one transaction each (default: the migration's, 500 customers or 5 merchants)",
+        )
+        parser.add_argument("--rate", type=float, default=0.0, help="backfill: at most this many rows per second (0: unthrottled)")
+        parser.add_argument("--dry-run", action="store_true", help="backfill: count what would be written, write nothing")
+        parser.add_argument("--no-progress", action="store_true", help="backfill: no progress bar")
+
+    def handle(self, *args: str, **options: Any) -> None:
+        known = staged_migrations()
+        schemas = sorted(tenant_schemas_active())
+        if options["tenant"]:
+            if options["tenant"] not in schemas:
+                raise CommandError(f"no active tenant with schema {options['tenant']!r}")
+            schemas = [options["tenant"]]
+        if args[0] == "status":
+            names = list(args[1:]) or list(known)
+            for name in names:
+                if name not in known:
+                    raise CommandError(f"unknown staged migration {name!r}; known: {', '.join(known)}")
+            self._status(schemas, [known[n] for n in names])
+            return
+        if len(args) != 2 or args[0] not in known or args[1] not in PHASES:
+            raise CommandError(f"usage: staged_migration status [NAME] | NAME {{{','.join(PHASES)}}}; known: {', '.join(known)}")
+        migration, phase = known[args[0]], args[1]
+        failed = False
+        for schema in schemas:
+            with schema_context(schema):
+                with staged_run_lock(name=migration.name) as got:
+                    if not got:
+                        self.stderr.write(f"{schema}: {migration.name}: another run holds this migration on this tenant; try again later")
+                        failed = True
+                        continue
+                    try:
+                        outcome = self._run(schema, migration, phase, options)
+                    except StagedMigrationRefused as exc:
+                        self.stderr.write(f"{schema}: {migration.name} {phase}: refused: {exc}")
+                        failed = True
+                        continue
+            line = f"{schema}: {migration.name} {phase}: {outcome.message}"
+            if outcome.ok:
+                self.stdout.write(self.style.SUCCESS(line) if outcome.changed else line)
+            else:
+                self.stderr.write(line)
+                failed = True
+        if failed:
+            sys.exit(1)
+
+    def _run(self, schema: str, migration: StagedMigration, phase: str, options: dict[str, Any]) -> runner.Outcome:
+        if phase == "expand":
+            return runner.staged_expand(migration=migration)
+        if phase == "backfill":
+            bar = None if options["no_progress"] else _ProgressBar(self, f"{schema}: {migration.name}")
+            outcome = runner.staged_backfill(
+                migration=migration, batch=options["batch"] or migration.default_batch, rows_per_second=options["rate"], dry_run=options["dry_run"],
+                progress=bar.update if bar else None,
+            )
+            if bar:
+                bar.finish()
+            return outcome
+        if phase == "verify":
+            return runner.staged_verify(migration=migration)
+        if phase == "switch-reads":
+            return runner.staged_switch_reads(migration=migration)
+        if phase == "contract":
+            return runner.staged_contract(migration=migration)
+        return runner.staged_rollback(migration=migration)
+
+    def _status(self, schemas: list[str], migrations: list[StagedMigration]) -> None:
+        header = f"{'tenant':<20} {'migration':<24} {'phase':<15} {'backfill':<22} {'written':>8} {'seconds':>8} {'verify':<7} phase since"
+        self.stdout.write(header)
+        for schema in schemas:
+            with schema_context(schema):
+                for migration in migrations:
+                    state = runner.staged_state(migration=migration)
+                    verify = {True: "passed", False: "FAILED", None: "-"}[state.verify_ok]
+                    progress = f"{state.rows_done}/{state.rows_total}" + (f" @{state.cursor[:10]}" if state.cursor else "")
+                    self.stdout.write(
+                        f"{schema:<20} {migration.name:<24} {state.phase:<15} {progress:<22} {state.rows_written:>8} "
+                        f"{state.backfill_seconds:>8.1f} {verify:<7} {state.phase_changed_at:%Y-%m-%d %H:%M:%S}"
+                    )
+
+
+class _ProgressBar:
+    """A one-line progress bar on a terminal; a line every few seconds otherwise."""
+
+    def __init__(self, command: BaseCommand, label: str) -> None:
+        self.command, self.label = command, label
+        self.tty = command.stdout.isatty()
+        self.last = 0.0
+
+    def update(self, done: int, total: int, rate: float) -> None:
+        share = done / total if total else 1.0
+        bar = "#" * int(share * 30)
+        line = f"{self.label} [{bar:<30}] {share:6.1%} {done}/{total} rows {rate:,.0f} rows/s"
+        if self.tty:
+            self.command.stdout.write("\r" + line, ending="")
+            self.command.stdout.flush()
+        elif time.monotonic() - self.last >= 2.0 or done >= total:
+            self.command.stdout.write(line)
+            self.last = time.monotonic()
+
+    def finish(self) -> None:
+        if self.tty:
+            self.command.stdout.write("")

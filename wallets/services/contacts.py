@@ -1,0 +1,52 @@
+"""Write services for customer contact data (wallets.contacts holds the representations)."""
+
+from __future__ import annotations
+
+from wallets.contacts import UNSET, Unset, contact_changes, contact_rotate, contact_write, customer_contact
+from wallets.errors import NotFound
+from wallets.locks import customer_lock, customer_rows_lock
+from wallets.models import Customer
+from wallets.transactions import run_atomic
+
+
+def customer_contact_update(*, customer_id: str, email: str | Unset | None = UNSET, phone: str | Unset | None = UNSET) -> Customer:
+    """Set, clear or leave each contact field: UNSET leaves it, None or "" clears it, a
+    value sets it. Writes only the fields that change (nothing when nothing does), to
+    every representation the tenant's `customer_contacts` phase writes, in one transaction.
+
+    Locks: the customer row (FOR NO KEY UPDATE). No balance row.
+    """
+
+    def update() -> Customer:
+        try:
+            customer = customer_lock(customer_id=customer_id)
+        except Customer.DoesNotExist:
+            raise NotFound("no such customer", param="customer") from None
+        new_email, new_phone = contact_changes(current=customer_contact(customer=customer), email=email, phone=phone)
+        contact_write(customer=customer, email=new_email, phone=new_phone)
+        return customer
+
+    return run_atomic(update, operation="customer_contact_update")
+
+
+def customer_contacts_reencrypt(*, after: str = "", limit: int = 500) -> tuple[str | None, int]:
+    """Re-encrypt, under the newest key, the contact tokens of the next `limit` customers
+    after id `after` that were made under an older key (key rotation); a token already
+    under the newest key is left as it is. One transaction. Returns (the next cursor or
+    None at the end, how many customers were rewritten).
+
+    Locks: the batch's customer rows in id order (customer_rows_lock).
+    """
+
+    def batch() -> tuple[str | None, int]:
+        ids = customer_rows_lock(after=after, limit=limit)
+        rewritten = 0
+        for customer in Customer.objects.filter(pk__in=ids).only("id", "email_ciphertext", "phone_ciphertext").order_by("pk"):
+            fields = {name: contact_rotate(token) for name in ("email_ciphertext", "phone_ciphertext") if (token := getattr(customer, name))}
+            changed = {name: token for name, token in fields.items() if token is not None}
+            if changed:
+                Customer.objects.filter(pk=customer.pk).update(**changed)
+                rewritten += 1
+        return (ids[-1] if len(ids) == limit else None), rewritten
+
+    return run_atomic(batch, operation="customer_contacts_reencrypt")

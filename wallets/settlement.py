@@ -1,0 +1,280 @@
+"""Per-merchant daily settlement totals: a summary of what the ledger posted to each
+merchant account per UTC day and asset, kept by the posting itself; and the staged
+migration `merchant_daily_totals` that builds it under live traffic.
+
+Representations:
+  old  the ledger entries themselves, aggregated on every read (they stay: the ledger is
+       the source of truth, so verify keeps working after contract);
+  new  MerchantDailyTotal rows, sharded like merchant balances.
+
+Dual write: from expand on, `ledger_post` calls `merchant_daily_totals_record` after it
+has written its entries, in the same transaction, with F() increments on the row of the
+posting's connection shard (wallets.locks.connection_shard). Lock order: a summary row
+is taken after the posting's balance rows, and only by a transaction that holds the
+merchant's balance row for that shard (a credit locks the connection's shard, a debit
+every shard), so it is never waited on by anyone the posting's balance locks did not
+already make wait; several keys are taken in key order. The backfill takes every balance
+row of a batch of merchants (one ordered statement, like a merchant debit), so while it
+recomputes their totals from the ledger no posting can add to them: it never deadlocks a
+payment, and what it writes is exact. It writes a key only where the summary differs from
+the ledger, so a re-run writes nothing.
+
+Reads: `merchant_daily_totals` (the merchant balance history endpoint, reconciliation)
+reads the ledger until reads switch, the summary after.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any, Final
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from wallets.locks import connection_shard, merchant_balance_rows_lock
+from wallets.models import Account, AccountKind, LedgerEntry, MerchantDailyTotal
+from wallets.staged.phases import reads_new, staged_phase, writes_new
+from wallets.staged.spec import BatchResult, StagedMigration, VerifyReport
+
+MIGRATION: Final = "merchant_daily_totals"
+
+Key = tuple[str, str, date]  # (account id, asset code, day)
+
+
+@dataclass(frozen=True)
+class DailyTotal:
+    """A merchant's day in one asset: credited and debited (both >= 0), net, entries."""
+
+    merchant: str
+    asset: str
+    day: date
+    credited: int
+    debited: int
+    entries: int
+
+    @property
+    def net(self) -> int:
+        return self.credited - self.debited
+
+
+def utc_day(moment: datetime) -> date:
+    return moment.astimezone(UTC).date()
+
+
+# --- Dual write ------------------------------------------------------------------------
+
+
+def merchant_daily_totals_record(*, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
+    """Add a posting's merchant legs (account, asset, amount) to the day's totals, when
+    the tenant's phase writes them. Called by ledger_post after its entries, in its
+    transaction.
+
+    Locks: the summary row (account, asset, day, this connection's shard) of each merchant
+    leg, in key order, after the posting's balance rows (module docstring). Its first
+    posting of the day on a shard inserts it (a savepoint, so a lost race updates instead).
+    """
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for account, asset, amount in legs:
+        if account.kind == AccountKind.MERCHANT:
+            line = totals[(account.id, asset)]
+            line[0 if amount > 0 else 1] += abs(amount)
+            line[2] += 1
+    if not totals or not writes_new(staged_phase(MIGRATION)):
+        return
+    day, shard = utc_day(created), connection_shard()
+    for (account_id, asset), (credited, debited, entries) in sorted(totals.items()):
+        key = {"account_id": account_id, "asset_id": asset, "day": day, "shard": shard}
+        increments = {"credited": F("credited") + credited, "debited": F("debited") + debited, "entries": F("entries") + entries}
+        if MerchantDailyTotal.objects.filter(**key).update(**increments):
+            continue
+        try:
+            with transaction.atomic():
+                MerchantDailyTotal.objects.create(**key, credited=credited, debited=debited, entries=entries)
+        except IntegrityError:
+            MerchantDailyTotal.objects.filter(**key).update(**increments)
+
+
+# --- Reads -----------------------------------------------------------------------------
+
+
+def _ledger_totals(entries: QuerySet[LedgerEntry]) -> Any:
+    return (
+        entries.annotate(day=TruncDate("created", tzinfo=UTC))
+        .values("account_id", "account__merchant_id", "asset_id", "day")
+        .annotate(
+            s_credited=Sum(Case(When(amount__gt=0, then=F("amount")), default=Value(0))),
+            s_debited=Sum(Case(When(amount__lt=0, then=-F("amount")), default=Value(0))),
+            s_entries=Count("id"),
+        )
+    )
+
+
+def _summary_totals(rows: QuerySet[MerchantDailyTotal]) -> Any:
+    return rows.values("account_id", "account__merchant_id", "asset_id", "day").annotate(
+        s_credited=Sum("credited"), s_debited=Sum("debited"), s_entries=Sum("entries")
+    )
+
+
+def _as_totals(rows: Iterable[dict[str, object]]) -> list[DailyTotal]:
+    totals = [
+        DailyTotal(
+            merchant=str(r["account__merchant_id"]), asset=str(r["asset_id"]), day=r["day"],  # type: ignore[arg-type]
+            credited=int(r["s_credited"] or 0), debited=int(r["s_debited"] or 0), entries=int(r["s_entries"] or 0),  # type: ignore[call-overload]
+        )
+        for r in rows
+    ]
+    return sorted(totals, key=lambda t: (t.day, t.merchant, t.asset), reverse=True)
+
+
+def merchant_daily_totals(
+    *, merchant_id: str | None = None, asset_code: str | None = None, day_from: date | None = None, day_to: date | None = None
+) -> list[DailyTotal]:
+    """Daily totals per merchant and asset between `day_from` and `day_to` (inclusive, UTC
+    days), newest day first; one merchant or (None) every merchant. From the ledger until
+    the tenant's `merchant_daily_totals` reads switch, from the summary after: the same
+    numbers (verify proves it before the switch)."""
+    if reads_new(staged_phase(MIGRATION)):
+        rows = MerchantDailyTotal.objects.filter(account__kind=AccountKind.MERCHANT)
+        if merchant_id is not None:
+            rows = rows.filter(account__merchant_id=merchant_id)
+        if asset_code:
+            rows = rows.filter(asset_id=asset_code)
+        if day_from is not None:
+            rows = rows.filter(day__gte=day_from)
+        if day_to is not None:
+            rows = rows.filter(day__lte=day_to)
+        return _as_totals(_summary_totals(rows))
+    entries = LedgerEntry.objects.filter(account__kind=AccountKind.MERCHANT)
+    if merchant_id is not None:
+        entries = entries.filter(account__merchant_id=merchant_id)
+    if asset_code:
+        entries = entries.filter(asset_id=asset_code)
+    if day_from is not None:
+        entries = entries.filter(created__gte=datetime.combine(day_from, time.min, tzinfo=UTC))
+    if day_to is not None:
+        entries = entries.filter(created__lt=datetime.combine(day_to + timedelta(days=1), time.min, tzinfo=UTC))
+    return _as_totals(_ledger_totals(entries))
+
+
+# --- The staged migration --------------------------------------------------------------
+
+
+def _keyed(rows: Iterable[dict[str, object]]) -> dict[Key, tuple[int, int, int]]:
+    return {
+        (str(r["account_id"]), str(r["asset_id"]), r["day"]): (int(r["s_credited"] or 0), int(r["s_debited"] or 0), int(r["s_entries"] or 0))  # type: ignore[misc, call-overload]
+        for r in rows
+    }
+
+
+class MerchantDailyTotalsMigration(StagedMigration):
+    """Ledger aggregates on every read -> a maintained summary table."""
+
+    name = MIGRATION
+    description = "merchant daily settlement totals: aggregated from the ledger on each read -> a maintained summary table"
+    old_survives_contract = True
+    # Merchants per batch: each window holds their balance rows while it aggregates it.
+    default_batch = 5
+    # Days of history recomputed per transaction.
+    window_days = 31
+
+    def backfill_total(self) -> int:
+        return Account.objects.filter(kind=AccountKind.MERCHANT).count()
+
+    def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
+        """One window of `window_days` of history of the next `limit` merchants. The
+        cursor is the last merchant account done, plus `@<day>` while a batch of merchants
+        is between windows.
+
+        Locks: every balance row of the batch's merchants, one statement in the global
+        order (merchant_balance_rows_lock; not with `dry_run`), then their summary rows.
+        Recomputes each (merchant, asset, day) of the window from the ledger and rewrites
+        the keys that differ (one row on shard 0), nothing else. Windows keep each lock
+        short whatever a merchant's history; they stay exact because every posting since
+        the fence after expand dual-writes, so a key is right from the moment a window
+        rewrote it under the lock, whichever window comes first."""
+        after_account, _, from_day = after.partition("@")
+        merchants = Account.objects.filter(kind=AccountKind.MERCHANT, pk__gt=after_account).order_by("pk")
+        ids = list(merchants.values_list("pk", flat=True)[:limit])
+        if not ids:
+            return BatchResult(cursor=None, rows_seen=0, rows_written=0)
+        entries = LedgerEntry.objects.filter(account_id__in=ids).aggregate(first=Min("created"), last=Max("created"))
+        rows = MerchantDailyTotal.objects.filter(account_id__in=ids).aggregate(first=Min("day"), last=Max("day"))
+        today = utc_day(timezone.now())
+        firsts = [d for d in (entries["first"] and utc_day(entries["first"]), rows["first"]) if d is not None]
+        last = max(d for d in (entries["last"] and utc_day(entries["last"]), rows["last"], today) if d is not None)
+        start = date.fromisoformat(from_day) if from_day else min(firsts, default=today)
+        end = start + timedelta(days=self.window_days)
+        if not dry_run:
+            merchant_balance_rows_lock(account_ids=ids)
+        window = LedgerEntry.objects.filter(
+            account_id__in=ids, created__gte=datetime.combine(start, time.min, tzinfo=UTC), created__lt=datetime.combine(end, time.min, tzinfo=UTC)
+        )
+        truth = _keyed(_ledger_totals(window))
+        summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(account_id__in=ids, day__gte=start, day__lt=end)))
+        wrong = sorted(key for key in truth.keys() | summary.keys() if truth.get(key) != summary.get(key))
+        if wrong and not dry_run:
+            days: dict[tuple[str, str], list[date]] = defaultdict(list)
+            for account_id, asset, day in wrong:
+                days[(account_id, asset)].append(day)
+            match = Q()
+            for (account_id, asset), wrong_days in days.items():
+                match |= Q(account_id=account_id, asset_id=asset, day__in=wrong_days)
+            MerchantDailyTotal.objects.filter(match).delete()
+            MerchantDailyTotal.objects.bulk_create(
+                [
+                    MerchantDailyTotal(account_id=a, asset_id=s, day=d, shard=0, credited=c, debited=b, entries=n)
+                    for (a, s, d) in wrong
+                    if (a, s, d) in truth
+                    for c, b, n in [truth[(a, s, d)]]
+                ]
+            )
+        if end <= last:  # more history of these merchants: the next window
+            return BatchResult(cursor=f"{after_account}@{end.isoformat()}", rows_seen=0, rows_written=len(wrong))
+        return BatchResult(cursor=ids[-1] if len(ids) == limit else None, rows_seen=len(ids), rows_written=len(wrong))
+
+    def verify(self) -> VerifyReport:
+        """Every (merchant, asset, day), in one REPEATABLE READ snapshot: the summary (summed
+        over shards) equals the ledger's entries."""
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(account__kind=AccountKind.MERCHANT)))
+            summary = _keyed(_summary_totals(MerchantDailyTotal.objects.all()))
+        report = VerifyReport()
+        report.counts = {
+            "ledger_days": len(truth), "summary_days": len(summary),
+            "ledger_entries": sum(v[2] for v in truth.values()), "summary_entries": sum(v[2] for v in summary.values()),
+        }
+        report.checksums = {"ledger": _checksum(truth), "summary": _checksum(summary)}
+        report.differences = [
+            f"{a}/{s}/{d}: ledger {truth.get((a, s, d))} summary {summary.get((a, s, d))}"
+            for a, s, d in sorted(truth.keys() | summary.keys())
+            if truth.get((a, s, d)) != summary.get((a, s, d))
+        ]
+        return report
+
+    def contract(self) -> None:
+        """Nothing to drop: the ledger stays the source of truth. From here on the summary
+        is the only read path of this tenant, and there is no going back."""
+
+    def discard(self) -> None:
+        """Delete the summary rows, in batches (rollback of expand)."""
+        while True:
+            with transaction.atomic():
+                ids = list(MerchantDailyTotal.objects.order_by("pk").values_list("pk", flat=True)[:5000])
+                if not ids:
+                    return
+                MerchantDailyTotal.objects.filter(pk__in=ids).delete()
+
+
+def _checksum(totals: dict[Key, tuple[int, int, int]]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(totals):
+        digest.update(f"{key[0]}|{key[1]}|{key[2].isoformat()}|{totals[key]}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,11 @@
+"""Staged data migrations: evolve a tenant's data under live traffic (expand, backfill,
+verify, switch reads, contract), one phase at a time, each safe to stop at any point.
+
+    phases  the phase order and the switches the service layer reads (short-TTL cache)
+    spec    what a migration implements (StagedMigration) and the registry
+    runner  the phase transitions, the batched/throttled/resumable backfill, verify
+
+The migrations themselves live with the data they own (wallets.contacts,
+wallets.settlement) and register in WalletsConfig.ready(). The command is
+`manage.py staged_migration`.
+"""

@@ -1,0 +1,78 @@
+"""The phases of a staged migration and the switches the service layer reads.
+
+A service asks `staged_phase(name)` whether to write the new representation (dual
+writes) and which one to read. The answer comes from the tenant's StagedMigrationState
+row, cached per process and tenant for `TALLY_STAGED_PHASE_TTL_SECONDS` (the hot path
+pays a dict lookup, not a query). The cache is made correct by the runner, not by the
+readers: a phase change that changes what writers do is followed by a fence
+(`staged_fence_seconds()`: the TTL plus a grace for transactions already running) before
+the runner does anything that relies on every writer having seen it (backfill after
+expand, dropping columns at contract, discarding the new data at rollback).
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.db import connection
+
+from wallets.models import StagedMigrationState, StagedPhase
+
+PHASE_ORDER: tuple[StagedPhase, ...] = (
+    StagedPhase.ABSENT,
+    StagedPhase.EXPANDED,
+    StagedPhase.BACKFILLED,
+    StagedPhase.VERIFIED,
+    StagedPhase.READS_SWITCHED,
+    StagedPhase.CONTRACTING,
+    StagedPhase.CONTRACTED,
+)
+
+_cache: dict[tuple[str, str], tuple[float, StagedPhase]] = {}
+
+
+def phase_index(phase: StagedPhase | str) -> int:
+    return PHASE_ORDER.index(StagedPhase(phase))
+
+
+def phase_ttl_seconds() -> float:
+    return float(getattr(settings, "TALLY_STAGED_PHASE_TTL_SECONDS", 1.0))
+
+
+def staged_fence_seconds() -> float:
+    """How long after a phase change every process has seen it and every transaction that
+    read the old phase has ended."""
+    return phase_ttl_seconds() + float(getattr(settings, "TALLY_STAGED_FENCE_GRACE_SECONDS", 1.0))
+
+
+def staged_phase(name: str) -> StagedPhase:
+    """The phase of migration `name` in the current tenant (cached, see module docstring)."""
+    key = (str(getattr(connection, "schema_name", "public")), name)
+    now = time.monotonic()
+    hit = _cache.get(key)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    value = StagedMigrationState.objects.filter(name=name).values_list("phase", flat=True).first()
+    phase = StagedPhase(value) if value else StagedPhase.ABSENT
+    _cache[key] = (now + phase_ttl_seconds(), phase)
+    return phase
+
+
+def staged_phase_forget() -> None:
+    """Drop the cache (tests, and the runner's own process after it changes a phase)."""
+    _cache.clear()
+
+
+def writes_new(phase: StagedPhase) -> bool:
+    """Dual writes: the new representation is written from expand on."""
+    return phase != StagedPhase.ABSENT
+
+
+def writes_old(phase: StagedPhase) -> bool:
+    """The old representation is written until contract starts."""
+    return phase_index(phase) < phase_index(StagedPhase.CONTRACTING)
+
+
+def reads_new(phase: StagedPhase) -> bool:
+    return phase_index(phase) >= phase_index(StagedPhase.READS_SWITCHED)

@@ -1,0 +1,94 @@
+"""What a staged data migration implements, and the registry the command looks in."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StagedMigrationRefused(Exception):
+    """A phase cannot run now (wrong phase, a precondition unmet); the message says why."""
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One backfill batch: where the next one starts (None: done), how many rows it
+    looked at and how many it wrote (0 when they already matched: no write)."""
+
+    cursor: str | None
+    rows_seen: int
+    rows_written: int
+
+
+@dataclass
+class VerifyReport:
+    """Counts and checksums of both representations, and every difference found
+    (identifiers only, never contact values)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)
+    differences: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.differences
+
+    def as_json(self) -> dict[str, Any]:
+        return {"counts": self.counts, "checksums": self.checksums, "differences": self.differences[:100], "difference_count": len(self.differences)}
+
+
+class StagedMigration(ABC):
+    """One migration from an old representation of some data to a new one.
+
+    Every method runs inside the tenant's schema. `backfill_batch` owns its transaction
+    (the runner commits the cursor in it); the others are called by the runner at the
+    right phase. Dual writes and the read path are the owning app's services and
+    selectors, which ask wallets.staged.phases.
+    """
+
+    name: str = ""
+    description: str = ""
+    # True when the old representation is still there after contract (verify keeps working).
+    old_survives_contract: bool = False
+    # Rows per backfill batch (one transaction) when the command is not told.
+    default_batch: int = 500
+
+    def expand(self) -> None:
+        """Make sure the new representation exists (raise StagedMigrationRefused if it
+        cannot, e.g. its schema migration was not applied)."""
+        return None
+
+    @abstractmethod
+    def backfill_total(self) -> int:
+        """How many rows (units of `backfill_batch`) there are, for the progress bar."""
+
+    @abstractmethod
+    def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
+        """Copy up to `limit` rows after `cursor` ("" = the start), in its own transaction,
+        writing only what is absent or different; with `dry_run`, count what it would write."""
+
+    @abstractmethod
+    def verify(self) -> VerifyReport:
+        """Compare both representations in one snapshot."""
+
+    def contract(self) -> None:
+        """Remove the old representation (idempotent: it may be re-run after a kill)."""
+        return None
+
+    def discard(self) -> None:
+        """Rollback of expand: remove the data the new path wrote (idempotent)."""
+        return None
+
+
+_registry: dict[str, StagedMigration] = {}
+
+
+def staged_migration_register(migration: StagedMigration) -> None:
+    if not migration.name:
+        raise ValueError("a staged migration needs a name")
+    _registry[migration.name] = migration
+
+
+def staged_migrations() -> dict[str, StagedMigration]:
+    return dict(sorted(_registry.items()))
