@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django_tenants.utils import schema_context
 
@@ -349,3 +350,24 @@ def test_the_totals_backfill_walks_a_long_history_in_day_windows(scratch: Tenant
     assert staged(TOTALS, "backfill", tenant=scratch, batch=2).code == 0
     state = StagedMigrationState.objects.get(name=TOTALS)
     assert (state.phase, state.rows_done, state.rows_written) == (StagedPhase.BACKFILLED, 3, 0)
+
+
+def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tenant) -> None:
+    from webhooks.reconciliation.models import RunTrigger
+    from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
+
+    def findings() -> dict[str, int]:
+        run = reconciliation_run_execute(run_id=reconciliation_run_request(trigger=RunTrigger.COMMAND).pk)
+        return {kind: n for kind, n in run.report["by_kind"].items() if kind == "merchant_daily_total_mismatch"}
+
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 10_000)
+    payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=700)
+    for phase in ("expand", "backfill", "verify", "switch-reads"):
+        assert staged(TOTALS, phase, tenant=scratch).code == 0
+    staged_phase_forget()
+    payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=300)
+    assert findings() == {}
+    # A summary row edited behind the posting's back: the history endpoint would show it.
+    MerchantDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).update(credited=F("credited") + 1)
+    assert findings() == {"merchant_daily_total_mismatch": MerchantDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).values("day").distinct().count()}

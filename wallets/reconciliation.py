@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -22,6 +22,9 @@ from django.db.models import Count, Sum
 
 from wallets.models import Balance, Hold, HoldStatus, LedgerEntry
 from wallets.selectors import ledger_orphan_references_iter
+from wallets.settlement import MIGRATION as DAILY_TOTALS_MIGRATION
+from wallets.settlement import merchant_daily_totals_differences
+from wallets.staged.phases import reads_new, staged_phase
 
 
 class Severity(StrEnum):
@@ -187,3 +190,24 @@ def orphan_references_check(ctx: CheckContext) -> Iterator[Discrepancy]:
             refs=(),
         )
     ctx.stats["orphans"] = relations
+
+
+def merchant_daily_totals_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Once this tenant reads merchant daily totals from the summary table (the staged
+    migration `merchant_daily_totals` has switched reads), the summary against the ledger
+    for the last `settlement_days` UTC days: the balance history endpoint shows what it holds."""
+    if not reads_new(staged_phase(DAILY_TOTALS_MIGRATION)):
+        ctx.stats["merchant_daily_totals"] = "reads from the ledger: nothing to compare"
+        return
+    today = ctx.now.date()
+    differences = merchant_daily_totals_differences(day_from=today - timedelta(days=ctx.settlement_days - 1), day_to=today)
+    ctx.stats["merchant_daily_totals"] = {"differences": len(differences)}
+    for (account_id, asset, day), ledger, summary in differences:
+        yield Discrepancy(
+            kind="merchant_daily_total_mismatch", severity=Severity.CRITICAL,
+            summary=f"merchant account {account_id}, {asset}, {day}: the daily totals table says {summary} "
+            f"(credited, debited, entries), the ledger {ledger}",
+            details={"account": account_id, "asset": asset, "day": day.isoformat(), "ledger": ledger, "summary": summary},
+            refs=(account_ref(account_id),),
+        )
+

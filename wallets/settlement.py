@@ -162,6 +162,18 @@ def merchant_daily_totals(
     return _as_totals(_ledger_totals(entries))
 
 
+def merchant_daily_totals_differences(*, day_from: date, day_to: date) -> list[tuple[Key, tuple[int, int, int] | None, tuple[int, int, int] | None]]:
+    """Each (merchant account, asset, UTC day) between `day_from` and `day_to` (inclusive)
+    whose summary rows (shards summed) differ from the ledger's entries, as (key, ledger,
+    summary) with (credited, debited, entries); reconciliation's check once reads have
+    switched. Run it in one snapshot (reconciliation's runs are REPEATABLE READ)."""
+    start = datetime.combine(day_from, time.min, tzinfo=UTC)
+    end = datetime.combine(day_to + timedelta(days=1), time.min, tzinfo=UTC)
+    truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(account__kind=AccountKind.MERCHANT, created__gte=start, created__lt=end)))
+    summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(day__gte=day_from, day__lte=day_to)))
+    return [(key, truth.get(key), summary.get(key)) for key in sorted(truth.keys() | summary.keys()) if truth.get(key) != summary.get(key)]
+
+
 # --- The staged migration --------------------------------------------------------------
 
 

@@ -26,7 +26,16 @@ from payments.reconciliation import (
     payments_run_metrics,
     psp_settlement_check,
 )
-from wallets.reconciliation import CheckContext, Discrepancy, ObjectRef, Severity, conservation_check, ledger_balance_check, orphan_references_check
+from wallets.reconciliation import (
+    CheckContext,
+    Discrepancy,
+    ObjectRef,
+    Severity,
+    conservation_check,
+    ledger_balance_check,
+    merchant_daily_totals_check,
+    orphan_references_check,
+)
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 
 
@@ -68,6 +77,7 @@ CHECKS: list[Check] = [
     Check("idempotency_stuck", "In-flight idempotency keys past their lease", idempotency_stuck_check),
     Check("outbox", "Outbox lag and dead letters", outbox_check),
     Check("webhook_deliveries", "Webhook deliveries that failed for good", webhook_dead_letters_check),
+    Check("merchant_daily_totals", "Merchant daily totals (once reads switched to the summary) against the ledger", merchant_daily_totals_check),
     Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report", psp_settlement_check),
 ]
 
