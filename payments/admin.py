@@ -19,6 +19,7 @@ from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, 
 from payments.models import (
     Adjustment,
     AdjustmentDirection,
+    GatewayAccount,
     Mandate,
     OutboxEvent,
     Payment,
@@ -26,6 +27,7 @@ from payments.models import (
     PaymentToken,
     PendingAdjustment,
     PendingAdjustmentStatus,
+    PspWebhookEvent,
     Refund,
     TopUp,
     Transfer,
@@ -414,3 +416,24 @@ class MandateAdmin(ReadOnlyAdmin):
     id_search = {"mnd": "id", "cus": "customer_id", "mer": "merchant_id"}
     date_hierarchy = "created"
     list_select_related = ("customer", "merchant")
+
+
+@admin.register(GatewayAccount)
+class GatewayAccountAdmin(ReadOnlyAdmin):
+    """The tenant's card gateways; the credentials are sealed and never shown (set them with
+    `manage.py gateway_account_set`)."""
+
+    list_display = ("gateway", "active", "api_base", "created", "updated")
+    list_filter = ("gateway", "active")
+    fields = ("gateway", "active", "api_base", "created", "updated")
+    readonly_fields = fields
+
+
+@admin.register(PspWebhookEvent)
+class PspWebhookEventAdmin(ReadOnlyAdmin):
+    """Inbound PSP events, each recorded with its effect (a redelivery is a no-op)."""
+
+    list_display = ("event_id", "gateway", "type", "outcome", "received")
+    list_filter = ("gateway", "outcome", "type")
+    search_fields = ("=event_id",)
+    date_hierarchy = "received"

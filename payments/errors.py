@@ -84,8 +84,9 @@ class PspUnavailable(Unavailable):
     retry_after_seconds = 2
 
 
-class PspNotConfigured(Unavailable):
-    """The tenant has no active card gateway."""
+class PspNotConfigured(NotPermitted):
+    """The tenant has no active card gateway: card top-ups are not offered here (a 403, not
+    a 503: retrying will not help until the operator sets one up)."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.PSP_NOT_CONFIGURED
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -292,8 +293,16 @@ def test_web_killed_between_the_charge_and_the_completion_is_recovered_once(live
 # --- A stalled first attempt ------------------------------------------------------------------
 
 
-def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(live: Live, live_tenant: Tenant, settings: Any) -> None:
-    settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 8.0  # the first attempt stalls after the charge (long: a loaded machine)
+def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(
+    live: Live, live_tenant: Tenant, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from payments.api import topup_saga
+
+    # The first attempt stalls after the charge until the takeover has completed the record,
+    # however slow the machine (a timed pause let a loaded machine wake it first).
+    released = threading.Event()
+    monkeypatch.setattr(topup_saga, "time", SimpleNamespace(sleep=lambda _seconds: released.wait(timeout=60)))
+    settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 1.0
     idem = uuid.uuid4().hex
     box: dict[str, Any] = {}
 
@@ -311,6 +320,7 @@ def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(liv
     recover(until=lambda: IdempotencyRecord.objects.get(principal_id=live.customer.pk, key=idem).state == "completed")
     record = IdempotencyRecord.objects.get(principal_id=live.customer.pk, key=idem)
     stored = (record.fence, record.response_status, bytes(record.response_body), record.completed_at)
+    released.set()
     stalled.join(timeout=30)
     assert not stalled.is_alive()
     late = box["response"]

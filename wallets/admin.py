@@ -22,6 +22,7 @@ from wallets.models import (
     Hold,
     LedgerEntry,
     LedgerTransaction,
+    MerchantDailyTotal,
     StaffMember,
     Store,
     Terminal,
@@ -217,3 +218,15 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 admin.site.site_header = "Tally back office"
 admin.site.site_title = "Tally back office"
 admin.site.index_title = "Wallets, payments, webhooks and the audit log"
+
+
+@admin.register(MerchantDailyTotal)
+class MerchantDailyTotalAdmin(ReadOnlyAdmin):
+    """The maintained daily totals of merchant accounts (staged migration
+    `merchant_daily_totals`), one row per shard; a day's total is the sum of its shards."""
+
+    list_display = ("day", link_column("account"), "asset", "shard", money_column("credited"), money_column("debited"), "entries")
+    list_filter = ("asset",)
+    id_search = {"acc": "account_id"}
+    list_select_related = ("account", "asset")
+    date_hierarchy = "day"

@@ -294,7 +294,7 @@ def _plausible_day(value: Any) -> Any:
 
 
 class BalanceHistoryParams(StrictSerializer):
-    asset = AssetField(required=False)
+    asset = AssetFilterField(required=False)
     day_from = S.DateField(required=False, help_text="First UTC day (default: 30 days before day_to).")
     day_to = S.DateField(required=False, help_text="Last UTC day, inclusive (default: today).")
 

@@ -79,22 +79,24 @@ def test_money_is_shown_in_the_assets_units(amount: int, code: str, kind: str, e
 # --- every model has an admin page that renders ------------------------------------------
 
 
-TENANT_MODELS = [
-    "wallets.customer", "wallets.merchant", "wallets.store", "wallets.terminal", "wallets.apikey", "wallets.account", "wallets.balance",
-    "wallets.ledgertransaction", "wallets.ledgerentry", "wallets.auditentry", "payments.payment", "payments.refund",
-    "payments.transfer", "payments.topup", "payments.adjustment", "payments.pendingadjustment", "payments.paymentintent",
-    "payments.paymenttoken", "idempotency.idempotencyrecord", "payments.outboxevent", "webhooks.webhookendpoint",
-    "webhooks.webhookdelivery", "payments.mandate",
-]
+# Models shown inside another page rather than on a list of their own, and why.
+NOT_ON_A_LIST_OF_THEIR_OWN = {
+    "wallets.balance": "shards summed on the account and customer pages",
+    "wallets.customerlegacycontact": "the plaintext columns a staged migration drops; shown masked on the customer",
+    "webhooks.webhookdeliveryattempt": "the attempts inline on their delivery",
+}
+TENANT_APPS_WITH_ADMIN = ("wallets", "payments", "idempotency", "webhooks", "reconciliation")
 
 
 def test_every_tenant_model_has_a_list_and_a_page(api: Api, world: World, tenant: Tenant) -> None:
+    from django.apps import apps
+
     registered = {m._meta.label_lower for m in django_admin.site._registry}
-    missing = [label for label in TENANT_MODELS if label not in registered and label != "wallets.balance"]
-    assert missing == []
+    models = {m._meta.label_lower for m in apps.get_models() if m._meta.app_label in TENANT_APPS_WITH_ADMIN}
+    assert sorted(models - registered - set(NOT_ON_A_LIST_OF_THEIR_OWN)) == []  # every model an operator works with
     paid = _pay(api, world, 700)
     client = _login("root-pages", superuser=True)
-    for label in sorted(x for x in registered if x.split(".")[0] in ("wallets", "payments", "idempotency", "webhooks", "auth", "axes")):
+    for label in sorted(x for x in registered if x.split(".")[0] in (*TENANT_APPS_WITH_ADMIN, "auth", "axes")):
         app, model = label.split(".")
         r = client.get(f"/admin/{app}/{model}/")
         assert r.status_code == 200, (label, r.status_code)

@@ -20,7 +20,7 @@ import pytest
 
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import World, _world
-from tests.conftest import TENANT_A
+from tests.conftest import TENANT_A, psp_account_configure
 from tests.live import gunicorn_running
 
 EXAMPLES = os.environ.get("TALLY_SCHEMATHESIS_LIVE_EXAMPLES", "5")
@@ -49,7 +49,8 @@ FACES = ("customer", "terminal", "merchant", "admin")
 
 
 @pytest.fixture
-def live_world(live_tenant: Any) -> World:
+def live_world(live_tenant: Any, psp_simulator: Any) -> World:
+    psp_account_configure(psp_simulator)  # card top-ups reach a PSP that answers
     world = _world(TENANT_A["domain"], "live")
     adjustment_create(staff=world.staff.obj, customer=world.customer.obj, asset_code="JPY", amount=10**9, direction="credit", reason="fuzz")
     return world
