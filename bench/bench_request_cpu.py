@@ -206,7 +206,7 @@ def main() -> None:
 
     from config.wsgi import application  # django.setup() again: logging is configured by now
 
-    devnull = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    devnull = open(os.devnull, "w")
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler):
             handler.setStream(devnull)
