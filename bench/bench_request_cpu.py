@@ -94,6 +94,7 @@ LAYERS = [
     "JSON parse",
     "JSON render",
     "logging (one JSON line per request)",
+    "outbox relay kick after commit (Celery publish)",
 ]
 
 
@@ -134,6 +135,9 @@ def _instrument() -> None:
     import logging
 
     _wrap(logging.Logger, "_log", L[14])
+    import payments.services.outbox as outbox
+
+    _wrap(outbox._RelayKick, "__call__", L[15])
 
 
 # --- The requests ---------------------------------------------------------------------------

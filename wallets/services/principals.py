@@ -25,7 +25,7 @@ from wallets.models import (
     Store,
     Terminal,
 )
-from wallets.selectors import api_key_hash
+from wallets.selectors import api_key_cache_clear, api_key_hash
 from wallets.services.ledger import balance_rows_create
 
 API_KEY_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
@@ -98,7 +98,16 @@ def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24))
     if api_key.expires_at is None or api_key.expires_at > expires_at:
         api_key.expires_at = expires_at
         api_key.save(update_fields=["expires_at"])
+        _api_key_cache_invalidate()
     return new_key, raw_key
+
+
+def _api_key_cache_invalidate() -> None:
+    """This process stops using cached keys now and again once the change commits (a row
+    read in between is the old one); other processes within TALLY_API_KEY_CACHE_SECONDS
+    (wallets.selectors)."""
+    api_key_cache_clear()
+    transaction.on_commit(api_key_cache_clear)
 
 
 # last_used_at is advisory (shown to operators when pruning keys): one write per key per
@@ -129,6 +138,7 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+        _api_key_cache_invalidate()
     return api_key
 
 
