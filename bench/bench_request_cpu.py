@@ -146,10 +146,13 @@ def _instrument() -> None:
 class _Counter:
     sql = 0
     redis = 0
+    show_sql = False
 
 
 def _count_sql(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
     _Counter.sql += 1
+    if _Counter.show_sql:
+        print("SQL:", " ".join(sql.split())[:160])
     return execute(sql, params, many, context)
 
 
@@ -193,6 +196,7 @@ def main() -> None:
     parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="also print cProfile's top N functions by own time")
     parser.add_argument("--sort", default="tottime", help="with --cprofile: tottime or cumulative")
     parser.add_argument("--callers", default="", metavar="REGEX", help="with --cprofile: who calls the functions matching REGEX")
+    parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
     args = parser.parse_args()
 
@@ -238,6 +242,7 @@ def main() -> None:
     statuses.clear()
     _own.clear()
     _Counter.sql = _Counter.redis = 0
+    _Counter.show_sql = args.show_sql
     profiler = cProfile.Profile(time.process_time) if args.cprofile else None  # CPU, not wall
     with connection.execute_wrapper(_count_sql):
         cpu, wall = time.process_time(), time.perf_counter()
