@@ -3,8 +3,8 @@
 Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE per
 scope, all in one pipeline per request. A keyed POST to an internal-effect view also
 carries the idempotency layer's replay-cache GET in that pipeline, so the first execution
-of a key costs one Redis round trip before the effect, not two. Counters live in Redis so every gunicorn worker and
-host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
+of a key costs one Redis round trip before the effect, not two. Counters live in Redis
+so every gunicorn worker and host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
 overridden per tenant in `Tenant.extra_settings["throttle_rates"]`.
 
 Redis down: throttling fails open (a rate limit protects capacity, not money) and stops
