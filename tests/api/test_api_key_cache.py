@@ -56,9 +56,12 @@ def test_rotated_with_no_overlap_stops_at_once(api: Api, world: World, settings:
 
 def test_a_cached_key_stops_when_its_overlap_ends(api: Api, world: World, settings: Any) -> None:
     settings.TALLY_API_KEY_CACHE_SECONDS = 60
-    api_key_rotate(api_key=_key_row(world), overlap=timedelta(seconds=1))
+    old = _key_row(world)
+    api_key_rotate(api_key=old, overlap=timedelta(seconds=3))
     assert api.get(WALLET, world.customer.key).status_code == 200  # cached with its expires_at
-    time.sleep(1.1)
+    expires_at = old.expires_at
+    assert expires_at is not None
+    time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.1)
     assert api.get(WALLET, world.customer.key).status_code == 401
 
 
