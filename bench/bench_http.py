@@ -11,6 +11,14 @@ clients (processes x threads, new connection per request, like sync gunicorn wan
 Reports payments/s, p50 and p99 for spread and hot traffic, then runs the raw-SQL
 ceiling (bench/rawsql.py, pgbench) with the same client count and duration, and the
 ratios. gunicorn is stopped at the end, whatever happens.
+
+    .venv/bin/python bench/bench_http.py --peer --seconds 15 --clients 16 --workers 3 --rounds 2
+
+runs Tally and the drf-idempotency peer (Redis backend, `../shared/peers/idem`) back to
+back, `--rounds` times, with the same wrk script (`../shared/peers/http/keyed_post.lua`, a
+fresh Idempotency-Key per request), clients, duration and gunicorn worker count, and
+prints each round's keyed payments/s, p50, p99 and the ratio Tally / peer. Both pay from
+one wallet row. If the peer is not set up, it says how.
 """
 
 from __future__ import annotations
@@ -251,6 +259,127 @@ def _wait_ready(port: int, timeout: float = 30) -> None:
     raise RuntimeError("gunicorn did not become ready")
 
 
+# --- Side by side with the drf-idempotency peer (../shared/peers), same wrk script ------------
+
+PEER_VENV = Path(os.environ.get("PEER_IDEM_DRFI_VENV", "/tmp/peer-idem-drfi-venv"))
+PEER_HOW_TO = """the drf-idempotency peer is not set up here. Once:
+    {peers}/idem/setup.sh        # venvs under /tmp, database peer_idem, the wallet
+(see {peers}/README.md), then run this again."""
+
+
+def _peers_dir(given: str | None) -> Path:
+    candidates = [Path(given)] if given else [ROOT.parent / "shared" / "peers", ROOT.parent.parent / "shared" / "peers"]
+    for candidate in candidates:
+        if (candidate / "http" / "keyed_post.lua").exists():
+            return candidate
+    raise SystemExit(f"no peers directory with http/keyed_post.lua among {[str(c) for c in candidates]}; pass --peers-dir")
+
+
+def wrk_keyed(url: str, *, lua: Path, body: str, clients: int, seconds: int, auth: str | None = None, host: str | None = None) -> dict[str, Any]:
+    """The peers' wrk script (a fresh Idempotency-Key per request); its `JSON {...}` line."""
+    import shutil
+
+    if shutil.which("wrk") is None:
+        raise SystemExit("needs wrk (Debian package: apt-get install -y wrk)")
+    env = dict(os.environ, BODY=body)
+    env.pop("AUTH", None)
+    env.pop("HOST", None)
+    if auth:
+        env["AUTH"] = auth
+    if host:
+        env["HOST"] = host
+    threads = max(1, min(4, clients))
+    out = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{clients}", f"-d{seconds}s", "-s", str(lua), url], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    line = next((x for x in out.splitlines() if x.startswith("JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no JSON line:\n{out}")
+    result: dict[str, Any] = json.loads(line[len("JSON "):])
+    result["ok_per_s"] = round((result["requests"] - result["non2xx"]) / result["seconds"], 1)
+    return result
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def _tally_start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[bytes]:
+    env = dict(env, PORT=str(port), WEB_CONCURRENCY=str(workers))
+    server = subprocess.Popen(
+        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        _wait_ready(port)
+    except BaseException:
+        _stop(server)
+        raise
+    return server
+
+
+def _peer_start(peers: Path, *, port: int, workers: int, database_url: str, redis_url: str) -> subprocess.Popen[bytes]:
+    """drf-idempotency with its Redis backend, as `idem/serve.sh start drfi-redis` starts it,
+    with the worker count given (serve.sh always starts 3)."""
+    if not (PEER_VENV / "bin" / "gunicorn").exists():
+        raise SystemExit(PEER_HOW_TO.format(peers=peers))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TALLY_"))}
+    env.update(DJANGO_SETTINGS_MODULE="peer_idem.settings_drfi_redis", DATABASE_URL=database_url, PEER_REDIS_URL=redis_url)
+    server = subprocess.Popen(
+        [str(PEER_VENV / "bin" / "gunicorn"), "peer_idem.wsgi:application", "--workers", str(workers), "--worker-class", "sync",
+         "--bind", f"127.0.0.1:{port}", "--timeout", "30"],
+        cwd=peers / "idem", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/wallet")
+            if conn.getresponse().status == 200:
+                return server
+        except OSError:
+            time.sleep(0.2)
+    _stop(server)
+    raise SystemExit(f"the peer did not come up on {port}; is it set up? " + PEER_HOW_TO.format(peers=peers))
+
+
+def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str, Any]:
+    """Tally and the peer back to back, `--rounds` times, same wrk script, clients, seconds
+    and worker count. Both pay from one wallet row: Tally one customer through one terminal
+    key (the bench tenant charges by customer id), the peer its one wallet."""
+    peers = _peers_dir(args.peers_dir)
+    lua = peers / "http" / "keyed_post.lua"
+    tally_body = json.dumps({"customer": fixtures["customers"][0], "asset": "JPY", "amount": 1})
+    tally_auth = f"Bearer {fixtures['hot'][0]}"
+    env = _env(args.database_url, args.redis_url)
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        server = _tally_start(env, args.port, args.workers)
+        try:
+            url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
+            wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
+            tally = wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=args.seconds)
+        finally:
+            _stop(server)
+        server = _peer_start(peers, port=args.peer_port, workers=args.workers, database_url=args.peer_database_url, redis_url=args.redis_url)
+        try:
+            url = f"http://127.0.0.1:{args.peer_port}/pay"
+            wrk_keyed(url, lua=lua, body='{"amount": 1}', clients=args.clients, seconds=2)  # warm-up
+            peer = wrk_keyed(url, lua=lua, body='{"amount": 1}', clients=args.clients, seconds=args.seconds)
+        finally:
+            _stop(server)
+        rounds.append({"tally": tally, "peer_drfi_redis": peer, "ratio": round(tally["ok_per_s"] / max(peer["ok_per_s"], 0.1), 2)})
+    return {
+        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "wrk_script": str(lua),
+        "rounds": rounds, "ratios": [r["ratio"] for r in rounds],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=15)
@@ -262,7 +391,17 @@ def main() -> None:
     parser.add_argument("--skip-rawsql", action="store_true")
     parser.add_argument("--driver", choices=["python", "wrk"], default="python",
                         help="load generator: Python clients (no extra install) or wrk (lighter on the 2 cores)")
+    parser.add_argument("--peer", action="store_true",
+                        help="instead: Tally vs the drf-idempotency peer (Redis backend), same wrk script, back to back, and the ratio")
+    parser.add_argument("--rounds", type=int, default=2, help="with --peer: Tally-then-peer rounds")
+    parser.add_argument("--peers-dir", default=None, help="with --peer: ../shared/peers (found next to the checkout by default)")
+    parser.add_argument("--peer-port", type=int, default=8766)
+    parser.add_argument("--peer-database-url", default="postgres://postgres@127.0.0.1:5432/peer_idem")
     args = parser.parse_args()
+    if args.peer:
+        fixtures = seed(args.database_url, args.redis_url)
+        print(json.dumps(compare_peer(args, fixtures), indent=2))
+        return
     run = drive_wrk if args.driver == "wrk" else drive
 
     fixtures = seed(args.database_url, args.redis_url)

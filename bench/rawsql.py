@@ -15,8 +15,14 @@ import re
 import subprocess
 from pathlib import Path
 
-SHARED_BENCH = Path(__file__).resolve().parent.parent.parent / "shared" / "bench"
-DB = "tally_rawsql"
+_CHECKOUT = Path(__file__).resolve().parent.parent
+# ../shared/bench next to the checkout (or next to the worktrees' folder); TALLY_SHARED_BENCH overrides.
+SHARED_BENCH = next(
+    (p for p in [Path(os.environ.get("TALLY_SHARED_BENCH", "/nonexistent")), _CHECKOUT.parent / "shared" / "bench",
+                 _CHECKOUT.parent.parent / "shared" / "bench"] if (p / "raw_sql_schema.sql").exists()),
+    _CHECKOUT.parent / "shared" / "bench",
+)
+DB = os.environ.get("TALLY_RAWSQL_DB", "tally_rawsql")  # its schema is re-created: give each concurrent user its own
 
 
 def _pg_env() -> dict[str, str]:

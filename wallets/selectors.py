@@ -8,12 +8,15 @@ cases are indistinguishable to a caller (SPEC 4).
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeVar
 
 from django.apps import apps
+from django.conf import settings
 from django.db import connection
 from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
@@ -41,6 +44,62 @@ def api_key_hash(raw_key: str) -> str:
     # Keys are long random strings, so a plain SHA-256 (no salt, no stretching) is enough
     # and lets us find the key by its hash in one indexed lookup.
     return hashlib.sha256(raw_key.encode("utf-8")).hexdigest()
+
+
+# --- API keys: a short per-process cache of live keys ---------------------------------
+#
+# Authentication runs on every request; the key and its principal cost two statements and
+# ~0.7 ms of Python. A live key is kept here, per (tenant schema, key hash), for
+# TALLY_API_KEY_CACHE_SECONDS (default 2 s). Revocation and rotation go through
+# `wallets.services.principals`, which empties this process's cache at once (and again
+# after commit); other processes (gunicorn workers, hosts) stop accepting a revoked key
+# when their entry expires, so within TALLY_API_KEY_CACHE_SECONDS. 0 turns the cache off.
+# Unknown, revoked and expired keys are never cached: failures always ask PostgreSQL (and
+# are throttled per address and key prefix). An entry is checked against the key's own
+# `expires_at` on every hit. Each hit gets copies of the rows, never the cached instances.
+
+_API_KEY_CACHE_MAX_ENTRIES = 10_000
+_api_key_cache: dict[tuple[str, str], tuple[ApiKey, float]] = {}
+_api_key_cache_generation = 0
+
+
+def api_key_cache_clear() -> None:
+    """Forget every cached key in this process (a key was revoked or rotated)."""
+    global _api_key_cache_generation
+    _api_key_cache_generation += 1
+    _api_key_cache.clear()
+
+
+def _api_key_copy(api_key: ApiKey) -> ApiKey:
+    copied = copy.copy(api_key)
+    for name in ("customer", "merchant", "terminal", "staff"):
+        if name in api_key._state.fields_cache:
+            related = api_key._state.fields_cache[name]
+            copied._state.fields_cache[name] = copy.copy(related) if related is not None else None
+    return copied
+
+
+def api_key_get_active_cached(*, raw_key: str) -> ApiKey | None:
+    """`api_key_get_active`, through the per-process cache described above."""
+    ttl = float(getattr(settings, "TALLY_API_KEY_CACHE_SECONDS", 2.0))
+    if ttl <= 0:
+        return api_key_get_active(raw_key=raw_key)
+    cache_key = (str(getattr(connection, "schema_name", "public")), api_key_hash(raw_key))
+    now = time.monotonic()
+    hit = _api_key_cache.get(cache_key)
+    if hit is not None and hit[1] > now:
+        expires_at = hit[0].expires_at
+        if expires_at is None or expires_at > timezone.now():
+            return _api_key_copy(hit[0])
+        _api_key_cache.pop(cache_key, None)
+        return None
+    generation = _api_key_cache_generation
+    api_key = api_key_get_active(raw_key=raw_key)
+    if api_key is not None and generation == _api_key_cache_generation:  # no invalidation during the read
+        if len(_api_key_cache) >= _API_KEY_CACHE_MAX_ENTRIES:
+            _api_key_cache.clear()
+        _api_key_cache[cache_key] = (_api_key_copy(api_key), now + ttl)
+    return api_key
 
 
 def api_key_get_active(*, raw_key: str) -> ApiKey | None:

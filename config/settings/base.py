@@ -68,6 +68,11 @@ SHOW_PUBLIC_IF_NO_TENANT_FOUND = False
 TENANT_LIMIT_SET_CALLS = env.bool("TENANT_LIMIT_SET_CALLS", default=True)
 # Host -> tenant lookups are cached in each process this long (tenants/middleware.py).
 TENANT_CACHE_SECONDS = env.float("TENANT_CACHE_SECONDS", default=10.0)
+# Live API keys may be cached per process this long (wallets.selectors): a key revoked or
+# rotated stops working at once in the process that did it, within this on the others. Off
+# by default: a revocation (overlap 0) must hold at once on every worker, and there is no
+# cross-process invalidation yet; it saves ~0.7 ms of CPU a request (docs/BENCHMARKS.md).
+TALLY_API_KEY_CACHE_SECONDS = env.float("TALLY_API_KEY_CACHE_SECONDS", default=0.0)
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/tally")}
 DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"

@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
 from payments.api.throttling import auth_failure_wait_seconds
 from wallets.models import ApiKey
-from wallets.selectors import api_key_get_active
+from wallets.selectors import api_key_get_active_cached
 from wallets.services.principals import api_key_last_used_touch
 
 logger = logging.getLogger("tally.api")
@@ -34,7 +34,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         if scheme.lower() != "bearer" or not raw_key or len(raw_key) > MAX_KEY_LENGTH or not raw_key.isascii():
             self._failed(request, raw_key)
             raise exceptions.AuthenticationFailed("invalid API key")
-        api_key = api_key_get_active(raw_key=raw_key)
+        api_key = api_key_get_active_cached(raw_key=raw_key)
         if api_key is None:
             self._failed(request, raw_key)
             raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")

@@ -1,8 +1,10 @@
 """Per-key and per-tenant rate limits, counted in Redis (SPEC 5: 429 with Retry-After).
 
-Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE
-pipeline per scope per request. Counters live in Redis so every gunicorn worker and
-host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
+Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE per
+scope, all in one pipeline per request. A keyed POST to an internal-effect view also
+carries the idempotency layer's replay-cache GET in that pipeline, so the first execution
+of a key costs one Redis round trip before the effect, not two. Counters live in Redis
+so every gunicorn worker and host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
 overridden per tenant in `Tenant.extra_settings["throttle_rates"]`.
 
 Redis down: throttling fails open (a rate limit protects capacity, not money) and stops
@@ -24,6 +26,8 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from payments.api.principal import Principal
+from payments.idempotency.cache import ReplayPrefetch, replay_cache_entry_decode, replay_cache_redis_key
+from payments.idempotency.canonical import idempotency_key_is_valid
 
 logger = logging.getLogger("tally.api")
 
@@ -94,9 +98,16 @@ class KeyAndTenantThrottle(BaseThrottle):
             checks.append((f"tally:throttle:{schema}:{scope}:{ident}:{window}", limit, period, window))
         if not checks:
             return True
-        counts = _windows_count([(key, period) for key, _, period, _ in checks], now_seconds=now)
-        if counts is None:
+        prefetch = _replay_prefetch_target(request, view)
+        answer = _windows_count([(key, period) for key, _, period, _ in checks], now_seconds=now, get_key=prefetch and prefetch[2])
+        if answer is None:
             return True
+        counts, got = answer
+        if prefetch is not None:
+            # The idempotency layer's replay-cache lookup, made in this same round trip.
+            request._request.idempotency_replay_prefetch = ReplayPrefetch(  # type: ignore[attr-defined]
+                principal_id=prefetch[0], key=prefetch[1], entry=replay_cache_entry_decode(got)
+            )
         waits = [(window + 1) * period - now for (_, limit, period, window), count in zip(checks, counts, strict=True) if count > limit]
         if waits:
             self._wait = max(waits)
@@ -107,16 +118,35 @@ class KeyAndTenantThrottle(BaseThrottle):
         return self._wait
 
 
-def _windows_count(windows: list[tuple[str, int]], *, now_seconds: float) -> list[int] | None:
-    """INCR each (key, period) window counter in ONE pipeline and return the counts; None
-    when Redis is down (fail open, and stop trying for a few seconds)."""
+def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str] | None:
+    """(principal id, Idempotency-Key, Redis key) of the replay-cache entry a keyed POST to
+    an internal-effect view will look up first, or None."""
+    if request.method != "POST" or getattr(view, "idempotency_effect", None) != "internal":
+        return None
+    raw_key = request.META.get("HTTP_IDEMPOTENCY_KEY")
+    principal = request.user
+    if raw_key is None or not isinstance(principal, Principal) or not idempotency_key_is_valid(raw_key):
+        return None
+    redis_key = replay_cache_redis_key(principal_id=principal.id, key=raw_key)
+    return None if redis_key is None else (principal.id, raw_key, redis_key)
+
+
+def _windows_count(
+    windows: list[tuple[str, int]], *, now_seconds: float, get_key: str | None = None
+) -> tuple[list[int], bytes | None] | None:
+    """INCR each (key, period) window counter in ONE pipeline and return the counts (and,
+    in the same round trip, the value at `get_key`); None when Redis is down (fail open,
+    and stop trying for a few seconds)."""
     global _redis_down_until
     try:
         pipe = _redis().pipeline(transaction=False)
         for key, period in windows:
             pipe.incr(key)
             pipe.expire(key, period + 1, nx=True)
-        return [int(c) for c in pipe.execute()[0::2]]
+        if get_key is not None:
+            pipe.get(get_key)
+        replies = pipe.execute()
+        return [int(c) for c in replies[0 : 2 * len(windows) : 2]], (replies[-1] if get_key is not None else None)
     except redis.RedisError:
         _redis_down_until = now_seconds + REDIS_BACKOFF_SECONDS
         logger.warning("throttle store unavailable: failing open")
@@ -150,9 +180,9 @@ def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | N
     window = int(now // period)
     schema = getattr(connection, "schema_name", "public")  # one tenant's failures never throttle another's
     idents = (f"{schema}:ip:{client_address(request)}", f"{schema}:prefix:{key_prefix}")
-    counts = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now_seconds=now)
-    if counts is None:
+    answer = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now_seconds=now)
+    if answer is None:
         return None
-    if max(counts) > limit:
+    if max(answer[0]) > limit:
         return (window + 1) * period - now
     return None

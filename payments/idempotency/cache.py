@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
+from django.core.cache.backends.redis import RedisSerializer
 from django.db import connection
 
 logger = logging.getLogger("tally.idempotency")
@@ -67,6 +69,44 @@ def replay_cache_breaker_reset() -> None:
         _breaker_open_until = 0.0
 
 
+@dataclass(frozen=True)
+class ReplayPrefetch:
+    """The replay-cache lookup of (principal, key), already made by a caller that pipelined
+    its GET with other Redis commands (the throttles: one round trip for both)."""
+
+    principal_id: str
+    key: str
+    entry: CachedResponse | None
+
+
+def replay_cache_redis_key(*, principal_id: str, key: str) -> str | None:
+    """The Redis key holding the entry of (principal, key) in the default cache, for a
+    caller that sends the GET in its own pipeline and decodes the answer with
+    `replay_cache_entry_decode`; None when that is not possible (breaker open, or the
+    cache is not the Redis at settings.REDIS_URL)."""
+    if _breaker_open() or cache_location() != getattr(settings, "REDIS_URL", None):
+        return None
+    return str(cache.make_and_validate_key(_cache_key(principal_id, key)))
+
+
+def cache_location() -> Any:
+    return settings.CACHES.get("default", {}).get("LOCATION")
+
+
+_serializer = RedisSerializer()
+
+
+def replay_cache_entry_decode(raw: bytes | None) -> CachedResponse | None:
+    """A raw GET answer for `replay_cache_redis_key` -> the entry, or None (a miss)."""
+    if raw is None:
+        return None
+    try:
+        value = _serializer.loads(raw)
+    except Exception:  # noqa: BLE001 - an undecodable entry is a miss
+        return None
+    return _entry_of(value)
+
+
 def replay_cache_get(*, principal_id: str, key: str) -> CachedResponse | None:
     if _breaker_open():
         return None
@@ -75,6 +115,10 @@ def replay_cache_get(*, principal_id: str, key: str) -> CachedResponse | None:
     except Exception as exc:  # noqa: BLE001 - any Redis failure is a miss, never an error
         _breaker_trip(exc)
         return None
+    return _entry_of(raw)
+
+
+def _entry_of(raw: Any) -> CachedResponse | None:
     if not isinstance(raw, dict) or raw.get("schema") != _schema_name():
         return None
     try:

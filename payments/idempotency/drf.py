@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from payments.idempotency import metrics
+from payments.idempotency.cache import ReplayPrefetch
 from payments.idempotency.canonical import fingerprint_compute, idempotency_key_is_valid
 from payments.idempotency.errors import IdempotencyError, IdempotencyKeyInvalid, IdempotencyKeyMissing
 from payments.idempotency.sealing import response_body_seal, response_body_unseal
@@ -204,7 +205,10 @@ class IdempotencyMixin(APIView):
                 on_release=self.idempotency_on_release,
             )
         else:
-            outcome = idempotency_execute(call=call, policy=policy, execute=execute)
+            prefetched = getattr(request._request, "idempotency_replay_prefetch", None)
+            outcome = idempotency_execute(
+                call=call, policy=policy, execute=execute, prefetched=prefetched if isinstance(prefetched, ReplayPrefetch) else None
+            )
         if not outcome.replayed:
             value = outcome.value
             assert isinstance(value, HttpResponseBase)

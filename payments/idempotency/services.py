@@ -35,7 +35,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection, transaction
 
 from payments.idempotency import metrics
-from payments.idempotency.cache import CachedResponse, replay_cache_get, replay_cache_set
+from payments.idempotency.cache import CachedResponse, ReplayPrefetch, replay_cache_get, replay_cache_set
 from payments.idempotency.canonical import fingerprint_of_value
 from payments.idempotency.errors import (
     IdempotencyError,
@@ -329,8 +329,11 @@ def _cache_after_replay(*, call: IdempotentCall, outcome: Outcome, replay_until:
     )
 
 
-def _cached_replay(call: IdempotentCall) -> Outcome | None:
-    cached = replay_cache_get(principal_id=call.principal_id, key=call.key)
+def _cached_replay(call: IdempotentCall, prefetched: ReplayPrefetch | None = None) -> Outcome | None:
+    if prefetched is not None and (prefetched.principal_id, prefetched.key) == (call.principal_id, call.key):
+        cached = prefetched.entry  # looked up in the caller's Redis round trip
+    else:
+        cached = replay_cache_get(principal_id=call.principal_id, key=call.key)
     if cached is None:
         return None
     if cached.fingerprint != call.fingerprint:
@@ -379,9 +382,13 @@ def idempotency_execute(
     call: IdempotentCall,
     policy: IdempotencyPolicy,
     execute: Callable[[IdempotencyContext], Executed],
+    prefetched: ReplayPrefetch | None = None,
 ) -> Outcome:
     """Run `execute` at most once per (principal, key): claim, effect and stored response
     in one transaction, which this function owns (retried whole on conflicts).
+
+    `prefetched`: the replay-cache lookup, when the caller already made it (the API
+    pipelines it with the throttles); else this function makes it.
 
     Locks: inserts the claim row (unique index: a duplicate waits for us); `execute` runs
     inside the transaction and takes its own locks after it. `execute` may run more than
@@ -392,7 +399,7 @@ def idempotency_execute(
     Answers: IdempotencyKeyReused (422), IdempotencyKeyExpired (410), IdempotencyKeyInUse
     (409, after waiting up to `policy.wait_ms`), Unavailable (503, database down).
     """
-    cached = _cached_replay(call)
+    cached = _cached_replay(call, prefetched)
     if cached is not None:
         return cached
     started = time.monotonic()

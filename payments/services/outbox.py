@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+import redis
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
@@ -54,11 +55,58 @@ class _RelayKick:
                 if task is not None:
                     task.apply(headers=headers)
                 return
+            if not _kick_pending_claim(self.schema_name):
+                return  # a kicked relay has not started yet: it will read this commit's event
             # No publish retries: a broker that is down must not hold the request; the
             # beat sweep catches up.
             current_app.send_task(RELAY_TASK_NAME, headers=headers, retry=False, ignore_result=True)
         except Exception:  # the money committed; the sweep relays what this kick missed
+            outbox_relay_kick_pending_clear(schema_name=self.schema_name)
             logger.warning("outbox relay kick failed; the beat sweep will relay", exc_info=True)
+
+
+# --- Coalescing kicks -------------------------------------------------------------------
+#
+# A kick is a Celery publish (~1 ms of Python). Under load most of them are redundant: a
+# relay kicked earlier has not started yet. So a kick first marks "a kick is pending" for
+# its schema in Redis (SET NX, one round trip); if the mark is already there, it sends
+# nothing. The relay clears the mark when it starts, BEFORE it reads the outbox
+# (`outbox_relay_kick_pending_clear`, called by webhooks' relay). Why no event waits: a
+# commit that finds the mark committed before it looked, and the relay that will clear the
+# mark has not cleared it yet, so that relay's reads come after this commit and see its
+# event. A mark whose publish failed is cleared at once; one whose relay never runs (a
+# lost message) expires after KICK_PENDING_SECONDS, and the beat sweep relays meanwhile.
+
+KICK_PENDING_SECONDS = 2
+_kick_client: redis.Redis | None = None
+
+
+def _kick_redis() -> redis.Redis:
+    global _kick_client
+    if _kick_client is None:
+        _kick_client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.25, socket_timeout=0.25)
+    return _kick_client
+
+
+def _kick_pending_key(schema_name: str) -> str:
+    return f"tally:outbox:kick_pending:{schema_name}"
+
+
+def _kick_pending_claim(schema_name: str) -> bool:
+    """True when this commit must send a kick (none is pending for the schema)."""
+    try:
+        return bool(_kick_redis().set(_kick_pending_key(schema_name), b"1", nx=True, ex=KICK_PENDING_SECONDS))
+    except redis.RedisError:
+        return True  # cannot tell: kick
+
+
+def outbox_relay_kick_pending_clear(*, schema_name: str) -> None:
+    """The relay of `schema_name` starts: the next commit's kick is needed again. Call it
+    before reading the outbox."""
+    try:
+        _kick_redis().delete(_kick_pending_key(schema_name))
+    except redis.RedisError:
+        pass  # the mark expires by itself
 
 
 def outbox_relay_kick_on_commit() -> None:

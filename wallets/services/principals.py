@@ -28,7 +28,7 @@ from wallets.models import (
     Store,
     Terminal,
 )
-from wallets.selectors import api_key_hash
+from wallets.selectors import api_key_cache_clear, api_key_hash
 from wallets.services.audit import audit_record
 from wallets.services.ledger import balance_rows_create
 from wallets.staged.phases import staged_phase, writes_new, writes_old
@@ -120,11 +120,20 @@ def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24))
     if api_key.expires_at is None or api_key.expires_at > expires_at:
         api_key.expires_at = expires_at
         api_key.save(update_fields=["expires_at"])
+        _api_key_cache_invalidate()
     audit_record(
         action="api_key.rotate", target_type="api_key", target_id=api_key.pk, before=before,
         after={**_api_key_state(api_key), "successor": new_key.pk},
     )
     return new_key, raw_key
+
+
+def _api_key_cache_invalidate() -> None:
+    """This process stops using cached keys now and again once the change commits (a row
+    read in between is the old one); other processes within TALLY_API_KEY_CACHE_SECONDS
+    (wallets.selectors)."""
+    api_key_cache_clear()
+    transaction.on_commit(api_key_cache_clear)
 
 
 # last_used_at is advisory (shown to operators when pruning keys): one write per key per
@@ -158,6 +167,7 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
         before = _api_key_state(api_key)
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+        _api_key_cache_invalidate()
         audit_record(action="api_key.revoke", target_type="api_key", target_id=api_key.pk, before=before, after=_api_key_state(api_key))
     return api_key
 

@@ -23,7 +23,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from payments.models import OutboxEvent
-from payments.services.outbox import outbox_relay_kick_on_commit
+from payments.services.outbox import outbox_relay_kick_on_commit, outbox_relay_kick_pending_clear
 from webhooks import metrics
 from webhooks.locks import outbox_events_claim
 from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEndpointStatus
@@ -122,6 +122,8 @@ def outbox_relay_run(*, now: datetime | None = None, batch_size: int = RELAY_BAT
 
     Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once.
     """
+    # Before the first read: a commit that sees no kick pending after this point sends one.
+    outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")))
     published = 0
     for _ in range(max_batches):
         claimed, count = outbox_batch_publish(batch_size=batch_size, now=now)

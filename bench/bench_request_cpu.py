@@ -1,0 +1,282 @@
+"""Where a keyed terminal payment's Python goes, request by request, in one process.
+
+    .venv/bin/python bench/bench_request_cpu.py --requests 1000
+    .venv/bin/python bench/bench_request_cpu.py --requests 1000 --cprofile 25   # + top functions
+    .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
+
+Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
+(its `seed()`: the bench tenant, which charges by customer id, funded customers, merchants
+with terminals, fresh terminal keys), then calls the WSGI application
+(`config.wsgi.application`, production settings, DEBUG off) directly, as gunicorn's sync
+worker would: a hand-built environ with Host = the bench tenant, `Authorization: Bearer
+tk_...`, a fresh `Idempotency-Key` and a JSON body, `POST /v1/terminal/payments`. Like the
+HTTP benchmark and the drf-idempotency peer, every request pays from one wallet row (one
+customer, one terminal key).
+
+Reports per request: Python CPU (`time.process_time`), wall time, SQL statements (counted
+with `connection.execute_wrapper`), Redis round trips, and the CPU split by layer. The
+layers are measured by wrapping each layer's entry point with a process-time timer that
+charges a layer only its own time (nested layers are subtracted), so the split adds up to
+the total and costs little; everything below an entry point (ORM, psycopg, redis-py) is
+charged to the layer that called it. `--cprofile N` adds cProfile's top N functions by
+own time (cProfile slows call-heavy code, so its milliseconds are inflated).
+
+CPU time per request is robust to the machine being shared (it counts this process's CPU
+only); the wall time is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import functools
+import io
+import json
+import os
+import pstats
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_http import DOMAIN, seed  # noqa: E402
+
+# --- Layer accounting ---------------------------------------------------------------------
+
+_own: dict[str, float] = collections.defaultdict(float)
+_stack: list[list[Any]] = []  # [layer, started, time spent in nested layers]
+
+
+def _timed(layer: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        frame = [layer, time.process_time(), 0.0]
+        _stack.append(frame)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _stack.pop()
+            elapsed = time.process_time() - frame[1]
+            _own[layer] += elapsed - frame[2]
+            if _stack:
+                _stack[-1][2] += elapsed
+
+    return wrapper
+
+
+def _wrap(owner: Any, name: str, layer: str) -> None:
+    raw = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    if isinstance(raw, staticmethod):
+        setattr(owner, name, staticmethod(_timed(layer, raw.__func__)))
+    else:
+        setattr(owner, name, _timed(layer, raw))
+
+
+LAYERS = [
+    "WSGI + Django handler (request, URL resolve, response)",
+    "middleware (request id, metrics, security, sessions, csrf, auth, messages, ...)",
+    "tenant resolution",
+    "DRF machinery (dispatch, initial, finalize_response)",
+    "request body read + limit",
+    "authentication (key lookup, principal)",
+    "throttling (Redis pipeline)",
+    "idempotency bookkeeping (fingerprint, replay cache, claim, store)",
+    "view",
+    "serializers: input validation",
+    "serializers: output",
+    "payment service (payment_create)",
+    "JSON parse",
+    "JSON render",
+    "logging (one JSON line per request)",
+    "outbox relay kick after commit (Celery publish)",
+]
+
+
+def _instrument() -> None:
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.utils.deprecation import MiddlewareMixin
+    from rest_framework.renderers import JSONRenderer
+    from rest_framework.views import APIView
+
+    import config.health
+    import config.middleware
+    import config.observability
+    import payments.api.base as base
+    import payments.services.charges as charges
+    from payments.api.auth import ApiKeyAuthentication
+    from payments.api.parsers import StrictJSONParser
+    from payments.api.terminal import PaymentViewSet
+    from payments.api.throttling import KeyAndTenantThrottle
+    from payments.idempotency.drf import IdempotencyMixin
+
+    L = LAYERS
+    _wrap(WSGIHandler, "__call__", L[0])
+    for cls in (config.observability.RequestIdMiddleware, config.observability.MetricsMiddleware,
+                config.health.HealthMiddleware, config.middleware.ApiErrorEnvelopeMiddleware, MiddlewareMixin):
+        _wrap(cls, "__call__", L[1])
+    _wrap(config.middleware.FailClosedTenantMiddleware, "process_request", L[2])
+    _wrap(APIView, "dispatch", L[3])
+    _wrap(base, "body_limit_enforce", L[4])
+    _wrap(ApiKeyAuthentication, "authenticate", L[5])
+    _wrap(KeyAndTenantThrottle, "allow_request", L[6])
+    _wrap(IdempotencyMixin, "_idempotent_post", L[7])
+    _wrap(PaymentViewSet, "create", L[8])
+    _wrap(base.FaceViewSet, "validated", L[9])
+    _wrap(base.FaceViewSet, "render", L[10])
+    _wrap(charges, "payment_create", L[11])
+    _wrap(StrictJSONParser, "parse", L[12])
+    _wrap(JSONRenderer, "render", L[13])
+    import logging
+
+    _wrap(logging.Logger, "_log", L[14])
+    import payments.services.outbox as outbox
+
+    _wrap(outbox._RelayKick, "__call__", L[15])
+
+
+# --- The requests ---------------------------------------------------------------------------
+
+
+class _Counter:
+    sql = 0
+    redis = 0
+    show_sql = False
+
+
+def _count_sql(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+    _Counter.sql += 1
+    if _Counter.show_sql:
+        print("SQL:", " ".join(sql.split())[:160])
+    return execute(sql, params, many, context)
+
+
+def _count_redis() -> None:
+    import redis.client
+
+    def counted(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            _Counter.redis += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    redis.client.Redis.execute_command = counted(redis.client.Redis.execute_command)  # type: ignore[method-assign]
+    redis.client.Pipeline.execute = counted(redis.client.Pipeline.execute)  # type: ignore[method-assign]
+    # Pipeline overrides execute_command (buffered, no round trip): only its execute counts.
+
+
+def _environ(body: bytes, key: str) -> dict[str, Any]:
+    """What gunicorn's sync worker hands the application for this request."""
+    return {
+        "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/v1/terminal/payments", "QUERY_STRING": "",
+        "RAW_URI": "/v1/terminal/payments", "SERVER_PROTOCOL": "HTTP/1.1", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000",
+        "REMOTE_ADDR": "127.0.0.1", "REMOTE_PORT": "50000",
+        "HTTP_HOST": DOMAIN, "HTTP_AUTHORIZATION": f"Bearer {key}", "HTTP_IDEMPOTENCY_KEY": uuid.uuid4().hex,
+        "HTTP_USER_AGENT": "bench_request_cpu", "HTTP_ACCEPT": "*/*",
+        "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
+        "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
+        "wsgi.multithread": False, "wsgi.multiprocess": True, "wsgi.run_once": False,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_request")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
+    parser.add_argument("--log-level", default="INFO", help="TALLY_LOG_LEVEL (production default INFO: one JSON line per request)")
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="also print cProfile's top N functions by own time")
+    parser.add_argument("--sort", default="tottime", help="with --cprofile: tottime or cumulative")
+    parser.add_argument("--callers", default="", metavar="REGEX", help="with --cprofile: who calls the functions matching REGEX")
+    parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
+    parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
+    args = parser.parse_args()
+
+    fixtures = seed(args.database_url, args.redis_url)
+    os.environ["TALLY_LOG_LEVEL"] = args.log_level
+    import logging
+
+    from django.conf import settings
+
+    settings.LOGGING["root"]["level"] = args.log_level
+    from django.utils.log import configure_logging
+
+    configure_logging(settings.LOGGING_CONFIG, settings.LOGGING)
+    from django.db import connection
+
+    from config.wsgi import application  # django.setup() again: logging is configured by now
+
+    devnull = open(os.devnull, "w")
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler):
+            handler.setStream(devnull)
+
+    key, customer = fixtures["spread"][0], fixtures["customers"][0]
+    statuses: collections.Counter[str] = collections.Counter()
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+        statuses[status.split(" ", 1)[0]] += 1
+        return lambda data: None
+
+    def one() -> None:
+        body = json.dumps({"customer": customer, "asset": "JPY", "amount": 1}).encode()
+        result = application(_environ(body, key), start_response)
+        try:
+            b"".join(result)
+        finally:
+            result.close()  # request_finished: what gunicorn does after writing the response
+
+    _count_redis()
+    for _ in range(args.warmup):
+        one()
+    if not args.no_layers:
+        _instrument()
+    statuses.clear()
+    _own.clear()
+    _Counter.sql = _Counter.redis = 0
+    _Counter.show_sql = args.show_sql
+    profiler = cProfile.Profile(time.process_time) if args.cprofile else None  # CPU, not wall
+    with connection.execute_wrapper(_count_sql):
+        cpu, wall = time.process_time(), time.perf_counter()
+        if profiler:
+            profiler.enable()
+        for _ in range(args.requests):
+            one()
+        if profiler:
+            profiler.disable()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    n = args.requests
+    result: dict[str, Any] = {
+        "requests": n,
+        "statuses": dict(statuses),
+        "python_cpu_ms_per_request": round(cpu / n * 1000, 3),
+        "wall_ms_per_request": round(wall / n * 1000, 3),
+        "sql_statements_per_request": round(_Counter.sql / n, 2),
+        "redis_round_trips_per_request": round(_Counter.redis / n, 2),
+        "layer_timers": "off" if args.no_layers else "on (their own cost is in the total)",
+        "profiler": "cProfile on (inflates CPU)" if profiler else "off",
+    }
+    if not args.no_layers:
+        layers = {layer: round(_own.get(layer, 0.0) / n * 1000, 3) for layer in LAYERS}
+        layers["(outside the wrapped entry points: bench loop, request_finished)"] = round((cpu - sum(_own.values())) / n * 1000, 3)
+        result["cpu_ms_per_request_by_layer"] = layers
+    print(json.dumps(result, indent=2))
+    if profiler:
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out).sort_stats(args.sort)
+        stats.print_stats(args.cprofile)
+        if args.callers:
+            stats.print_callers(args.callers)
+        print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()

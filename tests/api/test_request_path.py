@@ -1,0 +1,70 @@
+"""The request path's shortcuts keep the contracts (issue 13).
+
+The throttles' Redis pipeline carries the replay-cache GET of a keyed POST, so the layer
+does not make its own lookup; a replay served from that prefetched entry is the stored
+answer byte for byte, a different body under the key is still 422, and with Redis
+unreachable the request still executes (throttles fail open, the layer asks PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import payments.idempotency.services as idem_services
+from payments.models import Payment
+from payments.services.adjustments import adjustment_create
+from tests.api.conftest import Api, World, error_of
+
+PAY = "/v1/terminal/payments"
+
+
+@pytest.fixture
+def funded(world: World) -> None:
+    adjustment_create(staff=world.staff.obj, customer=world.customer.obj, asset_code="JPY", amount=10_000, direction="credit", reason="seed")
+
+
+def _no_own_lookup(*_: Any, **__: Any) -> None:
+    raise AssertionError("the layer made its own replay-cache lookup: the throttles' pipeline should have made it")
+
+
+def test_replay_from_the_prefetched_cache_entry_is_byte_identical(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
+    body = {"customer": world.customer.id, "asset": "JPY", "amount": 700}
+    first = api.post(PAY, world.terminal.key, body, idem="path-prefetch-1")
+    assert first.status_code == 201, first.content
+    second = api.post(PAY, world.terminal.key, body, idem="path-prefetch-1")  # from PostgreSQL; caches it in Redis
+    assert second["Idempotent-Replayed"] == "true" and second.content == first.content
+    monkeypatch.setattr(idem_services, "replay_cache_get", _no_own_lookup)
+    third = api.post(PAY, world.terminal.key, body, idem="path-prefetch-1")  # from the prefetched entry
+    assert third.status_code == 201 and third["Idempotent-Replayed"] == "true"
+    assert third.content == first.content
+    assert third["Original-Request"] == first["Request-Id"]
+    reused = api.post(PAY, world.terminal.key, {**body, "amount": 701}, idem="path-prefetch-1")
+    assert reused.status_code == 422 and error_of(reused)["code"] == "idempotency_key_reused"
+    assert Payment.objects.filter(amount=700).count() == 1
+
+
+def test_a_fresh_key_is_looked_up_once_in_the_pipeline(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
+    monkeypatch.setattr(idem_services, "replay_cache_get", _no_own_lookup)
+    r = api.post(PAY, world.terminal.key, {"customer": world.customer.id, "asset": "JPY", "amount": 300}, idem="path-prefetch-2")
+    assert r.status_code == 201, r.content
+    assert "Idempotent-Replayed" not in r
+
+
+def test_with_redis_unreachable_a_keyed_payment_still_executes_once(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
+    import redis
+
+    import payments.api.throttling as throttling
+    from payments.idempotency.cache import replay_cache_breaker_reset
+
+    monkeypatch.setattr(throttling, "_client", redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2))
+    monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
+    body = {"customer": world.customer.id, "asset": "JPY", "amount": 500}
+    try:
+        first = api.post(PAY, world.terminal.key, body, idem="path-prefetch-3")
+        again = api.post(PAY, world.terminal.key, body, idem="path-prefetch-3")
+    finally:
+        replay_cache_breaker_reset()
+    assert first.status_code == 201 and again["Idempotent-Replayed"] == "true" and again.content == first.content
+    assert Payment.objects.filter(amount=500).count() == 1

@@ -1,0 +1,85 @@
+"""Relay kicks are coalesced (payments.services.outbox): while a kicked relay has not
+started, later commits send no kick, and that relay still reads their events, because it
+clears the mark before it reads the outbox. Real Redis; the Celery publish is counted."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import current_app
+from django.db import connection
+
+import payments.services.outbox as outbox
+from payments.models import OutboxEvent
+from payments.services.charges import payment_create
+from tenants.models import Tenant
+from tests.factories import CustomerFactory, TerminalFactory, fund
+from webhooks.services.relay import outbox_relay_run
+
+
+@pytest.fixture
+def sends(tenant: Tenant, monkeypatch: Any) -> Iterator[list[dict[str, Any]]]:
+    """Kicks as a worker would see them: not eager, each publish recorded."""
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(current_app, "send_task", lambda name, **kw: sent.append({"name": name, **kw}))
+    schema = str(connection.schema_name)
+    outbox.outbox_relay_kick_pending_clear(schema_name=schema)
+    with not_eager():
+        yield sent
+    outbox.outbox_relay_kick_pending_clear(schema_name=schema)
+
+
+@contextlib.contextmanager
+def not_eager() -> Iterator[None]:
+    saved = current_app.conf.task_always_eager
+    current_app.conf.task_always_eager = False
+    try:
+        yield
+    finally:
+        current_app.conf.task_always_eager = saved
+
+
+def test_kicks_while_one_is_pending_send_nothing(sends: list[dict[str, Any]]) -> None:
+    schema = str(connection.schema_name)
+    for _ in range(5):
+        outbox._RelayKick(schema)()
+    assert len(sends) == 1 and sends[0]["headers"] == {"_schema_name": schema}
+    outbox.outbox_relay_kick_pending_clear(schema_name=schema)  # the relay started
+    outbox._RelayKick(schema)()
+    assert len(sends) == 2
+
+
+def test_a_failed_publish_leaves_no_mark(tenant: Tenant, monkeypatch: Any) -> None:
+    schema = str(connection.schema_name)
+    outbox.outbox_relay_kick_pending_clear(schema_name=schema)
+    attempts: list[str] = []
+
+    def broken(name: str, **_: Any) -> None:
+        attempts.append(name)
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(current_app, "send_task", broken)
+    with not_eager():
+        outbox._RelayKick(schema)()
+        outbox._RelayKick(schema)()
+    assert len(attempts) == 2  # each commit tries again: no mark was left behind
+    outbox.outbox_relay_kick_pending_clear(schema_name=schema)
+
+
+def test_an_event_whose_kick_was_coalesced_is_read_by_the_pending_relay(sends: list[dict[str, Any]]) -> None:
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 100)
+    schema = str(connection.schema_name)
+    outbox._RelayKick(schema)()  # an earlier commit's kick: its relay has not started
+    assert len(sends) == 1
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=7)
+    for callback in [entry[1] for entry in connection.run_on_commit]:  # the commit's hooks (rolled-back test transaction)
+        callback()
+    assert len(sends) == 1  # coalesced: no publish
+    outbox_relay_run()  # the pending relay starts: clears the mark, then reads
+    event = OutboxEvent.objects.get(topic="payment.succeeded", payload__id=payment.id)
+    assert event.published_at is not None
+    assert outbox._kick_redis().get(outbox._kick_pending_key(schema)) is None
