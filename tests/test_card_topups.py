@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 
 from payments.idempotency.models import IdempotencyRecord
@@ -186,6 +186,62 @@ def test_a_timeout_after_the_psp_charged_is_recovered_without_the_client(live: L
     assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == topup.pk
     recover()  # a second pass changes nothing
     assert live.credits(topup.pk) == 1 and len(live.charges()) == 1
+
+
+def test_a_retry_after_an_unheard_charge_refuses_the_credit_but_never_strands_the_money(live: Live) -> None:
+    """The first attempt charged and never heard back; the wallet is frozen before the
+    client retries. The retry may not refuse up front (it cannot know the card was not
+    charged): it asks the PSP with the same key, records the charge, refuses the credit
+    (402 wallet_frozen) and the card is refunded once. It used to refuse before asking:
+    charged, never credited, never refunded."""
+    from payments.services import card_topups
+    from payments.services.freezes import wallet_freeze
+    from wallets.services.principals import staff_member_get_or_create
+
+    live.sim.faults(hang_after_charge=1, hang_seconds=3)
+    idem = uuid.uuid4().hex
+    assert live.post(idem, visa(1300)).status_code == 503
+    topup = live.only_topup()
+    assert topup.status == "pending" and len(live.charges()) == 1  # charged; we never heard
+    wallet_freeze(customer=live.customer, staff=staff_member_get_or_create(username=f"ops-{idem[:8]}"), reason="test")
+    again = live.post(idem, visa(1300))
+    assert again.status_code == 402 and again.json()["error"]["code"] == "wallet_frozen", again.content
+    topup.refresh_from_db()
+    assert topup.status == "failed" and topup.psp_reference == live.charges()[0]["id"]
+    assert live.balance() == 0 and live.credits(topup.pk) == 0
+    assert card_topups.topup_refunds_run() == 1 and card_topups.topup_refunds_run() == 0
+    refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(topup.psp_reference, 1300)] and len(live.charges()) == 1
+
+
+def test_a_refusal_decided_before_a_webhook_credited_answers_the_credit(live: Live) -> None:
+    """The early refusal check is a read: if a webhook credits the top-up between it and the
+    completion, the answer must be the credit, not a 402 (a client told 402 pays again)."""
+    from payments.services import card_topups
+    from wallets.errors import WalletFrozen
+
+    r = live.post(uuid.uuid4().hex, visa(600))
+    assert r.status_code == 201
+    with transaction.atomic():  # the fenced completion's transaction
+        topup, refusal = card_topups.topup_refuse(topup_id=r.json()["id"], refusal=WalletFrozen("the wallet is frozen", param=None))
+    assert topup.status == "succeeded" and refusal is None and live.credits(topup.pk) == 1
+
+
+def test_a_top_up_past_the_psps_key_window_is_never_charged_again(live: Live) -> None:
+    """A PSP forgets idempotency keys (Stripe after 24 h): a charge asked again after that
+    could be a second one. Past PSP_KEY_TRUSTED_FOR the top-up stays pending for an operator."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    live.sim.faults(fail_5xx=1)
+    idem = uuid.uuid4().hex
+    assert live.post(idem, visa(400)).status_code == 503
+    topup = live.only_topup()
+    TopUp.objects.filter(pk=topup.pk).update(created=timezone.now() - timedelta(hours=21))
+    again = live.post(idem, visa(400))
+    assert again.status_code == 503 and again.json()["error"]["code"] == "psp_unavailable"
+    assert live.charges() == [] and live.only_topup().status == "pending"
 
 
 # --- SIGKILL between the PSP call and the completion ------------------------------------------

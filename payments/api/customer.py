@@ -144,7 +144,9 @@ class TopUpViewSet(CustomerViewSet):
         ctx = self.idempotency
         if ctx.key is None:
             raise IdempotencyKeyMissing("card top-ups require an Idempotency-Key header")
-        finish = topup_saga.topup_saga_charge(topup_id=ctx.minted[topup_saga.MINT_NAME], request_id=request_id_of(request))
+        finish = topup_saga.topup_saga_charge(
+            topup_id=ctx.minted[topup_saga.MINT_NAME], request_id=request_id_of(request), first_attempt=not ctx.takeover
+        )
         return self.idempotency_finish(finish)
 
     @extend_schema(tags=TAG, summary="Retrieve a top-up", responses=s.TopUpOut)

@@ -65,13 +65,18 @@ def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: s
     return HttpResponse(JSONRenderer().render(data), status=status, content_type="application/json")
 
 
-def topup_saga_charge(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
+def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = True) -> Callable[[], HttpResponse]:
     """Step 2 (no transaction open): refuse early or charge the card; returns step 3/4, to
-    run inside the fenced completion. Raises PspUnavailable when the PSP's answer is unknown."""
+    run inside the fenced completion. Raises PspUnavailable when the PSP's answer is unknown.
+
+    Only a first attempt may refuse before charging (frozen wallet, cap). A retry of the
+    key cannot know whether the earlier attempt's charge went through (a timeout after the
+    PSP charged), so it asks the PSP with the same key and lets the settlement refuse the
+    credit: that path records the charge and refunds the card."""
     topup = topup_get(topup_id=topup_id)
     if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
         return lambda: topup_answer(**_outcome(topup_id), request_id=request_id)
-    refusal = card_topups.topup_refusal_check(topup=topup)
+    refusal = card_topups.topup_refusal_check(topup=topup) if first_attempt else None
     if refusal is not None:
         return lambda: topup_answer(**_as_kwargs(card_topups.topup_refuse(topup_id=topup_id, refusal=refusal)), request_id=request_id)
     result = card_topups.topup_charge(topup=topup)

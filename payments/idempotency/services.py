@@ -205,7 +205,7 @@ UPDATE idempotency_record SET
     created = CASE WHEN %s THEN clock_timestamp() ELSE created END,
     minted = CASE WHEN %s THEN '{}'::jsonb ELSE minted END,
     updated = clock_timestamp()
-WHERE id = %s AND fence = %s
+WHERE id = %s AND fence = %s AND state = %s
 RETURNING fence, created, minted
 """
 
@@ -263,7 +263,9 @@ def _takeover(
     """Fenced takeover of an existing record (fence + 1). Needs: an open transaction.
 
     `renew` makes it a brand-new claim (the old record was past both windows): new claim
-    time, no minted ids. Raises `_Again` when someone else moved the fence first."""
+    time, no minted ids. Raises `_Again` when someone else moved the fence first, or the
+    record left the state the decision was made on (a late holder completed it under the
+    same fence while this statement waited on its row lock: it must be replayed, not reopened)."""
     _lock_timeout_set(remaining_seconds)
     try:
         with connection.cursor() as cursor:
@@ -271,7 +273,7 @@ def _takeover(
                 _TAKEOVER_SQL,
                 [
                     lease_seconds, call.fingerprint, call.request_id, call.scope, effect, call.method[:10], call.path[:512],
-                    renew, renew, snapshot.id, snapshot.fence,
+                    renew, renew, snapshot.id, snapshot.fence, snapshot.state,
                 ],
             )
             row = cursor.fetchone()

@@ -52,6 +52,10 @@ from wallets.money import amount_to_minor, topup_bonus_for
 from wallets.selectors import account_balance, account_of, asset_get
 from wallets.transactions import atomic_service
 
+# How long after a top-up is created its charge may be asked for again with the same key:
+# inside every supported PSP's idempotency-key retention (Stripe keeps keys at least 24 h).
+PSP_KEY_TRUSTED_FOR = timedelta(hours=20)
+
 logger = logging.getLogger("tally.topups")
 
 TOP_UPABLE_KINDS = (AssetKind.CURRENCY, AssetKind.REGIONAL)
@@ -136,6 +140,11 @@ def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
 def topup_charge(*, topup: TopUp) -> ChargeResult:
     """Step 2, outside any transaction: charge the card at the top-up's gateway with the
     top-up id as the PSP's idempotency key. Raises PspUnavailable when the outcome is unknown."""
+    if timezone.now() - topup.created > PSP_KEY_TRUSTED_FOR:
+        # A PSP forgets idempotency keys (Stripe after 24 h): asking again could charge twice.
+        # The top-up stays pending for an operator; reconciliation shows any charge it made.
+        logger.error("pending top-up past the PSP's idempotency window: not charging again", extra={"topup": topup.pk})
+        raise PspUnavailable("this top-up is past the card processor's idempotency window: an operator settles it")
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
     except NotFound as exc:
@@ -180,6 +189,13 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
+    if topup.status == TopUpStatus.FAILED and not topup.psp_reference and result.status == "succeeded":
+        # Refused before we knew an earlier attempt's charge had gone through: record the
+        # charge, so the refund task gives the card its money back (a charged, uncredited top-up).
+        logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
+        topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
+        topup.save(update_fields=["psp_reference", "psp_charged_at", "updated"])
+        return topup, _refusal_of(topup)
     if topup.status != TopUpStatus.PENDING:
         return topup, _refusal_of(topup)
     if result.amount != topup.amount or result.currency.upper() != topup.asset_id.upper():
@@ -199,13 +215,14 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     return failed, _refusal_of(failed)
 
 
-def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal]:
+def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal | None]:
     """Refused before the card was charged (frozen, cap). Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
-    if topup.status == TopUpStatus.PENDING:
-        _fail(topup, "cap_exceeded" if isinstance(refusal, CapExceeded) else "wallet_frozen")
+    if topup.status != TopUpStatus.PENDING:  # settled meanwhile (a webhook): answer what it holds
+        return topup, _refusal_of(topup)
+    _fail(topup, "cap_exceeded" if isinstance(refusal, CapExceeded) else "wallet_frozen")
     return topup, refusal
 
 
