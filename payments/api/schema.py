@@ -110,6 +110,14 @@ class TallyAutoSchema(AutoSchema):
             return "_".join(tokens if tokens[-1:] == [action] else [*tokens, action])
         return str(super().get_operation_id())
 
+    def get_description(self) -> str:  # type: ignore[override]  # drf-spectacular's signature, not DRF's
+        # drf-spectacular falls back to the view's docstring, which is written for Tally's
+        # developers (mixins, locks, SPEC sections), not for API clients: a face operation
+        # is described only by what its `extend_schema` says.
+        if self.path.startswith("/v1/"):
+            return ""
+        return str(super().get_description())
+
     def get_tags(self) -> list[str]:
         parts = [p for p in self.path.split("/") if p and not p.startswith("{")]
         return [parts[1]] if len(parts) > 1 and parts[0] == "v1" else super().get_tags()
