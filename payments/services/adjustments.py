@@ -14,6 +14,17 @@ from wallets.services.ledger import Leg, ledger_post
 from wallets.transactions import atomic_service
 
 
+def adjustment_request_check(*, customer: Customer | None, merchant: Merchant | None, direction: str, reason: object) -> Customer | Merchant:
+    """The one party an adjustment is for, once its direction and reason are valid; reads nothing."""
+    if (customer is None) == (merchant is None):
+        raise InvalidRequest("give exactly one of customer or merchant", param="customer")
+    if direction not in AdjustmentDirection.values:
+        raise InvalidRequest("direction must be credit or debit", param="direction")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidRequest("a reason is required", param="reason")
+    return customer if customer is not None else merchant  # type: ignore[return-value]
+
+
 @atomic_service(operation="adjustment_create")
 def adjustment_create(
     *,
@@ -31,13 +42,7 @@ def adjustment_create(
     balance below zero or above the cap. Locks: see ledger_post.
     """
     minor = amount_to_minor(amount)
-    if (customer is None) == (merchant is None):
-        raise InvalidRequest("give exactly one of customer or merchant", param="customer")
-    if direction not in AdjustmentDirection.values:
-        raise InvalidRequest("direction must be credit or debit", param="direction")
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidRequest("a reason is required", param="reason")
-    party: Customer | Merchant = customer if customer is not None else merchant  # type: ignore[assignment]
+    party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)
     account = account_of(party=party)
     sign = 1 if direction == AdjustmentDirection.CREDIT else -1

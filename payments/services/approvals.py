@@ -8,10 +8,10 @@ from django.utils import timezone
 
 from payments.errors import AdjustmentApprovalRequired, ApproverIsMaker
 from payments.locks import pending_adjustment_lock
-from payments.models import Adjustment, AdjustmentDirection, PendingAdjustment, PendingAdjustmentStatus
-from payments.services.adjustments import adjustment_create
+from payments.models import Adjustment, PendingAdjustment, PendingAdjustmentStatus
+from payments.services.adjustments import adjustment_create, adjustment_request_check
 from tenants.selectors import tenant_current
-from wallets.errors import InvalidRequest, InvalidState, NotFound
+from wallets.errors import InvalidState, NotFound
 from wallets.models import Customer, Merchant, StaffMember
 from wallets.money import amount_to_minor
 from wallets.selectors import asset_get
@@ -50,20 +50,14 @@ def adjustment_propose(
         return adjustment_create(
             staff=maker, customer=customer, merchant=merchant, asset_code=asset_code, amount=minor, direction=direction, reason=reason
         )
-    if (customer is None) == (merchant is None):
-        raise InvalidRequest("give exactly one of customer or merchant", param="customer")
-    if direction not in AdjustmentDirection.values:
-        raise InvalidRequest("direction must be credit or debit", param="direction")
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidRequest("a reason is required", param="reason")
+    party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)
     pending = PendingAdjustment.objects.create(
         maker=maker, customer=customer, merchant=merchant, asset=asset, amount=minor, direction=direction, reason=reason[:500]
     )
     audit_record(
         action="adjustment.propose", target_type="pending_adjustment", target_id=pending.pk, reason=pending.reason,
-        after={"party": (customer or merchant).pk, "asset": asset.code, "amount": minor, "direction": direction,  # type: ignore[union-attr]
-               "maker": maker.pk, "status": pending.status},
+        after={"party": party.pk, "asset": asset.code, "amount": minor, "direction": direction, "maker": maker.pk, "status": pending.status},
     )
     return pending
 
