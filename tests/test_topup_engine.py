@@ -137,3 +137,60 @@ def test_the_recovery_may_take_over_a_failed_retryable_record(customer: Any) -> 
     ctx = idempotency_lease_takeover(principal_id=customer.pk, key=key, lease_seconds=30, include_failed=True)
     assert ctx is not None and ctx.fence == claim.context.fence + 1 and ctx.minted == claim.context.minted
     assert IdempotencyRecord.objects.get(principal_id=customer.pk, key=key).state == "in_flight"
+
+
+def test_a_late_holders_completion_is_replayed_not_reopened_by_a_waiting_takeover(customer: Any, live_tenant: Tenant) -> None:
+    """The holder's lease ran out but it is completing, holding the record row. A retry
+    read the record as in flight and expired, and its takeover waits on that row. When the
+    holder commits (same fence), the takeover must find the record completed and replay
+    it. Its compare-and-set used to match the fence only, reopening the completed record."""
+    import threading
+
+    from django.db import connection
+
+    from payments.idempotency.services import Outcome
+    from tests.conftest import run_in_thread_tenant
+
+    key = uuid.uuid4().hex
+    first = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    assert isinstance(first, Claim)
+    time.sleep(1.1)  # the lease runs out while the holder is still at work
+    holding, released = threading.Event(), threading.Event()
+    box: dict[str, Any] = {}
+
+    def produce() -> Executed:
+        holding.set()  # inside the completion's transaction, the record row locked
+        assert released.wait(timeout=20)
+        return Executed(response=response(201, b'{"late":"holder"}'))
+
+    def holder() -> None:
+        box["holder"] = run_in_thread_tenant(
+            live_tenant, lambda: idempotency_complete_produced(ctx=first.context, call=call_for(customer, key), produce=produce)
+        )
+
+    def retry() -> None:
+        box["retry"] = run_in_thread_tenant(
+            live_tenant, lambda: idempotency_claim(call=call_for(customer, key, "req_2"), policy=IdempotencyPolicy(wait_ms=10_000, lease_seconds=1),
+                                                   mint={"topup": "top"}, on_claim=on_claim_for(customer)),
+        )
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=retry)]
+    threads[0].start()
+    assert holding.wait(timeout=20)
+    threads[1].start()
+    deadline = time.monotonic() + 20
+    with connection.cursor() as cursor:  # until the retry's takeover waits on the holder's row lock
+        while True:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s", ["%UPDATE idempotency_record%"])
+            if cursor.fetchone()[0] >= 1:
+                break
+            assert time.monotonic() < deadline, "the takeover never waited on the holder"
+            time.sleep(0.05)
+    released.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert box["holder"] is not None  # the holder completed under its fence
+    retried = box["retry"]
+    assert isinstance(retried, Outcome) and retried.replayed and retried.response.body == b'{"late":"holder"}', retried
+    record = IdempotencyRecord.objects.get(principal_id=customer.pk, key=key)
+    assert record.state == "completed" and record.fence == first.context.fence and bytes(record.response_body) == b'{"late":"holder"}'
