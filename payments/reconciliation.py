@@ -112,10 +112,10 @@ def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
         )
 
 
-def _counter_totals(counters: list[Counter]) -> float:
-    """The sum of these counters' `_total` samples: across every process writing to
-    PROMETHEUS_MULTIPROC_DIR when it is set (`make run`: web, worker and beat share one),
-    else this process's own."""
+def _counter_totals(counters: list[Counter]) -> int:
+    """The sum of these counters' `_total` samples, a count of events (prometheus-client
+    keeps every sample as a float): across every process writing to PROMETHEUS_MULTIPROC_DIR
+    when it is set (`make run`: web, worker and beat share one), else this process's own."""
     names = {f"{family.name}_total" for c in counters for family in c.describe()}
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
@@ -123,7 +123,7 @@ def _counter_totals(counters: list[Counter]) -> float:
         metrics = list(registry.collect())
     else:
         metrics = [m for c in counters for m in c.collect()]
-    return float(sum(s.value for m in metrics for s in m.samples if s.name in names))
+    return round(sum(s.value for m in metrics for s in m.samples if s.name in names))
 
 
 def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
