@@ -31,8 +31,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
+from wallets.compiled import CompiledQuery, CompiledShapes, Param
 from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StagedMigrationState
 
 ALL_SHARDS = -1
@@ -133,19 +134,31 @@ def _select_for_update(ordered: list[BalanceWant]) -> LockedBalances:
     groups: dict[tuple[str, int], list[str]] = {}
     for want in ordered:
         groups.setdefault((want.account.id, want.shard), []).append(want.asset_code)
+    shape = tuple((shard == ALL_SHARDS, tuple(assets)) for (_, shard), assets in groups.items())
+    values: dict[str, object] = {}
+    for index, (account_id, shard) in enumerate(groups):
+        values[f"account{index}"] = account_id
+        if shard != ALL_SHARDS:
+            values[f"shard{index}"] = shard
+    return LockedBalances(_BY_ACCOUNT.get(shape).select(**values))
+
+
+def _by_account_statement(shape: tuple[tuple[bool, tuple[str, ...]], ...]) -> CompiledQuery[Balance]:
+    """The locking select of `balance_rows_lock` for one shape: per (account, shard) group,
+    whether it takes every shard, and its asset codes (constants: a handful per tenant)."""
     matches = Q()
-    for (account_id, shard), assets in groups.items():
-        if shard == ALL_SHARDS:
-            matches |= Q(account_id=account_id, asset_id__in=assets)
+    for index, (all_shards, assets) in enumerate(shape):
+        if all_shards:
+            matches |= Q(account_id=Param(f"account{index}"), asset_id__in=assets)
         else:
-            matches |= Q(account_id=account_id, shard=shard, asset_id__in=assets)
-    return LockedBalances(_locking_select(matches))
+            matches |= Q(account_id=Param(f"account{index}"), shard=Param(f"shard{index}"), asset_id__in=assets)
+    return CompiledQuery(_locking_select(matches))
 
 
-def _locking_select(matches: Q) -> list[Balance]:
+def _locking_select(matches: Q) -> QuerySet[Balance]:
     """SELECT .. FOR UPDATE OF wallets_balance ORDER BY the lock order, with each row's
     account (frozen flag) and asset (cap)."""
-    return list(Balance.objects.filter(matches).select_related("account", "asset").order_by(*LOCK_ORDER).select_for_update(of=("self",)))
+    return Balance.objects.filter(matches).select_related("account", "asset").order_by(*LOCK_ORDER).select_for_update(of=("self",))
 
 
 _OWNER_FIELD = {
@@ -172,10 +185,29 @@ def balance_rows_lock_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
     groups: dict[tuple[AccountKind, str, int], list[str]] = {}
     for row in rows:
         groups.setdefault((row.kind, row.owner, row.shard), []).append(row.asset_code)
+    if not groups:
+        return LockedBalances([])
+    shape = tuple((kind, tuple(assets)) for (kind, _, _), assets in groups.items())
+    values: dict[str, object] = {}
+    for index, (_, owner, shard) in enumerate(groups):
+        values[f"owner{index}"] = owner
+        values[f"shard{index}"] = shard
+    return LockedBalances(_BY_OWNER.get(shape).select(**values))
+
+
+def _by_owner_statement(shape: tuple[tuple[AccountKind, tuple[str, ...]], ...]) -> CompiledQuery[Balance]:
+    """The locking select of `balance_rows_lock_by_owner` for one shape: per group, the
+    owner's kind and the asset codes (constants: a handful per tenant)."""
     matches = Q()
-    for (kind, owner, shard), assets in groups.items():
-        matches |= Q(**{_OWNER_FIELD[kind]: owner}, shard=shard, asset_id__in=assets)
-    return LockedBalances(_locking_select(matches))
+    for index, (kind, assets) in enumerate(shape):
+        matches |= Q(**{_OWNER_FIELD[kind]: Param(f"owner{index}")}, shard=Param(f"shard{index}"), asset_id__in=assets)
+    return CompiledQuery(_locking_select(matches))
+
+
+# Compiled once per shape and process (wallets.compiled): compiling these selects cost more
+# Python than the rest of a payment.
+_BY_ACCOUNT: CompiledShapes[Balance] = CompiledShapes(_by_account_statement)
+_BY_OWNER: CompiledShapes[Balance] = CompiledShapes(_by_owner_statement)
 
 
 def account_balance_rows_lock(*, account_id: str) -> list[Balance]:

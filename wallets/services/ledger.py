@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import BigIntegerField, Case, F, Value, When
 from django.utils import timezone
 
+from wallets.compiled import CompiledQuery, CompiledShapes, Param
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, balance_want, hold_lock
 from wallets.models import (
@@ -169,20 +170,41 @@ def _balances_add(deltas: dict[int, int], held_deltas: dict[int, int]) -> None:
     changes = {pk: delta for pk, delta in deltas.items() if delta != 0}
     if not changes and not held_deltas:
         return
-    rows = list(changes.keys() | held_deltas.keys())
+    rows = sorted(changes.keys() | held_deltas.keys())
+    values: dict[str, int] = {}
+    for index, pk in enumerate(rows):
+        values[f"row{index}"] = pk
+        if changes:
+            values[f"balance{index}"] = changes.get(pk, 0)
+        if held_deltas:
+            values[f"held{index}"] = held_deltas.get(pk, 0)
+    updated = _BALANCES_ADD.get((len(rows), bool(changes), bool(held_deltas))).update(**values)
+    if updated != len(rows):
+        raise RuntimeError(f"balance update changed {updated} of {len(rows)} locked rows")
+
+
+def _balances_add_statement(shape: tuple[int, bool, bool]) -> CompiledQuery[Balance]:
+    """UPDATE .. SET balance = balance + CASE id WHEN .. END [, held likewise] WHERE id IN
+    (..) for `rows` rows: each row's change is a parameter (wallets.compiled)."""
+    rows, balance, held = shape
     updates = {}
-    if changes:
-        updates["balance"] = F("balance") + _per_row(changes, rows=rows)
-    if held_deltas:
-        updates["held"] = F("held") + _per_row(held_deltas, rows=rows)
-    Balance.objects.filter(pk__in=rows).update(**updates)
+    if balance:
+        updates["balance"] = F("balance") + _per_row("balance", rows=rows)
+    if held:
+        updates["held"] = F("held") + _per_row("held", rows=rows)
+    return CompiledQuery(Balance.objects.filter(pk__in=[Param(f"row{i}") for i in range(rows)]), update=updates)
 
 
-def _per_row(values: dict[int, int], *, rows: list[int]) -> Value | Case:
-    """The change of each of `rows` (0 for a row not in `values`), as one SQL expression."""
-    if len(rows) == 1:
-        return Value(values.get(rows[0], 0))
-    return Case(*(When(pk=pk, then=Value(value)) for pk, value in values.items()), default=Value(0), output_field=BigIntegerField())
+def _per_row(column: str, *, rows: int) -> Param | Case:
+    """The change of each row, as one SQL expression."""
+    if rows == 1:
+        return Param(f"{column}0", output_field=BigIntegerField())
+    whens = [When(pk=Param(f"row{i}"), then=Param(f"{column}{i}", output_field=BigIntegerField())) for i in range(rows)]
+    return Case(*whens, default=Value(0), output_field=BigIntegerField())
+
+
+# Compiled once per shape and process: compiling this UPDATE cost a quarter of a payment's Python.
+_BALANCES_ADD: CompiledShapes[Balance] = CompiledShapes(_balances_add_statement)
 
 
 def _net(legs: Iterable[Leg]) -> dict[tuple[Account, str], int]:

@@ -1,0 +1,158 @@
+"""Compiled statements (wallets.compiled): the payment path's hot statements compiled once
+per shape must send what the ORM would send, on the caller's own connection, in the
+caller's tenant schema, and keep Django's guards."""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.db.models import BigIntegerField, Case, F, Q, Value, When
+from django.db.transaction import TransactionManagementError
+
+from tenants.models import Tenant
+from tests.conftest import in_tenant, run_in_thread_tenant
+from tests.factories import CustomerFactory, fund
+from wallets import locks
+from wallets.compiled import CompiledQuery, CompiledShapes, Param
+from wallets.locks import LOCK_ORDER, OwnerRow, balance_rows_lock_by_owner
+from wallets.models import AccountKind, Balance, SystemRole
+from wallets.selectors import account_of
+from wallets.services import ledger
+
+
+def _normalised(sql: str, params: tuple[Any, ...] | list[Any]) -> tuple[str, list[Any]]:
+    # A Param is an expression, which Django wraps in parentheses; psycopg's Int2 is an int.
+    return re.sub(r"\(%s\)", "%s", sql), [int(p) if isinstance(p, int) else p for p in params]
+
+
+def _orm_sql(queryset: Any) -> tuple[str, list[Any]]:
+    sql, params = queryset.query.get_compiler(using="default").as_sql()
+    return _normalised(sql, params)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_payment_lock_sends_what_the_orm_compiles(tenant: Tenant) -> None:
+    rows = [
+        OwnerRow(AccountKind.CUSTOMER, "cus_1", "JPY"),
+        OwnerRow(AccountKind.CUSTOMER, "cus_1", "POINT"),
+        OwnerRow(AccountKind.MERCHANT, "mer_1", "JPY", 7),
+        OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, "POINT", 7),
+    ]
+    orm = (
+        Balance.objects.filter(
+            Q(account__customer_id="cus_1", shard=0, asset_id__in=["JPY", "POINT"])
+            | Q(account__merchant_id="mer_1", shard=7, asset_id__in=["JPY"])
+            | Q(account__system_role=SystemRole.BONUS_POOL, shard=7, asset_id__in=["POINT"])
+        )
+        .select_related("account", "asset")
+        .order_by(*LOCK_ORDER)
+        .select_for_update(of=("self",))
+    )
+    shape = ((AccountKind.CUSTOMER, ("JPY", "POINT")), (AccountKind.MERCHANT, ("JPY",)), (AccountKind.SYSTEM, ("POINT",)))
+    values = {"owner0": "cus_1", "shard0": 0, "owner1": "mer_1", "shard1": 7, "owner2": SystemRole.BONUS_POOL, "shard2": 7}
+    with transaction.atomic():
+        compiled = _normalised(*locks._BY_OWNER.get(shape).sql_with_params(**values))
+        assert compiled == _orm_sql(orm)
+        locked = balance_rows_lock_by_owner(rows=rows)  # the parties do not exist; the bonus pool does
+        assert [(row.account.system_role, row.asset_id, row.shard) for row in locked.rows.values()] == [(SystemRole.BONUS_POOL, "POINT", 7)]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_account_lock_and_the_balance_update_send_what_the_orm_compiles(tenant: Tenant) -> None:
+    orm_lock = (
+        Balance.objects.filter(Q(account_id="acc_1", shard=3, asset_id__in=["JPY"]) | Q(account_id="acc_2", asset_id__in=["JPY", "POINT"]))
+        .select_related("account", "asset")
+        .order_by(*LOCK_ORDER)
+        .select_for_update(of=("self",))
+    )
+    shape = ((False, ("JPY",)), (True, ("JPY", "POINT")))
+    with transaction.atomic():
+        compiled = _normalised(*locks._BY_ACCOUNT.get(shape).sql_with_params(account0="acc_1", shard0=3, account1="acc_2"))
+        assert compiled == _orm_sql(orm_lock)
+
+    change = F("balance") + Case(
+        When(pk=11, then=Value(5)), When(pk=12, then=Value(-5)), When(pk=13, then=Value(0)), default=Value(0), output_field=BigIntegerField()
+    )
+    orm_update = Balance.objects.filter(pk__in=[11, 12, 13]).query.chain(_update_query())
+    orm_update.add_update_values({"balance": change})
+    compiled_update = ledger._BALANCES_ADD.get((3, True, False)).sql_with_params(
+        row0=11, row1=12, row2=13, balance0=5, balance1=-5, balance2=0
+    )
+    assert _normalised(*compiled_update) == _orm_sql_of_query(orm_update)
+
+
+def _update_query() -> Any:
+    from django.db.models.sql import UpdateQuery
+
+    return UpdateQuery
+
+
+def _orm_sql_of_query(query: Any) -> tuple[str, list[Any]]:
+    sql, params = query.get_compiler(using="default").as_sql()
+    return _normalised(sql, params)
+
+
+def test_a_statement_compiled_on_one_thread_runs_on_the_callers_connection(live_tenant: Tenant) -> None:
+    """Django's connections are per thread; the compiler prepared by the first caller holds
+    that thread's connection. A later caller on another thread must run on its own: here
+    it must see the row its own open transaction just changed (on the compiling thread's
+    connection it would not, and would run outside the caller's transaction)."""
+    customer = CustomerFactory()
+    fund(customer, 100)
+    account = account_of(party=customer)
+    statement = CompiledQuery(Balance.objects.filter(account_id=Param("account"), asset_id="JPY").select_for_update())
+    with transaction.atomic():
+        assert [row.balance for row in statement.select(account=account.id)] == [100]  # compiled here, on this thread
+
+    seen: list[int] = []
+
+    def other_thread() -> None:
+        with transaction.atomic():
+            Balance.objects.filter(account_id=account.id, asset_id="JPY").update(held=7)
+            seen.extend(row.held for row in statement.select(account=account.id))
+            transaction.set_rollback(True)
+
+    worker = threading.Thread(target=run_in_thread_tenant, args=(live_tenant, other_thread))
+    worker.start()
+    worker.join(timeout=30)
+    assert seen == [7]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_compiled_statement_reads_the_current_tenant_schema(tenant: Tenant, tenant_b: Tenant) -> None:
+    statement = CompiledQuery(Balance.objects.filter(account__system_role=Param("role"), asset_id="POINT", shard=0))
+    in_a = {row.pk for row in statement.select(role=SystemRole.BONUS_POOL)}
+    with in_tenant(tenant_b):
+        in_b = {row.pk for row in statement.select(role=SystemRole.BONUS_POOL)}
+        assert in_b == set(Balance.objects.filter(account__system_role=SystemRole.BONUS_POOL, asset_id="POINT", shard=0).values_list("pk", flat=True))
+    assert connection.schema_name == tenant.schema_name
+    assert in_a == set(Balance.objects.filter(account__system_role=SystemRole.BONUS_POOL, asset_id="POINT", shard=0).values_list("pk", flat=True))
+    assert len(in_a) == len(in_b) == 1
+
+
+def test_compiled_statements_keep_the_orms_transaction_guards(live_tenant: Tenant) -> None:
+    locking = CompiledQuery(Balance.objects.filter(pk=Param("pk")).select_for_update())
+    with transaction.atomic():
+        locking.select(pk=0)  # compiled (inside a transaction, as Django requires)
+    with pytest.raises(TransactionManagementError):
+        locking.select(pk=0)  # the cached run outside a transaction is refused as well
+    update = CompiledQuery(Balance.objects.filter(pk=Param("pk")), update={"held": F("held") + Param("by", output_field=BigIntegerField())})
+    with pytest.raises(RuntimeError):
+        update.update(pk=0, by=1)
+
+
+def test_shapes_are_bounded() -> None:
+    built: list[int] = []
+
+    def build(shape: int) -> CompiledQuery[Balance]:
+        built.append(shape)
+        return CompiledQuery(Balance.objects.filter(pk=Param("pk")))
+
+    shapes: CompiledShapes[Balance] = CompiledShapes(build, max_shapes=3)
+    for shape in (1, 2, 3, 1, 4, 1):
+        shapes.get(shape)
+    assert built == [1, 2, 3, 4, 1]  # 4 started over; 1 is built again after that

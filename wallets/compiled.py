@@ -1,0 +1,196 @@
+"""Compiled statements: the ORM's own SQL for a hot statement, compiled once per shape.
+
+Django compiles a QuerySet to SQL on every execution: resolving lookups through joins,
+quoting, building `CASE` expressions. On the payment path that compilation cost more
+Python than everything else the payment does (docs/BENCHMARKS.md, issue 13). A compiled
+statement is an ordinary QuerySet built once with `Param` placeholders where its values
+go; its first execution compiles it through Django's compiler, and later executions reuse
+that SQL with new values, through the same compiler machinery: rows still come back as
+model instances (`select_related` included) through Django's `ModelIterable`, updates
+still run through `SQLUpdateCompiler.execute_sql`, inside the caller's transaction.
+
+What is cached is SQL text and the positions of the placeholders, per database alias and
+never per tenant: the statements name unqualified tables, which the connection's
+search_path resolves to the tenant's schema, as any ORM statement does.
+
+Values go to the database as given: a `Param` is not passed through a field's
+`get_db_prep_value`, so callers bind values that need no conversion (ids, codes, ints).
+tests/test_compiled_statements.py checks each hot statement's cached SQL and bound
+parameters against what the ORM compiles for the same QuerySet built with real values.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, Generic, TypeVar
+
+from django.db import connections, router
+from django.db.models import Expression, Field, Model, QuerySet
+from django.db.models.sql import UpdateQuery
+from django.db.models.sql.compiler import SQLCompiler
+from django.db.models.sql.constants import ROW_COUNT
+from django.db.transaction import TransactionManagementError
+
+M = TypeVar("M", bound=Model)
+
+
+class _Slot:
+    """What a `Param` leaves in the compiled parameters: its name, filled in per execution."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<param {self.name}>"
+
+
+class Param(Expression):
+    """A named placeholder for a value in a compiled statement's QuerySet (a filter's
+    right-hand side, an `F()` increment, a `When`'s condition or result)."""
+
+    def __init__(self, name: str, output_field: Field[Any, Any] | None = None) -> None:
+        super().__init__(output_field=output_field)
+        self.name = name
+
+    def as_sql(self, compiler: Any, connection: Any) -> Any:
+        return "%s", [_Slot(self.name)]
+
+    def __repr__(self) -> str:
+        return f"Param({self.name!r})"
+
+
+class _Compiled:
+    """One alias's compiled form: a prepared compiler, the SQL and the parameter template."""
+
+    def __init__(self, compiler: SQLCompiler, sql: str, params: tuple[Any, ...]) -> None:
+        self.compiler = compiler
+        self.sql = sql
+        self.template = params
+        self.slots = [(i, p.name) for i, p in enumerate(params) if isinstance(p, _Slot)]
+
+    def bind(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        params = list(self.template)
+        for index, name in self.slots:
+            params[index] = values[name]
+        return tuple(params)
+
+    def compiler_for(self, alias: str, values: Mapping[str, Any]) -> SQLCompiler:
+        """A copy of the prepared compiler (its select, klass_info and converters are
+        read-only after preparation) that answers `as_sql` with the cached SQL, on this
+        thread's connection: Django's connections are per thread, and the prepared
+        compiler holds the one of the thread that compiled it."""
+        compiler = copy.copy(self.compiler)
+        compiler.connection = connections[alias]
+        sql, params = self.sql, self.bind(values)
+        compiler.as_sql = lambda *args, **kwargs: (sql, params)  # type: ignore[method-assign]
+        return compiler
+
+
+class _BoundQuery:
+    """Stands in for a QuerySet's `query` for one execution: `ModelIterable` asks it for
+    a compiler and gets the cached one. Everything else is read from the real query."""
+
+    def __init__(self, query: Any, compiler: SQLCompiler) -> None:
+        self._query = query
+        self._compiler = compiler
+
+    def get_compiler(self, using: str | None = None, connection: Any = None, elide_empty: bool = True) -> SQLCompiler:
+        return self._compiler
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._query, name)
+
+
+class CompiledQuery(Generic[M]):
+    """A QuerySet compiled once per database alias and run many times with new values.
+
+    `select(**values)` returns the rows as model instances, as `list(queryset)` would;
+    `update(**values)` runs the QuerySet's pending `update()` (built by `for_update`) and
+    returns the row count. Every `Param` name must be given a value.
+    """
+
+    def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None) -> None:
+        self._queryset = queryset
+        self._update = dict(update) if update is not None else None
+        self._compiled: dict[str, _Compiled] = {}
+        self._lock = threading.Lock()
+
+    def _compile(self, alias: str) -> _Compiled:
+        compiled = self._compiled.get(alias)
+        if compiled is not None:
+            return compiled
+        with self._lock:
+            compiled = self._compiled.get(alias)
+            if compiled is None:
+                if self._update is None:
+                    query = self._queryset.query.chain()
+                else:
+                    query = self._queryset.query.chain(UpdateQuery)
+                    query.add_update_values(self._update)  # type: ignore[attr-defined]  # an UpdateQuery
+                compiler = query.get_compiler(using=alias)
+                sql, params = compiler.as_sql()
+                compiled = _Compiled(compiler, sql, tuple(params))
+                self._compiled[alias] = compiled
+        return compiled
+
+    def _alias(self) -> str:
+        if self._update is None:
+            return str(router.db_for_read(self._queryset.model))
+        return str(router.db_for_write(self._queryset.model))
+
+    def sql_with_params(self, **values: Any) -> tuple[str, tuple[Any, ...]]:
+        """The SQL and parameters an execution with `values` sends (for tests and --show-sql)."""
+        compiled = self._compile(self._alias())
+        return compiled.sql, compiled.bind(values)
+
+    def select(self, **values: Any) -> list[M]:
+        if self._update is not None:
+            raise TypeError("an update statement has no rows to select")
+        alias = self._alias()
+        compiled = self._compile(alias)
+        if self._queryset.query.select_for_update and connections[alias].get_autocommit():
+            # The check Django's compiler makes in as_sql, which a cached execution skips.
+            raise TransactionManagementError("select_for_update cannot be used outside of a transaction.")
+        bound: Any = _BoundQuery(self._queryset.query, compiled.compiler_for(alias, values))
+        return list(QuerySet(model=self._queryset.model, query=bound, using=alias))
+
+    def update(self, **values: Any) -> int:
+        if self._update is None:
+            raise TypeError("built without update values")
+        alias = self._alias()
+        compiled = self._compile(alias)
+        connection = connections[alias]
+        if not connection.in_atomic_block:
+            raise RuntimeError("a compiled update runs inside the caller's transaction")
+        compiler: Any = compiled.compiler_for(alias, values)
+        rows = compiler.execute_sql(ROW_COUNT)
+        return int(rows or 0)
+
+
+class CompiledShapes(Generic[M]):
+    """Compiled statements of one kind keyed by shape (how many rows, which columns, which
+    constants): `get(shape)` builds the statement for a new shape once with `build(shape)`.
+    At most `max_shapes` are kept (then it starts over), so odd shapes cannot grow a
+    process without bound."""
+
+    def __init__(self, build: Callable[[Any], CompiledQuery[M]], *, max_shapes: int = 256) -> None:
+        self._build = build
+        self._max_shapes = max_shapes
+        self._by_shape: dict[Hashable, CompiledQuery[M]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, shape: Hashable) -> CompiledQuery[M]:
+        statement = self._by_shape.get(shape)
+        if statement is None:
+            with self._lock:
+                statement = self._by_shape.get(shape)
+                if statement is None:
+                    if len(self._by_shape) >= self._max_shapes:
+                        self._by_shape.clear()
+                    statement = self._build(shape)
+                    self._by_shape[shape] = statement
+        return statement
