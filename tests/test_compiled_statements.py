@@ -11,15 +11,18 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
+from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 
+from payments.models import OutboxEvent
 from tenants.models import Tenant
 from tests.conftest import in_tenant, run_in_thread_tenant
 from tests.factories import CustomerFactory, fund
 from wallets import locks
-from wallets.compiled import CompiledQuery, CompiledShapes, Param
+from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, Param
 from wallets.locks import LOCK_ORDER, OwnerRow, balance_rows_lock_by_owner
-from wallets.models import AccountKind, Balance, SystemRole
+from wallets.models import Account, AccountKind, Balance, LedgerEntry, LedgerTransaction, LedgerTransactionKind, SystemRole
 from wallets.selectors import account_of
 from wallets.services import ledger
 
@@ -156,3 +159,49 @@ def test_shapes_are_bounded() -> None:
     for shape in (1, 2, 3, 1, 4, 1):
         shapes.get(shape)
     assert built == [1, 2, 3, 4, 1]  # 4 started over; 1 is built again after that
+
+
+@pytest.mark.django_db(transaction=False)
+def test_compiled_inserts_write_what_save_and_bulk_create_write(tenant: Tenant) -> None:
+    """The same instances inserted through the compiled insert and through the ORM's own
+    save / bulk_create read back identical, column for column (ids and times aside)."""
+    when = timezone.now()
+    compiled_event = OutboxEvent(topic="t.compiled", payload={"amount": 5, "nested": {"a": [1, "x"]}}, created=when)
+    orm_event = OutboxEvent(topic="t.compiled", payload={"amount": 5, "nested": {"a": [1, "x"]}}, created=when)
+    CompiledInsert(OutboxEvent).insert(compiled_event)
+    orm_event.save(force_insert=True)
+    assert not compiled_event._state.adding
+    columns = [f.attname for f in OutboxEvent._meta.concrete_fields if f.attname != "id"]
+    rows = OutboxEvent.objects.filter(pk__in=[compiled_event.pk, orm_event.pk]).values(*columns)
+    assert len(rows) == 2 and rows[0] == rows[1]
+
+    txn = LedgerTransaction(kind=LedgerTransactionKind.ADJUSTMENT, reference="ref-compiled", created=when)
+    CompiledInsert(LedgerTransaction).insert(txn)
+    system = list(Account.objects.filter(kind=AccountKind.SYSTEM).order_by("id")[:2])
+    legs = [(system[0], 3), (system[1], -3), (system[0], 4), (system[1], -4)]
+    CompiledInsert(LedgerEntry).insert_many([LedgerEntry(transaction=txn, account=a, asset_id="POINT", amount=n, created=when) for a, n in legs])
+    twin = LedgerTransaction(kind=LedgerTransactionKind.ADJUSTMENT, reference="ref-orm", created=when)
+    twin.save(force_insert=True)
+    LedgerEntry.objects.bulk_create([LedgerEntry(transaction=twin, account=a, asset_id="POINT", amount=n, created=when) for a, n in legs])
+    entry_columns = ["account_id", "asset_id", "amount", "created"]
+    assert list(LedgerEntry.objects.filter(transaction=txn).order_by("id").values(*entry_columns)) == list(
+        LedgerEntry.objects.filter(transaction=twin).order_by("id").values(*entry_columns)
+    )
+    assert LedgerTransaction.objects.filter(pk=txn.pk).values("kind", "created").get() == {"kind": txn.kind, "created": when}
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_compiled_insert_sends_save_s_signals_when_someone_listens(tenant: Tenant) -> None:
+    heard: list[str] = []
+
+    def receiver(sender: Any, instance: OutboxEvent, created: bool, **kwargs: Any) -> None:
+        heard.append(instance.topic)
+
+    post_save.connect(receiver, sender=OutboxEvent, weak=False)
+    try:
+        CompiledInsert(OutboxEvent).insert(OutboxEvent(topic="t.heard", payload={}))
+    finally:
+        post_save.disconnect(receiver, sender=OutboxEvent)
+    CompiledInsert(OutboxEvent).insert(OutboxEvent(topic="t.unheard", payload={}))
+    assert heard == ["t.heard"]
+    assert set(OutboxEvent.objects.filter(topic__in=["t.heard", "t.unheard"]).values_list("topic", flat=True)) == {"t.heard", "t.unheard"}

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from django.db import connections, router
 from django.db.models import Expression, Field, Model, QuerySet
-from django.db.models.sql import UpdateQuery
+from django.db.models.fields import AutoFieldMixin
+from django.db.models.signals import post_save, pre_save
+from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
@@ -194,3 +196,77 @@ class CompiledShapes(Generic[M]):
                     statement = self._build(shape)
                     self._by_shape[shape] = statement
         return statement
+
+
+class CompiledInsert(Generic[M]):
+    """`INSERT INTO <table> (<columns>) ..` of instances of one model, compiled by Django's
+    SQLInsertCompiler once per alias and row count: VALUES for one row, Django's UNNEST
+    form for several. Each insert prepares its values as Django does (`field.pre_save(obj,
+    add=True)`, then `get_db_prep_save`) and marks the instances saved, like
+    `save(force_insert=True)` / `bulk_create` without the machinery around them.
+
+    A model whose primary key is set in Python (an id default) inserts every concrete
+    column; one with an auto primary key leaves it to the database and, as this is for
+    append-only rows nobody reads back in the same transaction, does not read it back.
+    `save()` also sends pre_save and post_save; while any receiver listens for the model,
+    `insert` falls back to `save(force_insert=True)` / `bulk_create`, so no signal is
+    ever skipped.
+    """
+
+    def __init__(self, model: type[M]) -> None:
+        self._model = model
+        meta = model._meta
+        self._auto_pk = isinstance(meta.pk, AutoFieldMixin)
+        self._fields = [f for f in meta.local_concrete_fields if not f.generated and not (self._auto_pk and f.primary_key)]
+        self._sql: dict[tuple[str, int], tuple[str, bool]] = {}
+        self._lock = threading.Lock()
+
+    def _compile(self, alias: str, objs: Sequence[M]) -> tuple[str, bool] | None:
+        """(SQL, whether it takes one array per column) or None when Django's form for
+        these rows is not one placeholder per value or per column."""
+        key = (alias, len(objs))
+        compiled = self._sql.get(key)
+        if compiled is None:
+            query = InsertQuery(self._model)
+            query.insert_values(self._fields, list(objs))
+            compiler: Any = query.get_compiler(using=alias)
+            [(sql, params)] = compiler.as_sql()
+            columns, placeholders = len(self._fields), sql.count("%s")
+            if len(objs) > 1 and placeholders == columns == len(params) and "UNNEST" in sql:
+                compiled = (sql, True)
+            elif placeholders == columns * len(objs) == len(params):
+                compiled = (sql, False)
+            else:
+                return None
+            with self._lock:
+                self._sql[key] = compiled
+        return compiled
+
+    def insert(self, obj: M) -> M:
+        self.insert_many([obj])
+        return obj
+
+    def insert_many(self, objs: Sequence[M]) -> None:
+        if not objs:
+            return
+        if not self._auto_pk and any(obj.pk is None for obj in objs):
+            raise ValueError("a compiled insert of this model needs the primary key set in Python")
+        alias = str(router.db_for_write(self._model))
+        compiled = None
+        if not (pre_save.has_listeners(self._model) or post_save.has_listeners(self._model)):
+            compiled = self._compile(alias, objs)
+        if compiled is None:
+            if len(objs) == 1:
+                objs[0].save(force_insert=True, using=alias)
+            else:
+                self._model._default_manager.using(alias).bulk_create(objs)
+            return
+        sql, per_column = compiled
+        connection = connections[alias]
+        rows = [[field.get_db_prep_save(field.pre_save(obj, True), connection=connection) for field in self._fields] for obj in objs]
+        params = [list(column) for column in zip(*rows, strict=True)] if per_column else [value for row in rows for value in row]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        for obj in objs:
+            obj._state.adding = False
+            obj._state.db = alias

@@ -24,15 +24,17 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from payments.models import OutboxEvent
+from wallets.compiled import CompiledInsert
 
 logger = logging.getLogger(__name__)
 
 RELAY_TASK_NAME = "webhooks.outbox_relay"
+_EVENT_INSERT = CompiledInsert(OutboxEvent)  # every money movement writes one (wallets.compiled)
 
 
 def outbox_event_create(*, topic: str, payload: Mapping[str, Any], created: datetime | None = None) -> OutboxEvent:
     """Record an event in the caller's transaction; the relay publishes it after commit."""
-    event = OutboxEvent.objects.create(topic=topic, payload=dict(payload), created=created or timezone.now())
+    event = _EVENT_INSERT.insert(OutboxEvent(topic=topic, payload=dict(payload), created=created or timezone.now()))
     outbox_relay_kick_on_commit()
     return event
 

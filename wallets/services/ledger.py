@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import BigIntegerField, Case, F, Value, When
 from django.utils import timezone
 
-from wallets.compiled import CompiledQuery, CompiledShapes, Param
+from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, Param
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, balance_want, hold_lock
 from wallets.models import (
@@ -128,8 +128,8 @@ def ledger_post(
         consume_hold.status = HoldStatus.CAPTURED
         consume_hold.save(update_fields=["status", "updated"])
     now = created or timezone.now()
-    txn = LedgerTransaction.objects.create(kind=kind, reference=reference, created=now)
-    LedgerEntry.objects.bulk_create(
+    txn = _TRANSACTION_INSERT.insert(LedgerTransaction(kind=kind, reference=reference, created=now))
+    _ENTRIES_INSERT.insert_many(
         [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=now) for leg in legs]
     )
     # Dual write of the merchant daily totals (staged migration; a no-op before expand).
@@ -202,6 +202,10 @@ def _per_row(column: str, *, rows: int) -> Param | Case:
     whens = [When(pk=Param(f"row{i}"), then=Param(f"{column}{i}", output_field=BigIntegerField())) for i in range(rows)]
     return Case(*whens, default=Value(0), output_field=BigIntegerField())
 
+
+# The ledger's inserts, compiled once per process and row count (wallets.compiled).
+_TRANSACTION_INSERT = CompiledInsert(LedgerTransaction)
+_ENTRIES_INSERT = CompiledInsert(LedgerEntry)
 
 # Compiled once per shape and process: compiling this UPDATE cost a quarter of a payment's Python.
 _BALANCES_ADD: CompiledShapes[Balance] = CompiledShapes(_balances_add_statement)
