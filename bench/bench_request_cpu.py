@@ -14,7 +14,10 @@ HTTP benchmark and the drf-idempotency peer, every request pays from one wallet 
 customer, one terminal key).
 
 Reports per request: Python CPU (`time.process_time`), wall time, SQL statements (counted
-with `connection.execute_wrapper`), Redis round trips, and the CPU split by layer. The
+with `connection.execute_wrapper`), Redis round trips, how long the wallet row stays
+locked (from the balance rows' locking SELECT to the end of COMMIT, wall and CPU: under
+one hot wallet, payments go through one at a time for that long), and the CPU split by
+layer. The
 layers are measured by wrapping each layer's entry point with a process-time timer that
 charges a layer only its own time (nested layers are subtracted), so the split adds up to
 the total and costs little; everything below an entry point (ORM, psycopg, redis-py) is
@@ -149,8 +152,19 @@ class _Counter:
     show_sql = False
 
 
+class _Held:
+    """The wallet row's lock window: from the locking SELECT of the balance rows to the end
+    of COMMIT (every other payment of that wallet waits this long), wall and CPU."""
+
+    since: tuple[float, float] | None = None
+    wall = cpu = 0.0
+    windows = 0
+
+
 def _count_sql(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
     _Counter.sql += 1
+    if _Held.since is None and 'FOR UPDATE OF "wallets_balance"' in sql:
+        _Held.since = (time.perf_counter(), time.process_time())
     if _Counter.show_sql:
         print("SQL:", " ".join(sql.split())[:160])
     return execute(sql, params, many, context)
@@ -235,6 +249,17 @@ def main() -> None:
             result.close()  # request_finished: what gunicorn does after writing the response
 
     _count_redis()
+    commit = connection._commit
+
+    def timed_commit() -> None:
+        commit()
+        if _Held.since is not None:
+            _Held.wall += time.perf_counter() - _Held.since[0]
+            _Held.cpu += time.process_time() - _Held.since[1]
+            _Held.windows += 1
+            _Held.since = None
+
+    connection._commit = timed_commit  # type: ignore[method-assign]
     for _ in range(args.warmup):
         one()
     if not args.no_layers:
@@ -242,6 +267,8 @@ def main() -> None:
     statuses.clear()
     _own.clear()
     _Counter.sql = _Counter.redis = 0
+    _Held.wall = _Held.cpu = 0.0
+    _Held.windows = 0
     _Counter.show_sql = args.show_sql
     profiler = cProfile.Profile(time.process_time) if args.cprofile else None  # CPU, not wall
     with connection.execute_wrapper(_count_sql):
@@ -261,6 +288,11 @@ def main() -> None:
         "wall_ms_per_request": round(wall / n * 1000, 3),
         "sql_statements_per_request": round(_Counter.sql / n, 2),
         "redis_round_trips_per_request": round(_Counter.redis / n, 2),
+        "wallet_row_held_ms_per_request": {
+            "wall": round(_Held.wall / max(_Held.windows, 1) * 1000, 3),
+            "python_cpu": round(_Held.cpu / max(_Held.windows, 1) * 1000, 3),
+            "windows": _Held.windows,
+        },
         "layer_timers": "off" if args.no_layers else "on (their own cost is in the total)",
         "profiler": "cProfile on (inflates CPU)" if profiler else "off",
     }

@@ -55,7 +55,7 @@ def test_the_payment_lock_sends_what_the_orm_compiles(tenant: Tenant) -> None:
         .order_by(*LOCK_ORDER)
         .select_for_update(of=("self",))
     )
-    shape = ((AccountKind.CUSTOMER, ("JPY", "POINT")), (AccountKind.MERCHANT, ("JPY",)), (AccountKind.SYSTEM, ("POINT",)))
+    shape = (True, (AccountKind.CUSTOMER, ("JPY", "POINT")), (AccountKind.MERCHANT, ("JPY",)), (AccountKind.SYSTEM, ("POINT",)))
     values = {"owner0": "cus_1", "shard0": 0, "owner1": "mer_1", "shard1": 7, "owner2": SystemRole.BONUS_POOL, "shard2": 7}
     with transaction.atomic():
         compiled = _normalised(*locks._BY_OWNER.get(shape).sql_with_params(**values))

@@ -369,3 +369,75 @@ def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_t
     payer.join(timeout=20)
     assert "refused" in outcome and "payment" not in outcome, outcome
     assert _jpy(customer)["balance"] == 1_000
+
+
+def _between_plan_and_lock(monkeypatch: pytest.MonkeyPatch, tenant: Tenant, meddle: Callable[[], Any]) -> None:
+    """Run `meddle` on another thread and connection, committed, right after the payment
+    path has read its plan and before it writes and locks (payments.services.charges)."""
+    from payments.services import charges
+
+    read = charges.balance_rows_read_by_owner
+    done: list[bool] = []
+
+    def read_then_meddle(**kwargs: Any) -> Any:
+        plan = read(**kwargs)
+        if not done:
+            done.append(True)
+            worker = threading.Thread(target=run_in_thread_tenant, args=(tenant, meddle))
+            worker.start()
+            worker.join(timeout=30)
+        return plan
+
+    monkeypatch.setattr(charges, "balance_rows_read_by_owner", read_then_meddle)
+
+
+def test_a_spend_between_the_plan_and_the_lock_is_refused_and_leaves_nothing(live_tenant: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The payment path writes its rows before it locks; when the locked wallet no longer
+    covers it, the refusal rolls those rows back (its savepoint), even inside a caller's
+    transaction that carries on."""
+    from django.db import transaction
+
+    customer, terminal, other_terminal = CustomerFactory(), TerminalFactory(), TerminalFactory()
+    fund(customer, 100)
+    spent: list[Payment] = []
+    _between_plan_and_lock(
+        monkeypatch, live_tenant, lambda: spent.append(payment_create(terminal=other_terminal, customer=customer, asset_code="JPY", amount=60))
+    )
+    with transaction.atomic():
+        before = (Payment.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count())
+        with pytest.raises(InsufficientFunds):
+            payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=50)
+        # The caller's transaction is usable and holds nothing of the refused payment: only
+        # the rows of the payment that spent the money meanwhile are new.
+        assert len(spent) == 1 and not Payment.objects.filter(terminal_id=terminal.pk).exists()
+        spent_entries = LedgerEntry.objects.filter(transaction_id=spent[0].ledger_transaction_id).count()
+        assert spent_entries >= 2
+        assert (Payment.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count()) == (
+            before[0] + 1, before[1] + spent_entries, before[2] + 1
+        )
+    assert _jpy(customer)["balance"] == 40
+    assert ledger_unbalanced_transactions() == [] and balance_entry_mismatches() == []
+
+
+def test_a_reward_cap_reached_between_the_plan_and_the_lock_is_cut_on_the_locked_rows(
+    live_tenant: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan saw room for the whole reward; by the time the rows are locked another
+    payment has used it. The payment is redone locking first and its reward cut to fit."""
+    from wallets.models import Asset
+
+    cap_before = Asset.objects.get(code="POINT").cap
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 10_000)
+    try:
+        Asset.objects.filter(code="POINT").update(cap=15)
+        _between_plan_and_lock(monkeypatch, live_tenant, lambda: payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1_000))
+        payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=1_000)
+    finally:
+        Asset.objects.filter(code="POINT").update(cap=cap_before)
+    points = [p.points_earned for p in Payment.objects.filter(customer_id=customer.pk).order_by("created", "id")]
+    assert sorted(points) == [5, 10], points  # 10 per 1,000 JPY: the first got 10, the second what was left
+    assert payment.points_earned == 5
+    assert next(line for line in selectors.wallet_balances(customer=customer) if line["asset"] == "POINT")["balance"] == 15
+    assert Payment.objects.filter(customer_id=customer.pk).count() == 2
+    assert ledger_unbalanced_transactions() == [] and balance_entry_mismatches() == []

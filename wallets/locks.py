@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connection
 from django.db.models import Q, QuerySet
@@ -158,7 +159,11 @@ def _by_account_statement(shape: tuple[tuple[bool, tuple[str, ...]], ...]) -> Co
 def _locking_select(matches: Q) -> QuerySet[Balance]:
     """SELECT .. FOR UPDATE OF wallets_balance ORDER BY the lock order, with each row's
     account (frozen flag) and asset (cap)."""
-    return Balance.objects.filter(matches).select_related("account", "asset").order_by(*LOCK_ORDER).select_for_update(of=("self",))
+    return _ordered_select(matches).select_for_update(of=("self",))
+
+
+def _ordered_select(matches: Q) -> QuerySet[Balance]:
+    return Balance.objects.filter(matches).select_related("account", "asset").order_by(*LOCK_ORDER)
 
 
 _OWNER_FIELD = {
@@ -182,12 +187,23 @@ def balance_rows_lock_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
     finding the accounts by their owners in the same statement (the payment path: its
     accounts and its rows in one round trip). Rows that do not exist are simply absent:
     the caller then loads the accounts and uses `balance_rows_lock`, which makes them."""
+    return _by_owner(rows=rows, lock=True)
+
+
+def balance_rows_read_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
+    """The rows `balance_rows_lock_by_owner` would lock, with their accounts and assets,
+    read WITHOUT locking: a plan to check again once locked (the payment path reads its
+    accounts here, writes its ledger rows, then locks the balance rows by account)."""
+    return _by_owner(rows=rows, lock=False)
+
+
+def _by_owner(*, rows: Iterable[OwnerRow], lock: bool) -> LockedBalances:
     groups: dict[tuple[AccountKind, str, int], list[str]] = {}
     for row in rows:
         groups.setdefault((row.kind, row.owner, row.shard), []).append(row.asset_code)
     if not groups:
         return LockedBalances([])
-    shape = tuple((kind, tuple(assets)) for (kind, _, _), assets in groups.items())
+    shape = (lock, *((kind, tuple(assets)) for (kind, _, _), assets in groups.items()))
     values: dict[str, object] = {}
     for index, (_, owner, shard) in enumerate(groups):
         values[f"owner{index}"] = owner
@@ -195,13 +211,14 @@ def balance_rows_lock_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
     return LockedBalances(_BY_OWNER.get(shape).select(**values))
 
 
-def _by_owner_statement(shape: tuple[tuple[AccountKind, tuple[str, ...]], ...]) -> CompiledQuery[Balance]:
-    """The locking select of `balance_rows_lock_by_owner` for one shape: per group, the
+def _by_owner_statement(shape: tuple[Any, ...]) -> CompiledQuery[Balance]:
+    """The select of `_by_owner` for one shape: whether it locks, then per group the
     owner's kind and the asset codes (constants: a handful per tenant)."""
+    lock, *groups = shape
     matches = Q()
-    for index, (kind, assets) in enumerate(shape):
+    for index, (kind, assets) in enumerate(groups):
         matches |= Q(**{_OWNER_FIELD[kind]: Param(f"owner{index}")}, shard=Param(f"shard{index}"), asset_id__in=assets)
-    return CompiledQuery(_locking_select(matches))
+    return CompiledQuery(_locking_select(matches) if lock else _ordered_select(matches))
 
 
 # Compiled once per shape and process (wallets.compiled): compiling these selects cost more

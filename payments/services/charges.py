@@ -11,6 +11,10 @@ that would take a capped reward asset over its cap is cut to what fits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import transaction
 from django.utils import timezone
 
 from payments.models import Payment, PaymentStatus
@@ -20,12 +24,19 @@ from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
 from wallets.compiled import CompiledInsert
-from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
-from wallets.locks import LockedBalances, OwnerRow, balance_rows_lock, balance_rows_lock_by_owner, connection_shard
-from wallets.models import CARBON_ASSET, POINTS_ASSET, AccountKind, Customer, Hold, LedgerTransactionKind, SystemRole, Terminal
+from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, TallyError, WalletFrozen
+from wallets.locks import (
+    LockedBalances,
+    OwnerRow,
+    balance_rows_lock,
+    balance_rows_lock_by_owner,
+    balance_rows_read_by_owner,
+    connection_shard,
+)
+from wallets.models import CARBON_ASSET, POINTS_ASSET, Account, AccountKind, Customer, Hold, LedgerTransactionKind, SystemRole, Terminal
 from wallets.money import amount_to_minor, carbon_grams_for, points_for
 from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_get
-from wallets.services.ledger import Leg, cap_room, ledger_post, ledger_wants
+from wallets.services.ledger import Leg, available, cap_room, ledger_post, ledger_rows_write, ledger_wants
 from wallets.transactions import atomic_service
 
 _REWARD_SYSTEM_ROLES = (SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY)
@@ -42,20 +53,97 @@ def charge(
     amount: int,
     consume_hold: Hold | None = None,
 ) -> Payment:
-    """Customer -> merchant, in the caller's transaction; refuses before it writes.
+    """Customer -> merchant, in the caller's transaction; a refusal leaves nothing written.
     `consume_hold`: a hold (locked by the caller) this charge captures (ledger_post).
 
     Locks: the customer's balance rows (asset, POINT, CARBON), the merchant's shard and
     the bonus pool's and carbon registry's shards, in one statement in the global order
-    (wallets.locks). Refusals, in this order (the order the PL/pgSQL function had):
-    NotFound (terminal or merchant, then customer), AssetUnknown, WalletFrozen,
-    InsufficientFunds.
+    (wallets.locks). The usual payment writes its ledger rows, payment and event first and
+    locks last (`_charge_writing_first`), so a hot wallet's row is locked for less; the
+    rest lock first (`_charge_locking_first`). Refusals, in this order (the order the
+    PL/pgSQL function had): NotFound (terminal or merchant, then customer), AssetUnknown,
+    WalletFrozen, InsufficientFunds.
     """
     tenant = tenant_current()
     rewarded = asset_code == tenant.main_currency
     points = points_for(amount=amount, rate=tenant_rate(tenant, "points_earn_rate")) if rewarded else 0
     grams = carbon_grams_for(amount=amount, grams_per_unit=tenant_rate(tenant, "carbon_grams_per_unit")) if rewarded else 0
-    locked, accounts = _rows_lock(customer_id=customer_id, merchant_id=merchant_id, asset_code=asset_code, points=points, grams=grams)
+    parties = _Parties(customer_id=customer_id, merchant_id=merchant_id, store_id=store_id, terminal_id=terminal_id)
+    if consume_hold is None:
+        payment = _charge_writing_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams)
+        if payment is not None:
+            return payment
+    return _charge_locking_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams, consume_hold=consume_hold)
+
+
+@dataclass(frozen=True)
+class _Parties:
+    customer_id: str
+    merchant_id: str
+    store_id: str | None
+    terminal_id: str | None
+
+
+class _RewardCapMoved(Exception):
+    """The locked rows cut a reward the plan did not: the payment is redone locking first."""
+
+
+def _charge_writing_first(parties: _Parties, *, asset_code: str, amount: int, points: int, grams: int) -> Payment | None:
+    """The usual payment, with its balance rows locked only for the checks, the balance
+    UPDATE and what follows it to COMMIT: the ledger transaction, its entries, the payment
+    and its event are written before the lock, inside a savepoint that a refusal rolls
+    back (so, as on the other path, a refusal leaves nothing written).
+
+    The plan is the rows read without a lock. Anything but the plain case in it (a missing
+    row, a frozen wallet, short funds, a reward a cap would cut) returns None having
+    written nothing, and the caller takes the locking-first path, which decides those on
+    locked rows. Once locked, the same checks run again in `ledger_post`; a refusal there
+    (a freeze or a spend that committed since the plan) rolls the savepoint back and raises,
+    and a reward cut that appeared since is redone locking first.
+
+    Locks: a savepoint; then the balance rows, by account, in one statement in the global
+    order (wallets.locks.balance_rows_lock).
+    """
+    wanted = _wanted(parties, asset_code=asset_code, points=points, grams=grams)
+    plan = balance_rows_read_by_owner(rows=wanted)
+    if len(plan.rows) != len(wanted):
+        return None
+    accounts = _accounts_of(plan, parties)
+    customer, merchant = accounts.customer, accounts.merchant
+    if customer is None or merchant is None or customer.frozen or merchant.frozen:
+        return None
+    if available(locked=plan, account=customer, asset_code=asset_code) < amount:
+        return None
+    if _rewards_cut(plan, customer=customer, points=points, grams=grams) != (points, grams):
+        return None
+
+    now = timezone.now()
+    payment_id = ids.new_payment_id()
+    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
+    savepoint = transaction.savepoint()
+    try:
+        txn = ledger_rows_write(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now)
+        payment = _payment_rows_write(
+            parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
+        )
+        locked = balance_rows_lock(wants=ledger_wants(legs))
+        if _rewards_cut(locked, customer=customer, points=points, grams=grams) != (points, grams):
+            raise _RewardCapMoved()
+        ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, written=txn)
+    except (TallyError, _RewardCapMoved) as refused:
+        transaction.savepoint_rollback(savepoint)
+        if isinstance(refused, _RewardCapMoved):
+            return None
+        raise
+    return payment
+
+
+def _charge_locking_first(
+    parties: _Parties, *, asset_code: str, amount: int, points: int, grams: int, consume_hold: Hold | None
+) -> Payment:
+    """Every charge the writing-first path leaves: lock the rows (making missing ones),
+    decide refusals and reward cuts on them, then write."""
+    locked, accounts = _rows_lock(parties, asset_code=asset_code, points=points, grams=grams)
     customer, merchant = accounts.customer, accounts.merchant
     assert customer is not None and merchant is not None  # _rows_lock raised NotFound otherwise
     # No balance row: an asset this tenant does not have, or a wallet that never held it.
@@ -66,27 +154,40 @@ def charge(
         raise WalletFrozen("the wallet is frozen", param=None)
     if no_row:
         raise InsufficientFunds("insufficient funds", param="amount")
-    points_room = cap_room(locked=locked, account=customer, asset_code=POINTS_ASSET) if points else None
-    grams_room = cap_room(locked=locked, account=customer, asset_code=CARBON_ASSET) if grams else None
-    points = points if points_room is None else min(points, points_room)
-    grams = grams if grams_room is None else min(grams, grams_room)
+    points, grams = _rewards_cut(locked, customer=customer, points=points, grams=grams)
 
     now = timezone.now()
     payment_id = ids.new_payment_id()
     legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
     txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, consume_hold=consume_hold)
+    return _payment_rows_write(
+        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
+    )
+
+
+def _rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams: int) -> tuple[int, int]:
+    """The rewards cut to what the customer's capped reward rows still have room for."""
+    points_room = cap_room(locked=rows, account=customer, asset_code=POINTS_ASSET) if points else None
+    grams_room = cap_room(locked=rows, account=customer, asset_code=CARBON_ASSET) if grams else None
+    return (points if points_room is None else min(points, points_room), grams if grams_room is None else min(grams, grams_room))
+
+
+def _payment_rows_write(
+    parties: _Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime
+) -> Payment:
+    """The payment row and its `payment.succeeded` event. Locks: none (new rows)."""
     payment = Payment(
         id=payment_id,
         status=PaymentStatus.SUCCEEDED,
-        customer_id=customer_id,
-        merchant_id=merchant_id,
-        store_id=store_id,
-        terminal_id=terminal_id,
+        customer_id=parties.customer_id,
+        merchant_id=parties.merchant_id,
+        store_id=parties.store_id,
+        terminal_id=parties.terminal_id,
         asset_id=asset_code,
         amount=amount,
         points_earned=points,
         carbon_grams=grams,
-        ledger_transaction_id=txn.id,
+        ledger_transaction_id=txn_id,
         created=now,
     )
     _PAYMENT_INSERT.insert(payment)
@@ -94,7 +195,7 @@ def charge(
         topic="payment.succeeded",
         payload={
             "id": payment_id, "object": "payment", "status": PaymentStatus.SUCCEEDED.value, "asset": asset_code, "amount": amount,
-            "customer": customer_id, "merchant": merchant_id, "store": store_id, "terminal": terminal_id,
+            "customer": parties.customer_id, "merchant": parties.merchant_id, "store": parties.store_id, "terminal": parties.terminal_id,
             "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
         },
         created=now,
@@ -102,7 +203,31 @@ def charge(
     return payment
 
 
-def _rows_lock(*, customer_id: str, merchant_id: str, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
+def _wanted(parties: _Parties, *, asset_code: str, points: int, grams: int) -> list[OwnerRow]:
+    """The charge's balance rows by owner: the customer's, and this connection's shard of
+    the merchant and of the reward system accounts."""
+    shard = connection_shard()
+    customer_id = parties.customer_id
+    wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, parties.merchant_id, asset_code, shard)]
+    if points:
+        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, POINTS_ASSET)]
+        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, POINTS_ASSET, shard)]
+    if grams:
+        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, CARBON_ASSET)]
+        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.CARBON_REGISTRY, CARBON_ASSET, shard)]
+    return wanted
+
+
+def _accounts_of(rows: LockedBalances, parties: _Parties) -> MovementAccounts:
+    system = {role: rows.account_of(kind=AccountKind.SYSTEM, owner=role) for role in _REWARD_SYSTEM_ROLES}
+    return MovementAccounts(
+        customer=rows.account_of(kind=AccountKind.CUSTOMER, owner=parties.customer_id),
+        merchant=rows.account_of(kind=AccountKind.MERCHANT, owner=parties.merchant_id),
+        system={role: account for role, account in system.items() if account is not None},
+    )
+
+
+def _rows_lock(parties: _Parties, *, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
     """Lock the charge's balance rows, finding its accounts in the same statement.
 
     The usual case is one statement. When a row is missing (a wallet's first reward, the
@@ -110,23 +235,11 @@ def _rows_lock(*, customer_id: str, merchant_id: str, asset_code: str, points: i
     accounts are read and `balance_rows_lock` makes the rows that may be made.
     Raises NotFound for an unknown customer, terminal or merchant.
     """
-    shard = connection_shard()
-    wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, merchant_id, asset_code, shard)]
-    if points:
-        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, POINTS_ASSET)]
-        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, POINTS_ASSET, shard)]
-    if grams:
-        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, CARBON_ASSET)]
-        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.CARBON_REGISTRY, CARBON_ASSET, shard)]
+    wanted = _wanted(parties, asset_code=asset_code, points=points, grams=grams)
     locked = balance_rows_lock_by_owner(rows=wanted)
     if len(locked.rows) == len(wanted):
-        system = {role: locked.account_of(kind=AccountKind.SYSTEM, owner=role) for role in _REWARD_SYSTEM_ROLES}
-        return locked, MovementAccounts(
-            customer=locked.account_of(kind=AccountKind.CUSTOMER, owner=customer_id),
-            merchant=locked.account_of(kind=AccountKind.MERCHANT, owner=merchant_id),
-            system={role: account for role, account in system.items() if account is not None},
-        )
-    accounts = movement_accounts_get(customer_id=customer_id, merchant_id=merchant_id, system_roles=_REWARD_SYSTEM_ROLES)
+        return locked, _accounts_of(locked, parties)
+    accounts = movement_accounts_get(customer_id=parties.customer_id, merchant_id=parties.merchant_id, system_roles=_REWARD_SYSTEM_ROLES)
     if accounts.merchant is None:
         raise NotFound("no such terminal or merchant", param="terminal")
     if accounts.customer is None:

@@ -63,6 +63,7 @@ def ledger_post(
     allow_frozen: bool = False,
     created: datetime | None = None,
     consume_hold: Hold | None = None,
+    written: LedgerTransaction | None = None,
 ) -> LedgerTransaction:
     """Post one balanced ledger transaction and move the balances with it.
 
@@ -74,13 +75,19 @@ def ledger_post(
     is released from `held` in the same update, and the hold ends `captured` (an intent
     capture, which so locks its balance rows once).
 
+    `written`: the transaction and entries of exactly these `legs`, already inserted by
+    `ledger_rows_write` in this transaction (the payment path writes them before it locks,
+    so the wallet row stays locked for less). Such a caller has written first, so it runs
+    both inside a savepoint it rolls back when this refuses (payments.services.charges).
+
     Locks: the legs' balance rows in the global order (wallets.locks), one statement;
     then, once the tenant has expanded `merchant_daily_totals`, the day's summary row of
     each merchant leg on this connection's shard (wallets.settlement).
     Writes: one UPDATE of those rows (F() + the change per row), the transaction, its
     entries, and the merchant legs' daily totals (F() increments). Raises WalletFrozen, InsufficientFunds, CapExceeded before writing.
     """
-    _legs_validate(legs)
+    if written is None:
+        _legs_validate(legs)
     if not allow_frozen and any(leg.account.frozen for leg in legs if leg.account.kind != AccountKind.SYSTEM):
         raise WalletFrozen("the wallet is frozen", param=None)
     net = _net(legs)
@@ -127,13 +134,28 @@ def ledger_post(
     if consume_hold is not None:
         consume_hold.status = HoldStatus.CAPTURED
         consume_hold.save(update_fields=["status", "updated"])
-    now = created or timezone.now()
-    txn = _TRANSACTION_INSERT.insert(LedgerTransaction(kind=kind, reference=reference, created=now))
-    _ENTRIES_INSERT.insert_many(
-        [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=now) for leg in legs]
-    )
+    if written is None:
+        txn = ledger_rows_write(kind=kind, reference=reference, legs=legs, created=created or timezone.now())
+    elif (written.kind, written.reference) != (kind, reference):
+        raise ValueError(f"written transaction {written.pk} is not this posting's")
+    else:
+        txn = written
+    now = txn.created
     # Dual write of the merchant daily totals (staged migration; a no-op before expand).
     merchant_daily_totals_record(legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=now)
+    return txn
+
+
+def ledger_rows_write(*, kind: str, reference: str, legs: Sequence[Leg], created: datetime) -> LedgerTransaction:
+    """Insert a balanced transaction and its entries (one per leg), moving no balance:
+    `ledger_post` does that, and is the only caller but the payment path, which calls this
+    first and passes the result to `ledger_post(written=)` (see there). Locks: none (new
+    rows of append-only tables with no foreign keys to shared rows)."""
+    _legs_validate(legs)
+    txn = _TRANSACTION_INSERT.insert(LedgerTransaction(kind=kind, reference=reference, created=created))
+    _ENTRIES_INSERT.insert_many(
+        [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=created) for leg in legs]
+    )
     return txn
 
 
