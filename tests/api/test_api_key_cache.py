@@ -152,6 +152,38 @@ def _in_another_process(code: str, *, schema: str = TENANT_A["schema_name"]) -> 
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def private_redis(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[subprocess.Popen[bytes]]:
+    """A redis-server of this test's own, which the throttles and the key epoch use."""
+    port = _free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.RedisError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
+    for module in (throttling, keyepoch):
+        monkeypatch.setattr(module, "_client", None)
+    monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
+    monkeypatch.setattr(keyepoch, "_read_down_until", 0.0)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(5)
+
+
 @dataclass
 class LiveKey:
     customer: Customer
@@ -160,8 +192,10 @@ class LiveKey:
 
 
 @pytest.fixture
-def live_key(live_tenant: Tenant, settings: Any) -> LiveKey:
-    """A committed customer with a key (other processes see it), the cache on for 60 s."""
+def live_key(live_tenant: Tenant, settings: Any, private_redis: subprocess.Popen[bytes]) -> LiveKey:
+    """A committed customer with a key (other processes see it), the cache on for 60 s, and
+    a Redis of this test's own: the suite's other workers share tenant A's schema name,
+    and their epoch bumps must not make this test's hits re-read."""
     settings.TALLY_API_KEY_CACHE_SECONDS = 60
     customer = customer_create(name=f"Epoch {uuid.uuid4().hex[:8]}")
     row, raw = api_key_create(principal=customer)
@@ -251,38 +285,6 @@ def test_epochs_are_per_tenant(live_key: LiveKey) -> None:
     with _auth_statements() as own_tenant_bumped:
         assert _get(live_key.raw).status_code == 200
     assert len(own_tenant_bumped) == 1
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def private_redis(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[subprocess.Popen[bytes]]:
-    """A redis-server of this test's own, which the throttles and the key epoch use."""
-    port = _free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.RedisError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.02)
-    settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
-    for module in (throttling, keyepoch):
-        monkeypatch.setattr(module, "_client", None)
-    monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
-    monkeypatch.setattr(keyepoch, "_read_down_until", 0.0)
-    yield proc
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(5)
 
 
 def test_redis_down_means_postgres_on_every_request(live_key: LiveKey, private_redis: subprocess.Popen[bytes]) -> None:
