@@ -68,11 +68,14 @@ SHOW_PUBLIC_IF_NO_TENANT_FOUND = False
 TENANT_LIMIT_SET_CALLS = env.bool("TENANT_LIMIT_SET_CALLS", default=True)
 # Host -> tenant lookups are cached in each process this long (tenants/middleware.py).
 TENANT_CACHE_SECONDS = env.float("TENANT_CACHE_SECONDS", default=10.0)
-# Live API keys may be cached per process this long (wallets.selectors): a key revoked or
-# rotated stops working at once in the process that did it, within this on the others. Off
-# by default: a revocation (overlap 0) must hold at once on every worker, and there is no
-# cross-process invalidation yet; it saves ~0.7 ms of CPU a request (docs/BENCHMARKS.md).
-TALLY_API_KEY_CACHE_SECONDS = env.float("TALLY_API_KEY_CACHE_SECONDS", default=0.0)
+# Live API keys are cached per process at most this long (wallets.selectors; 0 turns the
+# cache off): ~0.7 ms of CPU and two statements a request saved. A hit is trusted only
+# while the tenant's API key epoch in Redis is unchanged (wallets.keyepoch), and revoke and
+# rotate bump it after commit, so they hold on the next request in every process. This
+# TTL only bounds the rare case of a bump Redis did not take while it still answers reads
+# (counted in tally_api_key_epoch_bump_failures_total); with 30 s a key used steadily is
+# re-read from PostgreSQL once per 30 s per process.
+TALLY_API_KEY_CACHE_SECONDS = env.float("TALLY_API_KEY_CACHE_SECONDS", default=30.0)
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/tally")}
 DATABASES["default"]["ENGINE"] = "django_tenants.postgresql_backend"

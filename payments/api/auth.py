@@ -13,7 +13,8 @@ from rest_framework.request import Request
 from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
 from payments.api.throttling import auth_failure_wait_seconds
 from wallets.models import ApiKey
-from wallets.selectors import api_key_get_active_cached
+from wallets.selectors import ApiKeyCacheHit, api_key_cache_fill, api_key_cache_get
+from wallets.selectors import api_key_cache_confirm as api_key_cache_selectors_confirm
 from wallets.services.principals import api_key_last_used_touch
 
 logger = logging.getLogger("tally.api")
@@ -23,6 +24,11 @@ MAX_KEY_LENGTH = 128
 
 
 class ApiKeyAuthentication(BaseAuthentication):
+    """A key from the per-process cache (wallets.selectors) is returned unconfirmed: the
+    view must call `api_key_cache_confirm` before anything acts on the principal (the
+    faces do, right after the throttles, whose pipeline reads the tenant's key epoch).
+    Views that do not declare `api_key_cache_confirmed = True` never get cache hits."""
+
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[Principal, ApiKey] | None:
@@ -34,7 +40,12 @@ class ApiKeyAuthentication(BaseAuthentication):
         if scheme.lower() != "bearer" or not raw_key or len(raw_key) > MAX_KEY_LENGTH or not raw_key.isascii():
             self._failed(request, raw_key)
             raise exceptions.AuthenticationFailed("invalid API key")
-        api_key = api_key_get_active_cached(raw_key=raw_key)
+        view = (request.parser_context or {}).get("view")
+        hit = api_key_cache_get(raw_key=raw_key) if getattr(view, "api_key_cache_confirmed", False) else None
+        if hit is not None:
+            request._request.api_key_cache_hit = hit  # type: ignore[attr-defined]
+            return principal_from_api_key(hit.api_key), hit.api_key
+        api_key = api_key_cache_fill(raw_key=raw_key)
         if api_key is None:
             self._failed(request, raw_key)
             raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
@@ -53,6 +64,33 @@ class ApiKeyAuthentication(BaseAuthentication):
         return 'Bearer realm="tally"'
 
 
+def api_key_cache_pending(request: Request) -> ApiKeyCacheHit | None:
+    """The cache hit this request was authenticated with, if not confirmed yet."""
+    hit = getattr(request._request, "api_key_cache_hit", None)
+    return hit if isinstance(hit, ApiKeyCacheHit) else None
+
+
+def api_key_cache_confirm(request: Request, *, epoch_now: bytes | None) -> None:
+    """Trust a cached key only if the tenant's key epoch is still the one it was cached
+    under (`epoch_now`, read before this call; None: Redis did not answer). Otherwise the
+    key is read again from PostgreSQL and replaces the principal, or the request is
+    refused 401 if the key is now dead. A no-op for a request not authenticated from the
+    cache."""
+    hit = api_key_cache_pending(request)
+    if hit is None:
+        return
+    del request._request.api_key_cache_hit  # type: ignore[attr-defined]
+    api_key = api_key_cache_selectors_confirm(hit=hit, epoch_now=epoch_now)
+    if api_key is None:
+        request.user, request.auth = None, None  # type: ignore[assignment]
+        header = request.META.get("HTTP_AUTHORIZATION", "")
+        ApiKeyAuthentication._failed(request, header.partition(" ")[2].strip())
+        raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
+    if api_key is not hit.api_key:
+        request.user, request.auth = principal_from_api_key(api_key), api_key  # type: ignore[assignment]
+    api_key_last_used_touch(api_key=api_key)
+
+
 class FacePermission(BasePermission):
     """Each face accepts its own principal type only; the rest get 403."""
 
@@ -62,4 +100,9 @@ class FacePermission(BasePermission):
         principal = request.user
         if not isinstance(principal, Principal):
             raise exceptions.NotAuthenticated("missing API key: send Authorization: Bearer <key>")
-        return principal.type == FACE_PRINCIPAL_TYPES[view.face]
+        if principal.type == FACE_PRINCIPAL_TYPES[view.face]:
+            return True
+        # Refused before the throttles read the key epoch: a key from the cache is checked
+        # against PostgreSQL first, so a revoked key is told 401 here too, never 403.
+        api_key_cache_confirm(request, epoch_now=None)
+        return False

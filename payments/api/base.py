@@ -20,12 +20,12 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from payments.api.auth import ApiKeyAuthentication, FacePermission
+from payments.api.auth import ApiKeyAuthentication, FacePermission, api_key_cache_confirm
 from payments.api.errors import BodyIncomplete, LengthRequired, PayloadTooLarge
 from payments.api.pagination import page
 from payments.api.parsers import StrictJSONParser
 from payments.api.principal import Principal
-from payments.api.throttling import KeyAndTenantThrottle
+from payments.api.throttling import KeyAndTenantThrottle, api_key_epoch_now
 from payments.idempotency.drf import IdempotencyMixin
 from wallets.models import Customer, StaffMember, Terminal
 
@@ -103,9 +103,24 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
     renderer_classes = [JSONRenderer]
     metadata_class = FaceMetadata
 
+    # ApiKeyAuthentication may answer from its per-process cache: check_throttles below
+    # confirms such a key before anything acts on it.
+    api_key_cache_confirmed: ClassVar[bool] = True
+
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         body_limit_enforce(request)
         super().initial(request, *args, **kwargs)
+
+    def check_throttles(self, request: Request) -> None:
+        # DRF runs this after authentication and the face gate, before the handler and so
+        # before the idempotency layer (which wraps the handler after initial()). A key
+        # from the cache is trusted only here, against the tenant's key epoch the throttle
+        # pipeline has just read; when that did not happen (Redis down), PostgreSQL
+        # decides. In `finally`: a dead key is told 401 even when a limit refused it.
+        try:
+            super().check_throttles(request)
+        finally:
+            api_key_cache_confirm(request, epoch_now=api_key_epoch_now(request))
 
     @property
     def principal(self) -> Principal:

@@ -3,7 +3,9 @@
 Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE per
 scope, all in one pipeline per request. A keyed POST to an internal-effect view also
 carries the idempotency layer's replay-cache GET in that pipeline, so the first execution
-of a key costs one Redis round trip before the effect, not two. Counters live in Redis
+of a key costs one Redis round trip before the effect, not two; a request authenticated
+from the per-process key cache carries the GET of its tenant's API key epoch, which the
+view checks the cached key against (payments.api.auth.api_key_cache_confirm). Counters live in Redis
 so every gunicorn worker and host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
 overridden per tenant in `Tenant.extra_settings["throttle_rates"]`.
 
@@ -28,6 +30,7 @@ from rest_framework.throttling import BaseThrottle
 from payments.api.principal import Principal
 from payments.idempotency.cache import ReplayPrefetch, replay_cache_entry_decode, replay_cache_redis_key
 from payments.idempotency.canonical import idempotency_key_is_valid
+from wallets.selectors import ApiKeyCacheHit
 
 logger = logging.getLogger("tally.api")
 
@@ -96,17 +99,24 @@ class KeyAndTenantThrottle(BaseThrottle):
             limit, period = rate
             window = int(now // period)
             checks.append((f"tally:throttle:{schema}:{scope}:{ident}:{window}", limit, period, window))
-        if not checks:
+        cache_hit = getattr(request._request, "api_key_cache_hit", None)
+        epoch_key = cache_hit.epoch_redis_key if isinstance(cache_hit, ApiKeyCacheHit) else None
+        if not checks and epoch_key is None:
             return True
         prefetch = _replay_prefetch_target(request, view)
-        answer = _windows_count([(key, period) for key, _, period, _ in checks], now_seconds=now, get_key=prefetch and prefetch[2])
+        get_keys = [key for key in (epoch_key, prefetch and prefetch[2]) if key]
+        answer = _windows_count([(key, period) for key, _, period, _ in checks], now_seconds=now, get_keys=get_keys)
         if answer is None:
             return True
         counts, got = answer
+        if epoch_key is not None:
+            # The tenant's API key epoch, for the view's check of a cached key
+            # (payments.api.auth.api_key_cache_confirm), in this same round trip.
+            request._request.api_key_epoch_now = got.pop(0)  # type: ignore[attr-defined]
         if prefetch is not None:
             # The idempotency layer's replay-cache lookup, made in this same round trip.
             request._request.idempotency_replay_prefetch = ReplayPrefetch(  # type: ignore[attr-defined]
-                principal_id=prefetch[0], key=prefetch[1], entry=replay_cache_entry_decode(got)
+                principal_id=prefetch[0], key=prefetch[1], entry=replay_cache_entry_decode(got.pop(0))
             )
         waits = [(window + 1) * period - now for (_, limit, period, window), count in zip(checks, counts, strict=True) if count > limit]
         if waits:
@@ -132,25 +142,33 @@ def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str]
 
 
 def _windows_count(
-    windows: list[tuple[str, int]], *, now_seconds: float, get_key: str | None = None
-) -> tuple[list[int], bytes | None] | None:
+    windows: list[tuple[str, int]], *, now_seconds: float, get_keys: list[str] | None = None
+) -> tuple[list[int], list[bytes | None]] | None:
     """INCR each (key, period) window counter in ONE pipeline and return the counts (and,
-    in the same round trip, the value at `get_key`); None when Redis is down (fail open,
-    and stop trying for a few seconds)."""
+    in the same round trip, the values at `get_keys`, in order); None when Redis is down
+    (fail open, and stop trying for a few seconds)."""
     global _redis_down_until
+    get_keys = get_keys or []
     try:
         pipe = _redis().pipeline(transaction=False)
         for key, period in windows:
             pipe.incr(key)
             pipe.expire(key, period + 1, nx=True)
-        if get_key is not None:
-            pipe.get(get_key)
+        for key in get_keys:
+            pipe.get(key)
         replies = pipe.execute()
-        return [int(c) for c in replies[0 : 2 * len(windows) : 2]], (replies[-1] if get_key is not None else None)
+        return [int(c) for c in replies[0 : 2 * len(windows) : 2]], list(replies[2 * len(windows) :])
     except redis.RedisError:
         _redis_down_until = now_seconds + REDIS_BACKOFF_SECONDS
         logger.warning("throttle store unavailable: failing open")
         return None
+
+
+def api_key_epoch_now(request: Request) -> bytes | None:
+    """The tenant's API key epoch as this request's throttle pipeline read it; None if it
+    did not (Redis down, or no key from the cache to check)."""
+    value = getattr(request._request, "api_key_epoch_now", None)
+    return value if isinstance(value, bytes) else None
 
 
 def client_address(request: Request) -> str:

@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -15,6 +15,7 @@ from wallets import ids
 from wallets.contacts import MIGRATION as CONTACTS_MIGRATION
 from wallets.contacts import contact_new_fields
 from wallets.errors import InvalidState
+from wallets.keyepoch import api_key_epoch_bump
 from wallets.models import (
     KEY_PREFIXES,
     Account,
@@ -129,11 +130,19 @@ def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24))
 
 
 def _api_key_cache_invalidate() -> None:
-    """This process stops using cached keys now and again once the change commits (a row
-    read in between is the old one); other processes within TALLY_API_KEY_CACHE_SECONDS
-    (wallets.selectors)."""
+    """Make every process stop trusting its cached keys of this tenant: this one now and
+    again once the change commits (a row read in between is the old one); the others
+    through the tenant's API key epoch, bumped after commit (wallets.keyepoch): bumped
+    before, a process could read the old row after the bump and cache it under the new
+    epoch. Call inside the transaction that writes the change."""
+    schema = str(getattr(connection, "schema_name", "public"))
+
+    def after_commit() -> None:
+        api_key_cache_clear()
+        api_key_epoch_bump(schema=schema)
+
     api_key_cache_clear()
-    transaction.on_commit(api_key_cache_clear)
+    transaction.on_commit(after_commit, robust=True)
 
 
 # last_used_at is advisory (shown to operators when pruning keys): one write per key per
