@@ -1,5 +1,8 @@
+import os
+from urllib.parse import urlsplit, urlunsplit
+
 from .base import *  # noqa: F403
-from .base import DATABASES, REST_FRAMEWORK, env
+from .base import CACHES, CELERY_BROKER_URL, DATABASES, REDIS_URL, REST_FRAMEWORK, env
 
 DEBUG = False
 # A fixed database name keeps runs comparable; pytest-django prefixes it with test_.
@@ -20,3 +23,23 @@ STATIC_ROOT = env("TALLY_STATIC_ROOT", default="") or None
 # Staged migrations wait TTL + grace after a phase change; short in tests.
 TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=0.2)
 TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=0.3)
+
+
+def _redis_db_of_worker(url: str, worker: str) -> str:
+    """The Redis URL with database `db + 1 + n` (mod 16) for pytest-xdist worker `gw<n>`."""
+    parts = urlsplit(url)
+    db = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(db + 1 + int(worker[2:])) % 16}"))
+
+
+# Each pytest-xdist worker has its own test database but the same tenant schema names
+# (test_a, test_b), so Redis keys derived from a schema (throttle windows, replay cache,
+# relay-kick marks, API key epochs) would cross between workers: one worker's kick mark
+# coalesced another's kick. Each worker gets its own Redis database.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
+    _shared = REDIS_URL
+    REDIS_URL = _redis_db_of_worker(REDIS_URL, _WORKER)
+    CACHES["default"]["LOCATION"] = REDIS_URL
+    if CELERY_BROKER_URL == _shared:
+        CELERY_BROKER_URL = REDIS_URL

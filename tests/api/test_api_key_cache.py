@@ -148,6 +148,7 @@ def _in_another_process(code: str, *, schema: str = TENANT_A["schema_name"]) -> 
         **os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "TALLY_TEST_DB_NAME": str(connection.settings_dict["NAME"]),
         "REDIS_URL": django_settings.REDIS_URL, "TALLY_LOG_LEVEL": "WARNING",
     }
+    env.pop("PYTEST_XDIST_WORKER", None)  # REDIS_URL is this worker's already (config/settings/test.py)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
 
