@@ -45,7 +45,7 @@ def test_the_payment_lock_sends_what_the_orm_compiles(tenant: Tenant) -> None:
         OwnerRow(AccountKind.MERCHANT, "mer_1", "JPY", 7),
         OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, "POINT", 7),
     ]
-    orm = (
+    plan = (
         Balance.objects.filter(
             Q(account__customer_id="cus_1", shard=0, asset_id__in=["JPY", "POINT"])
             | Q(account__merchant_id="mer_1", shard=7, asset_id__in=["JPY"])
@@ -53,13 +53,17 @@ def test_the_payment_lock_sends_what_the_orm_compiles(tenant: Tenant) -> None:
         )
         .select_related("account", "asset")
         .order_by(*LOCK_ORDER)
-        .select_for_update(of=("self",))
     )
+    orm = plan.select_for_update(of=("self",))
     shape = (True, (AccountKind.CUSTOMER, ("JPY", "POINT")), (AccountKind.MERCHANT, ("JPY",)), (AccountKind.SYSTEM, ("POINT",)))
     values = {"owner0": "cus_1", "shard0": 0, "owner1": "mer_1", "shard1": 7, "owner2": SystemRole.BONUS_POOL, "shard2": 7}
     with transaction.atomic():
         compiled = _normalised(*locks._BY_OWNER.get(shape).sql_with_params(**values))
         assert compiled == _orm_sql(orm)
+    # The payment's plan: the same select without the lock.
+    assert _normalised(*locks._BY_OWNER.get((False, *shape[1:])).sql_with_params(**values)) == _orm_sql(plan)
+    assert "FOR UPDATE" not in _orm_sql(plan)[0]
+    with transaction.atomic():
         locked = balance_rows_lock_by_owner(rows=rows)  # the parties do not exist; the bonus pool does
         assert [(row.account.system_role, row.asset_id, row.shard) for row in locked.rows.values()] == [(SystemRole.BONUS_POOL, "POINT", 7)]
 
@@ -76,6 +80,25 @@ def test_the_account_lock_and_the_balance_update_send_what_the_orm_compiles(tena
     with transaction.atomic():
         compiled = _normalised(*locks._BY_ACCOUNT.get(shape).sql_with_params(account0="acc_1", shard0=3, account1="acc_2"))
         assert compiled == _orm_sql(orm_lock)
+
+    for kinds in ((True, False), (False, True), (True, True)):
+        for rows in (1, 3):
+            statement = ledger._BALANCES_ADD.get((rows, *kinds))
+            values = {f"row{i}": 11 + i for i in range(rows)}
+            values |= {f"balance{i}": 5 - i for i in range(rows)} if kinds[0] else {}
+            values |= {f"held{i}": -2 - i for i in range(rows)} if kinds[1] else {}
+            updates = {}
+            for column, on in zip(("balance", "held"), kinds, strict=True):
+                if on:
+                    deltas = [values[f"{column}{i}"] for i in range(rows)]
+                    updates[column] = F(column) + (
+                        Value(deltas[0]) if rows == 1 else Case(
+                            *(When(pk=11 + i, then=Value(d)) for i, d in enumerate(deltas)), default=Value(0), output_field=BigIntegerField()
+                        )
+                    )
+            orm = Balance.objects.filter(pk__in=[11 + i for i in range(rows)]).query.chain(_update_query())
+            orm.add_update_values(updates)
+            assert _normalised(*statement.sql_with_params(**values)) == _orm_sql_of_query(orm), (rows, kinds)
 
     change = F("balance") + Case(
         When(pk=11, then=Value(5)), When(pk=12, then=Value(-5)), When(pk=13, then=Value(0)), default=Value(0), output_field=BigIntegerField()
@@ -127,14 +150,17 @@ def test_a_statement_compiled_on_one_thread_runs_on_the_callers_connection(live_
 
 @pytest.mark.django_db(transaction=False)
 def test_a_compiled_statement_reads_the_current_tenant_schema(tenant: Tenant, tenant_b: Tenant) -> None:
+    # Account ids are random per tenant (balance row ids are not: each schema's sequence
+    # starts at 1, so the same pk in both schemas would prove nothing).
     statement = CompiledQuery(Balance.objects.filter(account__system_role=Param("role"), asset_id="POINT", shard=0))
-    in_a = {row.pk for row in statement.select(role=SystemRole.BONUS_POOL)}
+    pool = Balance.objects.filter(account__system_role=SystemRole.BONUS_POOL, asset_id="POINT", shard=0)
+    in_a = {row.account_id for row in statement.select(role=SystemRole.BONUS_POOL)}
     with in_tenant(tenant_b):
-        in_b = {row.pk for row in statement.select(role=SystemRole.BONUS_POOL)}
-        assert in_b == set(Balance.objects.filter(account__system_role=SystemRole.BONUS_POOL, asset_id="POINT", shard=0).values_list("pk", flat=True))
+        in_b = {row.account_id for row in statement.select(role=SystemRole.BONUS_POOL)}
+        assert in_b == set(pool.values_list("account_id", flat=True))
     assert connection.schema_name == tenant.schema_name
-    assert in_a == set(Balance.objects.filter(account__system_role=SystemRole.BONUS_POOL, asset_id="POINT", shard=0).values_list("pk", flat=True))
-    assert len(in_a) == len(in_b) == 1
+    assert in_a == set(pool.values_list("account_id", flat=True))
+    assert len(in_a) == len(in_b) == 1 and in_a != in_b
 
 
 def test_compiled_statements_keep_the_orms_transaction_guards(live_tenant: Tenant) -> None:

@@ -517,3 +517,20 @@ def test_balance_rows_backfill_gives_old_accounts_their_rows(tenant) -> None:  #
     assert f"{tenant.schema_name}: done" in out.getvalue()
     call_command("balance_rows_backfill", tenant=tenant.schema_name, stdout=StringIO())  # again: nothing changes
     assert Balance.objects.filter(account__customer=old_customer).count() == assets
+
+
+def test_a_frozen_wallet_is_refused_before_short_funds_whatever_the_row_order(tenant) -> None:  # type: ignore[no-untyped-def]
+    """Refusals come in the documented order (WalletFrozen before InsufficientFunds) when
+    the accounts in the legs were read before a freeze (the payment path's plan is such a
+    read) and the short row comes before the frozen one: the locked rows decide."""
+    from wallets.selectors import account_of
+    from wallets.services.ledger import Leg, ledger_post
+
+    short, frozen = CustomerFactory(), CustomerFactory()
+    fund(short, 10)
+    short_account, frozen_account = account_of(party=short), account_of(party=frozen)  # read before the freeze
+    wallet_freeze(customer=frozen, staff=staff(), reason="review")
+    assert not frozen_account.frozen
+    with pytest.raises(WalletFrozen):
+        ledger_post(kind="transfer", reference="stale-plan", legs=[Leg(short_account, "JPY", -50), Leg(frozen_account, "JPY", 50)])
+    assert _balance(short)["balance"] == 10

@@ -441,3 +441,40 @@ def test_a_reward_cap_reached_between_the_plan_and_the_lock_is_cut_on_the_locked
     assert next(line for line in selectors.wallet_balances(customer=customer) if line["asset"] == "POINT")["balance"] == 15
     assert Payment.objects.filter(customer_id=customer.pk).count() == 2
     assert ledger_unbalanced_transactions() == [] and balance_entry_mismatches() == []
+
+
+def test_a_lock_timeout_after_the_payments_writes_leaves_nothing_in_the_callers_transaction(live_tenant: Tenant) -> None:
+    """The payment path writes before it locks. When the lock is not granted (here: another
+    connection holds the wallet's row past lock_timeout), the error reaches the caller
+    with the payment's rows rolled back (its savepoint) and the caller's transaction
+    usable, as a refusal does."""
+    from django.db import OperationalError, connection, transaction
+
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 100)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        def body() -> None:
+            with transaction.atomic():
+                list(Balance.objects.filter(account__customer_id=customer.pk, asset_id="JPY").order_by("pk").select_for_update())
+                holding.set()
+                release.wait(timeout=20)
+
+        run_in_thread_tenant(live_tenant, body)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(timeout=10)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '200ms'")
+            before = (Payment.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count())
+            with pytest.raises(OperationalError):
+                payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=10)
+            assert (Payment.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count()) == before
+    finally:
+        release.set()
+        holder.join(timeout=30)
+    assert _jpy(customer)["balance"] == 100

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.models import Expression, Field, Model, QuerySet
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
@@ -135,12 +135,14 @@ class CompiledQuery(Generic[M]):
                     query.add_update_values(self._update)  # type: ignore[attr-defined]  # an UpdateQuery
                 compiler = query.get_compiler(using=alias)
                 sql, params = compiler.as_sql()
+                compiler.connection = None  # each run binds its own thread's (compiler_for)
                 compiled = _Compiled(compiler, sql, tuple(params))
                 self._compiled[alias] = compiled
         return compiled
 
     def _alias(self) -> str:
-        if self._update is None:
+        # As Django routes them: a locking select goes where writes go.
+        if self._update is None and not self._queryset.query.select_for_update:
             return str(router.db_for_read(self._queryset.model))
         return str(router.db_for_write(self._queryset.model))
 
@@ -169,7 +171,8 @@ class CompiledQuery(Generic[M]):
         if not connection.in_atomic_block:
             raise RuntimeError("a compiled update runs inside the caller's transaction")
         compiler: Any = compiled.compiler_for(alias, values)
-        rows = compiler.execute_sql(ROW_COUNT)
+        with transaction.mark_for_rollback_on_error(using=alias):  # as QuerySet.update does
+            rows = compiler.execute_sql(ROW_COUNT)
         return int(rows or 0)
 
 
@@ -265,7 +268,7 @@ class CompiledInsert(Generic[M]):
         connection = connections[alias]
         rows = [[field.get_db_prep_save(field.pre_save(obj, True), connection=connection) for field in self._fields] for obj in objs]
         params = [list(column) for column in zip(*rows, strict=True)] if per_column else [value for row in rows for value in row]
-        with connection.cursor() as cursor:
+        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:  # as save() does
             cursor.execute(sql, params)
         for obj in objs:
             obj._state.adding = False

@@ -7,8 +7,10 @@ Deadlock freedom depends on every writer using these helpers, never an inline
      `balance_rows_lock_by_owner` when the accounts are not loaded yet), ordered by
      (account id, asset, shard) (`LOCK_ORDER`): PostgreSQL locks the rows as the sort
      emits them, so any two transactions meet their common rows in the same order. No
-     transaction locks balance rows a second time (an intent capture consumes its hold
-     inside the charge's posting for that reason);
+     transaction locks balance rows a second time while it holds them (an intent capture
+     consumes its hold inside the charge's posting for that reason); a payment that
+     locked in a savepoint and rolled it back (a reward cap reached meanwhile) holds
+     none of them any more when it locks again;
   3. a freeze locks all the account's balance rows (one ordered statement), then the
      account row; nothing locks an account row before balance rows;
   4. after its balance rows, a posting takes the merchant daily-total rows of its

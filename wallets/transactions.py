@@ -8,7 +8,8 @@ conflict propagates (the block is aborted; only its owner can start it again).
 Nested calls get no savepoint, which keeps the keyed API path (claim, effect, stored
 response in one transaction) free of SAVEPOINT/RELEASE round trips. The rule that makes
 this safe: an exception that escapes a service aborts the transaction it ran in, and its
-owner rolls back everything the service wrote. The ledger refuses before its first write,
+owner rolls back everything the service wrote. The ledger refuses before its first write
+(a payment that writes first does so in its own savepoint, rolled back on any failure),
 but some services write first (a token payment consumes the token, an intent confirm
 sets `charge_requested`), so a caller must never catch a service's exception inside an
 atomic block and carry on; the idempotency layer does not, it rolls back and stores the

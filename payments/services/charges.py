@@ -1,7 +1,16 @@
 """Charges: a customer paying a merchant, at a terminal (by the customer's id or scanned
 QR token) or through a payment intent. The hottest money path, and an ordinary ledger
-posting: accounts in one query, every balance row locked in one statement, one UPDATE of
-the balances, then the ledger transaction, its entries, the payment and its outbox row.
+posting. The usual payment reads its plan (rows, accounts, assets; no lock), then, in a
+savepoint, writes the ledger transaction, its entries, the payment and its outbox row,
+and only then locks every balance row in one statement for the checks and one UPDATE of
+the balances: under one hot wallet, payments pass one at a time for as long as the row is
+locked. The rest (first rewards, empty or frozen wallets, captures, rewards near a cap)
+lock first and write after, as every other posting does.
+
+A payment's `created` (and its ledger rows', and the day its merchant totals count it in)
+is when it was written: on the usual path that is before the lock wait, which the keyed
+API bounds by the tenant's wait budget (the claim sets `lock_timeout` for the
+transaction). Balances move in lock order; `created` order can differ from it by that wait.
 
 Rewards, for payments in the tenant's main currency only (rates on the tenant):
 points at `points_earn_rate` (ROUND_FLOOR) from the bonus pool, and carbon credits at
@@ -14,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from payments.models import Payment, PaymentStatus
@@ -24,7 +33,7 @@ from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
 from wallets.compiled import CompiledInsert
-from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, TallyError, WalletFrozen
+from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
 from wallets.locks import (
     LockedBalances,
     OwnerRow,
@@ -104,6 +113,8 @@ def _charge_writing_first(parties: _Parties, *, asset_code: str, amount: int, po
     Locks: a savepoint; then the balance rows, by account, in one statement in the global
     order (wallets.locks.balance_rows_lock).
     """
+    if not connection.in_atomic_block:
+        return None  # no savepoint outside a transaction: the locking-first path refuses that
     wanted = _wanted(parties, asset_code=asset_code, points=points, grams=grams)
     plan = balance_rows_read_by_owner(rows=wanted)
     if len(plan.rows) != len(wanted):
@@ -130,9 +141,14 @@ def _charge_writing_first(parties: _Parties, *, asset_code: str, amount: int, po
         if _rewards_cut(locked, customer=customer, points=points, grams=grams) != (points, grams):
             raise _RewardCapMoved()
         ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, written=txn)
-    except (TallyError, _RewardCapMoved) as refused:
-        transaction.savepoint_rollback(savepoint)
-        if isinstance(refused, _RewardCapMoved):
+    except BaseException as failure:
+        # Whatever stops it (a refusal, a lock timeout, a deadlock, a bug), the rows it wrote
+        # go: the caller's transaction may carry on, or be retried whole by its owner.
+        try:
+            transaction.savepoint_rollback(savepoint)
+        except DatabaseError:
+            pass  # the connection is gone: so is everything this transaction wrote
+        if isinstance(failure, _RewardCapMoved):
             return None
         raise
     return payment

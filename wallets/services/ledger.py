@@ -4,8 +4,10 @@ Every money movement (payments, refunds, transfers, top-ups, adjustments, captur
 posts through `ledger_post`, inside the caller's transaction (the payments services
 open it through wallets.transactions). Rules live here once: frozen wallets, funds
 (balance - held >= debit), caps (balance + credit <= cap), and double entry (every
-transaction sums to zero per asset). Every check happens before the first write, so a
-refusal leaves nothing behind. Locks: wallets/locks.py.
+transaction sums to zero per asset). Every check happens before `ledger_post` writes, so
+a refusal leaves nothing behind; the one caller that writes its ledger rows before the
+checks (`ledger_rows_write`, the payment path) does it in a savepoint it rolls back on a
+refusal. Locks: wallets/locks.py.
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ def ledger_post(
         if hold_row is None or net.get((consume_hold.account, consume_hold.asset_id), 0) >= 0:
             raise ValueError("a consumed hold must be on a row this posting debits")
         held_deltas[hold_row.pk] = -consume_hold.amount
+    if not allow_frozen:
+        _frozen_refuse(locked, wants)
     for want in wants:
         amount = net[(want.account, want.asset_code)]
         if want.shard == ALL_SHARDS:
@@ -117,10 +121,6 @@ def ledger_post(
             if not want.creatable:  # a debit of a wallet that never held this asset
                 raise InsufficientFunds("insufficient funds", param="amount")
             raise ValueError(f"balance row {want} was not locked")  # balance_rows_lock makes creatable rows
-        # The row's flag is the one a freeze sets under the row's lock; the account's (read
-        # with the rows) also covers a row made in this posting from a stale account.
-        if (row.frozen or row.account.frozen) and not allow_frozen and want.account.kind != AccountKind.SYSTEM:
-            raise WalletFrozen("the wallet is frozen", param=None)
         if want.account.kind == AccountKind.CUSTOMER:
             if amount < 0 and row.balance - row.held - held_deltas.get(row.pk, 0) < -amount:
                 raise InsufficientFunds("insufficient funds", param="amount")
@@ -157,6 +157,20 @@ def ledger_rows_write(*, kind: str, reference: str, legs: Sequence[Leg], created
         [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=created) for leg in legs]
     )
     return txn
+
+
+def _frozen_refuse(locked: LockedBalances, wants: Sequence[BalanceWant]) -> None:
+    """WalletFrozen if any locked single row of a non-system party is frozen, checked over
+    every row before any funds or cap check (frozen is refused first, whatever the order
+    of the rows). The row's flag is the one a freeze sets under the row's lock; the
+    account's (read with the rows) also covers a row made in this posting from a stale
+    account."""
+    for want in wants:
+        if want.shard == ALL_SHARDS or want.account.kind == AccountKind.SYSTEM:
+            continue
+        row = locked.row(account=want.account, asset_code=want.asset_code, shard=want.shard)
+        if row is not None and (row.frozen or row.account.frozen):
+            raise WalletFrozen("the wallet is frozen", param=None)
 
 
 def cap_room(*, locked: LockedBalances, account: Account, asset_code: str) -> int | None:
