@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 import time
 
 import redis
 from django.conf import settings
 
+from wallets.fastredis import fast_redis
 from wallets.metrics import API_KEY_EPOCH_BUMP_FAILURES
 
 logger = logging.getLogger("tally.wallets")
@@ -34,18 +34,7 @@ logger = logging.getLogger("tally.wallets")
 # request asks PostgreSQL), and an outage does not add a timeout to every cache miss.
 READ_BACKOFF_SECONDS = 5.0
 
-_client_lock = threading.Lock()
-_client: redis.Redis | None = None
 _read_down_until = 0.0
-
-
-def _redis() -> redis.Redis:
-    global _client
-    if _client is None:
-        with _client_lock:
-            if _client is None:
-                _client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.25, socket_timeout=0.25)
-    return _client
 
 
 def api_key_epoch_redis_key(*, schema: str) -> str:
@@ -64,7 +53,7 @@ def api_key_epoch_read(*, schema: str) -> bytes | None:
         return None
     key = api_key_epoch_redis_key(schema=schema)
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = fast_redis().pipeline(transaction=False)
         pipe.set(key, _initial_value(), nx=True)
         pipe.get(key)
         value = pipe.execute()[-1]
@@ -81,7 +70,7 @@ def api_key_epoch_bump(*, schema: str) -> bool:
     TALLY_API_KEY_CACHE_SECONDS ends them."""
     key = api_key_epoch_redis_key(schema=schema)
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = fast_redis().pipeline(transaction=False)
         pipe.set(key, _initial_value(), nx=True)
         pipe.incr(key)
         pipe.execute()

@@ -16,12 +16,10 @@ trying for a few seconds, so an outage does not add a timeout to every request.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any
 
 import redis
-from django.conf import settings
 from django.db import connection
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
@@ -30,6 +28,7 @@ from rest_framework.throttling import BaseThrottle
 from payments.api.principal import Principal
 from payments.idempotency.cache import ReplayPrefetch, replay_cache_entry_decode, replay_cache_redis_key
 from payments.idempotency.canonical import idempotency_key_is_valid
+from wallets.fastredis import fast_redis
 from wallets.selectors import ApiKeyCacheHit
 
 logger = logging.getLogger("tally.api")
@@ -37,18 +36,7 @@ logger = logging.getLogger("tally.api")
 _DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 REDIS_BACKOFF_SECONDS = 5.0
 
-_client_lock = threading.Lock()
-_client: redis.Redis | None = None
 _redis_down_until = 0.0
-
-
-def _redis() -> redis.Redis:
-    global _client
-    if _client is None:
-        with _client_lock:
-            if _client is None:
-                _client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.25, socket_timeout=0.25)
-    return _client
 
 
 def parse_rate(rate: str | None) -> tuple[int, int] | None:
@@ -150,7 +138,7 @@ def _windows_count(
     global _redis_down_until
     get_keys = get_keys or []
     try:
-        pipe = _redis().pipeline(transaction=False)
+        pipe = fast_redis().pipeline(transaction=False)
         for key, period in windows:
             pipe.incr(key)
             pipe.expire(key, period + 1, nx=True)

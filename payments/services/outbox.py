@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from payments.models import OutboxEvent
 from wallets.compiled import CompiledInsert
+from wallets.fastredis import fast_redis
 
 logger = logging.getLogger(__name__)
 
@@ -80,14 +81,6 @@ class _RelayKick:
 # lost message) expires after KICK_PENDING_SECONDS, and the beat sweep relays meanwhile.
 
 KICK_PENDING_SECONDS = 2
-_kick_client: redis.Redis | None = None
-
-
-def _kick_redis() -> redis.Redis:
-    global _kick_client
-    if _kick_client is None:
-        _kick_client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.25, socket_timeout=0.25)
-    return _kick_client
 
 
 def _kick_pending_key(schema_name: str) -> str:
@@ -97,7 +90,7 @@ def _kick_pending_key(schema_name: str) -> str:
 def _kick_pending_claim(schema_name: str) -> bool:
     """True when this commit must send a kick (none is pending for the schema)."""
     try:
-        return bool(_kick_redis().set(_kick_pending_key(schema_name), b"1", nx=True, ex=KICK_PENDING_SECONDS))
+        return bool(fast_redis().set(_kick_pending_key(schema_name), b"1", nx=True, ex=KICK_PENDING_SECONDS))
     except redis.RedisError:
         return True  # cannot tell: kick
 
@@ -106,7 +99,7 @@ def outbox_relay_kick_pending_clear(*, schema_name: str) -> None:
     """The relay of `schema_name` starts: the next commit's kick is needed again. Call it
     before reading the outbox."""
     try:
-        _kick_redis().delete(_kick_pending_key(schema_name))
+        fast_redis().delete(_kick_pending_key(schema_name))
     except redis.RedisError:
         pass  # the mark expires by itself
 

@@ -175,8 +175,6 @@ def private_redis(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[su
             assert time.monotonic() < deadline, "redis-server did not start"
             time.sleep(0.02)
     settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
-    for module in (throttling, keyepoch):
-        monkeypatch.setattr(module, "_client", None)
     monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
     monkeypatch.setattr(keyepoch, "_read_down_until", 0.0)
     yield proc

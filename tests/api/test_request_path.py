@@ -58,7 +58,8 @@ def test_with_redis_unreachable_a_keyed_payment_still_executes_once(api: Api, wo
     import payments.api.throttling as throttling
     from payments.idempotency.cache import replay_cache_breaker_reset
 
-    monkeypatch.setattr(throttling, "_client", redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2))
+    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
+    monkeypatch.setattr(throttling, "fast_redis", lambda: unreachable)
     monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
     body = {"customer": world.customer.id, "asset": "JPY", "amount": 500}
     try:
