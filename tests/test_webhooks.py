@@ -507,3 +507,28 @@ def test_celery_is_configured_for_money() -> None:
     assert schedule["task"] == "webhooks.relay_all_tenants"
     assert float(schedule["schedule"]) < conf.broker_transport_options["visibility_timeout"]  # type: ignore[arg-type]
     assert "webhooks.outbox_relay" in current_app.tasks and "webhooks.relay_all_tenants" in current_app.tasks
+
+
+def test_a_batch_of_events_with_no_delivery_to_make_is_published_with_one_update(tenant: Tenant) -> None:
+    """The relay's cost must not grow by statements per event when an event makes no
+    delivery (no endpoint of its merchant wants it): one claim, one endpoint read, one
+    UPDATE for the batch. An endpoint that wants an event still gets its delivery."""
+    from django.test.utils import CaptureQueriesContext
+
+    quiet, listening = MerchantFactory(), MerchantFactory()
+    _endpoint(listening, "https://93.184.215.14/h")
+    events = [_event(quiet, n) for n in range(12)]
+    wanted = _event(listening, 99)
+    with CaptureQueriesContext(connection) as queries:
+        claimed, published = outbox_batch_publish()
+    assert (claimed, published) == (13, 13)
+    updates = [q["sql"] for q in queries if q["sql"].startswith("UPDATE") and "payments_outboxevent" in q["sql"]]
+    assert len(updates) == 1, updates
+    # A savepoint for the batch's block (inside the test's transaction) and one for the one
+    # event that makes a delivery; none for the twelve that make none.
+    assert sum(q["sql"].startswith("SAVEPOINT") for q in queries) == 2
+    for event in [*events, wanted]:
+        event.refresh_from_db()
+        assert event.published_at is not None and event.attempts == 1 and event.last_error == ""
+    assert WebhookDelivery.objects.filter(event=wanted).count() == 1
+    assert not WebhookDelivery.objects.filter(event__in=events).exists()

@@ -20,6 +20,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from payments.models import OutboxEvent
@@ -66,8 +67,9 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
     """Claim and publish one batch; return (claimed, published).
 
     Locks: the batch's outbox rows (`outbox_events_claim`, FOR UPDATE SKIP LOCKED), for this
-    one transaction. Each event publishes under a savepoint, so one that fails is recorded
-    (attempts, last_error, next_attempt_at, dead_at) without holding back the others.
+    one transaction. Each event that makes deliveries does it under a savepoint, so one
+    that fails is recorded (attempts, last_error, next_attempt_at, dead_at) without holding
+    back the others; the published ones are marked with one UPDATE.
     """
     with transaction.atomic():
         moment = now or timezone.now()
@@ -79,20 +81,28 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
         by_merchant: dict[str, list[WebhookEndpoint]] = defaultdict(list)
         for endpoint in WebhookEndpoint.objects.filter(merchant_id__in=merchant_ids, status=WebhookEndpointStatus.ENABLED):
             by_merchant[endpoint.merchant_id].append(endpoint)
-        published = 0
+        published: list[str] = []
         for event in batch:
-            event.attempts += 1
+            merchant_id = _merchant_of(event)
+            endpoints = by_merchant.get(merchant_id, []) if merchant_id else []
+            if not any(endpoint_wants(endpoint=e, topic=event.topic) for e in endpoints):
+                published.append(event.pk)  # no delivery to make: nothing that could fail
+                continue
             try:
-                with transaction.atomic():
-                    merchant_id = _merchant_of(event)
-                    _event_publish(event=event, endpoints=by_merchant.get(merchant_id, []) if merchant_id else [], now=moment)
-                event.published_at, event.last_error, event.next_attempt_at = moment, "", None
-                published += 1
+                with transaction.atomic():  # one event's failure does not hold back the others
+                    _event_publish(event=event, endpoints=endpoints, now=moment)
+                published.append(event.pk)
             except DatabaseError as exc:
+                event.attempts += 1
                 _publication_failed(event=event, error=f"{type(exc).__name__}: {exc}", now=moment)
-            event.save(update_fields=["published_at", "attempts", "last_error", "next_attempt_at", "dead_at"])
-        metrics.OUTBOX_EVENTS_RELAYED.inc(published)
-        return len(batch), published
+                event.save(update_fields=["attempts", "last_error", "next_attempt_at", "dead_at"])
+        # The batch's published events in one UPDATE (an UPDATE and a savepoint per event
+        # were most of the relay's cost under steady payments).
+        OutboxEvent.objects.filter(pk__in=published).update(
+            published_at=moment, attempts=F("attempts") + 1, last_error="", next_attempt_at=None
+        )
+        metrics.OUTBOX_EVENTS_RELAYED.inc(len(published))
+        return len(batch), len(published)
 
 
 def _publication_failed(*, event: OutboxEvent, error: str, now: datetime) -> None:
