@@ -111,8 +111,8 @@ class CompiledQuery(Generic[M]):
     """A QuerySet compiled once per database alias and run many times with new values.
 
     `select(**values)` returns the rows as model instances, as `list(queryset)` would;
-    `update(**values)` runs the QuerySet's pending `update()` (built by `for_update`) and
-    returns the row count. Every `Param` name must be given a value.
+    `update(**values)` runs `queryset.update(**update)` for the `update` mapping given at
+    construction and returns the row count. Every `Param` name must be given a value.
     """
 
     def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None) -> None:
@@ -147,7 +147,8 @@ class CompiledQuery(Generic[M]):
         return str(router.db_for_write(self._queryset.model))
 
     def sql_with_params(self, **values: Any) -> tuple[str, tuple[Any, ...]]:
-        """The SQL and parameters an execution with `values` sends (for tests and --show-sql)."""
+        """The SQL and parameters an execution with `values` sends (tests compare them with
+        the ORM's own)."""
         compiled = self._compile(self._alias())
         return compiled.sql, compiled.bind(values)
 
