@@ -19,7 +19,7 @@ from django.test import Client
 from payments.gateways import metrics
 from payments.gateways.credentials import credential_unseal
 from payments.gateways.registry import gateway_secret_key, gateway_webhook_secrets
-from payments.gateways.signing import signature_compute
+from payments.gateways.signing import TOLERANCE_SECONDS, signature_compute
 from payments.models import GatewayAccount, PspWebhookEvent, TopUp
 from payments.services import card_topups
 from payments.services.card_topups import gateway_account_set, topup_pending_ensure
@@ -114,9 +114,12 @@ def test_bad_signatures_are_refused_with_nothing_applied(pending: TopUp, case: s
     elif case == "malformed":
         response = send(body, header="v1=deadbeef")
     elif case == "stale":
-        response = send(body, timestamp=now - 301)
+        response = send(body, timestamp=now - TOLERANCE_SECONDS - 60)
     else:
-        response = send(body, timestamp=now + 301)
+        # A wide margin: the server's clock reads later than `now`, so `now + 301` can be
+        # inside the window by the time it is checked. The exact edge is pinned in
+        # test_signature_tolerance_edge with a fixed clock.
+        response = send(body, timestamp=now + TOLERANCE_SECONDS + 60)
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert error["code"] == code and error["request_id"].startswith("req_")

@@ -22,7 +22,7 @@ import stripe
 from django.test import Client
 
 from payments.gateways.base import ChargeRequest, GatewayUnavailable
-from payments.gateways.signing import signature_compute, signature_verify
+from payments.gateways.signing import SignatureStale, signature_compute, signature_verify
 from payments.gateways.stripe_gateway import StripeGateway
 from payments.models import TopUp
 from payments.services.card_topups import gateway_account_set
@@ -169,6 +169,17 @@ def test_our_signature_scheme_is_stripes() -> None:
     signature_verify(header=header, body=body, secrets=["whsec_x"], now=time.time())
     parsed = StripeGateway(api_base="http://127.0.0.1:9", secret_key="sk_test_x", timeout=1).event_parse(body)
     assert (parsed.kind, parsed.reference, parsed.amount, parsed.currency) == ("charge_succeeded", "top_x", 1000, "JPY")
+
+
+@pytest.mark.parametrize(("offset", "accepted"), [(-300, True), (300, True), (-301, False), (301, False)])
+def test_signature_tolerance_edge(offset: int, accepted: bool) -> None:
+    body, signed_at = b'{"id": "evt_1"}', 1_700_000_000
+    header = f"t={signed_at},v1={signature_compute(secret='whsec_x', body=body, timestamp=signed_at)}"
+    if accepted:
+        signature_verify(header=header, body=body, secrets=["whsec_x"], now=signed_at - offset)
+    else:
+        with pytest.raises(SignatureStale):
+            signature_verify(header=header, body=body, secrets=["whsec_x"], now=signed_at - offset)
 
 
 def test_a_top_up_through_the_stripe_gateway(live_tenant: Tenant, stub: Stub) -> None:
