@@ -299,8 +299,19 @@ class OutboxEvent(models.Model):
     class Meta:
         ordering = ["created", "id"]
         permissions = [("requeue_outboxevent", "Can requeue an outbox event or dead letter")]
+        # The relay's claim, its watermark and the lag gauge all ask for the oldest live
+        # unpublished rows; with `dead_at` in the predicate they read this index in order
+        # and stop at the first row (a plain index scan, which also marks the entries of
+        # published rows dead as it passes them). With `published_at` alone the planner
+        # took a bitmap scan and sort that visited every dead entry until VACUUM: 4 ms a
+        # read, once per webhook delivery. Dead letters have their own, nearly empty, index.
         indexes = [
-            models.Index(fields=["created", "id"], condition=Q(published_at__isnull=True), name="outbox_unpublished"),
+            models.Index(
+                fields=["created", "id"], condition=Q(published_at__isnull=True, dead_at__isnull=True), name="outbox_live_unpublished"
+            ),
+            models.Index(
+                fields=["dead_at", "id"], condition=Q(published_at__isnull=True, dead_at__isnull=False), name="outbox_dead_letters"
+            ),
         ]
 
     def __str__(self) -> str:
