@@ -231,3 +231,26 @@ def test_a_compiled_insert_sends_save_s_signals_when_someone_listens(tenant: Ten
     CompiledInsert(OutboxEvent).insert(OutboxEvent(topic="t.unheard", payload={}))
     assert heard == ["t.heard"]
     assert set(OutboxEvent.objects.filter(topic__in=["t.heard", "t.unheard"]).values_list("topic", flat=True)) == {"t.heard", "t.unheard"}
+
+
+def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> None:
+    from webhooks.services import deliveries
+
+    orm = deliveries._pending_page_statement("we_1")
+    compiled = deliveries._pending_page_compiled()
+    assert _normalised(*compiled.sql_with_params(endpoint_id="we_1")) == _orm_sql(orm)
+    assert deliveries._pending_page(endpoint_id="we_none") == []
+
+
+def test_a_delivered_webhooks_update_and_attempt_insert_send_what_the_orm_compiles(tenant: Tenant) -> None:
+    from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
+    from webhooks.services import deliveries
+
+    now = timezone.now()
+    orm = WebhookDelivery.objects.filter(pk="whd_1").query.chain(_update_query())
+    orm.add_update_values(
+        {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": 200, "last_error": "",
+         "status": WebhookDeliveryStatus.SUCCEEDED, "delivered_at": now}
+    )
+    compiled = deliveries._delivered_update().sql_with_params(pk="whd_1", now=now, status_code=200)
+    assert _normalised(*compiled) == _orm_sql_of_query(orm)

@@ -532,3 +532,90 @@ def test_a_batch_of_events_with_no_delivery_to_make_is_published_with_one_update
         assert event.published_at is not None and event.attempts == 1 and event.last_error == ""
     assert WebhookDelivery.objects.filter(event=wanted).count() == 1
     assert not WebhookDelivery.objects.filter(event__in=events).exists()
+
+
+def test_a_batch_of_events_makes_all_its_deliveries_with_one_insert(tenant: Tenant) -> None:
+    """Per batch, not per event: one savepoint and one INSERT of deliveries for every
+    event that makes any (the events below go to two endpoints of two merchants)."""
+    from django.test.utils import CaptureQueriesContext
+
+    first, second = MerchantFactory(), MerchantFactory()
+    _endpoint(first, "https://93.184.215.14/a")
+    _endpoint(first, "https://93.184.215.14/b", events=["refund.succeeded"])
+    _endpoint(second, "https://93.184.215.14/c")
+    events = [_event(first if n % 2 else second, n) for n in range(10)]
+    with CaptureQueriesContext(connection) as queries:
+        assert outbox_batch_publish() == (10, 10)
+    inserts = [q["sql"] for q in queries if q["sql"].startswith("INSERT") and "webhooks_webhookdelivery" in q["sql"]]
+    assert len(inserts) == 1, inserts
+    assert sum(q["sql"].startswith("SAVEPOINT") for q in queries) == 2  # the batch's block, the insert's
+    assert WebhookDelivery.objects.filter(event__in=events).count() == 10  # /b wants no payment events
+    assert not WebhookDelivery.objects.filter(endpoint__url__endswith="/b").exists()
+
+
+def test_a_drain_reads_pages_of_deliveries_with_the_watermark_in_the_same_statement(tenant: Tenant, loopback_http: None) -> None:
+    """45 deliveries to one endpoint: three pages of 20 and the empty read that ends the
+    drain, not two reads per delivery; all sent once, in event order."""
+    from django.test.utils import CaptureQueriesContext
+
+    from webhooks.services.deliveries import DRAIN_PAGE_SIZE, webhook_deliveries_dispatch
+
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(45)]
+        outbox_batch_publish()
+        with CaptureQueriesContext(connection) as queries:
+            assert webhook_deliveries_dispatch() == 45
+    reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and 'FROM "webhooks_webhookdelivery"' in q["sql"] and "LIMIT" in q["sql"]]
+    assert len(reads) == -(-45 // DRAIN_PAGE_SIZE) + 1, len(reads)
+    # One endpoint, one dispatch lock (the endpoint list once listed it per pending delivery).
+    assert sum("pg_try_advisory_lock" in q["sql"] for q in queries) == 1
+    assert all("payments_outboxevent" in sql and "published_at" in sql for sql in reads)  # the watermark rides along
+    assert not [q for q in queries if q["sql"].startswith("SELECT") and 'FROM "payments_outboxevent"' in q["sql"][:200]]
+    assert rx.event_ids() == [e.id for e in events]
+
+
+def test_a_page_stops_at_the_watermark(tenant: Tenant, loopback_http: None) -> None:
+    """Deliveries at or after the oldest unpublished event wait, mid-page too."""
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(merchant, rx.url())
+        sent = [_event(merchant, n) for n in range(3)]
+        outbox_batch_publish()
+        blocker = _event(merchant, 3)  # unpublished: later deliveries must wait behind it
+        later = _event(merchant, 4)
+        # `later`'s delivery exists already (made by a relay that claimed it alone).
+        OutboxEvent.objects.filter(pk=later.pk).update(published_at=timezone.now())
+        from webhooks.services.relay import _deliveries_create, _event_deliveries
+
+        endpoints = list(WebhookEndpoint.objects.filter(merchant=merchant))
+        _deliveries_create(_event_deliveries(event=later, endpoints=endpoints, now=timezone.now()))
+        from webhooks.services.deliveries import webhook_deliveries_dispatch
+
+        assert webhook_deliveries_dispatch() == 3
+        assert rx.event_ids() == [e.id for e in sent]
+        outbox_batch_publish()  # the blocker is published: both go, in order
+        webhook_deliveries_dispatch()
+        assert rx.event_ids() == [e.id for e in [*sent, blocker, later]]
+
+
+def test_a_page_older_than_its_freshness_is_read_again(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
+    """A slow endpoint must not be sent a page read minutes ago (endpoint disabled, URL or
+    secret changed, an older delivery redelivered): past PAGE_FRESH_SECONDS the drain reads
+    again. With 0 s, every delivery is sent from a fresh read."""
+    from django.test.utils import CaptureQueriesContext
+
+    from webhooks.services import deliveries
+
+    monkeypatch.setattr(deliveries, "PAGE_FRESH_SECONDS", 0.0)
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        endpoint, _ = _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(5)]
+        outbox_batch_publish()
+        with CaptureQueriesContext(connection) as queries:
+            assert deliveries.webhook_deliveries_dispatch() == 5
+    reads = [q for q in queries if q["sql"].startswith("SELECT") and 'FROM "webhooks_webhookdelivery"' in q["sql"] and "LIMIT" in q["sql"]]
+    assert len(reads) == 5 + 1  # one per delivery, and the empty one that ends the drain
+    assert rx.event_ids() == [e.id for e in events]

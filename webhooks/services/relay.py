@@ -48,28 +48,30 @@ def _merchant_of(event: OutboxEvent) -> str | None:
     return merchant if isinstance(merchant, str) else None
 
 
-def _event_publish(*, event: OutboxEvent, endpoints: list[WebhookEndpoint], now: datetime) -> int:
-    wanted = [e for e in endpoints if endpoint_wants(endpoint=e, topic=event.topic)]
-    WebhookDelivery.objects.bulk_create(
-        [
-            WebhookDelivery(
-                endpoint=e, event=event, topic=event.topic, event_created=event.created, next_attempt_at=now,
-                give_up_at=now + RETRY_WINDOW, created=now,
-            )
-            for e in wanted
-        ],
-        ignore_conflicts=True,  # made already by a relay that died after its commit: at least once
-    )
-    return len(wanted)
+def _event_deliveries(*, event: OutboxEvent, endpoints: list[WebhookEndpoint], now: datetime) -> list[WebhookDelivery]:
+    return [
+        WebhookDelivery(
+            endpoint=e, event=event, topic=event.topic, event_created=event.created, next_attempt_at=now,
+            give_up_at=now + RETRY_WINDOW, created=now,
+        )
+        for e in endpoints
+        if endpoint_wants(endpoint=e, topic=event.topic)
+    ]
+
+
+def _deliveries_create(deliveries: list[WebhookDelivery]) -> None:
+    # ignore_conflicts: made already by a relay that died after its commit (at least once).
+    WebhookDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
 
 
 def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | None = None) -> tuple[int, int]:
     """Claim and publish one batch; return (claimed, published).
 
     Locks: the batch's outbox rows (`outbox_events_claim`, FOR UPDATE SKIP LOCKED), for this
-    one transaction. Each event that makes deliveries does it under a savepoint, so one
-    that fails is recorded (attempts, last_error, next_attempt_at, dead_at) without holding
-    back the others; the published ones are marked with one UPDATE.
+    one transaction. The batch's deliveries are made with one INSERT under a savepoint; if
+    it fails, each event tries again under its own savepoint, so one that fails is recorded
+    (attempts, last_error, next_attempt_at, dead_at) without holding back the others. The
+    published ones are marked with one UPDATE.
     """
     with transaction.atomic():
         moment = now or timezone.now()
@@ -82,20 +84,32 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
         for endpoint in WebhookEndpoint.objects.filter(merchant_id__in=merchant_ids, status=WebhookEndpointStatus.ENABLED):
             by_merchant[endpoint.merchant_id].append(endpoint)
         published: list[str] = []
+        making: list[tuple[OutboxEvent, list[WebhookDelivery]]] = []
         for event in batch:
             merchant_id = _merchant_of(event)
-            endpoints = by_merchant.get(merchant_id, []) if merchant_id else []
-            if not any(endpoint_wants(endpoint=e, topic=event.topic) for e in endpoints):
+            deliveries = _event_deliveries(event=event, endpoints=by_merchant.get(merchant_id, []) if merchant_id else [], now=moment)
+            if deliveries:
+                making.append((event, deliveries))
+            else:
                 published.append(event.pk)  # no delivery to make: nothing that could fail
-                continue
-            try:
-                with transaction.atomic():  # one event's failure does not hold back the others
-                    _event_publish(event=event, endpoints=endpoints, now=moment)
-                published.append(event.pk)
-            except DatabaseError as exc:
-                event.attempts += 1
-                _publication_failed(event=event, error=f"{type(exc).__name__}: {exc}", now=moment)
-                event.save(update_fields=["attempts", "last_error", "next_attempt_at", "dead_at"])
+        try:
+            # The batch's deliveries in one INSERT under one savepoint: the usual case.
+            if making:
+                with transaction.atomic():
+                    _deliveries_create([d for _, deliveries in making for d in deliveries])
+            published.extend(event.pk for event, _ in making)
+        except DatabaseError:
+            # Something in the batch failed: one savepoint per event, so one event's failure
+            # is recorded without holding back the others.
+            for event, deliveries in making:
+                try:
+                    with transaction.atomic():
+                        _deliveries_create(deliveries)
+                    published.append(event.pk)
+                except DatabaseError as exc:
+                    event.attempts += 1
+                    _publication_failed(event=event, error=f"{type(exc).__name__}: {exc}", now=moment)
+                    event.save(update_fields=["attempts", "last_error", "next_attempt_at", "dead_at"])
         # The batch's published events in one UPDATE (an UPDATE and a savepoint per event
         # were most of the relay's cost under steady payments).
         OutboxEvent.objects.filter(pk__in=published).update(
