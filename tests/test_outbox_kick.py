@@ -56,6 +56,7 @@ def test_kicks_while_one_is_pending_send_nothing(sends: list[dict[str, Any]]) ->
 def test_a_failed_publish_leaves_no_mark(tenant: Tenant, monkeypatch: Any) -> None:
     schema = str(connection.schema_name)
     outbox.outbox_relay_kick_pending_clear(schema_name=schema)
+    fast_redis().delete(outbox._relay_started_key(schema))
     attempts: list[str] = []
 
     def broken(name: str, **_: Any) -> None:
@@ -67,6 +68,7 @@ def test_a_failed_publish_leaves_no_mark(tenant: Tenant, monkeypatch: Any) -> No
         outbox._RelayKick(schema)()
         outbox._RelayKick(schema)()
     assert len(attempts) == 2  # each commit tries again: no mark was left behind
+    assert fast_redis().get(outbox._relay_started_key(schema)) is None  # and no relay counts as started
     outbox.outbox_relay_kick_pending_clear(schema_name=schema)
 
 
@@ -84,3 +86,28 @@ def test_an_event_whose_kick_was_coalesced_is_read_by_the_pending_relay(sends: l
     event = OutboxEvent.objects.get(topic="payment.succeeded", payload__id=payment.id)
     assert event.published_at is not None
     assert fast_redis().get(outbox._kick_pending_key(schema)) is None
+
+
+def test_a_kick_soon_after_a_relay_started_waits_for_the_rest_of_the_interval(sends: list[dict[str, Any]]) -> None:
+    schema = str(connection.schema_name)
+    outbox.outbox_relay_kick_pending_clear(schema_name=schema)  # a relay starts now
+    outbox._RelayKick(schema)()
+    countdown = sends[0]["countdown"]
+    assert 0 < countdown <= outbox.RELAY_MIN_INTERVAL_MS / 1000
+    outbox._RelayKick(schema)()  # the mark holds through the countdown: nothing more is sent
+    assert len(sends) == 1
+
+
+def test_a_kick_after_the_interval_relays_at_once(sends: list[dict[str, Any]]) -> None:
+    schema = str(connection.schema_name)
+    a_minute_ago_ms = 1_000 * (int(fast_redis().time()[0]) - 60)
+    fast_redis().set(outbox._relay_started_key(schema), a_minute_ago_ms)
+    outbox._RelayKick(schema)()
+    assert sends[0]["countdown"] is None
+
+
+def test_with_redis_down_a_kick_relays_at_once(tenant: Tenant, monkeypatch: Any) -> None:
+    import redis
+
+    monkeypatch.setattr(outbox, "fast_redis", lambda: redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2))
+    assert outbox._kick_pending_claim(str(connection.schema_name)) == 0
