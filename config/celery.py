@@ -2,7 +2,10 @@
 task and switches to it in the worker, so a task always runs inside its tenant."""
 
 import os
+from typing import Any
 
+from celery.signals import task_postrun, task_prerun
+from django.db import close_old_connections, connections
 from tenant_schemas_celery.app import CeleryApp
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
@@ -10,3 +13,28 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 app = CeleryApp("tally")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+# Database connections live across tasks, as they do across a web worker's requests.
+# Celery's Django fixup closes every connection before and after each task unless
+# CELERY_DB_REUSE_MAX is set (celery/celery#4116): a new PostgreSQL connection, and a new
+# server backend, for every relay run. The fixup reads that key under its old name, so it
+# is set here; it then closes them every 1,000 tasks (it counts before and after each).
+# Around each task, Django's own close_old_connections does what it does around a request:
+# it applies CONN_MAX_AGE and CONN_HEALTH_CHECKS and drops a connection that saw an error,
+# so a connection the server killed is replaced before the next task uses it
+# (tests/test_celery_worker.py). A task that did not succeed (an exception, a soft time
+# limit) may leave session state behind, such as a webhook endpoint's session advisory
+# lock taken just before the limit struck: its connections are closed, which ends it.
+app.conf["CELERY_DB_REUSE_MAX"] = 1000
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _database_connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:
+    if task is not None and getattr(task.request, "is_eager", False):
+        return  # eager: the caller's connection and transaction, not ours to close
+    if state is not None and state != "SUCCESS":
+        for conn in connections.all(initialized_only=True):
+            conn.close()
+        return
+    close_old_connections()

@@ -220,13 +220,19 @@ CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=120
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=180)
 # - Redis redelivers an unacknowledged message after the visibility timeout. A countdown
 #   or ETA longer than it would be delivered again (and again) before it is due, so Tally
-#   never schedules with countdown/eta: retries (outbox, webhooks) are rows with a due
-#   time that the beat sweep reads. The timeout only has to outlast the hard time limit.
+#   never schedules retries with countdown/eta: retries (outbox, webhooks) are rows with a
+#   due time that the beat sweep reads. The one countdown is a relay kick's, at most
+#   RELAY_MIN_INTERVAL_MS (payments.services.outbox). The timeout only has to outlast the
+#   hard time limit.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in workers
+# A task finds its tenant by schema name (tenant-schemas-celery): a query per task unless
+# cached. Cached for TENANT_CACHE_SECONDS, whole seconds, like the web's host -> tenant
+# cache; unlike it, not cleared when a tenant is saved (a worker sees the change within it).
+CELERY_TASK_TENANT_CACHE_SECONDS = int(TENANT_CACHE_SECONDS)
 # Beat entries (synced into django_celery_beat by the DatabaseScheduler); add yours by key.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 # Idempotency retention: purge records past replay + tombstone windows, per tenant (issue 4).

@@ -7,12 +7,13 @@ from .base import CACHES, CELERY_BROKER_URL, DATABASES, REDIS_URL, REST_FRAMEWOR
 DEBUG = False
 # A fixed database name keeps runs comparable; pytest-django prefixes it with test_.
 DATABASES["default"]["NAME"] = env("TALLY_TEST_DB_NAME", default="tally")
-DATABASES["default"]["CONN_MAX_AGE"] = 0
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=0)  # a worker test sets it
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
 # Tests change tenant settings inside rolled-back transactions; a cached tenant would
 # outlive the rollback. The cache itself is tested with an explicit override.
 TENANT_CACHE_SECONDS = 0.0
+CELERY_TASK_TENANT_CACHE_SECONDS = 0
 # The suite sends many bad keys from one address (the route x principal matrix); the
 # failed-authentication limit itself is tested with its own rate.
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failure": "1000000/min"}}

@@ -1,0 +1,120 @@
+"""A real Celery worker process (config/celery.py): it keeps its database connection
+across tasks instead of opening one per task, and when the server kills that connection
+the next task still runs, on a new one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import current_app
+from django.db import connection
+
+from payments.models import OutboxEvent
+from payments.services.outbox import RELAY_TASK_NAME, outbox_event_create
+from tenants.models import Tenant
+from tests.factories import MerchantFactory
+from wallets.transactions import run_atomic
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def worker(live_tenant: Tenant, settings: Any, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    settings.TALLY_OUTBOX_RELAY_KICK = False  # only the tasks this test sends relay
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings.test", TALLY_TEST_DB_NAME=str(connection.settings_dict["NAME"]),
+        DATABASE_CONN_MAX_AGE="600",
+    )
+    # The worker's output goes to a file: a pipe that nobody reads fills up with its log
+    # (a failed task's traceback is kilobytes), and the worker then blocks writing to it.
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--loglevel", "WARNING", "--without-heartbeat",
+             "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    _WORKER_LOGS[process.pid] = log_path
+    try:
+        yield process
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+_WORKER_LOGS: dict[int, Path] = {}
+
+
+def _worker_log(process: subprocess.Popen[bytes]) -> str:
+    return _WORKER_LOGS[process.pid].read_text(errors="replace")[-3000:]
+
+
+def _until(condition: Callable[[], Any], process: subprocess.Popen[bytes], what: str, seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process.poll() is not None:
+            raise AssertionError(f"the worker exited: {_worker_log(process)}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {_worker_log(process)}")
+
+
+def _worker_backends() -> list[tuple[int, Any]]:
+    """(pid, backend_start) of the sessions on this test database other than ours."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend' ORDER BY pid"
+        )
+        return [(int(pid), started) for pid, started in cursor.fetchall()]
+
+
+def _relayed_by_the_worker(live_tenant: Tenant, merchant_id: str, n: int, process: subprocess.Popen[bytes]) -> None:
+    event = run_atomic(
+        lambda: outbox_event_create(topic="payment.succeeded", payload={"id": f"pay_w{n}", "object": "payment", "merchant": merchant_id}),
+        operation="test_event",
+    )
+    current_app.send_task(RELAY_TASK_NAME, headers={"_schema_name": live_tenant.schema_name}, retry=False, ignore_result=True)
+    _until(lambda: OutboxEvent.objects.filter(pk=event.pk, published_at__isnull=False).exists(), process, f"the worker to relay event {n}")
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")  # send_task goes to the real worker
+def test_a_worker_keeps_its_connection_across_tasks_and_replaces_one_the_server_killed(
+    live_tenant: Tenant, worker: subprocess.Popen[bytes]
+) -> None:
+    merchant_id = MerchantFactory().pk
+    _relayed_by_the_worker(live_tenant, merchant_id, 1, worker)
+    first = _until(_worker_backends, worker, "the worker's session")
+    for n in range(2, 5):
+        _relayed_by_the_worker(live_tenant, merchant_id, n, worker)
+    assert _worker_backends() == first  # the same session served every task (was: one per task)
+
+    # A task that fails closes its connections: session state it may have left (a webhook
+    # endpoint's advisory lock) ends with them. This one names no tenant that exists.
+    current_app.send_task(RELAY_TASK_NAME, headers={"_schema_name": "no_such_schema"}, retry=False, ignore_result=True)
+    _until(lambda: not _worker_backends(), worker, "the failed task's session to close")
+    _relayed_by_the_worker(live_tenant, merchant_id, 5, worker)
+    second = _worker_backends()
+    assert second and second[0][0] != first[0][0]
+
+    with connection.cursor() as cursor:  # the server ends the worker's session
+        cursor.execute("SELECT pg_terminate_backend(%s)", [second[0][0]])
+    _until(lambda: not _worker_backends(), worker, "the session to end")
+    _relayed_by_the_worker(live_tenant, merchant_id, 6, worker)  # the next task runs on a new one
+    replaced = _worker_backends()
+    assert replaced and replaced[0][0] != second[0][0]
