@@ -1,0 +1,66 @@
+"""CPU time per process over a window, from /proc: where a loaded stack's two cores go.
+
+    .venv/bin/python bench/cpu_by_process.py --seconds 10     # while a load runs
+
+Reads every process's user + system time (/proc/<pid>/stat) at the start and the end of
+the window, and prints the difference per command line (PostgreSQL backends summed as
+one), with the machine's own totals from /proc/stat. A process born or gone inside the
+window is counted for the part it was seen in, or not at all. Run it a few seconds into
+a load (e.g. `make run` under wrk), so the window holds only the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import time
+
+
+def _processes() -> dict[str, tuple[int, str]]:
+    seen: dict[str, tuple[int, str]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            if not command:
+                with open(f"/proc/{pid}/comm") as comm:
+                    command = f"[{comm.read().strip()}]"
+        except OSError:
+            continue  # gone meanwhile
+        seen[pid] = (int(fields[11]) + int(fields[12]), command)  # utime + stime, in ticks
+    return seen
+
+
+def _machine() -> list[int]:
+    with open("/proc/stat") as stat:
+        return [int(x) for x in stat.readline().split()[1:]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    tick = os.sysconf("SC_CLK_TCK")
+    before, machine_before = _processes(), _machine()
+    time.sleep(args.seconds)
+    after, machine_after = _processes(), _machine()
+    by_command: collections.Counter[str] = collections.Counter()
+    for pid, (ticks, command) in after.items():
+        key = "postgres (all backends)" if command.startswith("postgres") else command[:90]
+        by_command[key] += ticks - before.get(pid, (0, command))[0]
+    user, _nice, system, idle, _iowait, _irq, softirq = [b - a for a, b in zip(machine_before, machine_after, strict=False)][:7]
+    print(
+        f"machine over {args.seconds:g} s: user {user / tick:.2f} s, system {system / tick:.2f} s, "
+        f"softirq {softirq / tick:.2f} s, idle {idle / tick:.2f} s ({os.cpu_count()} cores)"
+    )
+    for command, ticks in by_command.most_common(args.top):
+        if ticks:
+            print(f"{ticks / tick:7.2f} s  {command}")
+
+
+if __name__ == "__main__":
+    main()
