@@ -25,6 +25,7 @@ from payments.api.errors import BodyIncomplete, LengthRequired, PayloadTooLarge
 from payments.api.pagination import page
 from payments.api.parsers import StrictJSONParser
 from payments.api.principal import Principal
+from payments.api.shapes import Serializer
 from payments.api.throttling import KeyAndTenantThrottle, api_key_epoch_now
 from payments.idempotency.drf import IdempotencyMixin
 from wallets.models import Customer, StaffMember, Terminal
@@ -32,7 +33,7 @@ from wallets.models import Customer, StaffMember, Terminal
 S = TypeVar("S", bound=serializers.Serializer[Any])
 
 
-class StrictSerializer(serializers.Serializer[Any]):
+class StrictSerializer(Serializer):
     """Refuses unknown fields (a typo in a money request must fail loudly, not be ignored)
     and non-string values for text fields (DRF would turn 0 into "0")."""
 

@@ -18,6 +18,8 @@ from django.core.validators import RegexValidator
 from django.db.models import Model, Q, QuerySet
 from rest_framework import serializers
 
+from payments.api.shapes import Serializer
+
 # base64url without padding: the alphabet of every cursor `_encode` issues.
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"
 DEFAULT_PAGE_SIZE = 20
@@ -46,7 +48,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str | int]:
         raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]}) from None
 
 
-class ListParamsSerializer(serializers.Serializer[Any]):
+class ListParamsSerializer(Serializer):
     """Query parameters shared by every list endpoint."""
 
     limit = serializers.IntegerField(

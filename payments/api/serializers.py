@@ -12,6 +12,7 @@ from rest_framework import serializers
 from payments.api.base import StrictSerializer
 from payments.api.fields import AmountField, AssetField, AssetFilterField, ObjectIdField, strict_char
 from payments.api.pagination import ListParamsSerializer, list_serializer
+from payments.api.shapes import Serializer
 
 S = serializers
 
@@ -45,7 +46,7 @@ def _ref(source: str, *, nullable: bool = False) -> S.CharField:
 # --- Parties and keys ------------------------------------------------------------------
 
 
-class CustomerOut(S.Serializer[Any]):
+class CustomerOut(Serializer):
     id = _id()
     object = ConstField("customer")
     created = S.DateTimeField()
@@ -55,14 +56,14 @@ class CustomerOut(S.Serializer[Any]):
     frozen = S.BooleanField(source="account.frozen")
 
 
-class MerchantOut(S.Serializer[Any]):
+class MerchantOut(Serializer):
     id = _id()
     object = ConstField("merchant")
     created = S.DateTimeField()
     name = S.CharField()
 
 
-class StoreOut(S.Serializer[Any]):
+class StoreOut(Serializer):
     id = _id()
     object = ConstField("store")
     created = S.DateTimeField()
@@ -70,7 +71,7 @@ class StoreOut(S.Serializer[Any]):
     name = S.CharField()
 
 
-class TerminalOut(S.Serializer[Any]):
+class TerminalOut(Serializer):
     id = _id()
     object = ConstField("terminal")
     created = S.DateTimeField()
@@ -79,7 +80,7 @@ class TerminalOut(S.Serializer[Any]):
     name = S.CharField()
 
 
-class ApiKeyOut(S.Serializer[Any]):
+class ApiKeyOut(Serializer):
     id = _id()
     object = ConstField("api_key")
     created = S.DateTimeField()
@@ -112,7 +113,7 @@ class ContactUpdateIn(StrictSerializer):
     phone = S.RegexField(r"^\+?[0-9 ()\-]{3,31}$", required=False, allow_null=True, allow_blank=True, max_length=32)
 
 
-class ContactOut(S.Serializer[Any]):
+class ContactOut(Serializer):
     object = ConstField("contact")
     customer = S.CharField(source="id")
     email = S.CharField()
@@ -167,7 +168,7 @@ class UnfreezeIn(StrictSerializer):
 # --- Money objects ---------------------------------------------------------------------
 
 
-class PaymentOut(S.Serializer[Any]):
+class PaymentOut(Serializer):
     id = _id()
     object = ConstField("payment")
     created = S.DateTimeField()
@@ -183,7 +184,7 @@ class PaymentOut(S.Serializer[Any]):
     carbon_grams = S.IntegerField()
 
 
-class RefundOut(S.Serializer[Any]):
+class RefundOut(Serializer):
     id = _id()
     object = ConstField("refund")
     created = S.DateTimeField()
@@ -194,7 +195,7 @@ class RefundOut(S.Serializer[Any]):
     reason = S.CharField()
 
 
-class TransferOut(S.Serializer[Any]):
+class TransferOut(Serializer):
     id = _id()
     object = ConstField("transfer")
     created = S.DateTimeField()
@@ -205,7 +206,7 @@ class TransferOut(S.Serializer[Any]):
     amount = S.IntegerField()
 
 
-class MandateOut(S.Serializer[Any]):
+class MandateOut(Serializer):
     id = _id()
     object = ConstField("mandate")
     created = S.DateTimeField()
@@ -214,7 +215,7 @@ class MandateOut(S.Serializer[Any]):
     revoked_at = S.DateTimeField(allow_null=True)
 
 
-class TopUpOut(S.Serializer[Any]):
+class TopUpOut(Serializer):
     id = _id()
     object = ConstField("topup")
     created = S.DateTimeField()
@@ -227,7 +228,7 @@ class TopUpOut(S.Serializer[Any]):
     failure_code = S.CharField()
 
 
-class AdjustmentOut(S.Serializer[Any]):
+class AdjustmentOut(Serializer):
     id = _id()
     object = ConstField("adjustment")
     created = S.DateTimeField()
@@ -240,7 +241,7 @@ class AdjustmentOut(S.Serializer[Any]):
     reason = S.CharField()
 
 
-class PaymentIntentOut(S.Serializer[Any]):
+class PaymentIntentOut(Serializer):
     id = _id()
     object = ConstField("payment_intent")
     created = S.DateTimeField()
@@ -255,27 +256,27 @@ class PaymentIntentOut(S.Serializer[Any]):
     failure_code = S.CharField()
 
 
-class BalanceOut(S.Serializer[Any]):
+class BalanceOut(Serializer):
     asset = S.CharField()
     balance = S.IntegerField()
     available = S.IntegerField()
     held = S.IntegerField()
 
 
-class WalletOut(S.Serializer[Any]):
+class WalletOut(Serializer):
     object = ConstField("wallet")
     customer = S.CharField()
     frozen = S.BooleanField()
     balances = BalanceOut(many=True)
 
 
-class MerchantBalanceOut(S.Serializer[Any]):
+class MerchantBalanceOut(Serializer):
     object = ConstField("balance")
     merchant = S.CharField()
     balances = BalanceOut(many=True)
 
 
-class DailyTotalOut(S.Serializer[Any]):
+class DailyTotalOut(Serializer):
     """A merchant's day (UTC) in one asset: what was credited and debited, net, entries."""
 
     object = ConstField("merchant_daily_total")
@@ -314,7 +315,7 @@ class BalanceHistoryParams(StrictSerializer):
         return attrs
 
 
-class TransactionOut(S.Serializer[Any]):
+class TransactionOut(Serializer):
     """One line of a wallet's history: a ledger entry on the customer's account."""
 
     id = _ref("transaction_id")
@@ -326,7 +327,7 @@ class TransactionOut(S.Serializer[Any]):
     amount = S.IntegerField(help_text="Signed: positive credits the wallet, negative debits it.")
 
 
-class PaymentTokenOut(S.Serializer[Any]):
+class PaymentTokenOut(Serializer):
     object = ConstField("payment_token")
     token = S.CharField(help_text="Show it as a QR code; single customer, short-lived.")
     expires_at = S.DateTimeField()

@@ -11,9 +11,10 @@ from payments.api.base import StrictSerializer
 from payments.api.fields import strict_char
 from payments.api.pagination import list_serializer
 from payments.api.serializers import ConstField
+from payments.api.shapes import Serializer
 
 
-class WebhookEndpointOut(S.Serializer[Any]):
+class WebhookEndpointOut(Serializer):
     id = S.CharField()
     object = ConstField("webhook_endpoint")
     created = S.DateTimeField()
@@ -51,7 +52,7 @@ class WebhookSecretRotateIn(StrictSerializer):
 WebhookEndpointList = list_serializer(WebhookEndpointOut, "WebhookEndpointList")
 
 
-class WebhookDeliveryOut(S.Serializer[Any]):
+class WebhookDeliveryOut(Serializer):
     id = S.CharField()
     object = ConstField("webhook_delivery")
     created = S.DateTimeField()
