@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -242,15 +243,17 @@ def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> N
     assert deliveries._pending_page(endpoint_id="we_none") == []
 
 
-def test_a_delivered_webhooks_update_and_attempt_insert_send_what_the_orm_compiles(tenant: Tenant) -> None:
-    from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
+@pytest.mark.parametrize("count", [1, 3])
+def test_the_delivered_webhooks_update_sends_what_the_orm_compiles(tenant: Tenant, count: int) -> None:
     from webhooks.services import deliveries
 
     now = timezone.now()
-    orm = WebhookDelivery.objects.filter(pk="whd_1").query.chain(_update_query())
-    orm.add_update_values(
-        {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": 200, "last_error": "",
-         "status": WebhookDeliveryStatus.SUCCEEDED, "delivered_at": now}
-    )
-    compiled = deliveries._delivered_update().sql_with_params(pk="whd_1", now=now, status_code=200)
+    pks, times, codes = [f"whd_{i}" for i in range(count)], [now + timedelta(seconds=i) for i in range(count)], [200, 204, 202][:count]
+    queryset, update = deliveries._delivered_rows(pks, times, codes)
+    orm = queryset.query.chain(_update_query())
+    orm.add_update_values(update)
+    values = {}
+    for i in range(count):
+        values[f"pk{i}"], values[f"at{i}"], values[f"code{i}"] = pks[i], times[i], codes[i]
+    compiled = deliveries._DELIVERED_ROWS.get(count).sql_with_params(**values)
     assert _normalised(*compiled) == _orm_sql_of_query(orm)

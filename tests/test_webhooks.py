@@ -615,7 +615,7 @@ def test_a_page_older_than_its_freshness_is_read_again(tenant: Tenant, loopback_
     monkeypatch.setattr(deliveries, "PAGE_FRESH_SECONDS", 0.0)
     merchant = MerchantFactory()
     with receiver_running() as rx:
-        endpoint, _ = _endpoint(merchant, rx.url())
+        _endpoint(merchant, rx.url())
         events = [_event(merchant, n) for n in range(5)]
         outbox_batch_publish()
         with CaptureQueriesContext(connection) as queries:
@@ -623,3 +623,78 @@ def test_a_page_older_than_its_freshness_is_read_again(tenant: Tenant, loopback_
     reads = [q for q in queries if q["sql"].startswith("SELECT") and 'FROM "webhooks_webhookdelivery"' in q["sql"] and "LIMIT" in q["sql"]]
     assert len(reads) == 5 + 1  # one per delivery, and the empty one that ends the drain
     assert rx.event_ids() == [e.id for e in events]
+
+
+def test_a_drain_records_each_pages_outcomes_with_one_insert_and_one_update(tenant: Tenant, loopback_http: None) -> None:
+    """45 deliveries, three pages: three INSERTs of attempts and three UPDATEs of the
+    delivered, not two statements and a commit per delivery. Each delivery's row still
+    says exactly when it was delivered: its own attempt's time."""
+    from django.test.utils import CaptureQueriesContext
+
+    from webhooks.models import WebhookDeliveryAttempt
+    from webhooks.services.deliveries import DRAIN_PAGE_SIZE, webhook_deliveries_dispatch
+
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(45)]
+        outbox_batch_publish()
+        with CaptureQueriesContext(connection) as queries:
+            assert webhook_deliveries_dispatch() == 45
+    pages = -(-45 // DRAIN_PAGE_SIZE)
+    inserts = [q["sql"] for q in queries if q["sql"].startswith('INSERT INTO "webhooks_webhookdeliveryattempt"')]
+    updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "webhooks_webhookdelivery"')]
+    assert (len(inserts), len(updates)) == (pages, pages), (inserts, updates)
+    assert rx.event_ids() == [e.id for e in events]
+    for delivery in WebhookDelivery.objects.filter(event__in=events):
+        attempt = WebhookDeliveryAttempt.objects.get(delivery=delivery)
+        assert (delivery.status, delivery.attempts, delivery.last_status_code, delivery.last_error) == ("succeeded", 1, 200, "")
+        assert delivery.delivered_at == delivery.last_attempt_at == attempt.attempted_at and attempt.succeeded
+
+
+def test_a_failure_after_successes_in_a_page_records_both(tenant: Tenant, loopback_http: None) -> None:
+    from webhooks.models import WebhookDeliveryAttempt
+    from webhooks.services.deliveries import webhook_deliveries_dispatch
+
+    merchant = MerchantFactory()
+    with receiver_running(script=[200, 200, 503]) as rx:
+        _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(5)]
+        outbox_batch_publish()
+        before = timezone.now()
+        assert webhook_deliveries_dispatch() == 3  # stops at the failure: order is kept
+        assert len(rx.requests) == 3
+    rows = {d.event_id: d for d in WebhookDelivery.objects.filter(event__in=events)}
+    assert [rows[e.id].status for e in events] == ["succeeded", "succeeded", "pending", "pending", "pending"]
+    failed = rows[events[2].id]
+    assert (failed.attempts, failed.last_status_code, failed.last_error) == (1, 503, "HTTP 503") and failed.next_attempt_at > before
+    assert [rows[e.id].attempts for e in events[3:]] == [0, 0]
+    assert WebhookDeliveryAttempt.objects.filter(delivery__event__in=events).count() == 3
+
+
+def test_a_drain_cut_short_mid_page_records_what_it_sent(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
+    """A soft time limit striking in the third HTTP call: the two sent before it are
+    recorded as delivered (not sent again later), the third is still pending, unattempted."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from webhooks.services import deliveries
+
+    real_post, calls = deliveries.webhook_post, []
+
+    def post_then_time_out(**kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            raise SoftTimeLimitExceeded()
+        return real_post(**kwargs)
+
+    monkeypatch.setattr(deliveries, "webhook_post", post_then_time_out)
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(4)]
+        outbox_batch_publish()
+        with pytest.raises(SoftTimeLimitExceeded):
+            deliveries.webhook_deliveries_dispatch()
+        assert rx.event_ids() == [e.id for e in events[:2]]
+    rows = {d.event_id: d for d in WebhookDelivery.objects.filter(event__in=events)}
+    assert [(rows[e.id].status, rows[e.id].attempts) for e in events] == [("succeeded", 1), ("succeeded", 1), ("pending", 0), ("pending", 0)]

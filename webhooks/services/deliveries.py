@@ -16,15 +16,18 @@ import json
 import logging
 import random
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
-from django.db.models import F, QuerySet, Subquery
+from django.db.models import Case, DateTimeField, F, PositiveSmallIntegerField, Q, QuerySet, Subquery, When
 from django.utils import timezone
 
 from payments.models import OutboxEvent
 from payments.services.outbox import outbox_relay_kick_on_commit
-from wallets.compiled import CompiledInsert, CompiledQuery, Param
+from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, Param
 from webhooks import metrics
 from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
 from webhooks.locks import endpoint_dispatch_lock
@@ -102,7 +105,8 @@ def webhook_deliveries_dispatch(*, now: datetime | None = None, time_budget_seco
     the number of attempts made. `now` (tests) says which retries are due.
 
     Locks: per endpoint, `endpoint_dispatch_lock` (tried; a busy endpoint is another
-    relay's). No row lock is held across an HTTP call; each attempt's outcome commits on its own.
+    relay's). No row lock is held across an HTTP call; a drain records its outcomes a page at
+    a time (`_endpoint_drain`).
     """
     deadline = time.monotonic() + time_budget_seconds
     due_at = now or timezone.now()
@@ -127,34 +131,49 @@ def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) 
     records this endpoint's deliveries meanwhile.
 
     Reads a page at a time (one statement with the watermark in it, instead of two per
-    delivery). A page is used for PAGE_FRESH_SECONDS at most, then read again, so what a
-    page read cannot see lasts about as long as one slow delivery did before: the endpoint
+    delivery), and records the page's outcomes together: one transaction, one INSERT of
+    attempts and one UPDATE of the delivered, before the next read or when the drain ends.
+    A page is used for PAGE_FRESH_SECONDS at most, then read again, so what a page read
+    cannot see lasts about as long as one slow delivery did before: the endpoint
     disabled, its URL changed or its secret rotated (the page holds the endpoint as read),
     an older delivery redelivered (it goes at the next read), and an event committed after
     the read with an older `created` (among transactions still open, order is by `created`
     only as far as they have committed, page or not).
     """
     attempts = 0
-    while time.monotonic() <= deadline:
-        # Pages until one comes back empty, so deliveries made while a page was being sent
-        # go in this drain (another relay that made them found the lock taken).
-        page = _pending_page(endpoint_id=endpoint_id)
-        if not page:
-            return attempts
-        stale_at = time.monotonic() + PAGE_FRESH_SECONDS
-        for sent, head in enumerate(page):
-            if sent and time.monotonic() > stale_at:
-                break  # read again: the endpoint, the watermark and the order as they are now
-            moment = now or timezone.now()
-            if head.endpoint.status != WebhookEndpointStatus.ENABLED or head.next_attempt_at > moment:
+    unrecorded: list[_Outcome] = []
+    try:
+        while time.monotonic() <= deadline:
+            # Pages until one comes back empty, so deliveries made while a page was being
+            # sent go in this drain (another relay that made them found the lock taken).
+            # What was sent is recorded first: a read must not find it still pending.
+            _outcomes_record(unrecorded)
+            unrecorded.clear()
+            page = _pending_page(endpoint_id=endpoint_id)
+            if not page:
                 return attempts
-            watermark = head.watermark_created, head.watermark_id  # type: ignore[attr-defined]  # annotations
-            if watermark[0] is not None and (head.event_created, head.event_id) >= watermark:
-                return attempts
-            attempts += 1
-            if not webhook_delivery_attempt(delivery=head, now=moment) or time.monotonic() > deadline:
-                return attempts
-    return attempts
+            stale_at = time.monotonic() + PAGE_FRESH_SECONDS
+            for sent, head in enumerate(page):
+                if sent and time.monotonic() > stale_at:
+                    break  # read again: the endpoint, the watermark and the order as they are now
+                moment = now or timezone.now()
+                if head.endpoint.status != WebhookEndpointStatus.ENABLED or head.next_attempt_at > moment:
+                    return attempts
+                watermark = head.watermark_created, head.watermark_id  # type: ignore[attr-defined]  # annotations
+                if watermark[0] is not None and (head.event_created, head.event_id) >= watermark:
+                    return attempts
+                attempts += 1
+                outcome = _delivery_send(delivery=head, now=moment)
+                unrecorded.append(outcome)
+                if not outcome.succeeded or time.monotonic() > deadline:
+                    return attempts
+        return attempts
+    finally:
+        # Also when the task is cut short (a soft time limit strikes in an HTTP call): what
+        # was sent is recorded. Only a process killed outright loses the record of up to a
+        # page of sent deliveries, and sends them again: at least once, as a crash between
+        # a send and its record always did (receivers dedupe by event id).
+        _outcomes_record(unrecorded)
 
 
 def webhook_delivery_attempt(*, delivery: WebhookDelivery, now: datetime | None = None) -> bool:
@@ -164,6 +183,31 @@ def webhook_delivery_attempt(*, delivery: WebhookDelivery, now: datetime | None 
     connection goes to the checked address. Locks: none (the caller holds the endpoint's
     dispatch lock); the outcome commits in its own short transaction.
     """
+    outcome = _delivery_send(delivery=delivery, now=now or timezone.now())
+    _outcomes_record([outcome])
+    return outcome.succeeded
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One attempt, sent and not yet recorded."""
+
+    delivery: WebhookDelivery
+    attempted_at: datetime
+    status_code: int | None
+    latency_ms: int
+    address: str
+    excerpt: str
+    error: str
+
+    @property
+    def succeeded(self) -> bool:
+        return not self.error
+
+
+def _delivery_send(*, delivery: WebhookDelivery, now: datetime) -> _Outcome:
+    """POST one delivery (SSRF check first, connecting to the checked address) and log it.
+    Records nothing: the caller passes the outcome to `_outcomes_record`."""
     endpoint = delivery.endpoint
     body = webhook_event_body(event=delivery.event)
     timestamp = int(time.time())
@@ -190,53 +234,89 @@ def webhook_delivery_attempt(*, delivery: WebhookDelivery, now: datetime | None 
         error, reason = f"{type(exc).__name__}: {exc}"[:500], "network"
     latency = time.monotonic() - started
     metrics.WEBHOOK_LATENCY_SECONDS.observe(latency)
-    succeeded = not error
-    _attempt_record(
-        delivery=delivery, now=now or timezone.now(), succeeded=succeeded, status_code=status_code,
-        latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error,
-    )
-    if not succeeded:
+    if error:
         metrics.WEBHOOK_FAILURES.labels(reason=reason).inc()
     logger.info(
         "webhook attempt",
         extra={"delivery": delivery.id, "endpoint": endpoint.id, "event": delivery.event_id, "status_code": status_code,
-               "latency_ms": int(latency * 1000), "succeeded": succeeded, "error": error},
+               "latency_ms": int(latency * 1000), "succeeded": not error, "error": error},
     )
-    return succeeded
+    return _Outcome(
+        delivery=delivery, attempted_at=now, status_code=status_code, latency_ms=int(latency * 1000), address=address,
+        excerpt=excerpt, error=error,
+    )
 
 
-# Every delivery writes these two (wallets.compiled): the attempt's INSERT, and on success
-# the delivery's UPDATE, compiled once per process instead of on every attempt.
+# Every delivery writes these two (wallets.compiled): the attempts' INSERT, and the
+# delivered deliveries' UPDATE, compiled once per process (and row count) instead of on
+# every attempt.
 _ATTEMPT_INSERT = CompiledInsert(WebhookDeliveryAttempt)
 
 
-@functools.cache
-def _delivered_update() -> CompiledQuery[WebhookDelivery]:
-    return CompiledQuery(
-        WebhookDelivery.objects.filter(pk=Param("pk")),
-        update={
-            "attempts": F("attempts") + 1, "last_attempt_at": Param("now"), "last_status_code": Param("status_code"),
-            "last_error": "", "status": WebhookDeliveryStatus.SUCCEEDED, "delivered_at": Param("now"),
-        },
-    )
+def _delivered_rows(
+    pks: Sequence[Any], times: Sequence[Any], codes: Sequence[Any]
+) -> tuple[QuerySet[WebhookDelivery], dict[str, Any]]:
+    """The UPDATE of delivered deliveries (as a queryset and its update values): each row
+    gets its own attempt's time and status code. Built with `Param`s to compile it once
+    per row count, and with real values by the test that compares the two."""
+
+    def per_row(values: Sequence[Any], output_field: Any) -> Case:
+        return Case(*[When(pk=pk, then=value) for pk, value in zip(pks, values, strict=True)], output_field=output_field)
+
+    matches = Q()
+    for pk in pks:
+        matches |= Q(pk=pk)
+    return WebhookDelivery.objects.filter(matches), {
+        "attempts": F("attempts") + 1, "last_attempt_at": per_row(times, DateTimeField()), "delivered_at": per_row(times, DateTimeField()),
+        "last_status_code": per_row(codes, PositiveSmallIntegerField()), "last_error": "", "status": WebhookDeliveryStatus.SUCCEEDED,
+    }
 
 
-@transaction.atomic
-def _attempt_record(
-    *, delivery: WebhookDelivery, now: datetime, succeeded: bool, status_code: int | None, latency_ms: int,
-    address: str, excerpt: str, error: str,
-) -> None:
-    _ATTEMPT_INSERT.insert(
-        WebhookDeliveryAttempt(
-            delivery=delivery, attempted_at=now, succeeded=succeeded, status_code=status_code, latency_ms=latency_ms,
-            address=address, response_excerpt=excerpt, error=error,
-        )
+def _delivered_rows_statement(count: int) -> CompiledQuery[WebhookDelivery]:
+    names = range(count)
+    queryset, update = _delivered_rows(
+        [Param(f"pk{i}") for i in names], [Param(f"at{i}", output_field=DateTimeField()) for i in names],
+        [Param(f"code{i}", output_field=PositiveSmallIntegerField()) for i in names],
     )
-    if succeeded:
-        _delivered_update().update(pk=delivery.pk, now=now, status_code=status_code)
-        metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc()
+    return CompiledQuery(queryset, update=update)
+
+
+# Compiled once per row count (at most a page of them, DRAIN_PAGE_SIZE) and process.
+_DELIVERED_ROWS: CompiledShapes[WebhookDelivery] = CompiledShapes(_delivered_rows_statement)
+
+
+def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
+    """Record sent attempts in one transaction: their attempt rows (one INSERT), the
+    delivered deliveries (one UPDATE), and what follows each failure. Locks: none (the
+    caller holds the endpoint's dispatch lock: nobody else records its deliveries)."""
+    if not outcomes:
         return
-    fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": status_code, "last_error": error}
+    with transaction.atomic():
+        _ATTEMPT_INSERT.insert_many(
+            [
+                WebhookDeliveryAttempt(
+                    delivery=o.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
+                    latency_ms=o.latency_ms, address=o.address, response_excerpt=o.excerpt, error=o.error,
+                )
+                for o in outcomes
+            ]
+        )
+        delivered = [o for o in outcomes if o.succeeded]
+        if delivered:
+            values: dict[str, Any] = {}
+            for i, o in enumerate(delivered):
+                values[f"pk{i}"], values[f"at{i}"], values[f"code{i}"] = o.delivery.pk, o.attempted_at, o.status_code
+            _DELIVERED_ROWS.get(len(delivered)).update(**values)
+        if delivered:
+            metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc(len(delivered))
+        for o in outcomes:
+            if not o.succeeded:
+                _failure_record(o)
+
+
+def _failure_record(outcome: _Outcome) -> None:
+    delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.error
+    fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": outcome.status_code, "last_error": error}
     following = now + retry_delay(attempts=delivery.attempts + 1)
     if following <= delivery.give_up_at:
         WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, next_attempt_at=following)
