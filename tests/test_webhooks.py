@@ -557,12 +557,17 @@ def test_a_batch_of_events_makes_all_its_deliveries_with_one_insert(tenant: Tena
     assert not WebhookDelivery.objects.filter(endpoint__url__endswith="/b").exists()
 
 
-def test_a_drain_reads_pages_of_deliveries_with_the_watermark_in_the_same_statement(tenant: Tenant, loopback_http: None) -> None:
+def test_a_drain_reads_pages_of_deliveries_with_the_watermark_in_the_same_statement(
+    tenant: Tenant, loopback_http: None, monkeypatch: Any
+) -> None:
     """45 deliveries to one endpoint: three pages of 20 and the empty read that ends the
     drain, not two reads per delivery; all sent once, in event order."""
     from django.test.utils import CaptureQueriesContext
 
+    from webhooks.services import deliveries
     from webhooks.services.deliveries import DRAIN_PAGE_SIZE, webhook_deliveries_dispatch
+
+    monkeypatch.setattr(deliveries, "PAGE_FRESH_SECONDS", 3600.0)  # a slow machine must not add reads
 
     merchant = MerchantFactory()
     with receiver_running() as rx:
@@ -625,17 +630,20 @@ def test_a_page_older_than_its_freshness_is_read_again(tenant: Tenant, loopback_
     assert rx.event_ids() == [e.id for e in events]
 
 
-def test_a_drain_records_each_pages_outcomes_with_one_insert_and_one_update(tenant: Tenant, loopback_http: None) -> None:
+def test_a_drain_records_each_pages_outcomes_with_one_insert_and_one_update(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
     """45 deliveries, three pages: three INSERTs of attempts and three UPDATEs of the
     delivered, not two statements and a commit per delivery. Each delivery's row still
-    says exactly when it was delivered: its own attempt's time."""
+    says exactly when it was delivered and what it was answered: its own attempt's."""
     from django.test.utils import CaptureQueriesContext
 
     from webhooks.models import WebhookDeliveryAttempt
+    from webhooks.services import deliveries
     from webhooks.services.deliveries import DRAIN_PAGE_SIZE, webhook_deliveries_dispatch
 
+    monkeypatch.setattr(deliveries, "PAGE_FRESH_SECONDS", 3600.0)  # a slow machine must not add reads
+    codes = [(200, 201, 202, 203)[n % 4] for n in range(45)]
     merchant = MerchantFactory()
-    with receiver_running() as rx:
+    with receiver_running(script=codes) as rx:
         _endpoint(merchant, rx.url())
         events = [_event(merchant, n) for n in range(45)]
         outbox_batch_publish()
@@ -646,10 +654,13 @@ def test_a_drain_records_each_pages_outcomes_with_one_insert_and_one_update(tena
     updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "webhooks_webhookdelivery"')]
     assert (len(inserts), len(updates)) == (pages, pages), (inserts, updates)
     assert rx.event_ids() == [e.id for e in events]
-    for delivery in WebhookDelivery.objects.filter(event__in=events):
+    rows = {d.event_id: d for d in WebhookDelivery.objects.filter(event__in=events)}
+    for event, code in zip(events, codes, strict=True):
+        delivery = rows[event.id]
         attempt = WebhookDeliveryAttempt.objects.get(delivery=delivery)
-        assert (delivery.status, delivery.attempts, delivery.last_status_code, delivery.last_error) == ("succeeded", 1, 200, "")
+        assert (delivery.status, delivery.attempts, delivery.last_status_code, delivery.last_error) == ("succeeded", 1, code, "")
         assert delivery.delivered_at == delivery.last_attempt_at == attempt.attempted_at and attempt.succeeded
+        assert attempt.status_code == code
 
 
 def test_a_failure_after_successes_in_a_page_records_both(tenant: Tenant, loopback_http: None) -> None:
@@ -698,3 +709,31 @@ def test_a_drain_cut_short_mid_page_records_what_it_sent(tenant: Tenant, loopbac
         assert rx.event_ids() == [e.id for e in events[:2]]
     rows = {d.event_id: d for d in WebhookDelivery.objects.filter(event__in=events)}
     assert [(rows[e.id].status, rows[e.id].attempts) for e in events] == [("succeeded", 1), ("succeeded", 1), ("pending", 0), ("pending", 0)]
+
+
+def test_a_record_that_fails_after_its_commit_is_not_recorded_again(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
+    """An error striking once a page's outcomes have committed (a soft time limit, a
+    connection lost during COMMIT) must not have the drain's `finally` record them again:
+    one attempt row per send, attempts counted once."""
+    from webhooks.models import WebhookDeliveryAttempt
+    from webhooks.services import deliveries
+
+    real_record = deliveries._outcomes_record
+
+    def record_then_fail(outcomes: Any) -> None:
+        real_record(outcomes)
+        if outcomes:
+            raise RuntimeError("struck after the commit")
+
+    monkeypatch.setattr(deliveries, "_outcomes_record", record_then_fail)
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(3)]
+        outbox_batch_publish()
+        with pytest.raises(RuntimeError):
+            deliveries.webhook_deliveries_dispatch()
+        assert rx.event_ids() == [e.id for e in events]
+    for delivery in WebhookDelivery.objects.filter(event__in=events):
+        assert (delivery.status, delivery.attempts) == ("succeeded", 1)
+        assert WebhookDeliveryAttempt.objects.filter(delivery=delivery).count() == 1

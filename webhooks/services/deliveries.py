@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Case, DateTimeField, F, PositiveSmallIntegerField, Q, QuerySet, Subquery, When
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from payments.models import OutboxEvent
@@ -146,9 +147,12 @@ def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) 
         while time.monotonic() <= deadline:
             # Pages until one comes back empty, so deliveries made while a page was being
             # sent go in this drain (another relay that made them found the lock taken).
-            # What was sent is recorded first: a read must not find it still pending.
-            _outcomes_record(unrecorded)
-            unrecorded.clear()
+            # What was sent is recorded first: a read must not find it still pending. The
+            # list is handed over before recording, so a failure while recording (even one
+            # striking after the COMMIT) never has it recorded twice by the `finally`: a
+            # batch whose record failed is sent again, at least once.
+            batch, unrecorded = unrecorded, []
+            _outcomes_record(batch)
             page = _pending_page(endpoint_id=endpoint_id)
             if not page:
                 return attempts
@@ -170,10 +174,12 @@ def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) 
         return attempts
     finally:
         # Also when the task is cut short (a soft time limit strikes in an HTTP call): what
-        # was sent is recorded. Only a process killed outright loses the record of up to a
-        # page of sent deliveries, and sends them again: at least once, as a crash between
-        # a send and its record always did (receivers dedupe by event id).
-        _outcomes_record(unrecorded)
+        # was sent is recorded. A process killed outright, or a record that fails, leaves
+        # what was sent since the last record (up to a page) to be sent again: at least
+        # once, as a crash between a send and its record always did (receivers dedupe by
+        # event id).
+        batch, unrecorded = unrecorded, []
+        _outcomes_record(batch)
 
 
 def webhook_delivery_attempt(*, delivery: WebhookDelivery, now: datetime | None = None) -> bool:
@@ -260,8 +266,10 @@ def _delivered_rows(
     gets its own attempt's time and status code. Built with `Param`s to compile it once
     per row count, and with real values by the test that compares the two."""
 
-    def per_row(values: Sequence[Any], output_field: Any) -> Case:
-        return Case(*[When(pk=pk, then=value) for pk, value in zip(pks, values, strict=True)], output_field=output_field)
+    def per_row(values: Sequence[Any], output_field: Any) -> Cast:
+        # Cast, as Django's bulk_update does on PostgreSQL: a CASE of bound parameters has
+        # no type of its own under server-side binding.
+        return Cast(Case(*[When(pk=pk, then=value) for pk, value in zip(pks, values, strict=True)], output_field=output_field), output_field)
 
     matches = Q()
     for pk in pks:
@@ -287,8 +295,9 @@ _DELIVERED_ROWS: CompiledShapes[WebhookDelivery] = CompiledShapes(_delivered_row
 
 def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
     """Record sent attempts in one transaction: their attempt rows (one INSERT), the
-    delivered deliveries (one UPDATE), and what follows each failure. Locks: none (the
-    caller holds the endpoint's dispatch lock: nobody else records its deliveries)."""
+    delivered deliveries (one UPDATE), and what follows each failure; count them once it
+    has committed. Locks: none (the caller holds the endpoint's dispatch lock: nobody else
+    records its deliveries)."""
     if not outcomes:
         return
     with transaction.atomic():
@@ -307,23 +316,26 @@ def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
             for i, o in enumerate(delivered):
                 values[f"pk{i}"], values[f"at{i}"], values[f"code{i}"] = o.delivery.pk, o.attempted_at, o.status_code
             _DELIVERED_ROWS.get(len(delivered)).update(**values)
-        if delivered:
-            metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc(len(delivered))
-        for o in outcomes:
-            if not o.succeeded:
-                _failure_record(o)
+        failures = [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
+    if delivered:
+        metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc(len(delivered))
+    for outcome, (label, disabled) in failures:
+        metrics.WEBHOOK_DELIVERIES.labels(outcome=label).inc()
+        if disabled:
+            metrics.WEBHOOK_ENDPOINTS_DISABLED.inc()
+            logger.warning("webhook endpoint disabled", extra={"endpoint": outcome.delivery.endpoint_id, "error": outcome.error})
 
 
-def _failure_record(outcome: _Outcome) -> None:
+def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
+    """Schedule the retry of a failed attempt, or give up (and disable the endpoint); return
+    the outcome's metric label and whether the endpoint was disabled."""
     delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.error
     fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": outcome.status_code, "last_error": error}
     following = now + retry_delay(attempts=delivery.attempts + 1)
     if following <= delivery.give_up_at:
         WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, next_attempt_at=following)
-        metrics.WEBHOOK_DELIVERIES.labels(outcome="retrying").inc()
-        return
+        return "retrying", False
     WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, status=WebhookDeliveryStatus.FAILED)
-    metrics.WEBHOOK_DELIVERIES.labels(outcome="gave_up").inc()
     # Nothing got through to this endpoint for the whole window (its deliveries go in
     # order, so this one blocked the rest): stop sending, and say why.
     disabled = WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, status=WebhookEndpointStatus.ENABLED).update(
@@ -331,9 +343,7 @@ def _failure_record(outcome: _Outcome) -> None:
         disabled_reason=f"Disabled {now:%Y-%m-%d %H:%M} UTC: delivery {delivery.id} failed for {RETRY_WINDOW.days} days ({error})"[:500],
         updated=now,
     )
-    if disabled:
-        metrics.WEBHOOK_ENDPOINTS_DISABLED.inc()
-        logger.warning("webhook endpoint disabled", extra={"endpoint": delivery.endpoint_id, "error": error})
+    return "gave_up", bool(disabled)
 
 
 @transaction.atomic
