@@ -1,0 +1,122 @@
+"""HTTPS deliveries (webhooks.transport) against a real TLS receiver on 127.0.0.1: the
+certificate and its name are verified over the pinned connection, and the TLS context
+(loading the CA bundle costs ~30 ms of CPU) is built once per process, not per delivery."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tenants.models import Tenant
+from tests.factories import MerchantFactory
+from tests.test_webhooks import _event
+from webhooks import transport
+from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt
+from webhooks.services.deliveries import webhook_deliveries_dispatch
+from webhooks.services.endpoints import webhook_endpoint_create
+from webhooks.services.relay import outbox_batch_publish
+
+
+def _self_signed(directory: Path, name: str, san: x509.GeneralName) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=1))
+        .not_valid_after(now + dt.timedelta(hours=1)).add_extension(x509.SubjectAlternativeName([san]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / f"{name}.pem", directory / f"{name}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+@contextmanager
+def _tls_receiver(cert: Path, key: Path) -> Iterator[tuple[int, list[bytes]]]:
+    bodies: list[bytes] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def trusting(tmp_path: Path, monkeypatch: Any, settings: Any) -> Iterator[tuple[Path, Path, Path, Path, list[int]]]:
+    """Two self-signed certificates, one for 127.0.0.1 and one for another name, that the
+    process's TLS context trusts (as it would trust a public CA); counts the contexts built."""
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
+    good_cert, good_key = _self_signed(tmp_path, "loopback", x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    other_cert, other_key = _self_signed(tmp_path, "other", x509.DNSName("other.example"))
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(good_cert.read_bytes() + other_cert.read_bytes())
+    real, built = ssl.create_default_context, []
+
+    def create_default_context(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append(1)
+        return real(cafile=str(bundle))
+
+    transport.tls_context.cache_clear()
+    monkeypatch.setattr(transport.ssl, "create_default_context", create_default_context)
+    yield good_cert, good_key, other_cert, other_key, built
+    transport.tls_context.cache_clear()  # later deliveries build the real one
+
+
+def test_https_deliveries_verify_the_certificate_and_share_one_tls_context(tenant: Tenant, trusting: Any) -> None:
+    good_cert, good_key, _, _, built = trusting
+    merchant = MerchantFactory()
+    with _tls_receiver(good_cert, good_key) as (port, bodies):
+        webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
+        events = [_event(merchant, n) for n in range(3)]
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 3
+    assert len(bodies) == 3 and all(b"payment.succeeded" in body for body in bodies)
+    assert set(WebhookDelivery.objects.filter(event__in=events).values_list("status", flat=True)) == {"succeeded"}
+    assert len(built) == 1  # one context for the three connections
+
+
+def test_a_certificate_for_another_name_is_refused(tenant: Tenant, trusting: Any) -> None:
+    _, _, other_cert, other_key, _ = trusting
+    merchant = MerchantFactory()
+    with _tls_receiver(other_cert, other_key) as (port, bodies):
+        webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
+        event = _event(merchant, 1)
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 1
+    assert bodies == []
+    attempt = WebhookDeliveryAttempt.objects.get(delivery__event=event)
+    assert not attempt.succeeded and "CERTIFICATE_VERIFY_FAILED" in attempt.error, attempt.error
