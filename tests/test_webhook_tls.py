@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import socket
 import ssl
 import threading
 from collections.abc import Iterator
@@ -82,22 +83,23 @@ def trusting(tmp_path: Path, monkeypatch: Any, settings: Any) -> Iterator[tuple[
     settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
     good_cert, good_key = _self_signed(tmp_path, "loopback", x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
     other_cert, other_key = _self_signed(tmp_path, "other", x509.DNSName("other.example"))
+    named_cert, named_key = _self_signed(tmp_path, "named", x509.DNSName("hook.test"))
     bundle = tmp_path / "bundle.pem"
-    bundle.write_bytes(good_cert.read_bytes() + other_cert.read_bytes())
+    bundle.write_bytes(good_cert.read_bytes() + other_cert.read_bytes() + named_cert.read_bytes())
     real, built = ssl.create_default_context, []
 
     def create_default_context(*args: Any, **kwargs: Any) -> ssl.SSLContext:
         built.append(1)
         return real(cafile=str(bundle))
 
-    transport.tls_context.cache_clear()
+    transport._tls_context.cache_clear()
     monkeypatch.setattr(transport.ssl, "create_default_context", create_default_context)
-    yield good_cert, good_key, other_cert, other_key, built
-    transport.tls_context.cache_clear()  # later deliveries build the real one
+    yield good_cert, good_key, other_cert, other_key, built, named_cert, named_key
+    transport._tls_context.cache_clear()  # later deliveries build the real one
 
 
 def test_https_deliveries_verify_the_certificate_and_share_one_tls_context(tenant: Tenant, trusting: Any) -> None:
-    good_cert, good_key, _, _, built = trusting
+    good_cert, good_key, _, _, built, _, _ = trusting
     merchant = MerchantFactory()
     with _tls_receiver(good_cert, good_key) as (port, bodies):
         webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
@@ -110,7 +112,7 @@ def test_https_deliveries_verify_the_certificate_and_share_one_tls_context(tenan
 
 
 def test_a_certificate_for_another_name_is_refused(tenant: Tenant, trusting: Any) -> None:
-    _, _, other_cert, other_key, _ = trusting
+    _, _, other_cert, other_key, _, _, _ = trusting
     merchant = MerchantFactory()
     with _tls_receiver(other_cert, other_key) as (port, bodies):
         webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
@@ -119,4 +121,27 @@ def test_a_certificate_for_another_name_is_refused(tenant: Tenant, trusting: Any
         assert webhook_deliveries_dispatch() == 1
     assert bodies == []
     attempt = WebhookDeliveryAttempt.objects.get(delivery__event=event)
-    assert not attempt.succeeded and "CERTIFICATE_VERIFY_FAILED" in attempt.error, attempt.error
+    # A mismatch, not an untrusted certificate: the certificate is trusted, its name is not ours.
+    assert not attempt.succeeded and "CERTIFICATE_VERIFY_FAILED" in attempt.error and "mismatch" in attempt.error, attempt.error
+
+
+def test_a_named_host_is_verified_by_name_over_the_pinned_address(tenant: Tenant, trusting: Any, monkeypatch: Any) -> None:
+    """The URL names a host; the connection goes to the address it resolved to (checked
+    against SSRF), and TLS checks the certificate against the name (SNI), not the address."""
+    _, _, _, _, _, named_cert, named_key = trusting
+    real_getaddrinfo = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "hook.test":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    merchant = MerchantFactory()
+    with _tls_receiver(named_cert, named_key) as (port, bodies):
+        webhook_endpoint_create(merchant=merchant, url=f"https://hook.test:{port}/hook", enabled_events=["*"])
+        event = _event(merchant, 1)
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 1
+    attempt = WebhookDeliveryAttempt.objects.get(delivery__event=event)
+    assert attempt.succeeded and attempt.address == "127.0.0.1" and len(bodies) == 1, attempt.error

@@ -36,11 +36,13 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
 
 
 @functools.cache
-def tls_context() -> ssl.SSLContext:
+def _tls_context() -> ssl.SSLContext:
     """The process's TLS client context: the system's CA bundle, certificates and names
     verified (`ssl.create_default_context`). One per process: building it loads the CA
     bundle, 29 ms of CPU on the benchmark machine, which every HTTPS delivery used to pay.
-    An SSLContext serves any number of connections, from any thread."""
+    An SSLContext serves any number of connections, from any thread; shared by every
+    delivery, it must never be changed after it is built (verify mode, trust, ALPN).
+    A changed CA bundle on disk is read when the worker restarts."""
     return ssl.create_default_context()
 
 
@@ -49,7 +51,7 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     to the checked address."""
 
     def __init__(self, target: Target) -> None:
-        self.tls_context = tls_context()
+        self.tls_context = _tls_context()
         super().__init__(target.host, target.port, timeout=READ_TIMEOUT_SECONDS, context=self.tls_context)
         self.pinned_address = target.address
 
