@@ -111,16 +111,22 @@ def test_https_deliveries_verify_the_certificate_and_share_one_tls_context(tenan
     assert len(built) == 1  # one context for the three connections
 
 
-def test_a_certificate_for_another_name_is_refused(tenant: Tenant, trusting: Any) -> None:
-    _, _, other_cert, other_key, _, _, _ = trusting
+def _one_delivery(cert: Path, key: Path, host: str) -> tuple[WebhookDeliveryAttempt, list[bytes]]:
+    """One event delivered to `https://<host>:<port>/hook`, served with `cert`; the attempt
+    and the bodies the receiver got."""
     merchant = MerchantFactory()
-    with _tls_receiver(other_cert, other_key) as (port, bodies):
-        webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
+    with _tls_receiver(cert, key) as (port, bodies):
+        webhook_endpoint_create(merchant=merchant, url=f"https://{host}:{port}/hook", enabled_events=["*"])
         event = _event(merchant, 1)
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 1
+    return WebhookDeliveryAttempt.objects.get(delivery__event=event), bodies
+
+
+def test_a_certificate_for_another_name_is_refused(tenant: Tenant, trusting: Any) -> None:
+    _, _, other_cert, other_key, _, _, _ = trusting
+    attempt, bodies = _one_delivery(other_cert, other_key, "127.0.0.1")
     assert bodies == []
-    attempt = WebhookDeliveryAttempt.objects.get(delivery__event=event)
     # A mismatch, not an untrusted certificate: the certificate is trusted, its name is not ours.
     assert not attempt.succeeded and "CERTIFICATE_VERIFY_FAILED" in attempt.error and "mismatch" in attempt.error, attempt.error
 
@@ -137,11 +143,5 @@ def test_a_named_host_is_verified_by_name_over_the_pinned_address(tenant: Tenant
         return real_getaddrinfo(host, port, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    merchant = MerchantFactory()
-    with _tls_receiver(named_cert, named_key) as (port, bodies):
-        webhook_endpoint_create(merchant=merchant, url=f"https://hook.test:{port}/hook", enabled_events=["*"])
-        event = _event(merchant, 1)
-        outbox_batch_publish()
-        assert webhook_deliveries_dispatch() == 1
-    attempt = WebhookDeliveryAttempt.objects.get(delivery__event=event)
+    attempt, bodies = _one_delivery(named_cert, named_key, "hook.test")
     assert attempt.succeeded and attempt.address == "127.0.0.1" and len(bodies) == 1, attempt.error

@@ -557,32 +557,42 @@ def test_a_batch_of_events_makes_all_its_deliveries_with_one_insert(tenant: Tena
     assert not WebhookDelivery.objects.filter(endpoint__url__endswith="/b").exists()
 
 
+def _dispatch_captured(count: int, *, script: list[int] | None = None) -> tuple[list[OutboxEvent], list[dict[str, Any]]]:
+    """`count` events for one endpoint, published, then one dispatch that sends them all, in
+    order (checked), with its statements captured: (events, statements)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from webhooks.services.deliveries import webhook_deliveries_dispatch
+
+    merchant = MerchantFactory()
+    with receiver_running(script=script) as rx:
+        _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(count)]
+        outbox_batch_publish()
+        with CaptureQueriesContext(connection) as queries:
+            assert webhook_deliveries_dispatch() == count
+        assert rx.event_ids() == [e.id for e in events]
+    return events, list(queries.captured_queries)
+
+
 def test_a_drain_reads_pages_of_deliveries_with_the_watermark_in_the_same_statement(
     tenant: Tenant, loopback_http: None, monkeypatch: Any
 ) -> None:
     """45 deliveries to one endpoint: three pages of 20 and the empty read that ends the
     drain, not two reads per delivery; all sent once, in event order."""
-    from django.test.utils import CaptureQueriesContext
 
     from webhooks.services import deliveries
-    from webhooks.services.deliveries import DRAIN_PAGE_SIZE, webhook_deliveries_dispatch
+    from webhooks.services.deliveries import DRAIN_PAGE_SIZE
 
     monkeypatch.setattr(deliveries, "PAGE_FRESH_SECONDS", 3600.0)  # a slow machine must not add reads
 
-    merchant = MerchantFactory()
-    with receiver_running() as rx:
-        _endpoint(merchant, rx.url())
-        events = [_event(merchant, n) for n in range(45)]
-        outbox_batch_publish()
-        with CaptureQueriesContext(connection) as queries:
-            assert webhook_deliveries_dispatch() == 45
+    _, queries = _dispatch_captured(45)
     reads = [q["sql"] for q in queries if q["sql"].startswith("SELECT") and 'FROM "webhooks_webhookdelivery"' in q["sql"] and "LIMIT" in q["sql"]]
     assert len(reads) == -(-45 // DRAIN_PAGE_SIZE) + 1, len(reads)
     # One endpoint, one dispatch lock (the endpoint list once listed it per pending delivery).
     assert sum("pg_try_advisory_lock" in q["sql"] for q in queries) == 1
     assert all("payments_outboxevent" in sql and "published_at" in sql for sql in reads)  # the watermark rides along
     assert not [q for q in queries if q["sql"].startswith("SELECT") and 'FROM "payments_outboxevent"' in q["sql"][:200]]
-    assert rx.event_ids() == [e.id for e in events]
 
 
 def test_a_page_stops_at_the_watermark(tenant: Tenant, loopback_http: None) -> None:
@@ -613,47 +623,31 @@ def test_a_page_older_than_its_freshness_is_read_again(tenant: Tenant, loopback_
     """A slow endpoint must not be sent a page read minutes ago (endpoint disabled, URL or
     secret changed, an older delivery redelivered): past PAGE_FRESH_SECONDS the drain reads
     again. With 0 s, every delivery is sent from a fresh read."""
-    from django.test.utils import CaptureQueriesContext
 
     from webhooks.services import deliveries
 
     monkeypatch.setattr(deliveries, "PAGE_FRESH_SECONDS", 0.0)
-    merchant = MerchantFactory()
-    with receiver_running() as rx:
-        _endpoint(merchant, rx.url())
-        events = [_event(merchant, n) for n in range(5)]
-        outbox_batch_publish()
-        with CaptureQueriesContext(connection) as queries:
-            assert deliveries.webhook_deliveries_dispatch() == 5
+    _, queries = _dispatch_captured(5)
     reads = [q for q in queries if q["sql"].startswith("SELECT") and 'FROM "webhooks_webhookdelivery"' in q["sql"] and "LIMIT" in q["sql"]]
     assert len(reads) == 5 + 1  # one per delivery, and the empty one that ends the drain
-    assert rx.event_ids() == [e.id for e in events]
 
 
 def test_a_drain_records_each_pages_outcomes_with_one_insert_and_one_update(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
     """45 deliveries, three pages: three INSERTs of attempts and three UPDATEs of the
     delivered, not two statements and a commit per delivery. Each delivery's row still
     says exactly when it was delivered and what it was answered: its own attempt's."""
-    from django.test.utils import CaptureQueriesContext
 
     from webhooks.models import WebhookDeliveryAttempt
     from webhooks.services import deliveries
-    from webhooks.services.deliveries import DRAIN_PAGE_SIZE, webhook_deliveries_dispatch
+    from webhooks.services.deliveries import DRAIN_PAGE_SIZE
 
     monkeypatch.setattr(deliveries, "PAGE_FRESH_SECONDS", 3600.0)  # a slow machine must not add reads
     codes = [(200, 201, 202, 203)[n % 4] for n in range(45)]
-    merchant = MerchantFactory()
-    with receiver_running(script=codes) as rx:
-        _endpoint(merchant, rx.url())
-        events = [_event(merchant, n) for n in range(45)]
-        outbox_batch_publish()
-        with CaptureQueriesContext(connection) as queries:
-            assert webhook_deliveries_dispatch() == 45
+    events, queries = _dispatch_captured(45, script=codes)
     pages = -(-45 // DRAIN_PAGE_SIZE)
     inserts = [q["sql"] for q in queries if q["sql"].startswith('INSERT INTO "webhooks_webhookdeliveryattempt"')]
     updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "webhooks_webhookdelivery"')]
     assert (len(inserts), len(updates)) == (pages, pages), (inserts, updates)
-    assert rx.event_ids() == [e.id for e in events]
     rows = {d.event_id: d for d in WebhookDelivery.objects.filter(event__in=events)}
     for event, code in zip(events, codes, strict=True):
         delivery = rows[event.id]
@@ -683,6 +677,22 @@ def test_a_failure_after_successes_in_a_page_records_both(tenant: Tenant, loopba
     assert WebhookDeliveryAttempt.objects.filter(delivery__event__in=events).count() == 3
 
 
+def _dispatch_raising(error: type[BaseException], *, events: int, received: int) -> list[OutboxEvent]:
+    """`events` events for one endpoint, published; a dispatch that raises `error` after the
+    receiver got the first `received` of them, in order."""
+    from webhooks.services import deliveries
+
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(merchant, rx.url())
+        made = [_event(merchant, n) for n in range(events)]
+        outbox_batch_publish()
+        with pytest.raises(error):
+            deliveries.webhook_deliveries_dispatch()
+        assert rx.event_ids() == [e.id for e in made[:received]]
+    return made
+
+
 def test_a_drain_cut_short_mid_page_records_what_it_sent(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
     """A soft time limit striking in the third HTTP call: the two sent before it are
     recorded as delivered (not sent again later), the third is still pending, unattempted."""
@@ -699,14 +709,7 @@ def test_a_drain_cut_short_mid_page_records_what_it_sent(tenant: Tenant, loopbac
         return real_post(**kwargs)
 
     monkeypatch.setattr(deliveries, "webhook_post", post_then_time_out)
-    merchant = MerchantFactory()
-    with receiver_running() as rx:
-        _endpoint(merchant, rx.url())
-        events = [_event(merchant, n) for n in range(4)]
-        outbox_batch_publish()
-        with pytest.raises(SoftTimeLimitExceeded):
-            deliveries.webhook_deliveries_dispatch()
-        assert rx.event_ids() == [e.id for e in events[:2]]
+    events = _dispatch_raising(SoftTimeLimitExceeded, events=4, received=2)
     rows = {d.event_id: d for d in WebhookDelivery.objects.filter(event__in=events)}
     assert [(rows[e.id].status, rows[e.id].attempts) for e in events] == [("succeeded", 1), ("succeeded", 1), ("pending", 0), ("pending", 0)]
 
@@ -726,14 +729,7 @@ def test_a_record_that_fails_after_its_commit_is_not_recorded_again(tenant: Tena
             raise RuntimeError("struck after the commit")
 
     monkeypatch.setattr(deliveries, "_outcomes_record", record_then_fail)
-    merchant = MerchantFactory()
-    with receiver_running() as rx:
-        _endpoint(merchant, rx.url())
-        events = [_event(merchant, n) for n in range(3)]
-        outbox_batch_publish()
-        with pytest.raises(RuntimeError):
-            deliveries.webhook_deliveries_dispatch()
-        assert rx.event_ids() == [e.id for e in events]
+    events = _dispatch_raising(RuntimeError, events=3, received=3)
     for delivery in WebhookDelivery.objects.filter(event__in=events):
         assert (delivery.status, delivery.attempts) == ("succeeded", 1)
         assert WebhookDeliveryAttempt.objects.filter(delivery=delivery).count() == 1
