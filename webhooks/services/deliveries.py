@@ -182,18 +182,6 @@ def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) 
         _outcomes_record(batch)
 
 
-def webhook_delivery_attempt(*, delivery: WebhookDelivery, now: datetime | None = None) -> bool:
-    """POST one delivery now, log the attempt and schedule what follows; True on a 2xx.
-
-    The target is checked again (SSRF) against what the host resolves to now, and the
-    connection goes to the checked address. Locks: none (the caller holds the endpoint's
-    dispatch lock); the outcome commits in its own short transaction.
-    """
-    outcome = _delivery_send(delivery=delivery, now=now or timezone.now())
-    _outcomes_record([outcome])
-    return outcome.succeeded
-
-
 @dataclass(frozen=True)
 class _Outcome:
     """One attempt, sent and not yet recorded."""
@@ -212,8 +200,9 @@ class _Outcome:
 
 
 def _delivery_send(*, delivery: WebhookDelivery, now: datetime) -> _Outcome:
-    """POST one delivery (SSRF check first, connecting to the checked address) and log it.
-    Records nothing: the caller passes the outcome to `_outcomes_record`."""
+    """POST one delivery and log it. The target is checked again (SSRF) against what the
+    host resolves to now, and the connection goes to the checked address. Records
+    nothing: the caller passes the outcome to `_outcomes_record`. Locks: none."""
     endpoint = delivery.endpoint
     body = webhook_event_body(event=delivery.event)
     timestamp = int(time.time())
