@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_request_cpu.py --requests 1000
     .venv/bin/python bench/bench_request_cpu.py --requests 1000 --cprofile 25   # + top functions
+    .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab-insert-batch
     .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
 
 Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
@@ -200,6 +201,37 @@ def _environ(body: bytes, key: str) -> dict[str, Any]:
     }
 
 
+def _ab_insert_batch(one: Callable[[], None], requests: int, connection: Any) -> None:
+    """Paired blocks, so that a machine whose speed drifts moves both sides alike."""
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    cpu = {"together": 0.0, "one per round trip": 0.0}
+    sql = dict.fromkeys(cpu, 0)
+    blocks = max(1, requests // 100)
+    with connection.execute_wrapper(_count_sql):
+        for block in range(blocks):
+            sides = list(cpu) if block % 2 == 0 else list(reversed(cpu))
+            for side in sides:
+                options["server_side_binding"] = side != "together"
+                _Counter.sql = 0
+                started = time.process_time()
+                for _ in range(50):
+                    one()
+                cpu[side] += time.process_time() - started
+                sql[side] += _Counter.sql
+    options.pop("server_side_binding", None)
+    n = blocks * 50
+    print(
+        json.dumps(
+            {
+                "requests_per_side": n,
+                "python_cpu_ms_per_request": {side: round(total / n * 1000, 3) for side, total in cpu.items()},
+                "round_trips_per_request": {side: round(count / n, 2) for side, count in sql.items()},
+            },
+            indent=2,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1000)
@@ -212,6 +244,12 @@ def main() -> None:
     parser.add_argument("--callers", default="", metavar="REGEX", help="with --cprofile: who calls the functions matching REGEX")
     parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
+    parser.add_argument(
+        "--ab-insert-batch",
+        action="store_true",
+        help="A/B in one process: alternate blocks of 50 requests with the payment's inserts sent together (as shipped) and one per "
+        "round trip (InsertBatch's server-side-binding branch, the connection unchanged); prints CPU per request of each",
+    )
     args = parser.parse_args()
 
     fixtures = seed(args.database_url, args.redis_url)
@@ -271,6 +309,9 @@ def main() -> None:
     _Held.windows = 0
     _Counter.show_sql = args.show_sql
     profiler = cProfile.Profile(time.process_time) if args.cprofile else None  # CPU, not wall
+    if args.ab_insert_batch:
+        _ab_insert_batch(one, args.requests, connection)
+        return
     with connection.execute_wrapper(_count_sql):
         cpu, wall = time.process_time(), time.perf_counter()
         if profiler:

@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
@@ -21,7 +21,7 @@ from tenants.models import Tenant
 from tests.conftest import in_tenant, run_in_thread_tenant
 from tests.factories import CustomerFactory, fund
 from wallets import locks
-from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, Param
+from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
 from wallets.locks import LOCK_ORDER, OwnerRow, balance_rows_lock_by_owner
 from wallets.models import Account, AccountKind, Balance, LedgerEntry, LedgerTransaction, LedgerTransactionKind, SystemRole
 from wallets.selectors import account_of
@@ -232,6 +232,172 @@ def test_a_compiled_insert_sends_save_s_signals_when_someone_listens(tenant: Ten
     CompiledInsert(OutboxEvent).insert(OutboxEvent(topic="t.unheard", payload={}))
     assert heard == ["t.heard"]
     assert set(OutboxEvent.objects.filter(topic__in=["t.heard", "t.unheard"]).values_list("topic", flat=True)) == {"t.heard", "t.unheard"}
+
+
+def _round_trips(fn: Any) -> list[str]:
+    """The SQL strings `fn` sends, one per round trip (django-tenants' SET search_path aside)."""
+    sent: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        fn()
+    return [sql for sql in sent if not sql.startswith("SET search_path")]
+
+
+def _batch_rows(tag: str, when: Any) -> tuple[LedgerTransaction, list[LedgerEntry], OutboxEvent]:
+    system = list(Account.objects.filter(kind=AccountKind.SYSTEM).order_by("id")[:2])
+    txn = LedgerTransaction(kind=LedgerTransactionKind.ADJUSTMENT, reference=f"ref-{tag}", created=when)
+    entries = [LedgerEntry(transaction=txn, account=a, asset_id="POINT", amount=n, created=when) for a, n in [(system[0], 7), (system[1], -7)]]
+    return txn, entries, OutboxEvent(topic=f"t.{tag}", payload={"tag": tag, "amount": 7}, created=when)
+
+
+def _ignore(**kwargs: Any) -> None:
+    pass
+
+
+def _batch_of(txn: LedgerTransaction, entries: list[LedgerEntry], event: OutboxEvent) -> InsertBatch:
+    batch = InsertBatch()
+    batch.add(CompiledInsert(LedgerTransaction), [txn])
+    batch.add(CompiledInsert(LedgerEntry), entries)
+    batch.add(CompiledInsert(OutboxEvent), [event])
+    return batch
+
+
+def _written(txn: LedgerTransaction, event: OutboxEvent) -> tuple[Any, ...]:
+    return (
+        LedgerTransaction.objects.filter(pk=txn.pk).values("kind", "created").first(),
+        list(LedgerEntry.objects.filter(transaction=txn).order_by("id").values("account_id", "asset_id", "amount", "created")),
+        OutboxEvent.objects.filter(pk=event.pk).values("topic", "payload", "created", "published_at", "attempts").first(),
+    )
+
+
+@pytest.mark.django_db(transaction=False)
+def test_an_insert_batch_writes_what_single_inserts_write_in_one_round_trip(tenant: Tenant) -> None:
+    """The payment path's pre-lock inserts go as one statement string; the rows read back
+    exactly as the same rows inserted one statement at a time, and nothing is sent before
+    `execute`."""
+    when = timezone.now()
+    batched = _batch_rows("batched", when)
+    batch = _batch_of(*batched)
+    assert batched[2]._state.adding  # not saved until sent
+    sent = _round_trips(batch.execute)
+    assert len(sent) == 1 and [sql.split()[:3] for sql in sent[0].split(";\n")] == [
+        ["INSERT", "INTO", '"wallets_ledgertransaction"'], ["INSERT", "INTO", '"wallets_ledgerentry"'], ["INSERT", "INTO", '"payments_outboxevent"'],
+    ]
+    assert not any(obj._state.adding for obj in [batched[0], *batched[1], batched[2]])
+    assert _round_trips(batch.execute) == []  # executed once: the batch is empty now
+
+    single = _batch_rows("single", when)
+    CompiledInsert(LedgerTransaction).insert(single[0])
+    CompiledInsert(LedgerEntry).insert_many(single[1])
+    CompiledInsert(OutboxEvent).insert(single[2])
+    got, want = _written(batched[0], batched[2]), _written(single[0], single[2])
+    assert got[0] == want[0] and got[1] == want[1] and len(got[1]) == 2
+    untagged = [{**row, "topic": "-", "payload": {**row["payload"], "tag": "-"}} for row in (got[2], want[2])]
+    assert untagged[0] == untagged[1]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_an_insert_batch_that_fails_leaves_none_of_its_rows(tenant: Tenant) -> None:
+    """A statement that fails mid-string (here the event, a duplicate id) raises as a
+    single insert would; rolled back to the caller's savepoint, none of the batch's rows
+    is left, the earlier statements' included, and the transaction carries on."""
+    when = timezone.now()
+    taken = OutboxEvent(topic="t.taken", payload={}, created=when)
+    CompiledInsert(OutboxEvent).insert(taken)
+    txn, entries, event = _batch_rows("failing", when)
+    event.id = taken.id
+    batch = _batch_of(txn, entries, event)
+    with pytest.raises(IntegrityError), transaction.atomic():  # the caller's savepoint
+        batch.execute()
+    assert not LedgerTransaction.objects.filter(pk=txn.pk).exists()
+    assert not LedgerEntry.objects.filter(transaction_id=txn.pk).exists()
+    assert OutboxEvent.objects.filter(pk=taken.pk).values_list("topic", flat=True).get() == "t.taken"
+
+
+@pytest.mark.django_db(transaction=False)
+def test_an_insert_batch_in_a_savepoint_opens_it_in_the_same_round_trip(tenant: Tenant) -> None:
+    """`execute_in_savepoint` sends SAVEPOINT and the inserts as one string; rolling back
+    to the id it returns removes the rows, and a batch that fails rolls back to it itself."""
+    when = timezone.now()
+    txn, entries, event = _batch_rows("in-savepoint", when)
+    sids: list[str] = []
+    sent = _round_trips(lambda: sids.append(_batch_of(txn, entries, event).execute_in_savepoint()))
+    assert len(sent) == 1 and sent[0].startswith(f'SAVEPOINT "{sids[0]}";\n') and len(sent[0].split(";\n")) == 4
+    assert _written(txn, event)[2] is not None
+    transaction.savepoint_rollback(sids[0])
+    assert _written(txn, event) == (None, [], None)
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("through_save", [False, True], ids=["compiled", "through-save"])
+def test_an_insert_batch_that_fails_in_its_savepoint_leaves_the_transaction_usable(tenant: Tenant, through_save: bool) -> None:
+    """A failed `execute_in_savepoint` rolls back to its savepoint, like an inner atomic
+    block, also when the failing insert went through save() (which marks the transaction
+    for rollback): none of its rows stays and the transaction carries on."""
+    when = timezone.now()
+    taken = OutboxEvent(topic="t.taken", payload={}, created=when)
+    CompiledInsert(OutboxEvent).insert(taken)
+    txn, entries, event = _batch_rows("failing-in-savepoint", when)
+    event.id = taken.id
+    if through_save:
+        post_save.connect(_ignore, sender=OutboxEvent, weak=False)
+    try:
+        with pytest.raises(IntegrityError):
+            _batch_of(txn, entries, event).execute_in_savepoint()
+    finally:
+        post_save.disconnect(_ignore, sender=OutboxEvent)
+    assert not transaction.get_rollback()  # the transaction carries on
+    assert not LedgerTransaction.objects.filter(pk=txn.pk).exists()
+    assert not LedgerEntry.objects.filter(transaction_id=txn.pk).exists()
+    assert OutboxEvent.objects.filter(pk=taken.pk).values_list("topic", flat=True).get() == "t.taken"
+
+
+@pytest.mark.django_db(transaction=False)
+def test_an_insert_batch_sends_save_s_signals_in_order_when_someone_listens(tenant: Tenant) -> None:
+    """With a receiver on one model, that model's rows go through `save()` in their place
+    in the order (what came before them is sent first), and the rest still go together."""
+    heard: list[tuple[str, bool]] = []
+
+    def receiver(sender: Any, instance: LedgerTransaction, created: bool, **kwargs: Any) -> None:
+        # The entries added before it were sent already; the ones after were not.
+        heard.append((instance.reference, LedgerEntry.objects.filter(transaction_id="txn_before").exists()))
+
+    when = timezone.now()
+    system = list(Account.objects.filter(kind=AccountKind.SYSTEM).order_by("id")[:2])
+    before = [
+        LedgerEntry(transaction_id="txn_before", account=a, asset_id="POINT", amount=n, created=when) for a, n in [(system[0], 1), (system[1], -1)]
+    ]
+    txn, entries, event = _batch_rows("heard", when)
+    post_save.connect(receiver, sender=LedgerTransaction, weak=False)
+    try:
+        batch = InsertBatch()
+        batch.add(CompiledInsert(LedgerEntry), before)
+        batch.add(CompiledInsert(LedgerTransaction), [txn])
+        batch.add(CompiledInsert(LedgerEntry), entries)
+        batch.add(CompiledInsert(OutboxEvent), [event])
+        sent = _round_trips(batch.execute)
+    finally:
+        post_save.disconnect(receiver, sender=LedgerTransaction)
+    assert heard == [("ref-heard", True)]
+    assert [len(sql.split(";\n")) for sql in sent if sql.startswith("INSERT")] == [1, 1, 2]
+    assert _written(txn, event)[0] is not None and len(_written(txn, event)[1]) == 2 and _written(txn, event)[2] is not None
+
+
+@pytest.mark.django_db(transaction=False)
+def test_an_insert_batch_sends_one_statement_per_round_trip_with_server_side_binding(tenant: Tenant, monkeypatch: Any) -> None:
+    """Server-side binding (a prepared statement per execute) takes one statement at a time."""
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {**connection.settings_dict.get("OPTIONS", {}), "server_side_binding": True})
+    txn, entries, event = _batch_rows("server-side", timezone.now())
+    sent = _round_trips(_batch_of(txn, entries, event).execute)
+    assert [len(sql.split(";\n")) for sql in sent] == [1, 1, 1]
+    assert _written(txn, event)[2] is not None
+    txn, entries, event = _batch_rows("server-side-savepoint", timezone.now())
+    sent = _round_trips(_batch_of(txn, entries, event).execute_in_savepoint)
+    assert [len(sql.split(";\n")) for sql in sent] == [1, 1, 1, 1] and sent[0].startswith("SAVEPOINT")
 
 
 def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> None:

@@ -69,9 +69,10 @@ def test_payment_moves_money_earns_points_and_carbon(tenant) -> None:  # type: i
 def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings) -> None:  # type: ignore[no-untyped-def]
     """The payment path is the ledger's one posting path, in the ORM, and keeps the wallet
     row locked for as little as it can: it reads its plan (the rows, accounts and assets,
-    no lock), opens a savepoint, inserts the ledger transaction, entries, payment and
-    event, and only then locks every balance row with one statement in lock order and
-    moves them with one F() update. No SQL function is involved. (The staged-migration
+    no lock), opens a savepoint and inserts the ledger transaction, entries, payment and
+    event (five statements sent in one round trip: wallets.compiled.InsertBatch), and only
+    then locks every balance row with one statement in lock order and moves them with one
+    F() update. No SQL function is involved. (The staged-migration
     phase a posting asks for is read once per process and TTL, here by the warm-up
     payment.)"""
     from wallets.staged.phases import staged_phase_forget
@@ -86,21 +87,26 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
     staged_phase_forget()
     # django-tenants re-issues SET search_path per cursor unless TENANT_LIMIT_SET_CALLS is on.
     statements = [q["sql"] for q in queries if not q["sql"].startswith("SET search_path")]
-    shapes = [
-        (sql.split()[0], next((t for t in sql.replace('"', " ").split() if t.startswith(("wallets_", "payments_"))), None)) for sql in statements
-    ]
+
+    def shape(one: str) -> tuple[str, str | None]:
+        return one.split()[0], next((t for t in one.replace('"', " ").split() if t.startswith(("wallets_", "payments_"))), None)
+
+    # One entry per round trip; a round trip that carries several statements lists each.
+    shapes = [[shape(one) for one in sql.split(";\n")] for sql in statements]
     assert shapes == [
-        ("SELECT", "wallets_balance"),
-        ("SAVEPOINT", None),
-        ("INSERT", "wallets_ledgertransaction"),
-        ("INSERT", "wallets_ledgerentry"),
-        ("INSERT", "payments_payment"),
-        ("INSERT", "payments_outboxevent"),
-        ("SELECT", "wallets_balance"),
-        ("UPDATE", "wallets_balance"),
+        [("SELECT", "wallets_balance")],
+        [
+            ("SAVEPOINT", None),
+            ("INSERT", "wallets_ledgertransaction"),
+            ("INSERT", "wallets_ledgerentry"),
+            ("INSERT", "payments_payment"),
+            ("INSERT", "payments_outboxevent"),
+        ],
+        [("SELECT", "wallets_balance")],
+        [("UPDATE", "wallets_balance")],
     ], statements
     assert "FOR UPDATE" not in statements[0], statements[0]
-    assert statements[6].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[6]
+    assert statements[2].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[2]
     assert not any("tally_payment_create" in sql for sql in statements)
 
 

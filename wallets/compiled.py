@@ -21,12 +21,14 @@ parameters against what the ORM compiles for the same QuerySet built with real v
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
-from django.db import connections, router, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router, transaction
 from django.db.models import Expression, Field, Model, QuerySet
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
@@ -253,24 +255,162 @@ class CompiledInsert(Generic[M]):
     def insert_many(self, objs: Sequence[M]) -> None:
         if not objs:
             return
+        alias = self._alias()
+        statement = self._statement(alias, objs)
+        if statement is None:
+            self._insert_with_save(alias, objs)
+            return
+        connection = connections[alias]
+        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:  # as save() does
+            cursor.execute(*statement)
+        self._mark_saved(alias, objs)
+
+    def _alias(self) -> str:
+        return str(router.db_for_write(self._model))
+
+    def _statement(self, alias: str, objs: Sequence[M]) -> tuple[str, list[Any]] | None:
+        """The compiled INSERT of `objs` and its values, or None when it must go through
+        `save()` / `bulk_create` (a signal receiver listens, or Django's form does not fit)."""
         if not self._auto_pk and any(obj.pk is None for obj in objs):
             raise ValueError("a compiled insert of this model needs the primary key set in Python")
-        alias = str(router.db_for_write(self._model))
-        compiled = None
-        if not (pre_save.has_listeners(self._model) or post_save.has_listeners(self._model)):
-            compiled = self._compile(alias, objs)
+        if pre_save.has_listeners(self._model) or post_save.has_listeners(self._model):
+            return None
+        compiled = self._compile(alias, objs)
         if compiled is None:
-            if len(objs) == 1:
-                objs[0].save(force_insert=True, using=alias)
-            else:
-                self._model._default_manager.using(alias).bulk_create(objs)
-            return
+            return None
         sql, per_column = compiled
         connection = connections[alias]
         rows = [[field.get_db_prep_save(field.pre_save(obj, True), connection=connection) for field in self._fields] for obj in objs]
         params = [list(column) for column in zip(*rows, strict=True)] if per_column else [value for row in rows for value in row]
-        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:  # as save() does
-            cursor.execute(sql, params)
+        return sql, params
+
+    def _insert_with_save(self, alias: str, objs: Sequence[M]) -> None:
+        if len(objs) == 1:
+            objs[0].save(force_insert=True, using=alias)
+        else:
+            self._model._default_manager.using(alias).bulk_create(objs)
+
+    @staticmethod
+    def _mark_saved(alias: str, objs: Sequence[M]) -> None:
         for obj in objs:
             obj._state.adding = False
             obj._state.db = alias
+
+
+class InsertBatch:
+    """Compiled inserts of new rows sent to the database together: `add` prepares each
+    insert's SQL and values at once (so an instance changed afterwards is inserted as it
+    was), `execute` sends them in order, as one statement string in one round trip.
+
+    A statement costs the payment path about 0.15 ms of Python whatever it does (a Django
+    cursor, psycopg's query conversion, the round trip); the four inserts a payment makes
+    before it locks its rows (ledger transaction, entries, payment, event) went as four.
+    Several statements in one string need psycopg's client-side binding, Django's default;
+    with `OPTIONS["server_side_binding"]` each goes on its own. An insert that must go
+    through `save()` (a signal receiver listens) is sent on its own, in its place in the
+    order. A failure of `execute` leaves the transaction as a failed single insert does
+    (marked for rollback); `execute_in_savepoint` rolls a failure back to its savepoint
+    and leaves the transaction usable. Everything added goes to the database `add`'s
+    model routes to for writes, which must be one database per batch.
+    """
+
+    def __init__(self) -> None:
+        self._alias: str | None = None
+        self._steps: list[tuple[CompiledInsert[Any], Sequence[Model], tuple[str, list[Any]] | None]] = []
+
+    def add(self, insert: CompiledInsert[M], objs: Sequence[M]) -> None:
+        if not objs:
+            return
+        alias = insert._alias()
+        if self._alias is None:
+            self._alias = alias
+        elif alias != self._alias:
+            raise ValueError(f"one batch writes to one database, not {self._alias} and {alias}")
+        self._steps.append((insert, objs, insert._statement(alias, objs)))
+
+    def execute(self) -> None:
+        """Send what was added, in order; the batch is empty afterwards. Locks: none (new rows)."""
+        self._send(savepoint=False)
+
+    def execute_in_savepoint(self) -> str:
+        """`execute`, after opening a savepoint in the same round trip; returns its id for
+        `transaction.savepoint_rollback`, as `transaction.savepoint()` would, one round
+        trip fewer. If sending fails, this rolls back to it before raising: a failed
+        execute leaves none of its rows. Locks: none (new rows)."""
+        sid = self._send(savepoint=True)
+        assert sid is not None
+        return sid
+
+    def _send(self, *, savepoint: bool) -> str | None:
+        steps, self._steps = self._steps, []
+        if not steps and not savepoint:
+            return None
+        alias = self._alias or DEFAULT_DB_ALIAS
+        connection = connections[alias]
+        together = connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is not True
+        pending: list[tuple[str, list[Any]]] = []
+        done: list[tuple[CompiledInsert[Any], Sequence[Model]]] = []
+        sid = None
+        if savepoint:
+            if connection.get_autocommit():
+                raise TransactionManagementError("a savepoint needs a transaction")
+            sid = f"tally_batch_{next(_savepoint_numbers)}"
+            pending.append((connection.ops.savepoint_create_sql(sid), []))
+
+        def flush() -> None:
+            if not pending:
+                return
+            sql = ";\n".join(statement for statement, _ in pending)
+            params = [value for _, values in pending for value in values]
+            # In its own savepoint a failure is rolled back below; otherwise, as save() does.
+            marking = transaction.mark_for_rollback_on_error(using=alias) if sid is None else contextlib.nullcontext()
+            with marking, connection.cursor() as cursor:
+                cursor.execute(sql, params)
+            pending.clear()
+            for insert, objs in done:
+                insert._mark_saved(alias, objs)
+            done.clear()
+
+        doomed_before = connection.in_atomic_block and transaction.get_rollback(using=alias)
+        try:
+            if not together:
+                flush()  # the savepoint alone
+            for insert, objs, statement in steps:
+                if statement is None:
+                    flush()
+                    insert._insert_with_save(alias, objs)
+                    continue
+                pending.append(statement)
+                done.append((insert, objs))
+                if not together:
+                    flush()
+            flush()
+        except BaseException:
+            if sid is not None:
+                self._rollback_to(alias, sid, doomed_before=doomed_before)
+            raise
+        return sid
+
+    @staticmethod
+    def _rollback_to(alias: str, sid: str, *, doomed_before: bool) -> None:
+        """Back to the batch's savepoint, as an inner `atomic` block that fails goes back to
+        its own: the transaction carries on as it was before the batch. A save() among the
+        inserts may have marked it for rollback; that mark is lifted for the rollback and
+        put back only if it was there before, or if the rollback itself fails (the
+        savepoint never opened, or the connection is gone)."""
+        connection = connections[alias]
+        if connection.in_atomic_block:
+            transaction.set_rollback(False, using=alias)
+        try:
+            transaction.savepoint_rollback(sid, using=alias)
+        except DatabaseError:
+            if connection.in_atomic_block:
+                transaction.set_rollback(True, using=alias)
+            return
+        if doomed_before:
+            transaction.set_rollback(True, using=alias)
+
+
+
+# Savepoint names only need to differ within a transaction; a process-wide count does that.
+_savepoint_numbers = itertools.count(1)

@@ -32,7 +32,7 @@ from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
-from wallets.compiled import CompiledInsert
+from wallets.compiled import CompiledInsert, InsertBatch
 from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
 from wallets.locks import (
     LockedBalances,
@@ -131,12 +131,13 @@ def _charge_writing_first(parties: _Parties, *, asset_code: str, amount: int, po
     now = timezone.now()
     payment_id = ids.new_payment_id()
     legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
-    savepoint = transaction.savepoint()
+    rows = InsertBatch()  # the savepoint and the four inserts in one round trip (wallets.compiled)
+    txn = ledger_rows_write(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now, batch=rows)
+    payment = _payment_rows_write(
+        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now, batch=rows
+    )
+    savepoint = rows.execute_in_savepoint()  # a failure here rolled its rows back already
     try:
-        txn = ledger_rows_write(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now)
-        payment = _payment_rows_write(
-            parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
-        )
         locked = balance_rows_lock(wants=ledger_wants(legs))
         if _rewards_cut(locked, customer=customer, points=points, grams=grams) != (points, grams):
             raise _RewardCapMoved()
@@ -176,9 +177,13 @@ def _charge_locking_first(
     payment_id = ids.new_payment_id()
     legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
     txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, consume_hold=consume_hold)
-    return _payment_rows_write(
-        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
+    rows = InsertBatch()
+    payment = _payment_rows_write(
+        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now,
+        batch=rows,
     )
+    rows.execute()
+    return payment
 
 
 def _rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams: int) -> tuple[int, int]:
@@ -189,9 +194,11 @@ def _rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams:
 
 
 def _payment_rows_write(
-    parties: _Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime
+    parties: _Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime,
+    batch: InsertBatch,
 ) -> Payment:
-    """The payment row and its `payment.succeeded` event. Locks: none (new rows)."""
+    """The payment row and its `payment.succeeded` event, added to `batch` (the caller
+    executes it). Locks: none (new rows)."""
     payment = Payment(
         id=payment_id,
         status=PaymentStatus.SUCCEEDED,
@@ -206,7 +213,7 @@ def _payment_rows_write(
         ledger_transaction_id=txn_id,
         created=now,
     )
-    _PAYMENT_INSERT.insert(payment)
+    batch.add(_PAYMENT_INSERT, [payment])
     outbox_event_create(
         topic="payment.succeeded",
         payload={
@@ -215,6 +222,7 @@ def _payment_rows_write(
             "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
         },
         created=now,
+        batch=batch,
     )
     return payment
 

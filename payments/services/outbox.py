@@ -25,7 +25,7 @@ from django.utils import timezone
 from redis.commands.core import Script
 
 from payments.models import OutboxEvent
-from wallets.compiled import CompiledInsert
+from wallets.compiled import CompiledInsert, InsertBatch
 from wallets.fastredis import fast_redis
 
 logger = logging.getLogger(__name__)
@@ -34,9 +34,16 @@ RELAY_TASK_NAME = "webhooks.outbox_relay"
 _EVENT_INSERT = CompiledInsert(OutboxEvent)  # every money movement writes one (wallets.compiled)
 
 
-def outbox_event_create(*, topic: str, payload: Mapping[str, Any], created: datetime | None = None) -> OutboxEvent:
-    """Record an event in the caller's transaction; the relay publishes it after commit."""
-    event = _EVENT_INSERT.insert(OutboxEvent(topic=topic, payload=dict(payload), created=created or timezone.now()))
+def outbox_event_create(
+    *, topic: str, payload: Mapping[str, Any], created: datetime | None = None, batch: InsertBatch | None = None
+) -> OutboxEvent:
+    """Record an event in the caller's transaction; the relay publishes it after commit.
+    With `batch`, the row goes when the caller executes the batch, in this transaction."""
+    event = OutboxEvent(topic=topic, payload=dict(payload), created=created or timezone.now())
+    if batch is None:
+        _EVENT_INSERT.insert(event)
+    else:
+        batch.add(_EVENT_INSERT, [event])
     outbox_relay_kick_on_commit()
     return event
 

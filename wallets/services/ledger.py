@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import BigIntegerField, Case, F, Value, When
 from django.utils import timezone
 
-from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, Param
+from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, balance_want, hold_lock
 from wallets.models import (
@@ -146,16 +146,23 @@ def ledger_post(
     return txn
 
 
-def ledger_rows_write(*, kind: str, reference: str, legs: Sequence[Leg], created: datetime) -> LedgerTransaction:
+def ledger_rows_write(
+    *, kind: str, reference: str, legs: Sequence[Leg], created: datetime, batch: InsertBatch | None = None
+) -> LedgerTransaction:
     """Insert a balanced transaction and its entries (one per leg), moving no balance:
     `ledger_post` does that, and is the only caller but the payment path, which calls this
-    first and passes the result to `ledger_post(written=)` (see there). Locks: none (new
-    rows of append-only tables with no foreign keys to shared rows)."""
+    first and passes the result to `ledger_post(written=)` (see there). With `batch`, the
+    rows are added to it and go when the caller executes it (before `ledger_post`). Locks:
+    none (new rows of append-only tables with no foreign keys to shared rows)."""
     _legs_validate(legs)
-    txn = _TRANSACTION_INSERT.insert(LedgerTransaction(kind=kind, reference=reference, created=created))
-    _ENTRIES_INSERT.insert_many(
-        [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=created) for leg in legs]
-    )
+    txn = LedgerTransaction(kind=kind, reference=reference, created=created)
+    entries = [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=created) for leg in legs]
+    own_batch = batch is None
+    batch = InsertBatch() if batch is None else batch
+    batch.add(_TRANSACTION_INSERT, [txn])
+    batch.add(_ENTRIES_INSERT, entries)
+    if own_batch:
+        batch.execute()
     return txn
 
 
