@@ -179,8 +179,12 @@ def test_a_relay_killed_with_sigkill_mid_batch_loses_nothing(live_tenant: Tenant
         try:
             deadline = time.monotonic() + 60
             while True:  # wait until it holds every one of our rows
-                with transaction.atomic():
-                    free = len(OutboxEvent.objects.select_for_update(skip_locked=True).filter(pk__in=ids).values_list("pk", flat=True))
+                # Read without locking: a probe that locked the rows (even FOR UPDATE SKIP
+                # LOCKED, for an instant) could make the relay's SKIP LOCKED claim skip them.
+                # A row another transaction has locked carries that transaction's id in xmax.
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT count(*) FROM payments_outboxevent WHERE id = ANY(%s) AND xmax::text = '0'", [ids])
+                    free = cursor.fetchone()[0]
                 if free == 0:
                     break
                 assert relay.poll() is None, relay.communicate()
