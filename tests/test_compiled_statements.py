@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
@@ -389,15 +389,24 @@ def test_an_insert_batch_sends_save_s_signals_in_order_when_someone_listens(tena
 
 @pytest.mark.django_db(transaction=False)
 def test_an_insert_batch_sends_one_statement_per_round_trip_with_server_side_binding(tenant: Tenant, monkeypatch: Any) -> None:
-    """Server-side binding (a prepared statement per execute) takes one statement at a time."""
-    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {**connection.settings_dict.get("OPTIONS", {}), "server_side_binding": True})
+    """On a connection whose cursors bind server-side (a prepared statement per execute,
+    which takes one command), each statement goes on its own, and still lands."""
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    monkeypatch.setattr(connection.connection, "cursor_factory", ServerBindingCursor)
+    with pytest.raises(DatabaseError, match="multiple commands"), transaction.atomic():  # what a joined string would meet
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT %s; SELECT %s", [1, 2])
     txn, entries, event = _batch_rows("server-side", timezone.now())
     sent = _round_trips(_batch_of(txn, entries, event).execute)
     assert [len(sql.split(";\n")) for sql in sent] == [1, 1, 1]
-    assert _written(txn, event)[2] is not None
+    assert _written(txn, event)[2] is not None and len(_written(txn, event)[1]) == 2
     txn, entries, event = _batch_rows("server-side-savepoint", timezone.now())
-    sent = _round_trips(_batch_of(txn, entries, event).execute_in_savepoint)
+    sids: list[str] = []
+    sent = _round_trips(lambda: sids.append(_batch_of(txn, entries, event).execute_in_savepoint()))
     assert [len(sql.split(";\n")) for sql in sent] == [1, 1, 1, 1] and sent[0].startswith("SAVEPOINT")
+    transaction.savepoint_rollback(sids[0])
+    assert _written(txn, event) == (None, [], None)
 
 
 def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> None:

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router, transaction
 from django.db.models import Expression, Field, Model, QuerySet
 from django.db.models.fields import AutoFieldMixin
@@ -306,7 +307,8 @@ class InsertBatch:
     cursor, psycopg's query conversion, the round trip); the four inserts a payment makes
     before it locks its rows (ledger transaction, entries, payment, event) went as four.
     Several statements in one string need psycopg's client-side binding, Django's default;
-    with `OPTIONS["server_side_binding"]` each goes on its own. An insert that must go
+    on a connection with server-side binding (`OPTIONS["server_side_binding"]`) each goes
+    on its own (`sends_statements_together`). An insert that must go
     through `save()` (a signal receiver listens) is sent on its own, in its place in the
     order. A failure of `execute` leaves the transaction as a failed single insert does
     (marked for rollback); `execute_in_savepoint` rolls a failure back to its savepoint
@@ -347,7 +349,7 @@ class InsertBatch:
             return None
         alias = self._alias or DEFAULT_DB_ALIAS
         connection = connections[alias]
-        together = connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is not True
+        together = sends_statements_together(connection)
         pending: list[tuple[str, list[Any]]] = []
         done: list[tuple[CompiledInsert[Any], Sequence[Model]]] = []
         sid = None
@@ -410,6 +412,15 @@ class InsertBatch:
         if doomed_before:
             transaction.set_rollback(True, using=alias)
 
+
+
+def sends_statements_together(connection: Any) -> bool:
+    """Whether this connection's cursors bind values client-side (psycopg's ClientCursor,
+    Django's default), which lets one execute carry several statements; a server-side
+    binding cursor prepares each execute as one statement. Asked of the open connection,
+    not the settings: its cursor class was fixed when it connected."""
+    connection.ensure_connection()
+    return issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
 
 
 # Savepoint names only need to differ within a transaction; a process-wide count does that.

@@ -21,6 +21,7 @@ import redis
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 from redis.commands.core import Script
 
@@ -38,8 +39,11 @@ def outbox_event_create(
     *, topic: str, payload: Mapping[str, Any], created: datetime | None = None, batch: InsertBatch | None = None
 ) -> OutboxEvent:
     """Record an event in the caller's transaction; the relay publishes it after commit.
-    With `batch`, the row goes when the caller executes the batch, in this transaction."""
+    With `batch`, the row goes when the caller executes the batch, in this transaction
+    (one must be open: the relay is kicked on its commit)."""
     event = OutboxEvent(topic=topic, payload=dict(payload), created=created or timezone.now())
+    if batch is not None and not connection.in_atomic_block:
+        raise TransactionManagementError("an event added to a batch needs the caller's transaction")
     if batch is None:
         _EVENT_INSERT.insert(event)
     else:
