@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_request_cpu.py --requests 1000
     .venv/bin/python bench/bench_request_cpu.py --requests 1000 --cprofile 25   # + top functions
-    .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab-insert-batch
+    .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab insert-batch   # or --ab known-accounts
     .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
 
 Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
@@ -201,28 +201,35 @@ def _environ(body: bytes, key: str) -> dict[str, Any]:
     }
 
 
-def _ab_insert_batch(one: Callable[[], None], requests: int, connection: Any) -> None:
+def _ab(one: Callable[[], None], requests: int, connection: Any, lever: str) -> None:
     """Paired blocks, so that a machine whose speed drifts moves both sides alike."""
-    options = connection.settings_dict.setdefault("OPTIONS", {})
-    cpu = {"together": 0.0, "one per round trip": 0.0}
+    import wallets.compiled
+    from payments.services.charges import known_accounts_forget
+
+    decide = wallets.compiled.sends_statements_together
+    shipped, other = ("together", "one per round trip") if lever == "insert-batch" else ("remembered", "forgotten")
+    cpu = {shipped: 0.0, other: 0.0}
     sql = dict.fromkeys(cpu, 0)
     blocks = max(1, requests // 100)
     with connection.execute_wrapper(_count_sql):
         for block in range(blocks):
-            sides = list(cpu) if block % 2 == 0 else list(reversed(cpu))
-            for side in sides:
-                options["server_side_binding"] = side != "together"
+            for side in [shipped, other] if block % 2 == 0 else [other, shipped]:
+                if lever == "insert-batch":  # the server-side-binding branch, the connection unchanged
+                    wallets.compiled.sends_statements_together = decide if side == shipped else (lambda connection: False)  # type: ignore[assignment]
                 _Counter.sql = 0
                 started = time.process_time()
                 for _ in range(50):
+                    if side == other and lever == "known-accounts":
+                        known_accounts_forget()
                     one()
                 cpu[side] += time.process_time() - started
                 sql[side] += _Counter.sql
-    options.pop("server_side_binding", None)
+    wallets.compiled.sends_statements_together = decide  # type: ignore[assignment]
     n = blocks * 50
     print(
         json.dumps(
             {
+                "lever": lever,
                 "requests_per_side": n,
                 "python_cpu_ms_per_request": {side: round(total / n * 1000, 3) for side, total in cpu.items()},
                 "round_trips_per_request": {side: round(count / n, 2) for side, count in sql.items()},
@@ -242,13 +249,15 @@ def main() -> None:
     parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="also print cProfile's top N functions by own time")
     parser.add_argument("--sort", default="tottime", help="with --cprofile: tottime or cumulative")
     parser.add_argument("--callers", default="", metavar="REGEX", help="with --cprofile: who calls the functions matching REGEX")
+    parser.add_argument("--callees", default="", metavar="REGEX", help="with --cprofile: what the functions matching REGEX call")
     parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
     parser.add_argument(
-        "--ab-insert-batch",
-        action="store_true",
-        help="A/B in one process: alternate blocks of 50 requests with the payment's inserts sent together (as shipped) and one per "
-        "round trip (InsertBatch's server-side-binding branch, the connection unchanged); prints CPU per request of each",
+        "--ab",
+        choices=["insert-batch", "known-accounts"],
+        help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
+        "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
+        "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request",
     )
     args = parser.parse_args()
 
@@ -309,8 +318,8 @@ def main() -> None:
     _Held.windows = 0
     _Counter.show_sql = args.show_sql
     profiler = cProfile.Profile(time.process_time) if args.cprofile else None  # CPU, not wall
-    if args.ab_insert_batch:
-        _ab_insert_batch(one, args.requests, connection)
+    if args.ab:
+        _ab(one, args.requests, connection, args.ab)
         return
     with connection.execute_wrapper(_count_sql):
         cpu, wall = time.process_time(), time.perf_counter()
@@ -348,6 +357,8 @@ def main() -> None:
         stats.print_stats(args.cprofile)
         if args.callers:
             stats.print_callers(args.callers)
+        if args.callees:
+            stats.print_callees(args.callees)
         print(out.getvalue())
 
 

@@ -33,6 +33,15 @@ def _public_tenant_ensure() -> None:
     Domain.objects.get_or_create(domain="public.test.localhost", defaults={"tenant": public, "is_primary": True})
 
 
+@pytest.fixture(autouse=True)
+def _payers_forgotten() -> None:
+    """Each test starts with no payer's accounts remembered (payments.services.charges):
+    its first payment of a payer reads the plan, its next ones do not, whatever ran before."""
+    from payments.services.charges import known_accounts_forget
+
+    known_accounts_forget()
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(
     django_test_environment: None, django_db_blocker: Any, django_db_modify_db_settings: None

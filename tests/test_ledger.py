@@ -72,9 +72,11 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
     no lock), opens a savepoint and inserts the ledger transaction, entries, payment and
     event (five statements sent in one round trip: wallets.compiled.InsertBatch), and only
     then locks every balance row with one statement in lock order and moves them with one
-    F() update. No SQL function is involved. (The staged-migration
-    phase a posting asks for is read once per process and TTL, here by the warm-up
-    payment.)"""
+    F() update. No SQL function is involved. The next payment of the same parties in this
+    process skips the plan read: it knows their accounts (payments.services.charges). (The
+    staged-migration phase a posting asks for is read once per process and TTL, here by
+    the warm-up payment.)"""
+    from payments.services.charges import known_accounts_forget
     from wallets.staged.phases import staged_phase_forget
 
     settings.TALLY_STAGED_PHASE_TTL_SECONDS = 3600
@@ -82,19 +84,17 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 10_000)
     payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)  # the reward and shard rows now exist
-    with CaptureQueriesContext(connection) as queries:
+    known_accounts_forget()
+    with CaptureQueriesContext(connection) as first:
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+    with CaptureQueriesContext(connection) as next_one:
         payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
     staged_phase_forget()
-    # django-tenants re-issues SET search_path per cursor unless TENANT_LIMIT_SET_CALLS is on.
-    statements = [q["sql"] for q in queries if not q["sql"].startswith("SET search_path")]
 
     def shape(one: str) -> tuple[str, str | None]:
         return one.split()[0], next((t for t in one.replace('"', " ").split() if t.startswith(("wallets_", "payments_"))), None)
 
-    # One entry per round trip; a round trip that carries several statements lists each.
-    shapes = [[shape(one) for one in sql.split(";\n")] for sql in statements]
-    assert shapes == [
-        [("SELECT", "wallets_balance")],
+    writes_then_locks = [
         [
             ("SAVEPOINT", None),
             ("INSERT", "wallets_ledgertransaction"),
@@ -104,11 +104,112 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
         ],
         [("SELECT", "wallets_balance")],
         [("UPDATE", "wallets_balance")],
-    ], statements
-    assert "FOR UPDATE" not in statements[0], statements[0]
-    assert statements[2].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[2]
-    assert not any("tally_payment_create" in sql for sql in statements)
+    ]
+    for queries, expected in [(first, [[("SELECT", "wallets_balance")], *writes_then_locks]), (next_one, writes_then_locks)]:
+        # django-tenants re-issues SET search_path per cursor unless TENANT_LIMIT_SET_CALLS is on.
+        statements = [q["sql"] for q in queries if not q["sql"].startswith("SET search_path")]
+        # One entry per round trip; a round trip that carries several statements lists each.
+        assert [[shape(one) for one in sql.split(";\n")] for sql in statements] == expected, statements
+        assert statements[-2].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[-2]
+        assert not any("tally_payment_create" in sql for sql in statements)
+    plan = next(q["sql"] for q in first.captured_queries if not q["sql"].startswith("SET search_path"))
+    assert "FOR UPDATE" not in plan, plan
+    assert _balance(customer, "JPY")["balance"] == 10_000 - 300
 
+
+
+def _written_counts() -> tuple[int, int, int, int]:
+    return Payment.objects.count(), LedgerTransaction.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count()
+
+
+def test_known_accounts_are_checked_on_the_locked_rows(tenant) -> None:  # type: ignore[no-untyped-def]
+    """A payment of parties whose accounts the process remembers skips the plan read; the
+    locked rows still decide: a freeze, short funds and a reward cap that came since are
+    refused or cut as on the plan's path, with nothing written, and a refusal makes the
+    next payment read its plan again."""
+    from payments.services import charges
+
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 1_000)
+    payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+    mine = [key for key in charges._KNOWN_ACCOUNTS if key[1] == customer.pk]
+    assert len(mine) == 1
+
+    wallet_freeze(customer=customer, staff=staff(), reason="review")
+    before = _written_counts()
+    with pytest.raises(WalletFrozen), CaptureQueriesContext(connection) as refused:
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+    sent = [q["sql"] for q in refused.captured_queries if not q["sql"].startswith("SET search_path")]
+    assert sent[0].startswith("SAVEPOINT") and "FOR UPDATE" in sent[1], sent  # no plan read: refused on the locked rows
+    assert _written_counts() == before and mine[0] not in charges._KNOWN_ACCOUNTS
+    wallet_unfreeze(customer=customer, staff=staff(), reason="cleared")
+    payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)  # remembered again
+    assert mine[0] in charges._KNOWN_ACCOUNTS
+
+    with pytest.raises(InsufficientFunds), CaptureQueriesContext(connection) as refused:
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=801)
+    sent = [q["sql"] for q in refused.captured_queries if not q["sql"].startswith("SET search_path")]
+    assert sent[0].startswith("SAVEPOINT") and "FOR UPDATE" in sent[1], sent
+    assert _written_counts()[0] == before[0] + 1 and mine[0] not in charges._KNOWN_ACCOUNTS
+    payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+    assert mine[0] in charges._KNOWN_ACCOUNTS
+
+    # A points cap set since: the payment is redone locking first, its reward cut to fit.
+    points = _balance(customer, "POINT")["balance"]
+    Asset.objects.filter(code="POINT").update(cap=points + 1)
+    payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=400)
+    assert payment.points_earned == 1 and _balance(customer, "POINT")["balance"] == points + 1
+    assert _balance(customer, "JPY")["balance"] == 1_000 - 700
+    _assert_ledger_sound()
+
+
+def test_known_accounts_that_are_wrong_are_caught_before_any_money_moves(tenant) -> None:  # type: ignore[no-untyped-def]
+    """Remembered accounts are a hint. Given another customer's (as a tenant restored
+    under the same ids, or a bug, could), the payment still charges its own payer: the
+    locked rows show whose accounts they are, the written rows go back, the entry is
+    forgotten, and the payment is made locking first."""
+    from payments.services import charges
+
+    alice, bob, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
+    fund(alice, 1_000)
+    fund(bob, 1_000)
+    payment_create(terminal=terminal, customer=alice, asset_code="JPY", amount=100)
+    payment_create(terminal=terminal, customer=bob, asset_code="JPY", amount=100)
+    [alice_key] = [key for key in charges._KNOWN_ACCOUNTS if key[1] == alice.pk]
+    [bob_key] = [key for key in charges._KNOWN_ACCOUNTS if key[1] == bob.pk]
+    charges._KNOWN_ACCOUNTS[alice_key] = charges._KNOWN_ACCOUNTS[bob_key]
+    payments_before = Payment.objects.count()
+
+    payment = payment_create(terminal=terminal, customer=alice, asset_code="JPY", amount=250)
+
+    assert payment.customer_id == alice.pk and Payment.objects.count() == payments_before + 1
+    assert _balance(alice, "JPY")["balance"] == 1_000 - 350
+    assert _balance(bob, "JPY")["balance"] == 1_000 - 100
+    debited = LedgerEntry.objects.filter(transaction_id=payment.ledger_transaction_id, amount__lt=0)
+    assert set(debited.values_list("account__customer_id", flat=True)) == {alice.pk, None}  # her JPY; the reward accounts
+    assert alice_key not in charges._KNOWN_ACCOUNTS
+    _assert_ledger_sound()
+    assert balance_entry_mismatches() == []
+
+
+def test_known_accounts_of_a_customer_rolled_back_are_refused_as_unknown(tenant) -> None:  # type: ignore[no-untyped-def]
+    """Accounts remembered from a transaction that rolled back (the customer and its
+    account never committed): the payment is refused as for any unknown customer, with
+    nothing written and no balance row made."""
+    from payments.services import charges
+    from wallets.models import Balance
+
+    terminal = TerminalFactory()
+    with transaction.atomic():
+        ghost = CustomerFactory()
+        fund(ghost, 1_000)
+        payment_create(terminal=terminal, customer=ghost, asset_code="JPY", amount=100)
+        transaction.set_rollback(True)
+    assert any(key[1] == ghost.pk for key in charges._KNOWN_ACCOUNTS)
+    before, balances = _written_counts(), Balance.objects.count()
+    with pytest.raises(NotFound):
+        payment_create(terminal=terminal, customer=ghost, asset_code="JPY", amount=100)
+    assert _written_counts() == before and Balance.objects.count() == balances
 
 def test_insufficient_funds_changes_nothing(tenant) -> None:  # type: ignore[no-untyped-def]
     customer, terminal = CustomerFactory(), TerminalFactory()

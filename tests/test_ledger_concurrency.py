@@ -319,16 +319,24 @@ def test_refund_racing_a_points_spend_takes_back_what_is_left_instead_of_refusin
     assert outcome["refund"].points_reversed == 5  # type: ignore[attr-defined]
 
 
-def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_tenant: Tenant) -> None:
+@pytest.mark.parametrize("remembered", [False, True], ids=["plan-read", "accounts-remembered"])
+def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_tenant: Tenant, remembered: bool) -> None:
     """A payment that reaches the wallet's rows while a freeze holds them must not finish
-    after the freeze commits (it would read the account row as it was before)."""
+    after the freeze commits (it would read the account row as it was before); also when
+    the process remembers the payer's accounts from an earlier payment (no plan read)."""
     from django.db import connection, transaction
 
+    from payments.services import charges
     from payments.services.freezes import wallet_freeze
     from wallets.errors import WalletFrozen
 
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 1_000)
+    paid_before = 0
+    if remembered:
+        payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
+        paid_before = 100
+        assert any(key[1] == customer.pk for key in charges._KNOWN_ACCOUNTS)
     frozen_holding = threading.Event()
     release = threading.Event()
     outcome: dict[str, Any] = {}
@@ -368,7 +376,7 @@ def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_t
     freezer.join(timeout=20)
     payer.join(timeout=20)
     assert "refused" in outcome and "payment" not in outcome, outcome
-    assert _jpy(customer)["balance"] == 1_000
+    assert _jpy(customer)["balance"] == 1_000 - paid_before
 
 
 def _between_plan_and_lock(monkeypatch: pytest.MonkeyPatch, tenant: Tenant, meddle: Callable[[], Any]) -> None:

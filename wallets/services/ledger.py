@@ -69,8 +69,10 @@ def ledger_post(
 ) -> LedgerTransaction:
     """Post one balanced ledger transaction and move the balances with it.
 
-    `legs` carry Account rows read in this transaction (their `frozen` flag is the one
-    checked). Pass `locked` when the caller has already locked the rows (to read them
+    `legs` carry Account rows. Their `frozen` flag refuses before anything is locked; the
+    locked rows' own flags and their accounts', read under the lock, refuse after
+    (`_frozen_refuse`), so legs whose accounts were read earlier (the payment path's
+    remembered accounts) can only miss a freeze the locked rows then catch. Pass `locked` when the caller has already locked the rows (to read them
     before deciding the legs, as a payment does for rewards under a cap); it must cover
     `ledger_wants(legs)`. `consume_hold`, an active hold the caller has locked, on the
     (account, asset) this posting debits: its amount counts as available to the debit,
