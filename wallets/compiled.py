@@ -308,12 +308,12 @@ class InsertBatch:
     before it locks its rows (ledger transaction, entries, payment, event) went as four.
     Several statements in one string need psycopg's client-side binding, Django's default;
     on a connection with server-side binding (`OPTIONS["server_side_binding"]`) each goes
-    on its own (`sends_statements_together`). An insert that must go
-    through `save()` (a signal receiver listens) is sent on its own, in its place in the
-    order. A failure of `execute` leaves the transaction as a failed single insert does
-    (marked for rollback); `execute_in_savepoint` rolls a failure back to its savepoint
-    and leaves the transaction usable. Everything added goes to the database `add`'s
-    model routes to for writes, which must be one database per batch.
+    on its own (`sends_statements_together`). An insert that must go through `save()` (a
+    signal receiver listens) is sent on its own, in its place in the order. A failure of
+    `execute` leaves the transaction as a failed single insert does (marked for
+    rollback); `execute_in_savepoint` rolls a failure back to its savepoint and leaves the
+    transaction usable. Everything added goes to the database `add`'s model routes to for
+    writes, which must be one database per batch.
     """
 
     def __init__(self) -> None:
@@ -411,7 +411,6 @@ class InsertBatch:
             return
         if doomed_before:
             transaction.set_rollback(True, using=alias)
-
 
 
 def sends_statements_together(connection: Any) -> bool:

@@ -213,7 +213,7 @@ _KNOWN_ACCOUNTS: dict[_KnownKey, MovementAccounts] = {}
 
 
 class _KnownAccountsWrong(Exception):
-    """The locked rows do not match the remembered accounts: the payment is decided afresh."""
+    """The locked rows do not match the remembered accounts: the payment is made locking first."""
 
 
 def _known_accounts_remember(key: _KnownKey, accounts: MovementAccounts) -> None:
