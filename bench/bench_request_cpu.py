@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_request_cpu.py --requests 1000
     .venv/bin/python bench/bench_request_cpu.py --requests 1000 --cprofile 25   # + top functions
-    .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab insert-batch   # or --ab known-accounts
+    .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab insert-batch   # or known-accounts, lean-middleware
     .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
 
 Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
@@ -201,30 +201,70 @@ def _environ(body: bytes, key: str) -> dict[str, Any]:
     }
 
 
-def _ab(one: Callable[[], None], requests: int, connection: Any, lever: str) -> None:
-    """Paired blocks, so that a machine whose speed drifts moves both sides alike."""
+# Middleware an API request does not use (no session, cookie or login on /v1/): the lever
+# `--ab lean-middleware` measures, not shipped.
+_LEAN_MIDDLEWARE_DROPS = (
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "axes.middleware.AxesMiddleware",
+)
+
+
+def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> dict[str, Callable[[], None]]:
+    """Per lever, the shipped side first: a request made each way (the others' state restored)."""
     import wallets.compiled
     from payments.services.charges import known_accounts_forget
 
-    decide = wallets.compiled.sends_statements_together
-    shipped, other = ("together", "one per round trip") if lever == "insert-batch" else ("remembered", "forgotten")
-    cpu = {shipped: 0.0, other: 0.0}
-    sql = dict.fromkeys(cpu, 0)
+    if lever == "insert-batch":  # the server-side-binding branch, the connection unchanged
+        decide = wallets.compiled.sends_statements_together
+
+        def one_per_round_trip() -> None:
+            wallets.compiled.sends_statements_together = lambda connection: False  # type: ignore[assignment]
+            try:
+                request(application)
+            finally:
+                wallets.compiled.sends_statements_together = decide  # type: ignore[assignment]
+
+        return {"together": lambda: request(application), "one per round trip": one_per_round_trip}
+    if lever == "known-accounts":
+
+        def forgotten() -> None:
+            known_accounts_forget()
+            request(application)
+
+        return {"remembered": lambda: request(application), "forgotten": forgotten}
+    from django.conf import settings
+    from django.core.handlers.wsgi import WSGIHandler
+
+    full = settings.MIDDLEWARE
+    settings.MIDDLEWARE = [m for m in full if m not in _LEAN_MIDDLEWARE_DROPS]
+    try:
+        lean = WSGIHandler()
+    finally:
+        settings.MIDDLEWARE = full
+    return {"all middleware": lambda: request(application), "five skipped": lambda: request(lean)}
+
+
+def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, lever: str) -> None:
+    """Paired blocks, so that a machine whose speed drifts moves both sides alike."""
+    names = list(sides)
+    cpu = dict.fromkeys(names, 0.0)
+    sql = dict.fromkeys(names, 0)
     blocks = max(1, requests // 100)
+    for side in names:  # each side's first requests (a new handler, a cold memory) are not timed
+        for _ in range(20):
+            sides[side]()
     with connection.execute_wrapper(_count_sql):
         for block in range(blocks):
-            for side in [shipped, other] if block % 2 == 0 else [other, shipped]:
-                if lever == "insert-batch":  # the server-side-binding branch, the connection unchanged
-                    wallets.compiled.sends_statements_together = decide if side == shipped else (lambda connection: False)  # type: ignore[assignment]
+            for side in names if block % 2 == 0 else reversed(names):
                 _Counter.sql = 0
                 started = time.process_time()
                 for _ in range(50):
-                    if side == other and lever == "known-accounts":
-                        known_accounts_forget()
-                    one()
+                    sides[side]()
                 cpu[side] += time.process_time() - started
                 sql[side] += _Counter.sql
-    wallets.compiled.sends_statements_together = decide  # type: ignore[assignment]
     n = blocks * 50
     print(
         json.dumps(
@@ -254,10 +294,11 @@ def main() -> None:
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
     parser.add_argument(
         "--ab",
-        choices=["insert-batch", "known-accounts"],
+        choices=["insert-batch", "known-accounts", "lean-middleware"],
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
         "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
-        "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request",
+        "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request; "
+        "lean-middleware = every middleware (as shipped) or a second handler without sessions, CSRF, auth, messages and axes",
     )
     args = parser.parse_args()
 
@@ -287,13 +328,16 @@ def main() -> None:
         statuses[status.split(" ", 1)[0]] += 1
         return lambda data: None
 
-    def one() -> None:
+    def request(app: Any) -> None:
         body = json.dumps({"customer": customer, "asset": "JPY", "amount": 1}).encode()
-        result = application(_environ(body, key), start_response)
+        result = app(_environ(body, key), start_response)
         try:
             b"".join(result)
         finally:
             result.close()  # request_finished: what gunicorn does after writing the response
+
+    def one() -> None:
+        request(application)
 
     _count_redis()
     commit = connection._commit
@@ -319,7 +363,7 @@ def main() -> None:
     _Counter.show_sql = args.show_sql
     profiler = cProfile.Profile(time.process_time) if args.cprofile else None  # CPU, not wall
     if args.ab:
-        _ab(one, args.requests, connection, args.ab)
+        _ab(_ab_sides(args.ab, request, application), args.requests, connection, args.ab)
         return
     with connection.execute_wrapper(_count_sql):
         cpu, wall = time.process_time(), time.perf_counter()

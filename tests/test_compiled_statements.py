@@ -409,6 +409,22 @@ def test_an_insert_batch_sends_one_statement_per_round_trip_with_server_side_bin
     assert _written(txn, event) == (None, [], None)
 
 
+def test_an_event_added_to_a_batch_needs_a_transaction(live_tenant: Tenant) -> None:
+    """Outside a transaction the relay kick would run at once, before the batch sends the
+    event: refused, nothing added."""
+    from payments.services.outbox import outbox_event_create
+
+    batch = InsertBatch()
+    with pytest.raises(TransactionManagementError):
+        outbox_event_create(topic="t.no-transaction", payload={}, batch=batch)
+    assert _round_trips(batch.execute) == []
+    with transaction.atomic():
+        outbox_event_create(topic="t.in-transaction", payload={}, batch=batch)
+        batch.execute()
+    assert OutboxEvent.objects.filter(topic="t.in-transaction").exists()
+    assert not OutboxEvent.objects.filter(topic="t.no-transaction").exists()
+
+
 def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> None:
     from webhooks.services import deliveries
 

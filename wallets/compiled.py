@@ -303,9 +303,9 @@ class InsertBatch:
     insert's SQL and values at once (so an instance changed afterwards is inserted as it
     was), `execute` sends them in order, as one statement string in one round trip.
 
-    A statement costs the payment path about 0.15 ms of Python whatever it does (a Django
-    cursor, psycopg's query conversion, the round trip); the four inserts a payment makes
-    before it locks its rows (ledger transaction, entries, payment, event) went as four.
+    A statement costs Python whatever it does (a Django cursor, psycopg's query
+    conversion, the round trip); the savepoint and four inserts a payment makes before it
+    locks its rows went as five (docs/BENCHMARKS.md, issue 13, fifth pass).
     Several statements in one string need psycopg's client-side binding, Django's default;
     on a connection with server-side binding (`OPTIONS["server_side_binding"]`) each goes
     on its own (`sends_statements_together`). An insert that must go through `save()` (a
