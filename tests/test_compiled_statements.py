@@ -448,3 +448,62 @@ def test_the_delivered_webhooks_update_sends_what_the_orm_compiles(tenant: Tenan
         values[f"pk{i}"], values[f"at{i}"], values[f"code{i}"] = pks[i], times[i], codes[i]
     compiled = deliveries._DELIVERED_ROWS.get(count).sql_with_params(**values)
     assert _normalised(*compiled) == _orm_sql_of_query(orm)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_compiled_select_works_its_converters_out_once_and_still_converts_every_row(tenant: Tenant, monkeypatch: Any) -> None:
+    """The converters (here the JSON payload's) are worked out on the first execution only,
+    and every later execution still converts its own rows with them."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    when = timezone.now()
+    events = [OutboxEvent(topic=f"t.conv{n}", payload={"n": n, "nested": {"list": [n, "x"]}}, created=when) for n in range(3)]
+    for event in events:
+        CompiledInsert(OutboxEvent).insert(event)
+    statement = CompiledQuery(OutboxEvent.objects.filter(topic=Param("topic")).only("id", "payload", "created"))
+    worked_out: list[int] = []
+    work_out = SQLCompiler.get_converters
+
+    def counted(self: SQLCompiler, expressions: Any) -> Any:
+        worked_out.append(len(expressions))
+        return work_out(self, expressions)
+
+    monkeypatch.setattr(SQLCompiler, "get_converters", counted)
+    for n in range(3):
+        (row,) = statement.select(topic=f"t.conv{n}")
+        assert row.payload == {"n": n, "nested": {"list": [n, "x"]}} and row.created == when
+    assert len(worked_out) == 1
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_batch_savepoint_string_is_the_same_every_payment(tenant: Tenant) -> None:
+    """psycopg caches the conversion of a statement string it has seen: a batch whose
+    string changed with every payment (a numbered savepoint) was converted anew each time."""
+    when = timezone.now()
+    batches = [_batch_of(*_batch_rows(tag, when)) for tag in ("first", "second")]
+    sent = [_round_trips(batch.execute_in_savepoint) for batch in batches]
+    assert len(sent[0]) == len(sent[1]) == 1 and sent[0] == sent[1]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_batch_rolls_back_to_its_own_savepoint_when_an_earlier_batch_kept_the_same_name(tenant: Tenant) -> None:
+    """Two batches in one transaction, the first kept: the second's savepoint has the same
+    name, and rolling back to the id it returned removes its rows only."""
+    when = timezone.now()
+    first = _batch_rows("kept", when)
+    _batch_of(*first).execute_in_savepoint()
+    second = _batch_rows("rolled-back", when)
+    sid = _batch_of(*second).execute_in_savepoint()
+    transaction.savepoint_rollback(sid)
+    assert _written(second[0], second[2]) == (None, [], None)
+    kept = _written(first[0], first[2])
+    assert kept[0] is not None and len(kept[1]) == 2 and kept[2] is not None
+    # And a failing batch after them goes back to its own savepoint, leaving the first.
+    taken = first[2]
+    txn, entries, event = _batch_rows("failing-after", when)
+    event.id = taken.id
+    with pytest.raises(IntegrityError):
+        _batch_of(txn, entries, event).execute_in_savepoint()
+    assert not LedgerTransaction.objects.filter(pk=txn.pk).exists()
+    kept_again = _written(first[0], first[2])
+    assert kept_again == kept

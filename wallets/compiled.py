@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -39,6 +38,9 @@ from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
 
 M = TypeVar("M", bound=Model)
+# A compiled select asks for one list of columns' converters; more lists than this would be
+# a caller building new expressions per execution, so the cache starts over.
+_MAX_CONVERTER_ENTRIES = 8
 
 
 class _Slot:
@@ -76,6 +78,7 @@ class _Compiled:
         self.sql = sql
         self.template = params
         self.slots = [(i, p.name) for i, p in enumerate(params) if isinstance(p, _Slot)]
+        self._converters: dict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = {}
 
     def bind(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         params = list(self.template)
@@ -92,7 +95,26 @@ class _Compiled:
         compiler.connection = connections[alias]
         sql, params = self.sql, self.bind(values)
         compiler.as_sql = lambda *args, **kwargs: (sql, params)  # type: ignore[method-assign]
+        work_out = compiler.get_converters
+        compiler.get_converters = lambda expressions: self._converters_of(expressions, work_out)  # type: ignore[method-assign]
         return compiler
+
+    def _converters_of(self, expressions: list[Any], work_out: Callable[[list[Any]], Any]) -> Any:
+        """The compiler's `get_converters`, worked out once per list of expressions. A
+        select's converters come from its columns' fields (PostgreSQL's operations add
+        none), and its columns are the prepared compiler's own objects, so every execution
+        asked again for the same answer, which cost about a sixth of a payment's locking
+        select in Python (docs/BENCHMARKS.md, issue 13, sixth pass). The entry keeps the
+        expressions it was worked out for, so an id in its key cannot be reused by
+        another object while it is kept."""
+        key = tuple(map(id, expressions))
+        entry = self._converters.get(key)
+        if entry is None:
+            if len(self._converters) >= _MAX_CONVERTER_ENTRIES:
+                self._converters.clear()
+            entry = (tuple(expressions), work_out(expressions))
+            self._converters[key] = entry
+        return entry[1]
 
 
 class _BoundQuery:
@@ -356,7 +378,7 @@ class InsertBatch:
         if savepoint:
             if connection.get_autocommit():
                 raise TransactionManagementError("a savepoint needs a transaction")
-            sid = f"tally_batch_{next(_savepoint_numbers)}"
+            sid = _batch_savepoint_name()
             pending.append((connection.ops.savepoint_create_sql(sid), []))
 
         def flush() -> None:
@@ -422,5 +444,12 @@ def sends_statements_together(connection: Any) -> bool:
     return issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
 
 
-# Savepoint names only need to differ within a transaction; a process-wide count does that.
-_savepoint_numbers = itertools.count(1)
+def _batch_savepoint_name() -> str:
+    """One name for every batch's savepoint. A statement string that differs on every
+    payment missed psycopg's cache of converted queries (an LRU of strings of up to 50
+    values), and converting the batch's string again cost more Python than the round trip
+    the batch saves (docs/BENCHMARKS.md, issue 13, sixth pass). A name may be reused:
+    `ROLLBACK TO SAVEPOINT` goes back to the latest savepoint of that name, which is the
+    batch's own for as long as its caller may roll back to it, since nothing between the
+    batch and that rollback opens another batch."""
+    return "tally_batch"
