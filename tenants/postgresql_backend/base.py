@@ -1,0 +1,39 @@
+"""django-tenants' PostgreSQL backend, with the connection's health check and the
+request's `SET search_path` in one round trip.
+
+Every request that touches the database began with two statements before its own: the
+health check (`SELECT 1`, CONN_HEALTH_CHECKS: a persistent connection that died between
+requests is replaced instead of failing the request), then django-tenants' `SET
+search_path` for the request's tenant (its middleware calls `set_tenant` on every
+request, which forgets the path set before). Here the health check is that `SET`: it
+proves the connection works just as well, and django-tenants then finds the path set
+and issues nothing. The path is set afresh on every request, never trusted from an
+earlier one; django-tenants still forgets it on rollback, savepoint rollback and close.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
+from django_tenants.utils import quote_schema_name
+from psycopg import Error as DriverError
+
+
+class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
+    def is_usable(self) -> bool:
+        if self.connection is None or self._setting_search_path:
+            return bool(super().is_usable())
+        try:
+            paths = self._get_cursor_search_paths()
+        except (ImproperlyConfigured, ValidationError):
+            return bool(super().is_usable())  # no tenant chosen yet: the plain check
+        self.search_path_set_schemas = None
+        try:
+            # A psycopg cursor directly, as Django's own check does: no Django wrapper,
+            # and no re-entry into `_cursor`.
+            with self.connection.cursor() as cursor:
+                cursor.execute("SET search_path = " + ",".join(quote_schema_name(p) for p in paths))
+        except DriverError:
+            return False
+        self.search_path_set_schemas = paths
+        return True
