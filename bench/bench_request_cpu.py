@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_request_cpu.py --requests 1000
     .venv/bin/python bench/bench_request_cpu.py --requests 1000 --cprofile 25   # + top functions
-    .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab insert-batch   # or known-accounts, lean-middleware
+    .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab insert-batch   # or another lever: --help
     .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
 
 Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
@@ -36,6 +36,7 @@ import collections
 import cProfile
 import functools
 import io
+import itertools
 import json
 import os
 import pstats
@@ -212,6 +213,9 @@ _LEAN_MIDDLEWARE_DROPS = (
 )
 
 
+_numbers = itertools.count(1)
+
+
 def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> dict[str, Callable[[], None]]:
     """Per lever, the shipped side first: a request made each way (the others' state restored)."""
     import wallets.compiled
@@ -228,6 +232,42 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
                 wallets.compiled.sends_statements_together = decide  # type: ignore[assignment]
 
         return {"together": lambda: request(application), "one per round trip": one_per_round_trip}
+    if lever == "savepoint-name":  # the batch's savepoint numbered per batch, as before
+
+        def numbered() -> None:
+            shipped = wallets.compiled._batch_savepoint_name
+            wallets.compiled._batch_savepoint_name = lambda: f"tally_batch_{next(_numbers)}"  # type: ignore[assignment]
+            try:
+                request(application)
+            finally:
+                wallets.compiled._batch_savepoint_name = shipped  # type: ignore[assignment]
+
+        return {"one name": lambda: request(application), "numbered": numbered}
+    if lever == "converters":  # every compiled select works its converters out again
+
+        def worked_out_again() -> None:
+            cached = wallets.compiled._Compiled._converters_of
+            wallets.compiled._Compiled._converters_of = lambda self, expressions, work_out: work_out(expressions)  # type: ignore[method-assign]
+            try:
+                request(application)
+            finally:
+                wallets.compiled._Compiled._converters_of = cached  # type: ignore[method-assign]
+
+        return {"cached": lambda: request(application), "worked out again": worked_out_again}
+    if lever == "search-path":  # Django's own health check (SELECT 1), then django-tenants' SET
+        import types
+
+        from django.db import connection
+        from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
+
+        def apart() -> None:
+            connection.is_usable = types.MethodType(TenantsDatabaseWrapper.is_usable, connection)
+            try:
+                request(application)
+            finally:
+                del connection.is_usable
+
+        return {"check sets the path": lambda: request(application), "check, then SET": apart}
     if lever == "known-accounts":
 
         def forgotten() -> None:
@@ -294,11 +334,15 @@ def main() -> None:
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
     parser.add_argument(
         "--ab",
-        choices=["insert-batch", "known-accounts", "lean-middleware"],
+        choices=["insert-batch", "known-accounts", "lean-middleware", "savepoint-name", "converters", "search-path"],
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
         "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
         "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request; "
-        "lean-middleware = every middleware (as shipped) or a second handler without sessions, CSRF, auth, messages and axes",
+        "lean-middleware = every middleware (as shipped) or a second handler without sessions, CSRF, auth, messages and axes; "
+        "savepoint-name = the payment batch's savepoint under one name (as shipped) or numbered per batch (a new statement "
+        "string each payment); converters = a compiled select's converters cached (as shipped) or worked out on every "
+        "execution; search-path = the connection's health check is the request's SET search_path (as shipped) or "
+        "Django's SELECT 1 followed by django-tenants' SET",
     )
     args = parser.parse_args()
 
