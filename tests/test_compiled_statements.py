@@ -9,6 +9,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
@@ -507,3 +508,41 @@ def test_a_batch_rolls_back_to_its_own_savepoint_when_an_earlier_batch_kept_the_
     assert not LedgerTransaction.objects.filter(pk=txn.pk).exists()
     kept_again = _written(first[0], first[2])
     assert kept_again == kept
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_batch_that_fails_before_its_savepoint_opens_dooms_the_transaction_not_an_earlier_batch(tenant: Tenant) -> None:
+    """The name is shared, so the latest savepoint of that name may be an earlier batch's:
+    a batch that fails in Python before anything is sent (a payload JSON cannot encode)
+    must not go back to it, which would undo the earlier batch's rows and let the
+    transaction commit without them. The transaction is marked for rollback instead."""
+    when = timezone.now()
+    first = _batch_rows("kept-before-a-python-failure", when)
+    _batch_of(*first).execute_in_savepoint()
+    txn, entries, event = _batch_rows("unencodable", when)
+    event.payload = {"not json": object()}
+    with pytest.raises(TypeError):
+        _batch_of(txn, entries, event).execute_in_savepoint()
+    assert transaction.get_rollback()  # the whole transaction goes
+    transaction.set_rollback(False)  # to look: the earlier batch's rows were not undone
+    kept = _written(first[0], first[2])
+    assert kept[0] is not None and len(kept[1]) == 2 and kept[2] is not None
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_batch_in_an_aborted_transaction_does_not_revive_it_through_an_earlier_savepoint(tenant: Tenant) -> None:
+    """A transaction the server aborted behind Django's back: the batch's SAVEPOINT fails
+    (25P02), and going back to the shared name would reach the earlier batch's savepoint
+    and bring the transaction back to life without what came after it."""
+    from psycopg.pq import TransactionStatus
+
+    when = timezone.now()
+    _batch_of(*_batch_rows("kept-before-an-abort", when)).execute_in_savepoint()
+    second = _batch_of(*_batch_rows("in-the-aborted", when))
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        connection.connection.execute("SELECT 1 / 0")  # psycopg's own cursor: Django does not know
+    with pytest.raises(DatabaseError) as failure:
+        second.execute_in_savepoint()
+    assert "25P02" in repr(getattr(failure.value.__cause__, "sqlstate", None))
+    assert connection.connection.info.transaction_status == TransactionStatus.INERROR
+    assert transaction.get_rollback()

@@ -37,6 +37,8 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
 
+from wallets.transactions import sqlstate_of
+
 M = TypeVar("M", bound=Model)
 # A compiled select asks for one list of columns' converters; more lists than this would be
 # a caller building new expressions per execution, so the cache starts over.
@@ -359,8 +361,11 @@ class InsertBatch:
     def execute_in_savepoint(self) -> str:
         """`execute`, after opening a savepoint in the same round trip; returns its id for
         `transaction.savepoint_rollback`, as `transaction.savepoint()` would, one round
-        trip fewer. If sending fails, this rolls back to it before raising: a failed
-        execute leaves none of its rows. Locks: none (new rows)."""
+        trip fewer. If sending fails after the savepoint opened, this rolls back to it
+        before raising: a failed execute leaves none of its rows, and the transaction
+        carries on. If it fails before the savepoint is known to have opened (in Python
+        before or while sending, or in the SAVEPOINT itself), the whole transaction is
+        marked for rollback instead. Locks: none (new rows)."""
         sid = self._send(savepoint=True)
         assert sid is not None
         return sid
@@ -381,7 +386,10 @@ class InsertBatch:
             sid = _batch_savepoint_name()
             pending.append((connection.ops.savepoint_create_sql(sid), []))
 
+        opened = False  # the savepoint is known to exist on the server
+
         def flush() -> None:
+            nonlocal opened
             if not pending:
                 return
             sql = ";\n".join(statement for statement, _ in pending)
@@ -390,6 +398,7 @@ class InsertBatch:
             marking = transaction.mark_for_rollback_on_error(using=alias) if sid is None else contextlib.nullcontext()
             with marking, connection.cursor() as cursor:
                 cursor.execute(sql, params)
+            opened = sid is not None
             pending.clear()
             for insert, objs in done:
                 insert._mark_saved(alias, objs)
@@ -409,9 +418,15 @@ class InsertBatch:
                 if not together:
                     flush()
             flush()
-        except BaseException:
+        except BaseException as failure:
             if sid is not None:
-                self._rollback_to(alias, sid, doomed_before=doomed_before)
+                if opened or _ran_past_the_savepoint(failure):
+                    self._rollback_to(alias, sid, doomed_before=doomed_before)
+                elif connection.in_atomic_block:
+                    # The savepoint may never have opened, and the name is shared: going back
+                    # to it could reach an earlier batch's savepoint and undo that batch's
+                    # rows. The whole transaction is rolled back instead.
+                    transaction.set_rollback(True, using=alias)
             raise
         return sid
 
@@ -421,7 +436,7 @@ class InsertBatch:
         its own: the transaction carries on as it was before the batch. A save() among the
         inserts may have marked it for rollback; that mark is lifted for the rollback and
         put back only if it was there before, or if the rollback itself fails (the
-        savepoint never opened, or the connection is gone)."""
+        connection is gone). Called only once the savepoint has opened (`_send`)."""
         connection = connections[alias]
         if connection.in_atomic_block:
             transaction.set_rollback(False, using=alias)
@@ -446,10 +461,27 @@ def sends_statements_together(connection: Any) -> bool:
 
 def _batch_savepoint_name() -> str:
     """One name for every batch's savepoint. A statement string that differs on every
-    payment missed psycopg's cache of converted queries (an LRU of strings of up to 50
-    values), and converting the batch's string again cost more Python than the round trip
-    the batch saves (docs/BENCHMARKS.md, issue 13, sixth pass). A name may be reused:
-    `ROLLBACK TO SAVEPOINT` goes back to the latest savepoint of that name, which is the
-    batch's own for as long as its caller may roll back to it, since nothing between the
-    batch and that rollback opens another batch."""
+    payment misses psycopg's cache of converted queries, and is parsed again each time
+    (docs/BENCHMARKS.md, issue 13, sixth pass). A name may be reused: `ROLLBACK TO
+    SAVEPOINT` goes back to the latest savepoint of that name, which is the batch's own
+    once it has opened, for as long as its caller may roll back to it (nothing between the
+    batch and that rollback opens another batch). Before it has opened, the latest one of
+    that name may be an earlier batch's, which is why `_send` goes back to it only when
+    the server ran past it."""
     return "tally_batch"
+
+
+# SQLSTATE classes a SAVEPOINT statement itself can fail with in an open transaction: an
+# invalid transaction state (25: already aborted, or none), the connection (08), an
+# operator or a cancel (57), resources and limits (53, 54), system and internal errors
+# (58, XX). Any other error the server reports came from a statement after it.
+_SAVEPOINT_FAILURE_CLASSES = frozenset({"25", "08", "57", "53", "54", "58", "XX"})
+
+
+def _ran_past_the_savepoint(failure: BaseException) -> bool:
+    """Whether a batch whose string began with its SAVEPOINT failed after the savepoint
+    opened: the server reported the error (an error raised in Python before or while
+    sending, or a wait cut short, carries no SQLSTATE), and not one the SAVEPOINT itself
+    could have raised."""
+    state = sqlstate_of(failure)
+    return state is not None and state[:2] not in _SAVEPOINT_FAILURE_CLASSES
