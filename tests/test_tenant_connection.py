@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from tenants.models import Tenant
 
@@ -33,9 +33,9 @@ def _next_request() -> None:
     connection.health_check_done = False
 
 
-@pytest.mark.django_db(transaction=False)
-def test_the_health_check_sets_the_requests_path_in_its_own_round_trip(tenant_a: Tenant, tenant_b: Tenant) -> None:
-    for tenant in (tenant_a, tenant_b, tenant_a):
+def test_the_health_check_sets_the_requests_path_in_its_own_round_trip(live_tenant: Tenant, tenant_b: Tenant) -> None:
+    """Outside a transaction, as in production: the check runs before any BEGIN."""
+    for tenant in (live_tenant, tenant_b, live_tenant):
         connection.set_tenant(tenant)  # as the tenant middleware does on every request
         _next_request()
         sent, path = _sent_and_path()
@@ -75,3 +75,44 @@ def test_a_connection_that_died_between_requests_is_replaced_with_the_path_set(l
     sent, path = _sent_and_path()  # would raise on the dead session without the check
     assert connection.connection.info.backend_pid != backend
     assert live_tenant.schema_name in path and sent[-1] == "SELECT current_setting('search_path')"
+
+
+def test_a_request_that_ended_in_an_error_leaves_no_path_for_the_next_tenant(live_tenant: Tenant, tenant_b: Tenant) -> None:
+    """A request for tenant A ends after a database error: Django health-checks the
+    connection then, which sets A's path. The next request is tenant B's, and its queries
+    must run in B."""
+    connection.set_tenant(live_tenant)
+    _sent_and_path()
+    connection.close_at = None  # a persistent connection (tests otherwise close at once)
+    connection.errors_occurred = True
+    connection.close_if_unusable_or_obsolete()  # request_finished
+    assert connection.connection is not None and live_tenant.schema_name in connection.search_path_set_schemas
+    connection.close_if_unusable_or_obsolete()  # request_started
+    connection.set_schema_to_public()  # the tenant middleware
+    connection.set_tenant(tenant_b)
+    _, path = _sent_and_path()
+    assert tenant_b.schema_name in path and live_tenant.schema_name not in path
+
+
+def test_a_path_set_by_a_check_in_a_transaction_that_rolls_back_is_set_again(live_tenant: Tenant, tenant_b: Tenant) -> None:
+    """A check that ran inside a transaction (or savepoint) that then rolled back took its
+    SET with it; the next cursor sets the path again."""
+    connection.set_tenant(live_tenant)
+    _sent_and_path()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        connection.set_tenant(tenant_b)
+        _next_request()
+        assert tenant_b.schema_name in _sent_and_path()[1]
+        raise RuntimeError
+    sent, path = _sent_and_path()
+    assert sent[0].startswith("SET search_path") and tenant_b.schema_name in path
+    with transaction.atomic():
+        connection.set_tenant(live_tenant)
+        _sent_and_path()
+        with pytest.raises(RuntimeError), transaction.atomic():
+            connection.set_tenant(tenant_b)
+            _next_request()
+            assert tenant_b.schema_name in _sent_and_path()[1]
+            raise RuntimeError
+        # django-tenants set it again already, for the RELEASE after the rollback
+        assert tenant_b.schema_name in _sent_and_path()[1]

@@ -9,11 +9,13 @@ request, which forgets the path set before). Here the health check is that `SET`
 proves the connection works just as well, and django-tenants then finds the path set
 and issues nothing. The path is set afresh on every request, never trusted from an
 earlier one; django-tenants still forgets it on rollback, savepoint rollback and close.
+The SET goes on psycopg's own cursor, as Django's check does, so Django's query log and
+execute wrappers do not see it.
 """
 
 from __future__ import annotations
 
-from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.exceptions import ValidationError
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
 from django_tenants.utils import quote_schema_name
 from psycopg import Error as DriverError
@@ -21,12 +23,12 @@ from psycopg import Error as DriverError
 
 class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
     def is_usable(self) -> bool:
-        if self.connection is None or self._setting_search_path:
-            return bool(super().is_usable())
+        if self.connection is None or not self.schema_name:
+            return bool(super().is_usable())  # no schema chosen: the plain check
         try:
             paths = self._get_cursor_search_paths()
-        except (ImproperlyConfigured, ValidationError):
-            return bool(super().is_usable())  # no tenant chosen yet: the plain check
+        except ValidationError:
+            return bool(super().is_usable())  # a name django-tenants refuses: it says so at the next cursor
         self.search_path_set_schemas = None
         try:
             # A psycopg cursor directly, as Django's own check does: no Django wrapper,
