@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_request_cpu.py --requests 1000
     .venv/bin/python bench/bench_request_cpu.py --requests 1000 --cprofile 25   # + top functions
     .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab insert-batch   # or another lever: --help
+    .venv/bin/python bench/bench_request_cpu.py --pieces   # single pieces timed on their own
     .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
 
 Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
@@ -319,6 +320,76 @@ def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, le
     )
 
 
+def _per_call_ms(fn: Callable[[], Any], calls: int = 2000) -> float:
+    """CPU per call of `fn` (best of five runs: the least disturbed by the machine)."""
+    best = float("inf")
+    for _ in range(5):
+        started = time.process_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.process_time() - started)
+    return round(best / calls * 1000, 4)
+
+
+def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -> None:
+    """The pieces this pass changed, each timed on its own (too small for the paired
+    A/B to resolve on a drifting machine): converting the payment batch's statement
+    string, a compiled select's converters, and a round trip's client CPU."""
+    import copy
+
+    from django.db.models.sql.compiler import SQLCompiler
+    from psycopg._encodings import conn_encoding
+    from psycopg._queries import _query2pg_client, _query2pg_client_nocache
+
+    from wallets import locks
+
+    sent: list[str] = []
+
+    def capture(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        request(application)
+    batch = next(sql for sql in sent if sql.startswith("SAVEPOINT")).encode()
+    encoding = conn_encoding(connection.connection)
+    _query2pg_client(batch, encoding)  # the shipped string: in psycopg's cache from now on
+
+    lock_select = next(iter(locks._BY_ACCOUNT._by_shape.values()))
+    compiled = lock_select._compile(lock_select._alias())
+    compiler = copy.copy(compiled.compiler)
+    compiler.connection = connection
+    columns = [column for column, _, _ in compiler.select[: compiler.col_count]]
+    compiled._converters_of(columns, compiler.get_converters)  # cached from now on
+
+    django_cursor = connection.cursor()
+    raw_cursor = connection.connection.cursor()
+    print(
+        json.dumps(
+            {
+                "batch_string_bytes": len(batch),
+                "batch_string_conversion_ms": {
+                    "converted (a new string, as a numbered savepoint made every payment)": _per_call_ms(
+                        lambda: _query2pg_client_nocache(batch, encoding)
+                    ),
+                    "from psycopg's cache (one name)": _per_call_ms(lambda: _query2pg_client(batch, encoding)),
+                },
+                "lock_select_converters_ms": {
+                    "worked out (Django's get_converters)": _per_call_ms(lambda: SQLCompiler.get_converters(compiler, columns)),
+                    "cached": _per_call_ms(lambda: compiled._converters_of(columns, compiler.get_converters)),
+                },
+                "round_trip_client_cpu_ms": {
+                    "SET search_path through Django's cursor": _per_call_ms(
+                        lambda: django_cursor.execute('SET search_path = "benchhttp","public"'), calls=1000
+                    ),
+                    "SELECT 1 on psycopg's cursor (Django's health check)": _per_call_ms(lambda: raw_cursor.execute("SELECT 1"), calls=1000),
+                },
+            },
+            indent=2,
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1000)
@@ -332,6 +403,7 @@ def main() -> None:
     parser.add_argument("--callees", default="", metavar="REGEX", help="with --cprofile: what the functions matching REGEX call")
     parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
+    parser.add_argument("--pieces", action="store_true", help="time the sixth pass's pieces on their own, then stop")
     parser.add_argument(
         "--ab",
         choices=["insert-batch", "known-accounts", "lean-middleware", "savepoint-name", "converters", "search-path"],
@@ -406,6 +478,9 @@ def main() -> None:
     _Held.windows = 0
     _Counter.show_sql = args.show_sql
     profiler = cProfile.Profile(time.process_time) if args.cprofile else None  # CPU, not wall
+    if args.pieces:
+        _pieces(request, application, connection)
+        return
     if args.ab:
         _ab(_ab_sides(args.ab, request, application), args.requests, connection, args.ab)
         return
