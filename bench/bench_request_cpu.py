@@ -37,7 +37,6 @@ import collections
 import cProfile
 import functools
 import io
-import itertools
 import json
 import os
 import pstats
@@ -214,9 +213,6 @@ _LEAN_MIDDLEWARE_DROPS = (
 )
 
 
-_numbers = itertools.count(1)
-
-
 def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> dict[str, Callable[[], None]]:
     """Per lever, the shipped side first: a request made each way (the others' state restored)."""
     import wallets.compiled
@@ -233,17 +229,6 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
                 wallets.compiled.sends_statements_together = decide  # type: ignore[assignment]
 
         return {"together": lambda: request(application), "one per round trip": one_per_round_trip}
-    if lever == "savepoint-name":  # the batch's savepoint numbered per batch, as before
-
-        def numbered() -> None:
-            shipped = wallets.compiled._batch_savepoint_name
-            wallets.compiled._batch_savepoint_name = lambda: f"tally_batch_{next(_numbers)}"  # type: ignore[assignment]
-            try:
-                request(application)
-            finally:
-                wallets.compiled._batch_savepoint_name = shipped  # type: ignore[assignment]
-
-        return {"one name": lambda: request(application), "numbered": numbered}
     if lever == "converters":  # every compiled select works its converters out again
 
         def worked_out_again() -> None:
@@ -353,7 +338,7 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
         request(application)
     batch = next(sql for sql in sent if sql.startswith("SAVEPOINT")).encode()
     encoding = conn_encoding(connection.connection)
-    _query2pg_client(batch, encoding)  # the shipped string: in psycopg's cache from now on
+    _query2pg_client(batch, encoding)  # in psycopg's cache from now on
 
     lock_select = next(iter(locks._BY_ACCOUNT._by_shape.values()))
     compiled = lock_select._compile(lock_select._alias())
@@ -369,10 +354,12 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
             {
                 "batch_string_bytes": len(batch),
                 "batch_string_conversion_ms": {
-                    "converted (a new string, as a numbered savepoint made every payment)": _per_call_ms(
+                    "converted (as shipped: the numbered savepoint makes each payment's string new)": _per_call_ms(
                         lambda: _query2pg_client_nocache(batch, encoding)
                     ),
-                    "from psycopg's cache (one name)": _per_call_ms(lambda: _query2pg_client(batch, encoding)),
+                    "from psycopg's cache (what one shared savepoint name would give; not taken)": _per_call_ms(
+                        lambda: _query2pg_client(batch, encoding)
+                    ),
                 },
                 "lock_select_converters_ms": {
                     "worked out (Django's get_converters)": _per_call_ms(lambda: SQLCompiler.get_converters(compiler, columns)),
@@ -406,13 +393,12 @@ def main() -> None:
     parser.add_argument("--pieces", action="store_true", help="time the sixth pass's pieces on their own, then stop")
     parser.add_argument(
         "--ab",
-        choices=["insert-batch", "known-accounts", "lean-middleware", "savepoint-name", "converters", "search-path"],
+        choices=["insert-batch", "known-accounts", "lean-middleware", "converters", "search-path"],
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
         "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
         "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request; "
         "lean-middleware = every middleware (as shipped) or a second handler without sessions, CSRF, auth, messages and axes; "
-        "savepoint-name = the payment batch's savepoint under one name (as shipped) or numbered per batch (a new statement "
-        "string each payment); converters = a compiled select's converters cached (as shipped) or worked out on every "
+        "converters = a compiled select's converters cached (as shipped) or worked out on every "
         "execution; search-path = the connection's health check is the request's SET search_path (as shipped) or "
         "Django's SELECT 1 followed by django-tenants' SET",
     )

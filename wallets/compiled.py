@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -36,8 +37,6 @@ from django.db.models.sql import InsertQuery, UpdateQuery
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
-
-from wallets.transactions import sqlstate_of
 
 M = TypeVar("M", bound=Model)
 # A compiled select asks for one list of columns' converters; more lists than this would be
@@ -105,8 +104,8 @@ class _Compiled:
         """The compiler's `get_converters`, worked out once per list of expressions. A
         select's converters come from its columns' fields (PostgreSQL's operations add
         none), and its columns are the prepared compiler's own objects, so every execution
-        asked again for the same answer, which cost about a sixth of a payment's locking
-        select in Python (docs/BENCHMARKS.md, issue 13, sixth pass). The entry keeps the
+        asked again for the same answer: 0.09 ms of Python for a payment's locking select
+        (docs/BENCHMARKS.md, issue 13, sixth pass). The entry keeps the
         expressions it was worked out for, so an id in its key cannot be reused by
         another object while it is kept."""
         key = tuple(map(id, expressions))
@@ -117,6 +116,7 @@ class _Compiled:
             entry = (tuple(expressions), work_out(expressions))
             self._converters[key] = entry
         return entry[1]
+
 
 
 class _BoundQuery:
@@ -361,11 +361,8 @@ class InsertBatch:
     def execute_in_savepoint(self) -> str:
         """`execute`, after opening a savepoint in the same round trip; returns its id for
         `transaction.savepoint_rollback`, as `transaction.savepoint()` would, one round
-        trip fewer. If sending fails after the savepoint opened, this rolls back to it
-        before raising: a failed execute leaves none of its rows, and the transaction
-        carries on. If it fails before the savepoint is known to have opened (in Python
-        before or while sending, or in the SAVEPOINT itself), the whole transaction is
-        marked for rollback instead. Locks: none (new rows)."""
+        trip fewer. If sending fails, this rolls back to it before raising: a failed
+        execute leaves none of its rows. Locks: none (new rows)."""
         sid = self._send(savepoint=True)
         assert sid is not None
         return sid
@@ -383,13 +380,10 @@ class InsertBatch:
         if savepoint:
             if connection.get_autocommit():
                 raise TransactionManagementError("a savepoint needs a transaction")
-            sid = _batch_savepoint_name()
+            sid = f"tally_batch_{next(_savepoint_numbers)}"
             pending.append((connection.ops.savepoint_create_sql(sid), []))
 
-        opened = False  # the savepoint is known to exist on the server
-
         def flush() -> None:
-            nonlocal opened
             if not pending:
                 return
             sql = ";\n".join(statement for statement, _ in pending)
@@ -398,7 +392,6 @@ class InsertBatch:
             marking = transaction.mark_for_rollback_on_error(using=alias) if sid is None else contextlib.nullcontext()
             with marking, connection.cursor() as cursor:
                 cursor.execute(sql, params)
-            opened = sid is not None
             pending.clear()
             for insert, objs in done:
                 insert._mark_saved(alias, objs)
@@ -418,15 +411,9 @@ class InsertBatch:
                 if not together:
                     flush()
             flush()
-        except BaseException as failure:
+        except BaseException:
             if sid is not None:
-                if opened or _ran_past_the_savepoint(failure):
-                    self._rollback_to(alias, sid, doomed_before=doomed_before)
-                elif connection.in_atomic_block:
-                    # The savepoint may never have opened, and the name is shared: going back
-                    # to it could reach an earlier batch's savepoint and undo that batch's
-                    # rows. The whole transaction is rolled back instead.
-                    transaction.set_rollback(True, using=alias)
+                self._rollback_to(alias, sid, doomed_before=doomed_before)
             raise
         return sid
 
@@ -436,7 +423,7 @@ class InsertBatch:
         its own: the transaction carries on as it was before the batch. A save() among the
         inserts may have marked it for rollback; that mark is lifted for the rollback and
         put back only if it was there before, or if the rollback itself fails (the
-        connection is gone). Called only once the savepoint has opened (`_send`)."""
+        savepoint never opened, or the connection is gone)."""
         connection = connections[alias]
         if connection.in_atomic_block:
             transaction.set_rollback(False, using=alias)
@@ -459,29 +446,9 @@ def sends_statements_together(connection: Any) -> bool:
     return issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
 
 
-def _batch_savepoint_name() -> str:
-    """One name for every batch's savepoint. A statement string that differs on every
-    payment misses psycopg's cache of converted queries, and is parsed again each time
-    (docs/BENCHMARKS.md, issue 13, sixth pass). A name may be reused: `ROLLBACK TO
-    SAVEPOINT` goes back to the latest savepoint of that name, which is the batch's own
-    once it has opened, for as long as its caller may roll back to it (nothing between the
-    batch and that rollback opens another batch). Before it has opened, the latest one of
-    that name may be an earlier batch's, which is why `_send` goes back to it only when
-    the server ran past it."""
-    return "tally_batch"
-
-
-# SQLSTATE classes a SAVEPOINT statement itself can fail with in an open transaction: an
-# invalid transaction state (25: already aborted, or none), the connection (08), an
-# operator or a cancel (57), resources and limits (53, 54), system and internal errors
-# (58, XX). Any other error the server reports came from a statement after it.
-_SAVEPOINT_FAILURE_CLASSES = frozenset({"25", "08", "57", "53", "54", "58", "XX"})
-
-
-def _ran_past_the_savepoint(failure: BaseException) -> bool:
-    """Whether a batch whose string began with its SAVEPOINT failed after the savepoint
-    opened: the server reported the error (an error raised in Python before or while
-    sending, or a wait cut short, carries no SQLSTATE), and not one the SAVEPOINT itself
-    could have raised."""
-    state = sqlstate_of(failure)
-    return state is not None and state[:2] not in _SAVEPOINT_FAILURE_CLASSES
+# Savepoint names only need to differ within a transaction; a process-wide count does that.
+# One shared name would keep the batch's string the same on every payment, so psycopg would
+# convert it once instead of each time (0.065 ms a payment), but then a batch that fails
+# before its SAVEPOINT ran goes back to an earlier batch's savepoint of the same name and
+# undoes that batch (docs/BENCHMARKS.md, issue 13, sixth pass): not taken.
+_savepoint_numbers = itertools.count(1)
