@@ -317,9 +317,9 @@ def _per_call_ms(fn: Callable[[], Any], calls: int = 2000) -> float:
 
 
 def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -> None:
-    """The pieces this pass changed, each timed on its own (too small for the paired
-    A/B to resolve on a drifting machine): converting the payment batch's statement
-    string, a compiled select's converters, and a round trip's client CPU."""
+    """Pieces of a keyed payment too small for the paired A/B to resolve on a drifting
+    machine, each timed on its own: converting the payment batch's statement string, the
+    locking select's converters, and one round trip's client CPU."""
     import copy
 
     from django.db.models.sql.compiler import SQLCompiler
@@ -390,7 +390,7 @@ def main() -> None:
     parser.add_argument("--callees", default="", metavar="REGEX", help="with --cprofile: what the functions matching REGEX call")
     parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
-    parser.add_argument("--pieces", action="store_true", help="time the sixth pass's pieces on their own, then stop")
+    parser.add_argument("--pieces", action="store_true", help="time single pieces of a payment on their own, then stop")
     parser.add_argument(
         "--ab",
         choices=["insert-batch", "known-accounts", "lean-middleware", "converters", "search-path"],

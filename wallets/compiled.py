@@ -105,9 +105,9 @@ class _Compiled:
         select's converters come from its columns' fields (PostgreSQL's operations add
         none), and its columns are the prepared compiler's own objects, so every execution
         asked again for the same answer: 0.09 ms of Python for a payment's locking select
-        (docs/BENCHMARKS.md, issue 13, sixth pass). The entry keeps the
-        expressions it was worked out for, so an id in its key cannot be reused by
-        another object while it is kept."""
+        (docs/BENCHMARKS.md, issue 13, sixth pass). The entry keeps the expressions it was
+        worked out for, so an id in its key cannot be reused by another object while it
+        is kept."""
         key = tuple(map(id, expressions))
         entry = self._converters.get(key)
         if entry is None:
@@ -116,7 +116,6 @@ class _Compiled:
             entry = (tuple(expressions), work_out(expressions))
             self._converters[key] = entry
         return entry[1]
-
 
 
 class _BoundQuery:
