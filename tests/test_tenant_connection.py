@@ -97,22 +97,20 @@ def test_a_request_that_ended_in_an_error_leaves_no_path_for_the_next_tenant(liv
 def test_a_path_set_by_a_check_in_a_transaction_that_rolls_back_is_set_again(live_tenant: Tenant, tenant_b: Tenant) -> None:
     """A check that ran inside a transaction (or savepoint) that then rolled back took its
     SET with it; the next cursor sets the path again."""
-    connection.set_tenant(live_tenant)
-    _sent_and_path()
-    with pytest.raises(RuntimeError), transaction.atomic():
-        connection.set_tenant(tenant_b)
-        _next_request()
-        assert tenant_b.schema_name in _sent_and_path()[1]
-        raise RuntimeError
+    _checked_in_a_block_that_rolls_back(live_tenant, tenant_b)  # a transaction
     sent, path = _sent_and_path()
     assert sent[0].startswith("SET search_path") and tenant_b.schema_name in path
     with transaction.atomic():
-        connection.set_tenant(live_tenant)
-        _sent_and_path()
-        with pytest.raises(RuntimeError), transaction.atomic():
-            connection.set_tenant(tenant_b)
-            _next_request()
-            assert tenant_b.schema_name in _sent_and_path()[1]
-            raise RuntimeError
+        _checked_in_a_block_that_rolls_back(live_tenant, tenant_b)  # a savepoint
         # django-tenants set it again already, for the RELEASE after the rollback
         assert tenant_b.schema_name in _sent_and_path()[1]
+
+
+def _checked_in_a_block_that_rolls_back(before: Tenant, inside: Tenant) -> None:
+    connection.set_tenant(before)
+    _sent_and_path()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        connection.set_tenant(inside)
+        _next_request()
+        assert inside.schema_name in _sent_and_path()[1]
+        raise RuntimeError
