@@ -46,6 +46,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -218,49 +219,44 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
     import wallets.compiled
     from payments.services.charges import known_accounts_forget
 
+    def patched(target: Any, name: str, replacement: Any) -> Callable[[], None]:
+        """A request with `target.name` replaced, restored after it (unittest.mock's
+        patch.object: it also removes an attribute set on an instance)."""
+
+        def side() -> None:
+            with mock.patch.object(target, name, replacement):
+                request(application)
+
+        return side
+
+    shipped = functools.partial(request, application)
     if lever == "insert-batch":  # the server-side-binding branch, the connection unchanged
-        decide = wallets.compiled.sends_statements_together
-
-        def one_per_round_trip() -> None:
-            wallets.compiled.sends_statements_together = lambda connection: False  # type: ignore[assignment]
-            try:
-                request(application)
-            finally:
-                wallets.compiled.sends_statements_together = decide  # type: ignore[assignment]
-
-        return {"together": lambda: request(application), "one per round trip": one_per_round_trip}
+        return {
+            "together": shipped,
+            "one per round trip": patched(wallets.compiled, "sends_statements_together", lambda connection: False),
+        }
     if lever == "converters":  # every compiled select works its converters out again
-
-        def worked_out_again() -> None:
-            cached = wallets.compiled._Compiled._converters_of
-            wallets.compiled._Compiled._converters_of = lambda self, expressions, work_out: work_out(expressions)  # type: ignore[method-assign]
-            try:
-                request(application)
-            finally:
-                wallets.compiled._Compiled._converters_of = cached  # type: ignore[method-assign]
-
-        return {"cached": lambda: request(application), "worked out again": worked_out_again}
+        return {
+            "cached": shipped,
+            "worked out again": patched(
+                wallets.compiled._Compiled, "_converters_of", lambda self, expressions, work_out: work_out(expressions)
+            ),
+        }
     if lever == "search-path":  # Django's own health check (SELECT 1), then django-tenants' SET
         import types
 
         from django.db import connection
         from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
 
-        def apart() -> None:
-            connection.is_usable = types.MethodType(TenantsDatabaseWrapper.is_usable, connection)
-            try:
-                request(application)
-            finally:
-                del connection.is_usable
-
-        return {"check sets the path": lambda: request(application), "check, then SET": apart}
+        plain_check = types.MethodType(TenantsDatabaseWrapper.is_usable, connection)
+        return {"check sets the path": shipped, "check, then SET": patched(connection, "is_usable", plain_check)}
     if lever == "known-accounts":
 
         def forgotten() -> None:
             known_accounts_forget()
             request(application)
 
-        return {"remembered": lambda: request(application), "forgotten": forgotten}
+        return {"remembered": shipped, "forgotten": forgotten}
     from django.conf import settings
     from django.core.handlers.wsgi import WSGIHandler
 
@@ -270,7 +266,7 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
         lean = WSGIHandler()
     finally:
         settings.MIDDLEWARE = full
-    return {"all middleware": lambda: request(application), "five skipped": lambda: request(lean)}
+    return {"all middleware": shipped, "five skipped": functools.partial(request, lean)}
 
 
 def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, lever: str) -> None:
