@@ -18,12 +18,16 @@ runs Tally and the drf-idempotency peer (Redis backend, `../shared/peers/idem`) 
 back, `--rounds` times, with the same wrk script (`../shared/peers/http/keyed_post.lua`, a
 fresh Idempotency-Key per request), clients, duration and gunicorn worker count, and
 prints each round's keyed payments/s, p50, p99 and the ratio Tally / peer. Both pay from
-one wallet row. If the peer is not set up, it says how.
+one wallet row. If the peer is not set up, it says how. Each measured run also splits the
+machine's CPU over its requests (`cpu_ms_per_request`, from /proc): the server's gunicorn
+processes, PostgreSQL, Redis, wrk and the rest. `--worker-class gthread` (or `both`) runs
+Tally on gunicorn's gthread worker, one thread, which keeps wrk's connections alive.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
 import multiprocessing
@@ -35,6 +39,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +283,40 @@ def _peers_dir(given: str | None) -> Path:
     raise SystemExit(f"no peers directory with http/keyed_post.lua among {[str(c) for c in candidates]}; pass --peers-dir")
 
 
+def cpu_per_request(server_pgid: int, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run `run()` (a wrk run returning its JSON line) and split the machine's CPU over its
+    successful requests, in ms per request: the server's gunicorn (its process group),
+    PostgreSQL (every backend and helper), Redis, wrk (this process's reaped children) and
+    the rest of the machine (bench/cpu_by_process.py reads /proc)."""
+    import resource
+
+    from bench.cpu_by_process import is_postgres, machine, processes
+
+    before, machine_before = processes(), machine()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = run()
+    children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after, machine_after = processes(), machine()
+    ticks = {"web": 0, "postgres": 0, "redis": 0}
+    for pid, (spent, command, group) in after.items():
+        spent -= before.get(pid, (0,))[0]
+        if group == server_pgid:
+            ticks["web"] += spent
+        elif is_postgres(command):
+            ticks["postgres"] += spent
+        elif command.startswith("redis-server"):
+            ticks["redis"] += spent
+    elapsed = [b - a for a, b in zip(machine_before, machine_after, strict=False)]
+    ticks["machine"] = sum(elapsed) - elapsed[3] - elapsed[4]  # all but idle and iowait
+    ok = max(1, result["requests"] - result["non2xx"])
+    tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+    budget = {group: round(spent * tick_ms / ok, 2) for group, spent in ticks.items()}
+    wrk_s = (children_after.ru_utime - children_before.ru_utime) + (children_after.ru_stime - children_before.ru_stime)
+    budget["wrk"] = round(wrk_s * 1000 / ok, 2)
+    budget["other"] = round(budget["machine"] - budget["web"] - budget["postgres"] - budget["redis"] - budget["wrk"], 2)
+    return result, budget
+
+
 def wrk_keyed(url: str, *, lua: Path, body: str, clients: int, seconds: int, auth: str | None = None, host: str | None = None) -> dict[str, Any]:
     """The peers' wrk script (a fresh Idempotency-Key per request); its `JSON {...}` line."""
     import shutil
@@ -312,10 +351,15 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
         server.wait()
 
 
-def _tally_start(env: dict[str, str], port: int, workers: int) -> subprocess.Popen[bytes]:
+# gthread is measured as gunicorn ships it: no request here meets gunicorn's own errors.
+WORKER_CLASSES = {"sync": "config.gunicorn_workers.EnvelopeSyncWorker", "gthread": "gthread"}
+
+
+def _tally_start(env: dict[str, str], port: int, workers: int, worker_class: str = "sync") -> subprocess.Popen[bytes]:
     env = dict(env, PORT=str(port), WEB_CONCURRENCY=str(workers))
     server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
+        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py"),
+         "--worker-class", WORKER_CLASSES[worker_class], "--threads", "1"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
@@ -361,25 +405,35 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
     tally_auth = f"Bearer {fixtures['hot'][0]}"
     env = _env(args.database_url, args.redis_url)
     rounds: list[dict[str, Any]] = []
+    classes = ["sync", "gthread"] if args.worker_class == "both" else [args.worker_class]
     for _ in range(args.rounds):
-        server = _tally_start(env, args.port, args.workers)
-        try:
-            url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
-            wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
-            tally = wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=args.seconds)
-        finally:
-            _stop(server)
+        tallies: dict[str, dict[str, Any]] = {}
+        for worker_class in classes:
+            server = _tally_start(env, args.port, args.workers, worker_class)
+            try:
+                url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
+                wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
+                tallies[worker_class], budget = cpu_per_request(server.pid, functools.partial(
+                    wrk_keyed, url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=args.seconds
+                ))
+                tallies[worker_class]["cpu_ms_per_request"] = budget
+            finally:
+                _stop(server)
         server = _peer_start(peers, port=args.peer_port, workers=args.workers, database_url=args.peer_database_url, redis_url=args.redis_url)
         try:
             url = f"http://127.0.0.1:{args.peer_port}/pay"
             wrk_keyed(url, lua=lua, body='{"amount": 1}', clients=args.clients, seconds=2)  # warm-up
-            peer = wrk_keyed(url, lua=lua, body='{"amount": 1}', clients=args.clients, seconds=args.seconds)
+            peer, budget = cpu_per_request(server.pid, functools.partial(
+                wrk_keyed, url, lua=lua, body='{"amount": 1}', clients=args.clients, seconds=args.seconds
+            ))
+            peer["cpu_ms_per_request"] = budget
         finally:
             _stop(server)
-        rounds.append({"tally": tally, "peer_drfi_redis": peer, "ratio": round(tally["ok_per_s"] / max(peer["ok_per_s"], 0.1), 2)})
+        ratios = {c: round(t["ok_per_s"] / max(peer["ok_per_s"], 0.1), 2) for c, t in tallies.items()}
+        rounds.append({"tally": tallies, "peer_drfi_redis": peer, "ratio": ratios})
     return {
-        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "wrk_script": str(lua),
-        "rounds": rounds, "ratios": [r["ratio"] for r in rounds],
+        "worker_class": classes, "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "wrk_script": str(lua),
+        "rounds": rounds, "ratios": {c: [r["ratio"][c] for r in rounds] for c in classes},
     }
 
 
@@ -387,7 +441,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--workers", type=int, default=3, help="gunicorn sync workers")
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
+    parser.add_argument("--worker-class", choices=["sync", "gthread", "both"], default="sync",
+                        help="with --peer: Tally's gunicorn worker (gthread keeps connections alive; one thread); both = each, per round")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_http")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")

@@ -17,8 +17,9 @@ import os
 import time
 
 
-def _processes() -> dict[str, tuple[int, str]]:
-    seen: dict[str, tuple[int, str]] = {}
+def processes() -> dict[str, tuple[int, str, int]]:
+    """pid -> (user + system time in clock ticks, command line, process group)."""
+    seen: dict[str, tuple[int, str, int]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as stat:
@@ -30,11 +31,16 @@ def _processes() -> dict[str, tuple[int, str]]:
                     command = f"[{comm.read().strip()}]"
         except OSError:
             continue  # gone meanwhile
-        seen[pid] = (int(fields[11]) + int(fields[12]), command)  # utime + stime, in ticks
+        seen[pid] = (int(fields[11]) + int(fields[12]), command, int(fields[2]))  # utime + stime, in ticks
     return seen
 
 
-def _machine() -> list[int]:
+def is_postgres(command: str) -> bool:
+    return command.startswith("postgres")
+
+
+def machine() -> list[int]:
+    """/proc/stat's first line: the machine's user, nice, system, idle, iowait, ... ticks."""
     with open("/proc/stat") as stat:
         return [int(x) for x in stat.readline().split()[1:]]
 
@@ -45,13 +51,13 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
     tick = os.sysconf("SC_CLK_TCK")
-    before, machine_before = _processes(), _machine()
+    before, machine_before = processes(), machine()
     time.sleep(args.seconds)
-    after, machine_after = _processes(), _machine()
+    after, machine_after = processes(), machine()
     by_command: collections.Counter[str] = collections.Counter()
-    for pid, (ticks, command) in after.items():
-        key = "postgres (all backends)" if command.startswith("postgres") else command[:90]
-        by_command[key] += ticks - before.get(pid, (0, command))[0]
+    for pid, (ticks, command, _group) in after.items():
+        key = "postgres (all backends)" if is_postgres(command) else command[:90]
+        by_command[key] += ticks - before.get(pid, (0,))[0]
     user, _nice, system, idle, _iowait, _irq, softirq = [b - a for a, b in zip(machine_before, machine_after, strict=False)][:7]
     print(
         f"machine over {args.seconds:g} s: user {user / tick:.2f} s, system {system / tick:.2f} s, "
