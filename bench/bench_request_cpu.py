@@ -373,6 +373,17 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
     )
 
 
+def _backend_cpu_ms(connection: Any) -> tuple[int, float]:
+    """The PostgreSQL backend serving `connection` (same machine): its pid and the CPU
+    (user + system) it has used, in ms."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = int(cursor.fetchone()[0])
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return pid, (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1000)
@@ -466,6 +477,7 @@ def main() -> None:
     if args.ab:
         _ab(_ab_sides(args.ab, request, application), args.requests, connection, args.ab)
         return
+    backend = _backend_cpu_ms(connection)
     with connection.execute_wrapper(_count_sql):
         cpu, wall = time.process_time(), time.perf_counter()
         if profiler:
@@ -475,12 +487,18 @@ def main() -> None:
         if profiler:
             profiler.disable()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    backend_after = _backend_cpu_ms(connection)
     n = args.requests
     result: dict[str, Any] = {
         "requests": n,
         "statuses": dict(statuses),
         "python_cpu_ms_per_request": round(cpu / n * 1000, 3),
         "wall_ms_per_request": round(wall / n * 1000, 3),
+        # The request's own PostgreSQL backend (parse, plan, execute); not WAL writing,
+        # checkpoints or autovacuum, which bench_http.py's machine split counts.
+        "postgres_backend_cpu_ms_per_request": (
+            round((backend_after[1] - backend[1]) / n, 3) if backend_after[0] == backend[0] else "the session changed"
+        ),
         "sql_statements_per_request": round(_Counter.sql / n, 2),
         "redis_round_trips_per_request": round(_Counter.redis / n, 2),
         "wallet_row_held_ms_per_request": {
