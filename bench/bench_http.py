@@ -286,7 +286,7 @@ def _peers_dir(given: str | None) -> Path:
 def cpu_per_request(server_pgid: int, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
     """Run `run()` (a wrk run returning its JSON line) and split the machine's CPU over its
     successful requests, in ms per request: the server's gunicorn (its process group),
-    PostgreSQL (every backend and helper), Redis, wrk (this process's reaped children) and
+    PostgreSQL (its backends and helper processes), Redis, wrk (this process's reaped children) and
     the rest of the machine (bench/cpu_by_process.py reads /proc)."""
     import resource
 
@@ -351,15 +351,15 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
         server.wait()
 
 
-# gthread is measured as gunicorn ships it: no request here meets gunicorn's own errors.
-WORKER_CLASSES = {"sync": "config.gunicorn_workers.EnvelopeSyncWorker", "gthread": "gthread"}
+# "sync" is config/gunicorn.py's own worker. gthread is measured as gunicorn ships it, one
+# thread: no request here meets gunicorn's own errors, which the envelope worker rewrites.
+WORKER_ARGS = {"sync": [], "gthread": ["--worker-class", "gthread", "--threads", "1"]}
 
 
 def _tally_start(env: dict[str, str], port: int, workers: int, worker_class: str = "sync") -> subprocess.Popen[bytes]:
     env = dict(env, PORT=str(port), WEB_CONCURRENCY=str(workers))
     server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py"),
-         "--worker-class", WORKER_CLASSES[worker_class], "--threads", "1"],
+        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py"), *WORKER_ARGS[worker_class]],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:

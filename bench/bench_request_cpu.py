@@ -376,12 +376,12 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
 def _backend_cpu_ms(connection: Any) -> tuple[int, float]:
     """The PostgreSQL backend serving `connection` (same machine): its pid and the CPU
     (user + system) it has used, in ms."""
+    from bench.cpu_by_process import cpu_ms
+
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         pid = int(cursor.fetchone()[0])
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return pid, (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+    return pid, cpu_ms(pid)
 
 
 def main() -> None:

@@ -17,13 +17,25 @@ import os
 import time
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/<pid>/stat after the command name: [0] is the state, [2] the process group,
+    [11] and [12] user and system time in clock ticks."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def cpu_ms(pid: int) -> float:
+    """User + system CPU a process has used so far, in ms."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
 def processes() -> dict[str, tuple[int, str, int]]:
     """pid -> (user + system time in clock ticks, command line, process group)."""
     seen: dict[str, tuple[int, str, int]] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+            fields = _stat_fields(pid)
             with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
                 command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
             if not command:
