@@ -20,8 +20,10 @@ fresh Idempotency-Key per request), clients, duration and gunicorn worker count,
 prints each round's keyed payments/s, p50, p99 and the ratio Tally / peer. Both pay from
 one wallet row. If the peer is not set up, it says how. Each measured run also splits the
 machine's CPU over its requests (`cpu_ms_per_request`, from /proc): the server's gunicorn
-processes, PostgreSQL, Redis, wrk and the rest. `--worker-class gthread` (or `both`) runs
-Tally on gunicorn's gthread worker, one thread, which keeps wrk's connections alive.
+processes, PostgreSQL, Redis, wrk, the rest, and the machine's busy and idle time. Each
+round's `tally` and `ratio` are keyed by Tally's worker class: `--worker-class gthread`
+(or `both`, each in every round) runs Tally on gunicorn's gthread worker, one thread,
+which keeps wrk's connections alive; `sync` (the default) is config/gunicorn.py's own.
 """
 
 from __future__ import annotations
@@ -283,38 +285,44 @@ def _peers_dir(given: str | None) -> Path:
     raise SystemExit(f"no peers directory with http/keyed_post.lua among {[str(c) for c in candidates]}; pass --peers-dir")
 
 
-def cpu_per_request(server_pgid: int, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
+def cpu_per_request(server_pgid: int, database: str, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
     """Run `run()` (a wrk run returning its JSON line) and split the machine's CPU over its
     successful requests, in ms per request: the server's gunicorn (its process group),
-    PostgreSQL (its backends and helper processes), Redis, wrk (this process's reaped children) and
-    the rest of the machine (bench/cpu_by_process.py reads /proc)."""
+    PostgreSQL (the backends of `database`, the postmaster and the helper processes), Redis,
+    wrk (this process's reaped children), the machine's busy and idle time, and `other`:
+    busy time none of these account for (anything else running shows up there). A process
+    that exits inside the run counts only if it was reaped by one counted (bench/
+    cpu_by_process.py reads /proc)."""
     import resource
 
-    from bench.cpu_by_process import is_postgres, machine, processes
+    from bench.cpu_by_process import busy_ticks, is_postgres, machine, postgres_database, processes
 
     before, machine_before = processes(), machine()
     children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = run()
     children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     after, machine_after = processes(), machine()
+    ok = result["requests"] - result["non2xx"]
+    if ok <= 0:
+        raise RuntimeError(f"no successful request to divide the CPU over: {result}")
     ticks = {"web": 0, "postgres": 0, "redis": 0}
     for pid, (spent, command, group) in after.items():
         spent -= before.get(pid, (0,))[0]
         if group == server_pgid:
             ticks["web"] += spent
-        elif is_postgres(command):
+        elif is_postgres(command) and postgres_database(command) in (None, database):
             ticks["postgres"] += spent
         elif command.startswith("redis-server"):
             ticks["redis"] += spent
-    elapsed = [b - a for a, b in zip(machine_before, machine_after, strict=False)]
-    ticks["machine"] = sum(elapsed) - elapsed[3] - elapsed[4]  # all but idle and iowait
-    ok = max(1, result["requests"] - result["non2xx"])
     tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
-    budget = {group: round(spent * tick_ms / ok, 2) for group, spent in ticks.items()}
-    wrk_s = (children_after.ru_utime - children_before.ru_utime) + (children_after.ru_stime - children_before.ru_stime)
-    budget["wrk"] = round(wrk_s * 1000 / ok, 2)
-    budget["other"] = round(budget["machine"] - budget["web"] - budget["postgres"] - budget["redis"] - budget["wrk"], 2)
-    return result, budget
+    busy, idle = busy_ticks(machine_before, machine_after)
+    wrk_ms = ((children_after.ru_utime - children_before.ru_utime) + (children_after.ru_stime - children_before.ru_stime)) * 1000
+    ms = {group: spent * tick_ms for group, spent in ticks.items()}
+    ms["wrk"] = wrk_ms
+    ms["other"] = busy * tick_ms - sum(ms.values())
+    # Idle time says whether the run was bound by the two cores or by something else.
+    ms["machine"], ms["idle"] = busy * tick_ms, idle * tick_ms
+    return result, {group: round(value / ok, 2) for group, value in ms.items()}
 
 
 def wrk_keyed(url: str, *, lua: Path, body: str, clients: int, seconds: int, auth: str | None = None, host: str | None = None) -> dict[str, Any]:
@@ -395,6 +403,10 @@ def _peer_start(peers: Path, *, port: int, workers: int, database_url: str, redi
     raise SystemExit(f"the peer did not come up on {port}; is it set up? " + PEER_HOW_TO.format(peers=peers))
 
 
+def _database_of(url: str) -> str:
+    return url.rsplit("/", 1)[-1].split("?", 1)[0]
+
+
 def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str, Any]:
     """Tally and the peer back to back, `--rounds` times, same wrk script, clients, seconds
     and worker count. Both pay from one wallet row: Tally one customer through one terminal
@@ -413,20 +425,20 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
             try:
                 url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
                 wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
-                tallies[worker_class], budget = cpu_per_request(server.pid, functools.partial(
+                tallies[worker_class], spent = cpu_per_request(server.pid, _database_of(args.database_url), functools.partial(
                     wrk_keyed, url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=args.seconds
                 ))
-                tallies[worker_class]["cpu_ms_per_request"] = budget
+                tallies[worker_class]["cpu_ms_per_request"] = spent
             finally:
                 _stop(server)
         server = _peer_start(peers, port=args.peer_port, workers=args.workers, database_url=args.peer_database_url, redis_url=args.redis_url)
         try:
             url = f"http://127.0.0.1:{args.peer_port}/pay"
             wrk_keyed(url, lua=lua, body='{"amount": 1}', clients=args.clients, seconds=2)  # warm-up
-            peer, budget = cpu_per_request(server.pid, functools.partial(
+            peer, spent = cpu_per_request(server.pid, _database_of(args.peer_database_url), functools.partial(
                 wrk_keyed, url, lua=lua, body='{"amount": 1}', clients=args.clients, seconds=args.seconds
             ))
-            peer["cpu_ms_per_request"] = budget
+            peer["cpu_ms_per_request"] = spent
         finally:
             _stop(server)
         ratios = {c: round(t["ok_per_s"] / max(peer["ok_per_s"], 0.1), 2) for c, t in tallies.items()}
@@ -457,6 +469,8 @@ def main() -> None:
     parser.add_argument("--peer-port", type=int, default=8766)
     parser.add_argument("--peer-database-url", default="postgres://postgres@127.0.0.1:5432/peer_idem")
     args = parser.parse_args()
+    if args.worker_class != "sync" and not args.peer:
+        parser.error("--worker-class needs --peer")
     if args.peer:
         fixtures = seed(args.database_url, args.redis_url)
         print(json.dumps(compare_peer(args, fixtures), indent=2))

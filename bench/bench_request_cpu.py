@@ -15,8 +15,9 @@ tk_...`, a fresh `Idempotency-Key` and a JSON body, `POST /v1/terminal/payments`
 HTTP benchmark and the drf-idempotency peer, every request pays from one wallet row (one
 customer, one terminal key).
 
-Reports per request: Python CPU (`time.process_time`), wall time, SQL statements (counted
-with `connection.execute_wrapper`), Redis round trips, how long the wallet row stays
+Reports per request: Python CPU (`time.process_time`), wall time, the CPU of the
+request's own PostgreSQL backend (from /proc; not with `--ab` or `--pieces`), SQL
+statements (counted with `connection.execute_wrapper`), Redis round trips, how long the wallet row stays
 locked (from the balance rows' locking SELECT to the end of COMMIT, wall and CPU: under
 one hot wallet, payments go through one at a time for that long), and the CPU split by
 layer. The
@@ -26,8 +27,8 @@ the total and costs little; everything below an entry point (ORM, psycopg, redis
 charged to the layer that called it. `--cprofile N` adds cProfile's top N functions by
 own time (cProfile slows call-heavy code, so its milliseconds are inflated).
 
-CPU time per request is robust to the machine being shared (it counts this process's CPU
-only); the wall time is not.
+CPU time per request is robust to the machine being shared (it counts this process's and
+its backend's CPU only); the wall time is not.
 """
 
 from __future__ import annotations
@@ -494,11 +495,10 @@ def main() -> None:
         "statuses": dict(statuses),
         "python_cpu_ms_per_request": round(cpu / n * 1000, 3),
         "wall_ms_per_request": round(wall / n * 1000, 3),
-        # The request's own PostgreSQL backend (parse, plan, execute); not WAL writing,
-        # checkpoints or autovacuum, which bench_http.py's machine split counts.
-        "postgres_backend_cpu_ms_per_request": (
-            round((backend_after[1] - backend[1]) / n, 3) if backend_after[0] == backend[0] else "the session changed"
-        ),
+        # The request's own PostgreSQL backend (parse, plan, execute, its commit's WAL
+        # flush); not the WAL writer, checkpointer or autovacuum, which bench_http.py's
+        # split counts. None when the session was replaced during the loop.
+        "postgres_backend_cpu_ms_per_request": round((backend_after[1] - backend[1]) / n, 3) if backend_after[0] == backend[0] else None,
         "sql_statements_per_request": round(_Counter.sql / n, 2),
         "redis_round_trips_per_request": round(_Counter.redis / n, 2),
         "wallet_row_held_ms_per_request": {

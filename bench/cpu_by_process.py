@@ -48,7 +48,27 @@ def processes() -> dict[str, tuple[int, str, int]]:
 
 
 def is_postgres(command: str) -> bool:
-    return command.startswith("postgres")
+    """PostgreSQL's postmaster, backends and helper processes (by their command lines)."""
+    return command.startswith("postgres") or "/bin/postgres " in command
+
+
+def postgres_database(command: str) -> str | None:
+    """The database a PostgreSQL backend serves, or None for the postmaster and the helper
+    processes. Titles: "postgres: [<cluster>: ]<user> <database> <client> <activity>" for a
+    backend, "postgres: [<cluster>: ]walwriter" for a helper (Debian sets the cluster name)."""
+    words = command.split()
+    if not words or words[0] != "postgres:":
+        return None
+    words = words[2:] if len(words) > 1 and words[1].endswith(":") else words[1:]
+    client = words[2] if len(words) > 2 else ""
+    return words[1] if client[:1].isdigit() or client.startswith(("[local]", "::")) or "(" in client else None
+
+
+def busy_ticks(before: list[int], after: list[int]) -> tuple[int, int]:
+    """(busy, idle) ticks of the machine between two `machine()` readings. Busy is user, nice,
+    system, irq and softirq: steal is another guest's time, and guest time is already in user."""
+    spent = [b - a for a, b in zip(before, after, strict=False)]
+    return spent[0] + spent[1] + spent[2] + spent[5] + spent[6], spent[3] + spent[4]
 
 
 def machine() -> list[int]:
