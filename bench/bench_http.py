@@ -404,7 +404,9 @@ def _peer_start(peers: Path, *, port: int, workers: int, database_url: str, redi
 
 
 def _database_of(url: str) -> str:
-    return url.rsplit("/", 1)[-1].split("?", 1)[0]
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).path.lstrip("/")
 
 
 def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str, Any]:

@@ -64,10 +64,15 @@ def postgres_database(command: str) -> str | None:
     return words[1] if client[:1].isdigit() or client.startswith(("[local]", "::")) or "(" in client else None
 
 
+def machine_spent(before: list[int], after: list[int]) -> list[int]:
+    """Ticks per /proc/stat column between two `machine()` readings."""
+    return [b - a for a, b in zip(before, after, strict=False)]
+
+
 def busy_ticks(before: list[int], after: list[int]) -> tuple[int, int]:
     """(busy, idle) ticks of the machine between two `machine()` readings. Busy is user, nice,
     system, irq and softirq: steal is another guest's time, and guest time is already in user."""
-    spent = [b - a for a, b in zip(before, after, strict=False)]
+    spent = machine_spent(before, after)
     return spent[0] + spent[1] + spent[2] + spent[5] + spent[6], spent[3] + spent[4]
 
 
@@ -90,7 +95,7 @@ def main() -> None:
     for pid, (ticks, command, _group) in after.items():
         key = "postgres (all backends)" if is_postgres(command) else command[:90]
         by_command[key] += ticks - before.get(pid, (0,))[0]
-    user, _nice, system, idle, _iowait, _irq, softirq = [b - a for a, b in zip(machine_before, machine_after, strict=False)][:7]
+    user, _nice, system, idle, _iowait, _irq, softirq = machine_spent(machine_before, machine_after)[:7]
     print(
         f"machine over {args.seconds:g} s: user {user / tick:.2f} s, system {system / tick:.2f} s, "
         f"softirq {softirq / tick:.2f} s, idle {idle / tick:.2f} s ({os.cpu_count()} cores)"
