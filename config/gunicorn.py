@@ -15,6 +15,7 @@ graceful_timeout = 20
 max_requests = 20000
 max_requests_jitter = 2000
 accesslog = None  # Django logs one JSON line per request (config.observability)
+logger_class = "config.gunicorn_workers.NoAccessLogger"
 errorlog = "-"
 logconfig_dict = {
     "version": 1,
@@ -23,6 +24,13 @@ logconfig_dict = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     "loggers": {"gunicorn.error": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }
+
+
+def post_worker_init(worker):  # type: ignore[no-untyped-def]
+    # The application is loaded: keep its objects out of every later collection (config/gc_tuning.py).
+    from config.gc_tuning import gc_freeze_after_load
+
+    worker.log.info("gc: %d objects of the loaded application frozen", gc_freeze_after_load())
 
 
 def child_exit(server, worker):  # type: ignore[no-untyped-def]

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import Any
 
 from gunicorn import util
+from gunicorn.glogging import Logger
 from gunicorn.workers.sync import SyncWorker
 
 from config.observability import new_request_id
@@ -61,3 +63,14 @@ class EnvelopeSyncWorker(SyncWorker):
         # only ever runs this worker, so the replacement stays within it.
         util.write_error = _write_envelope_error
         super().init_process()
+
+
+class NoAccessLogger(Logger):  # type: ignore[misc]
+    """gunicorn's logger without its access log. Django already logs one JSON line per
+    request (config.observability.MetricsMiddleware); gunicorn counts its access log as
+    on whenever `logconfig_dict` is set, as ours is for JSON error lines, and then works
+    out every access-log field of every request only for the record to go nowhere: about
+    1% of a worker's CPU (docs/BENCHMARKS.md, issue 13, eighth pass)."""
+
+    def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+        return None
