@@ -37,6 +37,7 @@ import argparse
 import collections
 import cProfile
 import functools
+import gc
 import io
 import json
 import os
@@ -170,7 +171,7 @@ def _count_sql(execute: Callable[..., Any], sql: str, params: Any, many: bool, c
     if _Held.since is None and 'FOR UPDATE OF "wallets_balance"' in sql:
         _Held.since = (time.perf_counter(), time.process_time())
     if _Counter.show_sql:
-        print("SQL:", " ".join(sql.split())[:160])
+        print("SQL:", " ".join(sql.split())[:int(os.environ.get("SHOW_SQL_CHARS", "160"))], params if os.environ.get("SHOW_SQL_CHARS") else "")
     return execute(sql, params, many, context)
 
 
@@ -374,6 +375,41 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
     )
 
 
+class _GcTimer:
+    """CPython's collections during the timed loop (gc.callbacks): how many of each
+    generation, their CPU per request, and the longest one (a request waits through it)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.cpu = 0.0
+        self.longest = 0.0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+            return
+        spent = time.process_time() - self._started
+        self.count[info["generation"]] += 1
+        self.cpu += spent
+        self.longest = max(self.longest, spent)
+
+    def __enter__(self) -> _GcTimer:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def report(self, requests: int, *, frozen: bool) -> dict[str, Any]:
+        return {
+            "frozen_after_load": frozen,
+            "collections_by_generation": self.count,
+            "cpu_ms_per_request": round(self.cpu / requests * 1000, 3),
+            "longest_ms": round(self.longest * 1000, 1),
+        }
+
+
 def _backend_cpu_ms(connection: Any) -> tuple[int, float]:
     """The PostgreSQL backend serving `connection` (same machine): its pid and the CPU
     (user + system) it has used, in ms."""
@@ -398,6 +434,9 @@ def main() -> None:
     parser.add_argument("--callees", default="", metavar="REGEX", help="with --cprofile: what the functions matching REGEX call")
     parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="freeze the collector after loading the app, as config/gunicorn.py's workers do"
+    )
     parser.add_argument("--pieces", action="store_true", help="time single pieces of a payment on their own, then stop")
     parser.add_argument(
         "--ab",
@@ -425,6 +464,11 @@ def main() -> None:
     from django.db import connection
 
     from config.wsgi import application  # django.setup() again: logging is configured by now
+
+    if args.gc_freeze:  # what gunicorn's post_worker_init does once the worker has loaded the app
+        from config.gc_tuning import gc_freeze_after_load
+
+        gc_freeze_after_load()
 
     devnull = open(os.devnull, "w")
     for handler in logging.getLogger().handlers:
@@ -479,7 +523,8 @@ def main() -> None:
         _ab(_ab_sides(args.ab, request, application), args.requests, connection, args.ab)
         return
     backend = _backend_cpu_ms(connection)
-    with connection.execute_wrapper(_count_sql):
+    gc_timer = _GcTimer()
+    with connection.execute_wrapper(_count_sql), gc_timer:
         cpu, wall = time.process_time(), time.perf_counter()
         if profiler:
             profiler.enable()
@@ -508,6 +553,7 @@ def main() -> None:
         },
         "layer_timers": "off" if args.no_layers else "on (their own cost is in the total)",
         "profiler": "cProfile on (inflates CPU)" if profiler else "off",
+        "garbage_collector": gc_timer.report(n, frozen=args.gc_freeze),
     }
     if not args.no_layers:
         layers = {layer: round(_own.get(layer, 0.0) / n * 1000, 3) for layer in LAYERS}

@@ -1,0 +1,85 @@
+"""Instructions per keyed payment in the web process, counted by valgrind (callgrind).
+
+    .venv/bin/python bench/bench_instructions.py
+    .venv/bin/python bench/bench_instructions.py --python /path/to/other/venv/bin/python
+
+CPU time per request moves with the machine: on a shared two-core machine the same
+code measured 2.5 and 4.2 ms in runs minutes apart (docs/BENCHMARKS.md, issue 13,
+eighth pass). An instruction count does not: callgrind counts what the process executes,
+whatever else the machine is doing. This runs `bench/bench_request_cpu.py` (the WSGI
+application called in-process, as gunicorn's sync worker calls it) under callgrind
+twice, with `--short` and `--long` timed requests, and divides the difference by the
+difference in requests, so that start-up, seeding and warm-up cancel out. Hash
+randomisation is off, so both runs execute the same code the same way.
+
+Instructions are not time: a cache miss costs more than an add. They answer "did this
+change make a request do less", not "how many milliseconds". PostgreSQL's and Redis's
+own work is not in them (`bench_request_cpu.py` reports the PostgreSQL backend's CPU).
+Needs valgrind (Debian package `valgrind`). Takes about a minute per 100 requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def instructions(python: str, requests: int, extra: list[str]) -> int:
+    """Every instruction the bench process executed with `requests` timed requests."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.out"
+        env = dict(os.environ, PYTHONHASHSEED="0")
+        run = subprocess.run(
+            [
+                "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, str(ROOT / "bench/bench_request_cpu.py"),
+                "--requests", str(requests), "--no-layers", *extra,
+            ],
+            cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+        )
+        if run.returncode != 0 or '"201"' not in run.stdout:
+            raise SystemExit(f"the bench failed under valgrind:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+        found = re.search(r"Collected : (\d+)", run.stderr)
+        if found is None:
+            raise SystemExit(f"no instruction count in valgrind's output:\n{run.stderr[-2000:]}")
+        return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", default=str(ROOT / ".venv/bin/python"), help="the interpreter (a venv's python)")
+    parser.add_argument("--short", type=int, default=100, help="timed requests in the first run")
+    parser.add_argument("--long", type=int, default=400, help="timed requests in the second run")
+    parser.add_argument("--gc-freeze", action="store_true", help="passed to bench_request_cpu.py: as gunicorn's workers run")
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_instructions")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("needs valgrind: apt-get install valgrind")
+    extra = ["--database-url", args.database_url, *(["--gc-freeze"] if args.gc_freeze else [])]
+    # Seed the bench database first, outside valgrind: a first run migrates and seeds it,
+    # which the counted runs must not (both find it seeded and only mint fresh keys).
+    subprocess.run(
+        [args.python, str(ROOT / "bench/bench_request_cpu.py"), "--requests", "1", "--warmup", "1", "--no-layers", *extra],
+        cwd=ROOT, capture_output=True, check=True,
+    )
+    short = instructions(args.python, args.short, extra)
+    long = instructions(args.python, args.long, extra)
+    per_request = (long - short) / (args.long - args.short)
+    print(json.dumps({
+        "python": args.python, "version": subprocess.run([args.python, "--version"], capture_output=True, text=True).stdout.strip(),
+        "requests": [args.short, args.long], "instructions": [short, long],
+        "instructions_per_request": round(per_request), "gc_freeze": args.gc_freeze,
+    }, indent=2))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
