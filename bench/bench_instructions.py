@@ -59,11 +59,15 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=100, help="timed requests in the first run")
     parser.add_argument("--long", type=int, default=400, help="timed requests in the second run")
     parser.add_argument("--gc-freeze", action="store_true", help="passed to bench_request_cpu.py: as gunicorn's workers run")
+    parser.add_argument("--ab", default="", help="passed to bench_request_cpu.py with --side: count one side of a lever")
+    parser.add_argument("--side", default="")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_instructions")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
     extra = ["--database-url", args.database_url, *(["--gc-freeze"] if args.gc_freeze else [])]
+    if args.ab:
+        extra += ["--ab", args.ab, "--side", args.side]
     # Seed the bench database first, outside valgrind: a first run migrates and seeds it,
     # which the counted runs must not (both find it seeded and only mint fresh keys).
     subprocess.run(
@@ -77,6 +81,7 @@ def main() -> None:
         "python": args.python, "version": subprocess.run([args.python, "--version"], capture_output=True, text=True).stdout.strip(),
         "requests": [args.short, args.long], "instructions": [short, long],
         "instructions_per_request": round(per_request), "gc_freeze": args.gc_freeze,
+        **({"lever": args.ab, "side": args.side} if args.ab else {}),
     }, indent=2))
     sys.stdout.flush()
 

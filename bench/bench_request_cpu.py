@@ -449,6 +449,7 @@ def main() -> None:
         "execution; search-path = the connection's health check is the request's SET search_path (as shipped) or "
         "Django's SELECT 1 followed by django-tenants' SET",
     )
+    parser.add_argument("--side", default="", help="with --ab: run only this side of the lever, as a plain timed loop")
     args = parser.parse_args()
 
     fixtures = seed(args.database_url, args.redis_url)
@@ -505,6 +506,11 @@ def main() -> None:
             _Held.since = None
 
     connection._commit = timed_commit  # type: ignore[method-assign]
+    if args.ab and args.side:  # one side of a lever alone, timed as usual (bench_instructions.py counts it)
+        sides = _ab_sides(args.ab, request, application)
+        if args.side not in sides:
+            raise SystemExit(f"--side: one of {sorted(sides)}")
+        one = sides[args.side]
     for _ in range(args.warmup):
         one()
     if not args.no_layers:
@@ -519,7 +525,7 @@ def main() -> None:
     if args.pieces:
         _pieces(request, application, connection)
         return
-    if args.ab:
+    if args.ab and not args.side:
         _ab(_ab_sides(args.ab, request, application), args.requests, connection, args.ab)
         return
     backend = _backend_cpu_ms(connection)
