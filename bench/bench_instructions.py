@@ -5,8 +5,11 @@
 
 CPU time per request moves with the machine: on a shared two-core machine the same
 code measured 2.5 and 4.2 ms in runs minutes apart (docs/BENCHMARKS.md, issue 13,
-eighth pass). An instruction count does not: callgrind counts what the process executes,
-whatever else the machine is doing. This runs `bench/bench_request_cpu.py` (the WSGI
+eighth pass). An instruction count moves much less: callgrind counts what the process
+executes, not how fast the machine ran it. It still moves by about ±2.5% between runs of
+the same code, because a request does some work on a clock (the API key cache's 30 s
+TTL, the relay kick's 2 s mark), which a run slowed ~27x by valgrind meets more often,
+and because full collections come in lumps. This runs `bench/bench_request_cpu.py` (the WSGI
 application called in-process, as gunicorn's sync worker calls it) under callgrind
 twice, with `--short` and `--long` timed requests, and divides the difference by the
 difference in requests, so that start-up, seeding and warm-up cancel out. Hash
@@ -45,7 +48,11 @@ def instructions(python: str, requests: int, extra: list[str]) -> int:
             ],
             cwd=ROOT, env=env, capture_output=True, text=True, check=False,
         )
-        if run.returncode != 0 or '"201"' not in run.stdout:
+        try:
+            statuses = json.loads(run.stdout[run.stdout.index("{"):])["statuses"]
+        except (ValueError, KeyError):
+            statuses = None
+        if run.returncode != 0 or statuses != {"201": requests}:
             raise SystemExit(f"the bench failed under valgrind:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
         found = re.search(r"Collected : (\d+)", run.stderr)
         if found is None:
@@ -63,6 +70,10 @@ def main() -> None:
     parser.add_argument("--side", default="")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_instructions")
     args = parser.parse_args()
+    if bool(args.ab) != bool(args.side):
+        parser.error("--ab and --side go together")
+    if args.long <= args.short:
+        parser.error("--long must be more than --short")
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
     extra = ["--database-url", args.database_url, *(["--gc-freeze"] if args.gc_freeze else [])]
@@ -72,7 +83,7 @@ def main() -> None:
     # which the counted runs must not (both find it seeded and only mint fresh keys).
     subprocess.run(
         [args.python, str(ROOT / "bench/bench_request_cpu.py"), "--requests", "1", "--warmup", "1", "--no-layers", *extra],
-        cwd=ROOT, capture_output=True, check=True,
+        cwd=ROOT, stdout=subprocess.DEVNULL, check=True,
     )
     short = instructions(args.python, args.short, extra)
     long = instructions(args.python, args.long, extra)

@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_request_cpu.py --requests 1000 --cprofile 25   # + top functions
     .venv/bin/python bench/bench_request_cpu.py --requests 4000 --no-layers --ab insert-batch   # or another lever: --help
     .venv/bin/python bench/bench_request_cpu.py --pieces   # single pieces timed on their own
+    SHOW_SQL_CHARS=5000 .venv/bin/python bench/bench_request_cpu.py --requests 1 --show-sql   # whole statements, parameters
     .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
 
 Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
@@ -171,7 +172,9 @@ def _count_sql(execute: Callable[..., Any], sql: str, params: Any, many: bool, c
     if _Held.since is None and 'FOR UPDATE OF "wallets_balance"' in sql:
         _Held.since = (time.perf_counter(), time.process_time())
     if _Counter.show_sql:
-        print("SQL:", " ".join(sql.split())[:int(os.environ.get("SHOW_SQL_CHARS", "160"))], params if os.environ.get("SHOW_SQL_CHARS") else "")
+        # SHOW_SQL_CHARS=N prints N characters of each statement, and its parameters.
+        chars = os.environ.get("SHOW_SQL_CHARS")
+        print("SQL:", " ".join(sql.split())[: int(chars or 160)], *([params] if chars else []))
     return execute(sql, params, many, context)
 
 
@@ -451,6 +454,8 @@ def main() -> None:
     )
     parser.add_argument("--side", default="", help="with --ab: run only this side of the lever, as a plain timed loop")
     args = parser.parse_args()
+    if args.side and not args.ab:
+        parser.error("--side needs --ab")
 
     fixtures = seed(args.database_url, args.redis_url)
     os.environ["TALLY_LOG_LEVEL"] = args.log_level

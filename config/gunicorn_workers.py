@@ -66,11 +66,13 @@ class EnvelopeSyncWorker(SyncWorker):
 
 
 class NoAccessLogger(Logger):  # type: ignore[misc]
-    """gunicorn's logger without its access log. Django already logs one JSON line per
-    request (config.observability.MetricsMiddleware); gunicorn counts its access log as
-    on whenever `logconfig_dict` is set, as ours is for JSON error lines, and then works
-    out every access-log field of every request only for the record to go nowhere: about
-    1% of a worker's CPU (docs/BENCHMARKS.md, issue 13, eighth pass)."""
+    """gunicorn's logger without its access log unless one is asked for. Django already
+    logs one JSON line per request (config.observability.MetricsMiddleware); gunicorn
+    counts its access log as on whenever `logconfig_dict` is set, as ours is for JSON error
+    lines, and then worked out every access-log field of every request only for the record
+    to go nowhere: about 1% of a worker's CPU (docs/BENCHMARKS.md, issue 13, eighth pass).
+    An access log named explicitly (`--access-logfile`) is still written."""
 
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
-        return None
+        if self.cfg.accesslog:
+            super().access(resp, req, environ, request_time)
