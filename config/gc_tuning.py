@@ -1,9 +1,9 @@
 """The garbage collector of a long-lived web worker, set once the application is loaded.
 
-A gunicorn worker holds about 115,000 objects that live as long as it does: modules,
+A gunicorn worker holds about 133,000 objects that live as long as it does: modules,
 settings, URL patterns, views and serializers, compiled statements. CPython's oldest
 generation is collected whenever enough objects have survived into it, and each such
-collection walks every one of those objects again: 80-85 ms a time here, during which the
+collection walks every one of those objects again: 85-92 ms a time here, during which the
 request in hand waits (docs/BENCHMARKS.md, issue 13, eighth pass). `gc.freeze()` moves
 everything alive at that moment into a permanent generation that collections skip, so
 they walk only what requests made since. Nothing is leaked by it: frozen objects are
