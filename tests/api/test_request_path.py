@@ -4,6 +4,7 @@ The throttles' Redis pipeline carries the replay-cache GET of a keyed POST, so t
 does not make its own lookup; a replay served from that prefetched entry is the stored
 answer byte for byte, a different body under the key is still 422, and with Redis
 unreachable the request still executes (throttles fail open, the layer asks PostgreSQL).
+A payment whose batch of rows fails leaves nothing, and its key executes again.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test import Client
 
 import payments.idempotency.services as idem_services
-from payments.models import Payment
+from payments.models import OutboxEvent, Payment
+from payments.services import charges
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
+from tests.conftest import TENANT_A
+from wallets.models import Balance, LedgerEntry, LedgerTransaction
 
 PAY = "/v1/terminal/payments"
 
@@ -69,3 +75,44 @@ def test_with_redis_unreachable_a_keyed_payment_still_executes_once(api: Api, wo
         replay_cache_breaker_reset()
     assert first.status_code == 201 and again["Idempotent-Replayed"] == "true" and again.content == first.content
     assert Payment.objects.filter(amount=500).count() == 1
+
+
+@pytest.mark.parametrize("remembered", [False, True], ids=["plan-read", "accounts-remembered"])
+def test_a_payment_whose_row_batch_fails_leaves_nothing_and_its_key_executes_again(
+    api: Api, world: World, funded: None, monkeypatch: Any, remembered: bool
+) -> None:
+    """A payment's rows go to PostgreSQL in one batch, in their own savepoint
+    (wallets.compiled.InsertBatch). When that batch fails (here the payment id is
+    taken), the failure reaches the client as a 500 in the envelope; nothing of the
+    payment is left (no payment, ledger rows or event, no balance moved); and the same
+    Idempotency-Key, retried, executes the payment once. With `remembered`, the parties'
+    accounts are known from an earlier payment, so the batch goes before any read."""
+    body = {"customer": world.customer.id, "asset": "JPY", "amount": 100}
+    earlier = api.post(PAY, world.terminal.key, body)
+    assert earlier.status_code == 201, earlier.content
+    if not remembered:
+        charges.known_accounts_forget()
+
+    def written() -> tuple[int, ...]:
+        connection.set_schema(TENANT_A["schema_name"])
+        return (
+            Payment.objects.count(), LedgerTransaction.objects.count(), LedgerEntry.objects.count(), OutboxEvent.objects.count(),
+            *Balance.objects.order_by("pk").values_list("balance", flat=True),
+        )
+
+    before = written()
+    taken = earlier.json()["id"]
+    monkeypatch.setattr(charges.ids, "new_payment_id", lambda: taken)
+    failing = Api(world.host)
+    failing.client = Client(HTTP_HOST=world.host, raise_request_exception=False)
+    failed = failing.post(PAY, world.terminal.key, body, idem="path-batch-fails")
+    assert failed.status_code == 500 and error_of(failed)["code"] == "internal_error", failed.content
+    assert written() == before
+
+    monkeypatch.undo()
+    retried = api.post(PAY, world.terminal.key, body, idem="path-batch-fails")
+    assert retried.status_code == 201 and "Idempotent-Replayed" not in retried, retried.content
+    again = api.post(PAY, world.terminal.key, body, idem="path-batch-fails")
+    assert again["Idempotent-Replayed"] == "true" and again.content == retried.content
+    entries = LedgerEntry.objects.filter(transaction_id=Payment.objects.get(pk=taken).ledger_transaction_id).count()
+    assert written()[:4] == (before[0] + 1, before[1] + 1, before[2] + entries, before[3] + 1)
