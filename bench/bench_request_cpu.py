@@ -545,6 +545,8 @@ def main() -> None:
             profiler.disable()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     backend_after = _backend_cpu_ms(connection)
+    from tenants.postgresql_backend.prepared import prepared_statements_of
+
     n = args.requests
     result: dict[str, Any] = {
         "requests": n,
@@ -557,6 +559,9 @@ def main() -> None:
         "postgres_backend_cpu_ms_per_request": round((backend_after[1] - backend[1]) / n, 3) if backend_after[0] == backend[0] else None,
         "sql_statements_per_request": round(_Counter.sql / n, 2),
         "redis_round_trips_per_request": round(_Counter.redis / n, 2),
+        # Statements this connection sends as server-side prepared statements
+        # (tenants/postgresql_backend/prepared.py; TALLY_DB_PREPARED_STATEMENTS=false: none).
+        "prepared_statements": sum(1 for run in prepared_statements_of(connection.connection).values() if run),
         "wallet_row_held_ms_per_request": {
             "wall": round(_Held.wall / max(_Held.windows, 1) * 1000, 3),
             "python_cpu": round(_Held.cpu / max(_Held.windows, 1) * 1000, 3),

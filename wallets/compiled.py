@@ -38,6 +38,8 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
 
+from tenants.postgresql_backend.prepared import prepared_statement_register
+
 M = TypeVar("M", bound=Model)
 # A compiled select asks for one list of columns' converters; more lists than this would be
 # a caller building new expressions per execution, so the cache starts over.
@@ -139,11 +141,14 @@ class CompiledQuery(Generic[M]):
     `select(**values)` returns the rows as model instances, as `list(queryset)` would;
     `update(**values)` runs `queryset.update(**update)` for the `update` mapping given at
     construction and returns the row count. Every `Param` name must be given a value.
+    With `prepared`, its SQL goes to PostgreSQL as a server-side prepared statement,
+    parsed and planned once per connection (tenants/postgresql_backend/prepared.py).
     """
 
-    def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None, prepared: bool = False) -> None:
         self._queryset = queryset
         self._update = dict(update) if update is not None else None
+        self._prepared = prepared
         self._compiled: dict[str, _Compiled] = {}
         self._lock = threading.Lock()
 
@@ -162,6 +167,8 @@ class CompiledQuery(Generic[M]):
                 compiler = query.get_compiler(using=alias)
                 sql, params = compiler.as_sql()
                 compiler.connection = None  # each run binds its own thread's (compiler_for)
+                if self._prepared:
+                    prepared_statement_register(sql)
                 compiled = _Compiled(compiler, sql, tuple(params))
                 self._compiled[alias] = compiled
         return compiled

@@ -83,6 +83,10 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=3))
+# The payment path's hot statements go as server-side prepared statements, parsed and
+# planned once per connection (tenants/postgresql_backend/prepared.py). Turn off behind a
+# pooler that does not keep a server session per client (pgbouncer in transaction mode).
+TALLY_DB_PREPARED_STATEMENTS = env.bool("TALLY_DB_PREPARED_STATEMENTS", default=True)
 DATABASE_ROUTERS = ("django_tenants.routers.TenantSyncRouter",)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

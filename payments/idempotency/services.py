@@ -52,6 +52,7 @@ from payments.idempotency.selectors import (
     idempotency_record_snapshot,
     idempotency_stuck_count,
 )
+from tenants.postgresql_backend.prepared import prepared_statement_register
 from wallets import ids
 from wallets import metrics as wallet_metrics
 from wallets.errors import TallyError, Unavailable
@@ -181,10 +182,13 @@ class _WaitTimedOut(Exception):
 
 # --- SQL ---------------------------------------------------------------------------------
 
+# The claim and the completion, one each per keyed request, go as prepared statements
+# (tenants/postgresql_backend/prepared.py).
+#
 # set_config in a MATERIALIZED CTE runs before the INSERT tries its row, so the wait on
 # a concurrent uncommitted claim of the same key is bounded by lock_timeout, in one
 # round trip.
-_CLAIM_SQL = """
+_CLAIM_SQL = prepared_statement_register("""
 WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true) AS lock_timeout)
 INSERT INTO idempotency_record
     (principal_id, "key", scope, effect, fingerprint, state, fence, lease_expires_at,
@@ -194,7 +198,7 @@ SELECT %s, %s, %s, %s, %s, 'in_flight', 1, clock_timestamp() + make_interval(sec
 FROM cfg
 ON CONFLICT (principal_id, "key") DO NOTHING
 RETURNING id, created
-"""
+""")
 
 _TAKEOVER_SQL = """
 UPDATE idempotency_record SET
@@ -209,14 +213,14 @@ WHERE id = %s AND fence = %s AND state = %s
 RETURNING fence, created, minted
 """
 
-_COMPLETE_SQL = """
+_COMPLETE_SQL = prepared_statement_register("""
 UPDATE idempotency_record SET
     state = 'completed', response_status = %s, response_headers = %s::jsonb, response_body = %s,
     minted = %s::jsonb, request_id = %s, completed_at = clock_timestamp(), updated = clock_timestamp(),
     lease_expires_at = NULL
 WHERE id = %s AND fence = %s AND state = 'in_flight'
 RETURNING created
-"""
+""")
 
 
 def _ms(seconds: float) -> str:

@@ -11,17 +11,44 @@ and issues nothing. The path is set afresh on every request, never trusted from 
 earlier one; django-tenants still forgets it on rollback, savepoint rollback and close.
 The SET goes on psycopg's own cursor, as Django's check does, so Django's query log and
 execute wrappers do not see it.
+
+Its cursors send a few registered hot statements as server-side prepared statements
+(prepared.py).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.db.backends.postgresql.base import Cursor
+from django.db.backends.postgresql.operations import DatabaseOperations
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
 from django_tenants.utils import quote_schema_name
 from psycopg import Error as DriverError
 
+from tenants.postgresql_backend.prepared import PreparingCursor, prepared_query_logged
+
+
+class Operations(DatabaseOperations):
+    def last_executed_query(self, cursor: Any, sql: Any, params: Any) -> str | None:
+        # The query log shows a prepared statement's SQL with its values, as unprepared.
+        logged = prepared_query_logged(cursor, sql, params)
+        return logged if logged is not None else super().last_executed_query(cursor, sql, params)
+
 
 class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
+    ops_class = Operations
+
+    def get_connection_params(self) -> dict[str, Any]:
+        params: dict[str, Any] = super().get_connection_params()
+        # Registered hot statements go prepared (prepared.py), unless server-side binding
+        # is asked for (psycopg prepares by itself then) or they are turned off.
+        if params.get("cursor_factory") is Cursor and getattr(settings, "TALLY_DB_PREPARED_STATEMENTS", True):
+            params["cursor_factory"] = PreparingCursor
+        return params
+
     def is_usable(self) -> bool:
         if self.connection is None or not self.schema_name:
             return bool(super().is_usable())  # no schema chosen: the plain check

@@ -237,7 +237,7 @@ def _balances_add_statement(shape: tuple[int, bool, bool]) -> CompiledQuery[Bala
         updates["balance"] = F("balance") + _per_row("balance", rows=rows)
     if held:
         updates["held"] = F("held") + _per_row("held", rows=rows)
-    return CompiledQuery(Balance.objects.filter(pk__in=[Param(f"row{i}") for i in range(rows)]), update=updates)
+    return CompiledQuery(Balance.objects.filter(pk__in=[Param(f"row{i}") for i in range(rows)]), update=updates, prepared=True)
 
 
 def _per_row(column: str, *, rows: int) -> Param | Case:
