@@ -9,11 +9,13 @@ all leave the money path working.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any
 
+import psycopg
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
-from django.db.backends.postgresql.base import Cursor
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
+from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 from django.test.utils import CaptureQueriesContext
 
 from payments.idempotency import services
@@ -21,6 +23,7 @@ from payments.services.charges import payment_create
 from tenants.models import Tenant
 from tenants.postgresql_backend.prepared import (
     PreparingCursor,
+    prepared_statement_name,
     prepared_statement_register,
     prepared_statements_of,
 )
@@ -28,8 +31,6 @@ from tests.conftest import in_tenant
 from tests.factories import CustomerFactory, TerminalFactory, fund
 from wallets.models import Balance, Customer
 from wallets.services.principals import api_key_create
-
-pytestmark = pytest.mark.django_db
 
 
 def _server_side() -> dict[str, tuple[str, int]]:
@@ -124,7 +125,7 @@ def test_a_statement_postgresql_refuses_to_prepare_goes_as_it_is_and_the_transac
     assert _run(sql, [None]) is True  # and keeps going as it is
 
 
-def test_a_prepare_outlives_the_rollback_of_its_transaction(tenant: Tenant) -> None:
+def test_a_prepare_outlives_the_rollback_of_its_transaction(live_tenant: Tenant) -> None:
     sql = prepared_statement_register("SELECT %s + 1")
 
     class Undone(Exception):
@@ -163,6 +164,79 @@ def test_a_migration_that_changes_a_returned_columns_type_fails_once_then_is_pre
     assert _run(sql, [1]) == "7"
 
 
+def test_a_migration_that_changes_a_compared_columns_type_fails_once_then_is_prepared_again(tenant: Tenant) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE prepared_probe_compared (a text, b bigint)")
+        cursor.execute("INSERT INTO prepared_probe_compared VALUES ('1', 7)")
+    sql = prepared_statement_register("SELECT b FROM prepared_probe_compared WHERE a = %s")
+    assert _run(sql, ["1"]) == 7  # $1 prepared as text, from the column
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE prepared_probe_compared ALTER COLUMN a TYPE integer USING a::integer")
+    with pytest.raises(DatabaseError, match="operator does not exist"), transaction.atomic():
+        _run(sql, ["1"])
+    assert _run(sql, ["1"]) == 7 and _run(sql, ["1"]) == 7
+
+
+def test_a_value_of_another_type_is_another_statement_never_rounded(tenant: Tenant) -> None:
+    sql = prepared_statement_register("SELECT %s::numeric * 2")
+    assert _run(sql, [2]) == 4  # prepared with $1 bigint
+    assert _run(sql, [Decimal("2.5")]) == Decimal("5.0")  # not 2.5 rounded into that bigint
+    ours = [name for name, (text, _) in _server_side().items() if text.startswith("SELECT $1::numeric * 2")]
+    assert sorted(ours) == sorted([prepared_statement_name(sql, (True,)), prepared_statement_name(sql, (False,))])
+
+
+def test_a_name_is_the_statement_itself_on_every_session(tenant: Tenant) -> None:
+    """A name is a hash of the SQL and its types: another process (or a pooler's earlier
+    client) that prepared the same name prepared the same statement, so it is used as is,
+    and two statements never share a name."""
+    sql = prepared_statement_register("SELECT %s + 100")
+    name = prepared_statement_name(sql, (True,))
+    assert name != prepared_statement_name("SELECT %s + 101", (True,)) != prepared_statement_name(sql, (False,))
+    with connection.connection.cursor() as raw:
+        raw.execute(f"PREPARE {name} (bigint) AS SELECT $1 + 100")
+    assert _run(sql, [1]) == 101
+    assert prepared_statements_of(connection.connection)[sql] == f"EXECUTE {name} (%s)"
+
+
+def test_a_transaction_that_begins_with_a_refused_prepare_carries_on(live_tenant: Tenant) -> None:
+    """psycopg begins a transaction at its first statement: a PREPARE that is that first
+    statement still runs in its own savepoint."""
+    sql = prepared_statement_register("SELECT %s IS NULL AND true")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # the tenant's search_path is set now, outside the transaction
+    with transaction.atomic():
+        assert _run(sql, [None]) is True  # the transaction's first statement
+        assert Customer.objects.filter(pk="cus_none").count() == 0  # and it goes on
+    assert prepared_statements_of(connection.connection)[sql] is None
+
+
+def test_a_prepare_that_times_out_raises_as_the_statement_would_and_is_tried_again(live_tenant: Tenant) -> None:
+    """A PREPARE waits for the locks of the tables it names. A timeout there is the
+    statement's own failure (not cached as 'will not prepare'); once the lock is gone the
+    statement prepares."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    with psycopg.connect(**params, autocommit=True) as holder:
+        holder.execute("CREATE TABLE IF NOT EXISTS public.prepared_lock_probe (a int)")
+        try:
+            sql = prepared_statement_register("SELECT count(*) + %s FROM public.prepared_lock_probe")
+            holder.execute("BEGIN")
+            holder.execute("LOCK TABLE public.prepared_lock_probe IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(OperationalError, match="lock timeout"), transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '100ms'")
+                _run(sql, [1])
+            assert sql not in prepared_statements_of(connection.connection)
+            holder.execute("ROLLBACK")
+            with transaction.atomic():
+                assert _run(sql, [1]) == 1
+            assert prepared_statements_of(connection.connection)[sql] is not None
+        finally:
+            holder.execute("ROLLBACK") if holder.info.transaction_status != psycopg.pq.TransactionStatus.IDLE else None
+            holder.execute("DROP TABLE IF EXISTS public.prepared_lock_probe")
+
+
 def test_registered_sql_takes_plain_placeholders_only() -> None:
     with pytest.raises(ValueError):
         prepared_statement_register("SELECT 1 WHERE 'a' LIKE '%%' AND %s")
@@ -173,5 +247,11 @@ def test_registered_sql_takes_plain_placeholders_only() -> None:
 def test_connections_prepare_unless_turned_off_or_binding_server_side(settings: Any) -> None:
     wrapper = connections["default"]
     assert wrapper.get_connection_params()["cursor_factory"] is PreparingCursor
+    saved = wrapper.settings_dict
+    wrapper.settings_dict = {**saved, "OPTIONS": {**saved["OPTIONS"], "server_side_binding": True}}
+    try:
+        assert wrapper.get_connection_params()["cursor_factory"] is ServerBindingCursor  # psycopg prepares by itself
+    finally:
+        wrapper.settings_dict = saved
     settings.TALLY_DB_PREPARED_STATEMENTS = False
     assert wrapper.get_connection_params()["cursor_factory"] is Cursor
