@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from cpu_by_process import cpu_ms  # noqa: E402  (stdlib only: runs in the peer's venv too)
+
 BODY = json.dumps({"amount": 1}).encode()
 
 
@@ -82,15 +85,10 @@ def main() -> None:
         cursor.execute("SELECT pg_backend_pid()")
         backend = cursor.fetchone()[0]
 
-    def backend_cpu_ms() -> float:
-        with open(f"/proc/{backend}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
-
-    cpu, wall, pg = time.process_time(), time.perf_counter(), backend_cpu_ms()
+    cpu, wall, pg = time.process_time(), time.perf_counter(), cpu_ms(backend)
     for _ in range(args.requests):
         call()
-    cpu, wall, pg = time.process_time() - cpu, time.perf_counter() - wall, backend_cpu_ms() - pg
+    cpu, wall, pg = time.process_time() - cpu, time.perf_counter() - wall, cpu_ms(backend) - pg
     n = args.requests
     print(json.dumps({
         "requests": n, "statuses": statuses,

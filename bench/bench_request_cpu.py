@@ -306,6 +306,12 @@ def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, le
     )
 
 
+def _prepared_count(connection: Any) -> int:
+    from tenants.postgresql_backend.prepared import prepared_statements_of
+
+    return sum(1 for run in prepared_statements_of(connection.connection).values() if run)
+
+
 def _per_call_ms(fn: Callable[[], Any], calls: int = 2000) -> float:
     """CPU per call of `fn` (best of five runs: the least disturbed by the machine)."""
     best = float("inf")
@@ -545,8 +551,6 @@ def main() -> None:
             profiler.disable()
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     backend_after = _backend_cpu_ms(connection)
-    from tenants.postgresql_backend.prepared import prepared_statements_of
-
     n = args.requests
     result: dict[str, Any] = {
         "requests": n,
@@ -561,7 +565,7 @@ def main() -> None:
         "redis_round_trips_per_request": round(_Counter.redis / n, 2),
         # Statements this connection sends as server-side prepared statements
         # (tenants/postgresql_backend/prepared.py; TALLY_DB_PREPARED_STATEMENTS=false: none).
-        "prepared_statements": sum(1 for run in prepared_statements_of(connection.connection).values() if run),
+        "prepared_statements": _prepared_count(connection),
         "wallet_row_held_ms_per_request": {
             "wall": round(_Held.wall / max(_Held.windows, 1) * 1000, 3),
             "python_cpu": round(_Held.cpu / max(_Held.windows, 1) * 1000, 3),

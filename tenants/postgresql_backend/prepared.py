@@ -11,10 +11,11 @@ and only the statements registered here go as prepared statements: on its first 
 connection a registered statement is sent once as `PREPARE tally_<hash> (...) AS <its SQL
 with $1..$n>`, and from then on as `EXECUTE tally_<hash> (<values>)`, the values bound
 client-side as for any statement. The name is a hash of the SQL and its parameter types,
-so a name means one statement on every server session, whichever process prepared it. The SQL is unchanged, and still the ORM's own where the ORM
-compiled it (`wallets.compiled.CompiledQuery(..., prepared=True)`): Django's execute
-wrappers see the registered SQL, and its query log shows it with its values, as it would
-unprepared (`prepared_query_logged`). What a connection has prepared is in
+so a name means one statement on every server session, whichever process prepared it.
+The SQL is unchanged, and still the ORM's own where the ORM compiled it
+(`wallets.compiled.CompiledQuery(..., prepared=True)`): Django's execute wrappers see the
+registered SQL, and its query log shows it with its values, as it would unprepared
+(`prepared_query_logged`). What a connection has prepared is in
 `prepared_statements_of` and in PostgreSQL's `pg_prepared_statements`.
 
 Why it is safe:

@@ -92,8 +92,8 @@ def world_b(world: World, tenant_b: Tenant, tenant: Tenant) -> Iterator[World]:
 class Api:
     """HTTP calls to a tenant's host with a bearer key; POSTs get a fresh Idempotency-Key."""
 
-    def __init__(self, host: str) -> None:
-        self.client = Client(HTTP_HOST=host)
+    def __init__(self, host: str, *, raise_request_exception: bool = True) -> None:
+        self.client = Client(HTTP_HOST=host, raise_request_exception=raise_request_exception)
 
     def call(self, method: str, path: str, key: str | None, body: Any = None, *, idem: str | None = "auto",
              content_type: str = "application/json", raw: bytes | str | None = None, **headers: str) -> Any:
