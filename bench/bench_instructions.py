@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_instructions.py
     .venv/bin/python bench/bench_instructions.py --python /path/to/other/venv/bin/python
+    .venv/bin/python bench/bench_instructions.py --gc-freeze --peer   # + the drf-idempotency peer's, and the ratio
 
 CPU time per request moves with the machine: on a shared two-core machine the same
 code measured 2.5 and 4.2 ms in runs minutes apart (docs/BENCHMARKS.md, issue 13,
@@ -19,6 +20,11 @@ Instructions are not time: a cache miss costs more than an add. They answer "did
 change make a request do less", not "how many milliseconds". PostgreSQL's and Redis's
 own work is not in them (`bench_request_cpu.py` reports the PostgreSQL backend's CPU).
 Needs valgrind (Debian package `valgrind`). Takes about a minute per 100 requests.
+
+`--peer` also counts the drf-idempotency peer's keyed POST the same way
+(`bench/bench_peer_request_cpu.py` in the peer's venv, `--peer-python`; see
+`../shared/peers/README.md`), and prints Tally's count over the peer's: a ratio of work
+done, which the machine's speed and drift do not move.
 """
 
 from __future__ import annotations
@@ -36,16 +42,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def instructions(python: str, requests: int, extra: list[str]) -> int:
+def instructions(python: str, requests: int, extra: list[str], script: str = "bench/bench_request_cpu.py") -> int:
     """Every instruction the bench process executed with `requests` timed requests."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
         env = dict(os.environ, PYTHONHASHSEED="0")
         run = subprocess.run(
-            [
-                "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, str(ROOT / "bench/bench_request_cpu.py"),
-                "--requests", str(requests), "--no-layers", *extra,
-            ],
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", python, str(ROOT / script), "--requests", str(requests), *extra],
             cwd=ROOT, env=env, capture_output=True, text=True, check=False,
         )
         try:
@@ -69,6 +72,8 @@ def main() -> None:
     parser.add_argument("--ab", default="", help="passed to bench_request_cpu.py with --side: count one side of a lever")
     parser.add_argument("--side", default="")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_instructions")
+    parser.add_argument("--peer", action="store_true", help="also count the drf-idempotency peer's request, and the ratio")
+    parser.add_argument("--peer-python", default=os.environ.get("PEER_IDEM_DRFI_VENV", "/tmp/peer-idem-drfi-venv") + "/bin/python")
     args = parser.parse_args()
     if bool(args.ab) != bool(args.side):
         parser.error("--ab and --side go together")
@@ -76,23 +81,34 @@ def main() -> None:
         parser.error("--long must be more than --short")
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
-    extra = ["--database-url", args.database_url, *(["--gc-freeze"] if args.gc_freeze else [])]
+    if args.peer and not Path(args.peer_python).exists():
+        raise SystemExit(f"no peer venv at {args.peer_python}: set it up with ../shared/peers/idem/setup.sh (../shared/peers/README.md)")
+    extra = ["--no-layers", "--database-url", args.database_url, *(["--gc-freeze"] if args.gc_freeze else [])]
     if args.ab:
         extra += ["--ab", args.ab, "--side", args.side]
     # Seed the bench database first, outside valgrind: a first run migrates and seeds it,
     # which the counted runs must not (both find it seeded and only mint fresh keys).
     subprocess.run(
-        [args.python, str(ROOT / "bench/bench_request_cpu.py"), "--requests", "1", "--warmup", "1", "--no-layers", *extra],
+        [args.python, str(ROOT / "bench/bench_request_cpu.py"), "--requests", "1", "--warmup", "1", *extra],
         cwd=ROOT, stdout=subprocess.DEVNULL, check=True,
     )
     short = instructions(args.python, args.short, extra)
     long = instructions(args.python, args.long, extra)
     per_request = (long - short) / (args.long - args.short)
+    peer: dict[str, object] = {}
+    if args.peer:
+        # The peer's warm-up (300 requests by default) runs in both runs and cancels out.
+        peer_counts = [instructions(args.peer_python, n, [], script="bench/bench_peer_request_cpu.py") for n in (args.short, args.long)]
+        peer_per_request = (peer_counts[1] - peer_counts[0]) / (args.long - args.short)
+        peer = {
+            "peer_instructions": peer_counts, "peer_instructions_per_request": round(peer_per_request),
+            "tally_over_peer": round(per_request / peer_per_request, 2),
+        }
     print(json.dumps({
         "python": args.python, "version": subprocess.run([args.python, "--version"], capture_output=True, text=True).stdout.strip(),
         "requests": [args.short, args.long], "instructions": [short, long],
         "instructions_per_request": round(per_request), "gc_freeze": args.gc_freeze,
-        **({"lever": args.ab, "side": args.side} if args.ab else {}),
+        **({"lever": args.ab, "side": args.side} if args.ab else {}), **peer,
     }, indent=2))
     sys.stdout.flush()
 

@@ -500,6 +500,40 @@ def test_a_batch_rolls_back_to_its_own_savepoint_when_an_earlier_batch_is_kept(t
     assert kept_again == kept
 
 
+def test_a_batch_sends_the_same_text_in_every_transaction_and_a_new_savepoint_within_one(live_tenant: Tenant) -> None:
+    """Savepoint names are counted per transaction: the payment's batch is the same string
+    in every transaction (psycopg converts it once per process, not once per payment),
+    while two batches of one transaction, even around a savepoint rollback, never share a
+    name (see the two tests below for why they must not)."""
+    when = timezone.now()
+
+    def two_batches_rolled_back(tag: str) -> tuple[list[str], list[str]]:
+        with transaction.atomic():
+            first, second = (_batch_of(*_batch_rows(f"{tag}-{n}", when)) for n in range(2))
+            sids: list[str] = []
+            sent = _round_trips(lambda: sids.append(first.execute_in_savepoint()))
+            transaction.savepoint_rollback(sids[0])
+            sent += _round_trips(lambda: sids.append(second.execute_in_savepoint()))
+            transaction.set_rollback(True)  # nothing stays in tenant A
+        return sent, sids
+
+    first_batches = []
+    for tag in ("text-a", "text-b"):
+        sent, sids = two_batches_rolled_back(tag)
+        assert len(sent) == 2 and len(set(sids)) == 2
+        assert sent[0].split(";\n", 1)[1] == sent[1].split(";\n", 1)[1]  # the inserts alike, the savepoints not
+        first_batches.append(sent[0])
+    assert first_batches[0] == first_batches[1]
+    # A commit ends the count too, and so does a new connection.
+    names = []
+    for _ in range(2):
+        with transaction.atomic():
+            names.append(connection.savepoint_name_in_transaction("tally_test"))
+    connection.close()
+    names.append(connection.savepoint_name_in_transaction("tally_test"))
+    assert names == ["tally_test_1"] * 3
+
+
 @pytest.mark.django_db(transaction=False)
 def test_a_batch_that_fails_before_its_savepoint_opens_dooms_the_transaction_not_an_earlier_batch(tenant: Tenant) -> None:
     """A batch that fails in Python before anything is sent (a payload JSON cannot encode)

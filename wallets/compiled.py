@@ -386,7 +386,7 @@ class InsertBatch:
         if savepoint:
             if connection.get_autocommit():
                 raise TransactionManagementError("a savepoint needs a transaction")
-            sid = f"tally_batch_{next(_savepoint_numbers)}"
+            sid = _batch_savepoint_name(connection)
             pending.append((connection.ops.savepoint_create_sql(sid), []))
 
         def flush() -> None:
@@ -452,9 +452,17 @@ def sends_statements_together(connection: Any) -> bool:
     return issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
 
 
-# Savepoint names only need to differ within a transaction; a process-wide count does that.
-# One shared name would keep the batch's string the same on every payment, so psycopg would
-# convert it once instead of each time (0.065 ms a payment), but then a batch that fails
-# before its SAVEPOINT ran goes back to an earlier batch's savepoint of the same name and
-# undoes that batch (docs/BENCHMARKS.md, issue 13, sixth pass): not taken.
+def _batch_savepoint_name(connection: Any) -> str:
+    """A name no earlier savepoint of this transaction has. One name shared by every batch
+    would let a batch that fails before its SAVEPOINT ran go back to an earlier batch's
+    savepoint of the same name, undoing that batch (docs/BENCHMARKS.md, issue 13, sixth
+    pass). Counted per transaction where the backend can (tenants.postgresql_backend), so
+    the payment's batch string is the same on every payment and psycopg converts it once
+    (tenth pass); otherwise per process."""
+    name_in_transaction = getattr(connection, "savepoint_name_in_transaction", None)
+    if name_in_transaction is None:
+        return f"tally_batch_{next(_savepoint_numbers)}"
+    return str(name_in_transaction("tally_batch"))
+
+
 _savepoint_numbers = itertools.count(1)

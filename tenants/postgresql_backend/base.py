@@ -13,7 +13,7 @@ The SET goes on psycopg's own cursor, as Django's check does, so Django's query 
 execute wrappers do not see it.
 
 Its cursors send a few registered hot statements as server-side prepared statements
-(prepared.py).
+(prepared.py), and it names savepoints per transaction (`savepoint_name_in_transaction`).
 """
 
 from __future__ import annotations
@@ -40,6 +40,42 @@ class Operations(DatabaseOperations):
 
 class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
     ops_class = Operations
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._savepoints_in_transaction = 0
+
+    def savepoint_name_in_transaction(self, prefix: str) -> str:
+        """A savepoint name not used before in the current transaction. The count starts
+        again only where a transaction ends or begins (commit, rollback, an autocommit
+        switch, a new connection), so within one transaction no two names are alike,
+        while the same statement in the next transaction has the same text again: psycopg
+        converts a statement's text once per process, not once per distinct text."""
+        self._savepoints_in_transaction += 1
+        return f"{prefix}_{self._savepoints_in_transaction}"
+
+    def _transaction_ended(self) -> None:
+        self._savepoints_in_transaction = 0
+
+    def _commit(self) -> None:
+        try:
+            super()._commit()
+        finally:
+            self._transaction_ended()
+
+    def _rollback(self) -> None:
+        try:
+            super()._rollback()
+        finally:
+            self._transaction_ended()
+
+    def _set_autocommit(self, autocommit: bool) -> None:
+        super()._set_autocommit(autocommit)
+        self._transaction_ended()
+
+    def connect(self) -> None:
+        self._transaction_ended()
+        super().connect()
 
     def get_connection_params(self) -> dict[str, Any]:
         params: dict[str, Any] = super().get_connection_params()
