@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, ProgrammingError, connection, transaction
 from django.db.models import BigIntegerField, Case, F, Q, Value, When
 from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
@@ -524,14 +524,32 @@ def test_a_batch_sends_the_same_text_in_every_transaction_and_a_new_savepoint_wi
         assert sent[0].split(";\n", 1)[1] == sent[1].split(";\n", 1)[1]  # the inserts alike, the savepoints not
         first_batches.append(sent[0])
     assert first_batches[0] == first_batches[1]
-    # A commit ends the count too, and so does a new connection.
-    names = []
-    for _ in range(2):
+
+
+def test_savepoint_names_start_again_only_when_a_transaction_has_ended(live_tenant: Tenant) -> None:
+    """The count goes on through nested atomic blocks, their rollbacks and a commit psycopg
+    refuses before sending it (the transaction is still open: a repeated name there would
+    send a failing batch back to an earlier batch's savepoint); it starts again after a
+    commit and after a rollback."""
+    name = connection.savepoint_name_in_transaction
+    transaction.set_autocommit(False)
+    try:
+        assert name("t") == "t_1"
         with transaction.atomic():
-            names.append(connection.savepoint_name_in_transaction("tally_test"))
-    connection.close()
-    names.append(connection.savepoint_name_in_transaction("tally_test"))
-    assert names == ["tally_test_1"] * 3
+            assert name("t") == "t_2"
+            with transaction.atomic():
+                assert name("t") == "t_3"
+                transaction.set_rollback(True)
+        with connection.connection.transaction(), pytest.raises(ProgrammingError):
+            transaction.commit()  # refused by psycopg inside its own transaction block
+        assert name("t") == "t_4"
+        transaction.commit()
+        assert name("t") == "t_1"
+        transaction.rollback()
+        assert name("t") == "t_1"
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
 
 
 @pytest.mark.django_db(transaction=False)

@@ -27,6 +27,7 @@ from django.db.backends.postgresql.operations import DatabaseOperations
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
 from django_tenants.utils import quote_schema_name
 from psycopg import Error as DriverError
+from psycopg.pq import TransactionStatus
 
 from tenants.postgresql_backend.prepared import PreparingCursor, prepared_query_logged
 
@@ -47,35 +48,32 @@ class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
 
     def savepoint_name_in_transaction(self, prefix: str) -> str:
         """A savepoint name not used before in the current transaction. The count starts
-        again only where a transaction ends or begins (commit, rollback, an autocommit
-        switch, a new connection), so within one transaction no two names are alike,
-        while the same statement in the next transaction has the same text again: psycopg
-        converts a statement's text once per process, not once per distinct text."""
+        again only once a transaction has ended (a commit or rollback that reached the
+        server), so within one transaction no two names are alike, while the same
+        statement in the next transaction has the same text again: psycopg converts a
+        statement's text once per process, not once per distinct text. Anything that ends
+        a transaction without these hooks (a new connection, a raw COMMIT) only leaves the
+        count running: names stay unique, the text merely changes."""
         self._savepoints_in_transaction += 1
         return f"{prefix}_{self._savepoints_in_transaction}"
 
-    def _transaction_ended(self) -> None:
-        self._savepoints_in_transaction = 0
+    def _count_restarted_if_transaction_ended(self) -> None:
+        # psycopg can refuse a commit before sending it (inside its own `transaction()`
+        # block, say): the transaction is still open then, and so is its count.
+        if self.connection is None or self.connection.info.transaction_status in (TransactionStatus.IDLE, TransactionStatus.UNKNOWN):
+            self._savepoints_in_transaction = 0
 
     def _commit(self) -> None:
         try:
             super()._commit()
         finally:
-            self._transaction_ended()
+            self._count_restarted_if_transaction_ended()
 
     def _rollback(self) -> None:
         try:
             super()._rollback()
         finally:
-            self._transaction_ended()
-
-    def _set_autocommit(self, autocommit: bool) -> None:
-        super()._set_autocommit(autocommit)
-        self._transaction_ended()
-
-    def connect(self) -> None:
-        self._transaction_ended()
-        super().connect()
+            self._count_restarted_if_transaction_ended()
 
     def get_connection_params(self) -> dict[str, Any]:
         params: dict[str, Any] = super().get_connection_params()
