@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_instructions")
     parser.add_argument("--peer", action="store_true", help="also count the drf-idempotency peer's request, and the ratio")
     parser.add_argument("--peer-python", default=os.environ.get("PEER_IDEM_DRFI_VENV", "/tmp/peer-idem-drfi-venv") + "/bin/python")
+    parser.add_argument("--peers-dir", default=str(ROOT.parent / "shared" / "peers"), help="with --peer: where ../shared/peers is")
     args = parser.parse_args()
     if bool(args.ab) != bool(args.side):
         parser.error("--ab and --side go together")
@@ -98,7 +99,7 @@ def main() -> None:
     peer: dict[str, object] = {}
     if args.peer:
         # The peer's warm-up (300 requests by default) runs in both runs and cancels out.
-        peer_counts = [instructions(args.peer_python, n, [], script="bench/bench_peer_request_cpu.py") for n in (args.short, args.long)]
+        peer_counts = [instructions(args.peer_python, n, ["--peers-dir", args.peers_dir], script="bench/bench_peer_request_cpu.py") for n in (args.short, args.long)]
         peer_per_request = (peer_counts[1] - peer_counts[0]) / (args.long - args.short)
         peer = {
             "peer_instructions": peer_counts, "peer_instructions_per_request": round(peer_per_request),
