@@ -99,7 +99,8 @@ def main() -> None:
     peer: dict[str, object] = {}
     if args.peer:
         # The peer's warm-up (300 requests by default) runs in both runs and cancels out.
-        peer_counts = [instructions(args.peer_python, n, ["--peers-dir", args.peers_dir], script="bench/bench_peer_request_cpu.py") for n in (args.short, args.long)]
+        peer_extra = ["--peers-dir", args.peers_dir]
+        peer_counts = [instructions(args.peer_python, n, peer_extra, script="bench/bench_peer_request_cpu.py") for n in (args.short, args.long)]
         peer_per_request = (peer_counts[1] - peer_counts[0]) / (args.long - args.short)
         peer = {
             "peer_instructions": peer_counts, "peer_instructions_per_request": round(peer_per_request),
