@@ -16,8 +16,8 @@ Two shapes:
   endpoint's only one (bench_outbox.py's load);
 - hot: every event goes to one merchant's endpoint (`make run`'s demo merchant).
 
-Reports per event: Python CPU (`time.process_time`, this process only), wall time, SQL
-statements and relay runs. Under `make run` this work shares the two cores with the web
+Reports per event: Python CPU (`time.process_time`, this process only), the CPU of its
+PostgreSQL backend (from /proc), wall time, SQL statements and relay runs. Under `make run` this work shares the two cores with the web
 workers, so each millisecond here is one the payments do not get.
 """
 
@@ -41,6 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_http import SCHEMA, seed  # noqa: E402
 from bench.bench_outbox import _Ok  # noqa: E402  # the receiver that answers 200
+from bench.bench_request_cpu import _prepared_count  # noqa: E402
+from bench.cpu_by_process import cpu_ms  # noqa: E402
 
 
 def _serve(port: int) -> None:
@@ -79,11 +81,14 @@ def _measure(shape: str, merchant_ids: list[str], count: int, per_run: int, prof
         return execute(sql, params, many, context)
 
     runs = 0
+    postgres = 0.0
     for offset in range(0, count, per_run):
         # `per_run` events commit between relay runs, as payments do between kicks (the
         # events' writing is not measured).
         _events_write(targets[offset % len(targets):] + targets[: offset % len(targets)], min(per_run, count - offset))
-        started_cpu, started_wall = time.process_time(), time.perf_counter()
+        connection.ensure_connection()
+        backend = connection.connection.info.backend_pid
+        started_cpu, started_wall, started_postgres = time.process_time(), time.perf_counter(), cpu_ms(backend)
         with connection.execute_wrapper(counting):
             if profile:
                 profile.enable()
@@ -99,13 +104,20 @@ def _measure(shape: str, merchant_ids: list[str], count: int, per_run: int, prof
                 profile.disable()
         cpu += time.process_time() - started_cpu
         wall += time.perf_counter() - started_wall
+        # The same backend throughout: a reconnect would make this a different process.
+        if connection.connection is not None and connection.connection.info.backend_pid == backend:
+            postgres += cpu_ms(backend) - started_postgres
+        else:
+            raise SystemExit("the connection changed during a relay run: its PostgreSQL CPU cannot be read")
     return {
         "events": count,
         "events_per_run": per_run,
         "relay_runs": runs,
         "cpu_ms_per_event": round(cpu * 1000 / count, 3),
+        "postgres_backend_cpu_ms_per_event": round(postgres / count, 3),
         "wall_ms_per_event": round(wall * 1000 / count, 3),
         "statements_per_event": round(statements / count, 2),
+        "prepared_statements": _prepared_count(connection),
     }
 
 
