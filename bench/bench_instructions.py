@@ -7,10 +7,10 @@
 CPU time per request moves with the machine: on a shared two-core machine the same
 code measured 2.5 and 4.2 ms in runs minutes apart (docs/BENCHMARKS.md, issue 13,
 eighth pass). An instruction count moves much less: callgrind counts what the process
-executes, not how fast the machine ran it. It still moves by about ±2.5% between runs of
-the same code, because a request does some work on a clock (the API key cache's 30 s
-TTL, the relay kick's 2 s mark), which a run slowed ~27x by valgrind meets more often,
-and because full collections come in lumps. This runs `bench/bench_request_cpu.py` (the WSGI
+executes, not how fast the machine ran it. A request also does some work on a clock (the
+API key cache's 30 s TTL, the relay kick's 2 s mark), which a run slowed ~27x by valgrind
+meets far more often: counts moved by up to 9% between runs of the same code (tenth
+pass). The counted runs therefore take the clock out (`bench_request_cpu.py --steady`). This runs `bench/bench_request_cpu.py` (the WSGI
 application called in-process, as gunicorn's sync worker calls it) under callgrind
 twice, with `--short` and `--long` timed requests, and divides the difference by the
 difference in requests, so that start-up, seeding and warm-up cancel out. Hash
@@ -84,7 +84,7 @@ def main() -> None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
     if args.peer and not Path(args.peer_python).exists():
         raise SystemExit(f"no peer venv at {args.peer_python}: set it up with ../shared/peers/idem/setup.sh (../shared/peers/README.md)")
-    extra = ["--no-layers", "--database-url", args.database_url, *(["--gc-freeze"] if args.gc_freeze else [])]
+    extra = ["--no-layers", "--steady", "--database-url", args.database_url, *(["--gc-freeze"] if args.gc_freeze else [])]
     if args.ab:
         extra += ["--ab", args.ab, "--side", args.side]
     # Seed the bench database first, outside valgrind: a first run migrates and seeds it,

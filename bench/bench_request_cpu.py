@@ -54,7 +54,7 @@ from unittest import mock
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_http import DOMAIN, seed  # noqa: E402
+from bench.bench_http import DOMAIN, SCHEMA, seed  # noqa: E402
 
 # --- Layer accounting ---------------------------------------------------------------------
 
@@ -387,6 +387,30 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
     )
 
 
+_STEADY_SECONDS = 86_400
+
+
+def _steady() -> None:
+    """Take the clock out of the run (--steady). Without a relay worker, the relay kick's
+    pending mark lapses every KICK_PENDING_SECONDS and the next payment publishes a Celery
+    task (about a millisecond of Python): once in some 500 requests at full speed, once in
+    some 10 under valgrind, which made instruction counts depend on how fast the machine
+    ran. The API key cache's TTL likewise. The first warm-up payment claims the mark for
+    the whole run; the mark is dropped again when the process ends."""
+    import atexit
+
+    from django.conf import settings
+
+    from payments.services import outbox
+    from wallets.fastredis import fast_redis
+
+    settings.TALLY_API_KEY_CACHE_SECONDS = float(_STEADY_SECONDS)
+    outbox.KICK_PENDING_SECONDS = _STEADY_SECONDS
+    mark = outbox._kick_pending_key(SCHEMA)
+    fast_redis().delete(mark)
+    atexit.register(fast_redis().delete, mark)
+
+
 class _GcTimer:
     """CPython's collections during the timed loop (gc.callbacks): how many of each
     generation, their CPU per request, and the longest one (a request waits through it)."""
@@ -462,6 +486,13 @@ def main() -> None:
         "Django's SELECT 1 followed by django-tenants' SET",
     )
     parser.add_argument("--side", default="", help="with --ab: run only this side of the lever, as a plain timed loop")
+    parser.add_argument(
+        "--steady",
+        action="store_true",
+        help="no work on a clock during the run: the API key cache does not expire, and the relay kick's pending mark does "
+        "not lapse (as under load, where a kicked relay is pending most of the time), so every timed request does the same "
+        "work however slowly it runs (bench_instructions.py)",
+    )
     args = parser.parse_args()
     if args.side and not args.ab:
         parser.error("--side needs --ab")
@@ -520,6 +551,8 @@ def main() -> None:
             _Held.since = None
 
     connection._commit = timed_commit  # type: ignore[method-assign]
+    if args.steady:
+        _steady()
     if args.ab and args.side:  # one side of a lever alone, timed as usual (bench_instructions.py counts it)
         sides = _ab_sides(args.ab, request, application)
         if args.side not in sides:
