@@ -1,7 +1,7 @@
 """Per-key and per-tenant rate limits, counted in Redis (SPEC 5: 429 with Retry-After).
 
 Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE per
-scope, all in one pipeline per request. A keyed POST to an internal-effect view also
+scope, all in one Redis script call per request. A keyed POST to an internal-effect view also
 carries the idempotency layer's replay-cache GET in that pipeline, so the first execution
 of a key costs one Redis round trip before the effect, not two; a request authenticated
 from the per-process key cache carries the GET of its tenant's API key epoch, which the
@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 from django.db import connection
+from redis.commands.core import Script
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
@@ -129,23 +130,42 @@ def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str]
     return None if redis_key is None else (principal.id, raw_key, redis_key)
 
 
+# KEYS: the window counters, then the keys to read. ARGV: how many counters, then each
+# counter's TTL (s). INCR each counter (its TTL set when it has none) and GET each key to
+# read, in one command: a pipeline of the same commands cost the request's Python a
+# command object, packing and a reply callback per command (tenth pass).
+_WINDOWS_COUNT_LUA = b"""
+local counters = tonumber(ARGV[1])
+local out = {}
+for i = 1, counters do
+  out[i] = redis.call('INCR', KEYS[i])
+  redis.call('EXPIRE', KEYS[i], ARGV[i + 1], 'NX')
+end
+for i = counters + 1, #KEYS do
+  out[i] = redis.call('GET', KEYS[i])
+end
+return out
+"""
+# Sent by SHA (EVALSHA); Redis loads the script on its first use. Bound to a client per call.
+_WINDOWS_COUNT = Script(None, _WINDOWS_COUNT_LUA)  # type: ignore[arg-type]
+
+
 def _windows_count(
     windows: list[tuple[str, int]], *, now_seconds: float, get_keys: list[str] | None = None
 ) -> tuple[list[int], list[bytes | None]] | None:
-    """INCR each (key, period) window counter in ONE pipeline and return the counts (and,
+    """INCR each (key, period) window counter in ONE round trip and return the counts (and,
     in the same round trip, the values at `get_keys`, in order); None when Redis is down
     (fail open, and stop trying for a few seconds)."""
     global _redis_down_until
     get_keys = get_keys or []
     try:
-        pipe = fast_redis().pipeline(transaction=False)
-        for key, period in windows:
-            pipe.incr(key)
-            pipe.expire(key, period + 1, nx=True)
-        for key in get_keys:
-            pipe.get(key)
-        replies = pipe.execute()
-        return [int(c) for c in replies[0 : 2 * len(windows) : 2]], list(replies[2 * len(windows) :])
+        replies = _WINDOWS_COUNT(
+            keys=[key for key, _ in windows] + get_keys,
+            args=[len(windows), *(period + 1 for _, period in windows)],
+            client=fast_redis(),
+        )
+        # A missing key reads as Lua's false, which Redis answers as nil: None here.
+        return [int(c) for c in replies[: len(windows)]], list(replies[len(windows) :])
     except redis.RedisError:
         _redis_down_until = now_seconds + REDIS_BACKOFF_SECONDS
         logger.warning("throttle store unavailable: failing open")
