@@ -395,11 +395,16 @@ def _steady() -> None:
     pending mark lapses every KICK_PENDING_SECONDS and the next payment publishes a Celery
     task (about a millisecond of Python): once in some 500 requests at full speed, once in
     some 10 under valgrind, which made instruction counts depend on how fast the machine
-    ran. The API key cache's TTL likewise. The first warm-up payment claims the mark for
-    the whole run; the mark is dropped again when the process ends."""
+    ran. The API key cache's TTL and the connection's CONN_MAX_AGE likewise (a new
+    connection prepares its statements again). The first warm-up payment claims the mark
+    for the whole run; the mark is dropped again when the process ends."""
     import atexit
 
     from django.conf import settings
+    from django.db import connection
+
+    connection.settings_dict["CONN_MAX_AGE"] = None  # Django: persistent, never closed for age
+    connection.close_at = None
 
     from payments.services import outbox
     from wallets.fastredis import fast_redis
