@@ -395,16 +395,21 @@ def _steady() -> None:
     pending mark lapses every KICK_PENDING_SECONDS and the next payment publishes a Celery
     task (about a millisecond of Python): once in some 500 requests at full speed, once in
     some 10 under valgrind, which made instruction counts depend on how fast the machine
-    ran. The API key cache's TTL and the connection's CONN_MAX_AGE likewise (a new
-    connection prepares its statements again). The first warm-up payment claims the mark
-    for the whole run; the mark is dropped again when the process ends."""
+    ran. Likewise the API key cache's TTL, the tenant cache's, the key's once-a-minute
+    `last_used_at` write and the connection's CONN_MAX_AGE (a new connection prepares its
+    statements again). The first warm-up payment claims the mark for the whole run; the
+    mark is dropped again when the process ends."""
     import atexit
 
     from django.conf import settings
     from django.db import connection
 
+    from wallets.services import principals
+
     connection.settings_dict["CONN_MAX_AGE"] = None  # Django: persistent, never closed for age
     connection.close_at = None
+    settings.TENANT_CACHE_SECONDS = _STEADY_SECONDS
+    principals.LAST_USED_RESOLUTION_SECONDS = _STEADY_SECONDS
 
     from payments.services import outbox
     from wallets.fastredis import fast_redis
