@@ -1,4 +1,4 @@
-"""The process's Redis client for the request path's own calls (the throttles' pipeline,
+"""The process's Redis client for the request path's own calls (the throttles' script,
 API key epochs, relay kicks): short timeouts, so a slow or dead Redis costs a request at
 most a quarter of a second before its caller falls back. One client per process and
 `REDIS_URL` (a changed URL, as in tests with a private redis-server, gets a new one)."""

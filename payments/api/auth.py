@@ -26,7 +26,7 @@ MAX_KEY_LENGTH = 128
 class ApiKeyAuthentication(BaseAuthentication):
     """A key from the per-process cache (wallets.selectors) is returned unconfirmed: the
     view must call `api_key_cache_confirm` before anything acts on the principal (the
-    faces do, right after the throttles, whose pipeline reads the tenant's key epoch).
+    faces do, right after the throttles, whose Redis call reads the tenant's key epoch).
     Views that do not declare `api_key_cache_confirmed = True` never get cache hits."""
 
     keyword = "Bearer"

@@ -115,8 +115,8 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
     def check_throttles(self, request: Request) -> None:
         # DRF runs this after authentication and the face gate, before the handler and so
         # before the idempotency layer (which wraps the handler after initial()). A key
-        # from the cache is trusted only here, against the tenant's key epoch the throttle
-        # pipeline has just read; when that did not happen (Redis down), PostgreSQL
+        # from the cache is trusted only here, against the tenant's key epoch the throttles'
+        # Redis call has just read; when that did not happen (Redis down), PostgreSQL
         # decides. In `finally`: a dead key is told 401 even when a limit refused it.
         try:
             super().check_throttles(request)

@@ -2,7 +2,7 @@
 
 Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE per
 scope, all in one Redis script call per request. A keyed POST to an internal-effect view also
-carries the idempotency layer's replay-cache GET in that pipeline, so the first execution
+carries the idempotency layer's replay-cache GET in that call, so the first execution
 of a key costs one Redis round trip before the effect, not two; a request authenticated
 from the per-process key cache carries the GET of its tenant's API key epoch, which the
 view checks the cached key against (payments.api.auth.api_key_cache_confirm). Counters live in Redis
@@ -58,7 +58,7 @@ def _rate_for(request: Request, scope: str) -> tuple[int, int] | None:
 
 
 class KeyAndTenantThrottle(BaseThrottle):
-    """Both limits, per API key and per tenant, counted in ONE Redis pipeline (one round
+    """Both limits, per API key and per tenant, counted in ONE Redis script call (one round
     trip per request). A request refused by either limit is refused; Retry-After is the
     longer wait."""
 
@@ -173,7 +173,7 @@ def _windows_count(
 
 
 def api_key_epoch_now(request: Request) -> bytes | None:
-    """The tenant's API key epoch as this request's throttle pipeline read it; None if it
+    """The tenant's API key epoch as this request's throttle call read it; None if it
     did not (Redis down, or no key from the cache to check)."""
     value = getattr(request._request, "api_key_epoch_now", None)
     return value if isinstance(value, bytes) else None
@@ -194,7 +194,7 @@ def client_address(request: Request) -> str:
 
 def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | None:
     """Count a failed authentication per client IP and per presented key prefix (scope
-    "auth_failure", fixed windows, one Redis pipeline); the seconds to wait when either is
+    "auth_failure", fixed windows, one Redis call); the seconds to wait when either is
     over its rate, else None. Only failures pay for this round trip, and a flood of bad
     keys stops reaching the database. Redis down: fails open, like the other limits."""
     setting = api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure")

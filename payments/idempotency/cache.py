@@ -71,7 +71,7 @@ def replay_cache_breaker_reset() -> None:
 
 @dataclass(frozen=True)
 class ReplayPrefetch:
-    """The replay-cache lookup of (principal, key), already made by a caller that pipelined
+    """The replay-cache lookup of (principal, key), already made by a caller that sent
     its GET with other Redis commands (the throttles: one round trip for both)."""
 
     principal_id: str
@@ -81,7 +81,7 @@ class ReplayPrefetch:
 
 def replay_cache_redis_key(*, principal_id: str, key: str) -> str | None:
     """The Redis key holding the entry of (principal, key) in the default cache, for a
-    caller that sends the GET in its own pipeline and decodes the answer with
+    caller that sends the GET in its own Redis call and decodes the answer with
     `replay_cache_entry_decode`; None when that is not possible (breaker open, or the
     cache is not the Redis at settings.REDIS_URL)."""
     if _breaker_open() or cache_location() != getattr(settings, "REDIS_URL", None):

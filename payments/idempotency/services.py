@@ -394,7 +394,7 @@ def idempotency_execute(
     in one transaction, which this function owns (retried whole on conflicts).
 
     `prefetched`: the replay-cache lookup, when the caller already made it (the API
-    pipelines it with the throttles); else this function makes it.
+    reads it in the throttles' Redis call); else this function makes it.
 
     Locks: inserts the claim row (unique index: a duplicate waits for us); `execute` runs
     inside the transaction and takes its own locks after it. `execute` may run more than

@@ -1,6 +1,6 @@
 """The request path's shortcuts keep the contracts (issue 13).
 
-The throttles' Redis pipeline carries the replay-cache GET of a keyed POST, so the layer
+The throttles' Redis call carries the replay-cache GET of a keyed POST, so the layer
 does not make its own lookup; a replay served from that prefetched entry is the stored
 answer byte for byte, a different body under the key is still 422, and with Redis
 unreachable the request still executes (throttles fail open, the layer asks PostgreSQL).
@@ -31,7 +31,7 @@ def funded(world: World) -> None:
 
 
 def _no_own_lookup(*_: Any, **__: Any) -> None:
-    raise AssertionError("the layer made its own replay-cache lookup: the throttles' pipeline should have made it")
+    raise AssertionError("the layer made its own replay-cache lookup: the throttles' Redis call should have made it")
 
 
 def test_replay_from_the_prefetched_cache_entry_is_byte_identical(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
@@ -50,7 +50,7 @@ def test_replay_from_the_prefetched_cache_entry_is_byte_identical(api: Api, worl
     assert Payment.objects.filter(amount=700).count() == 1
 
 
-def test_a_fresh_key_is_looked_up_once_in_the_pipeline(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
+def test_a_fresh_key_is_looked_up_once_in_the_throttles_call(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
     monkeypatch.setattr(idem_services, "replay_cache_get", _no_own_lookup)
     r = api.post(PAY, world.terminal.key, {"customer": world.customer.id, "asset": "JPY", "amount": 300}, idem="path-prefetch-2")
     assert r.status_code == 201, r.content
