@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -456,13 +455,7 @@ def _batch_savepoint_name(connection: Any) -> str:
     """A name no earlier savepoint of this transaction has. One name shared by every batch
     would let a batch that fails before its SAVEPOINT ran go back to an earlier batch's
     savepoint of the same name, undoing that batch (docs/BENCHMARKS.md, issue 13, sixth
-    pass). Counted per transaction where the backend can (tenants.postgresql_backend), so
-    the payment's batch string is the same on every payment and psycopg converts it once
-    (tenth pass); otherwise per process."""
-    name_in_transaction = getattr(connection, "savepoint_name_in_transaction", None)
-    if name_in_transaction is None:
-        return f"tally_batch_{next(_savepoint_numbers)}"
-    return str(name_in_transaction("tally_batch"))
-
-
-_savepoint_numbers = itertools.count(1)
+    pass). The project's backend (tenants.postgresql_backend, the only ENGINE) counts
+    them per transaction, so the payment's batch string is the same on every payment and
+    psycopg converts it once (tenth pass)."""
+    return str(connection.savepoint_name_in_transaction("tally_batch"))
