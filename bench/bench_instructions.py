@@ -7,10 +7,11 @@
 CPU time per request moves with the machine: on a shared two-core machine the same
 code measured 2.5 and 4.2 ms in runs minutes apart (docs/BENCHMARKS.md, issue 13,
 eighth pass). An instruction count moves much less: callgrind counts what the process
-executes, not how fast the machine ran it. A request also does some work on a clock (the
-API key cache's 30 s TTL, the relay kick's 2 s mark), which a run slowed ~27x by valgrind
-meets far more often: counts moved by up to 9% between runs of the same code (tenth
-pass). The counted runs therefore take the clock out (`bench_request_cpu.py --steady`). This runs `bench/bench_request_cpu.py` (the WSGI
+executes, not how fast the machine ran it. A request also does some work on a clock
+(caches' TTLs, the relay kick's mark, CONN_MAX_AGE), which a run slowed by valgrind meets
+far more often: counts of the same code moved by up to 9% (tenth pass). The counted runs
+therefore hold that clock (`bench_request_cpu.py --steady`, whose docstring lists what it
+holds). This runs `bench/bench_request_cpu.py` (the WSGI
 application called in-process, as gunicorn's sync worker calls it) under callgrind
 twice, with `--short` and `--long` timed requests, and divides the difference by the
 difference in requests, so that start-up, seeding and warm-up cancel out. Hash

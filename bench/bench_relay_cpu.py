@@ -17,8 +17,9 @@ Two shapes:
 - hot: every event goes to one merchant's endpoint (`make run`'s demo merchant).
 
 Reports per event: Python CPU (`time.process_time`, this process only), the CPU of its
-PostgreSQL backend (from /proc), wall time, SQL statements and relay runs. Under `make run` this work shares the two cores with the web
-workers, so each millisecond here is one the payments do not get.
+PostgreSQL backend (from /proc), wall time, SQL statements and relay runs. Under `make
+run` this work shares the two cores with the web workers, so each millisecond here is one
+the payments do not get.
 """
 
 from __future__ import annotations

@@ -404,17 +404,15 @@ def _steady() -> None:
     from django.conf import settings
     from django.db import connection
 
+    from payments.services import outbox
+    from wallets.fastredis import fast_redis
     from wallets.services import principals
 
     connection.settings_dict["CONN_MAX_AGE"] = None  # Django: persistent, never closed for age
     connection.close_at = None
     settings.TENANT_CACHE_SECONDS = _STEADY_SECONDS
-    principals.LAST_USED_RESOLUTION_SECONDS = _STEADY_SECONDS
-
-    from payments.services import outbox
-    from wallets.fastredis import fast_redis
-
     settings.TALLY_API_KEY_CACHE_SECONDS = float(_STEADY_SECONDS)
+    principals.LAST_USED_RESOLUTION_SECONDS = _STEADY_SECONDS
     outbox.KICK_PENDING_SECONDS = _STEADY_SECONDS
     mark = outbox._kick_pending_key(SCHEMA)
     fast_redis().delete(mark)
@@ -499,9 +497,8 @@ def main() -> None:
     parser.add_argument(
         "--steady",
         action="store_true",
-        help="no work on a clock during the run: the API key cache does not expire, and the relay kick's pending mark does "
-        "not lapse (as under load, where a kicked relay is pending most of the time), so every timed request does the same "
-        "work however slowly it runs (bench_instructions.py)",
+        help="no work on a clock during the run (caches' TTLs, the relay kick's pending mark, CONN_MAX_AGE: see _steady), "
+        "so every timed request does the same work however slowly it runs (bench_instructions.py)",
     )
     args = parser.parse_args()
     if args.side and not args.ab:
