@@ -89,7 +89,7 @@ def _wrap(owner: Any, name: str, layer: str) -> None:
 
 LAYERS = [
     "WSGI + Django handler (request, URL resolve, response)",
-    "middleware (request id, metrics, security, sessions, csrf, auth, messages, ...)",
+    "middleware (request id, metrics, security, common, clickjacking, audit origin, ...)",
     "tenant resolution",
     "DRF machinery (dispatch, initial, finalize_response)",
     "request body read + limit",
@@ -208,17 +208,6 @@ def _environ(body: bytes, key: str) -> dict[str, Any]:
     }
 
 
-# Middleware an API request does not use (no session, cookie or login on /v1/): the lever
-# `--ab lean-middleware` measures, not shipped.
-_LEAN_MIDDLEWARE_DROPS = (
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "axes.middleware.AxesMiddleware",
-)
-
-
 def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> dict[str, Callable[[], None]]:
     """Per lever, the shipped side first: a request made each way (the others' state restored)."""
     import wallets.compiled
@@ -262,16 +251,11 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
             request(application)
 
         return {"remembered": shipped, "forgotten": forgotten}
-    from django.conf import settings
+    # lean-middleware: config.handlers skips the browser's middleware on /v1/ (shipped);
+    # Django's own handler runs all of MIDDLEWARE on every path.
     from django.core.handlers.wsgi import WSGIHandler
 
-    full = settings.MIDDLEWARE
-    settings.MIDDLEWARE = [m for m in full if m not in _LEAN_MIDDLEWARE_DROPS]
-    try:
-        lean = WSGIHandler()
-    finally:
-        settings.MIDDLEWARE = full
-    return {"all middleware": shipped, "five skipped": functools.partial(request, lean)}
+    return {"five skipped": shipped, "all middleware": functools.partial(request, WSGIHandler())}
 
 
 def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, lever: str) -> None:
@@ -488,7 +472,8 @@ def main() -> None:
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
         "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
         "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request; "
-        "lean-middleware = every middleware (as shipped) or a second handler without sessions, CSRF, auth, messages and axes; "
+        "lean-middleware = /v1/ without the browser's middleware (as shipped, config.handlers) or Django's handler running "
+        "all of MIDDLEWARE; "
         "converters = a compiled select's converters cached (as shipped) or worked out on every "
         "execution; search-path = the connection's health check is the request's SET search_path (as shipped) or "
         "Django's SELECT 1 followed by django-tenants' SET",

@@ -1,6 +1,10 @@
 import os
 
-from django.core.wsgi import get_wsgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
-application = get_wsgi_application()
+django.setup(set_prefix=False)  # as get_wsgi_application(); the handler sets the prefix per request
+
+from config.handlers import ApiSplitHandler  # noqa: E402  (after setup: it imports models)
+
+application = ApiSplitHandler()

@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import django.test.client
 import pytest
 from django.db import connection, connections
 from django.test import Client
 from django_tenants.utils import schema_context
 
+from config.handlers import ApiPathSplit, api_chain
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_create
 
@@ -25,6 +27,22 @@ T = TypeVar("T")
 
 TENANT_A = {"schema_name": "test_a", "domain": "a.test.localhost", "name": "Tenant A", "main_currency": "JPY"}
 TENANT_B = {"schema_name": "test_b", "domain": "b.test.localhost", "name": "Tenant B", "main_currency": "EUR", "currency_exponent": 2}
+
+
+class ApiSplitClientHandler(ApiPathSplit, django.test.client.ClientHandler):
+    """The test client's handler, with the API's middleware chain for /v1/ as gunicorn's
+    (config.handlers.ApiSplitHandler)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.api = api_chain()
+
+
+DjangoClientHandler = django.test.client.ClientHandler  # all of MIDDLEWARE on every path
+
+# Every test client then sends a request down the chain the served application would
+# (Client.__init__ looks the handler class up in django.test.client at each call).
+django.test.client.ClientHandler = ApiSplitClientHandler  # type: ignore[misc]
 
 
 def _public_tenant_ensure() -> None:
