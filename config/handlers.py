@@ -2,29 +2,31 @@
 
 Five middleware in `MIDDLEWARE` serve the Django admin's browser session and nothing on
 /v1/: the API authenticates by key (`DEFAULT_AUTHENTICATION_CLASSES` is empty, no view
-uses a session), every DRF view is CSRF-exempt, and no API view logs in or adds a message.
-On an API request they still ran, each wrapping the next: sessions, CSRF, the session
-user, messages and django-axes' lockout check. Skipping them is 2% of a keyed payment's
-instructions (docs/BENCHMARKS.md, issue 13, eleventh pass) and changes no /v1/ response
-(tests/api/test_api_handler.py compares them header by header).
+reads a session), every view under /v1/ is CSRF-exempt (tests/api/test_api_handler.py
+walks them), and no API view logs in or adds a message. On an API request they still ran,
+each wrapping the next: sessions, CSRF, the session user, messages and django-axes'
+lockout check. Skipping them is 2-3% of a keyed payment's instructions
+(docs/BENCHMARKS.md, issue 13, eleventh pass). The API's JSON answers are the same down
+either chain, headers and cookies (tested). What a browser gets from the API docs pages
+differs only in what those middleware add for a session: no `csrftoken` cookie and no
+`Vary: Cookie`, nor a bad `sessionid` cookie cleared.
 
-The two middleware chains are built once, in order, from `MIDDLEWARE`: the API's is the
-same list less `BROWSER_ONLY_MIDDLEWARE`. Which one a request takes is decided by
-`is_api_path`, the predicate that already decides whether an error is the API's envelope,
-on the request Django built; every other path (the admin, health, metrics, static files)
-takes the whole chain.
+The API's chain is `MIDDLEWARE` in the same order less `BROWSER_ONLY_MIDDLEWARE`. A request
+takes it when its `path_info`, the path Django resolves to a view, is under /v1/; every
+other path (the admin, health, metrics, static files) takes the whole chain.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
+from typing import Any
 
+import django.core.handlers.base
 from django.conf import settings
 from django.core.handlers.base import BaseHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.http import HttpRequest, HttpResponseBase
-
-from payments.api.errors import is_api_path
 
 BROWSER_ONLY_MIDDLEWARE = (
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -40,16 +42,32 @@ def api_middleware() -> list[str]:
     return [path for path in settings.MIDDLEWARE if path not in BROWSER_ONLY_MIDDLEWARE]
 
 
+def takes_api_chain(request: HttpRequest) -> bool:
+    # path_info, not path: a SCRIPT_NAME of "/v1" in front of "/admin/login/" is the admin.
+    return request.path_info.startswith("/v1/") or request.path_info == "/v1"
+
+
+class _SettingsWithMiddleware:
+    """The settings, but for `MIDDLEWARE`: what Django's loader reads for one chain."""
+
+    def __init__(self, middleware: Sequence[str]) -> None:
+        self.MIDDLEWARE = list(middleware)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(settings, name)
+
+
 def _chain_with(middleware: Sequence[str]) -> BaseHandler:
-    # Django's loader reads settings.MIDDLEWARE and has no other input; it runs once, at
-    # start-up, before the process serves anything.
-    full = settings.MIDDLEWARE
-    settings.MIDDLEWARE = list(middleware)
-    try:
-        handler = BaseHandler()
-        handler.load_middleware()
-    finally:
-        settings.MIDDLEWARE = full
+    """A handler whose middleware chain is `middleware`, built by Django's own loader
+    (`BaseHandler.load_middleware`, which reads the list from `settings.MIDDLEWARE` and
+    takes no other input). The loader runs with `settings` bound to a view holding this
+    list in its globals only, so the real settings, which other threads read, never
+    change."""
+    loader = BaseHandler.load_middleware
+    scoped_globals = {**vars(django.core.handlers.base), "settings": _SettingsWithMiddleware(middleware)}
+    load = types.FunctionType(loader.__code__, scoped_globals, loader.__name__, loader.__defaults__, loader.__closure__)
+    handler = BaseHandler()
+    load(handler)
     return handler
 
 
@@ -60,13 +78,13 @@ def api_chain() -> BaseHandler:
 
 class ApiPathSplit(BaseHandler):
     """A handler's `get_response`, sending /v1/ requests down the API's chain (`api`).
-    The test client's handler mixes it in too (tests/api/conftest.py), so the API tests
-    go through the chain gunicorn runs."""
+    The suite's test client handler mixes it in too (tests/conftest.py), so the tests go
+    through the chains gunicorn runs."""
 
     api: BaseHandler
 
     def get_response(self, request: HttpRequest) -> HttpResponseBase:
-        if is_api_path(request):
+        if takes_api_chain(request):
             return self.api.get_response(request)
         return super().get_response(request)  # type: ignore[no-any-return]
 
