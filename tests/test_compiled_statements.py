@@ -54,6 +54,7 @@ def test_the_payment_lock_sends_what_the_orm_compiles(tenant: Tenant) -> None:
             | Q(account__system_role=SystemRole.BONUS_POOL, shard=7, asset_id__in=["POINT"])
         )
         .select_related("account", "asset")
+        .defer(*locks.UNREAD_JOINED_COLUMNS)
         .order_by(*LOCK_ORDER)
     )
     orm = plan.select_for_update(of=("self",))
@@ -75,6 +76,7 @@ def test_the_account_lock_and_the_balance_update_send_what_the_orm_compiles(tena
     orm_lock = (
         Balance.objects.filter(Q(account_id="acc_1", shard=3, asset_id__in=["JPY"]) | Q(account_id="acc_2", asset_id__in=["JPY", "POINT"]))
         .select_related("account", "asset")
+        .defer(*locks.UNREAD_JOINED_COLUMNS)
         .order_by(*LOCK_ORDER)
         .select_for_update(of=("self",))
     )

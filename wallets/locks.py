@@ -164,8 +164,15 @@ def _locking_select(matches: Q) -> QuerySet[Balance]:
     return _ordered_select(matches).select_for_update(of=("self",))
 
 
+# Columns of the joined rows no movement reads once its balance rows are locked: leaving
+# them out spares parsing two timestamps per row on every payment (about 1% of its
+# instructions: docs/BENCHMARKS.md, issue 13, eleventh pass). Reading one would cost a
+# statement per row; tests/test_ledger.py checks that no movement does.
+UNREAD_JOINED_COLUMNS = ("account__created", "asset__created")
+
+
 def _ordered_select(matches: Q) -> QuerySet[Balance]:
-    return Balance.objects.filter(matches).select_related("account", "asset").order_by(*LOCK_ORDER)
+    return Balance.objects.filter(matches).select_related("account", "asset").defer(*UNREAD_JOINED_COLUMNS).order_by(*LOCK_ORDER)
 
 
 _OWNER_FIELD = {
