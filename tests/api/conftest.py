@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections, connection
 from django.test import Client
 
 from tenants.models import Tenant
@@ -133,3 +134,17 @@ def error_of(response: Any) -> dict[str, Any]:
     assert set(body["error"]) == {"type", "code", "message", "param", "request_id"}, body
     assert body["error"]["request_id"] == response["Request-Id"]
     return dict(body["error"])
+
+
+@pytest.fixture
+def connection_kept_across_requests() -> Iterator[None]:
+    """WSGI requests made in-process run on the test's connection and inside its
+    transaction: like the test client, stop the request signals from closing the
+    connection between requests."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)

@@ -19,8 +19,6 @@ from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
 from django.contrib.sessions.middleware import SessionMiddleware
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from django.middleware.csrf import CsrfViewMiddleware
 from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -39,17 +37,9 @@ def test_the_api_chain_is_all_middleware_less_the_browsers_in_the_same_order() -
 
 
 @pytest.fixture
-def served() -> Iterator[ApiSplitHandler]:
-    """The application config.wsgi serves, called in-process inside the test's transaction
-    (whose connection Django's per-request connection check would close, as the test
-    client also avoids)."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        yield ApiSplitHandler()
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
+def served(connection_kept_across_requests: None) -> ApiSplitHandler:
+    """The application config.wsgi serves, called in-process inside the test's transaction."""
+    return ApiSplitHandler()
 
 
 def _call(app: ApiSplitHandler, method: str, path: str, *, script_name: str = "", **extra: Any) -> tuple[int, dict[str, list[str]], bytes]:

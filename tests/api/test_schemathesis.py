@@ -10,13 +10,10 @@ default 8), keeping the whole run within a few minutes on 2 cores.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import schemathesis
-from django.core.signals import request_finished, request_started
-from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
@@ -53,16 +50,8 @@ schema.config.update(base_url=f"http://{TENANT_A['domain']}")
 
 
 @pytest.fixture
-def same_connection(world: World) -> Iterator[None]:
-    """Requests run on the test's connection and inside its transaction: like the test
-    client, stop the request signals from closing the connection between requests."""
-    request_started.disconnect(close_old_connections)
-    request_finished.disconnect(close_old_connections)
-    try:
-        yield
-    finally:
-        request_started.connect(close_old_connections)
-        request_finished.connect(close_old_connections)
+def same_connection(world: World, connection_kept_across_requests: None) -> None:
+    """Requests run on the test's connection and inside its transaction."""
 
 
 @pytest.fixture
