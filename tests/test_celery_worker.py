@@ -118,3 +118,29 @@ def test_a_worker_keeps_its_connection_across_tasks_and_replaces_one_the_server_
     _relayed_by_the_worker(live_tenant, merchant_id, 6, worker)  # the next task runs on a new one
     replaced = _worker_backends()
     assert replaced and replaced[0][0] != second[0][0]
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")
+def test_a_commits_kick_reaches_the_worker_whose_relay_clears_its_mark(
+    live_tenant: Tenant, worker: subprocess.Popen[bytes], settings: Any, monkeypatch: Any
+) -> None:
+    """The kick as `make run` sends it: after the commit, with its token as the task's
+    argument, which the worker's relay needs to clear the pending mark (a relay without it
+    leaves the mark to lapse, and kicks stop until it does)."""
+    import payments.services.outbox as outbox
+    from payments.services.outbox import _kick_pending_key
+    from tests.test_outbox_kick import mark_reset, not_eager
+    from wallets.fastredis import fast_redis
+
+    settings.TALLY_OUTBOX_RELAY_KICK = True
+    monkeypatch.setattr(outbox, "KICK_PENDING_SECONDS", 600)  # no lapse during the test
+    mark_reset(live_tenant.schema_name)
+    merchant_id = MerchantFactory().pk
+    with not_eager():
+        event = run_atomic(
+            lambda: outbox_event_create(topic="payment.succeeded", payload={"id": "pay_k", "object": "payment", "merchant": merchant_id}),
+            operation="test_event",
+        )
+    assert fast_redis().get(_kick_pending_key(live_tenant.schema_name)) is not None  # kicked
+    _until(lambda: OutboxEvent.objects.filter(pk=event.pk, published_at__isnull=False).exists(), worker, "the kicked relay")
+    _until(lambda: fast_redis().get(_kick_pending_key(live_tenant.schema_name)) is None, worker, "the kicked relay to clear its mark", seconds=5)

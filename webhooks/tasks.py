@@ -13,9 +13,10 @@ from webhooks.services.relay import outbox_relay_run
 
 
 @shared_task(base=TenantTask, name="webhooks.outbox_relay", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
-def webhooks_outbox_relay() -> int:
-    """Runs in one tenant's schema: publish due outbox events, send due deliveries."""
-    return outbox_relay_run()
+def webhooks_outbox_relay(kick_token: str = "") -> int:
+    """Runs in one tenant's schema: publish due outbox events, send due deliveries.
+    `kick_token`: set when a commit's kick sent this task (payments.services.outbox)."""
+    return outbox_relay_run(kick_token=kick_token)
 
 
 @shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped

@@ -13,6 +13,7 @@ raises into the caller: the money has already committed when it runs.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -62,6 +63,7 @@ class _RelayKick:
         if not getattr(settings, "TALLY_OUTBOX_RELAY_KICK", True):
             return  # kicks off: the beat sweep alone relays
         headers = {"_schema_name": self.schema_name}
+        kick_token = ""
         try:
             if current_app.conf.task_always_eager:
                 # send_task ignores eager mode: run the registered task in this process
@@ -70,16 +72,18 @@ class _RelayKick:
                 if task is not None:
                     task.apply(headers=headers)
                 return
-            wait_ms = _kick_pending_claim(self.schema_name)
+            kick_token = secrets.token_hex(8)
+            wait_ms = _kick_pending_claim(self.schema_name, kick_token=kick_token)
             if wait_ms is None:
                 return  # a kicked relay has not started yet: it will read this commit's event
             # No publish retries: a broker that is down must not hold the request; the
             # beat sweep catches up.
             current_app.send_task(
-                RELAY_TASK_NAME, headers=headers, retry=False, ignore_result=True, countdown=wait_ms / 1000 if wait_ms else None
+                RELAY_TASK_NAME, kwargs={"kick_token": kick_token}, headers=headers, retry=False, ignore_result=True,
+                countdown=wait_ms / 1000 if wait_ms else None,
             )
         except Exception:  # the money committed; the sweep relays what this kick missed
-            _kick_pending_drop(self.schema_name)
+            _kick_pending_drop(self.schema_name, kick_token=kick_token)
             logger.warning("outbox relay kick failed; the beat sweep will relay", exc_info=True)
 
 
@@ -87,13 +91,20 @@ class _RelayKick:
 #
 # A kick is a Celery publish (~1 ms of Python). Under load most of them are redundant: a
 # relay kicked earlier has not started yet. So a kick first marks "a kick is pending" for
-# its schema in Redis; if the mark is already there, it sends nothing. The relay clears
-# the mark when it starts, BEFORE it reads the outbox (`outbox_relay_kick_pending_clear`,
-# called by webhooks' relay). Why no event waits: a commit that finds the mark committed
-# before it looked, and the relay that will clear the mark has not cleared it yet, so that
-# relay's reads come after this commit and see its event. A mark whose publish failed is
-# cleared at once; one whose relay never runs (a lost message) expires after
+# its schema in Redis, the mark holding a token the kick sends its task; if the mark is
+# already there, it sends nothing. That relay, and only that one, clears the mark when it
+# starts, BEFORE it reads the outbox (`outbox_relay_kick_pending_clear`, called by
+# webhooks' relay with the task's token). Why no event waits: a commit that finds the mark
+# committed before it looked, and the relay holding that token has not cleared it yet, so
+# that relay's reads come after this commit and see its event. A mark whose publish failed
+# is cleared at once; one whose relay never runs (a lost message) expires after
 # KICK_PENDING_SECONDS, and the beat sweep relays meanwhile.
+#
+# Why only the kicked relay clears it: when any relay's start cleared the mark, a beat
+# sweep's relay starting while a kicked one waited out its countdown let the next commit
+# kick a second one, and from then on two kicked relays alternated, each re-kicked after
+# its own start: relays every 50 ms, not 100, with half the events a run (docs/BENCHMARKS.md,
+# issue 13, twelfth pass). With the token at most one kicked relay is pending at a time.
 #
 # Relays of one schema also start at most every RELAY_MIN_INTERVAL_MS: a kick that comes
 # sooner after the last relay started sends its task with a countdown for the rest of the
@@ -108,9 +119,10 @@ KICK_PENDING_SECONDS = 2
 RELAY_MIN_INTERVAL_MS = 100
 
 # KEYS: the pending mark, the last relay start (ms). ARGV: the mark's TTL (ms), the interval
-# (ms). Returns -1 when a kick is pending already, else the ms to wait before the relay.
+# (ms), the kick's token. Returns -1 when a kick is pending already, else the ms to wait
+# before the relay.
 _KICK_CLAIM_LUA = b"""
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) then return -1 end
+if not redis.call('SET', KEYS[1], ARGV[3], 'NX', 'PX', ARGV[1]) then return -1 end
 local last = tonumber(redis.call('GET', KEYS[2]) or '0')
 local now = redis.call('TIME')
 local wait = last + tonumber(ARGV[2]) - (tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
@@ -118,16 +130,23 @@ if wait < 0 then return 0 end
 if wait > tonumber(ARGV[2]) then return tonumber(ARGV[2]) end
 return wait
 """
-# KEYS: the pending mark, the last relay start. Clears the mark, records the start (ms).
+# KEYS: the pending mark, the last relay start. ARGV: the relay's kick token ('' for a
+# relay no kick sent). Clears the mark if it holds that token; records the start (ms).
 _RELAY_STARTED_LUA = b"""
-redis.call('DEL', KEYS[1])
+if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 local now = redis.call('TIME')
 redis.call('SET', KEYS[2], tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000), 'PX', 60000)
+return 1
+"""
+# KEYS: the pending mark. ARGV: the kick's token. Drops the mark if it is still that kick's.
+_KICK_DROP_LUA = b"""
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
 """
 # Sent by SHA (EVALSHA); Redis loads a script on its first use. Bound to a client per call.
 _KICK_CLAIM = Script(None, _KICK_CLAIM_LUA)  # type: ignore[arg-type]
 _RELAY_STARTED = Script(None, _RELAY_STARTED_LUA)  # type: ignore[arg-type]
+_KICK_DROP = Script(None, _KICK_DROP_LUA)  # type: ignore[arg-type]
 
 
 def _kick_pending_key(schema_name: str) -> str:
@@ -138,30 +157,36 @@ def _relay_started_key(schema_name: str) -> str:
     return f"tally:outbox:relay_started_ms:{schema_name}"
 
 
-def _kick_pending_claim(schema_name: str) -> int | None:
+def _kick_pending_claim(schema_name: str, *, kick_token: str) -> int | None:
     """None when a kick is pending already (send nothing); else how many ms the relay this
-    commit kicks must wait, so that relays start at most every RELAY_MIN_INTERVAL_MS."""
+    commit kicks must wait, so that relays start at most every RELAY_MIN_INTERVAL_MS. The
+    mark now holds `kick_token`."""
     keys = [_kick_pending_key(schema_name), _relay_started_key(schema_name)]
     try:
-        wait_ms = int(_KICK_CLAIM(keys=keys, args=[KICK_PENDING_SECONDS * 1000, RELAY_MIN_INTERVAL_MS], client=fast_redis()))
+        wait_ms = int(_KICK_CLAIM(keys=keys, args=[KICK_PENDING_SECONDS * 1000, RELAY_MIN_INTERVAL_MS, kick_token], client=fast_redis()))
     except redis.RedisError:
         return 0  # cannot tell: kick now
     return None if wait_ms < 0 else wait_ms
 
 
-def _kick_pending_drop(schema_name: str) -> None:
+def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
     """A kick's publish failed: the next commit kicks again (no relay started, so no interval)."""
+    if not kick_token:
+        return  # it failed before it claimed the mark
     try:
-        fast_redis().delete(_kick_pending_key(schema_name))
+        _KICK_DROP(keys=[_kick_pending_key(schema_name)], args=[kick_token], client=fast_redis())
     except redis.RedisError:
         pass  # the mark expires by itself
 
 
-def outbox_relay_kick_pending_clear(*, schema_name: str) -> None:
-    """The relay of `schema_name` starts: the next commit's kick is needed again (after the
-    interval). Call it before reading the outbox."""
+def outbox_relay_kick_pending_clear(*, schema_name: str, kick_token: str = "") -> None:
+    """A relay of `schema_name` starts: record its start, and if it is the relay the pending
+    mark's kick sent (`kick_token`), clear the mark, so the next commit kicks again (after
+    the interval). Call it before reading the outbox. A relay no kick sent (the beat sweep,
+    `manage.py outbox_relay`, an earlier kick's whose mark lapsed) leaves the mark alone:
+    the kicked relay it stands for has still to run."""
     try:
-        _RELAY_STARTED(keys=[_kick_pending_key(schema_name), _relay_started_key(schema_name)], client=fast_redis())
+        _RELAY_STARTED(keys=[_kick_pending_key(schema_name), _relay_started_key(schema_name)], args=[kick_token], client=fast_redis())
     except redis.RedisError:
         pass  # the mark expires by itself
 

@@ -140,14 +140,17 @@ def outbox_lag_seconds_refresh(*, now: datetime | None = None) -> float:
     return lag
 
 
-def outbox_relay_run(*, now: datetime | None = None, batch_size: int = RELAY_BATCH_SIZE, max_batches: int = RELAY_MAX_BATCHES) -> int:
+def outbox_relay_run(
+    *, now: datetime | None = None, batch_size: int = RELAY_BATCH_SIZE, max_batches: int = RELAY_MAX_BATCHES, kick_token: str = ""
+) -> int:
     """The relay, in the current tenant: publish due events batch by batch, refresh the lag
-    gauge, then send due deliveries. Returns the number of events published.
+    gauge, then send due deliveries. Returns the number of events published. `kick_token`:
+    the token of the commit's kick that sent this relay ('' for the beat sweep and by hand).
 
     Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once.
     """
     # Before the first read: a commit that sees no kick pending after this point sends one.
-    outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")))
+    outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")), kick_token=kick_token)
     published = 0
     for _ in range(max_batches):
         claimed, count = outbox_batch_publish(batch_size=batch_size, now=now)
