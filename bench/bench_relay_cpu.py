@@ -163,7 +163,7 @@ def main() -> None:
         print(json.dumps(result, indent=2))
         if profile:
             out = io.StringIO()
-            pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.cprofile)
+            pstats.Stats(profile, stream=out).sort_stats(os.environ.get("CPROFILE_SORT", "tottime")).print_stats(args.cprofile)
             print(out.getvalue())
     finally:
         receiver.terminate()

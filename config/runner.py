@@ -1,6 +1,6 @@
 """`make run`: pick servers, migrate, seed the demo tenant, start every process.
 
-Processes come from the Procfile and run under honcho; Ctrl-C stops them all.
+Processes come from the Procfile and run under `config.procfile`; Ctrl-C stops them all.
 Embedded PostgreSQL/Redis (when no server answers) keep running under var/ so the
 next `make run` reuses the same data.
 """
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 from config.localservices import ROOT, VAR, resolve
+from config.procfile import processes_run, procfile_read
 
 
 def main() -> int:
@@ -83,8 +83,7 @@ def main() -> int:
 
     os.environ["VENV_BIN"] = str(Path(sys.executable).parent)
     os.environ.setdefault("PORT", port)
-    honcho = Path(sys.executable).parent / "honcho"
-    return subprocess.call([str(honcho), "-f", str(ROOT / "Procfile"), "-d", str(ROOT), "start"])
+    return processes_run(procfile_read(ROOT / "Procfile"), cwd=ROOT, env=dict(os.environ))
 
 
 def _redact(url: str) -> str:
