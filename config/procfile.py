@@ -82,8 +82,10 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
     itself (0 when a signal stopped the run)."""
     names = [f"{entry.name}.1" for entry in entries]
     output = _Output(out if out is not None else sys.stdout.buffer, max([len("system"), *map(len, names)]))
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # A plain flag: a handler that took a lock (Event.set) could deadlock against the main
+    # thread interrupted while holding the same lock (in Event.wait).
+    stop: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
     running: list[tuple[str, subprocess.Popen[bytes]]] = []
     relays: list[threading.Thread] = []
     base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
@@ -103,7 +105,7 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
             relay.start()
             relays.append(relay)
             output.line("system", f"{name} started (pid={process.pid})".encode())
-        while first_exit is None and not stop.is_set() and not output.broken.is_set():
+        while first_exit is None and not stop and not output.broken.is_set():
             for name, process in running:
                 code = process.poll()
                 if code is not None:
@@ -112,9 +114,9 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
                     first_exit = code
                     break
             else:
-                stop.wait(0.2)
+                time.sleep(0.2)
     finally:
-        _stop_all(running, output, grace_seconds, reported)
+        _stop_all(running, output, grace_seconds, reported, stop)
         for relay in relays:
             relay.join(timeout=2)
         for sig, handler in previous.items():
@@ -122,15 +124,19 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
     return first_exit if first_exit is not None else 0
 
 
-def _stop_all(running: list[tuple[str, subprocess.Popen[bytes]]], output: _Output, grace_seconds: float, reported: set[str]) -> None:
-    """SIGTERM to every process group, then SIGKILL to the groups still there after the grace."""
+def _stop_all(
+    running: list[tuple[str, subprocess.Popen[bytes]]], output: _Output, grace_seconds: float, reported: set[str], signals: list[int]
+) -> None:
+    """SIGTERM to every process group, then SIGKILL to the groups still there after the grace
+    (or at once on another Ctrl-C)."""
+    signals_before = len(signals)
     groups = [(name, process.pid) for name, process in running]
     if groups:
         output.line("system", b"sending SIGTERM to all processes")
     for _, group in groups:
         _signal_group(group, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and any(_group_alive(group) for _, group in groups):
+    while time.monotonic() < deadline and len(signals) == signals_before and any(_group_alive(group) for _, group in groups):
         for _, process in running:
             process.poll()  # reap the leaders, so that a finished group reads as gone
         time.sleep(0.05)

@@ -110,3 +110,15 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
     out, _ = runner.communicate(timeout=30)
     assert runner.returncode == 0, out.decode()
     assert not _alive(web)
+
+
+def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
+    runner = _start(tmp_path, "stubborn: trap '' TERM INT; echo $$ > stubborn.pid; while :; do sleep 0.1; done\n", grace=60)
+    stubborn = int(_wait_for(tmp_path / "stubborn.pid"))
+    runner.send_signal(signal.SIGINT)
+    time.sleep(1)
+    assert _alive(stubborn)  # ignoring SIGTERM, inside the grace period
+    started = time.monotonic()
+    runner.send_signal(signal.SIGINT)
+    runner.communicate(timeout=30)
+    assert time.monotonic() - started < 10 and not _alive(stubborn)
