@@ -65,7 +65,7 @@ class _Output:
             try:
                 self.stream.write(prefix + text)
                 self.stream.flush()
-            except (BrokenPipeError, ValueError):
+            except (OSError, ValueError):  # a closed, full or broken output: stop, never block or die
                 self.broken.set()
 
 
