@@ -173,3 +173,12 @@ def test_at_most_one_kicked_relay_waits_and_every_coalesced_commit_has_one(steps
                 lapses += fast_redis().delete(outbox._kick_pending_key(schema))
             assert len(waiting) <= 1 + lapses
     mark_reset(schema)
+
+
+def test_a_resent_claim_keeps_its_own_mark(sends: list[dict[str, Any]]) -> None:
+    """redis-py resends a script whose answer timed out: the second run finds the mark the
+    first one set, which is this kick's own, and must still say "send the relay"."""
+    schema = str(connection.schema_name)
+    assert outbox._kick_pending_claim(schema, kick_token="a" * 16) is not None
+    assert outbox._kick_pending_claim(schema, kick_token="a" * 16) is not None  # the resend
+    assert outbox._kick_pending_claim(schema, kick_token="b" * 16) is None  # another kick coalesces

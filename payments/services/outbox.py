@@ -119,10 +119,12 @@ KICK_PENDING_SECONDS = 2
 RELAY_MIN_INTERVAL_MS = 100
 
 # KEYS: the pending mark, the last relay start (ms). ARGV: the mark's TTL (ms), the interval
-# (ms), the kick's token. Returns -1 when a kick is pending already, else the ms to wait
-# before the relay.
+# (ms), the kick's token. Returns -1 when another kick is pending already, else the ms to
+# wait before the relay. A mark holding this kick's own token is its own: redis-py resends
+# a command whose answer timed out, and the resent claim must not take the first one's
+# mark for another kick's (no relay would be sent).
 _KICK_CLAIM_LUA = b"""
-if not redis.call('SET', KEYS[1], ARGV[3], 'NX', 'PX', ARGV[1]) then return -1 end
+if not redis.call('SET', KEYS[1], ARGV[3], 'NX', 'PX', ARGV[1]) and redis.call('GET', KEYS[1]) ~= ARGV[3] then return -1 end
 local last = tonumber(redis.call('GET', KEYS[2]) or '0')
 local now = redis.call('TIME')
 local wait = last + tonumber(ARGV[2]) - (tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
