@@ -97,6 +97,38 @@ def test_a_failed_publish_leaves_no_mark(tenant: Tenant, monkeypatch: Any) -> No
     mark_reset(schema)
 
 
+def test_a_failed_publish_drops_only_its_own_mark(sends: list[dict[str, Any]]) -> None:
+    """A publish that failed after its mark lapsed and another kick claimed a new one: the
+    other kick's mark stays, since its relay is still to run."""
+    schema = str(connection.schema_name)
+    outbox._RelayKick(schema)()
+    token = sends[0]["kwargs"]["kick_token"]
+    outbox._kick_pending_drop(schema, kick_token="0" * 16)  # a failed publish of an earlier kick
+    assert fast_redis().get(outbox._kick_pending_key(schema)) == token.encode()
+    outbox._kick_pending_drop(schema, kick_token=token)
+    assert fast_redis().get(outbox._kick_pending_key(schema)) is None
+
+
+def test_the_kicked_relay_clears_the_mark_before_it_reads_the_outbox(sends: list[dict[str, Any]], monkeypatch: Any) -> None:
+    """A commit landing after the relay's read would find no mark and kick again; one
+    landing before it is read. Cleared after the read, a commit in between would be coalesced
+    into a relay that had already read past it."""
+    import webhooks.services.relay as relay
+
+    schema = str(connection.schema_name)
+    outbox._RelayKick(schema)()
+    marks_at_read: list[bytes | None] = []
+    publish = relay.outbox_batch_publish
+
+    def reading(**kwargs: Any) -> tuple[int, int]:
+        marks_at_read.append(fast_redis().get(outbox._kick_pending_key(schema)))
+        return publish(**kwargs)
+
+    monkeypatch.setattr(relay, "outbox_batch_publish", reading)
+    outbox_relay_run(kick_token=sends[0]["kwargs"]["kick_token"])
+    assert marks_at_read == [None]
+
+
 def test_an_event_whose_kick_was_coalesced_is_read_by_the_pending_relay(sends: list[dict[str, Any]]) -> None:
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 100)
@@ -131,10 +163,8 @@ def test_a_kick_after_the_interval_relays_at_once(sends: list[dict[str, Any]]) -
     assert sends[0]["countdown"] is None
 
 
-def test_with_redis_down_a_kick_relays_at_once(tenant: Tenant, monkeypatch: Any) -> None:
-    import redis
-
-    monkeypatch.setattr(outbox, "fast_redis", lambda: redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2))
+def test_with_redis_down_a_kick_relays_at_once(tenant: Tenant, settings: Any) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # refused: fast_redis() fails at once
     assert outbox._kick_pending_claim(str(connection.schema_name), kick_token="t") == 0
 
 

@@ -1,7 +1,10 @@
 """The process's Redis client for the request path's own calls (the throttles' script,
 API key epochs, relay kicks): short timeouts, so a slow or dead Redis costs a request at
-most a quarter of a second before its caller falls back. One client per process and
-`REDIS_URL` (a changed URL, as in tests with a private redis-server, gets a new one)."""
+most a quarter of a second before its caller falls back. No retries: each caller has its
+own fallback, and redis-py's retries with backoff would turn a quarter of a second into
+seconds (its `Redis(host=...)` constructor retries 3 times by default). One client per
+process and `REDIS_URL` (a changed URL, as in tests with a private redis-server, gets a
+new one)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import threading
 
 import redis
 from django.conf import settings
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 TIMEOUT_SECONDS = 0.25
 
@@ -24,6 +29,9 @@ def fast_redis() -> redis.Redis:
         with _lock:
             current = _client
             if current is None or current[0] != url:
-                current = (url, redis.Redis.from_url(url, socket_connect_timeout=TIMEOUT_SECONDS, socket_timeout=TIMEOUT_SECONDS))
+                client = redis.Redis.from_url(
+                    url, socket_connect_timeout=TIMEOUT_SECONDS, socket_timeout=TIMEOUT_SECONDS, retry=Retry(NoBackoff(), 0)
+                )
+                current = (url, client)
                 _client = current
     return current[1]

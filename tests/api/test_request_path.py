@@ -57,14 +57,13 @@ def test_a_fresh_key_is_looked_up_once_in_the_throttles_call(api: Api, world: Wo
     assert "Idempotent-Replayed" not in r
 
 
-def test_with_redis_unreachable_a_keyed_payment_still_executes_once(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
-    import redis
-
+def test_with_redis_unreachable_a_keyed_payment_still_executes_once(
+    api: Api, world: World, funded: None, monkeypatch: Any, settings: Any
+) -> None:
     import payments.api.throttling as throttling
     from payments.idempotency.cache import replay_cache_breaker_reset
 
-    unreachable = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2, socket_timeout=0.2)
-    monkeypatch.setattr(throttling, "fast_redis", lambda: unreachable)
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # refused: every fast_redis() caller falls back
     monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
     body = {"customer": world.customer.id, "asset": "JPY", "amount": 500}
     try:
