@@ -1,5 +1,7 @@
 """Run the Procfile's processes for `make run`: each one's output relayed line by line with
-the time and its name, and all of them stopped when one exits, on Ctrl-C or on SIGTERM.
+the time and its name, and all of them stopped when one exits, on Ctrl-C, or on SIGTERM,
+SIGHUP (a closed terminal: the children, in sessions of their own, would not get it) or
+SIGQUIT.
 
 This replaced honcho, which relays every line through a helper process per child and a
 multiprocessing queue (a pickle and two pipe hops a line). Under `make run`'s load that
@@ -10,8 +12,11 @@ and writes whole lines under one lock.
 
 Each process starts in its own session, so stopping it reaches what it started too
 (gunicorn's and Celery's workers): SIGTERM to every process group, then SIGKILL to those
-still there after the grace period. As with honcho, `PORT` goes up by 100 per process
-type from the caller's (the first, `web`, gets it unchanged).
+still there after the grace period. The grace outlasts gunicorn's graceful timeout
+(config/gunicorn.py, 20 s), so requests in flight finish; a second signal kills at once.
+As with honcho, `PORT` goes up by 100 per process type from the caller's (the first,
+`web`, gets it unchanged), and a run stopped by a signal exits 128 + its number, as a
+shell reports it (130 for Ctrl-C).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-GRACE_SECONDS = 10.0
+GRACE_SECONDS = 25.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 @dataclass(frozen=True)
@@ -78,14 +84,14 @@ def _relay(process: subprocess.Popen[bytes], name: str, out: _Output) -> None:
 def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], out: IO[bytes] | None = None,
                   grace_seconds: float = GRACE_SECONDS) -> int:
     """Start every entry, relay their output, and stop them all once one exits or this
-    process gets SIGINT or SIGTERM. Returns the exit code of the first one that exited by
-    itself (0 when a signal stopped the run)."""
+    process gets one of STOP_SIGNALS. Returns the exit code of the first one that exited
+    by itself, or 128 + the signal's number when a signal stopped the run."""
     names = [f"{entry.name}.1" for entry in entries]
     output = _Output(out if out is not None else sys.stdout.buffer, max([len("system"), *map(len, names)]))
     # A plain flag: a handler that took a lock (Event.set) could deadlock against the main
     # thread interrupted while holding the same lock (in Event.wait).
     stop: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in STOP_SIGNALS}
     running: list[tuple[str, subprocess.Popen[bytes]]] = []
     relays: list[threading.Thread] = []
     base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
@@ -121,7 +127,9 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
             relay.join(timeout=2)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return first_exit if first_exit is not None else 0
+    if first_exit is not None:
+        return first_exit
+    return 128 + stop[0] if stop else 0  # 0: the output closed
 
 
 def _stop_all(
@@ -158,13 +166,13 @@ def _signal_group(group: int, sig: signal.Signals) -> None:
         os.killpg(group, sig)
     except ProcessLookupError:
         pass  # the whole group is gone already
+    except PermissionError:
+        pass  # its leader's id now names another user's group: ours is gone
 
 
 def _group_alive(group: int) -> bool:
     try:
         os.killpg(group, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or its id now names another user's group
         return False
-    except PermissionError:
-        return True
     return True

@@ -98,18 +98,29 @@ def test_sigterm_stops_everything_and_kills_what_ignores_it(tmp_path: Path) -> N
     stubborn, plain = int(_wait_for(tmp_path / "stubborn.pid")), int(_wait_for(tmp_path / "plain.pid"))
     runner.send_signal(signal.SIGTERM)
     out, _ = runner.communicate(timeout=30)
-    assert runner.returncode == 0, out.decode()
+    assert runner.returncode == 128 + signal.SIGTERM, out.decode()
     assert "stubborn.1 did not stop in 1 s: SIGKILL" in out.decode()
     assert not _alive(stubborn) and not _alive(plain)
 
 
-def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGQUIT], ids=["ctrl-c", "hangup", "quit"])
+def test_a_stop_signal_stops_everything_and_is_the_exit_code(tmp_path: Path, sig: signal.Signals) -> None:
+    """The children run in sessions of their own, so a closed terminal's SIGHUP reaches only
+    the runner: it must pass the stop on, or they would run on with no one to stop them."""
     runner = _start(tmp_path, "web: sleep 300 & echo $! > web.pid; wait\n")
     web = int(_wait_for(tmp_path / "web.pid"))
-    runner.send_signal(signal.SIGINT)
+    runner.send_signal(sig)
     out, _ = runner.communicate(timeout=30)
-    assert runner.returncode == 0, out.decode()
+    assert runner.returncode == 128 + sig, out.decode()
     assert not _alive(web)
+
+
+def test_the_grace_outlasts_gunicorns_graceful_timeout() -> None:
+    """Requests in flight when `make run` stops finish before anything is killed."""
+    from config import gunicorn
+    from config.procfile import GRACE_SECONDS
+
+    assert GRACE_SECONDS > gunicorn.graceful_timeout
 
 
 def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
