@@ -75,9 +75,16 @@ def handle_event(event: dict) -> None:
 
 def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: Tally sends a relay's events on one connection
+        disable_nagle_algorithm = True  # headers and body go in two writes: do not hold the body back
+
         def do_POST(self) -> None:
+            if "Transfer-Encoding" in self.headers:  # Tally sends a length; this reader takes no other framing
+                self.close_connection = True
+                return self._answer(411, "length required")
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY_BYTES:
+                self.close_connection = True  # the unread body must not be taken for the next request
                 return self._answer(413, "too large")
             body = self.rfile.read(length)
             try:
@@ -93,6 +100,8 @@ def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHand
             self.send_response(status)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(data)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 

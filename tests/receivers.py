@@ -39,6 +39,7 @@ class Receiver:
     script: list[int] = field(default_factory=list)  # statuses to answer first, in order; then 200
     requests: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    connections: int = 0  # TCP connections accepted (keep-alive: several requests each)
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -61,6 +62,13 @@ def receiver_running(port: int = 0, script: list[int] | None = None) -> Iterator
     state = Receiver(port=port, script=list(script or []))
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as docs/webhook_receiver.py
+
+        def setup(self) -> None:
+            super().setup()
+            with state.lock:
+                state.connections += 1
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             with state.lock:

@@ -49,10 +49,19 @@ def _self_signed(directory: Path, name: str, san: x509.GeneralName) -> tuple[Pat
 
 
 @contextmanager
-def _tls_receiver(cert: Path, key: Path) -> Iterator[tuple[int, list[bytes]]]:
+def _tls_receiver(cert: Path, key: Path, connections: list[int] | None = None) -> Iterator[tuple[int, list[bytes]]]:
+    """An HTTPS receiver; with `connections`, an HTTP/1.1 one that keeps connections open
+    and appends 1 for each it accepts (each a TLS handshake)."""
     bodies: list[bytes] = []
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0" if connections is None else "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            if connections is not None:
+                connections.append(1)
+
         def do_POST(self) -> None:
             bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
             self.send_response(200)
@@ -98,17 +107,19 @@ def trusting(tmp_path: Path, monkeypatch: Any, settings: Any) -> Iterator[tuple[
     transport._tls_context.cache_clear()  # later deliveries build the real one
 
 
-def test_https_deliveries_verify_the_certificate_and_share_one_tls_context(tenant: Tenant, trusting: Any) -> None:
+def test_https_deliveries_verify_the_certificate_and_share_one_tls_context_and_connection(tenant: Tenant, trusting: Any) -> None:
     good_cert, good_key, _, _, built, _, _ = trusting
     merchant = MerchantFactory()
-    with _tls_receiver(good_cert, good_key) as (port, bodies):
+    connections: list[int] = []
+    with _tls_receiver(good_cert, good_key, connections) as (port, bodies):
         webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
         events = [_event(merchant, n) for n in range(3)]
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 3
     assert len(bodies) == 3 and all(b"payment.succeeded" in body for body in bodies)
     assert set(WebhookDelivery.objects.filter(event__in=events).values_list("status", flat=True)) == {"succeeded"}
-    assert len(built) == 1  # one context for the three connections
+    assert len(built) == 1  # one context for the process
+    assert len(connections) == 1  # one TLS handshake for the drain's three deliveries
 
 
 def _one_delivery(cert: Path, key: Path, host: str) -> tuple[WebhookDeliveryAttempt, list[bytes]]:

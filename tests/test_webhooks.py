@@ -702,17 +702,17 @@ def test_a_drain_cut_short_mid_page_records_what_it_sent(tenant: Tenant, loopbac
     recorded as delivered (not sent again later), the third is still pending, unattempted."""
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from webhooks.services import deliveries
+    from webhooks.transport import WebhookConnections
 
-    real_post, calls = deliveries.webhook_post, []
+    real_post, calls = WebhookConnections.post, []
 
-    def post_then_time_out(**kwargs: Any) -> Any:
+    def post_then_time_out(self: WebhookConnections, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) == 3:
             raise SoftTimeLimitExceeded()
-        return real_post(**kwargs)
+        return real_post(self, **kwargs)
 
-    monkeypatch.setattr(deliveries, "webhook_post", post_then_time_out)
+    monkeypatch.setattr(WebhookConnections, "post", post_then_time_out)
     events = _dispatch_raising(SoftTimeLimitExceeded, events=4, received=2)
     rows = {d.event_id: d for d in WebhookDelivery.objects.filter(event__in=events)}
     assert [(rows[e.id].status, rows[e.id].attempts) for e in events] == [("succeeded", 1), ("succeeded", 1), ("pending", 0), ("pending", 0)]

@@ -42,7 +42,7 @@ from webhooks.models import (
 from webhooks.services.endpoints import webhook_endpoint_signing_secrets
 from webhooks.signing import SIGNATURE_HEADER, signature_header
 from webhooks.targets import webhook_target_resolve
-from webhooks.transport import webhook_post
+from webhooks.transport import WebhookConnections
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,7 @@ def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) 
     """
     attempts = 0
     unrecorded: list[_Outcome] = []
+    connections = WebhookConnections()
     try:
         while time.monotonic() <= deadline:
             # Pages until one comes back empty, so deliveries made while a page was being
@@ -167,7 +168,7 @@ def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) 
                 if watermark[0] is not None and (head.event_created, head.event_id) >= watermark:
                     return attempts
                 attempts += 1
-                outcome = _delivery_send(delivery=head, now=moment)
+                outcome = _delivery_send(delivery=head, now=moment, connections=connections)
                 unrecorded.append(outcome)
                 if not outcome.succeeded or time.monotonic() > deadline:
                     return attempts
@@ -178,8 +179,11 @@ def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) 
         # what was sent since the last record (up to a page) to be sent again: at least
         # once, as a crash between a send and its record always did (receivers dedupe by
         # event id).
-        batch, unrecorded = unrecorded, []
-        _outcomes_record(batch)
+        try:
+            batch, unrecorded = unrecorded, []
+            _outcomes_record(batch)
+        finally:
+            connections.close()
 
 
 @dataclass(frozen=True)
@@ -199,10 +203,11 @@ class _Outcome:
         return not self.error
 
 
-def _delivery_send(*, delivery: WebhookDelivery, now: datetime) -> _Outcome:
+def _delivery_send(*, delivery: WebhookDelivery, now: datetime, connections: WebhookConnections) -> _Outcome:
     """POST one delivery and log it. The target is checked again (SSRF) against what the
-    host resolves to now, and the connection goes to the checked address. Records
-    nothing: the caller passes the outcome to `_outcomes_record`. Locks: none."""
+    host resolves to now, and the connection goes to the checked address (the drain's kept
+    one only if it goes there too). Records nothing: the caller passes the outcome to
+    `_outcomes_record`. Locks: none."""
     endpoint = delivery.endpoint
     body = webhook_event_body(event=delivery.event)
     timestamp = int(time.time())
@@ -219,7 +224,7 @@ def _delivery_send(*, delivery: WebhookDelivery, now: datetime) -> _Outcome:
         target = webhook_target_resolve(url=endpoint.url)
         assert target is not None  # unresolvable names raise here
         address = target.address
-        answer = webhook_post(target=target, body=body, headers=headers)
+        answer = connections.post(target=target, body=body, headers=headers)
         status_code, excerpt = answer.status, answer.excerpt
         if not 200 <= answer.status < 300:
             error, reason = f"HTTP {answer.status}", "http_status"
