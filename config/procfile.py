@@ -13,7 +13,8 @@ and writes whole lines under one lock.
 Each process starts in its own session, so stopping it reaches what it started too
 (gunicorn's and Celery's workers): SIGTERM to every process group, then SIGKILL to those
 still there after the grace period. The grace outlasts gunicorn's graceful timeout
-(config/gunicorn.py, 20 s), so requests in flight finish; a second signal kills at once.
+(config/gunicorn.py, 20 s), so requests in flight finish; a second signal, a second or
+more after the first, kills at once.
 As with honcho, `PORT` goes up by 100 per process type from the caller's (the first,
 `web`, gets it unchanged), and a run stopped by a signal exits 128 + its number, as a
 shell reports it (130 for Ctrl-C).
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 GRACE_SECONDS = 25.0
+SECOND_SIGNAL_SECONDS = 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -91,7 +93,13 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
     # A plain flag: a handler that took a lock (Event.set) could deadlock against the main
     # thread interrupted while holding the same lock (in Event.wait).
     stop: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, _: stop.append(signum)) for sig in STOP_SIGNALS}
+    stop_times: list[float] = []
+
+    def on_signal(signum: int, _: object) -> None:
+        stop.append(signum)
+        stop_times.append(time.monotonic())
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     running: list[tuple[str, subprocess.Popen[bytes]]] = []
     relays: list[threading.Thread] = []
     base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
@@ -122,7 +130,7 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
             else:
                 time.sleep(0.2)
     finally:
-        _stop_all(running, output, grace_seconds, reported, stop)
+        _stop_all(running, output, grace_seconds, reported, stop_times)
         for relay in relays:
             relay.join(timeout=2)
         for sig, handler in previous.items():
@@ -133,18 +141,18 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
 
 
 def _stop_all(
-    running: list[tuple[str, subprocess.Popen[bytes]]], output: _Output, grace_seconds: float, reported: set[str], signals: list[int]
+    running: list[tuple[str, subprocess.Popen[bytes]]], output: _Output, grace_seconds: float, reported: set[str], signal_times: list[float]
 ) -> None:
     """SIGTERM to every process group, then SIGKILL to the groups still there after the grace
-    (or at once on another Ctrl-C)."""
-    signals_before = len(signals)
+    (or at once when asked again: `_asked_again`)."""
+    before = len(signal_times)
     groups = [(name, process.pid) for name, process in running]
     if groups:
         output.line("system", b"sending SIGTERM to all processes")
     for _, group in groups:
         _signal_group(group, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and len(signals) == signals_before and any(_group_alive(group) for _, group in groups):
+    while time.monotonic() < deadline and not _asked_again(signal_times, before) and any(_group_alive(group) for _, group in groups):
         for _, process in running:
             process.poll()  # reap the leaders, so that a finished group reads as gone
         time.sleep(0.05)
@@ -159,6 +167,17 @@ def _stop_all(
             continue
         if name not in reported:
             output.line("system", f"{name} stopped (rc={code})".encode())
+
+
+def _asked_again(signal_times: list[float], before: int) -> bool:
+    """Whether a stop signal since the stop began (`before` had come by then) means kill
+    now: any signal, when a process's exit began the stop; else one at least
+    SECOND_SIGNAL_SECONDS after the first. Closer together they are one request delivered
+    twice: `kill -TERM` to `make run`'s process group reaches this process, and make
+    forwards SIGTERM to it too."""
+    if len(signal_times) == before:
+        return False
+    return before == 0 or signal_times[-1] - signal_times[0] >= SECOND_SIGNAL_SECONDS
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:

@@ -66,6 +66,11 @@ class Dedupe:
             self._seen.add(event_id)
             return True
 
+    def forget(self, event_id: str) -> None:
+        """The event was not handled after all: its next delivery must be."""
+        with self._lock:
+            self._seen.discard(event_id)
+
 
 def handle_event(event: dict) -> None:
     """Your business logic: runs once per event id."""
@@ -77,12 +82,16 @@ def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHand
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: Tally sends a relay's events on one connection
         disable_nagle_algorithm = True  # headers and body go in two writes: do not hold the body back
+        timeout = 30  # seconds a kept connection may sit idle (or a request take to arrive)
 
         def do_POST(self) -> None:
-            if "Transfer-Encoding" in self.headers:  # Tally sends a length; this reader takes no other framing
+            # Tally sends one Content-Length of plain digits; anything else is not read, and
+            # the connection is closed, so an unread body is never taken for a request.
+            lengths = self.headers.get_all("Content-Length") or []
+            if "Transfer-Encoding" in self.headers or len(lengths) != 1 or not (lengths[0].isascii() and lengths[0].isdigit()):
                 self.close_connection = True
-                return self._answer(411, "length required")
-            length = int(self.headers.get("Content-Length") or 0)
+                return self._answer(411, "one Content-Length required")
+            length = int(lengths[0])
             if length > MAX_BODY_BYTES:
                 self.close_connection = True  # the unread body must not be taken for the next request
                 return self._answer(413, "too large")
@@ -92,7 +101,11 @@ def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHand
             except (SignatureError, ValueError) as exc:
                 return self._answer(400, str(exc))
             if dedupe.first_time(event["id"]):
-                handle_event(event)
+                try:
+                    handle_event(event)
+                except Exception:
+                    dedupe.forget(event["id"])  # Tally delivers it again after a 5xx
+                    return self._answer(500, "not handled")
             return self._answer(200, "ok")
 
         def _answer(self, status: int, text: str) -> None:

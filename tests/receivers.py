@@ -40,6 +40,7 @@ class Receiver:
     requests: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     connections: int = 0  # TCP connections accepted (keep-alive: several requests each)
+    closed: int = 0  # of those, how many the client has closed
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -68,6 +69,11 @@ def receiver_running(port: int = 0, script: list[int] | None = None) -> Iterator
             super().setup()
             with state.lock:
                 state.connections += 1
+
+        def finish(self) -> None:
+            super().finish()
+            with state.lock:
+                state.closed += 1
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -127,9 +127,23 @@ def test_a_second_ctrl_c_kills_at_once(tmp_path: Path) -> None:
     runner = _start(tmp_path, "stubborn: trap '' TERM INT; echo $$ > stubborn.pid; while :; do sleep 0.1; done\n", grace=60)
     stubborn = int(_wait_for(tmp_path / "stubborn.pid"))
     runner.send_signal(signal.SIGINT)
-    time.sleep(1)
+    time.sleep(1.5)
     assert _alive(stubborn)  # ignoring SIGTERM, inside the grace period
     started = time.monotonic()
     runner.send_signal(signal.SIGINT)
     runner.communicate(timeout=30)
     assert time.monotonic() - started < 10 and not _alive(stubborn)
+
+
+def test_one_stop_delivered_twice_keeps_the_grace(tmp_path: Path) -> None:
+    """`kill -TERM` to make run's process group: the runner gets SIGTERM from it and again
+    from make, which forwards it. That is one request to stop, not an insistence."""
+    runner = _start(tmp_path, "stubborn: trap '' TERM; echo $$ > stubborn.pid; while :; do sleep 0.1; done\n", grace=3)
+    stubborn = int(_wait_for(tmp_path / "stubborn.pid"))
+    runner.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # make's copy comes a moment later, once the stop has begun
+    runner.send_signal(signal.SIGTERM)
+    time.sleep(1.2)
+    assert _alive(stubborn)  # still inside the grace period
+    out, _ = runner.communicate(timeout=30)
+    assert "stubborn.1 did not stop in 3 s: SIGKILL" in out.decode() and not _alive(stubborn)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +31,8 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 class RawReceiver:
     """An HTTP/1.1 receiver on raw sockets, so each test picks how a connection ends.
     `answer(connection_number, request_number_on_it)` returns the bytes to send and whether
-    to close the connection after them; None sends nothing and holds the connection."""
+    to close the connection after them (then, bytes to send after a pause, before closing);
+    None sends nothing and holds the connection; "drop" closes it unanswered."""
 
     answer: Any
     port: int = 0
@@ -53,7 +55,10 @@ class RawReceiver:
                 head, buffer = buffer.split(b"\r\n\r\n", 1)
                 length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
                 while len(buffer) < length:
-                    buffer += conn.recv(65536)
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
                 body, buffer = buffer[:length], buffer[length:]
                 self.requests.append((number, body))
                 served += 1
@@ -61,8 +66,13 @@ class RawReceiver:
                 if reply is None:
                     self.stop.wait(30)
                     return
-                data, close = reply
+                if reply == "drop":
+                    return
+                data, close, *after = reply
                 conn.sendall(data)
+                if after:
+                    time.sleep(0.1)
+                    conn.sendall(after[0])
                 if close:
                     return
 
@@ -95,9 +105,13 @@ def raw_receiver(answer: Any, host: str = "127.0.0.1") -> Iterator[RawReceiver]:
         listener.close()
 
 
-def _post_all(rx: RawReceiver, count: int) -> list[int]:
+def _post_all(rx: RawReceiver, count: int, *, pause: float = 0.0) -> list[int]:
+    statuses = []
     with transport.WebhookConnections() as connections:
-        return [connections.post(target=rx.target(), body=b"event %d" % n, headers={}).status for n in range(count)]
+        for n in range(count):
+            statuses.append(connections.post(target=rx.target(), body=b"event %d" % n, headers={}).status)
+            time.sleep(pause)
+    return statuses
 
 
 def test_a_receiver_that_keeps_the_connection_gets_every_event_on_one() -> None:
@@ -123,9 +137,9 @@ def test_a_connection_that_may_not_carry_another_request_is_not_reused(reply: by
 
 def test_a_kept_connection_the_receiver_closed_is_replaced_and_nothing_is_lost_or_doubled() -> None:
     """The receiver answers as if it kept the connection, then closes it (an idle timeout):
-    the next request finds it closed and goes once more on a new one."""
-    with raw_receiver(lambda number, served: (OK, True)) as rx:
-        assert _post_all(rx, 4) == [200] * 4
+    the next request sees it closed and goes on a new one."""
+    with raw_receiver(lambda number, served: (OK, True, b"")) as rx:  # closes 0.1 s after answering
+        assert _post_all(rx, 4, pause=0.3) == [200] * 4
     assert [body for _, body in rx.requests] == [b"event %d" % n for n in range(4)]
     assert rx.connections == 4
 
@@ -139,6 +153,87 @@ def test_a_timeout_on_a_kept_connection_is_not_sent_again(monkeypatch: Any) -> N
             with pytest.raises(TimeoutError):
                 connections.post(target=rx.target(), body=b"second", headers={})
     assert rx.requests == [(1, b"first"), (1, b"second")]
+
+
+def test_bytes_after_an_answer_are_never_read_as_the_next_answer() -> None:
+    """A receiver (or a proxy) that writes to the idle connection (a 408 it means to close
+    after): the next delivery goes on a new connection and gets its own answer, not the 408."""
+    stray = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n"
+    with raw_receiver(lambda number, served: (OK, False, stray) if number == 1 else (OK, False)) as rx:
+        with transport.WebhookConnections() as connections:
+            assert connections.post(target=rx.target(), body=b"one", headers={}).status == 200
+            time.sleep(0.3)  # the stray answer arrives while the connection sits idle
+            assert connections.post(target=rx.target(), body=b"two", headers={}).status == 200
+    assert rx.requests == [(1, b"one"), (2, b"two")]
+
+
+def test_a_request_the_receiver_reset_unread_goes_on_a_new_connection() -> None:
+    """The receiver closes the kept connection just after the idle check, with our request
+    unread in its buffer: the kernel answers with a reset, and the request, never taken,
+    goes on a new connection (once)."""
+    import select
+    import struct
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    target = Target(scheme="http", host="127.0.0.1", port=listener.getsockname()[1], path="/hook", address="127.0.0.1")
+    bodies: list[bytes] = []
+
+    def read_request(conn: socket.socket) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(data.split(b"Content-Length: ")[1].split(b"\r\n")[0]):
+            data += conn.recv(65536)
+        bodies.append(data.split(b"\r\n\r\n", 1)[1])
+
+    def serve() -> None:
+        first, _ = listener.accept()
+        read_request(first)
+        first.sendall(OK)
+        select.select([first], [], [], 10)  # the next request arrives: close without reading it,
+        time.sleep(0.2)  # once the client has sent all of it and waits for the answer
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        first.close()
+        second, _ = listener.accept()
+        with second:
+            read_request(second)
+            second.sendall(OK)
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    with listener, transport.WebhookConnections() as connections:
+        assert connections.post(target=target, body=b"one", headers={}).status == 200
+        assert connections.post(target=target, body=b"two", headers={}).status == 200
+        server.join(timeout=10)
+    assert bodies == [b"one", b"two"] and connections.opened == 2
+
+
+def test_a_receiver_that_drops_a_request_it_took_is_not_sent_it_again() -> None:
+    """It read the request, then closed without answering (a worker killed, a crash): the
+    failure is the delivery's, retried later by the schedule, not at once."""
+    import http.client
+
+    with raw_receiver(lambda number, served: (OK, False) if served == 1 else "drop") as rx:
+        with transport.WebhookConnections() as connections:
+            assert connections.post(target=rx.target(), body=b"first", headers={}).status == 200
+            with pytest.raises(http.client.RemoteDisconnected):
+                connections.post(target=rx.target(), body=b"second", headers={})
+    assert rx.requests == [(1, b"first"), (1, b"second")]
+
+
+def test_an_answer_with_no_length_on_a_connection_left_open_is_taken_after_a_silence(monkeypatch: Any) -> None:
+    """HTTP/1.1 with no length and no close: it used to end when the receiver honoured our
+    `Connection: close`. Its status is taken after UNFRAMED_IDLE_SECONDS, not a read timeout."""
+    monkeypatch.setattr(transport, "UNFRAMED_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(transport, "READ_TIMEOUT_SECONDS", 5.0)
+    unframed = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nreceived"
+    with raw_receiver(lambda number, served: (unframed, False)) as rx:
+        started = time.monotonic()
+        with transport.WebhookConnections() as connections:
+            answers = [connections.post(target=rx.target(), body=b"e%d" % n, headers={}) for n in range(2)]
+        assert time.monotonic() - started < transport.READ_TIMEOUT_SECONDS  # not a read timeout each (10 s)
+    assert [(a.status, a.excerpt) for a in answers] == [(200, "received")] * 2
+    assert rx.connections == 2  # never reused: its end is unknown
 
 
 def test_a_delivery_to_another_address_gets_a_new_connection() -> None:
@@ -160,6 +255,7 @@ def test_a_drain_sends_its_deliveries_on_one_connection_and_closes_it(tenant: Te
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 6
         assert rx.event_ids() == [e.id for e in events] and rx.connections == 1
+        _until(lambda: rx.closed == 1)  # the drain closed it: the receiver's handler saw the end
         more = [_event(merchant, n) for n in range(6, 8)]
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 2  # a new drain, a new connection
@@ -167,7 +263,126 @@ def test_a_drain_sends_its_deliveries_on_one_connection_and_closes_it(tenant: Te
     assert set(WebhookDelivery.objects.filter(event__in=events + more).values_list("status", flat=True)) == {"succeeded"}
 
 
+def _until(condition: Any, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.02)
+
+
 @pytest.fixture
 def loopback_http(settings: Any) -> None:
     settings.TALLY_WEBHOOK_ALLOW_HTTP = True
     settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
+
+
+# The documented receiver (docs/webhook_receiver.py, which merchants copy), served for real.
+
+
+@contextmanager
+def doc_receiver_running(secret: str, handle: Any = None) -> Iterator[tuple[int, list[int], Any]]:
+    """The documented receiver's handler on a free port; yields the port, a list with one
+    entry per connection it accepted, and the module (its `handle_event` replaceable)."""
+    from http.server import ThreadingHTTPServer
+
+    from tests.receivers import doc_receiver
+
+    module = doc_receiver()
+    if handle is not None:
+        module.handle_event = handle
+    accepted: list[int] = []
+
+    class Counting(module.make_handler([secret], module.Dedupe())):  # type: ignore[misc]
+        def setup(self) -> None:
+            super().setup()
+            accepted.append(1)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Counting)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], accepted, module
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _doc_endpoint(merchant: Any) -> tuple[Any, str]:
+    """An endpoint (and its secret) whose URL is set once its receiver listens."""
+    return _endpoint(merchant, "http://127.0.0.1:9/webhooks")
+
+
+def _point(endpoint: Any, port: int) -> None:
+    endpoint.url = f"http://127.0.0.1:{port}/webhooks"
+    endpoint.save(update_fields=["url"])
+
+
+def test_the_documented_receiver_takes_a_drain_on_one_connection(tenant: Tenant, loopback_http: None, capsys: Any) -> None:
+    merchant = MerchantFactory()
+    endpoint, secret = _doc_endpoint(merchant)
+    with doc_receiver_running(secret) as (port, accepted, _):
+        _point(endpoint, port)
+        events = [_event(merchant, n) for n in range(4)]
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 4
+    assert set(WebhookDelivery.objects.filter(event__in=events).values_list("status", flat=True)) == {"succeeded"}
+    assert len(accepted) == 1
+    printed = capsys.readouterr().out
+    assert all(e.id in printed for e in events)
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"Content-Length: -1", b"Content-Length: +5", b"Content-Length: 1_0", b"Content-Length: 5\r\nContent-Length: 7",
+     b"Transfer-Encoding: chunked", b""],
+    ids=["negative", "plus", "underscore", "twice", "chunked", "none"],
+)
+def test_the_documented_receiver_refuses_any_framing_but_one_length_and_closes(framing: bytes) -> None:
+    with doc_receiver_running("whsec_x") as (port, _, _):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+            client.sendall(b"POST /webhooks HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n\r\nhello")
+            answer = b""
+            while chunk := client.recv(65536):  # it closes: the read ends
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 411 ") and b"Connection: close" in answer
+
+
+def test_the_documented_receiver_answers_500_when_its_handler_fails_and_handles_the_redelivery(
+    tenant: Tenant, loopback_http: None
+) -> None:
+    handled: list[str] = []
+
+    def fail_once(event: dict[str, Any]) -> None:
+        if not handled:
+            handled.append("failed " + event["id"])
+            raise RuntimeError("database down")
+        handled.append(event["id"])
+
+    merchant = MerchantFactory()
+    endpoint, secret = _doc_endpoint(merchant)
+    with doc_receiver_running(secret, handle=fail_once) as (port, _, _):
+        _point(endpoint, port)
+        event = _event(merchant, 1)
+        outbox_batch_publish()
+        webhook_deliveries_dispatch()
+        delivery = WebhookDelivery.objects.get(event=event, endpoint=endpoint)
+        assert (delivery.status, delivery.last_status_code) == ("pending", 500)
+        WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=delivery.created)  # due again now
+        webhook_deliveries_dispatch()
+    assert handled == [f"failed {event.id}", event.id]
+    assert WebhookDelivery.objects.get(pk=delivery.pk).status == "succeeded"
+
+
+def test_a_url_with_a_non_ascii_path_is_delivered_percent_encoded_and_stops_no_other_endpoint(
+    tenant: Tenant, loopback_http: None
+) -> None:
+    """URLField takes `/höok`; the request line takes ASCII only. Sent raw, it raised out
+    of the whole dispatch, and every endpoint after it got nothing."""
+    first, second = MerchantFactory(), MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(first, rx.url("/h\u00f6ok?q=caf\u00e9 au lait"))
+        _endpoint(second, rx.url("/ok"))
+        _event(first, 1), _event(second, 2)
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 2
+    assert sorted(r.path for r in rx.requests) == ["/h%C3%B6ok?q=caf%C3%A9%20au%20lait", "/ok"]

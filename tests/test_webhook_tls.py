@@ -9,6 +9,7 @@ import ipaddress
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +30,7 @@ from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt
 from webhooks.services.deliveries import webhook_deliveries_dispatch
 from webhooks.services.endpoints import webhook_endpoint_create
 from webhooks.services.relay import outbox_batch_publish
+from webhooks.targets import Target
 
 
 def _self_signed(directory: Path, name: str, san: x509.GeneralName) -> tuple[Path, Path]:
@@ -49,9 +51,13 @@ def _self_signed(directory: Path, name: str, san: x509.GeneralName) -> tuple[Pat
 
 
 @contextmanager
-def _tls_receiver(cert: Path, key: Path, connections: list[int] | None = None) -> Iterator[tuple[int, list[bytes]]]:
+def _tls_receiver(
+    cert: Path, key: Path, connections: list[int] | None = None, *, drop_after_answer: bool = False
+) -> Iterator[tuple[int, list[bytes]]]:
     """An HTTPS receiver; with `connections`, an HTTP/1.1 one that keeps connections open
-    and appends 1 for each it accepts (each a TLS handshake)."""
+    and appends 1 for each it accepts (each a TLS handshake). `drop_after_answer`: it
+    answers as if it kept the connection, then closes it with a bare FIN, no TLS close_notify
+    (an idle timeout, a restart)."""
     bodies: list[bytes] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -68,6 +74,11 @@ def _tls_receiver(cert: Path, key: Path, connections: list[int] | None = None) -
             self.send_header("Content-Length", "2")
             self.end_headers()
             self.wfile.write(b"ok")
+            if drop_after_answer:
+                self.wfile.flush()
+                time.sleep(0.1)  # idle a moment, then time out
+                self.connection.shutdown(socket.SHUT_RDWR)  # SSLSocket.shutdown: FIN, no close_notify
+                self.close_connection = True
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -120,6 +131,20 @@ def test_https_deliveries_verify_the_certificate_and_share_one_tls_context_and_c
     assert set(WebhookDelivery.objects.filter(event__in=events).values_list("status", flat=True)) == {"succeeded"}
     assert len(built) == 1  # one context for the process
     assert len(connections) == 1  # one TLS handshake for the drain's three deliveries
+
+
+def test_a_kept_https_connection_closed_without_close_notify_is_replaced(tenant: Tenant, trusting: Any) -> None:
+    """A receiver that drops idle TLS connections with a bare FIN (a TLS error on the next
+    read, not a clean close): every delivery still goes, each on a new connection, none twice."""
+    good_cert, good_key, _, _, _, _, _ = trusting
+    connections: list[int] = []
+    with _tls_receiver(good_cert, good_key, connections, drop_after_answer=True) as (port, bodies):
+        target = Target(scheme="https", host="127.0.0.1", port=port, path="/hook", address="127.0.0.1")
+        with transport.WebhookConnections() as kept:
+            for n in range(3):
+                assert kept.post(target=target, body=b"event %d" % n, headers={}).status == 200
+                time.sleep(0.3)  # the receiver drops the connection meanwhile
+    assert bodies == [b"event %d" % n for n in range(3)] and len(connections) == 3
 
 
 def _one_delivery(cert: Path, key: Path, host: str) -> tuple[WebhookDeliveryAttempt, list[bytes]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from django.conf import settings
 
@@ -89,6 +89,9 @@ def _url_parts(url: str) -> tuple[str, str, int, str]:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
+    # The request line takes ASCII only: anything else (an accented path, a space) is sent
+    # percent-encoded as UTF-8, as browsers do; reserved characters and escapes stay.
+    path = quote(path, safe="/?=&%:@!$'()*+,;~[]")
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
 
 

@@ -5,14 +5,16 @@ http.client, connected to the address that was checked, never following redirect
 A drain's deliveries to one endpoint share a connection (`WebhookConnections`): HTTP/1.1
 keep-alive, as a browser or urllib3 does, instead of a TCP (and for https a TLS)
 handshake per event on both sides. A connection is reused only for the same scheme,
-checked address, port and host, only while the receiver keeps it open and only when its
-answer was read whole, and never beyond the drain that opened it."""
+checked address, port and host, only while the receiver keeps it open, only when its
+last answer was read whole and nothing came after it, and never beyond the drain that
+opened it."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import http.client
+import select
 import socket
 import ssl
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ from webhooks.targets import Target
 CONNECT_TIMEOUT_SECONDS = 3.0
 READ_TIMEOUT_SECONDS = 10.0
 MAX_RESPONSE_BYTES = 4096  # read this much of the answer, at most; keep an excerpt
+UNFRAMED_IDLE_SECONDS = 1.0  # an answer with no length: how long a silence ends it
 
 
 @dataclass(frozen=True)
@@ -98,28 +101,99 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
 
 
 def _connect(target: Target) -> http.client.HTTPConnection:
-    return _PinnedHTTPSConnection(target) if target.scheme == "https" else _PinnedHTTPConnection(target)
+    """A new connection, opened now. http.client never reopens it by itself (`auto_open`
+    off): every socket goes to the checked address through the pinned `connect`."""
+    conn: http.client.HTTPConnection = _PinnedHTTPSConnection(target) if target.scheme == "https" else _PinnedHTTPConnection(target)
+    conn.auto_open = 0
+    try:
+        conn.connect()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
-def _exchange(conn: http.client.HTTPConnection, target: Target, body: bytes, headers: dict[str, str]) -> tuple[Answer, bool]:
-    """One request and its answer; the flag says whether `conn` may carry another."""
+def _idle_and_clean(conn: http.client.HTTPConnection) -> bool:
+    """Whether a kept connection may carry the next request: the receiver sent nothing
+    since its last answer. Anything readable is either the connection's end (FIN, RST, a
+    TLS close) or stray bytes (a 408 before closing) that would be read as the next
+    delivery's answer. urllib3 checks a pooled connection the same way."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return False
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return not poller.poll(0)
+
+
+def _send(conn: http.client.HTTPConnection, target: Target, body: bytes, headers: dict[str, str]) -> None:
     conn.request("POST", target.path, body=body, headers={**headers, "Content-Length": str(len(body))})
-    _ack_promptly(conn.sock)
+
+
+def _answer_read(conn: http.client.HTTPConnection) -> tuple[Answer, bool]:
+    """The answer to the request just sent; the flag says whether `conn` may carry another."""
+    sock = conn.sock  # getresponse() drops it from `conn` when the answer will close it
+    _ack_promptly(sock)
     response = conn.getresponse()
+    if response.length is None and not response.chunked:
+        data = _read_until_close(response, sock)
+        return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500]), False
     data = response.read(MAX_RESPONSE_BYTES)
     # isclosed(): the whole answer was read (a longer one is left unread, and its connection
-    # with it); will_close: the receiver said `Connection: close`, answered in HTTP/1.0 or
-    # framed no length (http.client then closes the connection itself, and would open a new
-    # one on the next request, unpinned from this check and uncounted).
+    # with it); will_close: the receiver said `Connection: close`, or answered in HTTP/1.0
+    # without asking for keep-alive.
     reusable = not response.will_close and response.isclosed()
     return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500]), reusable
 
 
-# What a receiver that closed a kept connection while it sat idle looks like on the next
-# request: the request never reached it (or, if it did, it went unanswered, and webhooks
-# are at least once: receivers dedupe by event id). Sent again once on a new connection.
-# A timeout is not among them: a slow receiver must not cost two.
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+def _read_until_close(response: http.client.HTTPResponse, sock: socket.socket | None) -> bytes:
+    """An answer with no length: it ends where the receiver closes the connection. A
+    receiver that never closes it (it answered in HTTP/1.1 with no length, and used to
+    close only because every request said `Connection: close`) is given up on after
+    UNFRAMED_IDLE_SECONDS of silence, with what it sent; its status stands."""
+    if sock is not None:
+        sock.settimeout(UNFRAMED_IDLE_SECONDS)
+    chunks: list[bytes] = []
+    size = 0
+    while size < MAX_RESPONSE_BYTES:
+        try:
+            chunk = response.read1(MAX_RESPONSE_BYTES - size)
+        except TimeoutError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+# What a kept connection that the receiver closed just after the idle check looks like:
+# sending fails, or the receiver resets the connection instead of answering (it closed
+# with our request unread in its buffer). Either way it did not take the request, so it
+# goes on a new connection. A connection that ends cleanly with no answer
+# (RemoteDisconnected), or a timeout, is never sent again: the receiver may have taken it.
+_UNSENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+class _NotTaken(Exception):
+    """A request a kept connection failed to deliver (see _UNSENT)."""
+
+
+def _exchange(conn: http.client.HTTPConnection, target: Target, body: bytes, headers: dict[str, str], *, kept: bool) -> tuple[Answer, bool]:
+    try:
+        _send(conn, target, body, headers)
+    except _UNSENT as exc:
+        if kept:
+            raise _NotTaken from exc
+        raise
+    try:
+        return _answer_read(conn)
+    except ConnectionResetError as exc:
+        if kept and not isinstance(exc, http.client.RemoteDisconnected):
+            raise _NotTaken from exc
+        raise
 
 
 class WebhookConnections:
@@ -146,21 +220,23 @@ class WebhookConnections:
         (refused, timeout, TLS) or http.client.HTTPException (garbled answer)."""
         key = (target.scheme, target.address, target.port, target.host)
         current, self._open = self._open, None
-        if current is not None and current[0] == key:
-            try:
-                return self._post_on(current[1], key, target, body, headers)
-            except _STALE:
-                pass  # closed while idle: once more on a new connection
-        elif current is not None:
-            current[1].close()  # another place (the name now resolves elsewhere)
+        if current is not None:
+            if current[0] == key and _idle_and_clean(current[1]):
+                try:
+                    return self._exchange_on(current[1], key, target, body, headers, kept=True)
+                except _NotTaken:
+                    pass  # closed by the receiver just after the check: on a new connection
+            else:
+                current[1].close()  # closed by the receiver, not clean, or another place
         self.opened += 1
-        return self._post_on(_connect(target), key, target, body, headers)
+        return self._exchange_on(_connect(target), key, target, body, headers, kept=False)
 
-    def _post_on(
-        self, conn: http.client.HTTPConnection, key: tuple[str, str, int, str], target: Target, body: bytes, headers: dict[str, str]
+    def _exchange_on(
+        self, conn: http.client.HTTPConnection, key: tuple[str, str, int, str], target: Target, body: bytes, headers: dict[str, str],
+        *, kept: bool,
     ) -> Answer:
         try:
-            answer, reusable = _exchange(conn, target, body, headers)
+            answer, reusable = _exchange(conn, target, body, headers, kept=kept)
         except BaseException:
             conn.close()
             raise
