@@ -145,20 +145,20 @@ def _stop_all(
 ) -> None:
     """SIGTERM to every process group, then SIGKILL to the groups still there after the grace
     (or at once when asked again: `_asked_again`)."""
-    before = len(signal_times)
     groups = [(name, process.pid) for name, process in running]
     if groups:
         output.line("system", b"sending SIGTERM to all processes")
     for _, group in groups:
         _signal_group(group, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and not _asked_again(signal_times, before) and any(_group_alive(group) for _, group in groups):
+    while time.monotonic() < deadline and not _asked_again(signal_times) and any(_group_alive(group) for _, group in groups):
         for _, process in running:
             process.poll()  # reap the leaders, so that a finished group reads as gone
         time.sleep(0.05)
+    why = "asked again" if _asked_again(signal_times) else f"did not stop in {grace_seconds:g} s"
     for name, group in groups:
         if _group_alive(group):
-            output.line("system", f"{name} did not stop in {grace_seconds:g} s: SIGKILL".encode())
+            output.line("system", f"{name} {why}: SIGKILL".encode())
             _signal_group(group, signal.SIGKILL)
     for name, process in running:
         try:
@@ -169,15 +169,12 @@ def _stop_all(
             output.line("system", f"{name} stopped (rc={code})".encode())
 
 
-def _asked_again(signal_times: list[float], before: int) -> bool:
-    """Whether a stop signal since the stop began (`before` had come by then) means kill
-    now: any signal, when a process's exit began the stop; else one at least
-    SECOND_SIGNAL_SECONDS after the first. Closer together they are one request delivered
-    twice: `kill -TERM` to `make run`'s process group reaches this process, and make
-    forwards SIGTERM to it too."""
-    if len(signal_times) == before:
-        return False
-    return before == 0 or signal_times[-1] - signal_times[0] >= SECOND_SIGNAL_SECONDS
+def _asked_again(signal_times: list[float]) -> bool:
+    """Whether to kill now: a stop signal came at least SECOND_SIGNAL_SECONDS after an
+    earlier one. Closer together they are one request delivered twice (`kill -TERM` to
+    `make run`'s process group reaches this process, and make forwards SIGTERM to it too);
+    one signal alone, even after a process's exit began the stop, keeps the grace."""
+    return len(signal_times) > 1 and signal_times[-1] - signal_times[0] >= SECOND_SIGNAL_SECONDS
 
 
 def _signal_group(group: int, sig: signal.Signals) -> None:

@@ -52,24 +52,31 @@ def verify(*, body: bytes, header: str, secrets: list[str], now: float | None = 
 
 
 class Dedupe:
-    """Event ids already handled. In memory here; use your database (a unique column,
-    written in the same transaction as the event's effect) in production."""
+    """Event ids handled, and being handled. In memory here; use your database (a unique
+    column, written in the same transaction as the event's effect) in production."""
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
+        self._done: set[str] = set()
+        self._busy: set[str] = set()
         self._lock = threading.Lock()
 
-    def first_time(self, event_id: str) -> bool:
+    def begin(self, event_id: str) -> str:
+        """'new': handle it, then call `end`. 'done': handled before, answer 2xx. 'busy':
+        another delivery of it is being handled (a slow handler outlasted Tally's wait,
+        and Tally sent it again): answer 409, and Tally delivers it again later."""
         with self._lock:
-            if event_id in self._seen:
-                return False
-            self._seen.add(event_id)
-            return True
+            if event_id in self._done:
+                return "done"
+            if event_id in self._busy:
+                return "busy"
+            self._busy.add(event_id)
+            return "new"
 
-    def forget(self, event_id: str) -> None:
-        """The event was not handled after all: its next delivery must be."""
+    def end(self, event_id: str, *, handled: bool) -> None:
         with self._lock:
-            self._seen.discard(event_id)
+            self._busy.discard(event_id)
+            if handled:
+                self._done.add(event_id)
 
 
 def handle_event(event: dict) -> None:
@@ -100,12 +107,16 @@ def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHand
                 event = verify(body=body, header=self.headers.get("Tally-Signature", ""), secrets=secrets)
             except (SignatureError, ValueError) as exc:
                 return self._answer(400, str(exc))
-            if dedupe.first_time(event["id"]):
+            state = dedupe.begin(event["id"])
+            if state == "busy":
+                return self._answer(409, "being handled")
+            if state == "new":
                 try:
                     handle_event(event)
                 except Exception:
-                    dedupe.forget(event["id"])  # Tally delivers it again after a 5xx
+                    dedupe.end(event["id"], handled=False)  # Tally delivers it again after a 5xx
                     return self._answer(500, "not handled")
+                dedupe.end(event["id"], handled=True)
             return self._answer(200, "ok")
 
         def _answer(self, status: int, text: str) -> None:

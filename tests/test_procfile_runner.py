@@ -147,3 +147,21 @@ def test_one_stop_delivered_twice_keeps_the_grace(tmp_path: Path) -> None:
     assert _alive(stubborn)  # still inside the grace period
     out, _ = runner.communicate(timeout=30)
     assert "stubborn.1 did not stop in 3 s: SIGKILL" in out.decode() and not _alive(stubborn)
+
+
+def test_one_signal_after_a_process_exited_keeps_the_grace(tmp_path: Path) -> None:
+    """A process's exit began the stop; one SIGTERM from outside (docker or systemd stopping
+    everything) is not a second request."""
+    procfile = (
+        "stubborn: trap '' TERM; echo $$ > stubborn.pid; while :; do sleep 0.1; done\n"
+        "quitter: while [ ! -e stubborn.pid ]; do sleep 0.05; done; exit 3\n"
+    )
+    runner = _start(tmp_path, procfile, grace=3)
+    stubborn = int(_wait_for(tmp_path / "stubborn.pid"))
+    time.sleep(0.5)  # the quitter has exited: the stop has begun
+    runner.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert _alive(stubborn)
+    out, _ = runner.communicate(timeout=30)
+    assert "stubborn.1 did not stop in 3 s: SIGKILL" in out.decode() and not _alive(stubborn)
+

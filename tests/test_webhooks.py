@@ -337,8 +337,9 @@ def test_a_500_then_a_200_counts_as_one_success_and_the_receiver_handles_it_once
     dedupe, handled = RX.Dedupe(), []
     for request in rx.requests:
         verified = RX.verify(body=request.body, header=request.headers["Tally-Signature"], secrets=[secret])
-        if dedupe.first_time(verified["id"]):
+        if dedupe.begin(verified["id"]) == "new":
             handled.append(verified["id"])
+            dedupe.end(verified["id"], handled=True)
     assert handled == [event.id]
 
 

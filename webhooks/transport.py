@@ -6,8 +6,8 @@ A drain's deliveries to one endpoint share a connection (`WebhookConnections`): 
 keep-alive, as a browser or urllib3 does, instead of a TCP (and for https a TLS)
 handshake per event on both sides. A connection is reused only for the same scheme,
 checked address, port and host, only while the receiver keeps it open, only when its
-last answer was read whole and nothing came after it, and never beyond the drain that
-opened it."""
+last answer was read whole and nothing readable has come since, and never beyond the
+drain that opened it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import http.client
 import select
 import socket
 import ssl
+import time
 from dataclasses import dataclass
 
 from webhooks.targets import Target
@@ -155,9 +156,10 @@ def _read_until_close(response: http.client.HTTPResponse, sock: socket.socket | 
     UNFRAMED_IDLE_SECONDS of silence, with what it sent; its status stands."""
     if sock is not None:
         sock.settimeout(UNFRAMED_IDLE_SECONDS)
+    deadline = time.monotonic() + READ_TIMEOUT_SECONDS  # a trickle ends too
     chunks: list[bytes] = []
     size = 0
-    while size < MAX_RESPONSE_BYTES:
+    while size < MAX_RESPONSE_BYTES and time.monotonic() < deadline:
         try:
             chunk = response.read1(MAX_RESPONSE_BYTES - size)
         except TimeoutError:
@@ -169,16 +171,18 @@ def _read_until_close(response: http.client.HTTPResponse, sock: socket.socket | 
     return b"".join(chunks)
 
 
-# What a kept connection that the receiver closed just after the idle check looks like:
-# sending fails, or the receiver resets the connection instead of answering (it closed
-# with our request unread in its buffer). Either way it did not take the request, so it
-# goes on a new connection. A connection that ends cleanly with no answer
-# (RemoteDisconnected), or a timeout, is never sent again: the receiver may have taken it.
+# What a kept connection that the receiver closed just after the idle check looks like
+# while the request is being sent: the write fails. A receiver cannot act on a request it
+# never got whole, so that one request goes on a new connection. Anything that fails once
+# the request went (a reset, a close with no answer, a timeout) is the attempt's failure,
+# retried by the schedule: the receiver may have taken the request, and nothing on the
+# wire tells (a reset can follow a request it processed; over TLS a reset reads as a
+# clean close).
 _UNSENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
-class _NotTaken(Exception):
-    """A request a kept connection failed to deliver (see _UNSENT)."""
+class _NotSent(Exception):
+    """A request a kept connection failed to send (see _UNSENT)."""
 
 
 def _exchange(conn: http.client.HTTPConnection, target: Target, body: bytes, headers: dict[str, str], *, kept: bool) -> tuple[Answer, bool]:
@@ -186,14 +190,9 @@ def _exchange(conn: http.client.HTTPConnection, target: Target, body: bytes, hea
         _send(conn, target, body, headers)
     except _UNSENT as exc:
         if kept:
-            raise _NotTaken from exc
+            raise _NotSent from exc
         raise
-    try:
-        return _answer_read(conn)
-    except ConnectionResetError as exc:
-        if kept and not isinstance(exc, http.client.RemoteDisconnected):
-            raise _NotTaken from exc
-        raise
+    return _answer_read(conn)
 
 
 class WebhookConnections:
@@ -221,10 +220,15 @@ class WebhookConnections:
         key = (target.scheme, target.address, target.port, target.host)
         current, self._open = self._open, None
         if current is not None:
-            if current[0] == key and _idle_and_clean(current[1]):
+            try:
+                reusable = current[0] == key and _idle_and_clean(current[1])
+            except BaseException:
+                current[1].close()
+                raise
+            if reusable:
                 try:
                     return self._exchange_on(current[1], key, target, body, headers, kept=True)
-                except _NotTaken:
+                except _NotSent:
                     pass  # closed by the receiver just after the check: on a new connection
             else:
                 current[1].close()  # closed by the receiver, not clean, or another place
