@@ -174,3 +174,10 @@ def psp_account_configure(sim: Any, *, webhook_secrets: list[str] | None = None)
     api_key = f"sk_sim_{uuid.uuid4().hex}"
     gateway_account_set(gateway="simulator", api_base=sim.url, secret_key=api_key, webhook_secrets=webhook_secrets or ["whsec_test_1"])
     return api_key
+
+
+@pytest.fixture
+def loopback_http(settings: Any) -> None:
+    """The tests' webhook receivers listen on 127.0.0.1 over plain http (as `make run`'s does)."""
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +33,8 @@ class RawReceiver:
     """An HTTP/1.1 receiver on raw sockets, so each test picks how a connection ends.
     `answer(connection_number, request_number_on_it)` returns the bytes to send and whether
     to close the connection after them (then, bytes to send after a pause, before closing);
-    None sends nothing and holds the connection; "drop" closes it unanswered."""
+    None sends nothing and holds the connection; "drop" closes it unanswered, "reset"
+    resets it unanswered."""
 
     answer: Any
     port: int = 0
@@ -67,6 +69,9 @@ class RawReceiver:
                     self.stop.wait(30)
                     return
                 if reply == "drop":
+                    return
+                if reply == "reset":  # an abortive close: the client reads ECONNRESET
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     return
                 data, close, *after = reply
                 conn.sendall(data)
@@ -171,47 +176,12 @@ def test_a_reset_after_the_request_went_is_not_sent_again() -> None:
     """The receiver resets the kept connection once our request has gone. It may have
     processed the request first (nothing on the wire tells), so the attempt fails and the
     retry schedule sends it, not this call."""
-    import select
-    import struct
-
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
-    listener.settimeout(10)
-    target = Target(scheme="http", host="127.0.0.1", port=listener.getsockname()[1], path="/hook", address="127.0.0.1")
-    bodies: list[bytes] = []
-
-    def read_request(conn: socket.socket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < int(data.split(b"Content-Length: ")[1].split(b"\r\n")[0]):
-            chunk = conn.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        bodies.append(data.split(b"\r\n\r\n", 1)[1])
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            first, _ = listener.accept()
-            read_request(first)
-            first.sendall(OK)
-            select.select([first], [], [], 10)
-            time.sleep(0.2)  # the whole request is in: reset without reading it
-            first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            first.close()
-            second, _ = listener.accept()  # a resend would arrive here
-            with second:
-                read_request(second)
-                second.sendall(OK)
-
-    server = threading.Thread(target=serve, daemon=True)
-    server.start()
-    with listener, transport.WebhookConnections() as connections:
-        assert connections.post(target=target, body=b"one", headers={}).status == 200
-        with pytest.raises(ConnectionResetError):
-            connections.post(target=target, body=b"two", headers={})
-    server.join(timeout=15)
-    assert bodies == [b"one"] and connections.opened == 1
+    with raw_receiver(lambda number, served: (OK, False) if served == 1 else "reset") as rx:
+        with transport.WebhookConnections() as connections:
+            assert connections.post(target=rx.target(), body=b"first", headers={}).status == 200
+            with pytest.raises(ConnectionResetError):
+                connections.post(target=rx.target(), body=b"second", headers={})
+    assert rx.requests == [(1, b"first"), (1, b"second")] and connections.opened == 1
 
 
 def test_a_receiver_that_drops_a_request_it_took_is_not_sent_it_again() -> None:
@@ -275,11 +245,6 @@ def _until(condition: Any, seconds: float = 5.0) -> None:
         assert time.monotonic() < deadline, "condition never held"
         time.sleep(0.02)
 
-
-@pytest.fixture
-def loopback_http(settings: Any) -> None:
-    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
-    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
 
 
 # The documented receiver (docs/webhook_receiver.py, which merchants copy), served for real.

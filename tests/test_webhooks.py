@@ -52,13 +52,6 @@ def _sample(metric: Any, suffix: str = "_total", **labels: str) -> float:
 
 
 @pytest.fixture
-def loopback_http(settings: Any) -> None:
-    """The tests' receivers listen on 127.0.0.1 over plain http (as `make run`'s does)."""
-    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
-    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
-
-
-@pytest.fixture
 def live_endpoints(live_tenant: Tenant) -> Iterator[list[WebhookEndpoint]]:
     """Endpoints a live test registers (they commit): disabled after it, so later tests'
     relays never call a receiver that is gone."""

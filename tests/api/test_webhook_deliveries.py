@@ -32,12 +32,6 @@ from webhooks.services.relay import outbox_relay_run
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-@pytest.fixture
-def loopback_http(settings: Any) -> None:
-    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
-    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
-
-
 def _pay(api: Api, world: World, amount: int = 500) -> dict[str, Any]:
     adjustment_create(staff=world.staff.obj, customer=world.customer.obj, asset_code="JPY", amount=10_000, direction="credit", reason="seed")
     r = api.post("/v1/terminal/payments", world.terminal.key, {"customer": world.customer.id, "asset": "JPY", "amount": amount})
