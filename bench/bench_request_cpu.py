@@ -449,6 +449,26 @@ def _backend_cpu_ms(connection: Any) -> tuple[int, float]:
     return pid, cpu_ms(pid)
 
 
+def _mandate_permit(*, key: str, customer_id: str) -> None:
+    """--permit mandate: the bench tenant stops charging by customer id on its own setting;
+    the customer grants the key's merchant a mandate instead (seed() sets the setting again)."""
+    from django_tenants.utils import schema_context
+
+    from payments.models import Mandate
+    from payments.services.mandates import mandate_grant
+    from tenants.models import Tenant
+    from wallets.models import Customer
+    from wallets.selectors import api_key_get_active
+
+    Tenant.objects.filter(schema_name=SCHEMA).update(charge_by_customer_id=False)
+    with schema_context(SCHEMA):
+        api_key = api_key_get_active(raw_key=key)
+        assert api_key is not None and api_key.terminal is not None
+        merchant = api_key.terminal.store.merchant
+        if not Mandate.objects.filter(customer_id=customer_id, merchant=merchant, revoked_at__isnull=True).exists():
+            mandate_grant(customer=Customer.objects.get(pk=customer_id), merchant=merchant)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1000)
@@ -461,6 +481,11 @@ def main() -> None:
     parser.add_argument("--callers", default="", metavar="REGEX", help="with --cprofile: who calls the functions matching REGEX")
     parser.add_argument("--callees", default="", metavar="REGEX", help="with --cprofile: what the functions matching REGEX call")
     parser.add_argument("--show-sql", action="store_true", help="print each statement (use with a few --requests)")
+    parser.add_argument(
+        "--permit", choices=["tenant", "mandate"], default="tenant",
+        help="what lets the terminal charge by customer id: the tenant's setting (as bench_http.py's tenant) or the "
+        "customer's mandate for the merchant (as `make run`'s demo tenant, where a newcomer grants one first)",
+    )
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
     parser.add_argument(
         "--gc-freeze", action="store_true", help="freeze the collector after loading the app, as config/gunicorn.py's workers do"
@@ -490,6 +515,8 @@ def main() -> None:
         parser.error("--side needs --ab")
 
     fixtures = seed(args.database_url, args.redis_url)
+    if args.permit == "mandate":
+        _mandate_permit(key=fixtures["spread"][0], customer_id=fixtures["customers"][0])
     os.environ["TALLY_LOG_LEVEL"] = args.log_level
     import logging
 

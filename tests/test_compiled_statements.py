@@ -437,6 +437,22 @@ def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> N
     assert deliveries._pending_page(endpoint_id="we_none") == []
 
 
+def test_the_mandate_check_sends_what_the_orm_compiles_and_sees_only_active_mandates(tenant: Tenant) -> None:
+    from payments import selectors
+    from payments.services.mandates import mandate_grant, mandate_revoke
+    from tests.factories import MerchantFactory
+
+    orm = selectors._mandate_active_statement("cus_1", "mer_1")
+    assert _normalised(*selectors._MANDATE_ACTIVE.sql_with_params(customer="cus_1", merchant="mer_1")) == _orm_sql(orm)
+    customer, merchant, other = CustomerFactory(), MerchantFactory(), MerchantFactory()
+    assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
+    mandate = mandate_grant(customer=customer, merchant=merchant)
+    assert selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
+    assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=other.pk)
+    mandate_revoke(mandate=mandate)
+    assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
+
+
 @pytest.mark.parametrize("count", [1, 3])
 def test_the_delivered_webhooks_update_sends_what_the_orm_compiles(tenant: Tenant, count: int) -> None:
     from webhooks.services import deliveries
