@@ -24,6 +24,17 @@ processes, PostgreSQL, Redis, wrk, the rest, and the machine's busy and idle tim
 round's `tally` and `ratio` are keyed by Tally's worker class: `--worker-class gthread`
 (or `both`, each in every round) runs Tally on gunicorn's gthread worker, one thread,
 which keeps wrk's connections alive; `sync` (the default) is config/gunicorn.py's own.
+
+    .venv/bin/python bench/bench_http.py --peer --stack both --seconds 15 --clients 8 --workers 3
+
+`--stack make-run` runs Tally as `make run` does instead of gunicorn alone: its runner
+(config.procfile) with the Procfile's web, Celery worker, Celery beat and webhook receiver,
+Prometheus' multiprocess directory set, and the hot merchant's webhook endpoint at that
+receiver, so each payment's event is relayed and delivered while the load runs (with gunicorn
+alone they pile up unpublished). It waits for the relay to drain what earlier runs left
+before measuring, and splits the CPU per process (`runner`, `web`, `worker`, `beat`,
+`receiver`). `--stack both` runs each, per round; their figures are keyed `sync+make-run`
+and `sync`.
 """
 
 from __future__ import annotations
@@ -72,6 +83,9 @@ def _env(database_url: str, redis_url: str) -> dict[str, str]:
         # Measure the API, not the rate limiter's refusals (its Redis round trip still counts).
         TALLY_THROTTLE_KEY_RATE="1000000/min",
         TALLY_THROTTLE_TENANT_RATE="10000000/min",
+        # --stack make-run: the hot merchant's endpoint is the receiver on 127.0.0.1, as under `make run`.
+        TALLY_WEBHOOK_ALLOW_HTTP="true",
+        TALLY_WEBHOOK_ALLOW_LOOPBACK="true",
     )
     return env
 
@@ -285,14 +299,16 @@ def _peers_dir(given: str | None) -> Path:
     raise SystemExit(f"no peers directory with http/keyed_post.lua among {[str(c) for c in candidates]}; pass --peers-dir")
 
 
-def cpu_per_request(server_pgid: int, database: str, run: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], dict[str, float]]:
+def cpu_per_request(
+    server: int | dict[int, str], database: str, run: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, float]]:
     """Run `run()` (a wrk run returning its JSON line) and split the machine's CPU over its
-    successful requests, in ms per request: the server's gunicorn (its process group),
-    PostgreSQL (the backends of `database`, the postmaster and the helper processes), Redis,
-    wrk (this process's reaped children), the machine's busy and idle time, and `other`:
-    busy time none of these account for (anything else running shows up there). A process
-    that exits inside the run counts only if it was reaped by one counted (bench/
-    cpu_by_process.py reads /proc)."""
+    successful requests, in ms per request: the server's gunicorn (its process group, or
+    each labelled process group of `server`: {pgid: label}), PostgreSQL (the backends of
+    `database`, the postmaster and the helper processes), Redis, wrk (this process's reaped
+    children), the machine's busy and idle time, and `other`: busy time none of these
+    account for (anything else running shows up there). A process that exits inside the
+    run counts only if it was reaped by one counted (bench/cpu_by_process.py reads /proc)."""
     import resource
 
     from bench.cpu_by_process import busy_ticks, is_postgres, machine, postgres_database, processes
@@ -305,11 +321,12 @@ def cpu_per_request(server_pgid: int, database: str, run: Callable[[], dict[str,
     ok = result["requests"] - result["non2xx"]
     if ok <= 0:
         raise RuntimeError(f"no successful request to divide the CPU over: {result}")
-    ticks = {"web": 0, "postgres": 0, "redis": 0}
+    groups = server if isinstance(server, dict) else {server: "web"}
+    ticks = dict.fromkeys(["web", *groups.values(), "postgres", "redis"], 0)
     for pid, (spent, command, group) in after.items():
         spent -= before.get(pid, (0,))[0]
-        if group == server_pgid:
-            ticks["web"] += spent
+        if group in groups:
+            ticks[groups[group]] += spent
         elif is_postgres(command) and postgres_database(command) in (None, database):
             ticks["postgres"] += spent
         elif command.startswith("redis-server"):
@@ -350,10 +367,10 @@ def wrk_keyed(url: str, *, lua: Path, body: str, clients: int, seconds: int, aut
     return result
 
 
-def _stop(server: subprocess.Popen[bytes]) -> None:
+def _stop(server: subprocess.Popen[bytes], timeout: float = 20) -> None:
     os.killpg(server.pid, signal.SIGTERM)
     try:
-        server.wait(timeout=20)
+        server.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
@@ -376,6 +393,112 @@ def _tally_start(env: dict[str, str], port: int, workers: int, worker_class: str
         _stop(server)
         raise
     return server
+
+
+# `--stack make-run`: the Procfile's processes a payment's event passes through, under
+# `make run`'s own runner (config.procfile), as `make run` starts them. The PSP simulator is
+# left out: no payment calls it.
+MAKE_RUN_ENTRIES = ("web", "worker", "beat", "receiver")
+RECEIVER_PORT = 8768
+_RUNNER = (
+    "import sys; from config.procfile import processes_run, procfile_read; from config.localservices import ROOT; "
+    "names = sys.argv[1].split(','); "
+    "raise SystemExit(processes_run([e for e in procfile_read(ROOT / 'Procfile') if e.name in names], cwd=ROOT, env=dict(__import__('os').environ)))"
+)
+
+
+def _hot_endpoint_ensure(url: str) -> str:
+    """The hot merchant's webhook endpoint (every event) at `url`, enabled; its secret."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from wallets.models import Merchant
+    from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+    from webhooks.services.endpoints import webhook_endpoint_create
+
+    with schema_context(SCHEMA):
+        hot = Merchant.objects.get(name="Hot merchant")
+        endpoint = WebhookEndpoint.objects.filter(merchant=hot, url=url).first()
+        if endpoint is None:
+            endpoint, _ = webhook_endpoint_create(merchant=hot, url=url, enabled_events=["*"], description="bench_http --stack make-run")
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(status=WebhookEndpointStatus.ENABLED, disabled_reason="")
+        secret = endpoint.secret
+    connection.set_schema_to_public()
+    return secret
+
+
+def _events_backlog() -> tuple[int, int]:
+    """The bench tenant's events not yet published, and deliveries still pending."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.models import OutboxEvent
+    from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
+
+    with schema_context(SCHEMA):
+        backlog = (
+            OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).count(),
+            WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.PENDING).count(),
+        )
+    connection.set_schema_to_public()
+    return backlog
+
+
+def _events_drained(timeout: float) -> float:
+    """Wait until the relay has published and delivered everything (events the `web` stack
+    left behind, a warm-up's): seconds waited. A stack measured on a backlog would be
+    measuring the backlog."""
+    started = time.monotonic()
+    while any(_events_backlog()):
+        if time.monotonic() - started > timeout:
+            raise SystemExit(f"the relay did not drain the bench tenant's events in {timeout:.0f} s: {_events_backlog()} left"
+                             " (events, deliveries); a fresh --database-url starts with none")
+        time.sleep(0.5)
+    return round(time.monotonic() - started, 1)
+
+
+def _make_run_start(env: dict[str, str], port: int, workers: int, worker_class: str) -> tuple[subprocess.Popen[bytes], dict[int, str]]:
+    """`make run`'s web, worker, beat and receiver under its runner, the hot merchant's events
+    going to that receiver. Returns the runner and {process group: label} for the CPU split."""
+    import tempfile
+
+    receiver_url = f"http://127.0.0.1:{RECEIVER_PORT}/webhooks"
+    env = dict(
+        env, PORT=str(port), WEB_CONCURRENCY=str(workers), VENV_BIN=str(ROOT / ".venv/bin"),
+        TALLY_WEBHOOK_RECEIVER_PORT=str(RECEIVER_PORT), TALLY_WEBHOOK_SECRET=_hot_endpoint_ensure(receiver_url),
+        PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="tally-bench-prometheus-"),  # as config/runner.py sets it
+    )
+    if WORKER_ARGS[worker_class]:
+        env["GUNICORN_CMD_ARGS"] = " ".join(WORKER_ARGS[worker_class])
+    runner = subprocess.Popen(
+        [str(ROOT / ".venv/bin/python"), "-c", _RUNNER, ",".join(MAKE_RUN_ENTRIES)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        _wait_ready(port)
+    except BaseException:
+        _stop(runner, timeout=40)
+        raise
+    from bench.cpu_by_process import processes
+
+    groups = {runner.pid: "runner"}
+    for pid, (_, command, group) in processes().items():
+        if group != runner.pid and _parent_of(pid) == runner.pid:
+            groups[group] = next((name for name in MAKE_RUN_ENTRIES if _entry_runs(name, command)), "other_make_run")
+    return runner, groups
+
+
+def _parent_of(pid: str) -> int:
+    from bench.cpu_by_process import _stat_fields
+
+    try:
+        return int(_stat_fields(pid)[1])
+    except OSError:
+        return 0
+
+
+def _entry_runs(name: str, command: str) -> bool:
+    return {"web": "gunicorn", "worker": " worker", "beat": " beat", "receiver": "webhook_receiver.py"}[name] in command
 
 
 def _peer_start(peers: Path, *, port: int, workers: int, database_url: str, redis_url: str) -> subprocess.Popen[bytes]:
@@ -420,19 +543,31 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
     env = _env(args.database_url, args.redis_url)
     rounds: list[dict[str, Any]] = []
     classes = ["sync", "gthread"] if args.worker_class == "both" else [args.worker_class]
+    stacks = ["make-run", "web"] if args.stack == "both" else [args.stack]
+    labels = [_label(c, stack) for stack in stacks for c in classes]
     for _ in range(args.rounds):
         tallies: dict[str, dict[str, Any]] = {}
-        for worker_class in classes:
-            server = _tally_start(env, args.port, args.workers, worker_class)
-            try:
-                url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
-                wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
-                tallies[worker_class], spent = cpu_per_request(server.pid, _database_of(args.database_url), functools.partial(
-                    wrk_keyed, url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=args.seconds
-                ))
-                tallies[worker_class]["cpu_ms_per_request"] = spent
-            finally:
-                _stop(server)
+        for stack in stacks:
+            for worker_class in classes:
+                label = _label(worker_class, stack)
+                if stack == "make-run":
+                    server, groups = _make_run_start(env, args.port, args.workers, worker_class)
+                else:
+                    server = _tally_start(env, args.port, args.workers, worker_class)
+                    groups = {server.pid: "web"}
+                try:
+                    url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
+                    wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
+                    drained = _events_drained(timeout=300) if stack == "make-run" else None
+                    tallies[label], spent = cpu_per_request(groups, _database_of(args.database_url), functools.partial(
+                        wrk_keyed, url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=args.seconds
+                    ))
+                    tallies[label]["cpu_ms_per_request"] = spent
+                    if drained is not None:
+                        tallies[label]["backlog_drained_s_before"] = drained
+                        tallies[label]["events_backlog_after"] = dict(zip(("events", "deliveries"), _events_backlog(), strict=True))
+                finally:
+                    _stop(server, timeout=40 if stack == "make-run" else 20)
         server = _peer_start(peers, port=args.peer_port, workers=args.workers, database_url=args.peer_database_url, redis_url=args.redis_url)
         try:
             url = f"http://127.0.0.1:{args.peer_port}/pay"
@@ -446,9 +581,13 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
         ratios = {c: round(t["ok_per_s"] / max(peer["ok_per_s"], 0.1), 2) for c, t in tallies.items()}
         rounds.append({"tally": tallies, "peer_drfi_redis": peer, "ratio": ratios})
     return {
-        "worker_class": classes, "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "wrk_script": str(lua),
-        "rounds": rounds, "ratios": {c: [r["ratio"][c] for r in rounds] for c in classes},
+        "worker_class": classes, "stack": stacks, "workers": args.workers, "clients": args.clients, "seconds": args.seconds,
+        "wrk_script": str(lua), "rounds": rounds, "ratios": {label: [r["ratio"][label] for r in rounds] for label in labels},
     }
+
+
+def _label(worker_class: str, stack: str) -> str:
+    return worker_class if stack == "web" else f"{worker_class}+{stack}"
 
 
 def main() -> None:
@@ -458,6 +597,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
     parser.add_argument("--worker-class", choices=["sync", "gthread", "both"], default="sync",
                         help="with --peer: Tally's gunicorn worker (gthread keeps connections alive; one thread); both = each, per round")
+    parser.add_argument(
+        "--stack", choices=["web", "make-run", "both"], default="web",
+        help="with --peer: Tally's processes. web = gunicorn alone, the events its payments write left unpublished; "
+        "make-run = what `make run` starts, under its runner: gunicorn, the Celery worker and beat, and the documented "
+        "webhook receiver, with an endpoint for the hot merchant, so each payment's event is relayed and delivered during "
+        "the load (the PSP simulator, which no payment calls, is left out); both = each, per round (make-run first)",
+    )
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_http")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
@@ -473,6 +619,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker_class != "sync" and not args.peer:
         parser.error("--worker-class needs --peer")
+    if args.stack != "web" and not args.peer:
+        parser.error("--stack needs --peer")
     if args.peer:
         fixtures = seed(args.database_url, args.redis_url)
         print(json.dumps(compare_peer(args, fixtures), indent=2))
