@@ -202,7 +202,9 @@ def payment_token_resolve(*, token: object) -> Customer:
 
 
 def _mandate_active_statement(customer_id: object, merchant_id: object) -> QuerySet[Mandate]:
-    return Mandate.objects.filter(customer_id=customer_id, merchant_id=merchant_id, revoked_at__isnull=True).only("pk")[:1]
+    # No ORDER BY (Meta.ordering would add one, as .exists() would not): at most one mandate
+    # per pair is active (a partial unique index).
+    return Mandate.objects.filter(customer_id=customer_id, merchant_id=merchant_id, revoked_at__isnull=True).order_by().only("pk")[:1]
 
 
 # Every charge by customer id in a tenant that asks for mandates runs this before it locks
@@ -212,7 +214,8 @@ _MANDATE_ACTIVE = CompiledQuery(_mandate_active_statement(Param("customer"), Par
 
 
 def mandate_active_exists(*, customer_id: str, merchant_id: str) -> bool:
-    return bool(_MANDATE_ACTIVE.select(customer=customer_id, merchant=merchant_id))
+    # Bound as given (a Param skips the field's conversion): the ids' column type is text.
+    return bool(_MANDATE_ACTIVE.select(customer=str(customer_id), merchant=str(merchant_id)))
 
 
 def mandates_list(*, customer_id: str) -> QuerySet[Mandate]:

@@ -437,18 +437,30 @@ def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> N
     assert deliveries._pending_page(endpoint_id="we_none") == []
 
 
-def test_the_mandate_check_sends_what_the_orm_compiles_and_sees_only_active_mandates(tenant: Tenant) -> None:
+def test_the_mandate_check_sends_what_the_orm_compiles_and_sees_only_active_mandates_of_its_tenant(
+    tenant: Tenant, tenant_b: Tenant
+) -> None:
     from payments import selectors
+    from payments.models import Mandate
     from payments.services.mandates import mandate_grant, mandate_revoke
+    from tenants.postgresql_backend.prepared import prepared_statements_of
     from tests.factories import MerchantFactory
 
-    orm = selectors._mandate_active_statement("cus_1", "mer_1")
-    assert _normalised(*selectors._MANDATE_ACTIVE.sql_with_params(customer="cus_1", merchant="mer_1")) == _orm_sql(orm)
+    sql, params = selectors._MANDATE_ACTIVE.sql_with_params(customer="cus_1", merchant="mer_1")
+    assert _normalised(sql, params) == _orm_sql(selectors._mandate_active_statement("cus_1", "mer_1"))
+    assert "ORDER BY" not in sql
     customer, merchant, other = CustomerFactory(), MerchantFactory(), MerchantFactory()
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     mandate = mandate_grant(customer=customer, merchant=merchant)
     assert selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=other.pk)
+    assert sql in prepared_statements_of(connection.connection)
+    # The same ids in another tenant's schema, with no mandate there: the one prepared
+    # statement reads the schema current at each execution.
+    with in_tenant(tenant_b):
+        assert not Mandate.objects.exists()
+        assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
+    assert selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     mandate_revoke(mandate=mandate)
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
 
