@@ -202,8 +202,8 @@ def payment_token_resolve(*, token: object) -> Customer:
 
 
 def _mandate_active_statement(customer_id: object, merchant_id: object) -> QuerySet[Mandate]:
-    # No ORDER BY (Meta.ordering would add one, as .exists() would not): at most one mandate
-    # per pair is active (a partial unique index).
+    # No ORDER BY: Meta.ordering would add one (.exists() drops it), for at most one row (one
+    # active mandate per pair is a partial unique index).
     return Mandate.objects.filter(customer_id=customer_id, merchant_id=merchant_id, revoked_at__isnull=True).order_by().only("pk")[:1]
 
 
