@@ -29,12 +29,17 @@ which keeps wrk's connections alive; `sync` (the default) is config/gunicorn.py'
 
 `--stack make-run` runs Tally as `make run` does instead of gunicorn alone: its runner
 (config.procfile) with the Procfile's web, Celery worker, Celery beat and webhook receiver,
-Prometheus' multiprocess directory set, and the hot merchant's webhook endpoint at that
-receiver, so each payment's event is relayed and delivered while the load runs (with gunicorn
-alone they pile up unpublished). It waits for the relay to drain what earlier runs left
-before measuring, and splits the CPU per process (`runner`, `web`, `worker`, `beat`,
-`receiver`). `--stack both` runs each, per round; their figures are keyed `sync+make-run`
-and `sync`.
+the local settings with DJANGO_DEBUG=false and the request log at INFO, Prometheus'
+multiprocess directory set, and the hot merchant's webhook endpoint at that receiver, so
+each payment's event is relayed and delivered while the load runs (with gunicorn alone they
+pile up unpublished). The processes' output goes to /dev/null, not a terminal, and the
+tenant is the bench's (charging by customer id on its setting; `make run`'s demo tenant
+asks for a mandate). It waits for the relay to drain what earlier runs left before
+measuring, and splits the CPU per process group (`runner`, `web`, `worker`, `beat`,
+`receiver`; `other_make_run` for one it cannot name). Events the relay has not reached when
+the load stops are counted in `events_backlog_after`; their relaying falls outside the
+split. `--stack both` runs each, per round; their figures are keyed `sync+make-run` and
+`sync`.
 """
 
 from __future__ import annotations
@@ -270,17 +275,33 @@ def drive_wrk(port: int, keys: list[str], customers: list[str], *, clients: int,
     }
 
 
-def _wait_ready(port: int, timeout: float = 30) -> None:
+def _wait_ready(port: int, timeout: float = 30, process: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited before it was ready (exit code {process.returncode})")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/healthz", headers={"Host": DOMAIN})
             if conn.getresponse().status == 200:
                 return
         except OSError:
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     raise RuntimeError("gunicorn did not become ready")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        # As the servers bind: connections of an earlier run left in TIME_WAIT do not count.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 # --- Side by side with the drf-idempotency peer (../shared/peers), same wrk script ------------
@@ -367,10 +388,10 @@ def wrk_keyed(url: str, *, lua: Path, body: str, clients: int, seconds: int, aut
     return result
 
 
-def _stop(server: subprocess.Popen[bytes], timeout: float = 20) -> None:
+def _stop(server: subprocess.Popen[bytes]) -> None:
     os.killpg(server.pid, signal.SIGTERM)
     try:
-        server.wait(timeout=timeout)
+        server.wait(timeout=20)
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
@@ -399,7 +420,6 @@ def _tally_start(env: dict[str, str], port: int, workers: int, worker_class: str
 # `make run`'s own runner (config.procfile), as `make run` starts them. The PSP simulator is
 # left out: no payment calls it.
 MAKE_RUN_ENTRIES = ("web", "worker", "beat", "receiver")
-RECEIVER_PORT = 8768
 _RUNNER = (
     "import sys; from config.procfile import processes_run, procfile_read; from config.localservices import ROOT; "
     "names = sys.argv[1].split(','); "
@@ -408,7 +428,9 @@ _RUNNER = (
 
 
 def _hot_endpoint_ensure(url: str) -> str:
-    """The hot merchant's webhook endpoint (every event) at `url`, enabled; its secret."""
+    """The hot merchant's webhook endpoint (every event) at `url`, enabled, and its secret;
+    its endpoints elsewhere (an earlier run's receiver port) disabled, so nothing waits on a
+    receiver that is not there."""
     from django.db import connection
     from django_tenants.utils import schema_context
 
@@ -421,6 +443,7 @@ def _hot_endpoint_ensure(url: str) -> str:
         endpoint = WebhookEndpoint.objects.filter(merchant=hot, url=url).first()
         if endpoint is None:
             endpoint, _ = webhook_endpoint_create(merchant=hot, url=url, enabled_events=["*"], description="bench_http --stack make-run")
+        WebhookEndpoint.objects.filter(merchant=hot).exclude(pk=endpoint.pk).update(status=WebhookEndpointStatus.DISABLED)
         WebhookEndpoint.objects.filter(pk=endpoint.pk).update(status=WebhookEndpointStatus.ENABLED, disabled_reason="")
         secret = endpoint.secret
     connection.set_schema_to_public()
@@ -433,12 +456,14 @@ def _events_backlog() -> tuple[int, int]:
     from django_tenants.utils import schema_context
 
     from payments.models import OutboxEvent
-    from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
+    from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpointStatus
 
     with schema_context(SCHEMA):
+        # Every pending delivery of an enabled endpoint, due or not: one waiting out a retry
+        # holds back its endpoint's later ones, which would then be sent inside the run.
         backlog = (
             OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).count(),
-            WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.PENDING).count(),
+            WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.PENDING, endpoint__status=WebhookEndpointStatus.ENABLED).count(),
         )
     connection.set_schema_to_public()
     return backlog
@@ -457,35 +482,64 @@ def _events_drained(timeout: float) -> float:
     return round(time.monotonic() - started, 1)
 
 
-def _make_run_start(env: dict[str, str], port: int, workers: int, worker_class: str) -> tuple[subprocess.Popen[bytes], dict[int, str]]:
-    """`make run`'s web, worker, beat and receiver under its runner, the hot merchant's events
-    going to that receiver. Returns the runner and {process group: label} for the CPU split."""
-    import tempfile
+class _MakeRunStack:
+    """`make run`'s web, worker, beat and receiver under its runner, as `make run` starts them:
+    the local settings with DJANGO_DEBUG=false, the request log at INFO, Prometheus'
+    multiprocess directory set, the hot merchant's events going to that receiver.
+    `groups` labels each process group for the CPU split."""
 
-    receiver_url = f"http://127.0.0.1:{RECEIVER_PORT}/webhooks"
-    env = dict(
-        env, PORT=str(port), WEB_CONCURRENCY=str(workers), VENV_BIN=str(ROOT / ".venv/bin"),
-        TALLY_WEBHOOK_RECEIVER_PORT=str(RECEIVER_PORT), TALLY_WEBHOOK_SECRET=_hot_endpoint_ensure(receiver_url),
-        PROMETHEUS_MULTIPROC_DIR=tempfile.mkdtemp(prefix="tally-bench-prometheus-"),  # as config/runner.py sets it
-    )
-    if WORKER_ARGS[worker_class]:
-        env["GUNICORN_CMD_ARGS"] = " ".join(WORKER_ARGS[worker_class])
-    runner = subprocess.Popen(
-        [str(ROOT / ".venv/bin/python"), "-c", _RUNNER, ",".join(MAKE_RUN_ENTRIES)],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        _wait_ready(port)
-    except BaseException:
-        _stop(runner, timeout=40)
-        raise
-    from bench.cpu_by_process import processes
+    def __init__(self, env: dict[str, str], *, port: int, receiver_port: int, workers: int, worker_class: str) -> None:
+        import tempfile
 
-    groups = {runner.pid: "runner"}
-    for pid, (_, command, group) in processes().items():
-        if group != runner.pid and _parent_of(pid) == runner.pid:
-            groups[group] = next((name for name in MAKE_RUN_ENTRIES if _entry_runs(name, command)), "other_make_run")
-    return runner, groups
+        busy = [p for p in (port, receiver_port) if not _port_free(p)]
+        if busy:
+            raise SystemExit(f"port(s) {busy} in use: is `make run` or an earlier bench still running?")
+        receiver_url = f"http://127.0.0.1:{receiver_port}/webhooks"
+        self.prometheus_dir = tempfile.mkdtemp(prefix="tally-bench-prometheus-")
+        env = dict(
+            env, DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="INFO",
+            PORT=str(port), WEB_CONCURRENCY=str(workers), VENV_BIN=str(ROOT / ".venv/bin"),
+            TALLY_WEBHOOK_RECEIVER_PORT=str(receiver_port), TALLY_WEBHOOK_SECRET=_hot_endpoint_ensure(receiver_url),
+            PROMETHEUS_MULTIPROC_DIR=self.prometheus_dir,
+        )
+        if WORKER_ARGS[worker_class]:
+            env["GUNICORN_CMD_ARGS"] = " ".join(WORKER_ARGS[worker_class])
+        self.runner = subprocess.Popen(
+            [str(ROOT / ".venv/bin/python"), "-c", _RUNNER, ",".join(MAKE_RUN_ENTRIES)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        self.groups: dict[int, str] = {self.runner.pid: "runner"}
+        try:
+            _wait_ready(port, process=self.runner)
+            from bench.cpu_by_process import processes
+
+            # Each Procfile process is its own session's leader (config.procfile), its
+            # children (gunicorn's workers, Celery's pool) in its group.
+            for pid, (_, command, group) in processes().items():
+                if group != self.runner.pid and _parent_of(pid) == self.runner.pid:
+                    self.groups[group] = next((name for name in MAKE_RUN_ENTRIES if _entry_runs(name, command)), "other_make_run")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """SIGTERM to the runner, which stops its processes with their grace (25 s); SIGKILL
+        to every group still there after 40 s."""
+        import shutil
+
+        try:
+            os.killpg(self.runner.pid, signal.SIGTERM)
+            self.runner.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            for group in self.groups:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass  # gone already
+            self.runner.wait()
+            shutil.rmtree(self.prometheus_dir, ignore_errors=True)
 
 
 def _parent_of(pid: str) -> int:
@@ -551,10 +605,11 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
             for worker_class in classes:
                 label = _label(worker_class, stack)
                 if stack == "make-run":
-                    server, groups = _make_run_start(env, args.port, args.workers, worker_class)
+                    made = _MakeRunStack(env, port=args.port, receiver_port=args.receiver_port, workers=args.workers, worker_class=worker_class)
+                    stop, groups = made.stop, made.groups
                 else:
                     server = _tally_start(env, args.port, args.workers, worker_class)
-                    groups = {server.pid: "web"}
+                    stop, groups = functools.partial(_stop, server), {server.pid: "web"}
                 try:
                     url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
                     wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
@@ -567,7 +622,7 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
                         tallies[label]["backlog_drained_s_before"] = drained
                         tallies[label]["events_backlog_after"] = dict(zip(("events", "deliveries"), _events_backlog(), strict=True))
                 finally:
-                    _stop(server, timeout=40 if stack == "make-run" else 20)
+                    stop()
         server = _peer_start(peers, port=args.peer_port, workers=args.workers, database_url=args.peer_database_url, redis_url=args.redis_url)
         try:
             url = f"http://127.0.0.1:{args.peer_port}/pay"
@@ -604,6 +659,7 @@ def main() -> None:
         "webhook receiver, with an endpoint for the hot merchant, so each payment's event is relayed and delivered during "
         "the load (the PSP simulator, which no payment calls, is left out); both = each, per round (make-run first)",
     )
+    parser.add_argument("--receiver-port", type=int, default=8769, help="with --stack make-run: the webhook receiver's")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_http")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
@@ -621,6 +677,10 @@ def main() -> None:
         parser.error("--worker-class needs --peer")
     if args.stack != "web" and not args.peer:
         parser.error("--stack needs --peer")
+    # A stop signal unwinds through the finally clauses that stop the servers: their
+    # processes run in sessions of their own, which the signal does not reach.
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, lambda signum, _: sys.exit(128 + signum))
     if args.peer:
         fixtures = seed(args.database_url, args.redis_url)
         print(json.dumps(compare_peer(args, fixtures), indent=2))
