@@ -527,18 +527,21 @@ class _MakeRunStack:
         to every group still there after 40 s."""
         import shutil
 
+        stopped = False
         try:
             os.killpg(self.runner.pid, signal.SIGTERM)
             self.runner.wait(timeout=40)
+            stopped = True  # the runner waits for its processes before it exits
         except subprocess.TimeoutExpired:
             pass
         finally:
-            for group in self.groups:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass  # gone already
-            self.runner.wait()
+            if not stopped:
+                for group in self.groups:
+                    try:
+                        os.killpg(group, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass  # gone already
+                self.runner.wait()
             shutil.rmtree(self.prometheus_dir, ignore_errors=True)
 
 
