@@ -52,12 +52,13 @@ def _self_signed(directory: Path, name: str, san: x509.GeneralName) -> tuple[Pat
 
 @contextmanager
 def _tls_receiver(
-    cert: Path, key: Path, connections: list[int] | None = None, *, drop_after_answer: bool = False
+    cert: Path, key: Path, connections: list[int] | None = None, *, drop_after_answer: bool = False, stray_after_answer: int = 0
 ) -> Iterator[tuple[int, list[bytes]]]:
     """An HTTPS receiver; with `connections`, an HTTP/1.1 one that keeps connections open
     and appends 1 for each it accepts (each a TLS handshake). `drop_after_answer`: it
     answers as if it kept the connection, then closes it with a bare FIN, no TLS close_notify
-    (an idle timeout, a restart)."""
+    (an idle timeout, a restart). `stray_after_answer`: that many bytes of junk follow the
+    answer in the same TLS record (one write under 16 KiB)."""
     bodies: list[bytes] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -70,6 +71,9 @@ def _tls_receiver(
 
         def do_POST(self) -> None:
             bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            if stray_after_answer:
+                self.connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" + b"X" * stray_after_answer)
+                return
             self.send_response(200)
             self.send_header("Content-Length", "2")
             self.end_headers()
@@ -145,6 +149,21 @@ def test_a_kept_https_connection_closed_without_close_notify_is_replaced(tenant:
                 assert kept.post(target=target, body=b"event %d" % n, headers={}).status == 200
                 time.sleep(0.3)  # the receiver drops the connection meanwhile
     assert bodies == [b"event %d" % n for n in range(3)] and len(connections) == 3
+
+
+def test_junk_decrypted_but_unread_after_an_answer_is_not_taken_for_the_next_one(tenant: Tenant, trusting: Any) -> None:
+    """Bytes after an answer in the same TLS record: the answer's reader takes what it asked
+    for (8 KiB), and TLS holds the rest, decrypted, where polling the socket does not see it
+    (SSLSocket.pending). The next delivery goes on a new connection, not after the junk."""
+    good_cert, good_key, _, _, _, _, _ = trusting
+    connections: list[int] = []
+    with _tls_receiver(good_cert, good_key, connections, stray_after_answer=12_000) as (port, bodies):
+        target = Target(scheme="https", host="127.0.0.1", port=port, path="/hook", address="127.0.0.1")
+        with transport.WebhookConnections() as kept:
+            for n in range(2):
+                assert kept.post(target=target, body=b"event %d" % n, headers={}).status == 200
+                time.sleep(0.1)  # all of the junk has arrived
+    assert bodies == [b"event 0", b"event 1"] and len(connections) == 2
 
 
 def _one_delivery(cert: Path, key: Path, host: str) -> tuple[WebhookDeliveryAttempt, list[bytes]]:
