@@ -15,6 +15,7 @@ allowed only when settings.TALLY_WEBHOOK_ALLOW_LOOPBACK is true (`make run`, tes
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
@@ -90,9 +91,14 @@ def _url_parts(url: str) -> tuple[str, str, int, str]:
     if parts.query:
         path += "?" + parts.query
     # The request line takes ASCII only: anything else (an accented path, a space) is sent
-    # percent-encoded as UTF-8, as browsers do; reserved characters and escapes stay.
-    path = quote(path, safe="/?=&%:@!$'()*+,;~[]")
+    # percent-encoded as UTF-8, as browsers do; reserved characters and escapes stay. A `%`
+    # that starts no escape is itself encoded, as requests' requote_uri does: RFC 3986 allows
+    # `%` only in an escape, and a strict receiver refuses the request line otherwise.
+    path = _LONE_PERCENT.sub("%25", quote(path, safe="/?=&%:@!$'()*+,;~[]"))
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
+
+
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 def _resolve(host: str, port: int) -> list[IPAddress]:
