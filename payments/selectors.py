@@ -214,7 +214,7 @@ _MANDATE_ACTIVE = CompiledQuery(_mandate_active_statement(Param("customer"), Par
 
 
 def mandate_active_exists(*, customer_id: str, merchant_id: str) -> bool:
-    # Bound as given (a Param skips the field's conversion): the ids' column type is text.
+    # Bound as given (a Param skips the field's conversion), and the ids' columns are character ones.
     return bool(_MANDATE_ACTIVE.select(customer=str(customer_id), merchant=str(merchant_id)))
 
 

@@ -454,6 +454,7 @@ def test_the_mandate_check_sends_what_the_orm_compiles_and_sees_only_active_mand
     mandate = mandate_grant(customer=customer, merchant=merchant)
     assert selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=other.pk)
+    assert not selectors.mandate_active_exists(customer_id=CustomerFactory().pk, merchant_id=merchant.pk)
     assert sql in prepared_statements_of(connection.connection)
     # The same ids in another tenant's schema, with no mandate there: the one prepared
     # statement reads the schema current at each execution.

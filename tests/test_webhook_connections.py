@@ -354,11 +354,11 @@ def test_a_url_with_a_non_ascii_path_is_delivered_percent_encoded_and_stops_no_o
     with receiver_running() as rx:
         _endpoint(first, rx.url("/h\u00f6ok?q=caf\u00e9 au lait"))
         _endpoint(second, rx.url("/ok"))
-        _endpoint(third, rx.url("/100%/a%41?off=50%"))
+        _endpoint(third, rx.url("/100%/a%41%2f?off=50%"))
         _event(first, 1), _event(second, 2), _event(third, 3)
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 3
-    assert sorted(r.path for r in rx.requests) == ["/100%25/a%41?off=50%25", "/h%C3%B6ok?q=caf%C3%A9%20au%20lait", "/ok"]
+    assert sorted(r.path for r in rx.requests) == ["/100%25/a%41%2f?off=50%25", "/h%C3%B6ok?q=caf%C3%A9%20au%20lait", "/ok"]
 
 
 def test_the_documented_receivers_dedupe_holds_a_redelivery_while_the_first_is_handled() -> None:

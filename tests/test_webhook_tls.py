@@ -5,6 +5,7 @@ certificate and its name are verified over the pinned connection, and the TLS co
 from __future__ import annotations
 
 import datetime as dt
+import io
 import ipaddress
 import socket
 import ssl
@@ -155,14 +156,15 @@ def test_junk_decrypted_but_unread_after_an_answer_is_not_taken_for_the_next_one
     """Bytes after an answer in the same TLS record: the answer's reader takes what it asked
     for (8 KiB), and TLS holds the rest, decrypted, where polling the socket does not see it
     (SSLSocket.pending). The next delivery goes on a new connection, not after the junk."""
+    if io.DEFAULT_BUFFER_SIZE + 2_000 > 15_000:  # one TLS record holds up to 16 KiB
+        pytest.skip("the answer's reader would take the whole TLS record: nothing left pending to test")
     good_cert, good_key, _, _, _, _, _ = trusting
     connections: list[int] = []
-    with _tls_receiver(good_cert, good_key, connections, stray_after_answer=12_000) as (port, bodies):
+    with _tls_receiver(good_cert, good_key, connections, stray_after_answer=io.DEFAULT_BUFFER_SIZE + 2_000) as (port, bodies):
         target = Target(scheme="https", host="127.0.0.1", port=port, path="/hook", address="127.0.0.1")
         with transport.WebhookConnections() as kept:
             for n in range(2):
                 assert kept.post(target=target, body=b"event %d" % n, headers={}).status == 200
-                time.sleep(0.1)  # all of the junk has arrived
     assert bodies == [b"event 0", b"event 1"] and len(connections) == 2
 
 

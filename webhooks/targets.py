@@ -92,8 +92,8 @@ def _url_parts(url: str) -> tuple[str, str, int, str]:
         path += "?" + parts.query
     # The request line takes ASCII only: anything else (an accented path, a space) is sent
     # percent-encoded as UTF-8, as browsers do; reserved characters and escapes stay. A `%`
-    # that starts no escape is itself encoded, as requests' requote_uri does: RFC 3986 allows
-    # `%` only in an escape, and a strict receiver refuses the request line otherwise.
+    # that starts no escape is itself encoded: RFC 3986 allows `%` only in an escape, and a
+    # strict receiver refuses the request line otherwise.
     path = _LONE_PERCENT.sub("%25", quote(path, safe="/?=&%:@!$'()*+,;~[]"))
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
 
