@@ -489,25 +489,29 @@ class _MakeRunStack:
     `groups` labels each process group for the CPU split."""
 
     def __init__(self, env: dict[str, str], *, port: int, receiver_port: int, workers: int, worker_class: str) -> None:
+        import shutil
         import tempfile
 
         busy = [p for p in (port, receiver_port) if not _port_free(p)]
         if busy:
             raise SystemExit(f"port(s) {busy} in use: is `make run` or an earlier bench still running?")
-        receiver_url = f"http://127.0.0.1:{receiver_port}/webhooks"
+        secret = _hot_endpoint_ensure(f"http://127.0.0.1:{receiver_port}/webhooks")
         self.prometheus_dir = tempfile.mkdtemp(prefix="tally-bench-prometheus-")
         env = dict(
             env, DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="INFO",
             PORT=str(port), WEB_CONCURRENCY=str(workers), VENV_BIN=str(ROOT / ".venv/bin"),
-            TALLY_WEBHOOK_RECEIVER_PORT=str(receiver_port), TALLY_WEBHOOK_SECRET=_hot_endpoint_ensure(receiver_url),
-            PROMETHEUS_MULTIPROC_DIR=self.prometheus_dir,
+            TALLY_WEBHOOK_RECEIVER_PORT=str(receiver_port), TALLY_WEBHOOK_SECRET=secret, PROMETHEUS_MULTIPROC_DIR=self.prometheus_dir,
         )
         if WORKER_ARGS[worker_class]:
             env["GUNICORN_CMD_ARGS"] = " ".join(WORKER_ARGS[worker_class])
-        self.runner = subprocess.Popen(
-            [str(ROOT / ".venv/bin/python"), "-c", _RUNNER, ",".join(MAKE_RUN_ENTRIES)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+        try:
+            self.runner = subprocess.Popen(
+                [str(ROOT / ".venv/bin/python"), "-c", _RUNNER, ",".join(MAKE_RUN_ENTRIES)],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+        except BaseException:
+            shutil.rmtree(self.prometheus_dir, ignore_errors=True)
+            raise
         self.groups: dict[int, str] = {self.runner.pid: "runner"}
         try:
             _wait_ready(port, process=self.runner)
