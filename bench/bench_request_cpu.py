@@ -454,7 +454,6 @@ def _mandate_permit(*, key: str, customer_id: str) -> None:
     the customer grants the key's merchant a mandate instead (seed() sets the setting again)."""
     from django_tenants.utils import schema_context
 
-    from payments.models import Mandate
     from payments.services.mandates import mandate_grant
     from tenants.models import Tenant
     from wallets.models import Customer
@@ -465,8 +464,7 @@ def _mandate_permit(*, key: str, customer_id: str) -> None:
         api_key = api_key_get_active(raw_key=key)
         assert api_key is not None and api_key.terminal is not None
         merchant = api_key.terminal.store.merchant
-        if not Mandate.objects.filter(customer_id=customer_id, merchant=merchant, revoked_at__isnull=True).exists():
-            mandate_grant(customer=Customer.objects.get(pk=customer_id), merchant=merchant)
+        mandate_grant(customer=Customer.objects.get(pk=customer_id), merchant=merchant)  # returns the active one if granted
 
 
 def main() -> None:
