@@ -36,7 +36,8 @@ pile up unpublished). The processes' output goes to /dev/null, not a terminal, a
 tenant is the bench's (charging by customer id on its setting; `make run`'s demo tenant
 asks for a mandate). It waits for the relay to drain what earlier runs left before
 measuring, and splits the CPU per process group (`runner`, `web`, `worker`, `beat`,
-`receiver`; `other_make_run` for one it cannot name). Events the relay has not reached when
+`receiver`; `other_make_run` for one it cannot name), with `worker_consumer` the part of
+`worker` that Celery's consumer process took (the pool's processes run the tasks). Events the relay has not reached when
 the load stops are counted in `events_backlog_after`; their relaying falls outside the
 split. `--stack both` runs each, per round; their figures are keyed `sync+make-run` and
 `sync`.
@@ -344,10 +345,13 @@ def cpu_per_request(
         raise RuntimeError(f"no successful request to divide the CPU over: {result}")
     groups = server if isinstance(server, dict) else {server: "web"}
     ticks = dict.fromkeys(["web", *groups.values(), "postgres", "redis"], 0)
+    consumer = 0  # of the worker's ticks, its consumer process's (the pool's parent)
     for pid, (spent, command, group) in after.items():
         spent -= before.get(pid, (0,))[0]
         if group in groups:
             ticks[groups[group]] += spent
+            if groups[group] == "worker" and _is_celery_consumer(pid, command, group, after):
+                consumer += spent
         elif is_postgres(command) and postgres_database(command) in (None, database):
             ticks["postgres"] += spent
         elif command.startswith("redis-server"):
@@ -358,6 +362,8 @@ def cpu_per_request(
     ms = {group: spent * tick_ms for group, spent in ticks.items()}
     ms["wrk"] = wrk_ms
     ms["other"] = busy * tick_ms - sum(ms.values())
+    if "worker" in groups.values():  # a part of "worker", not counted again in "other"
+        ms["worker_consumer"] = consumer * tick_ms
     # Idle time says whether the run was bound by the two cores or by something else.
     ms["machine"], ms["idle"] = busy * tick_ms, idle * tick_ms
     return result, {group: round(value / ok, 2) for group, value in ms.items()}
@@ -556,6 +562,15 @@ def _parent_of(pid: str) -> int:
         return int(_stat_fields(pid)[1])
     except OSError:
         return 0
+
+
+def _is_celery_consumer(pid: str, command: str, group: int, seen: dict[str, tuple[int, str, int]]) -> bool:
+    """Celery's consumer: the worker group's celery process not started by another one of the
+    group's (its pool's processes are its children); not the shell that started it."""
+    if "celery" not in command or command.startswith("/bin/sh"):
+        return False
+    parent = _parent_of(pid)
+    return parent == group or seen.get(str(parent), (0, "", -1))[2] != group
 
 
 def _entry_runs(name: str, command: str) -> bool:
