@@ -146,7 +146,11 @@ def main() -> None:
             "p95_ms": round(times[max(0, int(len(times) * 0.95) - 1)], 1),
             "max_ms": round(times[-1], 1),
         }
-    print(json.dumps({"django_defaults": args.django_defaults, "payments": total, "requests_per_page": args.requests, "load_seconds": load_seconds, "pages": results}, indent=2))
+    summary = {
+        "django_defaults": args.django_defaults, "payments": total, "requests_per_page": args.requests,
+        "load_seconds": load_seconds, "pages": results,
+    }
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

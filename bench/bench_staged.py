@@ -77,7 +77,17 @@ def _history(*, merchants: int, days: int, customers: int) -> dict[str, Any]:
 
     from tenants.models import Tenant
     from wallets.models import (
-        Account, AccountKind, Balance, Customer, CustomerLegacyContact, LedgerEntry, LedgerTransaction, Merchant, Store, SystemRole, Terminal,
+        Account,
+        AccountKind,
+        Balance,
+        Customer,
+        CustomerLegacyContact,
+        LedgerEntry,
+        LedgerTransaction,
+        Merchant,
+        Store,
+        SystemRole,
+        Terminal,
     )
     from wallets.services.ledger import Leg, balance_rows_create, ledger_post
 
@@ -96,7 +106,8 @@ def _history(*, merchants: int, days: int, customers: int) -> dict[str, Any]:
     # Fund the paying customers (the first 400) through the ledger.
     payers = c_accounts[:400]
     with transaction.atomic():
-        ledger_post(kind="adjustment", reference="bench", legs=[*(Leg(a, "JPY", 10**12) for a in payers), Leg(source, "JPY", -(10**12) * len(payers))])
+        funding = [*(Leg(a, "JPY", 10**12) for a in payers), Leg(source, "JPY", -(10**12) * len(payers))]
+        ledger_post(kind="adjustment", reference="bench", legs=funding)
     now = datetime.now(UTC)
     rng = random.Random(1)
     entries = 0
@@ -203,7 +214,10 @@ def _bench(name: str, fixtures: dict[str, Any], *, seconds: float, threads: int,
     time.sleep(2.5)  # the fence: every process sees the phase (the backfill waits for it too)
     expanded = _stats(_pay(fixtures, threads=threads, until=for_seconds()))
     env = dict(os.environ, DATABASE_URL=DATABASE_URL)
-    command = [sys.executable, "manage.py", "staged_migration", name, "backfill", "--tenant", SCHEMA, "--batch", str(batch), "--rate", str(rate), "--no-progress"]
+    command = [
+        sys.executable, "manage.py", "staged_migration", name, "backfill",
+        "--tenant", SCHEMA, "--batch", str(batch), "--rate", str(rate), "--no-progress",
+    ]
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     during = _stats(_pay(fixtures, threads=threads, until=lambda: process.poll() is not None))
     out, err = process.communicate()

@@ -60,7 +60,7 @@ def artifacts_dir(name: str) -> Path:
     folder = ARTIFACTS / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    print(f"browser artifacts: {folder}")  # noqa: T201 - the test's output names its artifacts
+    print(f"browser artifacts: {folder}")
     return folder
 
 

@@ -49,7 +49,7 @@ def gunicorn_running(*, workers: int = 1, static_root: Path | None = None, log: 
     if static_root is not None:
         env.update(TALLY_STATIC_ROOT=str(static_root), TALLY_STATIC_USE_FINDERS="false")
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    out = open(log, "wb") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
         cwd=ROOT, env=env, stdout=out, stderr=out, start_new_session=True,
@@ -58,7 +58,7 @@ def gunicorn_running(*, workers: int = 1, static_root: Path | None = None, log: 
         deadline = time.monotonic() + 30
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):  # noqa: S310 - our own server
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
                     break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:

@@ -367,7 +367,10 @@ def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_t
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the payment is blocked on the wallet's rows
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE %s", ["%wallets_balance%"])
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE %s",
+                ["%wallets_balance%"],
+            )
             row = cursor.fetchone()
         if row and row[0]:
             break

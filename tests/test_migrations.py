@@ -39,7 +39,10 @@ def scratch_tenant(django_db_setup: None, django_db_blocker: Any) -> Iterator[Te
 
 def _function_exists(name: str) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = current_schema() AND p.proname = %s", [name])
+        cursor.execute(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = current_schema() AND p.proname = %s",
+            [name],
+        )
         row = cursor.fetchone()
     return bool(row and row[0])
 

@@ -14,7 +14,7 @@ from tests.live import gunicorn_running, static_collect
 
 
 def _get(port: int, path: str) -> tuple[int, str, bytes]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:  # noqa: S310 - our own server
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
         return response.status, response.headers.get("Content-Type", ""), response.read()
 
 

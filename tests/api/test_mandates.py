@@ -15,9 +15,9 @@ from payments.models import Payment
 from payments.services.charges import payment_create
 from payments.services.intents import payment_intent_create
 from payments.services.mandates import mandate_grant, mandate_revoke
+from tenants.models import Tenant
 from tests.api.conftest import Api, World, error_of
 from tests.factories import fund
-from tenants.models import Tenant
 
 
 @pytest.fixture
