@@ -26,9 +26,9 @@ chromium:
 	@test -x /usr/bin/chromium || { echo "installing chromium (apt)"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y chromium; }
 
-# Installs, checks ruff (the whole tree: the app, tests/, bench/ and docs/), mypy (strict
-# on wallets/, payments/ and webhooks/) and the import-linter layer contracts
-# (pyproject.toml), then runs the whole suite against real PostgreSQL and Redis.
+# Installs, checks ruff (every Python file but the migrations: the apps, tests/, bench/ and
+# docs/), mypy (strict on wallets/, payments/ and webhooks/) and the import-linter layer
+# contracts (pyproject.toml), then runs the whole suite against real PostgreSQL and Redis.
 test: install chromium
 	$(BIN)/ruff check .
 	$(BIN)/mypy wallets payments webhooks
