@@ -8,7 +8,7 @@ from axes.backends import AxesStandaloneBackend
 from django.http import HttpRequest
 
 
-class LoginThrottleBackend(AxesStandaloneBackend):
+class LoginThrottleBackend(AxesStandaloneBackend):  # type: ignore[misc]  # django-axes is untyped
     """django-axes' lockout check for every login that comes with a request (the admin's
     login form, on every host). An authentication without a request (a shell, a test
     client's `login()`) has no address to throttle and is left to the next backend."""

@@ -28,8 +28,8 @@ app.autodiscover_tasks()
 app.conf["CELERY_DB_REUSE_MAX"] = 1000
 
 
-@task_prerun.connect
-@task_postrun.connect
+@task_prerun.connect  # type: ignore[untyped-decorator]  # celery is untyped
+@task_postrun.connect  # type: ignore[untyped-decorator]  # celery is untyped
 def _database_connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:
     if task is not None and getattr(task.request, "is_eager", False):
         return  # eager: the caller's connection and transaction, not ours to close

@@ -52,10 +52,10 @@ def envelope_error_bytes(status_int: int, reason: str) -> bytes:
 
 
 def _write_envelope_error(sock: socket.socket, status_int: int, reason: str, mesg: str) -> None:
-    util.write_nonblock(sock, envelope_error_bytes(status_int, reason))  # type: ignore[no-untyped-call]
+    util.write_nonblock(sock, envelope_error_bytes(status_int, reason))
 
 
-class EnvelopeSyncWorker(SyncWorker):
+class EnvelopeSyncWorker(SyncWorker):  # type: ignore[misc]  # gunicorn is untyped
     """gunicorn's sync worker, answering its own errors in the envelope."""
 
     def init_process(self) -> None:

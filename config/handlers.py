@@ -87,7 +87,7 @@ class ApiPathSplit(BaseHandler):
     def get_response(self, request: HttpRequest) -> HttpResponseBase:
         if takes_api_chain(request):
             return self.api.get_response(request)
-        return super().get_response(request)  # type: ignore[no-any-return]
+        return super().get_response(request)
 
 
 class ApiSplitHandler(ApiPathSplit, WSGIHandler):

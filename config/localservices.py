@@ -50,7 +50,7 @@ def embedded_postgres_url(database: str) -> str:
     import pgserver
 
     VAR.mkdir(exist_ok=True)
-    server = pgserver.get_server(VAR / "pgdata", cleanup_mode=None)  # keeps running for later runs
+    server = pgserver.get_server(VAR / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]  # keeps running for later runs; pgserver does not re-export it
     uri: str = server.get_uri(database)
     if database != "postgres":
         import psycopg

@@ -46,7 +46,7 @@ for _model in (Tenant, Domain):
     post_delete.connect(_tenant_changed, sender=_model, dispatch_uid=f"tenant-cache-delete-{_model.__name__}")
 
 
-class CachedTenantMiddleware(TenantMainMiddleware):
+class CachedTenantMiddleware(TenantMainMiddleware):  # type: ignore[misc]  # django-tenants is untyped
     """django-tenants' middleware with a per-process host -> tenant cache (cleared on save).
     Host names are matched case-insensitively (DNS names are)."""
 

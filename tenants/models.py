@@ -14,7 +14,7 @@ class IdempotencyMode(models.TextChoices):
     OPTIONAL = "optional", "Optional (executed, counted as missing)"
 
 
-class Tenant(TenantMixin):
+class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     """An operator: one PostgreSQL schema with its own customers, merchants and assets."""
 
     name = models.CharField(max_length=200)
@@ -62,6 +62,6 @@ class Tenant(TenantMixin):
         return str(getattr(self, f"idempotency_{face}"))
 
 
-class Domain(DomainMixin):
+class Domain(DomainMixin):  # type: ignore[misc]  # django-tenants is untyped
     def __str__(self) -> str:
-        return self.domain
+        return str(self.domain)

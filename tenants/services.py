@@ -17,8 +17,8 @@ def tenant_template_ensure() -> Tenant:
 
     It is an inactive tenant row, so `migrate_schemas` keeps it migrated with the rest.
     """
-    connection.set_schema_to_public()
-    template = Tenant.objects.filter(schema_name=TEMPLATE_SCHEMA).first()
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
+    template: Tenant | None = Tenant.objects.filter(schema_name=TEMPLATE_SCHEMA).first()
     if template is None:
         template = Tenant(schema_name=TEMPLATE_SCHEMA, name="Template (not a tenant)", main_currency="XXX", is_active=False)
         template.save()  # no clone source yet: runs the tenant migrations
@@ -39,7 +39,7 @@ def tenant_create(
     schema, `tenant_created` lets the apps above set up their part (wallets: the assets
     and system accounts)."""
     tenant_template_ensure()
-    connection.set_schema_to_public()
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     with transaction.atomic():
         tenant = Tenant(
             schema_name=schema_name,
@@ -57,7 +57,8 @@ def tenant_create(
 
 def platform_ensure(*, public_domain: str) -> Tenant:
     """The public tenant (platform admin host) and the template schema. Idempotent."""
-    connection.set_schema_to_public()
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
+    public: Tenant
     public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Tally platform", "main_currency": "XXX"})
     Domain.objects.get_or_create(domain=public_domain, defaults={"tenant": public, "is_primary": True})
     tenant_template_ensure()

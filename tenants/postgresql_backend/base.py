@@ -33,7 +33,7 @@ from tenants.postgresql_backend.prepared import PreparingCursor, prepared_query_
 
 
 class Operations(DatabaseOperations):
-    def last_executed_query(self, cursor: Any, sql: Any, params: Any) -> str | None:
+    def last_executed_query(self, cursor: Any, sql: Any, params: Any) -> str | None:  # type: ignore[override]  # Django's own returns None when it has no query to show; its stub says str
         # The query log shows a prepared statement's SQL with its values, as unprepared.
         logged = prepared_query_logged(cursor, sql, params)
         return logged if logged is not None else super().last_executed_query(cursor, sql, params)

@@ -55,12 +55,18 @@ from __future__ import annotations
 import hashlib
 import re
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.db.backends.postgresql.base import Cursor
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
+
+if TYPE_CHECKING:
+    # What Django's Cursor is at run time (django-stubs declare it as its mixin alone).
+    _DjangoCursor = psycopg.ClientCursor[Any]
+else:
+    _DjangoCursor = Cursor
 
 _PLACEHOLDER = re.compile(r"%s")
 # Registered SQL -> its placeholder count. Registered statements are the compiled ones
@@ -99,7 +105,7 @@ def prepared_statement_name(sql: str, ints: tuple[bool, ...]) -> str:
     return "tally_" + digest[:32]
 
 
-class PreparingCursor(Cursor):  # type: ignore[misc]
+class PreparingCursor(_DjangoCursor):
     """Django's client-side binding cursor, sending registered statements prepared."""
 
     def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
