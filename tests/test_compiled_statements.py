@@ -22,7 +22,7 @@ from tenants.models import Tenant
 from tests.conftest import in_tenant, run_in_thread_tenant
 from tests.factories import CustomerFactory, fund
 from wallets import locks
-from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
+from wallets.compiled import VALUES_ROWS_MAX, CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
 from wallets.locks import LOCK_ORDER, OwnerRow, balance_rows_lock_by_owner
 from wallets.models import Account, AccountKind, Balance, LedgerEntry, LedgerTransaction, LedgerTransactionKind, SystemRole
 from wallets.selectors import account_of
@@ -218,6 +218,38 @@ def test_compiled_inserts_write_what_save_and_bulk_create_write(tenant: Tenant) 
         LedgerEntry.objects.filter(transaction=twin).order_by("id").values(*entry_columns)
     )
     assert LedgerTransaction.objects.filter(pk=txn.pk).values("kind", "created").get() == {"kind": txn.kind, "created": when}
+
+
+@pytest.mark.django_db(transaction=False)
+@pytest.mark.parametrize("rows", [2, VALUES_ROWS_MAX, VALUES_ROWS_MAX + 2, 30])
+def test_a_compiled_insert_of_a_few_rows_sends_values_and_of_many_arrays(tenant: Tenant, rows: int) -> None:
+    """Up to VALUES_ROWS_MAX rows go as one VALUES row of scalars each, more as Django's
+    one array per column (UNNEST); both write what bulk_create writes, in order."""
+    when = timezone.now()
+    system = list(Account.objects.filter(kind=AccountKind.SYSTEM).order_by("id")[:2])
+    legs = [(system[i % 2], (i // 2 + 1) * (1 if i % 2 else -1)) for i in range(rows)]  # pairs that balance
+    txn = LedgerTransaction(kind=LedgerTransactionKind.ADJUSTMENT, reference=f"ref-form-{rows}", created=when)
+    twin = LedgerTransaction(kind=LedgerTransactionKind.ADJUSTMENT, reference=f"ref-form-orm-{rows}", created=when)
+    txn.save(force_insert=True)
+    twin.save(force_insert=True)
+    sent: list[tuple[str, Any]] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        CompiledInsert(LedgerEntry).insert_many([LedgerEntry(transaction=txn, account=a, asset_id="POINT", amount=n, created=when) for a, n in legs])
+    LedgerEntry.objects.bulk_create([LedgerEntry(transaction=twin, account=a, asset_id="POINT", amount=n, created=when) for a, n in legs])
+    [(sql, params)] = sent
+    if rows <= VALUES_ROWS_MAX:
+        assert "UNNEST" not in sql and sql.count("(%s, ") == rows and not any(isinstance(p, list) for p in params)
+    else:
+        assert "UNNEST" in sql and all(isinstance(p, list) and len(p) == rows for p in params)
+    entry_columns = ["account_id", "asset_id", "amount", "created"]
+    written = list(LedgerEntry.objects.filter(transaction=txn).order_by("id").values(*entry_columns))
+    assert written == list(LedgerEntry.objects.filter(transaction=twin).order_by("id").values(*entry_columns))
+    assert [row["amount"] for row in written] == [n for _, n in legs]
 
 
 @pytest.mark.django_db(transaction=False)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -33,7 +34,7 @@ from django.db.models import Expression, Field, Model, QuerySet
 from django.db.models.fields import AutoFieldMixin
 from django.db.models.signals import post_save, pre_save
 from django.db.models.sql import InsertQuery, UpdateQuery
-from django.db.models.sql.compiler import SQLCompiler
+from django.db.models.sql.compiler import SQLCompiler, SQLInsertCompiler
 from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
 
@@ -43,6 +44,9 @@ M = TypeVar("M", bound=Model)
 # A compiled select asks for one list of columns' converters; more lists than this would be
 # a caller building new expressions per execution, so the cache starts over.
 _MAX_CONVERTER_ENTRIES = 8
+# Up to this many rows, a compiled insert sends one VALUES row of scalars per object;
+# past it, Django's one array per column, which keeps the planner's work flat.
+VALUES_ROWS_MAX = 8
 
 
 class _Slot:
@@ -236,10 +240,11 @@ class CompiledShapes(Generic[M]):
 
 class CompiledInsert(Generic[M]):
     """`INSERT INTO <table> (<columns>) ..` of instances of one model, compiled by Django's
-    SQLInsertCompiler once per alias and row count: VALUES for one row, Django's UNNEST
-    form for several. Each insert prepares its values as Django does (`field.pre_save(obj,
-    add=True)`, then `get_db_prep_save`) and marks the instances saved, like
-    `save(force_insert=True)` / `bulk_create` without the machinery around them.
+    SQLInsertCompiler once per alias and row count: Django's VALUES form up to
+    VALUES_ROWS_MAX rows, its UNNEST form (one array per column) for more. Each insert
+    prepares its values as Django does (`field.pre_save(obj, add=True)`, then
+    `get_db_prep_save`) and marks the instances saved, like `save(force_insert=True)` /
+    `bulk_create` without the machinery around them.
 
     A model whose primary key is set in Python (an id default) inserts every concrete
     column; one with an auto primary key leaves it to the database and, as this is for
@@ -266,6 +271,10 @@ class CompiledInsert(Generic[M]):
             query = InsertQuery(self._model)
             query.insert_values(self._fields, list(objs))
             compiler: Any = query.get_compiler(using=alias)
+            if len(objs) <= VALUES_ROWS_MAX:
+                # Django's generic form, one row of placeholders per object: psycopg dumps
+                # a few scalars for less than one array per column (issue 13).
+                compiler.assemble_as_sql = functools.partial(SQLInsertCompiler.assemble_as_sql, compiler)
             [(sql, params)] = compiler.as_sql()
             columns, placeholders = len(self._fields), sql.count("%s")
             if len(objs) > 1 and placeholders == columns == len(params) and "UNNEST" in sql:
