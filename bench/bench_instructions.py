@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument("--gc-freeze", action="store_true", help="passed to bench_request_cpu.py: as gunicorn's workers run")
     parser.add_argument("--ab", default="", help="passed to bench_request_cpu.py with --side: count one side of a lever")
     parser.add_argument("--side", default="")
+    parser.add_argument("--amount", type=int, default=1, help="passed to bench_request_cpu.py: 450 earns rewards (six ledger entries)")
     parser.add_argument("--permit", choices=["tenant", "mandate"], default="tenant",
                         help="passed to bench_request_cpu.py: what lets the terminal charge by customer id")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_instructions")
@@ -87,7 +88,8 @@ def main() -> None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
     if args.peer and not Path(args.peer_python).exists():
         raise SystemExit(f"no peer venv at {args.peer_python}: set it up with ../shared/peers/idem/setup.sh (../shared/peers/README.md)")
-    extra = ["--no-layers", "--steady", "--database-url", args.database_url, "--permit", args.permit, *(["--gc-freeze"] if args.gc_freeze else [])]
+    extra = ["--no-layers", "--steady", "--database-url", args.database_url, "--permit", args.permit, "--amount", str(args.amount)]
+    extra += ["--gc-freeze"] if args.gc_freeze else []
     if args.ab:
         extra += ["--ab", args.ab, "--side", args.side]
     # Seed the bench database first, outside valgrind: a first run migrates and seeds it,
@@ -112,7 +114,7 @@ def main() -> None:
     print(json.dumps({
         "python": args.python, "version": subprocess.run([args.python, "--version"], capture_output=True, text=True).stdout.strip(),
         "requests": [args.short, args.long], "instructions": [short, long],
-        "instructions_per_request": round(per_request), "gc_freeze": args.gc_freeze, "permit": args.permit,
+        "instructions_per_request": round(per_request), "gc_freeze": args.gc_freeze, "permit": args.permit, "amount": args.amount,
         **({"lever": args.ab, "side": args.side} if args.ab else {}), **peer,
     }, indent=2))
     sys.stdout.flush()

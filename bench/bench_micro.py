@@ -1,7 +1,9 @@
-"""Two costs measured in isolation, in-process, CPU time per call (issue 13, fourteenth pass).
+"""Costs measured in isolation, in-process, CPU time per call (issue 13, fourteenth and
+eighteenth passes).
 
     .venv/bin/python bench/bench_micro.py prometheus          # and with PROMETHEUS_MULTIPROC_DIR=<empty dir>
     .venv/bin/python bench/bench_micro.py redis-script        # needs Redis at --redis-url
+    .venv/bin/python bench/bench_micro.py insert-form         # needs PostgreSQL at --database-url
 
 - prometheus: what config.observability's metrics cost a request, the counter's inc and the
   histogram's observe with their labels, as MetricsMiddleware calls them. Run it once with
@@ -10,6 +12,12 @@
 - redis-script: one EVALSHA of a small Lua script through redis-py's Script, as the
   throttle and the relay kick send theirs (wallets.fastredis's client settings), against
   the same command written to a socket by hand and its reply read: redis-py's own share.
+- insert-form: an INSERT of N ledger-entry-shaped rows (three varchar, a bigint, a
+  timestamptz) as psycopg's client-side binding sends it, in the two forms
+  wallets.compiled.CompiledInsert can take: one VALUES row of scalars per row, or Django's
+  UNNEST of one array per column. For each N (--rows), the client's CPU and the PostgreSQL
+  backend's CPU (from /proc) per insert, the forms alternated in blocks; where the VALUES
+  form stops being cheaper is what VALUES_ROWS_MAX should be.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import json
 import os
 import socket
 import time
+from datetime import UTC, datetime
 
 
 def prometheus(calls: int) -> dict[str, object]:
@@ -71,16 +80,67 @@ def redis_script(calls: int, url: str) -> dict[str, object]:
     return {"redis_py_us_per_call": round(by_redis_py * 1e6, 1), "by_hand_us_per_call": round(by_hand * 1e6, 1)}
 
 
+def _backend_cpu_ms(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def insert_form(calls: int, url: str, rows_list: list[int]) -> dict[str, object]:
+    import psycopg
+
+    columns = ("transaction_id", "account_id", "asset_id", "amount", "created")
+    types = ("varchar", "varchar", "varchar", "bigint", "timestamptz")
+    head = f"INSERT INTO bench_entry ({', '.join(columns)})"
+    when = datetime.now(UTC)
+    results: dict[str, object] = {}
+    with psycopg.connect(url, cursor_factory=psycopg.ClientCursor) as conn:
+        conn.execute(
+            "CREATE TEMP TABLE bench_entry (id bigserial PRIMARY KEY, transaction_id varchar(32) NOT NULL, "
+            "account_id varchar(32) NOT NULL, asset_id varchar(16) NOT NULL, amount bigint NOT NULL, created timestamptz NOT NULL)"
+        )
+        conn.commit()
+        backend = conn.info.backend_pid
+        for rows in rows_list:
+            legs = [("txn_" + "x" * 24, f"acc_{i:024d}", "JPY", (i // 2 + 1) * (1 if i % 2 else -1), when) for i in range(rows)]
+            values_sql = head + " VALUES " + ", ".join(["(" + ", ".join(["%s"] * len(columns)) + ")"] * rows)
+            values_params = [value for leg in legs for value in leg]
+            unnest_sql = head + " SELECT * FROM UNNEST(" + ", ".join(f"(%s)::{t}[]" for t in types) + ")"
+            unnest_params = [list(column) for column in zip(*legs, strict=True)]
+            forms = {"values": (values_sql, values_params), "unnest": (unnest_sql, unnest_params)}
+            spent = {form: [0.0, 0.0] for form in forms}
+            block = 100
+            for _ in range(max(calls // block // 2, 1)):
+                for form, (sql, params) in forms.items():
+                    cpu, pg = time.process_time(), _backend_cpu_ms(backend)
+                    with conn.cursor() as cursor:
+                        for _ in range(block):
+                            cursor.execute(sql, params)
+                    conn.rollback()
+                    spent[form][0] += time.process_time() - cpu
+                    spent[form][1] += _backend_cpu_ms(backend) - pg
+            done = max(calls // block // 2, 1) * block
+            results[str(rows)] = {
+                form: {"client_us": round(client / done * 1e6, 1), "postgres_us": round(pg_ms / done * 1e3, 1)}
+                for form, (client, pg_ms) in spent.items()
+            }
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["prometheus", "redis-script"])
-    parser.add_argument("--calls", type=int, default=0, help="default: 50,000 (prometheus), 20,000 (redis-script)")
+    parser.add_argument("what", choices=["prometheus", "redis-script", "insert-form"])
+    parser.add_argument("--calls", type=int, default=0, help="default: 50,000 (prometheus), 20,000 (redis-script, insert-form: per row count)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--rows", default="2,6,8,12,20", help="insert-form: the row counts, comma-separated")
     args = parser.parse_args()
     if args.what == "prometheus":
         print(json.dumps(prometheus(args.calls or 50_000)))
-    else:
+    elif args.what == "redis-script":
         print(json.dumps(redis_script(args.calls or 20_000, args.redis_url)))
+    else:
+        print(json.dumps(insert_form(args.calls or 20_000, args.database_url, [int(n) for n in args.rows.split(",")]), indent=1))
 
 
 if __name__ == "__main__":

@@ -484,6 +484,10 @@ def main() -> None:
         help="what lets the terminal charge by customer id: the tenant's setting (as bench_http.py's tenant) or the "
         "customer's mandate for the merchant (as `make run`'s demo tenant, where a newcomer grants one first)",
     )
+    parser.add_argument(
+        "--amount", type=int, default=1,
+        help="JPY a payment: 1 earns no reward (two ledger entries); 450, the newcomer's payment, earns points and carbon (six)",
+    )
     parser.add_argument("--no-layers", action="store_true", help="skip the layer timers (for py-spy: the plain path)")
     parser.add_argument(
         "--gc-freeze", action="store_true", help="freeze the collector after loading the app, as config/gunicorn.py's workers do"
@@ -546,7 +550,7 @@ def main() -> None:
         return lambda data: None
 
     def request(app: Any) -> None:
-        body = json.dumps({"customer": customer, "asset": "JPY", "amount": 1}).encode()
+        body = json.dumps({"customer": customer, "asset": "JPY", "amount": args.amount}).encode()
         result = app(_environ(body, key), start_response)
         try:
             b"".join(result)

@@ -221,7 +221,7 @@ def test_compiled_inserts_write_what_save_and_bulk_create_write(tenant: Tenant) 
 
 
 @pytest.mark.django_db(transaction=False)
-@pytest.mark.parametrize("rows", [2, VALUES_ROWS_MAX, VALUES_ROWS_MAX + 2, 30])
+@pytest.mark.parametrize("rows", [2, VALUES_ROWS_MAX, VALUES_ROWS_MAX + 2, 20])
 def test_a_compiled_insert_of_a_few_rows_sends_values_and_of_many_arrays(tenant: Tenant, rows: int) -> None:
     """Up to VALUES_ROWS_MAX rows go as one VALUES row of scalars each, more as Django's
     one array per column (UNNEST); both write what bulk_create writes, in order."""

@@ -67,6 +67,30 @@ def test_payment_moves_money_earns_points_and_carbon(tenant) -> None:  # type: i
     _assert_ledger_sound()
 
 
+@pytest.mark.parametrize(("amount", "entries"), [(1, 2), (3, 4), (1_001, 6)])  # no reward, carbon only, both
+def test_a_payment_s_batch_stays_within_psycopg_s_cached_statements(tenant, amount: int, entries: int) -> None:  # type: ignore[no-untyped-def]
+    """psycopg converts a statement string once and caches it only while it has at most
+    MAX_CACHED_STATEMENT_PARAMS parameters; past that it parses the whole string again on
+    every execute. A payment's one batch (savepoint, ledger transaction, entries, payment,
+    event) stays within it with or without rewards (wallets.compiled.VALUES_ROWS_MAX)."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
+
+    customer, terminal = CustomerFactory(), TerminalFactory()
+    fund(customer, 10_000)
+    sent: list[tuple[str, int]] = []
+
+    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        sent.append((sql, len(params or ())))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=amount)
+    assert LedgerEntry.objects.filter(transaction_id=payment.ledger_transaction_id).count() == entries
+    [(batch, parameters)] = [(sql, n) for sql, n in sent if "INSERT INTO \"wallets_ledgerentry\"" in sql]
+    assert "payments_payment" in batch and "payments_outboxevent" in batch
+    assert parameters <= MAX_CACHED_STATEMENT_PARAMS and len(batch.encode()) <= MAX_CACHED_STATEMENT_LENGTH
+
+
 def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings) -> None:  # type: ignore[no-untyped-def]
     """The payment path is the ledger's one posting path, in the ORM, and keeps the wallet
     row locked for as little as it can: it reads its plan (the rows, accounts and assets,

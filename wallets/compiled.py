@@ -44,9 +44,15 @@ M = TypeVar("M", bound=Model)
 # A compiled select asks for one list of columns' converters; more lists than this would be
 # a caller building new expressions per execution, so the cache starts over.
 _MAX_CONVERTER_ENTRIES = 8
-# Up to this many rows, a compiled insert sends one VALUES row of scalars per object;
-# past it, Django's one array per column, which keeps the planner's work flat.
-VALUES_ROWS_MAX = 8
+# Up to this many rows, a compiled insert sends one VALUES row of scalars per object, which
+# psycopg dumps for less than one array per column; past it, Django's one array per column.
+# The bound is psycopg's, not the planner's: psycopg converts a statement string once and
+# caches it only while it has at most 50 parameters (MAX_CACHED_STATEMENT_PARAMS), and
+# parses the whole string again on every execute past that. A payment's batch has 28
+# parameters besides its entries' 5 each: 38 with two entries, 48 with four (one reward),
+# and with six as VALUES rows it would have 58, so six go as arrays (33)
+# (tests/test_ledger.py; docs/BENCHMARKS.md, issue 13, eighteenth pass).
+VALUES_ROWS_MAX = 4
 
 
 class _Slot:
