@@ -80,14 +80,9 @@ def redis_script(calls: int, url: str) -> dict[str, object]:
     return {"redis_py_us_per_call": round(by_redis_py * 1e6, 1), "by_hand_us_per_call": round(by_hand * 1e6, 1)}
 
 
-def _backend_cpu_ms(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
-
-
 def insert_form(calls: int, url: str, rows_list: list[int]) -> dict[str, object]:
     import psycopg
+    from cpu_by_process import cpu_ms  # bench/, beside this script
 
     columns = ("transaction_id", "account_id", "asset_id", "amount", "created")
     types = ("varchar", "varchar", "varchar", "bigint", "timestamptz")
@@ -112,13 +107,13 @@ def insert_form(calls: int, url: str, rows_list: list[int]) -> dict[str, object]
             block = 100
             for _ in range(max(calls // block // 2, 1)):
                 for form, (sql, params) in forms.items():
-                    cpu, pg = time.process_time(), _backend_cpu_ms(backend)
+                    cpu, pg = time.process_time(), cpu_ms(backend)
                     with conn.cursor() as cursor:
                         for _ in range(block):
                             cursor.execute(sql, params)
                     conn.rollback()
                     spent[form][0] += time.process_time() - cpu
-                    spent[form][1] += _backend_cpu_ms(backend) - pg
+                    spent[form][1] += cpu_ms(backend) - pg
             done = max(calls // block // 2, 1) * block
             results[str(rows)] = {
                 form: {"client_us": round(client / done * 1e6, 1), "postgres_us": round(pg_ms / done * 1e3, 1)}
