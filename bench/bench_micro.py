@@ -105,7 +105,8 @@ def insert_form(calls: int, url: str, rows_list: list[int]) -> dict[str, object]
             forms = {"values": (values_sql, values_params), "unnest": (unnest_sql, unnest_params)}
             spent = {form: [0.0, 0.0] for form in forms}
             block = 100
-            for _ in range(max(calls // block // 2, 1)):
+            blocks = max(calls // block // 2, 1)  # per form
+            for _ in range(blocks):
                 for form, (sql, params) in forms.items():
                     cpu, pg = time.process_time(), cpu_ms(backend)
                     with conn.cursor() as cursor:
@@ -114,7 +115,7 @@ def insert_form(calls: int, url: str, rows_list: list[int]) -> dict[str, object]
                     conn.rollback()
                     spent[form][0] += time.process_time() - cpu
                     spent[form][1] += cpu_ms(backend) - pg
-            done = max(calls // block // 2, 1) * block
+            done = blocks * block
             results[str(rows)] = {
                 form: {"client_us": round(client / done * 1e6, 1), "postgres_us": round(pg_ms / done * 1e3, 1)}
                 for form, (client, pg_ms) in spent.items()

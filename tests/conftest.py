@@ -137,6 +137,19 @@ def in_tenant(tenant: Tenant) -> Iterator[None]:
         yield
 
 
+def statements_sent(fn: Callable[[], Any]) -> list[tuple[str, Any]]:
+    """Each statement string `fn` sends through Django's connection, with its parameters."""
+    sent: list[tuple[str, Any]] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        fn()
+    return sent
+
+
 def run_in_thread_tenant(tenant: Tenant, fn: Callable[[], T]) -> T:
     """Body for a worker thread: its own connection, set to `tenant`, closed after."""
     try:

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from payments.models import OutboxEvent
 from tenants.models import Tenant
-from tests.conftest import in_tenant, run_in_thread_tenant
+from tests.conftest import in_tenant, run_in_thread_tenant, statements_sent
 from tests.factories import CustomerFactory, fund
 from wallets import locks
 from wallets.compiled import VALUES_ROWS_MAX, CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
@@ -232,14 +232,8 @@ def test_a_compiled_insert_of_a_few_rows_sends_values_and_of_many_arrays(tenant:
     twin = LedgerTransaction(kind=LedgerTransactionKind.ADJUSTMENT, reference=f"ref-form-orm-{rows}", created=when)
     txn.save(force_insert=True)
     twin.save(force_insert=True)
-    sent: list[tuple[str, Any]] = []
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        sent.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        CompiledInsert(LedgerEntry).insert_many([LedgerEntry(transaction=txn, account=a, asset_id="POINT", amount=n, created=when) for a, n in legs])
+    entries = [LedgerEntry(transaction=txn, account=a, asset_id="POINT", amount=n, created=when) for a, n in legs]
+    sent = statements_sent(lambda: CompiledInsert(LedgerEntry).insert_many(entries))
     LedgerEntry.objects.bulk_create([LedgerEntry(transaction=twin, account=a, asset_id="POINT", amount=n, created=when) for a, n in legs])
     [(sql, params)] = sent
     if rows <= VALUES_ROWS_MAX:
@@ -271,15 +265,7 @@ def test_a_compiled_insert_sends_save_s_signals_when_someone_listens(tenant: Ten
 
 def _round_trips(fn: Any) -> list[str]:
     """The SQL strings `fn` sends, one per round trip (django-tenants' SET search_path aside)."""
-    sent: list[str] = []
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        fn()
-    return [sql for sql in sent if not sql.startswith("SET search_path")]
+    return [sql for sql, _ in statements_sent(fn) if not sql.startswith("SET search_path")]
 
 
 def _batch_rows(tag: str, when: Any) -> tuple[LedgerTransaction, list[LedgerEntry], OutboxEvent]:

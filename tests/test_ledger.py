@@ -23,6 +23,7 @@ from payments.services.refunds import refund_create, terminal_refund_create
 from payments.services.tokens import payment_token_create
 from payments.services.topups import topup_create, topup_credit
 from payments.services.transfers import transfer_create
+from tests.conftest import statements_sent
 from tests.factories import CustomerFactory, StoreFactory, TerminalFactory, fund, staff
 from wallets.errors import AmountInvalid, AssetUnknown, CapExceeded, InsufficientFunds, NotFound, WalletFrozen
 from wallets.models import Asset, LedgerEntry, LedgerTransaction
@@ -77,18 +78,12 @@ def test_a_payment_s_batch_stays_within_psycopg_s_cached_statements(tenant, amou
 
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 10_000)
-    sent: list[tuple[str, int]] = []
-
-    def wrapper(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
-        sent.append((sql, len(params or ())))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=amount)
-    assert LedgerEntry.objects.filter(transaction_id=payment.ledger_transaction_id).count() == entries
-    [(batch, parameters)] = [(sql, n) for sql, n in sent if "INSERT INTO \"wallets_ledgerentry\"" in sql]
+    payments: list[Payment] = []
+    sent = statements_sent(lambda: payments.append(payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=amount)))
+    assert LedgerEntry.objects.filter(transaction_id=payments[0].ledger_transaction_id).count() == entries
+    [(batch, params)] = [(sql, params) for sql, params in sent if "INSERT INTO \"wallets_ledgerentry\"" in sql]
     assert "payments_payment" in batch and "payments_outboxevent" in batch
-    assert parameters <= MAX_CACHED_STATEMENT_PARAMS and len(batch.encode()) <= MAX_CACHED_STATEMENT_LENGTH
+    assert len(params) <= MAX_CACHED_STATEMENT_PARAMS and len(batch.encode()) <= MAX_CACHED_STATEMENT_LENGTH
 
 
 def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings) -> None:  # type: ignore[no-untyped-def]

@@ -277,9 +277,7 @@ class CompiledInsert(Generic[M]):
             query = InsertQuery(self._model)
             query.insert_values(self._fields, list(objs))
             compiler: Any = query.get_compiler(using=alias)
-            if len(objs) <= VALUES_ROWS_MAX:
-                # Django's generic form, one row of placeholders per object: psycopg dumps
-                # a few scalars for less than one array per column (issue 13).
+            if len(objs) <= VALUES_ROWS_MAX:  # Django's generic VALUES form (see VALUES_ROWS_MAX)
                 compiler.assemble_as_sql = functools.partial(SQLInsertCompiler.assemble_as_sql, compiler)
             [(sql, params)] = compiler.as_sql()
             columns, placeholders = len(self._fields), sql.count("%s")
