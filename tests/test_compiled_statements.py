@@ -20,13 +20,14 @@ from django.utils import timezone
 from payments.models import OutboxEvent
 from tenants.models import Tenant
 from tests.conftest import in_tenant, run_in_thread_tenant, statements_sent
-from tests.factories import CustomerFactory, fund
+from tests.factories import CustomerFactory, MerchantFactory, fund
 from wallets import locks
 from wallets.compiled import VALUES_ROWS_MAX, CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
 from wallets.locks import LOCK_ORDER, OwnerRow, balance_rows_lock_by_owner
 from wallets.models import Account, AccountKind, Balance, LedgerEntry, LedgerTransaction, LedgerTransactionKind, SystemRole
 from wallets.selectors import account_of
 from wallets.services import ledger
+from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt, WebhookEndpoint
 
 
 def _normalised(sql: str, params: tuple[Any, ...] | list[Any]) -> tuple[str, list[Any]]:
@@ -244,6 +245,34 @@ def test_a_compiled_insert_of_a_few_rows_sends_values_and_of_many_arrays(tenant:
     written = list(LedgerEntry.objects.filter(transaction=txn).order_by("id").values(*entry_columns))
     assert written == list(LedgerEntry.objects.filter(transaction=twin).order_by("id").values(*entry_columns))
     assert [row["amount"] for row in written] == [n for _, n in legs]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_compiled_values_insert_stores_nulls_and_booleans_as_bulk_create_does(tenant: Tenant) -> None:
+    """A drain page's attempts go as VALUES rows: a NULL in the first row (no HTTP answer)
+    and booleans both ways must land as the columns' types, as bulk_create stores them."""
+    merchant = MerchantFactory()
+    endpoint = WebhookEndpoint.objects.create(merchant=merchant, url="https://hooks.example/", secret="whsec_test")
+    event = OutboxEvent.objects.create(topic="t.attempts", payload={})
+    when = timezone.now()
+    delivery = WebhookDelivery.objects.create(endpoint=endpoint, event=event, topic=event.topic, event_created=when, give_up_at=when)
+    outcomes = [(False, None, "connection refused"), (True, 200, ""), (False, 503, "")]
+
+    def attempts() -> list[WebhookDeliveryAttempt]:
+        return [
+            WebhookDeliveryAttempt(delivery=delivery, attempted_at=when, succeeded=ok, status_code=code, latency_ms=i, error=error)
+            for i, (ok, code, error) in enumerate(outcomes)
+        ]
+
+    [(sql, params)] = statements_sent(lambda: CompiledInsert(WebhookDeliveryAttempt).insert_many(attempts()))
+    assert "UNNEST" not in sql and None in params and True in params
+    stored = WebhookDeliveryAttempt.objects.filter(delivery=delivery).order_by("id")
+    columns = ["attempted_at", "succeeded", "status_code", "latency_ms", "address", "response_excerpt", "error"]
+    compiled = list(stored.values(*columns))
+    stored.delete()
+    WebhookDeliveryAttempt.objects.bulk_create(attempts())
+    assert compiled == list(stored.values(*columns))
+    assert [(row["succeeded"], row["status_code"]) for row in compiled] == [(False, None), (True, 200), (False, 503)]
 
 
 @pytest.mark.django_db(transaction=False)
