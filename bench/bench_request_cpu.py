@@ -244,6 +244,14 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
 
         plain_check = types.MethodType(TenantsDatabaseWrapper.is_usable, connection)
         return {"check sets the path": shipped, "check, then SET": patched(connection, "is_usable", plain_check)}
+    if lever == "relay-kick":  # the bound on folding the after-commit kick into the request's first Redis call
+        from payments.services import outbox
+
+        # Both sides patched, so that the patch's own cost is on both.
+        return {
+            "kicked after commit": patched(outbox._RelayKick, "__call__", outbox._RelayKick.__call__),
+            "no kick": patched(outbox._RelayKick, "__call__", lambda self: None),
+        }
     if lever == "known-accounts":
 
         def forgotten() -> None:
@@ -495,7 +503,7 @@ def main() -> None:
     parser.add_argument("--pieces", action="store_true", help="time single pieces of a payment on their own, then stop")
     parser.add_argument(
         "--ab",
-        choices=["insert-batch", "known-accounts", "lean-middleware", "converters", "search-path"],
+        choices=["insert-batch", "known-accounts", "lean-middleware", "converters", "search-path", "relay-kick"],
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
         "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
         "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request; "
@@ -503,7 +511,8 @@ def main() -> None:
         "all of MIDDLEWARE; "
         "converters = a compiled select's converters cached (as shipped) or worked out on every "
         "execution; search-path = the connection's health check is the request's SET search_path (as shipped) or "
-        "Django's SELECT 1 followed by django-tenants' SET",
+        "Django's SELECT 1 followed by django-tenants' SET; relay-kick = the outbox relay kicked after commit (as shipped, one "
+        "Redis script) or not at all, which bounds what folding the kick into the request's first Redis round trip could save",
     )
     parser.add_argument("--side", default="", help="with --ab: run only this side of the lever, as a plain timed loop")
     parser.add_argument(
