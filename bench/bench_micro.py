@@ -4,6 +4,7 @@ eighteenth passes).
     .venv/bin/python bench/bench_micro.py prometheus          # and with PROMETHEUS_MULTIPROC_DIR=<empty dir>
     .venv/bin/python bench/bench_micro.py redis-script        # needs Redis at --redis-url
     .venv/bin/python bench/bench_micro.py insert-form         # needs PostgreSQL at --database-url
+    .venv/bin/python bench/bench_micro.py collation           # the same
 
 - prometheus: what config.observability's metrics cost a request, the counter's inc and the
   histogram's observe with their labels, as MetricsMiddleware calls them. Run it once with
@@ -18,6 +19,14 @@ eighteenth passes).
   UNNEST of one array per column. For each N (--rows), the client's CPU and the PostgreSQL
   backend's CPU (from /proc) per insert, the forms alternated in blocks; where the VALUES
   form stops being cheaper is what VALUES_ROWS_MAX should be.
+- collation: what the database's collation costs a payment's text-keyed indexes. Two
+  temporary tables shaped like payments_payment's keys and its four text-led indexes (the
+  primary key; merchant, customer and store each with created and id), one with the
+  database's default collation on those columns (C.UTF-8 on Debian's clusters, which
+  PostgreSQL 15 compares through strcoll) and one with COLLATE "C" (byte order, memcmp),
+  each first filled with --fill rows; then single-row inserts of random `pay_` ids, as a
+  payment makes, alternated between the two in blocks: the PostgreSQL backend's CPU per
+  insert (from /proc).
 """
 
 from __future__ import annotations
@@ -123,18 +132,65 @@ def insert_form(calls: int, url: str, rows_list: list[int]) -> dict[str, object]
     return results
 
 
+def collation(calls: int, url: str, fill: int) -> dict[str, object]:
+    import secrets
+
+    import psycopg
+    from cpu_by_process import cpu_ms  # bench/, beside this script
+
+    def create(table: str, collate: str) -> str:
+        text = f"varchar(40) {collate}"
+        return (
+            f"CREATE TEMP TABLE {table} (id {text} PRIMARY KEY, customer_id {text}, merchant_id {text}, store_id {text}, "
+            f"created timestamptz NOT NULL DEFAULT now()); "
+            + " ".join(f"CREATE INDEX ON {table} ({column}, created DESC, id DESC);" for column in ("merchant_id", "customer_id", "store_id"))
+            + f" INSERT INTO {table} (id, customer_id, merchant_id, store_id) SELECT 'pay_' || md5(random()::text), "
+            f"'cus_' || md5((g % 4000)::text), 'mer_' || md5((g % 200)::text), 'sto_' || md5((g % 200)::text) "
+            f"FROM generate_series(1, {fill}) g"
+        )
+
+    tables = {"database default": "bench_coll_default", 'COLLATE "C"': "bench_coll_c"}
+    with psycopg.connect(url, autocommit=True) as conn:
+        collate = conn.execute("SELECT datcollate FROM pg_database WHERE datname = current_database()").fetchone()
+        conn.execute(create(tables["database default"], ""))
+        conn.execute(create(tables['COLLATE "C"'], 'COLLATE "C"'))
+        conn.execute("ANALYZE")
+        backend = conn.info.backend_pid
+        spent = dict.fromkeys(tables, 0.0)
+        block = 500
+        blocks = max(calls // block // 2, 1)  # per table
+        for n in range(blocks):
+            for label, table in tables.items():
+                sql = f"INSERT INTO {table} (id, customer_id, merchant_id, store_id) VALUES (%s, %s, %s, %s)"
+                rows = [
+                    ("pay_" + secrets.token_hex(12), f"cus_{(n * block + i) % 4000:032d}", f"mer_{i % 200:032d}", f"sto_{i % 200:032d}")
+                    for i in range(block)
+                ]
+                pg = cpu_ms(backend)
+                with conn.transaction():
+                    for row in rows:
+                        conn.execute(sql, row, prepare=True)
+                spent[label] += cpu_ms(backend) - pg
+    done = blocks * block
+    return {"database_collation": collate[0] if collate else None, "fill": fill,
+            "postgres_us_per_insert": {label: round(ms / done * 1e3, 2) for label, ms in spent.items()}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["prometheus", "redis-script", "insert-form"])
+    parser.add_argument("what", choices=["prometheus", "redis-script", "insert-form", "collation"])
     parser.add_argument("--calls", type=int, default=0, help="default: 50,000 (prometheus), 20,000 (redis-script, insert-form: per row count)")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--rows", default="2,6,8,12,20", help="insert-form: the row counts, comma-separated")
+    parser.add_argument("--fill", type=int, default=200_000, help="collation: rows in each table before the timed inserts")
     args = parser.parse_args()
     if args.what == "prometheus":
         print(json.dumps(prometheus(args.calls or 50_000)))
     elif args.what == "redis-script":
         print(json.dumps(redis_script(args.calls or 20_000, args.redis_url)))
+    elif args.what == "collation":
+        print(json.dumps(collation(args.calls or 20_000, args.database_url, args.fill), indent=1))
     else:
         print(json.dumps(insert_form(args.calls or 20_000, args.database_url, [int(n) for n in args.rows.split(",")]), indent=1))
 
