@@ -1,5 +1,5 @@
-"""Costs measured in isolation, in-process, CPU time per call (issue 13, fourteenth and
-eighteenth passes).
+"""Costs measured in isolation, in-process, CPU time per call (issue 13, fourteenth,
+eighteenth and twentieth passes).
 
     .venv/bin/python bench/bench_micro.py prometheus          # and with PROMETHEUS_MULTIPROC_DIR=<empty dir>
     .venv/bin/python bench/bench_micro.py redis-script        # needs Redis at --redis-url
