@@ -22,11 +22,12 @@ eighteenth and twentieth passes).
 - collation: what the database's collation costs a payment's text-keyed indexes. Two
   temporary tables shaped like payments_payment's keys and its four text-led indexes (the
   primary key; merchant, customer and store each with created and id), one with the
-  database's default collation on those columns (C.UTF-8 on Debian's clusters, which
-  PostgreSQL 15 compares through strcoll) and one with COLLATE "C" (byte order, memcmp),
-  each first filled with --fill rows; then single-row inserts of random `pay_` ids, as a
-  payment makes, alternated between the two in blocks: the PostgreSQL backend's CPU per
-  insert (from /proc).
+  database's default collation on those columns (C.UTF-8 here, which PostgreSQL 15 does
+  not treat as C: it compares through strcoll) and one with COLLATE "C" (memcmp), each
+  first filled with the same --fill rows of Tally's own ids (wallets.ids), 4,000 customers
+  and 200 merchants with a store each; then single-row inserts of new payments among
+  those parties, as a payment makes, alternated between the two in blocks, each order
+  half the time: the PostgreSQL backend's CPU per insert (from /proc).
 """
 
 from __future__ import annotations
@@ -133,53 +134,73 @@ def insert_form(calls: int, url: str, rows_list: list[int]) -> dict[str, object]
 
 
 def collation(calls: int, url: str, fill: int) -> dict[str, object]:
-    import secrets
+    import random
+    import sys
+    from datetime import timedelta
+    from pathlib import Path
 
     import psycopg
     from cpu_by_process import cpu_ms  # bench/, beside this script
 
-    def create(table: str, collate: str) -> str:
-        text = f"varchar(40) {collate}"
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from wallets.ids import new_id  # Tally's own ids: same length, alphabet and prefixes
+
+    customers = [new_id("cus") for _ in range(4000)]
+    merchants = [new_id("mer") for _ in range(200)]
+    stores = [new_id("sto") for _ in merchants]
+    party = random.Random(13)
+
+    def payment_row() -> tuple[str, str, str, str]:
+        shop = party.randrange(len(merchants))
+        return new_id("pay"), party.choice(customers), merchants[shop], stores[shop]
+
+    def create(table: str, column_collation: str) -> str:
+        text = f"varchar(32) {column_collation}"
         return (
             f"CREATE TEMP TABLE {table} (id {text} PRIMARY KEY, customer_id {text}, merchant_id {text}, store_id {text}, "
-            f"created timestamptz NOT NULL DEFAULT now()); "
+            f"created timestamptz NOT NULL DEFAULT clock_timestamp()); "
             + " ".join(f"CREATE INDEX ON {table} ({column}, created DESC, id DESC);" for column in ("merchant_id", "customer_id", "store_id"))
-            + f" INSERT INTO {table} (id, customer_id, merchant_id, store_id) SELECT 'pay_' || md5(random()::text), "
-            f"'cus_' || md5((g % 4000)::text), 'mer_' || md5((g % 200)::text), 'sto_' || md5((g % 200)::text) "
-            f"FROM generate_series(1, {fill}) g"
         )
 
     tables = {"database default": "bench_coll_default", 'COLLATE "C"': "bench_coll_c"}
     with psycopg.connect(url, autocommit=True) as conn:
-        collate = conn.execute("SELECT datcollate FROM pg_database WHERE datname = current_database()").fetchone()
-        conn.execute(create(tables["database default"], ""))
-        conn.execute(create(tables['COLLATE "C"'], 'COLLATE "C"'))
-        conn.execute("ANALYZE")
+        # Both tables and their indexes stay in the backend's local buffers: a page read or
+        # written back through the kernel would be in the backend's CPU and drown the compares.
+        conn.execute("SET temp_buffers = '1GB'")
+        database_collation = conn.execute("SELECT datcollate FROM pg_database WHERE datname = current_database()").fetchone()
+        started = datetime.now(UTC) - timedelta(days=30)
+        filled = [(*payment_row(), started + timedelta(seconds=13 * i)) for i in range(fill)]
+        for table, column_collation in zip(tables.values(), ("", 'COLLATE "C"'), strict=True):
+            conn.execute(create(table, column_collation))
+            with conn.cursor().copy(f"COPY {table} (id, customer_id, merchant_id, store_id, created) FROM STDIN") as copy:
+                for filled_row in filled:
+                    copy.write_row(filled_row)
+            conn.execute(f"ANALYZE {table}")
         backend = conn.info.backend_pid
         spent = dict.fromkeys(tables, 0.0)
         block = 500
         blocks = max(calls // block // 2, 1)  # per table
         for n in range(blocks):
-            for label, table in tables.items():
-                sql = f"INSERT INTO {table} (id, customer_id, merchant_id, store_id) VALUES (%s, %s, %s, %s)"
-                rows = [
-                    ("pay_" + secrets.token_hex(12), f"cus_{(n * block + i) % 4000:032d}", f"mer_{i % 200:032d}", f"sto_{i % 200:032d}")
-                    for i in range(block)
-                ]
+            # Each order half the time: neither table always follows the other's work.
+            for label in list(tables)[:: 1 if n % 2 == 0 else -1]:
+                sql = f"INSERT INTO {tables[label]} (id, customer_id, merchant_id, store_id) VALUES (%s, %s, %s, %s)"
+                rows = [payment_row() for _ in range(block)]
                 pg = cpu_ms(backend)
                 with conn.transaction():
                     for row in rows:
                         conn.execute(sql, row, prepare=True)
                 spent[label] += cpu_ms(backend) - pg
     done = blocks * block
-    return {"database_collation": collate[0] if collate else None, "fill": fill,
+    return {"database_collation": database_collation[0] if database_collation else None, "fill": fill, "inserts_per_table": done,
             "postgres_us_per_insert": {label: round(ms / done * 1e3, 2) for label, ms in spent.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["prometheus", "redis-script", "insert-form", "collation"])
-    parser.add_argument("--calls", type=int, default=0, help="default: 50,000 (prometheus), 20,000 (redis-script, insert-form: per row count)")
+    parser.add_argument("--calls", type=int, default=0, help=(
+        "default: 50,000 (prometheus), 20,000 (redis-script; insert-form: per row count; collation: both tables together)"
+    ))
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/5")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--rows", default="2,6,8,12,20", help="insert-form: the row counts, comma-separated")
