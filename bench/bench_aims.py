@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -38,9 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_http import PEER_HOW_TO, PEER_VENV  # bench/, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python")
-PEER_PYTHON = os.path.join(os.environ.get("PEER_IDEM_DRFI_VENV", "/tmp/peer-idem-drfi-venv"), "bin", "python")
+PEER_PYTHON = str(PEER_VENV / "bin" / "python")
 
 THROUGHPUT_RATIO_MIN = 1.5
 P99_MS_MAX = 50.0
@@ -75,12 +76,13 @@ def http_rows(args: argparse.Namespace) -> tuple[list[list[str]], dict[str, Any]
         PYTHON, "bench/bench_http.py", "--peer", "--peers-dir", args.peers_dir, "--stack", args.stack,
         "--seconds", str(args.seconds), "--clients", "8", "--workers", "3", "--rounds", str(args.rounds),
     ])
+    loads = [load for r in result["rounds"] for load in [*r["tally"].values(), r["peer_drfi_redis"]]]
+    _all_succeeded("bench_http.py", sum(load["non2xx"] + load["errors"] for load in loads))
+    peer = [r["peer_drfi_redis"] for r in result["rounds"]]
     rows = []
     for label in result["ratios"]:
         stack = "make run's stack" if "make-run" in label else "gunicorn alone"
         tally = [r["tally"][label] for r in result["rounds"]]
-        peer = [r["peer_drfi_redis"] for r in result["rounds"]]
-        _all_succeeded(f"bench_http.py ({stack}, the peer)", sum(run["non2xx"] + run["errors"] for run in [*tally, *peer]))
         ratios = result["ratios"][label]
         rows.append([
             f"Tally / peer, keyed payments/s, 8 clients ({stack})",
@@ -156,7 +158,7 @@ def main() -> None:
     # The scripts run from the checkout's root; a relative path means the caller's directory.
     args.peers_dir = str(Path(args.peers_dir).resolve())
     if not Path(PEER_PYTHON).exists():
-        raise SystemExit(f"the drf-idempotency peer is not set up: run {args.peers_dir}/idem/setup.sh once (see its README)")
+        raise SystemExit(PEER_HOW_TO.format(peers=args.peers_dir))
 
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     rows: list[list[str]] = []

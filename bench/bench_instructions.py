@@ -40,6 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_http import PEER_VENV  # bench/, beside this script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -77,7 +79,7 @@ def main() -> None:
                         help="passed to bench_request_cpu.py: what lets the terminal charge by customer id")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_instructions")
     parser.add_argument("--peer", action="store_true", help="also count the drf-idempotency peer's request, and the ratio")
-    parser.add_argument("--peer-python", default=os.environ.get("PEER_IDEM_DRFI_VENV", "/tmp/peer-idem-drfi-venv") + "/bin/python")
+    parser.add_argument("--peer-python", default=str(PEER_VENV / "bin" / "python"))
     parser.add_argument("--peers-dir", default=str(ROOT.parent / "shared" / "peers"), help="with --peer: where ../shared/peers is")
     args = parser.parse_args()
     if bool(args.ab) != bool(args.side):
