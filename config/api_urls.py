@@ -46,6 +46,7 @@ admin_router.register("stores", admin.StoreViewSet)
 admin_router.register("terminals", admin.TerminalViewSet)
 admin_router.register("api_keys", admin.ApiKeyViewSet)
 admin_router.register("adjustments", admin.AdjustmentViewSet)
+admin_router.register("pending_adjustments", admin.PendingAdjustmentViewSet)
 
 ROUTERS = {"customer": customer_router, "terminal": terminal_router, "merchant": merchant_router, "admin": admin_router}
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -32,7 +33,7 @@ from payments.models import (
     TopUp,
     Transfer,
 )
-from payments.services.approvals import adjustment_propose, pending_adjustment_approve, pending_adjustment_reject
+from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from wallets.admin import balances_html
@@ -60,12 +61,13 @@ class AdjustForm(StaffActionForm):
 
 
 def _adjust(request: HttpRequest, party: Any, data: dict[str, Any], *, field: str) -> str:
-    result = adjustment_propose(
+    result = adjustment_request(
         maker=staff_of(request), asset_code=data["asset"], amount=data["amount"], direction=data["direction"],
         reason=data["reason"], **{field: party},
     )
     if isinstance(result, PendingAdjustment):
-        return f"Adjustment {result.pk} is above the approval threshold: waiting for a second staff member's approval"
+        return (f"Adjustment {result.pk} would take what you adjusted alone for this party over the approval threshold:"
+                " waiting for a second staff member's approval")
     return f"Adjustment {result.pk} posted ({result.direction} {money(result.amount, result.asset)})"
 
 
@@ -163,8 +165,9 @@ class RotateForm(StaffActionForm):
                                          help_text="How long the old key keeps working.")
 
 
-def _rotate(obj: ApiKey, data: dict[str, Any]) -> tuple[str, str]:
-    new_key, raw_key = api_key_rotate(api_key=obj, overlap=timedelta(seconds=data["overlap_seconds"]))
+def _rotate(request: HttpRequest, obj: ApiKey, data: dict[str, Any]) -> tuple[str, str]:
+    assert isinstance(request.user, User)  # the admin serves logged-in staff only
+    new_key, raw_key = api_key_rotate(api_key=obj, issuer=request.user, overlap=timedelta(seconds=data["overlap_seconds"]))
     return f"New key {new_key.pk} ({new_key.prefix}…) replaces {obj.pk}, which stops working at its expiry", raw_key
 
 
@@ -185,7 +188,7 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
     readonly_fields = fields
     list_select_related = ("customer", "merchant", "terminal", "staff__user")
     staff_actions = (
-        StaffAction("rotate", "Rotate key", "wallets.manage_apikey", RotateForm, lambda request, obj, data: _rotate(obj, data),
+        StaffAction("rotate", "Rotate key", "wallets.issue_apikey", RotateForm, _rotate,
                     description="A new key now (shown once); the old one keeps working for the overlap.", audit=False, show=_live),
         StaffAction("revoke", "Revoke key", "wallets.manage_apikey", StaffActionForm,
                     lambda request, obj, data: f"Key {api_key_revoke(api_key=obj).pk} revoked", description="The key stops working now.",

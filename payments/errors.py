@@ -13,7 +13,6 @@ class PaymentErrorCode(StrEnum):
     REFUND_WINDOW_CLOSED = "refund_window_closed"
     CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED = "charge_by_customer_id_not_permitted"
     APPROVER_IS_MAKER = "approver_is_maker"
-    ADJUSTMENT_APPROVAL_REQUIRED = "adjustment_approval_required"
 
 
     CARD_DECLINED = "card_declined"
@@ -53,20 +52,6 @@ class ApproverIsMaker(NotPermitted):
 
     def __init__(self) -> None:
         super().__init__("an adjustment must be approved by a different staff member than the one who proposed it", param="checker")
-
-
-class AdjustmentApprovalRequired(NotPermitted):
-    """An adjustment above the tenant's approval threshold cannot be posted by one staff
-    member's API key: it is proposed in the back office, where a second one approves it."""
-
-    code: ClassVar[StrEnum] = PaymentErrorCode.ADJUSTMENT_APPROVAL_REQUIRED
-
-    def __init__(self, *, threshold: int) -> None:
-        super().__init__(
-            f"this adjustment is above the tenant's approval threshold ({threshold}): propose it in the back office,"
-            " where a second staff member approves it",
-            param="amount",
-        )
 
 
 class CardDeclined(BusinessRefusal):

@@ -19,6 +19,7 @@ from payments.models import (
     Payment,
     PaymentIntent,
     PaymentToken,
+    PendingAdjustment,
     Refund,
     TopUp,
     TopUpStatus,
@@ -28,7 +29,7 @@ from payments.models import (
 )
 from wallets.compiled import CompiledQuery, Param
 from wallets.errors import NotFound
-from wallets.models import Account, Customer, LedgerEntry, Merchant
+from wallets.models import Account, Customer, LedgerEntry, Merchant, StaffMember
 from wallets.selectors import BalanceLine, account_balance_lines
 
 
@@ -186,6 +187,17 @@ def adjustment_get(*, adjustment_id: str) -> Adjustment:
         raise NotFound("no such adjustment", param=None)
     return adjustment
 
+def pending_adjustments_list(*, status: str | None = None) -> QuerySet[PendingAdjustment]:
+    qs = PendingAdjustment.objects.all()
+    return qs.filter(status=status) if status else qs
+
+
+def pending_adjustment_get(*, pending_id: str, param: str | None = None) -> PendingAdjustment:
+    pending = PendingAdjustment.objects.filter(pk=pending_id).first()
+    if pending is None:
+        raise NotFound("no such pending adjustment", param=param)
+    return pending
+
 
 def payment_token_resolve(*, token: object) -> Customer:
     """The customer a live, unused token belongs to, else NotFound(param="customer_token")."""
@@ -293,3 +305,14 @@ def topup_settlement_lines(*, day: date, gateway: str | None = None) -> list[Top
         )
         for t in topups.order_by("psp_charged_at", "id")
     ]
+
+
+def adjustments_posted_alone_total(
+    *, staff: StaffMember, customer: Customer | None, merchant: Merchant | None, asset_code: str, since: datetime
+) -> int:
+    """What `staff` posted alone (no second approver) to this party in this asset since
+    `since`, credits and debits alike: a debit undoes no credit's risk."""
+    total = Adjustment.objects.filter(
+        staff=staff, customer=customer, merchant=merchant, asset_id=asset_code, created__gte=since, approval__isnull=True,
+    ).aggregate(total=Sum("amount"))["total"]
+    return int(total or 0)

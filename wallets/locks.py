@@ -19,7 +19,9 @@ Deadlock freedom depends on every writer using these helpers, never an inline
      wait of its own. The settlement backfill takes every balance row of a batch of
      merchants in one ordered statement (as a merchant debit does), then their totals.
 Customer rows are business rows taken by contact updates (one) and the contact backfill
-(a batch, in id order); no posting takes them.
+(a batch, in id order); no posting takes them. A staff member's row comes before all of
+these: an adjustment request takes its maker's row (`staff_member_lock`) to count that
+member's adjustments one request at a time, then posts.
 
 Merchant and system accounts are credited on one shard (the connection's own, so
 concurrent payments to one merchant rarely meet); a merchant debit locks all its shards
@@ -37,7 +39,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from wallets.compiled import CompiledQuery, CompiledShapes, Param
-from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StagedMigrationState
+from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StaffMember, StagedMigrationState
 
 ALL_SHARDS = -1
 
@@ -251,6 +253,15 @@ def account_lock(*, account_id: str) -> Account:
 def hold_lock(*, hold_id: str) -> Hold:
     """Lock one hold row (a business row: before any balance row)."""
     return Hold.objects.filter(pk=hold_id).order_by("pk").select_for_update().get()
+
+
+# --- Staff adjustments (payments.services.approvals) ------------------------------------
+
+
+def staff_member_lock(*, staff_id: str) -> StaffMember:
+    """A staff member's row, held while their adjustment is counted against the approval
+    threshold and posted: two requests of one member cannot both see room under it."""
+    return StaffMember.objects.filter(pk=staff_id).order_by("pk").select_for_update(no_key=True).get()
 
 
 # --- Staged data migrations (wallets.staged) ------------------------------------------

@@ -217,7 +217,12 @@ class ApiKey(models.Model):
 
     class Meta:
         ordering = ["created", "id"]
-        permissions = [("manage_apikey", "Can rotate and revoke API keys")]
+        permissions = [
+            ("manage_apikey", "Can revoke API keys"),
+            # Its own permission: whoever mints a key can act as its principal (spend a
+            # customer's money), so this is kept apart from the other key chores.
+            ("issue_apikey", "Can create and rotate API keys (a staff member's only with every permission they hold)"),
+        ]
         indexes = [models.Index(fields=["created", "id"], name="apikey_created")]  # the admin's list order
         constraints = [
             models.CheckConstraint(

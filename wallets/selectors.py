@@ -17,6 +17,7 @@ from typing import Any, TypedDict, TypeVar
 
 from django.apps import apps
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
@@ -191,7 +192,12 @@ def _api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
             return None
         key.terminal = terminal
     elif key.staff_id is not None:
-        key.staff = _fetch_one(StaffMember, "a.id = %s", [key.staff_id])
+        staff = _fetch_one(StaffMember, "a.id = %s", [key.staff_id])
+        # A deactivated employee's keys stop working with their login. A key already in
+        # the cache is caught by the admin face, which reads the login at every request.
+        if staff is None or staff_login_active(staff=staff) is None:
+            return None
+        key.staff = staff
     return key
 
 
@@ -393,6 +399,13 @@ def staff_get(*, staff_id: str, param: str | None = None) -> StaffMember:
     if staff is None:
         raise _not_found("staff member", param)
     return staff
+
+
+def staff_login_active(*, staff: StaffMember) -> User | None:
+    """The staff member's login read now (never from a cache, unlike the key that named
+    it), or None when it is deactivated: a change of role or a deactivation holds from the
+    next request on. Its permissions load on first use and stay with this one object."""
+    return User.objects.filter(pk=staff.user_id, is_active=True).first()
 
 
 def principal_get(*, principal_type: str, principal_id: str) -> Customer | Merchant | Terminal | StaffMember:

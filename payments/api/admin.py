@@ -1,5 +1,6 @@
-"""Admin face (`ak_` staff keys): parties, keys, adjustments, freezes. Routed by
-config/api_urls.py."""
+"""Admin face (`ak_` staff keys): parties, keys, adjustments and their approvals, freezes.
+Routed by config/api_urls.py. Each action needs the permission its back-office twin
+needs (`action_permissions`), checked against the staff member's login at each request."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from payments import selectors as payment_selectors
 from payments.api import serializers as s
 from payments.api.base import AdminViewSet
 from payments.api.pagination import ListParamsSerializer
+from payments.models import PendingAdjustment
 from payments.services import approvals, freezes
 from wallets import selectors as wallet_selectors
 from wallets.contacts import customer_contact_attach, customers_contact_attach, customers_find_by_email
@@ -24,8 +26,17 @@ from wallets.services import principals as party_services
 TAG = ["admin"]
 
 
+def _permissions(view: str, **actions: str) -> dict[str, str]:
+    """Reads need the model's view permission; `actions` name what each write needs."""
+    return {"list": view, "retrieve": view, "metadata": view, **actions}
+
+
 class CustomerViewSet(AdminViewSet):
     lookup_url_kwarg = "customer_id"
+    action_permissions = _permissions(
+        "wallets.view_customer", create="wallets.add_customer", freeze="wallets.freeze_account",
+        unfreeze="wallets.freeze_account", contact="wallets.change_customer",
+    )
 
     @extend_schema(tags=TAG, summary="List customers (optionally by email)", parameters=[s.CustomerListParams], responses=s.CustomerList)
     def list(self, request: Request) -> Response:
@@ -77,6 +88,7 @@ class CustomerViewSet(AdminViewSet):
 
 class MerchantViewSet(AdminViewSet):
     lookup_url_kwarg = "merchant_id"
+    action_permissions = _permissions("wallets.view_merchant", create="wallets.add_merchant")
 
     @extend_schema(tags=TAG, summary="List merchants", parameters=[ListParamsSerializer], responses=s.MerchantList)
     def list(self, request: Request) -> Response:
@@ -94,6 +106,7 @@ class MerchantViewSet(AdminViewSet):
 
 class StoreViewSet(AdminViewSet):
     lookup_url_kwarg = "store_id"
+    action_permissions = _permissions("wallets.view_store", create="wallets.add_store")
 
     @extend_schema(tags=TAG, summary="List stores", parameters=[ListParamsSerializer], responses=s.StoreList)
     def list(self, request: Request) -> Response:
@@ -112,6 +125,7 @@ class StoreViewSet(AdminViewSet):
 
 class TerminalViewSet(AdminViewSet):
     lookup_url_kwarg = "terminal_id"
+    action_permissions = _permissions("wallets.view_terminal", create="wallets.add_terminal")
 
     @extend_schema(tags=TAG, summary="List terminals", parameters=[ListParamsSerializer], responses=s.TerminalList)
     def list(self, request: Request) -> Response:
@@ -133,6 +147,11 @@ class ApiKeyViewSet(AdminViewSet):
     # body of every POST of this viewset (revoke's too, which is harmless: replays unseal).
     idempotency_response_contains_secret = True
     lookup_url_kwarg = "api_key_id"
+    # Minting and rotating are their own permission; the service also refuses a staff
+    # member's key to a login holding less than that member (wallets.services.principals).
+    action_permissions = _permissions(
+        "wallets.view_apikey", create="wallets.issue_apikey", rotate="wallets.issue_apikey", revoke="wallets.manage_apikey"
+    )
 
     @extend_schema(tags=TAG, summary="List API keys (never the secrets)", parameters=[s.ApiKeyListParams], responses=s.ApiKeyList)
     def list(self, request: Request) -> Response:
@@ -141,13 +160,14 @@ class ApiKeyViewSet(AdminViewSet):
         return self.list_response(keys, s.ApiKeyOut, params)
 
     @extend_schema(
-        tags=TAG, summary="Create an API key for any principal (the key is shown once)", request=s.ApiKeyCreateIn,
+        tags=TAG, summary="Create an API key for a principal (the key is shown once; a staff member's key only by a login holding"
+        " every permission that member holds)", request=s.ApiKeyCreateIn,
         responses={201: s.ApiKeyCreatedOut},
     )
     def create(self, request: Request) -> Response:
         data = self.validated(s.ApiKeyCreateIn)
         principal = wallet_selectors.principal_get(principal_type=data["principal_type"], principal_id=data["principal_id"])
-        api_key, raw_key = party_services.api_key_create(principal=principal)
+        api_key, raw_key = party_services.api_key_issue(issuer=self.staff_login, principal=principal)
         return self.render(s.ApiKeyCreatedOut, _with_key(api_key, raw_key), status=201)
 
     @extend_schema(tags=TAG, summary="Retrieve an API key", responses=s.ApiKeyOut)
@@ -162,7 +182,9 @@ class ApiKeyViewSet(AdminViewSet):
     def rotate(self, request: Request, api_key_id: str) -> Response:
         old = wallet_selectors.api_key_get(api_key_id=api_key_id)
         data = self.validated(s.ApiKeyRotateIn)
-        new_key, raw_key = party_services.api_key_rotate(api_key=old, overlap=timedelta(seconds=data["overlap_seconds"]))
+        new_key, raw_key = party_services.api_key_rotate(
+            api_key=old, issuer=self.staff_login, overlap=timedelta(seconds=data["overlap_seconds"])
+        )
         return self.render(s.ApiKeyRotatedOut, _with_key(new_key, raw_key, replaces=old), status=201)
 
     @extend_schema(tags=TAG, summary="Revoke a key now", request=s.EmptyIn, responses={200: s.ApiKeyOut})
@@ -184,25 +206,72 @@ def _with_key(api_key: Any, raw_key: str, **extra: Any) -> Any:
 
 class AdjustmentViewSet(AdminViewSet):
     lookup_url_kwarg = "adjustment_id"
+    action_permissions = _permissions("payments.view_adjustment", create="payments.add_pendingadjustment")
 
     @extend_schema(tags=TAG, summary="List adjustments", parameters=[ListParamsSerializer], responses=s.AdjustmentList)
     def list(self, request: Request) -> Response:
         return self.list_response(payment_selectors.adjustments_list(), s.AdjustmentOut, self.query(ListParamsSerializer))
 
     @extend_schema(
-        tags=TAG, summary="Credit or debit a customer or merchant, with a reason (audited)", request=s.AdjustmentCreateIn,
-        responses={201: s.AdjustmentOut},
+        tags=TAG,
+        summary="Credit or debit a customer or merchant, with a reason (audited). Posted (201) while what this staff member"
+        " posted alone to this party and asset within the tenant's window stays within its approval threshold; otherwise"
+        " held (202) until a second staff member approves it",
+        request=s.AdjustmentCreateIn, responses={201: s.AdjustmentOut, 202: s.PendingAdjustmentOut},
     )
     def create(self, request: Request) -> Response:
         data = self.validated(s.AdjustmentCreateIn)
         customer = wallet_selectors.customer_get(customer_id=data["customer"], param="customer") if data.get("customer") else None
         merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant") if data.get("merchant") else None
-        adjustment = approvals.adjustment_create_within_threshold(
-            staff=self.staff, customer=customer, merchant=merchant, asset_code=data["asset"], amount=data["amount"],
+        result = approvals.adjustment_request(
+            maker=self.staff, customer=customer, merchant=merchant, asset_code=data["asset"], amount=data["amount"],
             direction=data["direction"], reason=data["reason"],
         )
-        return self.render(s.AdjustmentOut, adjustment, status=201)
+        if isinstance(result, PendingAdjustment):
+            return self.render(s.PendingAdjustmentOut, result, status=202)
+        return self.render(s.AdjustmentOut, result, status=201)
 
     @extend_schema(tags=TAG, summary="Retrieve an adjustment", responses=s.AdjustmentOut)
     def retrieve(self, request: Request, adjustment_id: str) -> Response:
         return self.render(s.AdjustmentOut, payment_selectors.adjustment_get(adjustment_id=adjustment_id))
+
+
+class PendingAdjustmentViewSet(AdminViewSet):
+    lookup_url_kwarg = "pending_adjustment_id"
+    action_permissions = _permissions(
+        "payments.view_pendingadjustment", approve="payments.approve_pendingadjustment", reject="payments.approve_pendingadjustment"
+    )
+
+    @extend_schema(
+        tags=TAG, summary="List adjustments held for a second staff member's approval", parameters=[s.PendingAdjustmentListParams],
+        responses=s.PendingAdjustmentList,
+    )
+    def list(self, request: Request) -> Response:
+        params = self.query(s.PendingAdjustmentListParams)
+        rows = payment_selectors.pending_adjustments_list(status=params.get("status"))
+        return self.list_response(rows, s.PendingAdjustmentOut, params)
+
+    @extend_schema(tags=TAG, summary="Retrieve a held adjustment", responses=s.PendingAdjustmentOut)
+    def retrieve(self, request: Request, pending_adjustment_id: str) -> Response:
+        return self.render(s.PendingAdjustmentOut, payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id))
+
+    @extend_schema(
+        tags=TAG, summary="Approve and post another staff member's held adjustment (never your own)", request=s.EmptyIn,
+        responses={200: s.PendingAdjustmentOut},
+    )
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pending_adjustment_id: str) -> Response:
+        pending = payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id)
+        self.validated(s.EmptyIn)
+        approvals.pending_adjustment_approve(pending=pending, checker=self.staff)
+        return self.render(s.PendingAdjustmentOut, payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id))
+
+    @extend_schema(
+        tags=TAG, summary="Reject another staff member's held adjustment (nothing is posted)", request=s.PendingAdjustmentRejectIn,
+        responses={200: s.PendingAdjustmentOut},
+    )
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pending_adjustment_id: str) -> Response:
+        pending = payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id)
+        data = self.validated(s.PendingAdjustmentRejectIn)
+        return self.render(s.PendingAdjustmentOut, approvals.pending_adjustment_reject(pending=pending, checker=self.staff, reason=data["reason"]))

@@ -12,8 +12,8 @@ from rest_framework.request import Request
 
 from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
 from payments.api.throttling import auth_failure_wait_seconds
-from wallets.models import ApiKey
-from wallets.selectors import ApiKeyCacheHit, api_key_cache_fill, api_key_cache_get
+from wallets.models import ApiKey, StaffMember
+from wallets.selectors import ApiKeyCacheHit, api_key_cache_fill, api_key_cache_get, staff_login_active
 from wallets.selectors import api_key_cache_confirm as api_key_cache_selectors_confirm
 from wallets.services.principals import api_key_last_used_touch
 
@@ -105,4 +105,28 @@ class FacePermission(BasePermission):
         # Refused before the throttles read the key epoch: a key from the cache is checked
         # against PostgreSQL first, so a revoked key is told 401 here too, never 403.
         api_key_cache_confirm(request, epoch_now=None)
+        return False
+
+
+class StaffRolePermission(BasePermission):
+    """The admin face: a staff key acts with its login's roles, read from PostgreSQL at
+    each request (never from the key cache), so a change of role or a deactivation holds
+    from the next request on. Each action names the permission its back-office twin needs
+    (`AdminViewSet.action_permissions`); an action with none is refused. Runs after
+    FacePermission, so the principal is a staff member."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        staff = request.user.obj  # type: ignore[union-attr]
+        assert isinstance(staff, StaffMember)
+        login = staff_login_active(staff=staff)
+        if login is None:
+            raise exceptions.AuthenticationFailed("this staff member's login is deactivated: their keys no longer work")
+        request._request.staff_login = login  # type: ignore[attr-defined]  # the view passes it on as the acting login
+        if view.action is None:  # a method this route does not serve: 405 follows, nothing runs
+            return True
+        needed = view.action_permissions.get(view.action)
+        if needed is not None and login.has_perm(needed):
+            return True
+        api_key_cache_confirm(request, epoch_now=None)  # a revoked key from the cache is told 401, never 403
+        self.message = f"your role does not allow this: it needs the {needed or 'a'} permission"
         return False

@@ -165,6 +165,10 @@ class UnfreezeIn(StrictSerializer):
     reason = strict_char(max_length=500, required=False, allow_blank=True, default="")
 
 
+class PendingAdjustmentRejectIn(StrictSerializer):
+    reason = strict_char(max_length=500, required=False, allow_blank=True, default="")
+
+
 # --- Money objects ---------------------------------------------------------------------
 
 
@@ -239,6 +243,26 @@ class AdjustmentOut(Serializer):
     amount = S.IntegerField()
     direction = S.CharField()
     reason = S.CharField()
+
+
+class PendingAdjustmentOut(Serializer):
+    """An adjustment waiting for a second staff member (maker-checker); once approved,
+    `adjustment` names the posted one."""
+
+    id = _id()
+    object = ConstField("pending_adjustment")
+    created = S.DateTimeField()
+    status = S.CharField()
+    maker = _ref("maker_id")
+    checker = _ref("checker_id", nullable=True)
+    customer = _ref("customer_id", nullable=True)
+    merchant = _ref("merchant_id", nullable=True)
+    asset = _ref("asset_id")
+    amount = S.IntegerField()
+    direction = S.CharField()
+    reason = S.CharField()
+    adjustment = _ref("adjustment_id", nullable=True)
+    decided_at = S.DateTimeField(allow_null=True)
 
 
 class PaymentIntentOut(Serializer):
@@ -406,6 +430,10 @@ class EmptyIn(StrictSerializer):
 # --- List query parameters -------------------------------------------------------------
 
 
+class PendingAdjustmentListParams(ListParamsSerializer):
+    status = S.ChoiceField(choices=["pending", "approved", "rejected"], required=False)
+
+
 class CustomerListParams(ListParamsSerializer):
     email = S.EmailField(required=False, max_length=254, help_text="Only customers with this email (case-insensitive).")
 
@@ -432,6 +460,7 @@ RefundList = list_serializer(RefundOut, "RefundList")
 TransferList = list_serializer(TransferOut, "TransferList")
 TopUpList = list_serializer(TopUpOut, "TopUpList")
 AdjustmentList = list_serializer(AdjustmentOut, "AdjustmentList")
+PendingAdjustmentList = list_serializer(PendingAdjustmentOut, "PendingAdjustmentList")
 PaymentIntentList = list_serializer(PaymentIntentOut, "PaymentIntentList")
 TransactionList = list_serializer(TransactionOut, "TransactionList")
 

@@ -1,38 +1,53 @@
-"""Maker-checker for staff adjustments: above the tenant's threshold an adjustment is a
-proposal (PendingAdjustment) until a second staff member approves it; at or below it,
-it is posted at once. Both paths go through `adjustment_create`, the one posting path."""
+"""Maker-checker for staff adjustments, by amount over time: one staff member may post
+alone what keeps the sum of their adjustments to one party in one asset, over a rolling
+window, within the tenant's threshold. Whatever would cross it (one large adjustment, or
+the one that tips a series of small ones over) is a proposal (PendingAdjustment) until a
+second staff member approves it. The Django admin and the admin API face both go through
+`adjustment_request`; posting goes through `adjustment_create`, the one posting path."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.utils import timezone
 
-from payments.errors import AdjustmentApprovalRequired, ApproverIsMaker
+from payments.errors import ApproverIsMaker
 from payments.locks import pending_adjustment_lock
 from payments.models import Adjustment, PendingAdjustment, PendingAdjustmentStatus
+from payments.selectors import adjustments_posted_alone_total
 from payments.services.adjustments import adjustment_create, adjustment_request_check
 from tenants.selectors import tenant_current
 from wallets.errors import InvalidState, NotFound
+from wallets.locks import staff_member_lock
 from wallets.models import Customer, Merchant, StaffMember
 from wallets.money import amount_to_minor
 from wallets.selectors import asset_get
 from wallets.services.audit import audit_record
 from wallets.transactions import atomic_service
 
-# Minor units of any asset; a tenant sets its own in Tenant.extra_settings:
-# {"adjustment_approval_threshold": 100000, "adjustment_approval_thresholds": {"EUR": 50000}}
+# Minor units of any asset, and hours; a tenant sets its own in Tenant.extra_settings:
+# {"adjustment_approval_threshold": 100000, "adjustment_approval_thresholds": {"EUR": 50000},
+#  "adjustment_approval_window_hours": 24}
 ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT = 100_000
+ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT = 24
 
 
 def adjustment_approval_threshold(*, asset_code: str) -> int:
-    """Largest adjustment (minor units of `asset_code`) one staff member may post alone."""
+    """Most (minor units of `asset_code`) one staff member may post alone to one party
+    within the approval window."""
     extra = tenant_current().extra_settings or {}
     per_asset = extra.get("adjustment_approval_thresholds") or {}
     value = per_asset.get(asset_code, extra.get("adjustment_approval_threshold", ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT))
     return int(value)
 
 
-@atomic_service(operation="adjustment_propose")
-def adjustment_propose(
+def adjustment_approval_window() -> timedelta:
+    extra = tenant_current().extra_settings or {}
+    return timedelta(hours=int(extra.get("adjustment_approval_window_hours", ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT)))
+
+
+@atomic_service(operation="adjustment_request")
+def adjustment_request(
     *,
     maker: StaffMember,
     customer: Customer | None = None,
@@ -42,46 +57,32 @@ def adjustment_propose(
     direction: str,
     reason: str,
 ) -> Adjustment | PendingAdjustment:
-    """A staff adjustment from the back office: posted now if within the threshold, else
-    held for a second staff member's approval (audited either way). Locks: see
-    adjustment_create when posted; none when held."""
+    """A staff adjustment (the back office or the admin API): posted now if it keeps what
+    `maker` posted alone to this party and asset within the window at or under the
+    threshold, else held for a second staff member's approval (audited either way).
+
+    Locks: the maker's StaffMember row first, so two concurrent requests of one staff
+    member are counted one after the other (the second sees the first's adjustment);
+    then, when posted, as adjustment_create."""
     minor = amount_to_minor(amount)
-    if minor <= adjustment_approval_threshold(asset_code=str(asset_code)):
-        return adjustment_create(
-            staff=maker, customer=customer, merchant=merchant, asset_code=asset_code, amount=minor, direction=direction, reason=reason
-        )
     party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)
+    staff_member_lock(staff_id=maker.pk)
+    since = timezone.now() - adjustment_approval_window()
+    already = adjustments_posted_alone_total(staff=maker, customer=customer, merchant=merchant, asset_code=asset.code, since=since)
+    if already + minor <= adjustment_approval_threshold(asset_code=asset.code):
+        return adjustment_create(
+            staff=maker, customer=customer, merchant=merchant, asset_code=asset.code, amount=minor, direction=direction, reason=reason
+        )
     pending = PendingAdjustment.objects.create(
         maker=maker, customer=customer, merchant=merchant, asset=asset, amount=minor, direction=direction, reason=reason[:500]
     )
     audit_record(
         action="adjustment.propose", target_type="pending_adjustment", target_id=pending.pk, reason=pending.reason,
-        after={"party": party.pk, "asset": asset.code, "amount": minor, "direction": direction, "maker": maker.pk, "status": pending.status},
+        after={"party": party.pk, "asset": asset.code, "amount": minor, "direction": direction, "maker": maker.pk,
+               "status": pending.status, "posted_alone_in_window": already},
     )
     return pending
-
-
-def adjustment_create_within_threshold(
-    *,
-    staff: StaffMember,
-    customer: Customer | None = None,
-    merchant: Merchant | None = None,
-    asset_code: str,
-    amount: object,
-    direction: str,
-    reason: str,
-) -> Adjustment:
-    """An adjustment by one staff member alone (the admin API face): posted if within the
-    tenant's approval threshold, else refused (AdjustmentApprovalRequired) before anything
-    is written, so an API key cannot bypass maker-checker. Locks: see adjustment_create."""
-    minor = amount_to_minor(amount)
-    threshold = adjustment_approval_threshold(asset_code=str(asset_code))
-    if minor > threshold:
-        raise AdjustmentApprovalRequired(threshold=threshold)
-    return adjustment_create(
-        staff=staff, customer=customer, merchant=merchant, asset_code=asset_code, amount=minor, direction=direction, reason=reason
-    )
 
 
 def _decidable(*, pending_id: str, checker: StaffMember) -> PendingAdjustment:

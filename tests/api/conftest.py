@@ -55,6 +55,10 @@ class World:
 
 def _world(host: str, suffix: str) -> World:
     staff = staff_member_get_or_create(username=f"ops-{suffix}-{uuid.uuid4().hex[:8]}")
+    # The world's staff key may do everything (as the demo `admin`); the roles have their
+    # own tests (tests/api/test_staff_roles.py).
+    staff.user.is_superuser = True
+    staff.user.save(update_fields=["is_superuser"])
     c1 = customer_create(name=f"Alice {suffix}", email="alice@example.com", phone="+81 90 1234 5678")
     c2 = customer_create(name=f"Bob {suffix}")
     m1 = merchant_create(name=f"Cafe {suffix}")

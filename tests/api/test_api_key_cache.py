@@ -75,7 +75,7 @@ def test_revoked_through_the_service_stops_at_once(api: Api, world: World, setti
 def test_rotated_with_no_overlap_stops_at_once(api: Api, world: World, settings: Any) -> None:
     settings.TALLY_API_KEY_CACHE_SECONDS = 60
     assert api.get(WALLET, world.customer.key).status_code == 200
-    _, new_raw = api_key_rotate(api_key=_key_row(world), overlap=timedelta(0))
+    _, new_raw = api_key_rotate(api_key=_key_row(world), issuer=world.staff.obj.user, overlap=timedelta(0))
     assert api.get(WALLET, world.customer.key).status_code == 401
     assert api.get(WALLET, new_raw).status_code == 200
 
@@ -83,7 +83,7 @@ def test_rotated_with_no_overlap_stops_at_once(api: Api, world: World, settings:
 def test_a_cached_key_stops_when_its_overlap_ends(api: Api, world: World, settings: Any) -> None:
     settings.TALLY_API_KEY_CACHE_SECONDS = 60
     old = _key_row(world)
-    api_key_rotate(api_key=old, overlap=timedelta(seconds=3))
+    api_key_rotate(api_key=old, issuer=world.staff.obj.user, overlap=timedelta(seconds=3))
     assert api.get(WALLET, world.customer.key).status_code == 200  # cached with its expires_at
     expires_at = old.expires_at
     assert expires_at is not None
@@ -142,6 +142,7 @@ def _in_another_process(code: str, *, schema: str = TENANT_A["schema_name"]) -> 
         "import django", "django.setup()", "from datetime import timedelta",
         "from django_tenants.utils import schema_context", "from wallets.models import ApiKey",
         "from wallets.services.principals import api_key_revoke, api_key_rotate",
+        "from django.contrib.auth.models import User", "superuser = User(username='ops', is_superuser=True, is_active=True)",
         f"with schema_context({schema!r}):", *(f"    {line}" for line in code.splitlines()),
     ])
     env = {
@@ -264,7 +265,7 @@ def test_a_revoke_that_commits_during_the_cache_fill_is_not_trusted(live_key: Li
 
 def test_a_rotation_in_another_process_ends_the_old_key_when_its_overlap_ends(live_key: LiveKey) -> None:
     assert _get(live_key.raw).status_code == 200  # cached with no expiry
-    _in_another_process(f"print(api_key_rotate(api_key=ApiKey.objects.get(pk={live_key.key_id!r}), overlap=timedelta(seconds=2)))")
+    _in_another_process(f"print(api_key_rotate(api_key=ApiKey.objects.get(pk={live_key.key_id!r}), issuer=superuser, overlap=timedelta(seconds=2)))")
     expires_at = ApiKey.objects.get(pk=live_key.key_id).expires_at
     assert expires_at is not None
     with _auth_statements() as reread:

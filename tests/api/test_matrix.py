@@ -39,7 +39,10 @@ def objects(api: Api, world: World) -> Objects:
     mandate = api.post("/v1/customer/mandates", world.customer.key, {"merchant": world.merchant.id}).json()
     adj = api.post("/v1/admin/adjustments", world.staff.key,
                    {"customer": world.customer.id, "asset": "POINT", "amount": 5, "direction": "credit", "reason": "x"}).json()
+    held = api.post("/v1/admin/adjustments", world.staff.key,
+                    {"customer": world.customer.id, "asset": "POINT", "amount": 10**6, "direction": "credit", "reason": "y"}).json()
     ids = {
+        "pending_adjustment_id": held["id"],
         "payment_id": payment["id"], "refund_id": refund["id"], "transfer_id": transfer["id"], "topup_id": topup["id"],
         "intent_id": intent["id"], "endpoint_id": hook["id"], "adjustment_id": adj["id"], "customer_id": world.customer.id,
         "mandate_id": mandate["id"],

@@ -7,6 +7,7 @@ import time
 from datetime import timedelta
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -14,7 +15,7 @@ from django.utils import timezone
 from wallets import ids
 from wallets.contacts import MIGRATION as CONTACTS_MIGRATION
 from wallets.contacts import contact_new_fields
-from wallets.errors import InvalidState
+from wallets.errors import InvalidState, NotPermitted
 from wallets.keyepoch import api_key_epoch_bump
 from wallets.models import (
     KEY_PREFIXES,
@@ -29,7 +30,7 @@ from wallets.models import (
     Store,
     Terminal,
 )
-from wallets.selectors import api_key_cache_clear, api_key_hash
+from wallets.selectors import api_key_cache_clear, api_key_hash, staff_login_active
 from wallets.services.audit import audit_record
 from wallets.services.ledger import balance_rows_create
 from wallets.staged.phases import staged_phase, writes_new, writes_old
@@ -96,6 +97,38 @@ def api_key_create(
     return api_key, raw_key
 
 
+ISSUE_PERMISSION = "wallets.issue_apikey"
+
+
+def api_key_issue_check(*, issuer: User, principal: Customer | Merchant | Terminal | StaffMember) -> None:
+    """May `issuer` (a staff login, active) mint or rotate a key for `principal`? A key acts
+    as its principal, so minting one is its own permission (`wallets.issue_apikey`), and a
+    staff member's key only by a login that holds every permission that member holds: no
+    one mints themselves more power than they have. Raises NotPermitted, or InvalidState
+    for a deactivated staff member. Reads only."""
+    if not issuer.has_perm(ISSUE_PERMISSION):
+        raise NotPermitted("minting or rotating API keys needs the wallets.issue_apikey permission")
+    if not isinstance(principal, StaffMember):
+        return
+    target = staff_login_active(staff=principal)
+    if target is None:
+        raise InvalidState("this staff member's login is deactivated: no key can be minted for it", param="principal_id")
+    if target.is_superuser and not issuer.is_superuser:
+        raise NotPermitted("only a superuser may mint a key for a superuser")
+    beyond = sorted(target.get_all_permissions() - issuer.get_all_permissions())
+    if beyond:
+        raise NotPermitted(f"this staff member holds permissions you do not ({', '.join(beyond[:5])}): their key would give you more power")
+
+
+@transaction.atomic
+def api_key_issue(*, issuer: User, principal: Customer | Merchant | Terminal | StaffMember) -> tuple[ApiKey, str]:
+    """A staff member mints a key for `principal` (the admin API face): checked by
+    `api_key_issue_check`, then as api_key_create (audited, with the issuer as actor).
+    Locks: none (INSERTs)."""
+    api_key_issue_check(issuer=issuer, principal=principal)
+    return api_key_create(principal=principal)
+
+
 def _api_key_state(api_key: ApiKey) -> dict[str, object]:
     """What the audit log keeps of a key: never its hash or secret."""
     return {
@@ -105,16 +138,18 @@ def _api_key_state(api_key: ApiKey) -> dict[str, object]:
 
 
 @transaction.atomic
-def api_key_rotate(*, api_key: ApiKey, overlap: timedelta = timedelta(hours=24)) -> tuple[ApiKey, str]:
-    """Mint a successor key; the old one keeps working for `overlap`, then stops.
+def api_key_rotate(*, api_key: ApiKey, issuer: User, overlap: timedelta = timedelta(hours=24)) -> tuple[ApiKey, str]:
+    """Mint a successor key; the old one keeps working for `overlap`, then stops. A
+    rotation mints a key, so `issuer` needs what minting needs (`api_key_issue_check`).
 
     A revoked or expired key cannot be rotated: that would hand a working key to
-    whoever holds a dead one.
+    whoever holds a dead one. Locks: the old key's row (UPDATE).
     """
     if api_key.revoked_at is not None or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
         raise InvalidState("this key is revoked or expired and cannot be rotated; create a new key")
     principal = api_key.customer or api_key.merchant or api_key.terminal or api_key.staff
     assert principal is not None
+    api_key_issue_check(issuer=issuer, principal=principal)
     before = _api_key_state(api_key)
     new_key, raw_key = api_key_create(principal=principal)
     expires_at = timezone.now() + overlap

@@ -1,12 +1,16 @@
 """Back-office roles (Django groups with permissions) and staff logins, per tenant schema.
 
 - viewer:   sees everything in the tenant admin, changes nothing.
-- operator: viewer + freeze/unfreeze wallets, rotate/revoke API keys, redeliver events and
-            webhooks, enable/disable webhook endpoints, refund payments, switch a face's
-            idempotency mode.
+- operator: viewer + onboard customers, merchants, stores and terminals, edit a customer's
+            contact, freeze/unfreeze wallets, create/rotate/revoke API keys, redeliver
+            events and webhooks, enable/disable webhook endpoints, refund payments, switch
+            a face's idempotency mode.
 - finance:  viewer + refunds, adjustments (proposing; above the threshold a second staff
             member approves), approving or rejecting another member's adjustment.
 A tenant's superuser (the demo `admin`) has every permission.
+
+The admin API face asks for the same permissions (payments.api.base.AdminViewSet), read
+from the login at each request.
 """
 
 from __future__ import annotations
@@ -17,13 +21,16 @@ from django.db import transaction
 from django.db.models import Q
 
 from wallets.models import StaffMember
+from wallets.services.audit import audit_record
 
 TENANT_APP_LABELS = ("wallets", "payments", "idempotency", "webhooks")
 
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "viewer": (),
     "operator": (
-        "wallets.freeze_account", "wallets.manage_apikey", "payments.requeue_outboxevent", "webhooks.redeliver_webhookdelivery",
+        "wallets.add_customer", "wallets.change_customer", "wallets.add_merchant", "wallets.add_store", "wallets.add_terminal",
+        "wallets.freeze_account", "wallets.manage_apikey", "wallets.issue_apikey", "payments.requeue_outboxevent",
+        "webhooks.redeliver_webhookdelivery",
         "webhooks.manage_webhookendpoint", "payments.refund_payment", "idempotency.switch_idempotency_mode",
     ),
     "finance": ("payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment"),
@@ -72,3 +79,12 @@ def staff_login_ensure(*, username: str, password: str, role: str | None = None,
         user.groups.set([staff_roles_ensure()[role]])
     staff, _ = StaffMember.objects.get_or_create(user=user)
     return staff
+
+
+@transaction.atomic
+def staff_role_set(*, staff: StaffMember, role: str) -> None:
+    """Put the staff member's login in `role`'s group alone (audited). Locks: none beyond
+    the rows it writes."""
+    before = sorted(staff.user.groups.values_list("name", flat=True))
+    staff.user.groups.set([staff_roles_ensure()[role]])
+    audit_record(action="staff.role_set", target_type="staff_member", target_id=staff.pk, before={"roles": before}, after={"roles": [role]})
