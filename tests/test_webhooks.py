@@ -5,6 +5,7 @@ and no SSRF at registration or at send time."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -38,7 +39,7 @@ from webhooks.services.deliveries import RETRY_WINDOW, retry_delay
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate
 from webhooks.services.relay import outbox_batch_publish, outbox_lag_seconds_refresh, outbox_relay_run
 from webhooks.signing import signature_header
-from webhooks.targets import webhook_target_resolve
+from webhooks.targets import address_refusal, webhook_target_resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 RX = doc_receiver()
@@ -427,6 +428,8 @@ REFUSED = [
     "http://224.0.0.1/",
     "http://[ff02::1]/",
     "http://240.0.0.1/",  # reserved
+    "http://[fec0::1]/",  # site local (deprecated, not global; Python 3.11's is_global says it is)
+    "http://192.0.0.8/",  # the IPv4 dummy address (IETF protocol assignments; Python 3.11 passes it)
     "http://localhost:6379/",  # a name that resolves to loopback
     "http://127.0.0.1:99999/",  # invalid port
     "http://127.0.0.1:0/",
@@ -455,6 +458,39 @@ def test_registration_accepts_public_targets(url: str, tenant: Tenant, settings:
     settings.TALLY_WEBHOOK_ALLOW_HTTP = True
     settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
     assert _endpoint(MerchantFactory(), url)[0].url == url
+
+
+@pytest.mark.parametrize(
+    ("address", "allowed"),
+    [
+        ("8.8.8.8", True),
+        ("223.255.255.254", True),
+        ("192.0.0.9", True),  # PCP anycast: the registry's one globally reachable 192.0.0.0/24 exception (with .10)
+        ("192.0.0.170", False),  # NAT64 discovery
+        ("192.0.2.1", False),  # documentation
+        ("198.18.0.1", False),  # benchmarking
+        ("192.88.99.1", False),  # 6to4 relay anycast, deprecated
+        ("255.255.255.255", False),
+        ("2001:4860:4860::8888", True),
+        ("2001:db8::1", False),  # documentation
+        ("3fff::1", False),  # documentation (the newer block)
+        ("2001:2::1", False),  # benchmarking
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False),  # Teredo
+        ("2001:3::1", True),  # AMT: globally reachable inside 2001::/23
+        ("4000::1", False),  # unassigned, outside 2000::/3
+        ("::8.8.8.8", False),  # IPv4-compatible (deprecated): not a form that reaches 8.8.8.8
+        ("::ffff:8.8.8.8", True),  # IPv4-mapped: judged as 8.8.8.8
+        ("::ffff:192.0.0.8", False),
+        ("64:ff9b::808:808", True),  # NAT64 of 8.8.8.8
+        ("64:ff9b::c000:8", False),  # NAT64 of 192.0.0.8
+        ("64:ff9b:1::808:808", False),  # local-use NAT64 prefix
+        ("2002:808:808::1", True),  # 6to4 of 8.8.8.8
+        ("2002:c000:8::1", False),  # 6to4 of 192.0.0.8
+    ],
+)
+def test_only_addresses_on_the_global_allow_list_pass(address: str, allowed: bool) -> None:
+    refusal = address_refusal(ipaddress.ip_address(address), allow_loopback=True)
+    assert (refusal is None) is allowed, (address, refusal)
 
 
 def test_loopback_only_when_a_setting_allows_it_and_never_private_or_unspecified(settings: Any) -> None:

@@ -28,8 +28,9 @@ def _new_secret() -> str:
 
 def _url_check(url: str) -> str:
     """Refuse a URL deliveries must never reach (webhooks.targets: https only unless
-    settings allow http; no loopback, private, link-local/metadata or multicast target,
-    whether written as an address or a name that resolves to one). A name that does not
+    settings allow http; only globally routable addresses, so no loopback, private,
+    link-local/metadata or multicast target, whether written as an address or a name
+    that resolves to one). A name that does not
     resolve yet is accepted: every delivery checks again."""
     webhook_target_resolve(url=url, unresolvable_ok=True)
     return url
