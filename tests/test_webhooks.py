@@ -65,6 +65,16 @@ def _endpoint(merchant: Merchant, url: str, events: list[str] | None = None) -> 
     return webhook_endpoint_create(merchant=merchant, url=url, enabled_events=events or ["*"])
 
 
+def _endpoint_as_registered(merchant: Merchant, url: str) -> WebhookEndpoint:
+    """An endpoint row written directly, its URL unchecked (as registration saw it earlier)."""
+    from webhooks.secrets import webhook_endpoint_secrets_assign
+
+    endpoint = WebhookEndpoint(merchant=merchant, url=url, enabled_events=["*"])
+    webhook_endpoint_secrets_assign(endpoint=endpoint, current="whsec_x", previous="")
+    endpoint.save(force_insert=True)
+    return endpoint
+
+
 def _event(merchant: Merchant, n: int, topic: str = "payment.succeeded") -> OutboxEvent:
     """One committed event (own transaction when none is open)."""
     return run_atomic(
@@ -400,6 +410,53 @@ def test_during_a_rotation_overlap_deliveries_carry_both_signatures(tenant: Tena
         RX.verify(body=rx.requests[0].body, header=header, secrets=[secret])
 
 
+def _raw_row(endpoint_id: str) -> bytes:
+    """Every column of the endpoint's row as the database holds it (what a dump shows)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM webhooks_webhookendpoint WHERE id = %s", [endpoint_id])
+        row = cursor.fetchone()
+    assert row is not None
+    return b"\x00".join(bytes(v) if isinstance(v, bytes | memoryview) else str(v).encode() for v in row)
+
+
+def test_a_signing_secret_is_sealed_at_rest_and_deliveries_still_verify(tenant: Tenant, loopback_http: None) -> None:
+    """Neither the secret nor the previous one (during a rotation's overlap) is in the row:
+    a read-only dump of the database cannot sign for the merchant. Deliveries are signed
+    with both, and the receiver verifies them."""
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        endpoint, old_secret = _endpoint(merchant, rx.url())
+        assert old_secret.removeprefix("whsec_").encode() not in _raw_row(endpoint.pk)
+        endpoint, new_secret = webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(hours=1))
+        raw = _raw_row(endpoint.pk)
+        for secret in (old_secret, new_secret):
+            assert secret.removeprefix("whsec_").encode() not in raw
+        _event(merchant, 1)
+        outbox_relay_run()
+    header = rx.requests[0].headers["Tally-Signature"]
+    for secret in (old_secret, new_secret):
+        RX.verify(body=rx.requests[0].body, header=header, secrets=[secret])
+
+
+def test_a_sealed_secret_opens_only_in_its_own_endpoint_and_field(tenant: Tenant) -> None:
+    """Bound by associated data to the tenant, the endpoint and the field: copied to another
+    endpoint's row, or from the previous secret's column to the current one, it does not open."""
+    from cryptography.exceptions import InvalidTag
+
+    from webhooks.secrets import webhook_endpoint_secrets
+
+    merchant = MerchantFactory()
+    first, _ = webhook_endpoint_create(merchant=merchant, url="https://93.184.215.14/a", enabled_events=["*"])
+    first, _ = webhook_endpoint_secret_rotate(endpoint=first, overlap=timedelta(hours=1))
+    second, _ = webhook_endpoint_create(merchant=merchant, url="https://93.184.215.14/b", enabled_events=["*"])
+    WebhookEndpoint.objects.filter(pk=second.pk).update(secret_sealed=first.secret_sealed)
+    with pytest.raises(InvalidTag):
+        webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=second.pk))
+    WebhookEndpoint.objects.filter(pk=first.pk).update(secret_sealed=first.previous_secret_sealed)
+    with pytest.raises(InvalidTag):
+        webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=first.pk))
+
+
 def test_the_documented_receiver_is_the_file_make_run_starts() -> None:
     doc = (ROOT / "docs" / "WEBHOOKS.md").read_text()
     assert (ROOT / "docs" / "webhook_receiver.py").read_text().strip() in doc
@@ -516,10 +573,7 @@ def test_a_delivery_to_a_name_that_resolves_to_an_internal_address_at_send_time_
     merchant = MerchantFactory()
     refused_before = _sample(metrics.WEBHOOK_FAILURES, reason="refused")
     with receiver_running() as rx:
-        endpoints = [
-            WebhookEndpoint.objects.create(merchant=merchant, url=url, enabled_events=["*"], secret="whsec_x")
-            for url in (f"http://localhost:{rx.port}/hook", "http://10.1.2.3/hook")
-        ]
+        endpoints = [_endpoint_as_registered(merchant, url) for url in (f"http://localhost:{rx.port}/hook", "http://10.1.2.3/hook")]
         _event(merchant, 1)
         outbox_relay_run()
     assert rx.requests == []
