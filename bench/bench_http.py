@@ -442,6 +442,7 @@ def _hot_endpoint_ensure(url: str) -> str:
 
     from wallets.models import Merchant
     from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+    from webhooks.secrets import webhook_endpoint_secrets
     from webhooks.services.endpoints import webhook_endpoint_create
 
     with schema_context(SCHEMA):
@@ -451,7 +452,7 @@ def _hot_endpoint_ensure(url: str) -> str:
             endpoint, _ = webhook_endpoint_create(merchant=hot, url=url, enabled_events=["*"], description="bench_http --stack make-run")
         WebhookEndpoint.objects.filter(merchant=hot).exclude(pk=endpoint.pk).update(status=WebhookEndpointStatus.DISABLED)
         WebhookEndpoint.objects.filter(pk=endpoint.pk).update(status=WebhookEndpointStatus.ENABLED, disabled_reason="")
-        secret = endpoint.secret
+        secret = webhook_endpoint_secrets(endpoint=endpoint).current
     connection.set_schema_to_public()
     return secret
 

@@ -252,7 +252,7 @@ def test_a_compiled_values_insert_stores_nulls_and_booleans_as_bulk_create_does(
     """A drain page's attempts go as VALUES rows: a NULL in the first row (no HTTP answer)
     and booleans both ways must land as the columns' types, as bulk_create stores them."""
     merchant = MerchantFactory()
-    endpoint = WebhookEndpoint.objects.create(merchant=merchant, url="https://hooks.example/", secret="whsec_test")
+    endpoint = WebhookEndpoint.objects.create(merchant=merchant, url="https://hooks.example/")
     event = OutboxEvent.objects.create(topic="t.attempts", payload={})
     when = timezone.now()
     delivery = WebhookDelivery.objects.create(endpoint=endpoint, event=event, topic=event.topic, event_created=when, give_up_at=when)

@@ -352,6 +352,93 @@ def test_the_totals_backfill_walks_a_long_history_in_day_windows(scratch: Tenant
     assert (state.phase, state.rows_done, state.rows_written) == (StagedPhase.BACKFILLED, 3, 0)
 
 
+class _Stop(Exception):
+    pass
+
+
+def _merchants_with_history(count: int, days_ago: tuple[int, ...]) -> list[str]:
+    """`count` merchants, each credited once on each of `days_ago` (posted in the past,
+    before expand: only the backfill can bring them to the summary). Their account ids."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from wallets.models import Account, SystemRole
+    from wallets.services.ledger import Leg, ledger_post
+
+    source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS)
+    accounts = []
+    with transaction.atomic():
+        for n in range(count):
+            account = Account.objects.get(merchant_id=TerminalFactory().store.merchant_id)
+            accounts.append(account.pk)
+            for ago in days_ago:
+                created = timezone.now() - timedelta(days=ago, minutes=n)
+                legs = [Leg(account, "JPY", 100 + ago), Leg(source, "JPY", -(100 + ago))]
+                ledger_post(kind="adjustment", reference=f"adj_{n}_{ago}", legs=legs, created=created)
+    return accounts
+
+
+@pytest.mark.parametrize(("first_batch", "then_batch"), [(2, 5), (1, 3), (3, 1)])
+def test_the_totals_backfill_resumed_with_another_batch_skips_no_merchant_day(
+    scratch: Tenant, monkeypatch: pytest.MonkeyPatch, first_batch: int, then_batch: int
+) -> None:
+    """Stopped after two batches of one --batch and resumed with another: every (merchant,
+    asset, day) is in the summary, as a full recompute from the ledger has it."""
+    from datetime import UTC, datetime, timedelta
+
+    from wallets.settlement import MerchantDailyTotalsMigration, merchant_daily_totals_differences
+    from wallets.staged.runner import staged_backfill
+
+    monkeypatch.setattr(MerchantDailyTotalsMigration, "window_days", 2)
+    _merchants_with_history(5, (9, 6, 5, 1, 0))
+    assert staged(TOTALS, "expand", tenant=scratch).code == 0
+    batches = 0
+
+    def stop_after_two(done: int, total: int, rate: float) -> None:
+        nonlocal batches
+        batches += 1
+        if batches == 2:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        staged_backfill(migration=MerchantDailyTotalsMigration(), batch=first_batch, progress=stop_after_two)
+    state = StagedMigrationState.objects.get(name=TOTALS)
+    assert state.phase == StagedPhase.EXPANDED and state.cursor  # stopped partway, the cursor kept
+    resumed = staged(TOTALS, "backfill", tenant=scratch, batch=then_batch)
+    assert resumed.code == 0, resumed
+    state = StagedMigrationState.objects.get(name=TOTALS)
+    assert (state.phase, state.rows_done, state.rows_total) == (StagedPhase.BACKFILLED, 5, 5)
+    today = datetime.now(UTC).date()
+    assert merchant_daily_totals_differences(day_from=today - timedelta(days=30), day_to=today + timedelta(days=1)) == []
+    assert MerchantDailyTotal.objects.count() == 25  # 5 merchants x 5 days, each once
+    verified = staged(TOTALS, "verify", tenant=scratch)
+    assert verified.code == 0, verified
+
+
+def test_a_totals_cursor_names_a_merchant_and_a_day_and_the_earlier_form_resumes_at_its_batchs_start(
+    scratch: Tenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cursor between windows is `<account>/<day>`. One of the earlier form,
+    `<account>@<day>`, whose day applied to the batch after <account>, resumes with that
+    batch's merchants from their first day (here the first batch: `@<day>`)."""
+    from datetime import UTC, datetime, timedelta
+
+    from wallets.settlement import MerchantDailyTotalsMigration
+
+    monkeypatch.setattr(MerchantDailyTotalsMigration, "window_days", 2)
+    accounts = sorted(_merchants_with_history(3, (6, 1)))
+    assert staged(TOTALS, "expand", tenant=scratch).code == 0
+    staged_phase_forget()
+    with transaction.atomic():
+        first = MerchantDailyTotalsMigration().backfill_batch(after="", limit=2, dry_run=True)
+    assert first.cursor is not None and first.cursor.startswith(f"{accounts[0]}/")
+    StagedMigrationState.objects.filter(name=TOTALS).update(cursor=f"@{datetime.now(UTC).date() - timedelta(days=2)}")
+    assert staged(TOTALS, "backfill", tenant=scratch, batch=2).code == 0
+    assert MerchantDailyTotal.objects.count() == 6
+    assert staged(TOTALS, "verify", tenant=scratch).code == 0
+
+
 def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tenant) -> None:
     from webhooks.reconciliation.models import RunTrigger
     from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request

@@ -5,6 +5,7 @@ and no SSRF at registration or at send time."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -38,7 +39,7 @@ from webhooks.services.deliveries import RETRY_WINDOW, retry_delay
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate
 from webhooks.services.relay import outbox_batch_publish, outbox_lag_seconds_refresh, outbox_relay_run
 from webhooks.signing import signature_header
-from webhooks.targets import webhook_target_resolve
+from webhooks.targets import address_refusal, webhook_target_resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 RX = doc_receiver()
@@ -62,6 +63,16 @@ def live_endpoints(live_tenant: Tenant) -> Iterator[list[WebhookEndpoint]]:
 
 def _endpoint(merchant: Merchant, url: str, events: list[str] | None = None) -> tuple[WebhookEndpoint, str]:
     return webhook_endpoint_create(merchant=merchant, url=url, enabled_events=events or ["*"])
+
+
+def _endpoint_as_registered(merchant: Merchant, url: str) -> WebhookEndpoint:
+    """An endpoint row written directly, its URL unchecked (as registration saw it earlier)."""
+    from webhooks.secrets import webhook_endpoint_secrets_assign
+
+    endpoint = WebhookEndpoint(merchant=merchant, url=url, enabled_events=["*"])
+    webhook_endpoint_secrets_assign(endpoint=endpoint, current="whsec_x", previous="")
+    endpoint.save(force_insert=True)
+    return endpoint
 
 
 def _event(merchant: Merchant, n: int, topic: str = "payment.succeeded") -> OutboxEvent:
@@ -399,6 +410,53 @@ def test_during_a_rotation_overlap_deliveries_carry_both_signatures(tenant: Tena
         RX.verify(body=rx.requests[0].body, header=header, secrets=[secret])
 
 
+def _raw_row(endpoint_id: str) -> bytes:
+    """Every column of the endpoint's row as the database holds it (what a dump shows)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM webhooks_webhookendpoint WHERE id = %s", [endpoint_id])
+        row = cursor.fetchone()
+    assert row is not None
+    return b"\x00".join(bytes(v) if isinstance(v, bytes | memoryview) else str(v).encode() for v in row)
+
+
+def test_a_signing_secret_is_sealed_at_rest_and_deliveries_still_verify(tenant: Tenant, loopback_http: None) -> None:
+    """Neither the secret nor the previous one (during a rotation's overlap) is in the row:
+    a read-only dump of the database cannot sign for the merchant. Deliveries are signed
+    with both, and the receiver verifies them."""
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        endpoint, old_secret = _endpoint(merchant, rx.url())
+        assert old_secret.removeprefix("whsec_").encode() not in _raw_row(endpoint.pk)
+        endpoint, new_secret = webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(hours=1))
+        raw = _raw_row(endpoint.pk)
+        for secret in (old_secret, new_secret):
+            assert secret.removeprefix("whsec_").encode() not in raw
+        _event(merchant, 1)
+        outbox_relay_run()
+    header = rx.requests[0].headers["Tally-Signature"]
+    for secret in (old_secret, new_secret):
+        RX.verify(body=rx.requests[0].body, header=header, secrets=[secret])
+
+
+def test_a_sealed_secret_opens_only_in_its_own_endpoint_and_field(tenant: Tenant) -> None:
+    """Bound by associated data to the tenant, the endpoint and the field: copied to another
+    endpoint's row, or from the previous secret's column to the current one, it does not open."""
+    from cryptography.exceptions import InvalidTag
+
+    from webhooks.secrets import webhook_endpoint_secrets
+
+    merchant = MerchantFactory()
+    first, _ = webhook_endpoint_create(merchant=merchant, url="https://93.184.215.14/a", enabled_events=["*"])
+    first, _ = webhook_endpoint_secret_rotate(endpoint=first, overlap=timedelta(hours=1))
+    second, _ = webhook_endpoint_create(merchant=merchant, url="https://93.184.215.14/b", enabled_events=["*"])
+    WebhookEndpoint.objects.filter(pk=second.pk).update(secret_sealed=first.secret_sealed)
+    with pytest.raises(InvalidTag):
+        webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=second.pk))
+    WebhookEndpoint.objects.filter(pk=first.pk).update(secret_sealed=first.previous_secret_sealed)
+    with pytest.raises(InvalidTag):
+        webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=first.pk))
+
+
 def test_the_documented_receiver_is_the_file_make_run_starts() -> None:
     doc = (ROOT / "docs" / "WEBHOOKS.md").read_text()
     assert (ROOT / "docs" / "webhook_receiver.py").read_text().strip() in doc
@@ -427,6 +485,8 @@ REFUSED = [
     "http://224.0.0.1/",
     "http://[ff02::1]/",
     "http://240.0.0.1/",  # reserved
+    "http://[fec0::1]/",  # site local (deprecated, not global; Python 3.11's is_global says it is)
+    "http://192.0.0.8/",  # the IPv4 dummy address (IETF protocol assignments; Python 3.11 passes it)
     "http://localhost:6379/",  # a name that resolves to loopback
     "http://127.0.0.1:99999/",  # invalid port
     "http://127.0.0.1:0/",
@@ -457,6 +517,39 @@ def test_registration_accepts_public_targets(url: str, tenant: Tenant, settings:
     assert _endpoint(MerchantFactory(), url)[0].url == url
 
 
+@pytest.mark.parametrize(
+    ("address", "allowed"),
+    [
+        ("8.8.8.8", True),
+        ("223.255.255.254", True),
+        ("192.0.0.9", True),  # PCP anycast: the registry's one globally reachable 192.0.0.0/24 exception (with .10)
+        ("192.0.0.170", False),  # NAT64 discovery
+        ("192.0.2.1", False),  # documentation
+        ("198.18.0.1", False),  # benchmarking
+        ("192.88.99.1", False),  # 6to4 relay anycast, deprecated
+        ("255.255.255.255", False),
+        ("2001:4860:4860::8888", True),
+        ("2001:db8::1", False),  # documentation
+        ("3fff::1", False),  # documentation (the newer block)
+        ("2001:2::1", False),  # benchmarking
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", False),  # Teredo
+        ("2001:3::1", True),  # AMT: globally reachable inside 2001::/23
+        ("4000::1", False),  # unassigned, outside 2000::/3
+        ("::8.8.8.8", False),  # IPv4-compatible (deprecated): not a form that reaches 8.8.8.8
+        ("::ffff:8.8.8.8", True),  # IPv4-mapped: judged as 8.8.8.8
+        ("::ffff:192.0.0.8", False),
+        ("64:ff9b::808:808", True),  # NAT64 of 8.8.8.8
+        ("64:ff9b::c000:8", False),  # NAT64 of 192.0.0.8
+        ("64:ff9b:1::808:808", False),  # local-use NAT64 prefix
+        ("2002:808:808::1", True),  # 6to4 of 8.8.8.8
+        ("2002:c000:8::1", False),  # 6to4 of 192.0.0.8
+    ],
+)
+def test_only_addresses_on_the_global_allow_list_pass(address: str, allowed: bool) -> None:
+    refusal = address_refusal(ipaddress.ip_address(address), allow_loopback=True)
+    assert (refusal is None) is allowed, (address, refusal)
+
+
 def test_loopback_only_when_a_setting_allows_it_and_never_private_or_unspecified(settings: Any) -> None:
     settings.TALLY_WEBHOOK_ALLOW_HTTP = True
     settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
@@ -480,10 +573,7 @@ def test_a_delivery_to_a_name_that_resolves_to_an_internal_address_at_send_time_
     merchant = MerchantFactory()
     refused_before = _sample(metrics.WEBHOOK_FAILURES, reason="refused")
     with receiver_running() as rx:
-        endpoints = [
-            WebhookEndpoint.objects.create(merchant=merchant, url=url, enabled_events=["*"], secret="whsec_x")
-            for url in (f"http://localhost:{rx.port}/hook", "http://10.1.2.3/hook")
-        ]
+        endpoints = [_endpoint_as_registered(merchant, url) for url in (f"http://localhost:{rx.port}/hook", "http://10.1.2.3/hook")]
         _event(merchant, 1)
         outbox_relay_run()
     assert rx.requests == []

@@ -35,7 +35,6 @@ from typing import Any, Final
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
-from django.utils import timezone
 
 from wallets.locks import connection_shard, merchant_balance_rows_lock
 from wallets.models import Account, AccountKind, LedgerEntry, MerchantDailyTotal
@@ -192,43 +191,67 @@ class MerchantDailyTotalsMigration(StagedMigration):
     old_survives_contract = True
     # Merchants per batch: each window holds their balance rows while it aggregates it.
     default_batch = 5
-    # Days of history recomputed per transaction.
+    # Days of one merchant's history recomputed per transaction, at most.
     window_days = 31
 
     def backfill_total(self) -> int:
         return Account.objects.filter(kind=AccountKind.MERCHANT).count()
 
     def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
-        """One window of `window_days` of history of the next `limit` merchants. The
-        cursor is the last merchant account done, plus `@<day>` while a batch of merchants
-        is between windows.
+        """The history of the next `limit` merchants from the cursor, at most `window_days`
+        days of each, in (merchant, day) order.
 
-        Locks: every balance row of the batch's merchants, one statement in the global
-        order (merchant_balance_rows_lock; not with `dry_run`), then their summary rows.
-        Recomputes each (merchant, asset, day) of the window from the ledger and rewrites
-        the keys that differ (one row on shard 0), nothing else. Windows keep each lock
-        short whatever a merchant's history; they stay exact because every posting since
-        the fence after expand dual-writes, so a key is right from the moment a window
-        rewrote it under the lock, whichever window comes first."""
-        after_account, _, from_day = after.partition("@")
-        merchants = Account.objects.filter(kind=AccountKind.MERCHANT, pk__gt=after_account).order_by("pk")
+        The cursor is a position in the data, whatever `limit` was: `<account>` means every
+        merchant account up to it is done, `<account>/<day>` that the merchants before it
+        are done and it is done up to (not including) that day. So a backfill resumed with
+        another `--batch` neither skips nor repeats a (merchant, day). A merchant whose
+        history does not fit in its window ends the batch, and the cursor names it and the
+        day its next window starts at (the next day with data). The `<account>@<day>` of
+        earlier versions, whose day applied to a batch of merchants, resumes at the batch's
+        start: `<account>` (those merchants are recomputed, nothing is skipped).
+
+        Locks: every balance row of the merchants the batch recomputes, one statement in
+        the global order (merchant_balance_rows_lock; not with `dry_run`), then their
+        summary rows. Recomputes each (merchant, asset, day) of their windows from the
+        ledger and rewrites the keys that differ (one row on shard 0), nothing else.
+        Windows keep each lock short whatever a merchant's history; they stay exact because
+        every posting since the fence after expand dual-writes, so a key is right from the
+        moment a window rewrote it under the lock, whichever window comes first."""
+        resume_account, from_day = _position(after)
+        merchants = Account.objects.filter(kind=AccountKind.MERCHANT).order_by("pk")
+        if from_day is not None:
+            merchants = merchants.filter(pk__gte=resume_account)
+        elif resume_account:
+            merchants = merchants.filter(pk__gt=resume_account)
         ids = list(merchants.values_list("pk", flat=True)[:limit])
         if not ids:
             return BatchResult(cursor=None, rows_seen=0, rows_written=0)
-        entries = LedgerEntry.objects.filter(account_id__in=ids).aggregate(first=Min("created"), last=Max("created"))
-        rows = MerchantDailyTotal.objects.filter(account_id__in=ids).aggregate(first=Min("day"), last=Max("day"))
-        today = utc_day(timezone.now())
-        firsts = [d for d in (entries["first"] and utc_day(entries["first"]), rows["first"]) if d is not None]
-        last = max(d for d in (entries["last"] and utc_day(entries["last"]), rows["last"], today) if d is not None)
-        start = date.fromisoformat(from_day) if from_day else min(firsts, default=today)
-        end = start + timedelta(days=self.window_days)
+        spans = _history_spans(ids, resume_account=resume_account, from_day=from_day)
+        windows: dict[str, tuple[date, date]] = {}
+        cursor: str | None = ids[-1] if len(ids) == limit else None
+        done = 0
+        for account_id in ids:
+            span = spans.get(account_id)
+            if span is None:  # no history left to recompute
+                done += 1
+                continue
+            first, last = span
+            end = first + timedelta(days=self.window_days)
+            windows[account_id] = (first, end)
+            if end <= last:  # more history of this merchant: its next window, next batch
+                cursor = f"{account_id}/{end.isoformat()}"
+                break
+            done += 1
+        if not windows:
+            return BatchResult(cursor=cursor, rows_seen=done, rows_written=0)
         if not dry_run:
-            merchant_balance_rows_lock(account_ids=ids)
-        window = LedgerEntry.objects.filter(
-            account_id__in=ids, created__gte=datetime.combine(start, time.min, tzinfo=UTC), created__lt=datetime.combine(end, time.min, tzinfo=UTC)
-        )
-        truth = _keyed(_ledger_totals(window))
-        summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(account_id__in=ids, day__gte=start, day__lt=end)))
+            merchant_balance_rows_lock(account_ids=sorted(windows))
+        entries, rows = Q(), Q()
+        for account_id, (start, end) in windows.items():
+            entries |= Q(account_id=account_id, created__gte=_midnight(start), created__lt=_midnight(end))
+            rows |= Q(account_id=account_id, day__gte=start, day__lt=end)
+        truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(entries)))
+        summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(rows)))
         wrong = sorted(key for key in truth.keys() | summary.keys() if truth.get(key) != summary.get(key))
         if wrong and not dry_run:
             days: dict[tuple[str, str], list[date]] = defaultdict(list)
@@ -246,9 +269,7 @@ class MerchantDailyTotalsMigration(StagedMigration):
                     for c, b, n in [truth[(a, s, d)]]
                 ]
             )
-        if end <= last:  # more history of these merchants: the next window
-            return BatchResult(cursor=f"{after_account}@{end.isoformat()}", rows_seen=0, rows_written=len(wrong))
-        return BatchResult(cursor=ids[-1] if len(ids) == limit else None, rows_seen=len(ids), rows_written=len(wrong))
+        return BatchResult(cursor=cursor, rows_seen=done, rows_written=len(wrong))
 
     def verify(self) -> VerifyReport:
         """Every (merchant, asset, day), in one REPEATABLE READ snapshot: the summary (summed
@@ -283,6 +304,43 @@ class MerchantDailyTotalsMigration(StagedMigration):
                 if not ids:
                     return
                 MerchantDailyTotal.objects.filter(pk__in=ids).delete()
+
+
+def _midnight(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
+def _position(cursor: str) -> tuple[str, date | None]:
+    """(account, day) of a backfill cursor; day None: the account is done whole."""
+    account, slash, day = cursor.partition("/")
+    if slash:
+        return account, date.fromisoformat(day)
+    return cursor.partition("@")[0], None
+
+
+def _history_spans(ids: list[str], *, resume_account: str, from_day: date | None) -> dict[str, tuple[date, date]]:
+    """Per merchant account, the first and last UTC day with a ledger entry or a summary
+    row (for `resume_account`, from `from_day` on); accounts with none are left out."""
+    entries = LedgerEntry.objects.filter(account_id__in=ids)
+    rows = MerchantDailyTotal.objects.filter(account_id__in=ids)
+    if from_day is not None:
+        entries = entries.exclude(account_id=resume_account, created__lt=_midnight(from_day))
+        rows = rows.exclude(account_id=resume_account, day__lt=from_day)
+    spans: dict[str, tuple[date, date]] = {}
+
+    def widen(account_id: str, first: date, last: date) -> None:
+        known = spans.get(account_id)
+        spans[account_id] = (first, last) if known is None else (min(known[0], first), max(known[1], last))
+
+    for account_id, first_at, last_at in entries.values("account_id").annotate(first=Min("created"), last=Max("created")).values_list(
+        "account_id", "first", "last"
+    ):
+        widen(account_id, utc_day(first_at), utc_day(last_at))
+    for account_id, first_day, last_day in rows.values("account_id").annotate(first=Min("day"), last=Max("day")).values_list(
+        "account_id", "first", "last"
+    ):
+        widen(account_id, first_day, last_day)
+    return spans
 
 
 def _checksum(totals: dict[Key, tuple[int, int, int]]) -> str:

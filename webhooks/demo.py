@@ -16,6 +16,7 @@ from django_tenants.utils import schema_context
 from payments.demo import DEMO_SCHEMA
 from wallets.models import Merchant
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+from webhooks.secrets import webhook_endpoint_secrets
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate, webhook_endpoint_update
 
 
@@ -27,7 +28,7 @@ def demo_webhook_endpoint_ensure(*, merchant_id: str, url: str, state_file: Path
         endpoint = WebhookEndpoint.objects.filter(merchant=merchant, url=url).first()
         if endpoint is None:
             endpoint, secret = webhook_endpoint_create(merchant=merchant, url=url, enabled_events=["*"], description="make run demo receiver")
-        elif saved.get("endpoint") == endpoint.id and saved.get("secret") == endpoint.secret:
+        elif saved.get("endpoint") == endpoint.id and saved.get("secret") == webhook_endpoint_secrets(endpoint=endpoint).current:
             secret = saved["secret"]
         else:
             endpoint, secret = webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(0))

@@ -3,6 +3,10 @@
 Order: a relay takes at most one of these at a time, and never while holding a money lock.
 - `outbox_events_claim`: a batch of unpublished outbox rows, FOR UPDATE SKIP LOCKED, in
   (created, id) order; held for the batch's short publication transaction only.
+- `webhook_endpoint_lock` / `webhook_endpoint_rows_lock`: endpoint rows, FOR NO KEY UPDATE
+  (a delivery's insert, which only needs the key, is not blocked), one row (secret
+  rotation) or a batch in id order (the secret re-seal's backfill and contract); never
+  held across an HTTP call.
 - `endpoint_dispatch_lock`: a session advisory lock per endpoint, tried (never waited for)
   and held while that endpoint's due deliveries are sent one by one, so one endpoint
   gets its deliveries one at a time, in event order, whatever the number of relays. No
@@ -21,6 +25,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from payments.models import OutboxEvent
+from webhooks.models import WebhookEndpoint
 
 
 def outbox_events_claim(*, now: datetime, limit: int) -> QuerySet[OutboxEvent]:
@@ -32,6 +37,19 @@ def outbox_events_claim(*, now: datetime, limit: int) -> QuerySet[OutboxEvent]:
         .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
         .order_by("created", "id")[:limit]
     )
+
+
+def webhook_endpoint_lock(*, endpoint_id: str) -> WebhookEndpoint:
+    """The endpoint's row, locked."""
+    return WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint_id)
+
+
+def webhook_endpoint_rows_lock(*, after: str, limit: int, query: Q | None = None) -> list[WebhookEndpoint]:
+    """The next `limit` endpoint rows after id `after` (matching `query`), in id order, locked."""
+    rows = WebhookEndpoint.objects.filter(pk__gt=after)
+    if query is not None:
+        rows = rows.filter(query)
+    return list(rows.order_by("pk").select_for_update(no_key=True)[:limit])
 
 
 def _advisory_key(name: str) -> int:

@@ -21,13 +21,19 @@ class WebhookEndpointStatus(models.TextChoices):
 
 
 class WebhookEndpoint(models.Model):
-    """Where a merchant wants its events POSTed, signed with `secret` (SPEC 8).
+    """Where a merchant wants its events POSTed, signed with its secret (SPEC 8).
 
     The secret signs deliveries (HMAC-SHA256), so it must be usable, not just
-    verifiable: it is stored as is, and the API shows it only in the responses that
-    create or rotate it. After a rotation the previous secret still signs (a second `v1=`
-    in the signature header) until `previous_secret_expires_at`, so the merchant can
-    deploy the new one without dropping events.
+    verifiable: it is stored sealed (webhooks.secrets, AES-256-GCM bound to the tenant,
+    the endpoint and the field), and the API shows it only in the responses that create
+    or rotate it. After a rotation the previous secret still signs (a second `v1=` in the
+    signature header) until `previous_secret_expires_at`, so the merchant can deploy the
+    new one without dropping events.
+
+    Only webhooks.secrets reads or writes the four secret fields: the plaintext columns
+    (`secret`, `previous_secret`) are the representation the staged migration
+    `webhook_secrets` moves away from, written and read only while the tenant's phase says
+    so, and emptied by its contract.
     """
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_webhook_endpoint_id, editable=False)
@@ -37,8 +43,12 @@ class WebhookEndpoint(models.Model):
     # Event topics to deliver ("payment.succeeded", ...); ["*"] for all.
     enabled_events = models.JSONField(default=list)
     status = models.CharField(max_length=10, choices=WebhookEndpointStatus.choices, default=WebhookEndpointStatus.ENABLED)
-    secret = models.CharField(max_length=80)
-    previous_secret = models.CharField(max_length=80, blank=True, default="")
+    secret_plaintext = models.CharField(max_length=80, blank=True, default="", db_column="secret", editable=False)
+    previous_secret_plaintext = models.CharField(max_length=80, blank=True, default="", db_column="previous_secret", editable=False)
+    # NULL: not sealed yet (the backfill fills it). Written together; a NULL previous with
+    # a sealed current is "no previous secret".
+    secret_sealed = models.BinaryField(null=True, blank=True, editable=False)
+    previous_secret_sealed = models.BinaryField(null=True, blank=True, editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     # Why the endpoint was disabled, shown to the merchant ("" when enabled, or disabled by hand).
     disabled_reason = models.CharField(max_length=500, blank=True, default="")

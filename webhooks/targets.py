@@ -5,11 +5,15 @@ its host resolves to at that moment; the delivery then connects to the very addr
 was checked (webhooks.transport), so a name that changes its answer between the check
 and the connection (DNS rebinding) cannot reach an internal service.
 
-Refused: loopback, private (RFC 1918, ULA), shared (100.64/10), link-local (which holds
-the cloud metadata service 169.254.169.254), multicast, unspecified (0.0.0.0 reaches the
-local host), reserved and any other non-global address, also when carried inside an
-IPv6 address (IPv4-mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96, 6to4, Teredo). Loopback is
-allowed only when settings.TALLY_WEBHOOK_ALLOW_LOOPBACK is true (`make run`, tests).
+Allowed: only the global unicast space, as an allow-list (`GLOBAL_V4`, `GLOBAL_V6`): IPv4
+unicast and IPv6 2000::/3, minus every block of the IANA special-purpose address
+registries that is not globally reachable. Anything not on the list is refused, so a
+range the standard library's `is_global` misjudges (Python 3.11 passes fec0::/10 and
+192.0.0.8) or a block registered later is refused until it is listed. An IPv4 address
+carried inside IPv6 (IPv4-mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96, 6to4 2002::/16) is
+judged as that IPv4 address; other IPv4-in-IPv6 forms (IPv4-compatible ::a.b.c.d,
+Teredo, local-use NAT64) are outside the list. Loopback is allowed only when
+settings.TALLY_WEBHOOK_ALLOW_LOOPBACK is true (`make run`, tests).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import ipaddress
 import re
 import socket
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import quote, urlsplit
 
 from django.conf import settings
@@ -25,7 +30,80 @@ from django.conf import settings
 from webhooks.errors import WebhookEndpointInvalid, WebhookTargetRefused
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+V4, V6 = ipaddress.IPv4Network, ipaddress.IPv6Network
+Net = TypeVar("Net", ipaddress.IPv4Network, ipaddress.IPv6Network)
+
+# IANA IPv4 Special-Purpose Address Registry, the blocks whose "Globally Reachable" is not
+# True, plus multicast and the reserved 240/4 (both outside unicast).
+_NOT_GLOBAL_V4 = tuple(
+    V4(n)
+    for n in (
+        "0.0.0.0/8",  # "this network"
+        "10.0.0.0/8",  # private
+        "100.64.0.0/10",  # shared address space (carrier NAT; some clouds' metadata)
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link local (cloud metadata 169.254.169.254)
+        "172.16.0.0/12",  # private
+        "192.0.0.0/24",  # IETF protocol assignments (DS-Lite, the dummy 192.0.0.8, NAT64 discovery)
+        "192.0.2.0/24",  # documentation (TEST-NET-1)
+        "192.88.99.0/24",  # 6to4 relay anycast, deprecated
+        "192.168.0.0/16",  # private
+        "198.18.0.0/15",  # benchmarking
+        "198.51.100.0/24",  # documentation (TEST-NET-2)
+        "203.0.113.0/24",  # documentation (TEST-NET-3)
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, and the limited broadcast 255.255.255.255
+    )
+)
+# Blocks inside those that the registry marks globally reachable (anycast services).
+_GLOBAL_INSIDE_V4 = tuple(V4(n) for n in ("192.0.0.9/32", "192.0.0.10/32"))
+
+# IANA IPv6 Special-Purpose Address Registry, inside 2000::/3; everything outside 2000::/3
+# (loopback, ULA fc00::/7, link local, site local fec0::/10, multicast, the IPv4 forms,
+# discard-only, SRv6 SIDs, reserved space) is off the list by construction.
+_NOT_GLOBAL_V6 = tuple(
+    V6(n)
+    for n in (
+        "2001::/23",  # IETF protocol assignments: Teredo 2001::/32, benchmarking, ORCHID (deprecated)...
+        "2001:db8::/32",  # documentation
+        "2002::/16",  # 6to4: judged by the IPv4 address it carries, not as IPv6
+        "3fff::/20",  # documentation
+    )
+)
+# ...except the blocks of 2001::/23 the registry marks globally reachable.
+_GLOBAL_INSIDE_V6 = tuple(
+    V6(n)
+    for n in (
+        "2001:1::1/128",  # PCP anycast
+        "2001:1::2/128",  # TURN anycast
+        "2001:1::3/128",  # DNS-SD service registration protocol anycast
+        "2001:3::/32",  # AMT
+        "2001:4:112::/48",  # AS112-v6
+        "2001:20::/28",  # ORCHIDv2
+        "2001:30::/28",  # drone remote ID (DRIP) entity tags
+    )
+)
+
+
+def _allow_list(space: Net, holes: tuple[Net, ...], exceptions: tuple[Net, ...]) -> tuple[Net, ...]:
+    """`space` without `holes`, plus `exceptions`: disjoint networks in address order."""
+    remaining: list[Net] = [space]
+    for hole in holes:
+        remaining = [
+            piece
+            for net in remaining
+            if not hole.supernet_of(net)
+            for piece in (net.address_exclude(hole) if net.overlaps(hole) else [net])
+        ]
+    remaining.extend(exceptions)
+    return tuple(sorted(remaining, key=lambda net: int(net.network_address)))
+
+
+# The allow-lists: an address may be reached only if it is in one of these networks.
+GLOBAL_V4 = _allow_list(V4("0.0.0.0/0"), _NOT_GLOBAL_V4, _GLOBAL_INSIDE_V4)
+GLOBAL_V6 = _allow_list(V6("2000::/3"), _NOT_GLOBAL_V6, _GLOBAL_INSIDE_V6)
+_NAT64 = V6("64:ff9b::/96")
+_SIX_TO_FOUR = V6("2002::/16")
 
 
 @dataclass(frozen=True)
@@ -39,38 +117,51 @@ class Target:
     address: str
 
 
-def _embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
-    if isinstance(ip, ipaddress.IPv4Address):
-        return None
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a packet to `ip` ends up at, for the forms that carry one through
+    to an IPv4 host: IPv4-mapped, NAT64 (well-known prefix) and 6to4."""
     if ip.ipv4_mapped is not None:
         return ip.ipv4_mapped
     if ip in _NAT64:
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    if ip.sixtofour is not None:
+    if ip in _SIX_TO_FOUR:
         return ip.sixtofour
-    if ip.teredo is not None:
-        return ip.teredo[1]
     return None
 
 
-def address_refusal(ip: IPAddress, *, allow_loopback: bool) -> str | None:
-    """Why `ip` must not be reached, or None if it may."""
-    inner = _embedded_ipv4(ip)
-    if inner is not None:
-        return address_refusal(inner, allow_loopback=allow_loopback)
+def address_is_global(ip: IPAddress) -> bool:
+    """True only for an address on the allow-list (IPv4 carried in IPv6: its IPv4 address)."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = _embedded_ipv4(ip)
+        if inner is not None:
+            return address_is_global(inner)
+        return any(ip in net for net in GLOBAL_V6)
+    return any(ip in net for net in GLOBAL_V4)
+
+
+def _kind(ip: IPAddress) -> str:
+    """A word for the operator on why an address is off the list (the decision is not made here)."""
     if ip.is_unspecified:
         return "an unspecified address"
     if ip.is_loopback:
-        return None if allow_loopback else "a loopback address"
+        return "a loopback address"
     if ip.is_multicast:
         return "a multicast address"
     if ip.is_link_local:
         return "a link-local address (cloud metadata lives there)"
-    if ip.is_private:
-        return "a private address"
-    if not ip.is_global or ip.is_reserved:
-        return "not a public address"
-    return None
+    return "a private or special-purpose address, not globally routable"
+
+
+def address_refusal(ip: IPAddress, *, allow_loopback: bool) -> str | None:
+    """Why `ip` must not be reached, or None if it may."""
+    inner = _embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    if inner is not None:
+        return address_refusal(inner, allow_loopback=allow_loopback)
+    if address_is_global(ip):
+        return None
+    if ip.is_loopback and allow_loopback:
+        return None
+    return _kind(ip)
 
 
 def _url_parts(url: str) -> tuple[str, str, int, str]:

@@ -2,26 +2,16 @@
 
 Creating an API key, a webhook signing secret or a payment token answers with the
 secret itself, and a byte-identical replay needs those bytes later. They are stored
-sealed with AES-256-GCM under a key derived from SECRET_KEY, bound to the record's
+sealed (payments/sealing.py, under their own derived key), bound to the record's
 (principal, key) as associated data so a sealed body cannot be replayed under another
 record. A database dump alone reveals no secret.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
+from payments.sealing import SealScheme, secret_is_sealed, secret_seal, secret_unseal
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from django.conf import settings
-
-SEALED_PREFIX = b"tally-sealed:v1:"
-_NONCE_BYTES = 12
-
-
-def _key() -> bytes:
-    return hmac.new(settings.SECRET_KEY.encode("utf-8"), b"tally/idempotency/response-seal/v1", hashlib.sha256).digest()
+SCHEME = SealScheme(purpose=b"tally/idempotency/response-seal/v1", prefix=b"tally-sealed:v1:")
 
 
 def _associated_data(principal_id: str, key: str) -> bytes:
@@ -29,14 +19,11 @@ def _associated_data(principal_id: str, key: str) -> bytes:
 
 
 def response_body_seal(*, body: bytes, principal_id: str, key: str) -> bytes:
-    nonce = os.urandom(_NONCE_BYTES)
-    return SEALED_PREFIX + nonce + AESGCM(_key()).encrypt(nonce, body, _associated_data(principal_id, key))
+    return secret_seal(scheme=SCHEME, plaintext=body, associated_data=_associated_data(principal_id, key))
 
 
 def response_body_unseal(*, stored: bytes, principal_id: str, key: str) -> bytes:
     """The original bytes; bodies that were never sealed come back unchanged."""
-    if not stored.startswith(SEALED_PREFIX):
+    if not secret_is_sealed(scheme=SCHEME, stored=stored):
         return stored
-    sealed = stored[len(SEALED_PREFIX):]
-    nonce, ciphertext = sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:]
-    return AESGCM(_key()).decrypt(nonce, ciphertext, _associated_data(principal_id, key))
+    return secret_unseal(scheme=SCHEME, sealed=stored, associated_data=_associated_data(principal_id, key))

@@ -24,7 +24,9 @@ from payments.idempotency.services import idempotency_run
 from wallets.services.audit import audit_record
 
 # Never copied into the audit log's before/after snapshots.
-SECRET_FIELDS = frozenset({"key_hash", "token_hash", "secret", "previous_secret", "response_body", "response_headers"})
+SECRET_FIELDS = frozenset({
+    "key_hash", "token_hash", "secret", "previous_secret", "secret_plaintext", "previous_secret_plaintext", "response_body", "response_headers",
+})
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from tests.api.conftest import Api, World, error_of
 from tests.receivers import free_port, receiver_running
 from webhooks.demo import demo_webhook_endpoint_ensure
 from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.secrets import webhook_endpoint_secrets
 from webhooks.services.deliveries import RETRY_WINDOW
 from webhooks.services.relay import outbox_relay_run
 
@@ -138,7 +139,7 @@ def test_staff_redeliver_and_requeue_from_the_admin(api: Api, world: World, tena
         page = admin.get(f"/admin/webhooks/webhookdelivery/{quote(delivery.pk)}/change/")
         assert page.status_code == 200 and b"ok" in page.content  # the attempt log's response excerpt
         assert hook["id"].encode() in admin.get("/admin/webhooks/webhookendpoint/").content
-        secret = WebhookEndpoint.objects.get(pk=hook["id"]).secret.encode()
+        secret = webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=hook["id"])).current.encode()
         assert secret not in admin.get(f"/admin/webhooks/webhookendpoint/{quote(hook['id'])}/change/").content
         # Staff actions: a confirmation page with its own idempotency key (payments/admin_actions.py).
         r = admin.post(f"/admin/webhooks/webhookdelivery/{quote(delivery.pk)}/act/redeliver/", {"idempotency_key": "k-redeliver-1"})

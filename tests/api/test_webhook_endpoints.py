@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db import connection
 from django.utils import timezone
 
 from tests.api.conftest import Api, World, error_of
@@ -39,6 +40,21 @@ def test_rotation_keeps_old_secret_signing_during_overlap(api: Api, world: World
     assert webhook_endpoint_signing_secrets(endpoint=endpoint) == [new_secret, body["secret"]]
     later = timezone.now() + timedelta(seconds=601)
     assert webhook_endpoint_signing_secrets(endpoint=endpoint, now=later) == [new_secret]
+
+
+def test_the_stored_row_holds_neither_secret_after_register_and_rotate(api: Api, world: World) -> None:
+    body = _create(api, world)
+    r = api.post(f"/v1/merchant/webhook_endpoints/{body['id']}/rotate_secret", world.merchant.key, {"overlap_seconds": 600})
+    assert r.status_code == 200, r.content
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM webhooks_webhookendpoint WHERE id = %s", [body["id"]])
+        row = cursor.fetchone()
+    assert row is not None
+    raw = b"\x00".join(bytes(v) if isinstance(v, bytes | memoryview) else str(v).encode() for v in row)
+    for secret in (body["secret"], r.json()["secret"]):
+        assert secret.removeprefix("whsec_").encode() not in raw
+    endpoint = WebhookEndpoint.objects.get(pk=body["id"])
+    assert webhook_endpoint_signing_secrets(endpoint=endpoint) == [r.json()["secret"], body["secret"]]
 
 
 def test_update_and_disable(api: Api, world: World) -> None:

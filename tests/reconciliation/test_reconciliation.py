@@ -158,7 +158,7 @@ def test_outbox_dead_letter_and_lag(world: dict[str, Any]) -> None:
 def test_webhook_dead_letter(world: dict[str, Any]) -> None:
     OutboxEvent.objects.filter(published_at__isnull=True).update(published_at=timezone.now())
     merchant = world["terminal"].store.merchant
-    endpoint = WebhookEndpoint.objects.create(merchant=merchant, url="https://hooks.example/x", secret="s", enabled_events=["*"])
+    endpoint = WebhookEndpoint.objects.create(merchant=merchant, url="https://hooks.example/x", enabled_events=["*"])
     event = OutboxEvent.objects.create(topic="payment.succeeded", payload={}, published_at=timezone.now())
     delivery = WebhookDelivery.objects.create(
         endpoint=endpoint, event=event, topic=event.topic, event_created=event.created, status=WebhookDeliveryStatus.FAILED,

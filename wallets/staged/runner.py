@@ -96,6 +96,22 @@ def staged_expand(*, migration: StagedMigration) -> Outcome:
     return _transition(migration, decide)
 
 
+def staged_start_contracted(*, migration: StagedMigration) -> Outcome:
+    """absent -> contracted at once, for a tenant with no old data to move (one just
+    created): its services then write and read only the new representation. Refused when
+    there is old data (`backfill_total` > 0); a no-op once the migration has started."""
+
+    def decide(locked: StagedMigrationState) -> Outcome:
+        if locked.phase != StagedPhase.ABSENT:
+            return Outcome(f"already {locked.phase}: nothing to start", changed=False)
+        if migration.backfill_total():
+            raise StagedMigrationRefused("there is data to migrate: run the phases")
+        _move(locked, StagedPhase.CONTRACTED, note="no old data: new representation only")
+        return Outcome("contracted: nothing to migrate", changed=True)
+
+    return _transition(migration, decide)
+
+
 # --- backfill --------------------------------------------------------------------------
 
 

@@ -11,7 +11,9 @@ from django.utils import timezone
 from wallets import ids
 from wallets.models import Merchant
 from webhooks.errors import WebhookEndpointInvalid
+from webhooks.locks import webhook_endpoint_lock
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+from webhooks.secrets import webhook_endpoint_secrets, webhook_endpoint_secrets_assign
 from webhooks.targets import webhook_target_resolve
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a visible prefix, not a secret
@@ -28,8 +30,9 @@ def _new_secret() -> str:
 
 def _url_check(url: str) -> str:
     """Refuse a URL deliveries must never reach (webhooks.targets: https only unless
-    settings allow http; no loopback, private, link-local/metadata or multicast target,
-    whether written as an address or a name that resolves to one). A name that does not
+    settings allow http; only globally routable addresses, so no loopback, private,
+    link-local/metadata or multicast target, whether written as an address or a name
+    that resolves to one). A name that does not
     resolve yet is accepted: every delivery checks again."""
     webhook_target_resolve(url=url, unresolvable_ok=True)
     return url
@@ -45,15 +48,18 @@ def _events_check(events: list[str]) -> list[str]:
 def webhook_endpoint_create(
     *, merchant: Merchant, url: str, enabled_events: list[str], description: str = ""
 ) -> tuple[WebhookEndpoint, str]:
-    """Register an endpoint. Returns it and its signing secret (shown to the merchant once)."""
+    """Register an endpoint. Returns it and its signing secret (shown to the merchant once;
+    stored sealed, webhooks.secrets).
+
+    Locks: the merchant's row (the per-merchant limit)."""
     # Lock the merchant row so two concurrent registrations cannot both pass the limit.
     Merchant.objects.select_for_update().filter(pk=merchant.pk).first()
     if WebhookEndpoint.objects.filter(merchant=merchant).count() >= MAX_ENDPOINTS_PER_MERCHANT:
         raise WebhookEndpointInvalid(f"at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints per merchant", param=None)
     secret = _new_secret()
-    endpoint = WebhookEndpoint.objects.create(
-        merchant=merchant, url=_url_check(url), enabled_events=_events_check(enabled_events), description=description, secret=secret
-    )
+    endpoint = WebhookEndpoint(merchant=merchant, url=_url_check(url), enabled_events=_events_check(enabled_events), description=description)
+    webhook_endpoint_secrets_assign(endpoint=endpoint, current=secret, previous="")
+    endpoint.save(force_insert=True)
     return endpoint, secret
 
 
@@ -88,15 +94,17 @@ def webhook_endpoint_update(
 
 @transaction.atomic
 def webhook_endpoint_secret_rotate(*, endpoint: WebhookEndpoint, overlap: timedelta = timedelta(hours=24)) -> tuple[WebhookEndpoint, str]:
-    """A new signing secret now; the current one keeps signing for `overlap` (at most 7 days)."""
+    """A new signing secret now; the current one keeps signing for `overlap` (at most 7 days).
+
+    Locks: the endpoint's row (webhook_endpoint_lock)."""
     if overlap < timedelta(0) or overlap > MAX_SECRET_OVERLAP:
         raise WebhookEndpointInvalid("overlap must be between 0 and 7 days", param="overlap_seconds")
-    locked = WebhookEndpoint.objects.select_for_update().get(pk=endpoint.pk)
+    locked = webhook_endpoint_lock(endpoint_id=endpoint.pk)
     secret = _new_secret()
-    locked.previous_secret = locked.secret if overlap > timedelta(0) else ""
+    previous = webhook_endpoint_secrets(endpoint=locked).current if overlap > timedelta(0) else ""
+    fields = webhook_endpoint_secrets_assign(endpoint=locked, current=secret, previous=previous)
     locked.previous_secret_expires_at = timezone.now() + overlap if overlap > timedelta(0) else None
-    locked.secret = secret
-    locked.save(update_fields=["secret", "previous_secret", "previous_secret_expires_at", "updated"])
+    locked.save(update_fields=[*fields, "previous_secret_expires_at", "updated"])
     return locked, secret
 
 
@@ -104,7 +112,8 @@ def webhook_endpoint_signing_secrets(*, endpoint: WebhookEndpoint, now: datetime
     """The secrets a delivery is signed with right now: the current one, plus the previous
     one inside its overlap window."""
     now = now or timezone.now()
-    secrets = [endpoint.secret]
-    if endpoint.previous_secret and endpoint.previous_secret_expires_at and endpoint.previous_secret_expires_at > now:
-        secrets.append(endpoint.previous_secret)
+    stored = webhook_endpoint_secrets(endpoint=endpoint)
+    secrets = [stored.current]
+    if stored.previous and endpoint.previous_secret_expires_at and endpoint.previous_secret_expires_at > now:
+        secrets.append(stored.previous)
     return secrets

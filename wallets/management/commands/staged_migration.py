@@ -3,9 +3,10 @@
     python manage.py staged_migration status [NAME] [--tenant SCHEMA]
     python manage.py staged_migration NAME expand|backfill|verify|switch-reads|contract|rollback [--tenant SCHEMA]
         backfill: [--batch N] [--rate ROWS_PER_SECOND] [--dry-run] [--no-progress]
-        (rows: customers for customer_contacts, merchants for merchant_daily_totals)
+        (rows: customers for customer_contacts, merchants for merchant_daily_totals,
+        endpoints for webhook_secrets)
 
-NAME is `customer_contacts` or `merchant_daily_totals`. Without --tenant, every active
+NAME is `customer_contacts`, `merchant_daily_totals` or `webhook_secrets`. Without --tenant, every active
 tenant (tenants.selectors.tenant_schemas_active), one after the other. Exits 1 if any
 tenant refused the phase or failed verify, 0 otherwise (a phase already reached is a no-op).
 """
@@ -35,7 +36,7 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
         parser.add_argument(
             "--batch", type=int, default=None,
-            help="backfill: rows per batch, one transaction each (default: the migration's, 500 customers or 5 merchants)",
+            help="backfill: rows per batch, one transaction each (default: the migration's: 500 customers, 5 merchants, 500 endpoints)",
         )
         parser.add_argument("--rate", type=float, default=0.0, help="backfill: at most this many rows per second (0: unthrottled)")
         parser.add_argument("--dry-run", action="store_true", help="backfill: count what would be written, write nothing")

@@ -1,0 +1,227 @@
+"""Merchant webhook signing secrets, sealed at rest; and the staged migration
+`webhook_secrets` that moves existing endpoints there from the plaintext columns.
+
+A signing secret must be usable (it signs every delivery), so it cannot be hashed like an
+API key; it is sealed like a PSP credential (payments.sealing: AES-256-GCM under a key
+derived from SECRET_KEY for this purpose), bound by associated data to the tenant schema,
+the endpoint and the field, so a sealed secret copied to another endpoint, tenant or
+field (the previous secret's column) does not open.
+
+Representations:
+  old  webhooks_webhookendpoint.secret / .previous_secret, plaintext
+       (`WebhookEndpoint.secret_plaintext` / `.previous_secret_plaintext`);
+  new  `.secret_sealed` / `.previous_secret_sealed`: NULL until the row is sealed (the
+       backfill fills it); written together, a NULL previous beside a sealed current
+       meaning "no previous secret".
+
+What writes and reads which, by the tenant's phase (wallets.staged.phases):
+  absent                  write old; read old
+  expanded .. verified    write both (same row, same statement); read old
+  reads_switched          write both; read new (old for a row not sealed yet)
+  contracting/contracted  write new; read new; contract seals any row left and empties
+                          the plaintext columns (they stay, empty, so every tenant's
+                          table has the same columns)
+
+A tenant created after this migration exists has no plaintext to move: it starts at
+`contracted` (`webhook_secrets_new_tenant`, on tenants.signals.tenant_created).
+
+Everything that needs an endpoint's secrets (signing, rotation, the `make run` demo) reads
+them through `webhook_endpoint_secrets`, and every write goes through
+`webhook_endpoint_secrets_assign`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cryptography.exceptions import InvalidTag
+from django.db import connection, transaction
+from django.db.models import Q
+
+from payments.sealing import SealScheme, secret_seal, secret_unseal
+from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
+from wallets.staged.runner import staged_start_contracted
+from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
+from webhooks.locks import webhook_endpoint_rows_lock
+from webhooks.models import WebhookEndpoint
+
+MIGRATION: Final = "webhook_secrets"
+SCHEME: Final = SealScheme(purpose=b"tally/webhooks/signing-secret/v1", prefix=b"tally-whsec:v1:")
+CURRENT, PREVIOUS = "secret", "previous_secret"
+SECRET_FIELDS: Final = ("secret_plaintext", "previous_secret_plaintext", "secret_sealed", "previous_secret_sealed")
+
+
+class WebhookSecretUnavailable(RuntimeError):
+    """An endpoint has no secret in the representation its tenant's phase reads (a row
+    written behind the services' back); a server fault, never a client's."""
+
+
+@dataclass(frozen=True)
+class EndpointSecrets:
+    current: str
+    previous: str  # "" when there is none
+
+
+def _aad(endpoint_id: str, field: str) -> bytes:
+    schema = str(getattr(connection, "schema_name", "public"))
+    return f"{schema}\x00webhook_endpoint\x00{endpoint_id}\x00{field}".encode()
+
+
+def webhook_secret_seal(*, secret: str, endpoint_id: str, field: str) -> bytes:
+    return secret_seal(scheme=SCHEME, plaintext=secret.encode("utf-8"), associated_data=_aad(endpoint_id, field))
+
+
+def webhook_secret_unseal(*, sealed: bytes | memoryview, endpoint_id: str, field: str) -> str:
+    return secret_unseal(scheme=SCHEME, sealed=bytes(sealed), associated_data=_aad(endpoint_id, field)).decode("utf-8")
+
+
+def _sealed(endpoint: WebhookEndpoint) -> EndpointSecrets:
+    if endpoint.secret_sealed is None:
+        raise WebhookSecretUnavailable(f"webhook endpoint {endpoint.pk} has no sealed secret")
+    previous = endpoint.previous_secret_sealed
+    return EndpointSecrets(
+        current=webhook_secret_unseal(sealed=endpoint.secret_sealed, endpoint_id=endpoint.pk, field=CURRENT),
+        previous="" if previous is None else webhook_secret_unseal(sealed=previous, endpoint_id=endpoint.pk, field=PREVIOUS),
+    )
+
+
+def webhook_endpoint_secrets(*, endpoint: WebhookEndpoint) -> EndpointSecrets:
+    """The endpoint's current and previous secrets, from the representation the tenant's
+    phase reads (module docstring)."""
+    phase = staged_phase(MIGRATION)
+    if not reads_new(phase) or (endpoint.secret_sealed is None and writes_old(phase)):
+        return EndpointSecrets(current=endpoint.secret_plaintext, previous=endpoint.previous_secret_plaintext)
+    return _sealed(endpoint)
+
+
+def webhook_endpoint_secrets_assign(*, endpoint: WebhookEndpoint, current: str, previous: str) -> list[str]:
+    """Set both secrets on `endpoint` (not saved) in every representation the phase writes,
+    the other one emptied; returns the fields to save. The endpoint's id must be final
+    (it is sealed into the values); the caller holds its row lock, or is inserting it."""
+    phase = staged_phase(MIGRATION)
+    old = writes_old(phase)
+    endpoint.secret_plaintext = current if old else ""
+    endpoint.previous_secret_plaintext = previous if old else ""
+    endpoint.secret_sealed = endpoint.previous_secret_sealed = None
+    if writes_new(phase):
+        endpoint.secret_sealed = webhook_secret_seal(secret=current, endpoint_id=endpoint.pk, field=CURRENT)
+        if previous:
+            endpoint.previous_secret_sealed = webhook_secret_seal(secret=previous, endpoint_id=endpoint.pk, field=PREVIOUS)
+    return list(SECRET_FIELDS)
+
+
+def _seal_from_plaintext(endpoint: WebhookEndpoint) -> dict[str, Any]:
+    previous = endpoint.previous_secret_plaintext
+    return {
+        "secret_sealed": webhook_secret_seal(secret=endpoint.secret_plaintext, endpoint_id=endpoint.pk, field=CURRENT),
+        "previous_secret_sealed": webhook_secret_seal(secret=previous, endpoint_id=endpoint.pk, field=PREVIOUS) if previous else None,
+    }
+
+
+def _columns_present(columns: list[str]) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = %s AND column_name = ANY(%s)",
+            [WebhookEndpoint._meta.db_table, columns],
+        )
+        return {str(row[0]) for row in cursor.fetchall()}
+
+
+class WebhookSecretsMigration(StagedMigration):
+    """Plaintext signing secrets -> sealed columns; contract empties the plaintext."""
+
+    name = MIGRATION
+    description = "webhook signing secrets: plaintext columns -> AES-256-GCM sealed columns"
+
+    def expand(self) -> None:
+        if len(_columns_present(["secret_sealed", "previous_secret_sealed"])) != 2:
+            raise StagedMigrationRefused("the sealed columns are missing: run `manage.py migrate_schemas` (webhooks 0004) first")
+
+    def backfill_total(self) -> int:
+        return WebhookEndpoint.objects.count()
+
+    def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
+        """Locks: the batch's endpoint rows in id order (webhook_endpoint_rows_lock), not
+        with `dry_run`. Seals each row not sealed yet from its plaintext; a row the new
+        path wrote (a creation or rotation since expand) is never overwritten."""
+        if dry_run:
+            rows = list(WebhookEndpoint.objects.filter(pk__gt=after).order_by("pk")[:limit])
+        else:
+            rows = webhook_endpoint_rows_lock(after=after, limit=limit)
+        if not rows:
+            return BatchResult(cursor=None, rows_seen=0, rows_written=0)
+        unsealed = [row for row in rows if row.secret_sealed is None]
+        if not dry_run:
+            for row in unsealed:
+                WebhookEndpoint.objects.filter(pk=row.pk, secret_sealed__isnull=True).update(**_seal_from_plaintext(row))
+        return BatchResult(cursor=rows[-1].pk if len(rows) == limit else None, rows_seen=len(rows), rows_written=len(unsealed))
+
+    def verify(self) -> VerifyReport:
+        """Every endpoint, in one REPEATABLE READ snapshot: the unsealed secrets equal the
+        plaintext ones. Counts, a checksum of each side (keyed by a random key of this run,
+        so the report holds nothing derived from a secret that outlives it) and the
+        endpoint id, never a secret, of every difference."""
+        report = VerifyReport()
+        run_key = os.urandom(32)
+        old_sum, new_sum = hmac.new(run_key, digestmod=hashlib.sha256), hmac.new(run_key, digestmod=hashlib.sha256)
+        endpoints = sealed = 0
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            for row in WebhookEndpoint.objects.order_by("pk").only("id", *SECRET_FIELDS).iterator(chunk_size=2000):
+                endpoints += 1
+                old = EndpointSecrets(current=row.secret_plaintext, previous=row.previous_secret_plaintext)
+                old_sum.update(f"{row.pk}\x1f{old.current}\x1f{old.previous}\n".encode())
+                if row.secret_sealed is None:
+                    report.differences.append(f"{row.pk}: not sealed")
+                    continue
+                try:
+                    new = _sealed(row)
+                except (InvalidTag, ValueError, UnicodeDecodeError):
+                    report.differences.append(f"{row.pk}: does not unseal")
+                    continue
+                sealed += 1
+                new_sum.update(f"{row.pk}\x1f{new.current}\x1f{new.previous}\n".encode())
+                if new.current != old.current:
+                    report.differences.append(f"{row.pk}: secret differs")
+                if new.previous != old.previous:
+                    report.differences.append(f"{row.pk}: previous secret differs")
+        report.counts = {"endpoints": endpoints, "sealed": sealed}
+        report.checksums = {"old": old_sum.hexdigest(), "new": new_sum.hexdigest()}
+        return report
+
+    def contract(self) -> None:
+        """Empty the plaintext columns, in locked batches (webhook_endpoint_rows_lock),
+        sealing first any row still not sealed, so no secret is lost. Idempotent."""
+        has_plaintext = ~Q(secret_plaintext="") | ~Q(previous_secret_plaintext="")
+        after = ""
+        while True:
+            with transaction.atomic():
+                rows = webhook_endpoint_rows_lock(after=after, limit=500, query=has_plaintext)
+                if not rows:
+                    return
+                for row in rows:
+                    fields: dict[str, Any] = {"secret_plaintext": "", "previous_secret_plaintext": ""}
+                    if row.secret_sealed is None:
+                        fields.update(_seal_from_plaintext(row))
+                    WebhookEndpoint.objects.filter(pk=row.pk).update(**fields)
+                after = rows[-1].pk
+
+    def discard(self) -> None:
+        """Empty the sealed columns, in batches (rollback of expand)."""
+        while True:
+            with transaction.atomic():
+                ids = list(WebhookEndpoint.objects.filter(secret_sealed__isnull=False).order_by("pk").values_list("pk", flat=True)[:1000])
+                if not ids:
+                    return
+                WebhookEndpoint.objects.filter(pk__in=ids).update(secret_sealed=None, previous_secret_sealed=None)
+
+
+def webhook_secrets_new_tenant(**_: Any) -> None:
+    """A new tenant never had plaintext secrets: it seals from its first endpoint on."""
+    staged_start_contracted(migration=WebhookSecretsMigration())
