@@ -530,3 +530,26 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
     )
     assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == topup_id
     assert replay["Original-Request"] == "req_dead"
+
+
+# --- The PSP refusing the request: nothing charged, the top-up fails at once ------------------
+
+
+def test_an_idempotency_conflict_at_the_psp_is_an_unknown_outcome_not_a_refusal(psp_simulator: Simulator) -> None:
+    """The PSP's idempotency layer objecting (the key bound to other parameters) says
+    nothing about the charge under that key: it must never fail a top-up as uncharged."""
+    from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayUnavailable
+    from payments.gateways.simulator import SimulatorGateway
+
+    psp_simulator.faults_clear()
+    adapter = SimulatorGateway(api_base=psp_simulator.url, secret_key=f"sk_sim_{uuid.uuid4().hex}", timeout=5.0)
+    key = f"top_{uuid.uuid4().hex}"
+    first = ChargeRequest(amount=100, currency="JPY", payment_method="pm_card_visa", idempotency_key=key, reference=key)
+    assert adapter.charge(first).status == "succeeded"
+    with pytest.raises(GatewayUnavailable):
+        adapter.charge(ChargeRequest(amount=200, currency="JPY", payment_method="pm_card_visa", idempotency_key=key, reference=key))
+    psp_simulator.faults(min_charge_amount=50)
+    with pytest.raises(GatewayRejected) as refused:
+        adapter.charge(ChargeRequest(amount=10, currency="JPY", payment_method="pm_card_visa", idempotency_key=f"{key}_2", reference=key))
+    psp_simulator.faults_clear()
+    assert refused.value.code == "amount_too_small" and refused.value.param == "amount"
