@@ -256,15 +256,15 @@ def topups_pending_count() -> int:
     return TopUp.objects.filter(status=TopUpStatus.PENDING).count()
 
 
+def topups_charged_uncredited() -> QuerySet[TopUp]:
+    """Failed top-ups the PSP holds a charge for and whose card refund is not recorded yet,
+    whatever made them fail."""
+    return TopUp.objects.filter(status=TopUpStatus.FAILED, psp_charged=True, psp_refund_reference="")
+
+
 def topups_refund_due(*, limit: int = 100) -> list[TopUp]:
-    """Top-ups the PSP charged that could not be credited (cap, frozen) and whose card
-    refund has not been made yet."""
-    due = TopUp.objects.filter(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES, psp_refund_reference="")
-    return list(due.exclude(psp_reference="").order_by("created")[:limit])
-
-
-# A top-up failed with one of these was charged by the PSP, then refused by us (and refunded).
-CHARGED_THEN_REFUSED_CODES = ("cap_exceeded", "wallet_frozen")
+    """The top-ups whose card money is to be given back (`topups_charged_uncredited`), oldest first."""
+    return list(topups_charged_uncredited().order_by("created", "id")[:limit])
 
 
 @dataclass(frozen=True)
@@ -279,11 +279,10 @@ class TopUpSettlementLine:
 
 def topup_settlement_lines(*, day: date, gateway: str | None = None) -> list[TopUpSettlementLine]:
     """Our card top-ups the PSP charged on `day` (UTC, the PSP's charge time), for the
-    reconciliation of internal vs PSP settlement: every charged top-up, credited or
-    refunded (cap, frozen) afterwards."""
+    reconciliation of internal vs PSP settlement: every charged top-up, credited, or
+    failed and refunded (or still to be) afterwards."""
     start = datetime.combine(day, time.min, tzinfo=UTC)
-    charged = Q(status=TopUpStatus.SUCCEEDED) | Q(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES)
-    topups = TopUp.objects.filter(charged, psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1)).exclude(psp_reference="")
+    topups = TopUp.objects.filter(psp_charged=True, psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1))
     if gateway is not None:
         topups = topups.filter(gateway=gateway)
     return [

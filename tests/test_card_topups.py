@@ -553,3 +553,39 @@ def test_an_idempotency_conflict_at_the_psp_is_an_unknown_outcome_not_a_refusal(
         adapter.charge(ChargeRequest(amount=10, currency="JPY", payment_method="pm_card_visa", idempotency_key=f"{key}_2", reference=key))
     psp_simulator.faults_clear()
     assert refused.value.code == "amount_too_small" and refused.value.param == "amount"
+
+
+# --- A charge recorded after the top-up failed, whatever the failure: refunded -----------------
+
+
+def test_a_late_charge_on_a_top_up_failed_as_request_invalid_is_refunded(live: Live, web: Any) -> None:
+    """The first attempt charged and never heard back; the operator's gateway is gone when
+    the client retries (403 `psp_not_configured`: the claim is released and the top-up fails
+    as `request_invalid`); then the PSP's webhook of that charge arrives. The charge is
+    recorded on the failed top-up, and the card must be refunded, once. Refunds used to be
+    due only for `cap_exceeded` and `wallet_frozen`: this money was kept."""
+    from payments.models import GatewayAccount
+    from payments.services.card_topups import gateway_account_set
+
+    _, port = web()
+    live.sim.webhook_endpoint(live.psp_key, _webhook_url(port), WEBHOOK_SECRET)
+    live.sim.faults(hang_after_charge=1, hang_seconds=3, out_of_order_webhooks=True)  # the event is held back
+    idem = uuid.uuid4().hex
+    assert live.post(idem, visa(900)).status_code == 503
+    topup = live.only_topup()
+    assert topup.status == "pending" and len(live.charges()) == 1
+    GatewayAccount.objects.filter(gateway="simulator").delete()
+    retry = live.post(idem, visa(900))
+    assert retry.status_code == 403 and retry.json()["error"]["code"] == "psp_not_configured"
+    topup.refresh_from_db()
+    assert topup.status == "failed" and topup.failure_code == "request_invalid" and not topup.psp_reference
+    gateway_account_set(gateway="simulator", api_base=live.sim.url, secret_key=live.psp_key, webhook_secrets=[WEBHOOK_SECRET])
+    assert live.sim.flush_webhooks() == 1  # the late charge.succeeded
+    charge = live.charges()[0]
+    topup.refresh_from_db()
+    assert topup.status == "failed" and topup.psp_reference == charge["id"] and live.balance() == 0
+    recover(until=lambda: bool(TopUp.objects.get(pk=topup.pk).psp_refund_reference))
+    recover()
+    refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge["id"], 900)]
+    assert live.credits(topup.pk) == 0 and len(live.charges()) == 1

@@ -183,7 +183,8 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
 
     Succeeded: credit amount + bonus (bonus and cap rules of payments.services.topups). If
     the credit is refused now (cap reached meanwhile, wallet frozen), the top-up fails with
-    that code and the card is refunded by the recovery task (`topup_refunds_run`).
+    that code and the card is refunded by the recovery task (`topup_refunds_run`), as is a
+    charge that arrives after the top-up failed for any other reason.
     Declined: the top-up fails with the PSP's code. Already settled: unchanged (credited
     once whoever comes first). Locks: the top-up row, then the balance rows (ledger_post)."""
     topup = topup_lock(topup_id=topup_id)
@@ -193,8 +194,8 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
         # Refused before we knew an earlier attempt's charge had gone through: record the
         # charge, so the refund task gives the card its money back (a charged, uncredited top-up).
         logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
-        topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
-        topup.save(update_fields=["psp_reference", "psp_charged_at", "updated"])
+        topup.psp_reference, topup.psp_charged_at, topup.psp_charged = result.psp_reference[:200], result.created, True
+        topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "updated"])
         return topup, _refusal_of(topup)
     if topup.status != TopUpStatus.PENDING:
         return topup, _refusal_of(topup)
@@ -202,7 +203,8 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
         logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
         raise PspEventInvalid("the PSP's charge does not match the top-up's amount and currency", param=None)
     topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
-    topup.save(update_fields=["psp_reference", "psp_charged_at", "updated"])
+    topup.psp_charged = result.status == "succeeded"
+    topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "updated"])
     if result.status == "succeeded":
         try:
             with transaction.atomic():  # a refusal is raised before ledger_post writes; the savepoint makes that certain
@@ -242,9 +244,10 @@ def _fail(topup: TopUp, failure_code: str) -> TopUp:
 
 
 def topup_refunds_run(*, limit: int = 50) -> int:
-    """Give back the card money of top-ups charged but not credited (cap, frozen): a PSP
-    refund with the key `<top-up id>:refund`, then the reference recorded. Returns how
-    many were refunded. Locks: each top-up row, briefly, to record the refund."""
+    """Give back the card money of top-ups the PSP charged that ended without a credit,
+    whatever their failure code: a PSP refund with the key `<top-up id>:refund`, then the
+    reference recorded. Returns how many were refunded. Locks: each top-up row, briefly,
+    to record the refund."""
     done = 0
     for topup in topups_refund_due(limit=limit):
         try:

@@ -41,7 +41,7 @@ def test_psp_settlement_matches_and_finds_what_is_missing(world: dict[str, Any],
     planted = TopUp.objects.create(
         customer=world["bob"], asset_id="JPY", amount=700, payment_method="pm_card_visa", status=TopUpStatus.SUCCEEDED,
         ledger_transaction=real.ledger_transaction, psp_reference=f"ch_planted_{uuid.uuid4().hex[:8]}", psp_charged_at=timezone.now(),
-        gateway="simulator",
+        psp_charged=True, gateway="simulator",
     )
     missing = reconcile()
     assert kinds(missing) == {"psp_settlement_missing_line": 1}
@@ -50,7 +50,7 @@ def test_psp_settlement_matches_and_finds_what_is_missing(world: dict[str, Any],
 
     # The PSP settled a charge that no top-up of ours records.
     TopUp.objects.filter(pk=planted.pk).delete()
-    TopUp.objects.filter(pk=real.pk).update(psp_reference="")
+    TopUp.objects.filter(pk=real.pk).update(psp_reference="", psp_charged=False)
     unknown = reconcile()
     assert kinds(unknown) == {"psp_settlement_unknown_charge": 1}
     assert unknown.findings.get().details["psp_reference"] == real.psp_reference
