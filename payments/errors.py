@@ -17,6 +17,7 @@ class PaymentErrorCode(StrEnum):
 
 
     CARD_DECLINED = "card_declined"
+    PSP_REFUSED = "psp_refused"
     PSP_UNAVAILABLE = "psp_unavailable"
     PSP_NOT_CONFIGURED = "psp_not_configured"
     ASSET_NOT_TOP_UPABLE = "asset_not_top_upable"
@@ -73,6 +74,15 @@ class CardDeclined(BusinessRefusal):
     """The PSP declined the card (SPEC 5: a 402, stored and replayed)."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.CARD_DECLINED
+
+
+class PspRefused(BusinessRefusal):
+    """The card was not charged and will not be for this top-up: the PSP refused the
+    request itself (an amount below its minimum, a currency it does not take). Final, like
+    a decline (SPEC 5: a 402, stored and replayed); a new top-up with other parameters may
+    succeed."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PSP_REFUSED
 
 
 class PspUnavailable(Unavailable):

@@ -555,6 +555,44 @@ def test_an_idempotency_conflict_at_the_psp_is_an_unknown_outcome_not_a_refusal(
     assert refused.value.code == "amount_too_small" and refused.value.param == "amount"
 
 
+def test_a_psp_refusal_fails_the_top_up_at_once_with_a_402_that_replays(live: Live) -> None:
+    """The PSP refuses the request itself (Stripe's `amount_too_small`): nothing was charged,
+    and asking again is refused again. The top-up fails now with its own code, a 402 stored
+    and replayed; it used to be a 503 `psp_unavailable` with the top-up pending for good."""
+    live.sim.faults(min_charge_amount=50)
+    idem = uuid.uuid4().hex
+    r = live.post(idem, visa(1))
+    assert r.status_code == 402, r.content
+    error = r.json()["error"]
+    assert error["code"] == "psp_refused" and error["type"] == "payment_error" and error["param"] == "amount"
+    assert "amount_too_small" in error["message"] and error["request_id"] == r["Request-Id"]
+    topup = live.only_topup()
+    assert topup.status == "failed" and topup.failure_code == "psp_refused" and "amount_too_small" in topup.last_error
+    assert not topup.psp_charged and live.charges() == [] and live.balance() == 0
+    assert_replays(live, idem, visa(1), r)
+    assert live.charges() == []
+
+
+def test_a_refusal_met_by_a_retry_or_the_recovery_fails_the_top_up_too(live: Live) -> None:
+    """No answer first (503, pending), then the PSP refuses the same request: whoever asks
+    next, the client's retry or the recovery, fails the top-up with `psp_refused`, and the
+    answer the recovery stores is the one the client's retry replays."""
+    live.sim.faults(fail_5xx=2)
+    by_client, by_recovery = uuid.uuid4().hex, uuid.uuid4().hex
+    assert live.post(by_client, visa(10)).status_code == 503
+    assert live.post(by_recovery, visa(20)).status_code == 503
+    live.sim.faults(min_charge_amount=50)
+    again = live.post(by_client, visa(10))
+    assert again.status_code == 402 and again.json()["error"]["code"] == "psp_refused"
+    pending = TopUp.objects.get(customer=live.customer, amount=20)
+    time.sleep(2.2)  # past the lease
+    recover(until=lambda: TopUp.objects.get(pk=pending.pk).status != "pending")
+    pending.refresh_from_db()
+    assert pending.failure_code == "psp_refused" and live.charges() == []
+    replay = live.post(by_recovery, visa(20))
+    assert replay.status_code == 402 and replay["Idempotent-Replayed"] == "true" and replay.json()["error"]["code"] == "psp_refused"
+
+
 # --- A charge recorded after the top-up failed, whatever the failure: refunded -----------------
 
 

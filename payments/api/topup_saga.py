@@ -8,11 +8,12 @@ the inline request and the recovery task store the same rendering of the same ou
 2. `topup_saga_charge`, outside any transaction: charge the card at the PSP with the
    top-up id as its idempotency key. No answer (timeout, 5xx) -> 503 `psp_unavailable`,
    the record left failed_retryable, the top-up pending: a retry with the same key, a PSP
-   webhook or the recovery task converges it.
+   webhook or the recovery task converges it. The PSP refusing the request itself
+   (nothing charged) fails the top-up in step 3/4 as `psp_refused`.
 3. / 4. The returned completion runs inside `idempotency_complete_produced`: in ONE
    transaction the record is locked and its fence checked, the top-up credited (201) or
-   failed (402 card_declined, cap_exceeded, wallet_frozen), and the answer stored by
-   compare-and-set. A holder whose lease was taken over writes nothing.
+   failed (402 card_declined, psp_refused, cap_exceeded, wallet_frozen), and the answer
+   stored by compare-and-set. A holder whose lease was taken over writes nothing.
 5. `topup_recovery_run` (Celery beat, per tenant): in-flight top-up records whose lease
    expired, and pending top-ups whose last attempt failed or left no record, are taken
    over (fence + 1), the PSP is asked again with the same key, and the outcome is
@@ -33,6 +34,7 @@ from rest_framework.renderers import JSONRenderer
 
 from payments.api import serializers as s
 from payments.api.errors import envelope, http_status_of
+from payments.errors import PspRefused
 from payments.gateways import metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
@@ -75,23 +77,38 @@ def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = T
     credit: that path records the charge and refunds the card."""
     topup = topup_get(topup_id=topup_id)
     if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
-        return lambda: topup_answer(**_outcome(topup_id), request_id=request_id)
+        return _outcome_then(topup_id=topup_id, request_id=request_id)
     refusal = card_topups.topup_refusal_check(topup=topup) if first_attempt else None
     if refusal is not None:
-        return lambda: topup_answer(**_as_kwargs(card_topups.topup_refuse(topup_id=topup_id, refusal=refusal)), request_id=request_id)
-    result = card_topups.topup_charge(topup=topup)
+        return _refuse_then(topup_id=topup_id, refusal=refusal, request_id=request_id)
+    finish = _charge_then(topup=topup, request_id=request_id)
     pause = float(getattr(settings, "TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", 0.0))
     if pause > 0:  # tests only: a window to kill the process between the charge and the completion
         time.sleep(pause)
-    return lambda: topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup_id, result=result)), request_id=request_id)
+    return finish
+
+
+def _charge_then(*, topup: TopUp, request_id: str) -> Callable[[], HttpResponse]:
+    """Ask the PSP (same key, same parameters) and return the completion that applies its
+    answer: the credit or the decline, or the failure of a request the PSP refused (nothing
+    was charged, so the top-up fails now: a 402 like a decline, not a 503 to retry)."""
+    try:
+        result = card_topups.topup_charge(topup=topup)
+    except PspRefused as refused:
+        return _refuse_then(topup_id=topup.pk, refusal=refused, request_id=request_id)
+    return lambda: topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup.pk, result=result)), request_id=request_id)
+
+
+def _refuse_then(*, topup_id: str, refusal: BusinessRefusal, request_id: str) -> Callable[[], HttpResponse]:
+    return lambda: topup_answer(**_as_kwargs(card_topups.topup_refuse(topup_id=topup_id, refusal=refusal)), request_id=request_id)
+
+
+def _outcome_then(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
+    return lambda: topup_answer(**_as_kwargs(card_topups.topup_outcome(topup_id=topup_id)), request_id=request_id)
 
 
 def _as_kwargs(settled: tuple[TopUp, BusinessRefusal | None]) -> dict[str, Any]:
     return {"topup": settled[0], "refusal": settled[1]}
-
-
-def _outcome(topup_id: str) -> dict[str, Any]:
-    return _as_kwargs(card_topups.topup_outcome(topup_id=topup_id))
 
 
 # --- Recovery -------------------------------------------------------------------------------
@@ -110,20 +127,16 @@ def _resolve(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) ->
         topup = topup_get(topup_id=topup_id)
     except NotFound:  # the claim died before its top-up committed: nothing was charged
         return "unavailable"
+    finish: Callable[[], HttpResponse]
     if topup.status == TopUpStatus.PENDING:
         try:
-            result = card_topups.topup_charge(topup=topup)
+            finish = _charge_then(topup=topup, request_id=call.request_id)
         except TallyError:
             return "unavailable"  # still unknown: the lease runs out again and the next run retries
-
-        def produce() -> Executed:
-            return _executed(topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup_id, result=result)), request_id=call.request_id))
     else:
+        finish = _outcome_then(topup_id=topup_id, request_id=call.request_id)
 
-        def produce() -> Executed:
-            return _executed(topup_answer(**_outcome(topup_id), request_id=call.request_id))
-
-    produced = idempotency_complete_produced(ctx=ctx, call=call, produce=produce)
+    produced = idempotency_complete_produced(ctx=ctx, call=call, produce=lambda: _executed(finish()))
     if produced is None:
         return "superseded"
     return "succeeded" if produced.response.status < 300 else "failed"
@@ -187,8 +200,8 @@ def _settle_without_record(topup: TopUp) -> str:
     from wallets.transactions import run_atomic
 
     try:
-        result = card_topups.topup_charge(topup=topup)
+        finish = _charge_then(topup=topup, request_id="-")
     except TallyError:
         return "unavailable"
-    settled, refusal = run_atomic(lambda: card_topups.topup_settle(topup_id=topup.pk, result=result), operation="topup_recover")
-    return "succeeded" if refusal is None and settled.status == TopUpStatus.SUCCEEDED else "failed"
+    response = run_atomic(finish, operation="topup_recover")
+    return "succeeded" if response.status_code < 300 else "failed"

@@ -25,12 +25,13 @@ from payments.errors import (
     CardDeclined,
     PspEventInvalid,
     PspNotConfigured,
+    PspRefused,
     PspSignatureInvalid,
     PspSignatureStale,
     PspUnavailable,
 )
 from payments.gateways import metrics
-from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayUnavailable, PspEvent
+from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayRejected, PspEvent
 from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
@@ -137,9 +138,16 @@ def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
     return None
 
 
+# The PSP's name of a refused parameter, as the top-up request calls it.
+_PSP_PARAMS = {"amount": "amount", "currency": "asset", "payment_method": "payment_method"}
+
+
 def topup_charge(*, topup: TopUp) -> ChargeResult:
     """Step 2, outside any transaction: charge the card at the top-up's gateway with the
-    top-up id as the PSP's idempotency key. Raises PspUnavailable when the outcome is unknown."""
+    top-up id as the PSP's idempotency key.
+
+    Raises PspUnavailable when the outcome is unknown; PspRefused when the PSP refused the
+    request's parameters (nothing charged: the top-up can fail)."""
     if timezone.now() - topup.created > PSP_KEY_TRUSTED_FOR:
         # A PSP forgets idempotency keys (Stripe after 24 h): asking again could charge twice.
         # The top-up stays pending for an operator; reconciliation shows any charge it made.
@@ -154,11 +162,14 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
     )
     try:
         return gateway.charge(request)
-    except GatewayUnavailable as exc:
-        raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
+    except GatewayRejected as exc:
+        logger.warning("psp refused a charge request: nothing charged", extra={"topup": topup.pk, "psp_code": exc.code, "param": exc.param})
+        detail = f" ({exc.code})" if exc.code else ""
+        raise PspRefused(
+            f"the card processor refused this top-up{detail}: nothing was charged", param=_PSP_PARAMS.get(str(exc.param))
+        ) from exc
     except GatewayError as exc:
-        logger.error("psp refused a charge request", extra={"topup": topup.pk, "error": str(exc)})
-        raise PspUnavailable("the card processor refused the request") from exc
+        raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
 
 
 def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
@@ -168,6 +179,8 @@ def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
         return CapExceeded(f"the wallet's {topup.asset_id} balance would exceed its cap", param="amount")
     if topup.failure_code == "wallet_frozen":
         return WalletFrozen("the wallet is frozen", param=None)
+    if topup.failure_code == "psp_refused":
+        return PspRefused("the card processor did not take this top-up: nothing was charged", param=None)
     return CardDeclined(f"the card was declined ({topup.failure_code})", param="payment_method")
 
 
@@ -218,13 +231,17 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
 
 
 def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal | None]:
-    """Refused before the card was charged (frozen, cap). Locks: the top-up row."""
+    """Refused without a charge: before the card was charged (frozen, cap), or by the PSP
+    itself (PspRefused). The top-up fails with the refusal's code. Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
     if topup.status != TopUpStatus.PENDING:  # settled meanwhile (a webhook): answer what it holds
         return topup, _refusal_of(topup)
-    _fail(topup, "cap_exceeded" if isinstance(refusal, CapExceeded) else "wallet_frozen")
+    if isinstance(refusal, PspRefused):
+        topup.last_error = refusal.message[:500]
+        topup.save(update_fields=["last_error", "updated"])
+    _fail(topup, str(refusal.code))
     return topup, refusal
 
 
