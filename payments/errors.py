@@ -94,6 +94,12 @@ class PspUnavailable(Unavailable):
     retry_after_seconds = 2
 
 
+class PspKeyWindowPassed(PspUnavailable):
+    """The top-up is older than the PSP keeps idempotency keys: asking again could charge a
+    second time, so nobody asks; it waits in the operator queue. The client sees the same
+    unknown outcome as any other `psp_unavailable`."""
+
+
 class PspNotConfigured(NotPermitted):
     """The tenant has no active card gateway: card top-ups are not offered here (a 403, not
     a 503: retrying will not help until the operator sets one up)."""

@@ -244,16 +244,44 @@ def gateway_account_active() -> GatewayAccount | None:
     return GatewayAccount.objects.filter(active=True).first()
 
 
-def topups_pending_stale(*, older_than_seconds: int, limit: int = 100) -> list[TopUp]:
-    """Pending card top-ups claimed longer ago than `older_than_seconds`: the recovery task's work list."""
-    horizon = timezone.now() - timedelta(seconds=older_than_seconds)
-    return list(
-        TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=horizon).exclude(claim_key="").order_by("created")[:limit]
-    )
+@dataclass(frozen=True)
+class TopUpCursor:
+    """The last top-up of a page, for the next page of a list in (created, id) order."""
+
+    created: datetime
+    id: str
+
+    @classmethod
+    def of(cls, topup: TopUp) -> TopUpCursor:
+        return cls(created=topup.created, id=topup.pk)
+
+
+def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int) -> list[TopUp]:
+    # Keyset, not OFFSET: rows settled between two pages neither shift the next page nor
+    # make it skip one, however long the list.
+    if after is not None:
+        topups = topups.filter(Q(created__gt=after.created) | Q(created=after.created, id__gt=after.id))
+    return list(topups.order_by("created", "id")[:limit])
+
+
+def topups_pending_stale(*, created_before: datetime, after: TopUpCursor | None = None, limit: int = 100) -> list[TopUp]:
+    """Pending card top-ups created before `created_before` and not waiting for an operator:
+    the recovery task's work list, one page (oldest first) after `after`."""
+    pending = TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=created_before, operator_review_at__isnull=True)
+    return _page(pending.exclude(claim_key=""), after=after, limit=limit)
 
 
 def topups_pending_count() -> int:
     return TopUp.objects.filter(status=TopUpStatus.PENDING).count()
+
+
+def topups_operator_review() -> QuerySet[TopUp]:
+    """The operator queue: pending top-ups the recovery may not ask the PSP about again."""
+    return TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=False)
+
+
+def topups_operator_review_count() -> int:
+    return topups_operator_review().count()
 
 
 def topups_charged_uncredited() -> QuerySet[TopUp]:
@@ -262,9 +290,10 @@ def topups_charged_uncredited() -> QuerySet[TopUp]:
     return TopUp.objects.filter(status=TopUpStatus.FAILED, psp_charged=True, psp_refund_reference="")
 
 
-def topups_refund_due(*, limit: int = 100) -> list[TopUp]:
-    """The top-ups whose card money is to be given back (`topups_charged_uncredited`), oldest first."""
-    return list(topups_charged_uncredited().order_by("created", "id")[:limit])
+def topups_refund_due(*, after: TopUpCursor | None = None, limit: int = 100) -> list[TopUp]:
+    """One page (oldest first, after `after`) of the top-ups whose card money is to be given
+    back (`topups_charged_uncredited`)."""
+    return _page(topups_charged_uncredited(), after=after, limit=limit)
 
 
 @dataclass(frozen=True)

@@ -209,7 +209,7 @@ def test_a_retry_after_an_unheard_charge_refuses_the_credit_but_never_strands_th
     topup.refresh_from_db()
     assert topup.status == "failed" and topup.psp_reference == live.charges()[0]["id"]
     assert live.balance() == 0 and live.credits(topup.pk) == 0
-    assert card_topups.topup_refunds_run() == 1 and card_topups.topup_refunds_run() == 0
+    assert card_topups.topup_refunds_run()["refunded"] == 1 and card_topups.topup_refunds_run()["refunded"] == 0
     refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
     assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(topup.psp_reference, 1300)] and len(live.charges()) == 1
 
@@ -229,7 +229,7 @@ def test_a_refusal_decided_before_a_webhook_credited_answers_the_credit(live: Li
 
 def test_a_top_up_past_the_psps_key_window_is_never_charged_again(live: Live) -> None:
     """A PSP forgets idempotency keys (Stripe after 24 h): a charge asked again after that
-    could be a second one. Past PSP_KEY_TRUSTED_FOR the top-up stays pending for an operator."""
+    could be a second one. Past PSP_KEY_TRUSTED_FOR the top-up waits in the operator queue."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -242,6 +242,7 @@ def test_a_top_up_past_the_psps_key_window_is_never_charged_again(live: Live) ->
     again = live.post(idem, visa(400))
     assert again.status_code == 503 and again.json()["error"]["code"] == "psp_unavailable"
     assert live.charges() == [] and live.only_topup().status == "pending"
+    assert live.only_topup().operator_review_at is not None  # in the operator queue
 
 
 # --- SIGKILL between the PSP call and the completion ------------------------------------------
@@ -487,7 +488,7 @@ def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant:
     assert LedgerTransaction.objects.filter(reference=topup.pk).count() == 0
     assert account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0] == 0
     # The card was charged: the recovery gives the money back, once.
-    assert card_topups.topup_refunds_run() == 1 and card_topups.topup_refunds_run() == 0
+    assert card_topups.topup_refunds_run()["refunded"] == 1 and card_topups.topup_refunds_run()["refunded"] == 0
     topup.refresh_from_db()
     assert topup.psp_refund_reference.startswith("re_")
     state = psp_simulator.state()["accounts"][psp_key]
@@ -627,3 +628,173 @@ def test_a_late_charge_on_a_top_up_failed_as_request_invalid_is_refunded(live: L
     refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
     assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge["id"], 900)]
     assert live.credits(topup.pk) == 0 and len(live.charges()) == 1
+
+
+# --- Recovery: every record reached, each one on its own ----------------------------------------
+
+RECOVERY_TENANT = {"schema_name": "test_recovery", "domain": "recovery.test.localhost", "name": "Recovery", "main_currency": "JPY"}
+
+
+@pytest.fixture(scope="session")
+def recovery_tenant_committed(django_db_setup: None, django_db_blocker: Any) -> Tenant:
+    from tenants.services import tenant_create
+
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        tenant = Tenant.objects.filter(schema_name=RECOVERY_TENANT["schema_name"]).first() or tenant_create(**RECOVERY_TENANT)
+        connection.set_schema_to_public()
+        return tenant
+
+
+@pytest.fixture
+def quiet(db: None, recovery_tenant_committed: Tenant, psp_simulator: Simulator, settings: Any) -> Iterator[Simulator]:
+    """A tenant no other test commits to, inside this test's rolled-back transaction: its
+    recovery pass sees this test's top-ups and nothing else."""
+    settings.TALLY_PSP_TIMEOUT_SECONDS = 1.0
+    settings.TALLY_TOPUP_LEASE_SECONDS = 2
+    settings.TALLY_OUTBOX_RELAY_KICK = False
+    psp_simulator.faults_clear()
+    connection.set_tenant(recovery_tenant_committed)
+    yield psp_simulator
+    psp_simulator.faults_clear()
+    connection.set_schema_to_public()
+
+
+def _pending(customer: Any, *, created: datetime, n: int = 1, amount: int = 500, gateway: str = "simulator") -> list[TopUp]:
+    """Pending top-ups whose claim records are gone (the recovery settles them alone), made
+    in one INSERT; `created` is set after it (the column is auto_now_add)."""
+    rows = [
+        TopUp(customer=customer, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway=gateway,
+              claim_principal_id=customer.pk, claim_key=f"gone-{uuid.uuid4().hex}")
+        for _ in range(n)
+    ]
+    TopUp.objects.bulk_create(rows)
+    TopUp.objects.filter(pk__in=[t.pk for t in rows]).update(created=created)
+    return rows
+
+
+def _unsealable_gateway() -> None:
+    """A Stripe account row copied in from another tenant's schema: its credentials are
+    sealed to that schema and do not open here."""
+    from payments.gateways.credentials import credential_seal
+    from payments.models import GatewayAccount
+    from payments.services.card_topups import gateway_account_set
+
+    gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_x", webhook_secrets=["whsec_x"], active=False)
+    sealed = credential_seal(value="sk_x", schema="another_tenant", gateway="stripe", field="secret_key")
+    GatewayAccount.objects.filter(gateway="stripe").update(secret_key_sealed=sealed)
+
+
+def _frozen_customer(name: str) -> Any:
+    from payments.services.freezes import wallet_freeze
+    from wallets.services.principals import staff_member_get_or_create
+
+    customer = customer_create(name=name)
+    wallet_freeze(customer=customer, staff=staff_member_get_or_create(username=f"ops-{uuid.uuid4().hex[:8]}"), reason="test")
+    return customer
+
+
+def _balance(customer: Any) -> int:
+    return account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0]
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_recovery_reaches_a_resolvable_top_up_behind_more_than_a_page_of_stuck_ones(quiet: Simulator) -> None:
+    """105 older top-ups that cannot be resolved (60 past the PSP's key window, 45 whose
+    gateway is gone; each group created in one instant, so pages split a tie), and a newer
+    one the PSP would settle: one pass reaches it. The pass used to read the 100 oldest
+    and stop."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.api.topup_saga import topup_recovery_run
+
+    psp_account_configure(quiet)
+    customer = customer_create(name=f"Starved {uuid.uuid4().hex[:6]}")
+    now = timezone.now()
+    _pending(customer, created=now - timedelta(days=2), n=60)
+    _pending(customer, created=now - timedelta(hours=2), n=45, gateway="stripe")  # no such account here: no answer to be had
+    resolvable = _pending(customer, created=now - timedelta(minutes=5), amount=700)[0]
+
+    counts = topup_recovery_run()
+
+    resolvable.refresh_from_db()
+    assert resolvable.status == "succeeded" and _balance(customer) == 700, counts
+    assert counts["succeeded"] == 1 and counts["operator_review"] == 60 and counts["unavailable"] == 45
+    assert TopUp.objects.filter(customer=customer, operator_review_at__isnull=False, status="pending").count() == 60
+
+
+def test_one_top_up_that_cannot_be_resolved_does_not_stop_the_recovery_run(quiet: Simulator) -> None:
+    """The oldest pending top-up's gateway credentials do not unseal (an exception that is
+    not the PSP's). It is logged, counted as an error and noted on the top-up; the pass
+    still settles the others, refunds the charge it could not credit, and purges old PSP
+    event markers. An exception used to end the tenant's whole run there."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.api.topup_saga import topup_recovery_run
+
+    psp_key = psp_account_configure(quiet)
+    _unsealable_gateway()
+    customer, frozen = customer_create(name=f"Ok {uuid.uuid4().hex[:6]}"), _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}")
+    now = timezone.now()
+    broken = _pending(customer, created=now - timedelta(minutes=30), gateway="stripe")[0]
+    refused = _pending(frozen, created=now - timedelta(minutes=20), amount=300)[0]
+    fine = _pending(customer, created=now - timedelta(minutes=10), amount=400)[0]
+    old_marker = PspWebhookEvent.objects.create(gateway="simulator", event_id=f"evt_{uuid.uuid4().hex}", type="charge.succeeded",
+                                                outcome="applied", received=now - timedelta(days=40))
+    errors_before = _sample("tally_topup_orphans_recovered_total", outcome="error")
+
+    counts = topup_recovery_run()
+
+    assert counts["error"] == 1 and counts["succeeded"] == 1 and counts["failed"] == 1 and counts["refunded"] == 1, counts
+    assert _sample("tally_topup_orphans_recovered_total", outcome="error") == errors_before + 1
+    broken.refresh_from_db()
+    assert broken.status == "pending" and "InvalidTag" in broken.last_error
+    fine.refresh_from_db()
+    assert fine.status == "succeeded" and _balance(customer) == 400
+    refused.refresh_from_db()
+    assert refused.status == "failed" and refused.failure_code == "wallet_frozen" and refused.psp_refund_reference
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(refused.psp_reference, 300)]
+    assert counts["webhook_markers_purged"] >= 1 and not PspWebhookEvent.objects.filter(pk=old_marker.pk).exists()
+
+
+def test_one_card_refund_that_fails_does_not_stop_the_others(quiet: Simulator) -> None:
+    """Two charges that could not be credited; the older one's refund raises (its gateway's
+    credentials do not unseal). The other is refunded all the same, and the run goes on to
+    the purge. The refund loop used to let such an exception end the run."""
+    from payments.api.topup_saga import topup_recovery_run
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from payments.services.card_topups import topup_settle
+
+    psp_key = psp_account_configure(quiet)
+    _unsealable_gateway()
+    frozen = _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}")
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
+    owed = []
+    for amount in (250, 350):
+        topup = TopUp.objects.create(customer=frozen, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway="simulator")
+        result = adapter.charge(ChargeRequest(amount=amount, currency="JPY", payment_method="pm_card_visa", idempotency_key=topup.pk,
+                                              reference=topup.pk))
+        with transaction.atomic():
+            settled, refusal = topup_settle(topup_id=topup.pk, result=result)
+        assert settled.status == "failed" and refusal is not None and settled.psp_reference
+        owed.append(settled)
+    TopUp.objects.filter(pk=owed[0].pk).update(gateway="stripe")  # its refund now meets the unsealable account
+
+    counts = topup_recovery_run()
+
+    assert counts["refunded"] == 1 and counts["refund_errors"] == 1 and "webhook_markers_purged" in counts, counts
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(owed[1].psp_reference, 350)]
+    broken = TopUp.objects.get(pk=owed[0].pk)
+    assert not broken.psp_refund_reference and "InvalidTag" in broken.last_error
