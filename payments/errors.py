@@ -78,9 +78,9 @@ class CardDeclined(BusinessRefusal):
 
 class PspRefused(BusinessRefusal):
     """The card was not charged and will not be for this top-up: the PSP refused the
-    request itself (an amount below its minimum, a currency it does not take). Final, like
-    a decline (SPEC 5: a 402, stored and replayed); a new top-up with other parameters may
-    succeed."""
+    request itself (an amount below its minimum, a currency it does not take), or an
+    operator found no charge at the PSP. Final, like a decline (SPEC 5: a 402, stored and
+    replayed); a new top-up with other parameters may succeed."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.PSP_REFUSED
 
@@ -96,8 +96,8 @@ class PspUnavailable(Unavailable):
 
 class PspKeyWindowPassed(PspUnavailable):
     """The top-up is older than the PSP keeps idempotency keys: asking again could charge a
-    second time, so nobody asks; it waits in the operator queue. The client sees the same
-    unknown outcome as any other `psp_unavailable`."""
+    second time, so nobody asks; an operator settles it from the back office. The client
+    sees the same unknown outcome as any other `psp_unavailable`."""
 
 
 class PspNotConfigured(NotPermitted):

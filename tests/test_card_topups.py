@@ -798,3 +798,122 @@ def test_one_card_refund_that_fails_does_not_stop_the_others(quiet: Simulator) -
     assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(owed[1].psp_reference, 350)]
     broken = TopUp.objects.get(pk=owed[0].pk)
     assert not broken.psp_refund_reference and "InvalidTag" in broken.last_error
+
+
+# --- The operator queue: past the PSP's key window, a person settles it --------------------------
+
+STAFF_PASSWORD = "pw-topup-queue-123"
+
+
+def _staff_client(username: str, role: str) -> Client:
+    from wallets.services.roles import staff_login_ensure
+
+    staff_login_ensure(username=username, password=STAFF_PASSWORD, role=role)
+    client = Client(HTTP_HOST=RECOVERY_TENANT["domain"], REMOTE_ADDR="203.0.113.9")
+    assert client.login(username=username, password=STAFF_PASSWORD)
+    return client
+
+
+def _confirmation_key(page: Any) -> str:
+    import re
+
+    match = re.search(rb'name="idempotency_key" value="([0-9a-f]+)"', page.content)
+    assert match, page.content[:2000]
+    return match.group(1).decode()
+
+
+def test_a_top_up_past_the_key_window_waits_for_an_operator_who_settles_it_in_the_back_office(quiet: Simulator) -> None:
+    """Two top-ups still pending past the PSP's key window: the recovery asks the PSP about
+    neither again (a forgotten key could charge twice) and puts both in the operator queue,
+    with their evidence. A finance staff member finds one charged at the PSP and credits it
+    (a mistyped amount is refused), and fails the other as not charged; both audited."""
+    from datetime import timedelta
+
+    from django.contrib.admin.utils import quote
+    from django.utils import timezone
+
+    from payments.api.topup_saga import topup_recovery_run
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from wallets.models import AuditEntry
+
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Queued {uuid.uuid4().hex[:6]}")
+    now = timezone.now()
+    charged = _pending(customer, created=now - timedelta(hours=21), amount=1500)[0]
+    never = _pending(customer, created=now - timedelta(hours=22), amount=800)[0]
+    # The first attempt at `charged` went through at the PSP, and its answer was lost.
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
+    psp_charge = adapter.charge(ChargeRequest(amount=1500, currency="JPY", payment_method="pm_card_visa", idempotency_key=charged.pk,
+                                              reference=charged.pk))
+
+    counts = topup_recovery_run()
+    assert counts["operator_review"] == 2, counts
+    assert len(quiet.charges(psp_key)) == 1  # nobody asked the PSP again
+    assert _sample("tally_topups_operator_review", tenant=RECOVERY_TENANT["schema_name"]) == 2
+    assert "operator_review" not in topup_recovery_run()  # queued: no longer the recovery's
+    charged.refresh_from_db()
+    assert charged.status == "pending" and charged.operator_review_at is not None and "key window" in charged.last_error
+
+    finance, viewer = _staff_client("fin-queue", "finance"), _staff_client("view-queue", "viewer")
+    queue = finance.get("/admin/payments/topup/?operator_queue=waiting")
+    assert queue.status_code == 200 and charged.pk.encode() in queue.content and never.pk.encode() in queue.content
+    page = finance.get(f"/admin/payments/topup/{quote(charged.pk)}/change/")
+    assert page.status_code == 200 and b"act/settle_charged/" in page.content and b"act/settle_uncharged/" in page.content
+    assert charged.claim_key.encode() in page.content and b"waiting since" in page.content
+    act = f"/admin/payments/topup/{quote(charged.pk)}/act/settle_charged/"
+    assert viewer.get(act).status_code == 403
+    assert b"act/settle_charged/" not in viewer.get(f"/admin/payments/topup/{quote(charged.pk)}/change/").content
+
+    form = {"psp_reference": psp_charge.psp_reference, "amount": 1000, "charged_at": "", "reason": "found at the PSP by its key"}
+    mistyped = finance.post(act, {**form, "idempotency_key": _confirmation_key(finance.get(act))})
+    assert mistyped.status_code == 200 and b"not this top-up&#x27;s charge" in mistyped.content
+    assert TopUp.objects.get(pk=charged.pk).status == "pending"
+    done = finance.post(act, {**form, "amount": 1500, "idempotency_key": _confirmation_key(mistyped)})
+    assert done.status_code == 302, done.content[:2000]
+    charged.refresh_from_db()
+    assert charged.status == "succeeded" and charged.psp_reference == psp_charge.psp_reference and charged.psp_charged
+    assert _balance(customer) == 1500 + charged.bonus_amount
+    audit = AuditEntry.objects.get(action="admin.settle_charged", target_id=charged.pk)
+    assert audit.actor == "user:fin-queue" and audit.reason == "found at the PSP by its key" and audit.after["status"] == "succeeded"
+
+    fail = f"/admin/payments/topup/{quote(never.pk)}/act/settle_uncharged/"
+    unchecked = finance.post(fail, {"idempotency_key": _confirmation_key(finance.get(fail)), "reason": "no charge under its key"})
+    assert unchecked.status_code == 200 and TopUp.objects.get(pk=never.pk).status == "pending"  # the box is required
+    failed = finance.post(fail, {"idempotency_key": _confirmation_key(unchecked), "checked": "on", "reason": "no charge under its key"})
+    assert failed.status_code == 302
+    never.refresh_from_db()
+    assert never.status == "failed" and never.failure_code == "not_charged" and _balance(customer) == 1500 + charged.bonus_amount
+    assert AuditEntry.objects.filter(action="admin.settle_uncharged", target_id=never.pk).exists()
+    topup_recovery_run()
+    assert _sample("tally_topups_operator_review", tenant=RECOVERY_TENANT["schema_name"]) == 0
+    assert finance.get(f"/admin/payments/topup/{quote(never.pk)}/act/settle_uncharged/").status_code == 200  # the page, not the action
+    assert b"act/settle_uncharged/" not in finance.get(f"/admin/payments/topup/{quote(never.pk)}/change/").content
+
+
+def test_only_a_queued_top_up_can_be_settled_by_an_operator(quiet: Simulator) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.services.card_topups import topup_review_hold
+    from payments.services.topup_review import topup_review_settle_charged, topup_review_settle_uncharged
+    from wallets.errors import InvalidRequest, InvalidState
+
+    psp_account_configure(quiet)
+    customer = customer_create(name=f"Not queued {uuid.uuid4().hex[:6]}")
+    fresh = _pending(customer, created=timezone.now() - timedelta(minutes=1))[0]
+    with pytest.raises(InvalidState):
+        topup_review_settle_uncharged(topup_id=fresh.pk, reason="too early")  # the saga and the recovery are still at it
+    queued, other = _pending(customer, created=timezone.now() - timedelta(hours=21), n=2)
+    for topup in (queued, other):
+        assert topup_review_hold(topup_id=topup.pk, reason="test")
+    assert not topup_review_hold(topup_id=queued.pk, reason="again")
+    topup_review_settle_charged(topup_id=queued.pk, psp_reference="ch_seen_at_the_psp", amount=500)
+    with pytest.raises(InvalidRequest) as reused:
+        topup_review_settle_charged(topup_id=other.pk, psp_reference="ch_seen_at_the_psp", amount=500)
+    assert reused.value.param == "psp_reference"
+    with pytest.raises(InvalidState):
+        topup_review_settle_uncharged(topup_id=queued.pk, reason="settled already")
+    with pytest.raises(TypeError):
+        topup_review_settle_charged(topup_id=other.pk, psp_reference="ch_other", amount=500.0)

@@ -177,8 +177,9 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
         raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
 
 
-# A top-up failed with one of these was never charged: the PSP refused the request.
-NOT_CHARGED_CODES = ("psp_refused",)
+# A top-up failed with one of these was never charged: the PSP refused the request, or an
+# operator found no charge at the PSP.
+NOT_CHARGED_CODES = ("psp_refused", "not_charged")
 
 
 def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
@@ -340,9 +341,10 @@ def topup_last_error_note(*, topup_id: str, error: str) -> None:
 
 @atomic_service(operation="topup_review_hold")
 def topup_review_hold(*, topup_id: str, reason: str) -> bool:
-    """Put a pending top-up in the operator queue, saying why in its last error; the
-    recovery no longer asks the PSP about it. Returns whether it entered the queue now: a
-    settled or already queued top-up is left as it is. Locks: the top-up row."""
+    """Put a pending top-up in the operator queue (the back office's top-up list, filter
+    "operator queue"), saying why in its last error; the recovery no longer asks the PSP
+    about it. Returns whether it entered the queue now: a settled or already queued top-up
+    is left as it is. Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None or topup.status != TopUpStatus.PENDING or topup.operator_review_at is not None:
         return False
