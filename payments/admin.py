@@ -15,8 +15,10 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
 
 from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionForm, StaffActionsMixin, staff_of
+from payments.idempotency.models import IdempotencyRecord
 from payments.models import (
     Adjustment,
     AdjustmentDirection,
@@ -31,11 +33,13 @@ from payments.models import (
     PspWebhookEvent,
     Refund,
     TopUp,
+    TopUpStatus,
     Transfer,
 )
 from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
+from payments.services.topup_review import topup_review_settle_charged, topup_review_settle_uncharged
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
@@ -329,15 +333,119 @@ class TransferAdmin(ReadOnlyAdmin):
     list_select_related = ("asset", "from_customer", "to_customer", "ledger_transaction")
 
 
+class OperatorQueueFilter(admin.SimpleListFilter):
+    title = "operator queue"
+    parameter_name = "operator_queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("waiting", "Waiting for an operator"), ("settled", "Settled after review")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[TopUp]) -> QuerySet[TopUp]:
+        if self.value() == "waiting":
+            return queryset.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=False)
+        if self.value() == "settled":
+            return queryset.filter(operator_review_at__isnull=False).exclude(status=TopUpStatus.PENDING)
+        return queryset
+
+
+class SettleUnchargedForm(StaffActionForm):
+    checked = forms.BooleanField(label="I found no successful charge for this top-up at the PSP (by its id, the charge's idempotency key)")
+    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+                             help_text="What you looked at, for the audit log.")
+
+
+class SettleChargedForm(StaffActionForm):
+    psp_reference = forms.CharField(max_length=200, label="PSP charge reference", help_text="The succeeded charge's id at the PSP (pi_..., ch_...).")
+    amount = forms.IntegerField(min_value=1, help_text="The amount the PSP charged, in the asset's minor units: it must be the top-up's.")
+    charged_at = forms.DateTimeField(required=False, help_text="When the PSP charged (UTC), for the settlement day. Blank: the top-up's creation.")
+    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+                             help_text="What you looked at, for the audit log.")
+
+
+def _in_operator_queue(obj: TopUp) -> bool:
+    return obj.status == TopUpStatus.PENDING and obj.operator_review_at is not None
+
+
+def _settle_uncharged(obj: TopUp, data: dict[str, Any]) -> str:
+    topup = topup_review_settle_uncharged(topup_id=obj.pk, reason=data["reason"])
+    return f"Top-up {topup.pk} failed ({topup.failure_code}): nothing to credit or refund"
+
+
+def _settle_charged(obj: TopUp, data: dict[str, Any]) -> str:
+    topup, refusal = topup_review_settle_charged(
+        topup_id=obj.pk, psp_reference=data["psp_reference"], amount=data["amount"], charged_at=data["charged_at"], reason=data["reason"],
+    )
+    if refusal is not None:
+        return f"Charge {topup.psp_reference} recorded; the credit was refused ({refusal.code}): the card is refunded by the recovery"
+    return f"Charge {topup.psp_reference} recorded; {money(topup.amount + topup.bonus_amount, topup.asset)} credited"
+
+
 @admin.register(TopUp)
-class TopUpAdmin(ReadOnlyAdmin):
+class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    """Card top-ups. The operator queue (filter "operator queue"): pending top-ups past the
+    PSP's idempotency-key window, which only a person may settle, with what the PSP shows."""
+
     list_display = ("id", "created", money_column("amount"), money_column("bonus_amount", description="bonus"), "status",
-                    link_column("customer"), "payment_method", "psp_reference", link_column("ledger_transaction"))
-    list_filter = ("status", "asset")
+                    link_column("customer"), "payment_method", "psp_reference", "review", link_column("ledger_transaction"))
+    list_filter = (OperatorQueueFilter, "status", "asset")
     id_search = {"top": "id", "cus": "customer_id"}
     search_fields = ("=psp_reference",)
     date_hierarchy = "created"
     list_select_related = ("asset", "customer", "ledger_transaction")
+    fields = ("id", "status", "failure_code", "review", "created", "updated", "amount_display", "customer_link", "payment_method",
+              "gateway", "psp_lookup", "psp_reference", "psp_charged", "psp_charged_at", "psp_refund_reference", "last_error", "claim",
+              "ledger", "events", "audit")
+    readonly_fields = fields
+    staff_actions = (
+        StaffAction("settle_uncharged", "Fail: not charged at the PSP", "payments.settle_topup", SettleUnchargedForm,
+                    lambda request, obj, data: _settle_uncharged(obj, data),
+                    description="The PSP has no successful charge for this top-up: it fails, nothing is credited. A charge that"
+                    " surfaces later is refunded.", show=_in_operator_queue),
+        StaffAction("settle_charged", "Credit: charged at the PSP", "payments.settle_topup", SettleChargedForm,
+                    lambda request, obj, data: _settle_charged(obj, data),
+                    description="The PSP holds this top-up's successful charge: record it and credit the wallet (amount and bonus)."
+                    " If the wallet can no longer take it (cap, frozen), the card is refunded instead.", show=_in_operator_queue),
+    )
+
+    @admin.display(description="operator review")
+    def review(self, obj: TopUp) -> str:
+        if obj.operator_review_at is None:
+            return "-"
+        if obj.status == TopUpStatus.PENDING:
+            return f"waiting since {obj.operator_review_at:%Y-%m-%d %H:%M} UTC"
+        return f"settled after review (queued {obj.operator_review_at:%Y-%m-%d %H:%M} UTC)"
+
+    @admin.display(description="amount")
+    def amount_display(self, obj: TopUp) -> str:
+        return f"{money(obj.amount, obj.asset)} (bonus {money(obj.bonus_amount, obj.asset)})"
+
+    @admin.display(description="customer")
+    def customer_link(self, obj: TopUp) -> str:
+        return link(obj.customer)
+
+    @admin.display(description="at the PSP")
+    def psp_lookup(self, obj: TopUp) -> str:
+        return f"idempotency key and metadata tally_topup: {obj.pk}; charge of {obj.amount} {obj.asset_id} (minor units)"
+
+    @admin.display(description="claim (idempotency record)")
+    def claim(self, obj: TopUp) -> str:
+        if not obj.claim_key:
+            return "-"
+        record = IdempotencyRecord.objects.filter(principal_id=obj.claim_principal_id, key=obj.claim_key).first()
+        state = link(record, record.state) if record is not None else "record purged"
+        return format_html("{} / {} ({})", obj.claim_principal_id, obj.claim_key, state)
+
+    @admin.display(description="ledger transaction")
+    def ledger(self, obj: TopUp) -> str:
+        return link(obj.ledger_transaction)
+
+    @admin.display(description="events")
+    def events(self, obj: TopUp) -> str:
+        return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
+
+    @admin.display(description="audit")
+    def audit(self, obj: TopUp) -> str:
+        return _audit_link("payments.topup", obj.pk)
 
 
 @admin.register(Adjustment)

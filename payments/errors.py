@@ -16,6 +16,7 @@ class PaymentErrorCode(StrEnum):
 
 
     CARD_DECLINED = "card_declined"
+    PSP_REFUSED = "psp_refused"
     PSP_UNAVAILABLE = "psp_unavailable"
     PSP_NOT_CONFIGURED = "psp_not_configured"
     ASSET_NOT_TOP_UPABLE = "asset_not_top_upable"
@@ -60,6 +61,15 @@ class CardDeclined(BusinessRefusal):
     code: ClassVar[StrEnum] = PaymentErrorCode.CARD_DECLINED
 
 
+class PspRefused(BusinessRefusal):
+    """The card was not charged and will not be for this top-up: the PSP refused the
+    request itself (an amount below its minimum, a currency it does not take), or an
+    operator found no charge at the PSP. Final, like a decline (SPEC 5: a 402, stored and
+    replayed); a new top-up with other parameters may succeed."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PSP_REFUSED
+
+
 class PspUnavailable(Unavailable):
     """No answer from the PSP (timeout, 5xx): the outcome is unknown. Retryable with the
     same key (the PSP dedupes on it); the recovery task converges it meanwhile."""
@@ -67,6 +77,12 @@ class PspUnavailable(Unavailable):
     code: ClassVar[StrEnum] = PaymentErrorCode.PSP_UNAVAILABLE
     retryable = True
     retry_after_seconds = 2
+
+
+class PspKeyWindowPassed(PspUnavailable):
+    """The top-up is older than the PSP keeps idempotency keys: asking again could charge a
+    second time, so nobody asks; an operator settles it from the back office. The client
+    sees the same unknown outcome as any other `psp_unavailable`."""
 
 
 class PspNotConfigured(NotPermitted):

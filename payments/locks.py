@@ -1,7 +1,16 @@
 """Row locks on the payments app's business rows. Lock order (wallets/locks.py): these
-come first, before any balance row; one business row per movement."""
+come first, before any balance row; one business row per movement.
+
+`topup_recovery_lock` is no row lock: a session advisory lock per tenant, tried (never
+waited for) and held for a whole top-up recovery pass, while the pass takes the row locks
+above one short transaction at a time."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connection
 
 from payments.models import Payment, PaymentIntent, PendingAdjustment, TopUp
 
@@ -20,3 +29,22 @@ def payment_intent_lock(*, intent_id: str) -> PaymentIntent | None:
 
 def pending_adjustment_lock(*, pending_id: str) -> PendingAdjustment | None:
     return PendingAdjustment.objects.filter(pk=pending_id).order_by("pk").select_for_update().first()
+
+
+@contextmanager
+def topup_recovery_lock() -> Iterator[bool]:
+    """One top-up recovery pass per tenant at a time: a pass reads every pending top-up,
+    so one started by the next beat while another is still at the PSP would only ask the
+    same questions twice. Yields whether it was taken; PostgreSQL releases it with the
+    session if the worker dies."""
+    key = f"tally.topup-recovery:{getattr(connection, 'schema_name', 'public')}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
+        row = cursor.fetchone()
+    taken = bool(row and row[0])
+    try:
+        yield taken
+    finally:
+        if taken:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [key])

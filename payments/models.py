@@ -155,24 +155,41 @@ class TopUp(models.Model):
     ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # The card saga (payments/api/topup_saga.py): which gateway, the idempotency record that
     # owns it (for the recovery task), when the PSP charged (its settlement day) and, when a
-    # charged top-up could not be credited (cap, frozen), the PSP refund that gave it back.
+    # charged top-up could not be credited, the PSP refund that gave it back.
     gateway = models.CharField(max_length=20, blank=True, default="")
     claim_principal_id = models.CharField(max_length=64, blank=True, default="")
     claim_key = models.CharField(max_length=255, blank=True, default="")
     psp_charged_at = models.DateTimeField(null=True, blank=True)
     psp_refund_reference = models.CharField(max_length=200, blank=True, default="")
+    # The PSP holds a successful charge for this top-up. A declined charge has a reference
+    # too, so the reference alone cannot say whether there is money to credit or give back.
+    psp_charged = models.BooleanField(default=False)
+    # Set when the top-up outlived the PSP's idempotency-key window still pending: asking
+    # the PSP again could charge twice, so it waits in the back office for an operator.
+    operator_review_at = models.DateTimeField(null=True, blank=True)
+    # What the last attempt to settle it ran into (the PSP's refusal, no answer, a crash):
+    # the operator's evidence.
+    last_error = models.CharField(max_length=500, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created", "-id"]
-        indexes = [models.Index(fields=["created"], name="topup_pending_created", condition=Q(status="pending"))]
+        permissions = [("settle_topup", "Can settle a card top-up waiting for an operator")]
+        indexes = [
+            models.Index(fields=["created"], name="topup_pending_created", condition=Q(status="pending")),
+            # The card refunds still owed (recovery, every run) and the reconciliation's check of them.
+            models.Index(
+                fields=["created", "id"], name="topup_charged_uncredited", condition=Q(status="failed", psp_charged=True, psp_refund_reference="")
+            ),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(amount__gt=0), name="topup_amount_positive"),
             models.CheckConstraint(condition=Q(bonus_amount__gte=0), name="topup_bonus_non_negative"),
             models.CheckConstraint(
                 condition=Q(status="succeeded", ledger_transaction__isnull=False) | ~Q(status="succeeded"), name="topup_succeeded_has_ledger"
             ),
+            models.CheckConstraint(condition=Q(psp_charged=False) | ~Q(psp_reference=""), name="topup_charged_has_reference"),
         ]
 
     def __str__(self) -> str:

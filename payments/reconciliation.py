@@ -18,7 +18,7 @@ from payments.errors import PspNotConfigured, PspUnavailable
 from payments.idempotency import metrics as idempotency_metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
-from payments.selectors import gateway_account_active
+from payments.selectors import gateway_account_active, topups_charged_uncredited
 from payments.services.card_topups import topup_settlement_compare
 from wallets.reconciliation import CheckContext, Discrepancy, ObjectRef, Severity
 
@@ -155,7 +155,11 @@ def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     `settlement_days` days (UTC; yesterday's report is complete, today's is so far). A line
     of ours the PSP does not have, a PSP charge we have no top-up for (charged, not yet
     credited: recovery should converge it within a lease), and amounts that differ. No
-    active gateway: nothing to compare. The PSP unreachable: one warning, the rest runs."""
+    active gateway: nothing to compare. The PSP unreachable: one warning, the rest runs.
+
+    First, from our rows alone: every top-up the PSP charged that ended without a credit
+    and whose card refund is still not recorded a recovery window after it failed."""
+    yield from _charged_uncredited(ctx)
     if gateway_account_active() is None:
         ctx.stats["psp_settlement"] = "no active card gateway"
         return
@@ -190,3 +194,19 @@ def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
                 details={"day": day.isoformat(), "topup": topup_id, "gateway": comparison.gateway},
                 refs=(ObjectRef("payments", "topup", topup_id),),
             )
+
+
+def _charged_uncredited(ctx: CheckContext) -> Iterator[Discrepancy]:
+    horizon = ctx.now - timedelta(seconds=ctx.topup_recovery_window_seconds)
+    owed = topups_charged_uncredited().filter(updated__lt=horizon).order_by("created", "id")
+    for topup in owed.iterator(chunk_size=ctx.chunk_size):
+        yield Discrepancy(
+            kind="psp_settlement_charged_uncredited", severity=Severity.CRITICAL,
+            summary=f"top-up {topup.pk}: the PSP charged {topup.amount} {topup.asset_id} ({topup.psp_reference}), nothing was"
+            f" credited ({topup.failure_code}) and no card refund is recorded",
+            details={"topup": topup.pk, "customer": topup.customer_id, "asset": topup.asset_id, "amount": int(topup.amount),
+                     "gateway": topup.gateway, "psp_reference": topup.psp_reference, "failure_code": topup.failure_code,
+                     "charged_at": topup.psp_charged_at.isoformat() if topup.psp_charged_at else None,
+                     "failed_at": topup.updated.isoformat(), "last_error": topup.last_error},
+            refs=(ObjectRef("payments", "topup", topup.pk), ObjectRef("wallets", "customer", topup.customer_id)),
+        )

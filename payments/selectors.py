@@ -256,27 +256,56 @@ def gateway_account_active() -> GatewayAccount | None:
     return GatewayAccount.objects.filter(active=True).first()
 
 
-def topups_pending_stale(*, older_than_seconds: int, limit: int = 100) -> list[TopUp]:
-    """Pending card top-ups claimed longer ago than `older_than_seconds`: the recovery task's work list."""
-    horizon = timezone.now() - timedelta(seconds=older_than_seconds)
-    return list(
-        TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=horizon).exclude(claim_key="").order_by("created")[:limit]
-    )
+@dataclass(frozen=True)
+class TopUpCursor:
+    """The last top-up of a page, for the next page of a list in (created, id) order."""
+
+    created: datetime
+    id: str
+
+    @classmethod
+    def of(cls, topup: TopUp) -> TopUpCursor:
+        return cls(created=topup.created, id=topup.pk)
+
+
+def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int) -> list[TopUp]:
+    # Keyset, not OFFSET: rows settled between two pages neither shift the next page nor
+    # make it skip one, however long the list.
+    if after is not None:
+        topups = topups.filter(Q(created__gt=after.created) | Q(created=after.created, id__gt=after.id))
+    return list(topups.order_by("created", "id")[:limit])
+
+
+def topups_pending_stale(*, created_before: datetime, after: TopUpCursor | None = None, limit: int = 100) -> list[TopUp]:
+    """Pending card top-ups created before `created_before` and not waiting for an operator:
+    the recovery task's work list, one page (oldest first) after `after`."""
+    pending = TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=created_before, operator_review_at__isnull=True)
+    return _page(pending.exclude(claim_key=""), after=after, limit=limit)
 
 
 def topups_pending_count() -> int:
     return TopUp.objects.filter(status=TopUpStatus.PENDING).count()
 
 
-def topups_refund_due(*, limit: int = 100) -> list[TopUp]:
-    """Top-ups the PSP charged that could not be credited (cap, frozen) and whose card
-    refund has not been made yet."""
-    due = TopUp.objects.filter(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES, psp_refund_reference="")
-    return list(due.exclude(psp_reference="").order_by("created")[:limit])
+def topups_operator_review() -> QuerySet[TopUp]:
+    """The operator queue: pending top-ups the recovery may not ask the PSP about again."""
+    return TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=False)
 
 
-# A top-up failed with one of these was charged by the PSP, then refused by us (and refunded).
-CHARGED_THEN_REFUSED_CODES = ("cap_exceeded", "wallet_frozen")
+def topups_operator_review_count() -> int:
+    return topups_operator_review().count()
+
+
+def topups_charged_uncredited() -> QuerySet[TopUp]:
+    """Failed top-ups the PSP holds a charge for and whose card refund is not recorded yet,
+    whatever made them fail."""
+    return TopUp.objects.filter(status=TopUpStatus.FAILED, psp_charged=True, psp_refund_reference="")
+
+
+def topups_refund_due(*, after: TopUpCursor | None = None, limit: int = 100) -> list[TopUp]:
+    """One page (oldest first, after `after`) of the top-ups whose card money is to be given
+    back (`topups_charged_uncredited`)."""
+    return _page(topups_charged_uncredited(), after=after, limit=limit)
 
 
 @dataclass(frozen=True)
@@ -291,11 +320,10 @@ class TopUpSettlementLine:
 
 def topup_settlement_lines(*, day: date, gateway: str | None = None) -> list[TopUpSettlementLine]:
     """Our card top-ups the PSP charged on `day` (UTC, the PSP's charge time), for the
-    reconciliation of internal vs PSP settlement: every charged top-up, credited or
-    refunded (cap, frozen) afterwards."""
+    reconciliation of internal vs PSP settlement: every charged top-up, credited, or
+    failed and refunded (or still to be) afterwards."""
     start = datetime.combine(day, time.min, tzinfo=UTC)
-    charged = Q(status=TopUpStatus.SUCCEEDED) | Q(status=TopUpStatus.FAILED, failure_code__in=CHARGED_THEN_REFUSED_CODES)
-    topups = TopUp.objects.filter(charged, psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1)).exclude(psp_reference="")
+    topups = TopUp.objects.filter(psp_charged=True, psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1))
     if gateway is not None:
         topups = topups.filter(gateway=gateway)
     return [

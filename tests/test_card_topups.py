@@ -209,7 +209,7 @@ def test_a_retry_after_an_unheard_charge_refuses_the_credit_but_never_strands_th
     topup.refresh_from_db()
     assert topup.status == "failed" and topup.psp_reference == live.charges()[0]["id"]
     assert live.balance() == 0 and live.credits(topup.pk) == 0
-    assert card_topups.topup_refunds_run() == 1 and card_topups.topup_refunds_run() == 0
+    assert card_topups.topup_refunds_run()["refunded"] == 1 and card_topups.topup_refunds_run()["refunded"] == 0
     refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
     assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(topup.psp_reference, 1300)] and len(live.charges()) == 1
 
@@ -229,7 +229,7 @@ def test_a_refusal_decided_before_a_webhook_credited_answers_the_credit(live: Li
 
 def test_a_top_up_past_the_psps_key_window_is_never_charged_again(live: Live) -> None:
     """A PSP forgets idempotency keys (Stripe after 24 h): a charge asked again after that
-    could be a second one. Past PSP_KEY_TRUSTED_FOR the top-up stays pending for an operator."""
+    could be a second one. Past PSP_KEY_TRUSTED_FOR the top-up waits in the operator queue."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -242,6 +242,7 @@ def test_a_top_up_past_the_psps_key_window_is_never_charged_again(live: Live) ->
     again = live.post(idem, visa(400))
     assert again.status_code == 503 and again.json()["error"]["code"] == "psp_unavailable"
     assert live.charges() == [] and live.only_topup().status == "pending"
+    assert live.only_topup().operator_review_at is not None  # in the operator queue
 
 
 # --- SIGKILL between the PSP call and the completion ------------------------------------------
@@ -487,7 +488,7 @@ def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant:
     assert LedgerTransaction.objects.filter(reference=topup.pk).count() == 0
     assert account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0] == 0
     # The card was charged: the recovery gives the money back, once.
-    assert card_topups.topup_refunds_run() == 1 and card_topups.topup_refunds_run() == 0
+    assert card_topups.topup_refunds_run()["refunded"] == 1 and card_topups.topup_refunds_run()["refunded"] == 0
     topup.refresh_from_db()
     assert topup.psp_refund_reference.startswith("re_")
     state = psp_simulator.state()["accounts"][psp_key]
@@ -530,3 +531,389 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
     )
     assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == topup_id
     assert replay["Original-Request"] == "req_dead"
+
+
+# --- The PSP refusing the request: nothing charged, the top-up fails at once ------------------
+
+
+def test_an_idempotency_conflict_at_the_psp_is_an_unknown_outcome_not_a_refusal(psp_simulator: Simulator) -> None:
+    """The PSP's idempotency layer objecting (the key bound to other parameters) says
+    nothing about the charge under that key: it must never fail a top-up as uncharged."""
+    from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayUnavailable
+    from payments.gateways.simulator import SimulatorGateway
+
+    psp_simulator.faults_clear()
+    adapter = SimulatorGateway(api_base=psp_simulator.url, secret_key=f"sk_sim_{uuid.uuid4().hex}", timeout=5.0)
+    key = f"top_{uuid.uuid4().hex}"
+    first = ChargeRequest(amount=100, currency="JPY", payment_method="pm_card_visa", idempotency_key=key, reference=key)
+    assert adapter.charge(first).status == "succeeded"
+    with pytest.raises(GatewayUnavailable):
+        adapter.charge(ChargeRequest(amount=200, currency="JPY", payment_method="pm_card_visa", idempotency_key=key, reference=key))
+    psp_simulator.faults(min_charge_amount=50)
+    with pytest.raises(GatewayRejected) as refused:
+        adapter.charge(ChargeRequest(amount=10, currency="JPY", payment_method="pm_card_visa", idempotency_key=f"{key}_2", reference=key))
+    psp_simulator.faults_clear()
+    assert refused.value.code == "amount_too_small" and refused.value.param == "amount"
+
+
+def test_a_psp_refusal_fails_the_top_up_at_once_with_a_402_that_replays(live: Live) -> None:
+    """The PSP refuses the request itself (Stripe's `amount_too_small`): nothing was charged,
+    and asking again is refused again. The top-up fails now with its own code, a 402 stored
+    and replayed; it used to be a 503 `psp_unavailable` with the top-up pending for good."""
+    live.sim.faults(min_charge_amount=50)
+    idem = uuid.uuid4().hex
+    r = live.post(idem, visa(1))
+    assert r.status_code == 402, r.content
+    error = r.json()["error"]
+    assert error["code"] == "psp_refused" and error["type"] == "payment_error" and error["param"] == "amount"
+    assert "amount_too_small" in error["message"] and error["request_id"] == r["Request-Id"]
+    topup = live.only_topup()
+    assert topup.status == "failed" and topup.failure_code == "psp_refused" and "amount_too_small" in topup.last_error
+    assert not topup.psp_charged and live.charges() == [] and live.balance() == 0
+    assert_replays(live, idem, visa(1), r)
+    assert live.charges() == []
+
+
+def test_a_refusal_met_by_a_retry_or_the_recovery_fails_the_top_up_too(live: Live) -> None:
+    """No answer first (503, pending), then the PSP refuses the same request: whoever asks
+    next, the client's retry or the recovery, fails the top-up with `psp_refused`, and the
+    answer the recovery stores is the one the client's retry replays."""
+    live.sim.faults(fail_5xx=2)
+    by_client, by_recovery = uuid.uuid4().hex, uuid.uuid4().hex
+    assert live.post(by_client, visa(10)).status_code == 503
+    assert live.post(by_recovery, visa(20)).status_code == 503
+    live.sim.faults(min_charge_amount=50)
+    again = live.post(by_client, visa(10))
+    assert again.status_code == 402 and again.json()["error"]["code"] == "psp_refused"
+    pending = TopUp.objects.get(customer=live.customer, amount=20)
+    time.sleep(2.2)  # past the lease
+    recover(until=lambda: TopUp.objects.get(pk=pending.pk).status != "pending")
+    pending.refresh_from_db()
+    assert pending.failure_code == "psp_refused" and live.charges() == []
+    replay = live.post(by_recovery, visa(20))
+    assert replay.status_code == 402 and replay["Idempotent-Replayed"] == "true" and replay.json()["error"]["code"] == "psp_refused"
+
+
+# --- A charge recorded after the top-up failed, whatever the failure: refunded -----------------
+
+
+def test_a_late_charge_on_a_top_up_failed_as_request_invalid_is_refunded(live: Live, web: Any) -> None:
+    """The first attempt charged and never heard back; the operator's gateway is gone when
+    the client retries (403 `psp_not_configured`: the claim is released and the top-up fails
+    as `request_invalid`); then the PSP's webhook of that charge arrives. The charge is
+    recorded on the failed top-up, and the card must be refunded, once. Refunds used to be
+    due only for `cap_exceeded` and `wallet_frozen`: this money was kept."""
+    from payments.models import GatewayAccount
+    from payments.services.card_topups import gateway_account_set
+
+    _, port = web()
+    live.sim.webhook_endpoint(live.psp_key, _webhook_url(port), WEBHOOK_SECRET)
+    live.sim.faults(hang_after_charge=1, hang_seconds=3, out_of_order_webhooks=True)  # the event is held back
+    idem = uuid.uuid4().hex
+    assert live.post(idem, visa(900)).status_code == 503
+    topup = live.only_topup()
+    assert topup.status == "pending" and len(live.charges()) == 1
+    GatewayAccount.objects.filter(gateway="simulator").delete()
+    retry = live.post(idem, visa(900))
+    assert retry.status_code == 403 and retry.json()["error"]["code"] == "psp_not_configured"
+    topup.refresh_from_db()
+    assert topup.status == "failed" and topup.failure_code == "request_invalid" and not topup.psp_reference
+    gateway_account_set(gateway="simulator", api_base=live.sim.url, secret_key=live.psp_key, webhook_secrets=[WEBHOOK_SECRET])
+    assert live.sim.flush_webhooks() == 1  # the late charge.succeeded
+    charge = live.charges()[0]
+    topup.refresh_from_db()
+    assert topup.status == "failed" and topup.psp_reference == charge["id"] and live.balance() == 0
+    recover(until=lambda: bool(TopUp.objects.get(pk=topup.pk).psp_refund_reference))
+    recover()
+    refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge["id"], 900)]
+    assert live.credits(topup.pk) == 0 and len(live.charges()) == 1
+
+
+# --- Recovery: every record reached, each one on its own ----------------------------------------
+
+RECOVERY_TENANT = {"schema_name": "test_recovery", "domain": "recovery.test.localhost", "name": "Recovery", "main_currency": "JPY"}
+
+
+@pytest.fixture(scope="session")
+def recovery_tenant_committed(django_db_setup: None, django_db_blocker: Any) -> Tenant:
+    from tenants.services import tenant_create
+
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        tenant = Tenant.objects.filter(schema_name=RECOVERY_TENANT["schema_name"]).first() or tenant_create(**RECOVERY_TENANT)
+        connection.set_schema_to_public()
+        return tenant
+
+
+@pytest.fixture
+def quiet(db: None, recovery_tenant_committed: Tenant, psp_simulator: Simulator, settings: Any) -> Iterator[Simulator]:
+    """A tenant no other test commits to, inside this test's rolled-back transaction: its
+    recovery pass sees this test's top-ups and nothing else."""
+    settings.TALLY_PSP_TIMEOUT_SECONDS = 1.0
+    settings.TALLY_TOPUP_LEASE_SECONDS = 2
+    settings.TALLY_OUTBOX_RELAY_KICK = False
+    psp_simulator.faults_clear()
+    connection.set_tenant(recovery_tenant_committed)
+    yield psp_simulator
+    psp_simulator.faults_clear()
+    connection.set_schema_to_public()
+
+
+def _pending(customer: Any, *, created: datetime, n: int = 1, amount: int = 500, gateway: str = "simulator") -> list[TopUp]:
+    """Pending top-ups whose claim records are gone (the recovery settles them alone), made
+    in one INSERT; `created` is set after it (the column is auto_now_add)."""
+    rows = [
+        TopUp(customer=customer, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway=gateway,
+              claim_principal_id=customer.pk, claim_key=f"gone-{uuid.uuid4().hex}")
+        for _ in range(n)
+    ]
+    TopUp.objects.bulk_create(rows)
+    TopUp.objects.filter(pk__in=[t.pk for t in rows]).update(created=created)
+    return rows
+
+
+def _unsealable_gateway() -> None:
+    """A Stripe account row copied in from another tenant's schema: its credentials are
+    sealed to that schema and do not open here."""
+    from payments.gateways.credentials import credential_seal
+    from payments.models import GatewayAccount
+    from payments.services.card_topups import gateway_account_set
+
+    gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_x", webhook_secrets=["whsec_x"], active=False)
+    sealed = credential_seal(value="sk_x", schema="another_tenant", gateway="stripe", field="secret_key")
+    GatewayAccount.objects.filter(gateway="stripe").update(secret_key_sealed=sealed)
+
+
+def _frozen_customer(name: str) -> Any:
+    from payments.services.freezes import wallet_freeze
+    from wallets.services.principals import staff_member_get_or_create
+
+    customer = customer_create(name=name)
+    wallet_freeze(customer=customer, staff=staff_member_get_or_create(username=f"ops-{uuid.uuid4().hex[:8]}"), reason="test")
+    return customer
+
+
+def _balance(customer: Any) -> int:
+    return account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0]
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_recovery_reaches_a_resolvable_top_up_behind_more_than_a_page_of_stuck_ones(quiet: Simulator) -> None:
+    """105 older top-ups that cannot be resolved (60 past the PSP's key window, 45 whose
+    gateway is gone; each group created in one instant, so pages split a tie), and a newer
+    one the PSP would settle: one pass reaches it. The pass used to read the 100 oldest
+    and stop."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.api.topup_saga import topup_recovery_run
+
+    psp_account_configure(quiet)
+    customer = customer_create(name=f"Starved {uuid.uuid4().hex[:6]}")
+    now = timezone.now()
+    _pending(customer, created=now - timedelta(days=2), n=60)
+    _pending(customer, created=now - timedelta(hours=2), n=45, gateway="stripe")  # no such account here: no answer to be had
+    resolvable = _pending(customer, created=now - timedelta(minutes=5), amount=700)[0]
+
+    counts = topup_recovery_run()
+
+    resolvable.refresh_from_db()
+    assert resolvable.status == "succeeded" and _balance(customer) == 700, counts
+    assert counts["succeeded"] == 1 and counts["operator_review"] == 60 and counts["unavailable"] == 45
+    assert TopUp.objects.filter(customer=customer, operator_review_at__isnull=False, status="pending").count() == 60
+
+
+def test_one_top_up_that_cannot_be_resolved_does_not_stop_the_recovery_run(quiet: Simulator) -> None:
+    """The oldest pending top-up's gateway credentials do not unseal (an exception that is
+    not the PSP's). It is logged, counted as an error and noted on the top-up; the pass
+    still settles the others, refunds the charge it could not credit, and purges old PSP
+    event markers. An exception used to end the tenant's whole run there."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.api.topup_saga import topup_recovery_run
+
+    psp_key = psp_account_configure(quiet)
+    _unsealable_gateway()
+    customer, frozen = customer_create(name=f"Ok {uuid.uuid4().hex[:6]}"), _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}")
+    now = timezone.now()
+    broken = _pending(customer, created=now - timedelta(minutes=30), gateway="stripe")[0]
+    refused = _pending(frozen, created=now - timedelta(minutes=20), amount=300)[0]
+    fine = _pending(customer, created=now - timedelta(minutes=10), amount=400)[0]
+    old_marker = PspWebhookEvent.objects.create(gateway="simulator", event_id=f"evt_{uuid.uuid4().hex}", type="charge.succeeded",
+                                                outcome="applied", received=now - timedelta(days=40))
+    errors_before = _sample("tally_topup_orphans_recovered_total", outcome="error")
+
+    counts = topup_recovery_run()
+
+    assert counts["error"] == 1 and counts["succeeded"] == 1 and counts["failed"] == 1 and counts["refunded"] == 1, counts
+    assert _sample("tally_topup_orphans_recovered_total", outcome="error") == errors_before + 1
+    broken.refresh_from_db()
+    assert broken.status == "pending" and "InvalidTag" in broken.last_error
+    fine.refresh_from_db()
+    assert fine.status == "succeeded" and _balance(customer) == 400
+    refused.refresh_from_db()
+    assert refused.status == "failed" and refused.failure_code == "wallet_frozen" and refused.psp_refund_reference
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(refused.psp_reference, 300)]
+    assert counts["webhook_markers_purged"] >= 1 and not PspWebhookEvent.objects.filter(pk=old_marker.pk).exists()
+
+
+def test_one_card_refund_that_fails_does_not_stop_the_others(quiet: Simulator) -> None:
+    """Two charges that could not be credited; the older one's refund raises (its gateway's
+    credentials do not unseal). The other is refunded all the same, and the run goes on to
+    the purge. The refund loop used to let such an exception end the run."""
+    from payments.api.topup_saga import topup_recovery_run
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from payments.services.card_topups import topup_settle
+
+    psp_key = psp_account_configure(quiet)
+    _unsealable_gateway()
+    frozen = _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}")
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
+    owed = []
+    for amount in (250, 350):
+        topup = TopUp.objects.create(customer=frozen, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway="simulator")
+        result = adapter.charge(ChargeRequest(amount=amount, currency="JPY", payment_method="pm_card_visa", idempotency_key=topup.pk,
+                                              reference=topup.pk))
+        with transaction.atomic():
+            settled, refusal = topup_settle(topup_id=topup.pk, result=result)
+        assert settled.status == "failed" and refusal is not None and settled.psp_reference
+        owed.append(settled)
+    TopUp.objects.filter(pk=owed[0].pk).update(gateway="stripe")  # its refund now meets the unsealable account
+
+    counts = topup_recovery_run()
+
+    assert counts["refunded"] == 1 and counts["refund_errors"] == 1 and "webhook_markers_purged" in counts, counts
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(owed[1].psp_reference, 350)]
+    broken = TopUp.objects.get(pk=owed[0].pk)
+    assert not broken.psp_refund_reference and "InvalidTag" in broken.last_error
+
+
+# --- The operator queue: past the PSP's key window, a person settles it --------------------------
+
+STAFF_PASSWORD = "pw-topup-queue-123"
+
+
+def _staff_client(username: str, role: str) -> Client:
+    from wallets.services.roles import staff_login_ensure
+
+    staff_login_ensure(username=username, password=STAFF_PASSWORD, role=role)
+    client = Client(HTTP_HOST=RECOVERY_TENANT["domain"], REMOTE_ADDR="203.0.113.9")
+    assert client.login(username=username, password=STAFF_PASSWORD)
+    return client
+
+
+def _confirmation_key(page: Any) -> str:
+    import re
+
+    match = re.search(rb'name="idempotency_key" value="([0-9a-f]+)"', page.content)
+    assert match, page.content[:2000]
+    return match.group(1).decode()
+
+
+def test_a_top_up_past_the_key_window_waits_for_an_operator_who_settles_it_in_the_back_office(quiet: Simulator) -> None:
+    """Two top-ups still pending past the PSP's key window: the recovery asks the PSP about
+    neither again (a forgotten key could charge twice) and puts both in the operator queue,
+    with their evidence. A finance staff member finds one charged at the PSP and credits it
+    (a mistyped amount is refused), and fails the other as not charged; both audited."""
+    from datetime import timedelta
+
+    from django.contrib.admin.utils import quote
+    from django.utils import timezone
+
+    from payments.api.topup_saga import topup_recovery_run
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from wallets.models import AuditEntry
+
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Queued {uuid.uuid4().hex[:6]}")
+    now = timezone.now()
+    charged = _pending(customer, created=now - timedelta(hours=21), amount=1500)[0]
+    never = _pending(customer, created=now - timedelta(hours=22), amount=800)[0]
+    # The first attempt at `charged` went through at the PSP, and its answer was lost.
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
+    psp_charge = adapter.charge(ChargeRequest(amount=1500, currency="JPY", payment_method="pm_card_visa", idempotency_key=charged.pk,
+                                              reference=charged.pk))
+
+    counts = topup_recovery_run()
+    assert counts["operator_review"] == 2, counts
+    assert len(quiet.charges(psp_key)) == 1  # nobody asked the PSP again
+    assert _sample("tally_topups_operator_review", tenant=RECOVERY_TENANT["schema_name"]) == 2
+    assert "operator_review" not in topup_recovery_run()  # queued: no longer the recovery's
+    charged.refresh_from_db()
+    assert charged.status == "pending" and charged.operator_review_at is not None and "key window" in charged.last_error
+
+    finance, viewer = _staff_client("fin-queue", "finance"), _staff_client("view-queue", "viewer")
+    queue = finance.get("/admin/payments/topup/?operator_queue=waiting")
+    assert queue.status_code == 200 and charged.pk.encode() in queue.content and never.pk.encode() in queue.content
+    page = finance.get(f"/admin/payments/topup/{quote(charged.pk)}/change/")
+    assert page.status_code == 200 and b"act/settle_charged/" in page.content and b"act/settle_uncharged/" in page.content
+    assert charged.claim_key.encode() in page.content and b"waiting since" in page.content
+    act = f"/admin/payments/topup/{quote(charged.pk)}/act/settle_charged/"
+    assert viewer.get(act).status_code == 403
+    assert b"act/settle_charged/" not in viewer.get(f"/admin/payments/topup/{quote(charged.pk)}/change/").content
+
+    form = {"psp_reference": psp_charge.psp_reference, "amount": 1000, "charged_at": "", "reason": "found at the PSP by its key"}
+    mistyped = finance.post(act, {**form, "idempotency_key": _confirmation_key(finance.get(act))})
+    assert mistyped.status_code == 200 and b"not this top-up&#x27;s charge" in mistyped.content
+    assert TopUp.objects.get(pk=charged.pk).status == "pending"
+    done = finance.post(act, {**form, "amount": 1500, "idempotency_key": _confirmation_key(mistyped)})
+    assert done.status_code == 302, done.content[:2000]
+    charged.refresh_from_db()
+    assert charged.status == "succeeded" and charged.psp_reference == psp_charge.psp_reference and charged.psp_charged
+    assert _balance(customer) == 1500 + charged.bonus_amount
+    audit = AuditEntry.objects.get(action="admin.settle_charged", target_id=charged.pk)
+    assert audit.actor == "user:fin-queue" and audit.reason == "found at the PSP by its key" and audit.after["status"] == "succeeded"
+
+    fail = f"/admin/payments/topup/{quote(never.pk)}/act/settle_uncharged/"
+    unchecked = finance.post(fail, {"idempotency_key": _confirmation_key(finance.get(fail)), "reason": "no charge under its key"})
+    assert unchecked.status_code == 200 and TopUp.objects.get(pk=never.pk).status == "pending"  # the box is required
+    failed = finance.post(fail, {"idempotency_key": _confirmation_key(unchecked), "checked": "on", "reason": "no charge under its key"})
+    assert failed.status_code == 302
+    never.refresh_from_db()
+    assert never.status == "failed" and never.failure_code == "not_charged" and _balance(customer) == 1500 + charged.bonus_amount
+    assert AuditEntry.objects.filter(action="admin.settle_uncharged", target_id=never.pk).exists()
+    topup_recovery_run()
+    assert _sample("tally_topups_operator_review", tenant=RECOVERY_TENANT["schema_name"]) == 0
+    assert finance.get(f"/admin/payments/topup/{quote(never.pk)}/act/settle_uncharged/").status_code == 200  # the page, not the action
+    assert b"act/settle_uncharged/" not in finance.get(f"/admin/payments/topup/{quote(never.pk)}/change/").content
+
+
+def test_only_a_queued_top_up_can_be_settled_by_an_operator(quiet: Simulator) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.services.card_topups import topup_review_hold
+    from payments.services.topup_review import topup_review_settle_charged, topup_review_settle_uncharged
+    from wallets.errors import InvalidRequest, InvalidState
+
+    psp_account_configure(quiet)
+    customer = customer_create(name=f"Not queued {uuid.uuid4().hex[:6]}")
+    fresh = _pending(customer, created=timezone.now() - timedelta(minutes=1))[0]
+    with pytest.raises(InvalidState):
+        topup_review_settle_uncharged(topup_id=fresh.pk, reason="too early")  # the saga and the recovery are still at it
+    queued, other = _pending(customer, created=timezone.now() - timedelta(hours=21), n=2)
+    for topup in (queued, other):
+        assert topup_review_hold(topup_id=topup.pk, reason="test")
+    assert not topup_review_hold(topup_id=queued.pk, reason="again")
+    topup_review_settle_charged(topup_id=queued.pk, psp_reference="ch_seen_at_the_psp", amount=500)
+    with pytest.raises(InvalidRequest) as reused:
+        topup_review_settle_charged(topup_id=other.pk, psp_reference="ch_seen_at_the_psp", amount=500)
+    assert reused.value.param == "psp_reference"
+    with pytest.raises(InvalidState):
+        topup_review_settle_uncharged(topup_id=queued.pk, reason="settled already")
+    with pytest.raises(TypeError):
+        topup_review_settle_charged(topup_id=other.pk, psp_reference="ch_other", amount=500.0)

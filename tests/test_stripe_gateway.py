@@ -21,7 +21,7 @@ import pytest
 import stripe
 from django.test import Client
 
-from payments.gateways.base import ChargeRequest, GatewayUnavailable
+from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayUnavailable
 from payments.gateways.signing import SignatureStale, signature_compute, signature_verify
 from payments.gateways.stripe_gateway import StripeGateway
 from payments.models import TopUp
@@ -56,6 +56,20 @@ NO_SUCH_PAYMENT_METHOD = {
     "error": {"type": "invalid_request_error", "code": "resource_missing", "param": "payment_method", "message": "No such PaymentMethod: 'pm_x'"}
 }
 API_ERROR = {"error": {"type": "api_error", "message": "An unknown error occurred"}}
+AMOUNT_TOO_SMALL = {
+    "error": {"type": "invalid_request_error", "code": "amount_too_small", "param": "amount", "message": "Amount must be at least ¥50 jpy",
+              "doc_url": "https://stripe.com/docs/error-codes/amount-too-small"}
+}
+UNKNOWN_CURRENCY = {"error": {"type": "invalid_request_error", "param": "currency", "message": "Invalid currency: xts."}}
+KEY_REUSED = {
+    "error": {"type": "idempotency_error",
+              "message": "Keys for idempotent requests can only be used with the same parameters they were first used with."}
+}
+KEY_IN_USE = {
+    "error": {"type": "idempotency_error", "code": "idempotency_key_in_use",
+              "message": "There is currently another in-progress request using this Idempotent Key."}
+}
+BAD_KEY = {"error": {"type": "invalid_request_error", "message": "Invalid API Key provided: sk_test_****7dc"}}
 
 
 @dataclass
@@ -140,6 +154,23 @@ def test_a_5xx_or_no_answer_is_unknown(stub: Stub) -> None:
     closed = StripeGateway(api_base=f"http://127.0.0.1:{free_port()}", secret_key="sk_test_x", timeout=1.0)
     with pytest.raises(GatewayUnavailable):
         closed.charge(request())
+
+
+@pytest.mark.parametrize(("payload", "param", "code"), [(AMOUNT_TOO_SMALL, "amount", "amount_too_small"), (UNKNOWN_CURRENCY, "currency", None)])
+def test_a_refused_request_is_a_rejection_with_stripes_code(stub: Stub, payload: dict[str, Any], param: str, code: str | None) -> None:
+    stub.script = [(400, payload)]
+    with pytest.raises(GatewayRejected) as refused:
+        gateway(stub).charge(request())
+    assert refused.value.param == param and refused.value.code == code
+
+
+@pytest.mark.parametrize(("status", "payload"), [(400, KEY_REUSED), (409, KEY_IN_USE), (401, BAD_KEY), (403, BAD_KEY)])
+def test_an_answer_that_says_nothing_of_the_charge_under_our_key_is_unknown(stub: Stub, status: int, payload: dict[str, Any]) -> None:
+    """An earlier attempt under the same key may have charged: our key refused (rotated
+    since?) or Stripe's idempotency layer objecting must not fail the top-up as uncharged."""
+    stub.script = [(status, payload)]
+    with pytest.raises(GatewayUnavailable):
+        gateway(stub).charge(request())
 
 
 def test_a_payment_intent_still_processing_is_unknown(stub: Stub) -> None:

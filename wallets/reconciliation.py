@@ -62,6 +62,9 @@ class CheckContext:
     duplicate_window_seconds: int = 300
     outbox_lag_threshold_seconds: int = 300
     settlement_days: int = 2
+    # How long the top-up recovery (every 10 s) may take to give back a card charge it
+    # could not credit before that charge is a finding.
+    topup_recovery_window_seconds: int = 3600
     stats: dict[str, Any] = field(default_factory=dict)
 
 

@@ -130,13 +130,16 @@ class TopUpViewSet(CustomerViewSet):
         description=(
             "Charges the card at the operator's PSP with the top-up id as the PSP's idempotency key, then credits the wallet "
             "(plus the operator's top-up bonus) in the transaction that stores the answer. Requires an Idempotency-Key. "
-            "A 503 `psp_unavailable` means the PSP's answer is unknown: retry with the same key (it never charges twice); "
-            "the top-up also converges on its own (PSP webhook, recovery task)."
+            "A 402 `psp_refused` means the PSP refused the request itself (e.g. an amount below its minimum): nothing was "
+            "charged and the top-up has failed. A 503 `psp_unavailable` means the PSP's answer is unknown: retry with the same "
+            "key (it never charges twice); the top-up also converges on its own (PSP webhook, recovery task)."
         ),
         responses={
             201: OpenApiResponse(s.TopUpOut, description="Charged and credited."),
             400: OpenApiResponse(ErrorSerializer, description="Invalid request, e.g. `asset_not_top_upable` (points, carbon credits)."),
-            402: OpenApiResponse(ErrorSerializer, description="`card_declined`, `cap_exceeded` or `wallet_frozen` (stored and replayed)."),
+            402: OpenApiResponse(
+                ErrorSerializer, description="`card_declined`, `psp_refused`, `cap_exceeded` or `wallet_frozen` (stored and replayed)."
+            ),
             503: OpenApiResponse(ErrorSerializer, description="`psp_unavailable`: outcome unknown, retry with the same key (Retry-After)."),
         },
     )

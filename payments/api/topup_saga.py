@@ -8,31 +8,39 @@ the inline request and the recovery task store the same rendering of the same ou
 2. `topup_saga_charge`, outside any transaction: charge the card at the PSP with the
    top-up id as its idempotency key. No answer (timeout, 5xx) -> 503 `psp_unavailable`,
    the record left failed_retryable, the top-up pending: a retry with the same key, a PSP
-   webhook or the recovery task converges it.
+   webhook or the recovery task converges it. The PSP refusing the request itself
+   (nothing charged) fails the top-up in step 3/4 as `psp_refused`.
 3. / 4. The returned completion runs inside `idempotency_complete_produced`: in ONE
    transaction the record is locked and its fence checked, the top-up credited (201) or
-   failed (402 card_declined, cap_exceeded, wallet_frozen), and the answer stored by
-   compare-and-set. A holder whose lease was taken over writes nothing.
+   failed (402 card_declined, psp_refused, cap_exceeded, wallet_frozen), and the answer
+   stored by compare-and-set. A holder whose lease was taken over writes nothing.
 5. `topup_recovery_run` (Celery beat, per tenant): in-flight top-up records whose lease
-   expired, and pending top-ups whose last attempt failed or left no record, are taken
-   over (fence + 1), the PSP is asked again with the same key, and the outcome is
-   completed as in 3/4. Then card refunds of charged-but-uncredited top-ups, and the
-   purge of inbound PSP event markers past their 30-day retention.
+   expired, and pending top-ups whose last attempt failed or left no record, all of them,
+   page by page, are taken over (fence + 1), the PSP is asked again with the same key, and
+   the outcome is completed as in 3/4; each on its own, so one that raises is counted and
+   the pass goes on. One past the PSP's key window goes to the operator queue instead.
+   Then card refunds of charged-but-uncredited top-ups, and the purge of inbound PSP
+   event markers past their 30-day retention.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.http import HttpResponse
+from django.utils import timezone
 from rest_framework.renderers import JSONRenderer
 
 from payments.api import serializers as s
 from payments.api.errors import envelope, http_status_of
+from payments.errors import PspKeyWindowPassed, PspRefused
 from payments.gateways import metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
@@ -42,14 +50,18 @@ from payments.idempotency.services import (
     IdempotentCall,
     StoredResponse,
     idempotency_complete_produced,
+    idempotency_fail,
     idempotency_lease_takeover,
 )
+from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
-from payments.selectors import topup_get, topups_pending_stale
+from payments.selectors import TopUpCursor, topup_get, topups_pending_stale
 from payments.services import card_topups
 from wallets.errors import BusinessRefusal, NotFound, TallyError
+from wallets.transactions import is_connection_failure, run_atomic
 
 logger = logging.getLogger("tally.topups")
+T = TypeVar("T")
 
 MINT_NAME = "topup"
 
@@ -75,26 +87,44 @@ def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = T
     credit: that path records the charge and refunds the card."""
     topup = topup_get(topup_id=topup_id)
     if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
-        return lambda: topup_answer(**_outcome(topup_id), request_id=request_id)
+        return _outcome_then(topup_id=topup_id, request_id=request_id)
     refusal = card_topups.topup_refusal_check(topup=topup) if first_attempt else None
     if refusal is not None:
-        return lambda: topup_answer(**_as_kwargs(card_topups.topup_refuse(topup_id=topup_id, refusal=refusal)), request_id=request_id)
-    result = card_topups.topup_charge(topup=topup)
+        return _refuse_then(topup_id=topup_id, refusal=refusal, request_id=request_id)
+    finish = _charge_then(topup=topup, request_id=request_id)
     pause = float(getattr(settings, "TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", 0.0))
     if pause > 0:  # tests only: a window to kill the process between the charge and the completion
         time.sleep(pause)
-    return lambda: topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup_id, result=result)), request_id=request_id)
+    return finish
+
+
+def _charge_then(*, topup: TopUp, request_id: str) -> Callable[[], HttpResponse]:
+    """Ask the PSP (same key, same parameters) and return the completion that applies its
+    answer: the credit or the decline, or the failure of a request the PSP refused (nothing
+    was charged, so the top-up fails now: a 402 like a decline, not a 503 to retry)."""
+    try:
+        result = card_topups.topup_charge(topup=topup)
+    except PspRefused as refused:
+        return _refuse_then(topup_id=topup.pk, refusal=refused, request_id=request_id)
+    return lambda: topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup.pk, result=result)), request_id=request_id)
+
+
+def _refuse_then(*, topup_id: str, refusal: BusinessRefusal, request_id: str) -> Callable[[], HttpResponse]:
+    return lambda: topup_answer(**_as_kwargs(card_topups.topup_refuse(topup_id=topup_id, refusal=refusal)), request_id=request_id)
+
+
+def _outcome_then(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
+    return lambda: topup_answer(**_as_kwargs(card_topups.topup_outcome(topup_id=topup_id)), request_id=request_id)
 
 
 def _as_kwargs(settled: tuple[TopUp, BusinessRefusal | None]) -> dict[str, Any]:
     return {"topup": settled[0], "refusal": settled[1]}
 
 
-def _outcome(topup_id: str) -> dict[str, Any]:
-    return _as_kwargs(card_topups.topup_outcome(topup_id=topup_id))
-
-
 # --- Recovery -------------------------------------------------------------------------------
+
+# Rows read per page. Not a cap: a run reads page after page until none is left.
+RECOVERY_PAGE_SIZE = 100
 
 
 def _call_of(record: IdempotencyRecord) -> IdempotentCall:
@@ -105,25 +135,40 @@ def _call_of(record: IdempotencyRecord) -> IdempotentCall:
 
 
 def _resolve(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) -> str:
-    """Ask the PSP again with the same key and complete the record. Returns the outcome."""
+    """Ask the PSP again with the same key and complete the record. Returns the outcome.
+    If anything raises, the record is handed back (failed_retryable) before the error goes
+    on, as the engine does for a failed attempt: the client's retry is not kept waiting."""
+    try:
+        return _resolve_taken(ctx=ctx, call=call, topup_id=topup_id)
+    except Exception:
+        try:
+            idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence)
+        except DatabaseError:
+            logger.warning("could not hand back a top-up's record after an error", extra={"topup": topup_id})
+        raise
+
+
+def _resolve_taken(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) -> str:
     try:
         topup = topup_get(topup_id=topup_id)
     except NotFound:  # the claim died before its top-up committed: nothing was charged
         return "unavailable"
+    finish: Callable[[], HttpResponse]
     if topup.status == TopUpStatus.PENDING:
         try:
-            result = card_topups.topup_charge(topup=topup)
-        except TallyError:
+            finish = _charge_then(topup=topup, request_id=call.request_id)
+        except PspKeyWindowPassed:
+            # Handed back (failed_retryable): the top-up waits for an operator, and the
+            # record must not come round again as an orphan every lease.
+            idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence)
+            return "operator_review"
+        except TallyError as exc:
+            card_topups.topup_last_error_note(topup_id=topup_id, error=exc.message)
             return "unavailable"  # still unknown: the lease runs out again and the next run retries
-
-        def produce() -> Executed:
-            return _executed(topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup_id, result=result)), request_id=call.request_id))
     else:
+        finish = _outcome_then(topup_id=topup_id, request_id=call.request_id)
 
-        def produce() -> Executed:
-            return _executed(topup_answer(**_outcome(topup_id), request_id=call.request_id))
-
-    produced = idempotency_complete_produced(ctx=ctx, call=call, produce=produce)
+    produced = idempotency_complete_produced(ctx=ctx, call=call, produce=lambda: _executed(finish()))
     if produced is None:
         return "superseded"
     return "succeeded" if produced.response.status < 300 else "failed"
@@ -134,61 +179,121 @@ def _executed(response: HttpResponse) -> Executed:
     return Executed(response=StoredResponse(status=response.status_code, headers=headers, body=bytes(response.content)), value=response)
 
 
-def topup_recovery_run(*, limit: int = 100) -> dict[str, int]:
-    """One tenant's recovery pass (its schema active). Returns counts by outcome.
+def _orphan_resolve(record: IdempotencyRecord, topup_id: str, lease_seconds: int) -> str:
+    ctx = idempotency_lease_takeover(principal_id=record.principal_id, key=record.key, lease_seconds=lease_seconds)
+    if ctx is None:
+        return ""  # taken meanwhile: someone else is at it
+    return _resolve(ctx=ctx, call=_call_of(record), topup_id=topup_id)
 
-    Locks: per item, the idempotency record (takeover, then the fenced completion), the
-    top-up row and the balance rows (in the completion's transaction)."""
+
+def _pending_resolve(topup: TopUp, lease_seconds: int) -> str:
+    snapshot = idempotency_record_snapshot(principal_id=topup.claim_principal_id, key=topup.claim_key)
+    if snapshot is None or snapshot.minted.get(MINT_NAME) != topup.pk:
+        return _settle_without_record(topup)
+    if snapshot.state == RecordState.COMPLETED:
+        # The key's answer is final and the top-up still pending: nothing may change that
+        # answer, so a person has to look.
+        held = card_topups.topup_review_hold(topup_id=topup.pk, reason="its request's answer is stored while the top-up is still pending")
+        return "operator_review" if held else ""
+    ctx = idempotency_lease_takeover(
+        principal_id=topup.claim_principal_id, key=topup.claim_key, lease_seconds=lease_seconds, include_failed=True
+    )
+    if ctx is None:
+        return ""  # a live lease: its holder is still at work
+    taken = idempotency_record_get(principal_id=topup.claim_principal_id, key=topup.claim_key)
+    if taken is None:
+        return ""
+    return _resolve(ctx=ctx, call=_call_of(taken), topup_id=topup.pk)
+
+
+def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int]:
+    """One tenant's recovery pass (its schema active). Returns counts by outcome; a pass
+    that finds another one of the tenant still running returns {"skipped": 1}.
+
+    Every in-flight top-up record whose lease expired, then every pending top-up older than
+    the lease (not already waiting for an operator), oldest first, `batch_size` at a time:
+    there is no cap, so stuck ones never keep newer ones from being reached. Each is
+    resolved on its own (`card_topups.recovery_step_isolated`): one that raises is logged,
+    counted as "error", and the pass goes on. One past the PSP's key window goes to the
+    operator queue ("operator_review"). Then the card refunds of charged, uncredited
+    top-ups, the purge of old PSP event markers and the gauges, each isolated likewise.
+
+    Locks: the tenant's recovery lock (session advisory) for the pass; per item, the
+    idempotency record (takeover, then the fenced completion), the top-up row and the
+    balance rows (in the completion's transaction)."""
+    with topup_recovery_lock() as taken:
+        if not taken:
+            return {"skipped": 1}
+        return _recovery_pass(batch_size=batch_size)
+
+
+def _recovery_pass(*, batch_size: int) -> dict[str, int]:
     lease_seconds = int(settings.TALLY_TOPUP_LEASE_SECONDS)
     counts: dict[str, int] = {}
 
     def count(outcome: str) -> None:
+        if not outcome:
+            return
         counts[outcome] = counts.get(outcome, 0) + 1
-        if outcome in ("succeeded", "failed", "unavailable"):
+        if outcome != "superseded":
             metrics.TOPUP_ORPHANS_RECOVERED.labels(outcome=outcome).inc()
 
+    def step(name: str, fn: Callable[[], T], default: T) -> T:
+        try:
+            return fn()
+        except Exception as exc:
+            if isinstance(exc, DatabaseError) and is_connection_failure(exc):
+                raise
+            logger.exception("a top-up recovery step failed; the run goes on", extra={"step": name})
+            metrics.TOPUP_RECOVERY_STEP_ERRORS.labels(step=name).inc()
+            counts["step_errors"] = counts.get("step_errors", 0) + 1
+            return default
+
     seen: set[str] = set()
-    for record in idempotency_orphans_list(limit=limit):
-        topup_id = (record.minted or {}).get(MINT_NAME)
-        if record.effect != "external" or not topup_id:
-            continue
-        seen.add(str(topup_id))
-        ctx = idempotency_lease_takeover(principal_id=record.principal_id, key=record.key, lease_seconds=lease_seconds)
-        if ctx is not None:
-            count(_resolve(ctx=ctx, call=_call_of(record), topup_id=str(topup_id)))
+    after_record: tuple[datetime, int] | None = None
+    while True:
+        records = idempotency_orphans_list(limit=batch_size, after=after_record)
+        for record in records:
+            topup_id = str((record.minted or {}).get(MINT_NAME) or "")
+            if record.effect != "external" or not topup_id:
+                continue
+            seen.add(topup_id)
+            resolve = functools.partial(_orphan_resolve, record, topup_id, lease_seconds)
+            count(card_topups.recovery_step_isolated(step="resolve", topup_id=topup_id, fn=resolve))
+        if len(records) < batch_size:
+            break
+        last = records[-1]
+        assert last.lease_expires_at is not None
+        after_record = (last.lease_expires_at, last.pk)
 
-    for topup in topups_pending_stale(older_than_seconds=lease_seconds, limit=limit):
-        if topup.pk in seen:
-            continue
-        snapshot = idempotency_record_snapshot(principal_id=topup.claim_principal_id, key=topup.claim_key)
-        if snapshot is None or snapshot.minted.get(MINT_NAME) != topup.pk:
-            count(_settle_without_record(topup))
-            continue
-        if snapshot.state == RecordState.COMPLETED:
-            continue
-        ctx = idempotency_lease_takeover(
-            principal_id=topup.claim_principal_id, key=topup.claim_key, lease_seconds=lease_seconds, include_failed=True
-        )
-        if ctx is None:
-            continue  # a live lease: its holder is still at work
-        taken = idempotency_record_get(principal_id=topup.claim_principal_id, key=topup.claim_key)
-        if taken is not None:
-            count(_resolve(ctx=ctx, call=_call_of(taken), topup_id=topup.pk))
+    created_before = timezone.now() - timedelta(seconds=lease_seconds)
+    after_topup: TopUpCursor | None = None
+    while True:
+        topups = topups_pending_stale(created_before=created_before, after=after_topup, limit=batch_size)
+        for topup in topups:
+            if topup.pk not in seen:
+                resolve = functools.partial(_pending_resolve, topup, lease_seconds)
+                count(card_topups.recovery_step_isolated(step="resolve", topup_id=topup.pk, fn=resolve))
+        if len(topups) < batch_size:
+            break
+        after_topup = TopUpCursor.of(topups[-1])
 
-    counts["refunded"] = card_topups.topup_refunds_run(limit=limit)
-    counts["webhook_markers_purged"] = card_topups.psp_webhook_events_purge()
-    card_topups.topups_pending_gauge_refresh()
+    nothing: dict[str, int] = {}
+    counts.update(step("refunds", lambda: card_topups.topup_refunds_run(batch_size=batch_size), nothing))
+    counts["webhook_markers_purged"] = step("purge", card_topups.psp_webhook_events_purge, 0)
+    step("gauges", card_topups.topups_gauges_refresh, nothing)
     return counts
 
 
 def _settle_without_record(topup: TopUp) -> str:
     """A pending top-up whose record is gone (purged after its windows): settle the
     top-up alone; there is no stored answer left to complete."""
-    from wallets.transactions import run_atomic
-
     try:
-        result = card_topups.topup_charge(topup=topup)
-    except TallyError:
+        finish = _charge_then(topup=topup, request_id="-")
+    except PspKeyWindowPassed:
+        return "operator_review"
+    except TallyError as exc:
+        card_topups.topup_last_error_note(topup_id=topup.pk, error=exc.message)
         return "unavailable"
-    settled, refusal = run_atomic(lambda: card_topups.topup_settle(topup_id=topup.pk, result=result), operation="topup_recover")
-    return "succeeded" if refusal is None and settled.status == TopUpStatus.SUCCEEDED else "failed"
+    response = run_atomic(finish, operation="topup_recover")
+    return "succeeded" if response.status_code < 300 else "failed"

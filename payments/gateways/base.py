@@ -3,7 +3,10 @@
 A charge is created with OUR idempotency key (the top-up id): the PSP dedupes on it, so
 asking again with the same key and parameters returns the first charge, never a second.
 An answer we did not get (timeout, connection lost, 5xx) is `GatewayUnavailable`: the
-outcome is unknown, and only asking again with the same key resolves it.
+outcome is unknown, and only asking again with the same key resolves it. So is an answer
+that does not speak for the charge under our key: our credentials refused (the key may
+have been rotated after an earlier attempt charged) or the PSP's idempotency layer
+objecting (the key in use, or bound to other parameters).
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ class GatewayUnavailable(GatewayError):
 
 
 class GatewayRejected(GatewayError):
-    """The PSP refused the request itself (4xx other than a decline): nothing was charged.
-    `param` names the refused parameter when the PSP says ("payment_method": no such card)."""
+    """The PSP refused the request's parameters (an invalid request other than a decline):
+    nothing was charged, and asking again with the same parameters is refused again.
+    `param` names the refused parameter when the PSP says ("payment_method": no such card),
+    `code` is the PSP's own error code ("amount_too_small") when it gives one."""
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class GatewayNotConfigured(GatewayError):

@@ -7,8 +7,20 @@ from prometheus_client import Counter, Gauge, Histogram
 TOPUPS_PENDING = Gauge(
     "tally_topups_pending", "Card top-ups pending (waiting for the PSP's answer or for recovery)", ["tenant"], multiprocess_mode="max"
 )
+TOPUPS_OPERATOR_REVIEW = Gauge(
+    "tally_topups_operator_review", "Pending card top-ups waiting for an operator (past the PSP's key window)", ["tenant"],
+    multiprocess_mode="max",
+)
 TOPUP_ORPHANS_RECOVERED = Counter(
-    "tally_topup_orphans_recovered_total", "Top-ups resolved by the recovery task, by outcome (succeeded, failed, unavailable)", ["outcome"]
+    "tally_topup_orphans_recovered_total",
+    "Pending top-ups the recovery task worked on, by outcome (succeeded, failed, unavailable, operator_review, error)",
+    ["outcome"],
+)
+TOPUP_CARD_REFUNDS = Counter(
+    "tally_topup_card_refunds_total", "Card refunds of charged, uncredited top-ups by outcome (refunded, unavailable, error)", ["outcome"]
+)
+TOPUP_RECOVERY_STEP_ERRORS = Counter(
+    "tally_topup_recovery_step_errors_total", "Recovery steps that failed as a whole, the run going on (purge, gauges)", ["step"]
 )
 PSP_CALL_SECONDS = Histogram(
     "tally_psp_call_seconds", "PSP call latency", ["gateway", "operation"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

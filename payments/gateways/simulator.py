@@ -42,15 +42,16 @@ class SimulatorGateway:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
                 payload = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            if exc.code >= 500 or exc.code == 429:
-                metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
-                raise GatewayUnavailable(f"{operation}: PSP answered {exc.code}") from exc
-            metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="rejected").inc()
             try:
-                param = json.loads(exc.read()).get("error", {}).get("param")
+                error = json.loads(exc.read()).get("error", {})
+                error_type, param, code = error.get("type"), error.get("param"), error.get("code")
             except (ValueError, OSError, AttributeError):
-                param = None
-            raise GatewayRejected(f"{operation}: PSP refused the request ({exc.code})", param=param) from exc
+                error_type = param = code = None
+            if exc.code >= 500 or exc.code in (401, 403, 409, 429) or error_type == "idempotency_error":
+                metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
+                raise GatewayUnavailable(f"{operation}: PSP answered {exc.code} ({error_type or 'no error type'})") from exc
+            metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="rejected").inc()
+            raise GatewayRejected(f"{operation}: PSP refused the request ({exc.code} {code or 'invalid_request'})", param=param, code=code) from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:  # timeout, reset, truncated answer
             metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
             raise GatewayUnavailable(f"{operation}: no answer from the PSP ({exc})") from exc

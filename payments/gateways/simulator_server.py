@@ -26,7 +26,9 @@ Faults (POST /_control/faults, JSON; any subset): `latency_ms` (every API call),
 dropped: a timeout after it has charged), `duplicate_webhooks` (each event sent twice),
 `out_of_order_webhooks` (events held until POST /_control/flush_webhooks, then sent
 newest first), `webhook_before_response` (the event is delivered before the charge's
-answer is sent). POST /_control/reset clears faults and data; GET /_control/state dumps it.
+answer is sent), `min_charge_amount` (a charge below it is refused with a 400
+`amount_too_small`, as Stripe refuses amounts under its minimum: nothing charged, no
+idempotent result kept). POST /_control/reset clears faults and data; GET /_control/state dumps it.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Faults:
     duplicate_webhooks: bool = False
     out_of_order_webhooks: bool = False
     webhook_before_response: bool = False
+    min_charge_amount: int = 0
 
 
 @dataclass
@@ -126,6 +129,14 @@ class Simulator:
         amount, currency, method = params.get("amount"), params.get("currency"), params.get("payment_method")
         if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0 or not isinstance(currency, str) or not currency:
             return 400, {"error": {"type": "invalid_request_error", "message": "amount (positive integer) and currency are required"}}, None
+        with self.lock:
+            minimum = self.faults.min_charge_amount
+        if amount < minimum:
+            error = {
+                "type": "invalid_request_error", "code": "amount_too_small", "param": "amount",
+                "message": f"Amount must be at least {minimum} {currency.lower()}",
+            }
+            return 400, {"error": error}, None
         if method not in CARDS:
             error = {
                 "type": "invalid_request_error", "code": "resource_missing", "param": "payment_method",

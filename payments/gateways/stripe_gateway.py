@@ -5,8 +5,12 @@ at once with the card's PaymentMethod, our top-up id passed as Stripe's Idempote
 - No answer (APIConnectionError, a timeout) or a 5xx / 429: GatewayUnavailable (the
   outcome is unknown; asking again with the same key returns the first PaymentIntent).
   stripe-python's own network retries are off: the saga retries, always with the same key.
-- Other 4xx (bad key, invalid parameters, idempotency key reused with other parameters):
-  GatewayRejected.
+- Our key refused (401, 403) or Stripe's idempotency layer objecting (the key in use, or
+  reused with other parameters): GatewayUnavailable too. Neither says anything about the
+  charge an earlier attempt under the same key may have made.
+- Other 4xx (invalid parameters: `amount_too_small`, an unknown currency): GatewayRejected,
+  with Stripe's code. Nothing was charged; Stripe saves no idempotent result for a request
+  that failed validation, and the same parameters are refused again.
 - Webhooks: `Stripe-Signature` (same t=..,v1=.. scheme, checked in payments.gateways.signing);
   `payment_intent.succeeded` and `payment_intent.payment_failed` carry our top-up id in
   `metadata.tally_topup`.
@@ -62,13 +66,19 @@ class StripeGateway:
         except (stripe.APIConnectionError, stripe.RateLimitError) as exc:
             metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
             raise GatewayUnavailable(f"{operation}: no answer from Stripe") from exc
+        except (stripe.AuthenticationError, stripe.PermissionError, stripe.IdempotencyError) as exc:
+            metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
+            raise GatewayUnavailable(f"{operation}: Stripe answered {exc.http_status} ({type(exc).__name__})") from exc
         except stripe.StripeError as exc:
             status = int(getattr(exc, "http_status", None) or 0)
-            if status == 0 or status >= 500:
+            if status == 0 or status >= 500 or status == 409:
                 metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
                 raise GatewayUnavailable(f"{operation}: Stripe answered {status or 'nothing'}") from exc
             metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="rejected").inc()
-            raise GatewayRejected(f"{operation}: Stripe refused the request ({status})", param=getattr(exc, "param", None)) from exc
+            code = getattr(exc, "code", None)
+            raise GatewayRejected(
+                f"{operation}: Stripe refused the request ({status} {code or 'invalid_request'})", param=getattr(exc, "param", None), code=code
+            ) from exc
         finally:
             metrics.PSP_CALL_SECONDS.labels(gateway=self.name, operation=operation).observe(time.monotonic() - started)
 

@@ -127,16 +127,25 @@ def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
     )
 
 
-def idempotency_orphans_list(*, limit: int = 100) -> list[IdempotencyRecord]:
-    """In-flight records whose lease expired: a recovery worker takes them over (fence + 1)."""
+def idempotency_orphans_list(*, limit: int = 100, after: tuple[datetime, int] | None = None) -> list[IdempotencyRecord]:
+    """In-flight records whose lease expired: a recovery worker takes them over (fence + 1).
+    One page in (lease_expires_at, id) order; `after` is the previous page's last record's
+    (lease_expires_at, id), so a worker can read them all without skipping one."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT id FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp() "
-            "ORDER BY lease_expires_at LIMIT %s",
-            [limit],
-        )
+        if after is None:
+            cursor.execute(
+                "SELECT id FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp() "
+                "ORDER BY lease_expires_at, id LIMIT %s",
+                [limit],
+            )
+        else:
+            cursor.execute(
+                "SELECT id FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp() "
+                "AND (lease_expires_at, id) > (%s, %s) ORDER BY lease_expires_at, id LIMIT %s",
+                [after[0], after[1], limit],
+            )
         record_ids = [int(r[0]) for r in cursor.fetchall()]
-    return list(IdempotencyRecord.objects.filter(id__in=record_ids).order_by("lease_expires_at"))
+    return list(IdempotencyRecord.objects.filter(id__in=record_ids).order_by("lease_expires_at", "id"))
 
 
 def idempotency_stuck_count() -> int:

@@ -11,35 +11,41 @@ try, and one credit results.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from payments.errors import (
     AssetNotTopUpable,
     CardDeclined,
     PspEventInvalid,
+    PspKeyWindowPassed,
     PspNotConfigured,
+    PspRefused,
     PspSignatureInvalid,
     PspSignatureStale,
     PspUnavailable,
 )
 from payments.gateways import metrics
-from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayUnavailable, PspEvent
+from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayRejected, PspEvent
 from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
 from payments.locks import topup_lock
 from payments.models import GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
 from payments.selectors import (
+    TopUpCursor,
     gateway_account_active,
     gateway_account_get,
     topup_settlement_lines,
+    topups_operator_review_count,
     topups_pending_count,
     topups_refund_due,
 )
@@ -50,7 +56,7 @@ from wallets.errors import BusinessRefusal, CapExceeded, InvalidRequest, NotFoun
 from wallets.models import AssetKind, Customer
 from wallets.money import amount_to_minor, topup_bonus_for
 from wallets.selectors import account_balance, account_of, asset_get
-from wallets.transactions import atomic_service
+from wallets.transactions import atomic_service, is_connection_failure
 
 # How long after a top-up is created its charge may be asked for again with the same key:
 # inside every supported PSP's idempotency-key retention (Stripe keeps keys at least 24 h).
@@ -137,14 +143,21 @@ def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
     return None
 
 
+# The PSP's name of a refused parameter, as the top-up request calls it.
+_PSP_PARAMS = {"amount": "amount", "currency": "asset", "payment_method": "payment_method"}
+
+
 def topup_charge(*, topup: TopUp) -> ChargeResult:
     """Step 2, outside any transaction: charge the card at the top-up's gateway with the
-    top-up id as the PSP's idempotency key. Raises PspUnavailable when the outcome is unknown."""
+    top-up id as the PSP's idempotency key.
+
+    Raises PspUnavailable when the outcome is unknown; PspKeyWindowPassed (one of those)
+    when the top-up is too old to ask again, after holding it for an operator; PspRefused
+    when the PSP refused the request's parameters (nothing charged: the top-up can fail)."""
     if timezone.now() - topup.created > PSP_KEY_TRUSTED_FOR:
         # A PSP forgets idempotency keys (Stripe after 24 h): asking again could charge twice.
-        # The top-up stays pending for an operator; reconciliation shows any charge it made.
-        logger.error("pending top-up past the PSP's idempotency window: not charging again", extra={"topup": topup.pk})
-        raise PspUnavailable("this top-up is past the card processor's idempotency window: an operator settles it")
+        topup_review_hold(topup_id=topup.pk, reason="past the PSP's idempotency-key window with no known outcome")
+        raise PspKeyWindowPassed("this top-up is past the card processor's idempotency window: an operator settles it")
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
     except NotFound as exc:
@@ -154,11 +167,19 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
     )
     try:
         return gateway.charge(request)
-    except GatewayUnavailable as exc:
-        raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
+    except GatewayRejected as exc:
+        logger.warning("psp refused a charge request: nothing charged", extra={"topup": topup.pk, "psp_code": exc.code, "param": exc.param})
+        detail = f" ({exc.code})" if exc.code else ""
+        raise PspRefused(
+            f"the card processor refused this top-up{detail}: nothing was charged", param=_PSP_PARAMS.get(str(exc.param))
+        ) from exc
     except GatewayError as exc:
-        logger.error("psp refused a charge request", extra={"topup": topup.pk, "error": str(exc)})
-        raise PspUnavailable("the card processor refused the request") from exc
+        raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
+
+
+# A top-up failed with one of these was never charged: the PSP refused the request, or an
+# operator found no charge at the PSP.
+NOT_CHARGED_CODES = ("psp_refused", "not_charged")
 
 
 def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
@@ -168,6 +189,8 @@ def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
         return CapExceeded(f"the wallet's {topup.asset_id} balance would exceed its cap", param="amount")
     if topup.failure_code == "wallet_frozen":
         return WalletFrozen("the wallet is frozen", param=None)
+    if topup.failure_code in NOT_CHARGED_CODES:
+        return PspRefused("the card processor did not take this top-up: nothing was charged", param=None)
     return CardDeclined(f"the card was declined ({topup.failure_code})", param="payment_method")
 
 
@@ -183,7 +206,8 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
 
     Succeeded: credit amount + bonus (bonus and cap rules of payments.services.topups). If
     the credit is refused now (cap reached meanwhile, wallet frozen), the top-up fails with
-    that code and the card is refunded by the recovery task (`topup_refunds_run`).
+    that code and the card is refunded by the recovery task (`topup_refunds_run`), as is a
+    charge that arrives after the top-up failed for any other reason.
     Declined: the top-up fails with the PSP's code. Already settled: unchanged (credited
     once whoever comes first). Locks: the top-up row, then the balance rows (ledger_post)."""
     topup = topup_lock(topup_id=topup_id)
@@ -193,8 +217,8 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
         # Refused before we knew an earlier attempt's charge had gone through: record the
         # charge, so the refund task gives the card its money back (a charged, uncredited top-up).
         logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
-        topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
-        topup.save(update_fields=["psp_reference", "psp_charged_at", "updated"])
+        topup.psp_reference, topup.psp_charged_at, topup.psp_charged = result.psp_reference[:200], result.created, True
+        topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "updated"])
         return topup, _refusal_of(topup)
     if topup.status != TopUpStatus.PENDING:
         return topup, _refusal_of(topup)
@@ -202,7 +226,8 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
         logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
         raise PspEventInvalid("the PSP's charge does not match the top-up's amount and currency", param=None)
     topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
-    topup.save(update_fields=["psp_reference", "psp_charged_at", "updated"])
+    topup.psp_charged = result.status == "succeeded"
+    topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "updated"])
     if result.status == "succeeded":
         try:
             with transaction.atomic():  # a refusal is raised before ledger_post writes; the savepoint makes that certain
@@ -210,19 +235,23 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
             return credited, None
         except (CapExceeded, WalletFrozen) as refusal:
             code = "cap_exceeded" if isinstance(refusal, CapExceeded) else "wallet_frozen"
-            return _fail(topup, code), refusal
-    failed = _fail(topup, result.failure_code or "card_declined")
+            return topup_fail(topup=topup, failure_code=code), refusal
+    failed = topup_fail(topup=topup, failure_code=result.failure_code or "card_declined")
     return failed, _refusal_of(failed)
 
 
 def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal | None]:
-    """Refused before the card was charged (frozen, cap). Locks: the top-up row."""
+    """Refused without a charge: before the card was charged (frozen, cap), or by the PSP
+    itself (PspRefused). The top-up fails with the refusal's code. Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
     if topup.status != TopUpStatus.PENDING:  # settled meanwhile (a webhook): answer what it holds
         return topup, _refusal_of(topup)
-    _fail(topup, "cap_exceeded" if isinstance(refusal, CapExceeded) else "wallet_frozen")
+    if isinstance(refusal, PspRefused):
+        topup.last_error = refusal.message[:500]
+        topup.save(update_fields=["last_error", "updated"])
+    topup_fail(topup=topup, failure_code=str(refusal.code))
     return topup, refusal
 
 
@@ -231,31 +260,49 @@ def topup_abandon(*, topup_id: str) -> None:
     never-charged top-up of it fails as `request_invalid`. Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is not None and topup.status == TopUpStatus.PENDING and not topup.psp_reference:
-        _fail(topup, "request_invalid")
+        topup_fail(topup=topup, failure_code="request_invalid")
 
 
-def _fail(topup: TopUp, failure_code: str) -> TopUp:
+def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
+    """Fail a pending top-up with `failure_code` and write its `topup.failed` event. Needs:
+    the top-up row locked (`topup_lock`) in the caller's transaction."""
     topup.status, topup.failure_code = TopUpStatus.FAILED, failure_code[:50]
     topup.save(update_fields=["status", "failure_code", "updated"])
     outbox_event_create(topic="topup.failed", payload={"id": topup.id, "object": "topup", "failure_code": topup.failure_code})
     return topup
 
 
-def topup_refunds_run(*, limit: int = 50) -> int:
-    """Give back the card money of top-ups charged but not credited (cap, frozen): a PSP
-    refund with the key `<top-up id>:refund`, then the reference recorded. Returns how
-    many were refunded. Locks: each top-up row, briefly, to record the refund."""
-    done = 0
-    for topup in topups_refund_due(limit=limit):
-        try:
-            gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
-            refund = gateway.refund(psp_reference=topup.psp_reference, amount=topup.amount, idempotency_key=f"{topup.pk}:refund")
-        except (GatewayError, NotFound):
-            logger.warning("card refund of an uncredited top-up failed; retried next run", extra={"topup": topup.pk})
-            continue
-        _refund_record(topup_id=topup.pk, reference=refund.psp_reference)
-        done += 1
-    return done
+def topup_refunds_run(*, batch_size: int = 100) -> dict[str, int]:
+    """Give back the card money of every top-up the PSP charged that ended without a credit,
+    whatever its failure code: a PSP refund with the key `<top-up id>:refund`, then the
+    reference recorded. Pages through all of them, oldest first. A refund the PSP does not
+    make now (no answer, refused) or that fails in any other way is logged with the top-up
+    id, counted, and tried again next run; the others go on. Returns counts: `refunded`,
+    `refund_unavailable`, `refund_errors`. Locks: each top-up row, briefly, to record the refund."""
+    counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
+    names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
+    after: TopUpCursor | None = None
+    while True:
+        page = topups_refund_due(after=after, limit=batch_size)
+        for topup in page:
+            outcome = recovery_step_isolated(step="refund", topup_id=topup.pk, fn=functools.partial(_refund_one, topup))
+            counts[names[outcome]] += 1
+            metrics.TOPUP_CARD_REFUNDS.labels(outcome=outcome).inc()
+        if len(page) < batch_size:
+            return counts
+        after = TopUpCursor.of(page[-1])
+
+
+def _refund_one(topup: TopUp) -> str:
+    try:
+        gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
+        refund = gateway.refund(psp_reference=topup.psp_reference, amount=topup.amount, idempotency_key=f"{topup.pk}:refund")
+    except (GatewayError, NotFound) as exc:
+        logger.warning("card refund of an uncredited top-up failed; retried next run", extra={"topup": topup.pk, "error": str(exc)})
+        topup_last_error_note(topup_id=topup.pk, error=f"card refund: {exc}")
+        return "unavailable"
+    _refund_record(topup_id=topup.pk, reference=refund.psp_reference)
+    return "refunded"
 
 
 @atomic_service(operation="topup_refund_record")
@@ -267,10 +314,54 @@ def _refund_record(*, topup_id: str, reference: str) -> None:
         outbox_event_create(topic="topup.card_refunded", payload={"id": topup.id, "object": "topup", "psp_refund": reference})
 
 
-def topups_pending_gauge_refresh() -> int:
-    count = topups_pending_count()
-    metrics.TOPUPS_PENDING.labels(tenant=str(getattr(connection, "schema_name", "public"))).set(count)
-    return count
+def recovery_step_isolated(*, step: str, topup_id: str, fn: Callable[[], str]) -> str:
+    """`fn()`'s outcome, or "error" if it raises anything: logged with the top-up id and
+    kept as the top-up's last error, so one bad record (a PSP answer that does not match,
+    a credential that no longer unseals) never stops a recovery run. A lost database
+    connection is no single record's fault: it propagates."""
+    try:
+        return fn()
+    except Exception as exc:
+        if isinstance(exc, DatabaseError) and is_connection_failure(exc):
+            raise
+        logger.exception("top-up recovery failed on one record; the run goes on", extra={"topup": topup_id, "step": step})
+        try:
+            topup_last_error_note(topup_id=topup_id, error=f"{step}: {type(exc).__name__}: {exc}")
+        except DatabaseError:
+            logger.warning("could not note the error on the top-up", extra={"topup": topup_id})
+        return "error"
+
+
+def topup_last_error_note(*, topup_id: str, error: str) -> None:
+    """Keep what the last attempt to settle or refund a top-up ran into, for the operator.
+    `updated` is left alone: it stays the time of the top-up's last change of state, which
+    the reconciliation ages an unrefunded charge by. Locks: the top-up row, for its one UPDATE."""
+    TopUp.objects.filter(pk=topup_id).exclude(last_error=error[:500]).update(last_error=error[:500])
+
+
+@atomic_service(operation="topup_review_hold")
+def topup_review_hold(*, topup_id: str, reason: str) -> bool:
+    """Put a pending top-up in the operator queue (the back office's top-up list, filter
+    "operator queue"), saying why in its last error; the recovery no longer asks the PSP
+    about it. Returns whether it entered the queue now: a settled or already queued top-up
+    is left as it is. Locks: the top-up row."""
+    topup = topup_lock(topup_id=topup_id)
+    if topup is None or topup.status != TopUpStatus.PENDING or topup.operator_review_at is not None:
+        return False
+    topup.operator_review_at = timezone.now()
+    topup.last_error = (f"{reason} (before: {topup.last_error})" if topup.last_error else reason)[:500]
+    topup.save(update_fields=["operator_review_at", "last_error", "updated"])
+    logger.error("card top-up waits for an operator", extra={"topup": topup.pk, "reason": reason})
+    return True
+
+
+def topups_gauges_refresh() -> dict[str, int]:
+    """The pending and operator-queue gauges of the current tenant."""
+    tenant = str(getattr(connection, "schema_name", "public"))
+    pending, review = topups_pending_count(), topups_operator_review_count()
+    metrics.TOPUPS_PENDING.labels(tenant=tenant).set(pending)
+    metrics.TOPUPS_OPERATOR_REVIEW.labels(tenant=tenant).set(review)
+    return {"pending": pending, "operator_review": review}
 
 
 # --- Inbound PSP webhooks ------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_psp_settlement_matches_and_finds_what_is_missing(world: dict[str, Any],
     planted = TopUp.objects.create(
         customer=world["bob"], asset_id="JPY", amount=700, payment_method="pm_card_visa", status=TopUpStatus.SUCCEEDED,
         ledger_transaction=real.ledger_transaction, psp_reference=f"ch_planted_{uuid.uuid4().hex[:8]}", psp_charged_at=timezone.now(),
-        gateway="simulator",
+        psp_charged=True, gateway="simulator",
     )
     missing = reconcile()
     assert kinds(missing) == {"psp_settlement_missing_line": 1}
@@ -50,7 +50,34 @@ def test_psp_settlement_matches_and_finds_what_is_missing(world: dict[str, Any],
 
     # The PSP settled a charge that no top-up of ours records.
     TopUp.objects.filter(pk=planted.pk).delete()
-    TopUp.objects.filter(pk=real.pk).update(psp_reference="")
+    TopUp.objects.filter(pk=real.pk).update(psp_reference="", psp_charged=False)
     unknown = reconcile()
     assert kinds(unknown) == {"psp_settlement_unknown_charge": 1}
     assert unknown.findings.get().details["psp_reference"] == real.psp_reference
+
+
+def test_a_charge_neither_credited_nor_refunded_is_a_finding(world: dict[str, Any]) -> None:
+    """A top-up the PSP charged that failed without a credit, and whose card refund is still
+    not recorded a recovery window later, whatever its failure code. A refunded one, and one
+    the recovery has not had its window for yet, are not findings."""
+    from datetime import timedelta
+
+    long_ago = timezone.now() - timedelta(hours=2)
+
+    def charged_failed(code: str, **fields: Any) -> TopUp:
+        return TopUp.objects.create(
+            customer=world["bob"], asset_id="JPY", amount=600, payment_method="pm_card_visa", gateway="simulator",
+            status=TopUpStatus.FAILED, failure_code=code, psp_reference=f"ch_{uuid.uuid4().hex[:12]}", psp_charged=True,
+            psp_charged_at=long_ago, **fields,
+        )
+
+    owed = charged_failed("request_invalid")
+    refunded = charged_failed("cap_exceeded", psp_refund_reference="re_done")
+    charged_failed("wallet_frozen")  # failed just now: the recovery's window is still open
+    TopUp.objects.filter(pk__in=[owed.pk, refunded.pk]).update(updated=long_ago)
+
+    run = reconcile()
+    assert kinds(run) == {"psp_settlement_charged_uncredited": 1}, kinds(run)
+    finding = run.findings.get()
+    assert finding.severity == "critical" and finding.details["topup"] == owed.pk and finding.details["failure_code"] == "request_invalid"
+    assert {"app_label": "payments", "model": "topup", "pk": owed.pk} in finding.refs

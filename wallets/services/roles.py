@@ -6,7 +6,8 @@
             events and webhooks, enable/disable webhook endpoints, refund payments, switch
             a face's idempotency mode.
 - finance:  viewer + refunds, adjustments (proposing; above the threshold a second staff
-            member approves), approving or rejecting another member's adjustment.
+            member approves), approving or rejecting another member's adjustment, settling
+            a card top-up from the operator queue.
 A tenant's superuser (the demo `admin`) has every permission.
 
 The admin API face asks for the same permissions (payments.api.base.AdminViewSet), read
@@ -33,7 +34,7 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "webhooks.redeliver_webhookdelivery",
         "webhooks.manage_webhookendpoint", "payments.refund_payment", "idempotency.switch_idempotency_mode",
     ),
-    "finance": ("payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment"),
+    "finance": ("payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment", "payments.settle_topup"),
 }
 ROLES = tuple(ROLE_PERMISSIONS)
 

@@ -78,7 +78,8 @@ CHECKS: list[Check] = [
     Check("outbox", "Outbox lag and dead letters", outbox_check),
     Check("webhook_deliveries", "Webhook deliveries that failed for good", webhook_dead_letters_check),
     Check("merchant_daily_totals", "Merchant daily totals (once reads switched to the summary) against the ledger", merchant_daily_totals_check),
-    Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report", psp_settlement_check),
+    Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report; charges neither credited nor refunded",
+          psp_settlement_check),
 ]
 
 # Per-run metrics for the dashboard's charts, one collector per layer.
