@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import connection
-
 from payments.models import Payment, PaymentIntent, PendingAdjustment, TopUp
+from wallets.locks import advisory_lock_try
 
 
 def payment_lock(*, payment_id: str) -> Payment | None:
@@ -35,16 +34,6 @@ def pending_adjustment_lock(*, pending_id: str) -> PendingAdjustment | None:
 def topup_recovery_lock() -> Iterator[bool]:
     """One top-up recovery pass per tenant at a time: a pass reads every pending top-up,
     so one started by the next beat while another is still at the PSP would only ask the
-    same questions twice. Yields whether it was taken; PostgreSQL releases it with the
-    session if the worker dies."""
-    key = f"tally.topup-recovery:{getattr(connection, 'schema_name', 'public')}"
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
-        row = cursor.fetchone()
-    taken = bool(row and row[0])
-    try:
+    same questions twice. Yields whether it was taken (wallets.locks.advisory_lock_try)."""
+    with advisory_lock_try(name="tally.topup-recovery") as taken:
         yield taken
-    finally:
-        if taken:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [key])

@@ -299,18 +299,27 @@ def staged_state_lock(*, name: str) -> StagedMigrationState:
 
 
 @contextmanager
-def staged_run_lock(*, name: str) -> Iterator[bool]:
-    """A session-level advisory lock on (tenant schema, migration): one runner at a time.
-    Yields False when another session holds it. Released when the block ends, or by
-    PostgreSQL when the process dies (so a killed backfill never blocks its resume)."""
-    key = f"tally.staged:{getattr(connection, 'schema_name', 'public')}:{name}"
+def advisory_lock_try(*, name: str) -> Iterator[bool]:
+    """A session-level advisory lock named `name` within the tenant schema, tried (never
+    waited for). Yields whether it was taken; released when the block ends, or by
+    PostgreSQL with the session if the process dies (so a killed holder never blocks the
+    next one). No row lock: it orders nothing against the rows above."""
+    key = f"{getattr(connection, 'schema_name', 'public')}:{name}"
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
         row = cursor.fetchone()
-    got = bool(row and row[0])
+    taken = bool(row and row[0])
     try:
-        yield got
+        yield taken
     finally:
-        if got:
+        if taken:
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_advisory_unlock(hashtext(%s))", [key])
+
+
+@contextmanager
+def staged_run_lock(*, name: str) -> Iterator[bool]:
+    """One runner of the staged migration `name` at a time in a tenant (advisory_lock_try).
+    Yields False when another session holds it."""
+    with advisory_lock_try(name=f"tally.staged:{name}") as taken:
+        yield taken
