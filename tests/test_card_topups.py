@@ -917,3 +917,53 @@ def test_only_a_queued_top_up_can_be_settled_by_an_operator(quiet: Simulator) ->
         topup_review_settle_uncharged(topup_id=queued.pk, reason="settled already")
     with pytest.raises(TypeError):
         topup_review_settle_charged(topup_id=other.pk, psp_reference="ch_other", amount=500.0)
+
+
+def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet: Simulator, settings: Any, monkeypatch: Any) -> None:
+    """Orphans whose lease expired, more than a page of them, and a PSP that times out: the
+    pass takes each over once. The records it took over get a new lease that runs out while
+    the pass is still at the PSP; they must not come round again on a later page (a pass
+    that did so ran for as long as the PSP stayed slow, and the refunds never ran)."""
+    from payments.api import topup_saga
+    from payments.idempotency.canonical import fingerprint_compute
+    from payments.idempotency.selectors import IdempotencyPolicy
+    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from payments.services import card_topups
+    from payments.services.card_topups import topup_pending_ensure
+
+    settings.TALLY_TOPUP_LEASE_SECONDS = 1
+    settings.TALLY_PSP_TIMEOUT_SECONDS = 0.6
+    psp_account_configure(quiet)
+    customer = customer_create(name=f"Slow PSP {uuid.uuid4().hex[:6]}")
+    for _ in range(3):
+        idem = uuid.uuid4().hex
+        raw = json.dumps({"asset": "JPY", "amount": 500, "payment_method": "pm_card_visa"}).encode()
+        call = IdempotentCall(
+            principal_id=customer.pk, key=idem, scope="customer", request_id="req_slow", method="POST", path="/v1/customer/topups",
+            fingerprint=fingerprint_compute(method="POST", path="/v1/customer/topups", principal_id=customer.pk, body=raw),
+        )
+
+        def on_claim(ctx: Any, idem: str = idem) -> None:
+            topup_pending_ensure(topup_id=ctx.minted[topup_saga.MINT_NAME], customer=customer, asset_code="JPY", amount=500,
+                                 payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=idem)
+
+        assert isinstance(idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim), Claim)
+    time.sleep(1.2)
+    quiet.faults(latency_ms=900)  # every charge times out: the outcome stays unknown
+
+    class Looping(BaseException):  # not an Exception: the pass's isolation does not catch it
+        pass
+
+    asked: list[str] = []
+    real_charge = card_topups.topup_charge
+
+    def counted_charge(*, topup: TopUp) -> Any:
+        asked.append(topup.pk)
+        if len(asked) > 6:
+            raise Looping(asked)
+        return real_charge(topup=topup)
+
+    monkeypatch.setattr(card_topups, "topup_charge", counted_charge)
+    counts = topup_saga.topup_recovery_run(batch_size=2)
+    assert counts.get("unavailable") == 3, counts
+    assert len(asked) == len(set(asked)) == 3, asked

@@ -251,11 +251,12 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
 
     seen: set[str] = set()
     after_record: tuple[datetime, int] | None = None
+    started = timezone.now()
     while True:
-        records = idempotency_orphans_list(limit=batch_size, after=after_record)
+        records = idempotency_orphans_list(limit=batch_size, after=after_record, expired_by=started)
         for record in records:
             topup_id = str((record.minted or {}).get(MINT_NAME) or "")
-            if record.effect != "external" or not topup_id:
+            if record.effect != "external" or not topup_id or topup_id in seen:
                 continue
             seen.add(topup_id)
             resolve = functools.partial(_orphan_resolve, record, topup_id, lease_seconds)

@@ -127,23 +127,23 @@ def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
     )
 
 
-def idempotency_orphans_list(*, limit: int = 100, after: tuple[datetime, int] | None = None) -> list[IdempotencyRecord]:
+def idempotency_orphans_list(
+    *, limit: int = 100, after: tuple[datetime, int] | None = None, expired_by: datetime | None = None
+) -> list[IdempotencyRecord]:
     """In-flight records whose lease expired: a recovery worker takes them over (fence + 1).
     One page in (lease_expires_at, id) order; `after` is the previous page's last record's
-    (lease_expires_at, id), so a worker can read them all without skipping one."""
+    (lease_expires_at, id), so a worker can read them all without skipping one.
+    `expired_by`: only leases that had run out by then (a pass's start), so a record the
+    pass itself took over, and whose new lease ran out while the pass was still going,
+    is not met again on a later page of the same pass."""
+    cutoff = "LEAST(clock_timestamp(), %s)" if expired_by is not None else "clock_timestamp()"
+    params: list[object] = [expired_by] if expired_by is not None else []
+    where = f"state = 'in_flight' AND lease_expires_at <= {cutoff}"
+    if after is not None:
+        where += " AND (lease_expires_at, id) > (%s, %s)"
+        params += [after[0], after[1]]
     with connection.cursor() as cursor:
-        if after is None:
-            cursor.execute(
-                "SELECT id FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp() "
-                "ORDER BY lease_expires_at, id LIMIT %s",
-                [limit],
-            )
-        else:
-            cursor.execute(
-                "SELECT id FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp() "
-                "AND (lease_expires_at, id) > (%s, %s) ORDER BY lease_expires_at, id LIMIT %s",
-                [after[0], after[1], limit],
-            )
+        cursor.execute(f"SELECT id FROM idempotency_record WHERE {where} ORDER BY lease_expires_at, id LIMIT %s", [*params, limit])  # noqa: S608 - no client input in `where`
         record_ids = [int(r[0]) for r in cursor.fetchall()]
     return list(IdempotencyRecord.objects.filter(id__in=record_ids).order_by("lease_expires_at", "id"))
 
