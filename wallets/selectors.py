@@ -403,9 +403,10 @@ def staff_get(*, staff_id: str, param: str | None = None) -> StaffMember:
 
 def staff_login_active(*, staff: StaffMember) -> User | None:
     """The staff member's login read now (never from a cache, unlike the key that named
-    it), or None when it is deactivated: a change of role or a deactivation holds from the
-    next request on. Its permissions load on first use and stay with this one object."""
-    return User.objects.filter(pk=staff.user_id, is_active=True).first()
+    it), or None when it is deactivated or no longer staff (both lock it out of the
+    Django admin too): a change of role or a deactivation holds from the next request on.
+    Its permissions load on first use and stay with this one object."""
+    return User.objects.filter(pk=staff.user_id, is_active=True, is_staff=True).first()
 
 
 def principal_get(*, principal_type: str, principal_id: str) -> Customer | Merchant | Terminal | StaffMember:

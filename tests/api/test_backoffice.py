@@ -392,22 +392,22 @@ def test_roles_command_repairs_a_tenants_groups(tenant: Tenant) -> None:
 def test_rotating_a_key_in_the_admin_shows_it_once_and_stores_it_sealed(world: World, tenant: Tenant) -> None:
     from payments.idempotency.models import IdempotencyRecord
 
-    old = ApiKey.objects.filter(customer=world.customer.obj).first()
+    old = ApiKey.objects.filter(terminal=world.terminal.obj).first()
     client = _login("ops-rotate", role="operator")
     url = f"/admin/wallets/apikey/{q(old.pk)}/act/rotate/"
     form = {"idempotency_key": _confirm_key(client.get(url)), "overlap_seconds": 60}
     first = client.post(url, form)
     assert first.status_code == 200
     raw = re.search(rb'<pre id="secret-shown-once">([^<]+)</pre>', first.content).group(1).decode()
-    assert raw.startswith("ck_") and ApiKey.objects.filter(customer=world.customer.obj).count() == 2
+    assert raw.startswith("tk_") and ApiKey.objects.filter(terminal=world.terminal.obj).count() == 2
     again = client.post(url, form)  # a double submission: the same key again, nothing minted
     assert raw.encode() in again.content and b"Already done" in again.content
-    assert ApiKey.objects.filter(customer=world.customer.obj).count() == 2
+    assert ApiKey.objects.filter(terminal=world.terminal.obj).count() == 2
     record = IdempotencyRecord.objects.get(principal_id=f"user:{get_user_model().objects.get(username='ops-rotate').pk}")
     assert raw.encode() not in bytes(record.response_body)  # sealed, as the API's secret-bearing responses
     entry = AuditEntry.objects.get(action="api_key.rotate", target_id=old.pk)
     assert entry.actor == "user:ops-rotate" and raw not in json.dumps(entry.after)
-    r = Api(TENANT_A["domain"]).get("/v1/customer/wallet", raw)
+    r = Api(TENANT_A["domain"]).get("/v1/terminal/payments", raw)
     assert r.status_code == 200  # the key shown works
 
 

@@ -53,7 +53,7 @@ def _request_for(template: str, world: World) -> tuple[str, dict[str, Any], Call
     a snapshot of what the call would change."""
     customer = Customer.objects.get(pk=world.customer.id)
     if "{api_key_id}" in template:
-        key = api_key_create(principal=world.customer2.obj)[0]
+        key = api_key_create(principal=world.terminal2.obj)[0]
         path = template.format(api_key_id=key.pk)
         body: dict[str, Any] = {"overlap_seconds": 0} if path.endswith("rotate") else {}
         return path, body, lambda: (ApiKey.objects.count(), ApiKey.objects.get(pk=key.pk).revoked_at, ApiKey.objects.get(pk=key.pk).expires_at)
@@ -71,7 +71,7 @@ def _request_for(template: str, world: World) -> tuple[str, dict[str, Any], Call
         return path, body, lambda: (Account.objects.get(customer=customer).frozen, AuditEntry.objects.count())
     bodies = {
         "/v1/admin/adjustments": {"customer": customer.pk, "asset": "JPY", "amount": 100, "direction": "credit", "reason": "roles"},
-        "/v1/admin/api_keys": {"principal_type": "customer", "principal_id": customer.pk},
+        "/v1/admin/api_keys": {"principal_type": "terminal", "principal_id": world.terminal.id},
         "/v1/admin/customers": {"name": "New customer"},
         "/v1/admin/merchants": {"name": "New merchant"},
         "/v1/admin/stores": {"merchant": world.merchant.id, "name": "New store"},
@@ -158,40 +158,52 @@ def _mint(api: Api, key: str, principal_type: str, principal_id: str) -> Any:
     return api.post("/v1/admin/api_keys", key, {"principal_type": principal_type, "principal_id": principal_id})
 
 
-def test_minting_a_customers_key_is_audited_with_the_minter(api: Api, world: World) -> None:
+def test_minting_a_terminals_key_is_audited_with_the_minter(api: Api, world: World) -> None:
     staff, key = _staff("operator")
-    r = _mint(api, key, "customer", world.customer.id)
+    r = _mint(api, key, "terminal", world.terminal.id)
     assert r.status_code == 201, r.content
     entry = AuditEntry.objects.get(action="api_key.create", target_id=r.json()["id"])
-    assert entry.actor.startswith(f"staff:{staff.pk} key ak_") and entry.after["principal"] == world.customer.id
+    assert entry.actor.startswith(f"staff:{staff.pk} key ak_") and entry.after["principal"] == world.terminal.id
     assert r.json()["key"] not in str(entry.after)
 
 
-def test_a_staff_key_never_mints_more_power_than_its_own(api: Api, world: World) -> None:
+def test_a_customers_key_is_minted_by_a_superuser_only(api: Api, world: World) -> None:
+    """A customer's key spends their money, which no role moves alone: an operator who
+    could mint one could unfreeze a wallet and transfer its balance away."""
+    customer_keys = ApiKey.objects.filter(customer=world.customer.obj)
+    before = customer_keys.count()
+    for role in ROLES:
+        _, key = _staff(role)
+        assert _mint(api, key, "customer", world.customer.id).status_code == 403, role
+        customer_key = api_key_create(principal=world.customer.obj)[0]
+        assert api.post(f"/v1/admin/api_keys/{customer_key.pk}/rotate", key, {"overlap_seconds": 0}).status_code == 403, role
+        assert ApiKey.objects.get(pk=customer_key.pk).expires_at is None
+    assert customer_keys.count() == before + len(ROLES)  # the ones made here to rotate, no more
+    assert _mint(api, world.staff.key, "customer", world.customer.id).status_code == 201  # the world's staff is a superuser
+
+
+def test_a_staff_key_is_minted_by_its_own_login_only(api: Api, world: World) -> None:
+    """A staff key stays with whoever minted it and acts with its member's roles as they
+    will be: minted for a colleague (even one with less power today), it would let one
+    person act as two (maker and checker) or inherit the colleague's next role."""
     operator, key = _staff("operator")
-    finance, _ = _staff("finance")
     viewer, _ = _staff("viewer")
-    other_operator, _ = _staff("operator")
+    finance, finance_key = _staff("finance")
     superuser = staff_login_ensure(username=f"root-{uuid.uuid4().hex[:6]}", password="pw-roles-123", superuser=True)
+    root_key = api_key_create(principal=superuser)[1]
     before = ApiKey.objects.count()
-    for stronger in (finance, superuser):  # finance holds adjustments; a superuser everything
-        r = _mint(api, key, "staff", stronger.pk)
+    for minter, target in ((key, viewer), (key, finance), (key, superuser), (root_key, finance), (root_key, viewer)):
+        r = _mint(api, minter, "staff", target.pk)
         assert r.status_code == 403 and error_of(r)["code"] == "permission_denied", r.content
     assert ApiKey.objects.count() == before
-    assert _mint(api, key, "staff", viewer.pk).status_code == 201  # less power
-    assert _mint(api, key, "staff", other_operator.pk).status_code == 201  # the same power
     assert _mint(api, key, "staff", operator.pk).status_code == 201  # its own
-    # Rotating a stronger member's key mints one too: refused.
-    finance_key = api_key_create(principal=finance)[0]
-    assert api.post(f"/v1/admin/api_keys/{finance_key.pk}/rotate", key, {"overlap_seconds": 0}).status_code == 403
-    assert ApiKey.objects.get(pk=finance_key.pk).expires_at is None
-    # A superuser's key may mint any of them.
-    root_key = api_key_create(principal=superuser)[1]
-    assert _mint(api, root_key, "staff", finance.pk).status_code == 201
+    viewer_key = api_key_create(principal=viewer)[0]
+    assert api.post(f"/v1/admin/api_keys/{viewer_key.pk}/rotate", key, {"overlap_seconds": 0}).status_code == 403
+    assert ApiKey.objects.get(pk=viewer_key.pk).expires_at is None
+    assert _mint(api, finance_key, "staff", finance.pk).status_code == 403  # finance holds no issue_apikey
 
 
-def test_no_key_for_a_deactivated_staff_member(api: Api, world: World) -> None:
-    _, key = _staff("operator")
-    gone, _ = _staff("viewer", active=False)
-    r = _mint(api, key, "staff", gone.pk)
-    assert r.status_code == 409 and error_of(r)["param"] == "principal_id", r.content
+def test_unticking_staff_status_stops_the_keys_too(api: Api, world: World) -> None:
+    staff, key = _staff("operator")
+    User.objects.filter(pk=staff.user_id).update(is_staff=False)  # locked out of the admin
+    assert api.get("/v1/admin/customers", key).status_code == 401

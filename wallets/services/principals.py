@@ -30,7 +30,7 @@ from wallets.models import (
     Store,
     Terminal,
 )
-from wallets.selectors import api_key_cache_clear, api_key_hash, staff_login_active
+from wallets.selectors import api_key_cache_clear, api_key_hash
 from wallets.services.audit import audit_record
 from wallets.services.ledger import balance_rows_create
 from wallets.staged.phases import staged_phase, writes_new, writes_old
@@ -102,22 +102,21 @@ ISSUE_PERMISSION = "wallets.issue_apikey"
 
 def api_key_issue_check(*, issuer: User, principal: Customer | Merchant | Terminal | StaffMember) -> None:
     """May `issuer` (a staff login, active) mint or rotate a key for `principal`? A key acts
-    as its principal, so minting one is its own permission (`wallets.issue_apikey`), and a
-    staff member's key only by a login that holds every permission that member holds: no
-    one mints themselves more power than they have. Raises NotPermitted, or InvalidState
-    for a deactivated staff member. Reads only."""
+    as its principal and stays with whoever minted it, so no login may mint one that could
+    do more than the login itself:
+    - a merchant's or terminal's key (onboarding): the `wallets.issue_apikey` permission;
+    - a customer's key spends the customer's money, which no role may move alone: a
+      superuser only;
+    - a staff member's key acts with that member's roles as they will be, not as they are
+      now: only that member's own login (others get theirs from the ops shell,
+      `create_staff_key`).
+    Raises NotPermitted. Reads only."""
     if not issuer.has_perm(ISSUE_PERMISSION):
         raise NotPermitted("minting or rotating API keys needs the wallets.issue_apikey permission")
-    if not isinstance(principal, StaffMember):
-        return
-    target = staff_login_active(staff=principal)
-    if target is None:
-        raise InvalidState("this staff member's login is deactivated: no key can be minted for it", param="principal_id")
-    if target.is_superuser and not issuer.is_superuser:
-        raise NotPermitted("only a superuser may mint a key for a superuser")
-    beyond = sorted(target.get_all_permissions() - issuer.get_all_permissions())
-    if beyond:
-        raise NotPermitted(f"this staff member holds permissions you do not ({', '.join(beyond[:5])}): their key would give you more power")
+    if isinstance(principal, Customer) and not issuer.is_superuser:
+        raise NotPermitted("a customer's key spends the customer's money: only a superuser mints or rotates one")
+    if isinstance(principal, StaffMember) and principal.user_id != issuer.pk:
+        raise NotPermitted("a staff member's key is minted by their own login, or from the ops shell (manage.py create_staff_key)")
 
 
 @transaction.atomic
