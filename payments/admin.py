@@ -39,7 +39,7 @@ from payments.models import (
 from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
-from payments.services.topup_review import topup_review_settle_charged, topup_review_settle_uncharged
+from payments.services.topup_review import topup_review_settle
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
@@ -348,33 +348,19 @@ class OperatorQueueFilter(admin.SimpleListFilter):
         return queryset
 
 
-class SettleUnchargedForm(StaffActionForm):
-    checked = forms.BooleanField(label="I found no successful charge for this top-up at the PSP (by its id, the charge's idempotency key)")
+class SettleFromPspForm(StaffActionForm):
     reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-                             help_text="What you looked at, for the audit log.")
-
-
-class SettleChargedForm(StaffActionForm):
-    psp_reference = forms.CharField(max_length=200, label="PSP charge reference", help_text="The succeeded charge's id at the PSP (pi_..., ch_...).")
-    amount = forms.IntegerField(min_value=1, help_text="The amount the PSP charged, in the asset's minor units: it must be the top-up's.")
-    charged_at = forms.DateTimeField(required=False, help_text="When the PSP charged (UTC), for the settlement day. Blank: the top-up's creation.")
-    reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-                             help_text="What you looked at, for the audit log.")
+                             help_text="Why now, for the audit log.")
 
 
 def _in_operator_queue(obj: TopUp) -> bool:
     return obj.status == TopUpStatus.PENDING and obj.operator_review_at is not None
 
 
-def _settle_uncharged(obj: TopUp, data: dict[str, Any]) -> str:
-    topup = topup_review_settle_uncharged(topup_id=obj.pk, reason=data["reason"])
-    return f"Top-up {topup.pk} failed ({topup.failure_code}): nothing to credit or refund"
-
-
-def _settle_charged(obj: TopUp, data: dict[str, Any]) -> str:
-    topup, refusal = topup_review_settle_charged(
-        topup_id=obj.pk, psp_reference=data["psp_reference"], amount=data["amount"], charged_at=data["charged_at"], reason=data["reason"],
-    )
+def _settle_from_psp(obj: TopUp, data: dict[str, Any]) -> str:
+    topup, refusal = topup_review_settle(topup_id=obj.pk, reason=data["reason"])
+    if topup.failure_code == "not_charged":
+        return f"The PSP holds no successful charge for {topup.pk}: it failed ({topup.failure_code}), nothing to credit or refund"
     if refusal is not None:
         return f"Charge {topup.psp_reference} recorded; the credit was refused ({refusal.code}): the card is refunded by the recovery"
     return f"Charge {topup.psp_reference} recorded; {money(topup.amount + topup.bonus_amount, topup.asset)} credited"
@@ -383,7 +369,7 @@ def _settle_charged(obj: TopUp, data: dict[str, Any]) -> str:
 @admin.register(TopUp)
 class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
     """Card top-ups. The operator queue (filter "operator queue"): pending top-ups past the
-    PSP's idempotency-key window, which only a person may settle, with what the PSP shows."""
+    PSP's idempotency-key window, which a person settles from the PSP's records."""
 
     list_display = ("id", "created", money_column("amount"), money_column("bonus_amount", description="bonus"), "status",
                     link_column("customer"), "payment_method", "psp_reference", "review", link_column("ledger_transaction"))
@@ -397,14 +383,11 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "ledger", "events", "audit")
     readonly_fields = fields
     staff_actions = (
-        StaffAction("settle_uncharged", "Fail: not charged at the PSP", "payments.settle_topup", SettleUnchargedForm,
-                    lambda request, obj, data: _settle_uncharged(obj, data),
-                    description="The PSP has no successful charge for this top-up: it fails, nothing is credited. A charge that"
-                    " surfaces later is refunded.", show=_in_operator_queue),
-        StaffAction("settle_charged", "Credit: charged at the PSP", "payments.settle_topup", SettleChargedForm,
-                    lambda request, obj, data: _settle_charged(obj, data),
-                    description="The PSP holds this top-up's successful charge: record it and credit the wallet (amount and bonus)."
-                    " If the wallet can no longer take it (cap, frozen), the card is refunded instead.", show=_in_operator_queue),
+        StaffAction("settle", "Settle from the PSP's records", "payments.settle_topup", SettleFromPspForm,
+                    lambda request, obj, data: _settle_from_psp(obj, data),
+                    description="Asks the PSP what it holds for this top-up (by its id in the charge's metadata) and settles by"
+                    " that: its one successful charge is recorded and credited (refunded instead if the wallet can no longer take"
+                    " it); no successful charge fails the top-up. Nothing you type decides it.", show=_in_operator_queue),
     )
 
     @admin.display(description="operator review")

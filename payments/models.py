@@ -190,6 +190,8 @@ class TopUp(models.Model):
                 condition=Q(status="succeeded", ledger_transaction__isnull=False) | ~Q(status="succeeded"), name="topup_succeeded_has_ledger"
             ),
             models.CheckConstraint(condition=Q(psp_charged=False) | ~Q(psp_reference=""), name="topup_charged_has_reference"),
+            # One PSP charge credits at most one top-up, whoever records it.
+            models.UniqueConstraint(fields=["psp_reference"], condition=~Q(psp_reference=""), name="topup_psp_reference_once"),
         ]
 
     def __str__(self) -> str:

@@ -859,64 +859,63 @@ def test_a_top_up_past_the_key_window_waits_for_an_operator_who_settles_it_in_th
     queue = finance.get("/admin/payments/topup/?operator_queue=waiting")
     assert queue.status_code == 200 and charged.pk.encode() in queue.content and never.pk.encode() in queue.content
     page = finance.get(f"/admin/payments/topup/{quote(charged.pk)}/change/")
-    assert page.status_code == 200 and b"act/settle_charged/" in page.content and b"act/settle_uncharged/" in page.content
+    assert page.status_code == 200 and b"act/settle/" in page.content
     assert charged.claim_key.encode() in page.content and b"waiting since" in page.content
-    act = f"/admin/payments/topup/{quote(charged.pk)}/act/settle_charged/"
+    act = f"/admin/payments/topup/{quote(charged.pk)}/act/settle/"
     assert viewer.get(act).status_code == 403
-    assert b"act/settle_charged/" not in viewer.get(f"/admin/payments/topup/{quote(charged.pk)}/change/").content
+    assert b"act/settle/" not in viewer.get(f"/admin/payments/topup/{quote(charged.pk)}/change/").content
 
-    form = {"psp_reference": psp_charge.psp_reference, "amount": 1000, "charged_at": "", "reason": "found at the PSP by its key"}
-    mistyped = finance.post(act, {**form, "idempotency_key": _confirmation_key(finance.get(act))})
-    assert mistyped.status_code == 200 and b"not this top-up&#x27;s charge" in mistyped.content
-    assert TopUp.objects.get(pk=charged.pk).status == "pending"
-    done = finance.post(act, {**form, "amount": 1500, "idempotency_key": _confirmation_key(mistyped)})
+    done = finance.post(act, {"idempotency_key": _confirmation_key(finance.get(act)), "reason": "customer called"})
     assert done.status_code == 302, done.content[:2000]
     charged.refresh_from_db()
     assert charged.status == "succeeded" and charged.psp_reference == psp_charge.psp_reference and charged.psp_charged
     assert _balance(customer) == 1500 + charged.bonus_amount
-    audit = AuditEntry.objects.get(action="admin.settle_charged", target_id=charged.pk)
-    assert audit.actor == "user:fin-queue" and audit.reason == "found at the PSP by its key" and audit.after["status"] == "succeeded"
+    audit = AuditEntry.objects.get(action="admin.settle", target_id=charged.pk)
+    assert audit.actor == "user:fin-queue" and audit.reason == "customer called" and audit.after["status"] == "succeeded"
 
-    fail = f"/admin/payments/topup/{quote(never.pk)}/act/settle_uncharged/"
-    unchecked = finance.post(fail, {"idempotency_key": _confirmation_key(finance.get(fail)), "reason": "no charge under its key"})
-    assert unchecked.status_code == 200 and TopUp.objects.get(pk=never.pk).status == "pending"  # the box is required
-    failed = finance.post(fail, {"idempotency_key": _confirmation_key(unchecked), "checked": "on", "reason": "no charge under its key"})
+    fail = f"/admin/payments/topup/{quote(never.pk)}/act/settle/"
+    failed = finance.post(fail, {"idempotency_key": _confirmation_key(finance.get(fail)), "reason": "customer called"})
     assert failed.status_code == 302
     never.refresh_from_db()
     assert never.status == "failed" and never.failure_code == "not_charged" and _balance(customer) == 1500 + charged.bonus_amount
-    assert AuditEntry.objects.filter(action="admin.settle_uncharged", target_id=never.pk).exists()
+    assert len(quiet.charges(psp_key)) == 1  # the PSP was read, never asked to charge
     topup_recovery_run()
     assert _sample("tally_topups_operator_review", tenant=RECOVERY_TENANT["schema_name"]) == 0
-    assert finance.get(f"/admin/payments/topup/{quote(never.pk)}/act/settle_uncharged/").status_code == 200  # the page, not the action
-    assert b"act/settle_uncharged/" not in finance.get(f"/admin/payments/topup/{quote(never.pk)}/change/").content
+    assert b"act/settle/" not in finance.get(f"/admin/payments/topup/{quote(never.pk)}/change/").content
 
 
-def test_only_a_queued_top_up_can_be_settled_by_an_operator(quiet: Simulator) -> None:
+def test_an_operator_settles_only_a_queued_top_up_and_only_by_the_psps_records(quiet: Simulator) -> None:
+    """Nothing a person types decides a settlement: a charge of another amount, or two
+    successful charges, settle nothing; a top-up not in the queue is not the operator's."""
     from datetime import timedelta
 
     from django.utils import timezone
 
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
     from payments.services.card_topups import topup_review_hold
-    from payments.services.topup_review import topup_review_settle_charged, topup_review_settle_uncharged
-    from wallets.errors import InvalidRequest, InvalidState
+    from payments.services.topup_review import topup_review_settle
+    from wallets.errors import InvalidState
 
-    psp_account_configure(quiet)
+    psp_key = psp_account_configure(quiet)
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
     customer = customer_create(name=f"Not queued {uuid.uuid4().hex[:6]}")
     fresh = _pending(customer, created=timezone.now() - timedelta(minutes=1))[0]
     with pytest.raises(InvalidState):
-        topup_review_settle_uncharged(topup_id=fresh.pk, reason="too early")  # the saga and the recovery are still at it
-    queued, other = _pending(customer, created=timezone.now() - timedelta(hours=21), n=2)
-    for topup in (queued, other):
+        topup_review_settle(topup_id=fresh.pk, reason="too early")  # the saga and the recovery are still at it
+    odd, queued = _pending(customer, created=timezone.now() - timedelta(hours=21), n=2)
+    for topup in (odd, queued):
         assert topup_review_hold(topup_id=topup.pk, reason="test")
     assert not topup_review_hold(topup_id=queued.pk, reason="again")
-    topup_review_settle_charged(topup_id=queued.pk, psp_reference="ch_seen_at_the_psp", amount=500)
-    with pytest.raises(InvalidRequest) as reused:
-        topup_review_settle_charged(topup_id=other.pk, psp_reference="ch_seen_at_the_psp", amount=500)
-    assert reused.value.param == "psp_reference"
+    # The PSP holds a charge of another amount under `odd`'s id: not this top-up's charge.
+    adapter.charge(ChargeRequest(amount=999, currency="JPY", payment_method="pm_card_visa", idempotency_key=odd.pk, reference=odd.pk))
+    with pytest.raises(InvalidState, match="does not match"):
+        topup_review_settle(topup_id=odd.pk, reason="x")
+    assert TopUp.objects.get(pk=odd.pk).status == "pending" and _balance(customer) == 0
+    topup, refusal = topup_review_settle(topup_id=queued.pk, reason="x")
+    assert topup.status == "failed" and topup.failure_code == "not_charged" and refusal is None
     with pytest.raises(InvalidState):
-        topup_review_settle_uncharged(topup_id=queued.pk, reason="settled already")
-    with pytest.raises(TypeError):
-        topup_review_settle_charged(topup_id=other.pk, psp_reference="ch_other", amount=500.0)
+        topup_review_settle(topup_id=queued.pk, reason="settled already")
 
 
 def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet: Simulator, settings: Any, monkeypatch: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from datetime import UTC, date, datetime
 from typing import Any
@@ -76,6 +77,10 @@ class SimulatorGateway:
     def refund(self, *, psp_reference: str, amount: int, idempotency_key: str) -> RefundResult:
         refund = self._call("refund", "POST", "/v1/refunds", {"charge": psp_reference, "amount": amount}, idempotency_key=idempotency_key)
         return RefundResult(psp_reference=str(refund["id"]), amount=int(refund["amount"]))
+
+    def charges_of(self, *, reference: str) -> list[ChargeResult]:
+        found = self._call("charges_of", "GET", f"/v1/charges?idempotency_key={urllib.parse.quote(reference)}")
+        return [_charge_result(c) for c in found["data"] if (c.get("metadata") or {}).get("tally_topup") == reference]
 
     def settlement_report(self, *, day: date) -> SettlementReport:
         report = self._call("settlement", "GET", f"/v1/settlements/{day.isoformat()}")

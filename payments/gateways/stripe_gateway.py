@@ -125,6 +125,21 @@ class StripeGateway:
         refund = self._call("refund", lambda: self.client.v1.refunds.create(params=params, options=options))
         return RefundResult(psp_reference=str(refund.id), amount=int(refund.amount))
 
+    def charges_of(self, *, reference: str) -> list[ChargeResult]:
+        # Search, not a list by key: Stripe forgets idempotency keys after 24 h, the metadata stays.
+        params: Any = {"query": f"metadata['tally_topup']:'{reference}'", "limit": 10}
+        found = self._call("charges_of", lambda: self.client.v1.payment_intents.search(params=params))
+        unsettled = [str(intent.id) for intent in found.data if str(intent.status) not in ("succeeded", "requires_payment_method", "canceled")]
+        if unsettled:  # processing or awaiting action: its outcome is not known yet
+            raise GatewayUnavailable(f"charges_of: PaymentIntent {unsettled[0]} is not settled yet")
+        return [
+            ChargeResult(
+                status="succeeded" if str(intent.status) == "succeeded" else "failed", psp_reference=str(intent.id),
+                amount=int(intent.amount), currency=str(intent.currency).upper(), created=_ts(intent.created),
+            )
+            for intent in found.data
+        ]
+
     def settlement_report(self, *, day: date) -> SettlementReport:
         start = int(datetime.combine(day, datetime.min.time(), tzinfo=UTC).timestamp())
         end = int((datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(days=1)).timestamp())

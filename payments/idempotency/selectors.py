@@ -137,7 +137,7 @@ def idempotency_orphans_list(
     pass itself took over, and whose new lease ran out while the pass was still going,
     is not met again on a later page of the same pass."""
     cutoff = "LEAST(clock_timestamp(), %s)" if expired_by is not None else "clock_timestamp()"
-    params: list[object] = [expired_by] if expired_by is not None else []
+    params: list[Any] = [expired_by] if expired_by is not None else []
     where = f"state = 'in_flight' AND lease_expires_at <= {cutoff}"
     if after is not None:
         where += " AND (lease_expires_at, id) > (%s, %s)"

@@ -1,25 +1,25 @@
 """The operator queue of card top-ups: pending top-ups the recovery may no longer ask the
-PSP about (past its idempotency-key window, where asking again could charge twice), held
-by `card_topups.topup_review_hold`. A staff member looks the top-up up at the PSP (its id
-is the PSP's idempotency key and the charge's `tally_topup` metadata) and settles it with
-one of these, from the back office (payments/admin.py; permission `payments.settle_topup`,
-each action audited). Only a top-up still pending in the queue can be settled here: any
-other is being settled by the saga, a webhook or the recovery."""
+PSP to charge (past its idempotency-key window, where asking again could charge twice),
+held by `card_topups.topup_review_hold`. A staff member settles one from the back office
+(payments/admin.py; permission `payments.settle_topup`, audited) with
+`topup_review_settle`, which reads what the PSP holds for the top-up (a search by the
+top-up id in the charge's metadata: a read, safe however old the key) and settles by
+that, never by what a person typed. Only a top-up still pending in the queue can be
+settled here: any other is being settled by the saga, a webhook or the recovery."""
 
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 
-from django.utils import timezone
-
-from payments.gateways.base import ChargeResult
+from payments.errors import PspUnavailable
+from payments.gateways.base import ChargeResult, GatewayError
+from payments.gateways.registry import gateway_build
 from payments.locks import topup_lock
 from payments.models import TopUp, TopUpStatus
+from payments.selectors import gateway_account_get, topup_get
 from payments.services.card_topups import topup_fail, topup_settle
-from wallets.errors import BusinessRefusal, InvalidRequest, InvalidState, NotFound
-from wallets.money import amount_to_minor
-from wallets.transactions import atomic_service
+from wallets.errors import BusinessRefusal, InvalidState, NotFound
+from wallets.transactions import run_atomic
 
 logger = logging.getLogger("tally.topups")
 
@@ -33,45 +33,37 @@ def _queued(topup_id: str) -> TopUp:
     return topup
 
 
-@atomic_service(operation="topup_review_settle_uncharged")
-def topup_review_settle_uncharged(*, topup_id: str, reason: str) -> TopUp:
-    """The PSP holds no successful charge for this top-up: it fails as `not_charged` (the
-    customer's answer is a `psp_refused`). Should a charge surface later after all (a late
-    webhook), it is recorded and refunded like any charge of a failed top-up.
-    Locks: the top-up row."""
-    topup = _queued(topup_id)
-    logger.warning("queued top-up failed by an operator: not charged", extra={"topup": topup.pk, "reason": reason})
-    return topup_fail(topup=topup, failure_code="not_charged")
-
-
-@atomic_service(operation="topup_review_settle_charged")
-def topup_review_settle_charged(
-    *, topup_id: str, psp_reference: str, amount: object, charged_at: datetime | None = None, reason: str = ""
-) -> tuple[TopUp, BusinessRefusal | None]:
-    """The PSP holds the successful charge `psp_reference` of `amount` for this top-up:
-    record it and credit the wallet (amount + bonus) as the saga would have. `amount` is
-    what the PSP shows, typed by the operator: it must be the top-up's, and the reference
-    no other top-up's, so a mistyped or reused charge credits nothing. `charged_at` is the
-    PSP's charge time (settlement day; the top-up's creation when not given). If the credit
-    is refused now (cap, frozen wallet), the top-up fails and the card is refunded by the
-    recovery. Returns the top-up and that refusal, if any. Locks: the top-up row, then the
-    balance rows (`topup_settle`)."""
-    reference = psp_reference.strip() if isinstance(psp_reference, str) else ""
-    if not reference:
-        raise InvalidRequest("the PSP's reference of the charge is required", param="psp_reference")
-    minor = amount_to_minor(amount)
-    topup = _queued(topup_id)
-    if minor != topup.amount:
-        raise InvalidRequest(
-            f"the PSP's charge is for {minor}, the top-up for {topup.amount}: that is not this top-up's charge", param="amount"
-        )
-    if TopUp.objects.filter(psp_reference=reference).exclude(pk=topup.pk).exists():
-        raise InvalidRequest(f"the charge {reference} is already recorded on another top-up", param="psp_reference")
-    if charged_at is not None and charged_at > timezone.now():
-        raise InvalidRequest("the charge time is in the future", param="charged_at")
-    result = ChargeResult(
-        status="succeeded", psp_reference=reference, amount=topup.amount, currency=topup.asset_id, created=charged_at or topup.created
+def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessRefusal | None]:
+    """Settle a queued top-up by what its PSP holds for it: one successful charge of the
+    top-up's amount and currency is recorded and credited (amount + bonus; a credit the
+    wallet can no longer take fails the top-up and the recovery refunds the card); no
+    successful charge fails it as `not_charged` (a charge that surfaces later is recorded
+    and refunded). More than one successful charge, or one that does not match, settles
+    nothing: a person sorts it out at the PSP first. The PSP is asked outside any
+    transaction. Raises PspUnavailable when it does not answer. Locks: the top-up row,
+    then (when credited) the balance rows (`topup_settle`)."""
+    queued = topup_get(topup_id=topup_id)
+    if queued.status != TopUpStatus.PENDING or queued.operator_review_at is None:
+        raise InvalidState(f"top-up {queued.pk} is {queued.status} and not waiting for an operator", param=None)
+    try:
+        gateway = gateway_build(account=gateway_account_get(gateway=queued.gateway))
+        charges = gateway.charges_of(reference=queued.pk)
+    except (GatewayError, NotFound) as exc:
+        raise PspUnavailable("the card processor did not tell what it holds for this top-up: try again later") from exc
+    succeeded = [c for c in charges if c.status == "succeeded"]
+    if len(succeeded) > 1:
+        raise InvalidState(f"the PSP holds {len(succeeded)} successful charges for {queued.pk}: refund the extra ones there first")
+    if succeeded and (succeeded[0].amount != queued.amount or succeeded[0].currency.upper() != queued.asset_id.upper()):
+        raise InvalidState(f"the PSP's charge {succeeded[0].psp_reference} does not match the top-up's amount and currency")
+    logger.warning(
+        "queued top-up settled by an operator from the PSP's records",
+        extra={"topup": queued.pk, "psp_reference": succeeded[0].psp_reference if succeeded else "", "reason": reason},
     )
-    logger.warning("queued top-up settled by an operator: charged", extra={"topup": topup.pk, "psp_reference": reference, "reason": reason})
-    return topup_settle(topup_id=topup.pk, result=result)
+    if succeeded:
+        return run_atomic(lambda: _settle(queued.pk, succeeded[0]), operation="topup_review_settle")
+    return run_atomic(lambda: (topup_fail(topup=_queued(queued.pk), failure_code="not_charged"), None), operation="topup_review_settle")
 
+
+def _settle(topup_id: str, charge: ChargeResult) -> tuple[TopUp, BusinessRefusal | None]:
+    _queued(topup_id)
+    return topup_settle(topup_id=topup_id, result=charge)
