@@ -597,12 +597,11 @@ def test_a_refusal_met_by_a_retry_or_the_recovery_fails_the_top_up_too(live: Liv
 # --- A charge recorded after the top-up failed, whatever the failure: refunded -----------------
 
 
-def test_a_late_charge_on_a_top_up_failed_as_request_invalid_is_refunded(live: Live, web: Any) -> None:
+def test_a_retry_that_cannot_reach_the_psp_leaves_a_maybe_charged_top_up_pending(live: Live, web: Any) -> None:
     """The first attempt charged and never heard back; the operator's gateway is gone when
-    the client retries (403 `psp_not_configured`: the claim is released and the top-up fails
-    as `request_invalid`); then the PSP's webhook of that charge arrives. The charge is
-    recorded on the failed top-up, and the card must be refunded, once. Refunds used to be
-    due only for `cap_exceeded` and `wallet_frozen`: this money was kept."""
+    the client retries (403 `psp_not_configured`, the claim released). The retry cannot
+    know the card was not charged, so the top-up stays pending (it used to fail as
+    `request_invalid`, and nothing looked at it again); the PSP's late webhook credits it."""
     from payments.models import GatewayAccount
     from payments.services.card_topups import gateway_account_set
 
@@ -617,17 +616,42 @@ def test_a_late_charge_on_a_top_up_failed_as_request_invalid_is_refunded(live: L
     retry = live.post(idem, visa(900))
     assert retry.status_code == 403 and retry.json()["error"]["code"] == "psp_not_configured"
     topup.refresh_from_db()
-    assert topup.status == "failed" and topup.failure_code == "request_invalid" and not topup.psp_reference
+    assert topup.status == "pending"
     gateway_account_set(gateway="simulator", api_base=live.sim.url, secret_key=live.psp_key, webhook_secrets=[WEBHOOK_SECRET])
     assert live.sim.flush_webhooks() == 1  # the late charge.succeeded
-    charge = live.charges()[0]
     topup.refresh_from_db()
-    assert topup.status == "failed" and topup.psp_reference == charge["id"] and live.balance() == 0
-    recover(until=lambda: bool(TopUp.objects.get(pk=topup.pk).psp_refund_reference))
-    recover()
-    refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
-    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge["id"], 900)]
-    assert live.credits(topup.pk) == 0 and len(live.charges()) == 1
+    assert topup.status == "succeeded" and topup.psp_reference == live.charges()[0]["id"] and live.credits(topup.pk) == 1
+
+
+def test_a_late_charge_on_a_top_up_failed_with_any_code_is_refunded_once(quiet: Simulator) -> None:
+    """A top-up failed as `not_charged` (the PSP's search showed no charge yet) whose charge
+    then surfaces: the charge is recorded on the failed top-up and the card refunded, once.
+    Refunds used to be due only for `cap_exceeded` and `wallet_frozen`: this money was kept."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from payments.locks import topup_lock
+    from payments.services.card_topups import topup_fail, topup_refunds_run, topup_settle
+
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Late {uuid.uuid4().hex[:6]}")
+    topup = _pending(customer, created=timezone.now() - timedelta(hours=1), amount=900)[0]
+    with transaction.atomic():
+        topup_fail(topup=topup_lock(topup_id=topup.pk), failure_code="not_charged")
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
+    charge = adapter.charge(ChargeRequest(amount=900, currency="JPY", payment_method="pm_card_visa", idempotency_key=topup.pk,
+                                          reference=topup.pk))
+    with transaction.atomic():
+        settled, _ = topup_settle(topup_id=topup.pk, result=charge)  # the late webhook's effect
+    assert settled.status == "failed" and settled.failure_code == "not_charged" and settled.psp_charged
+    assert topup_refunds_run()["refunded"] == 1
+    assert topup_refunds_run().get("refunded", 0) == 0
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge.psp_reference, 900)]
+    assert _balance(customer) == 0
 
 
 # --- Recovery: every record reached, each one on its own ----------------------------------------

@@ -119,7 +119,11 @@ class TopUpViewSet(CustomerViewSet):
         )
 
     def idempotency_on_release(self, ctx: IdempotencyContext) -> None:
-        card_topups.topup_abandon(topup_id=ctx.minted[topup_saga.MINT_NAME])
+        # Only a first attempt knows the card was never charged: a retry of the key may
+        # follow an attempt whose charge went through unanswered, so its top-up stays
+        # pending for the recovery (or the operator queue) to settle from the PSP.
+        if not ctx.takeover:
+            card_topups.topup_abandon(topup_id=ctx.minted[topup_saga.MINT_NAME])
 
     @extend_schema(tags=TAG, summary="Card top-ups", parameters=[ListParamsSerializer], responses=s.TopUpList)
     def list(self, request: Request) -> Response:
