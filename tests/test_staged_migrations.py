@@ -440,8 +440,8 @@ def test_a_totals_cursor_names_a_merchant_and_a_day_and_the_earlier_form_resumes
 
 
 def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tenant) -> None:
-    from webhooks.reconciliation.models import RunTrigger
-    from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
+    from reconciliation.models import RunTrigger
+    from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 
     def findings() -> dict[str, int]:
         run = reconciliation_run_execute(run_id=reconciliation_run_request(trigger=RunTrigger.COMMAND).pk)

@@ -4,7 +4,7 @@ A check is a function `(ctx) -> Iterator[Discrepancy]`: it reads (never writes),
 its rows (a server-side cursor or an SQL aggregate through the ORM, `chunk_size` rows at a
 time) so its memory does not grow with the ledger, and yields one `Discrepancy` per thing
 to act on. The registry (one list, one kind name per check) and the service that runs
-them and stores the findings live in `webhooks.reconciliation`, the layer that can see
+them and stores the findings live in `reconciliation`, the layer that can see
 every app's tables; each layer contributes the checks on its own data:
 wallets (here): the ledger against the balances and holds, conservation, orphaned references.
 """

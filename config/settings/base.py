@@ -49,7 +49,7 @@ TENANT_APPS = [
     "payments",
     "payments.idempotency",
     "webhooks",
-    "webhooks.reconciliation",  # label "reconciliation" (issue 11)
+    "reconciliation",
 ]
 INSTALLED_APPS = list(SHARED_APPS) + [a for a in TENANT_APPS if a not in SHARED_APPS]
 

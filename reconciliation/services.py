@@ -14,9 +14,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
+from reconciliation.checks import CHECKS, METRICS, Check
+from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
 from wallets.reconciliation import CheckContext, Discrepancy
-from webhooks.reconciliation.checks import CHECKS, METRICS, Check
-from webhooks.reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
 
 logger = logging.getLogger(__name__)
 
