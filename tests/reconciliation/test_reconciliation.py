@@ -17,8 +17,8 @@ from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
 from payments.services.charges import payment_create
 from payments.services.refunds import refund_create
-from reconciliation.checks import CHECKS
 from reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
+from reconciliation.registry import CHECKS
 from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 from tenants.models import Tenant
 from tests.factories import TerminalFactory

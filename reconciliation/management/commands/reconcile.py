@@ -10,8 +10,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_tenants.utils import schema_context
 
-from reconciliation.checks import CHECKS, check_get
 from reconciliation.models import RunTrigger
+from reconciliation.registry import CHECKS, check_get
 from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 from tenants.selectors import tenant_schemas_active
 
