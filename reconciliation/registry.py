@@ -1,65 +1,32 @@
-"""The one list of reconciliation checks, and the checks on webhooks' own data.
+"""The one list of reconciliation checks (`CHECKS`) and of the per-run metric collectors
+(`METRICS`).
 
 Each check is registered once, below, with its name: a function `(ctx) -> Iterator[Discrepancy]`
-that streams (see wallets.reconciliation for the contract). Each layer contributes the
-checks on its own tables (wallets: ledger, balances, conservation, orphaned references;
-payments: duplicate charges, idempotency, outbox); this layer, the only one that sees
-them all, lists them and adds the webhook deliveries'.
+that streams (see reconciliation.checks.base for the contract). The checks live in
+`reconciliation/checks/`, one module per app whose data they read: ledger (balances,
+conservation, orphaned references, merchant daily totals), payments (duplicate charges,
+idempotency, outbox, the PSP's settlement report) and webhooks (deliveries).
 
-Adding a check: write it next to its data (as `payments/reconciliation.py` holds the check
-of our card top-ups against the PSP's settlement report) and append one `Check(...)` to
+Adding a check: write it in the module of the data it reads and append one `Check(...)` to
 `CHECKS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count
-
-from payments.reconciliation import (
+from reconciliation.checks.base import CheckContext, Discrepancy
+from reconciliation.checks.ledger import conservation_check, ledger_balance_check, merchant_daily_totals_check, orphan_references_check
+from reconciliation.checks.payments import (
     duplicate_charges_check,
     idempotency_stuck_check,
     outbox_check,
     payments_run_metrics,
     psp_settlement_check,
 )
-from wallets.reconciliation import (
-    CheckContext,
-    Discrepancy,
-    ObjectRef,
-    Severity,
-    conservation_check,
-    ledger_balance_check,
-    merchant_daily_totals_check,
-    orphan_references_check,
-)
-from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
-
-
-def webhook_dead_letters_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Webhook deliveries that failed for their whole retry window (redeliverable from the admin)."""
-    failed = WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.FAILED).select_related("endpoint").order_by("created", "id")
-    for delivery in failed.iterator(chunk_size=ctx.chunk_size):
-        yield Discrepancy(
-            kind="webhook_dead_letter",
-            severity=Severity.WARNING,
-            summary=f"delivery {delivery.id} of {delivery.event_id} ({delivery.topic}) to {delivery.endpoint.url} failed after "
-            f"{delivery.attempts} attempts: {delivery.last_status_code or delivery.last_error[:120]}",
-            details={"delivery": delivery.id, "event": delivery.event_id, "topic": delivery.topic, "endpoint": delivery.endpoint_id,
-                     "merchant": delivery.endpoint.merchant_id, "url": delivery.endpoint.url, "attempts": delivery.attempts,
-                     "last_status_code": delivery.last_status_code, "last_error": delivery.last_error,
-                     "give_up_at": delivery.give_up_at.isoformat()},
-            refs=(ObjectRef("webhooks", "webhookdelivery", delivery.id), ObjectRef("webhooks", "webhookendpoint", delivery.endpoint_id),
-                  ObjectRef("payments", "outboxevent", delivery.event_id)),
-        )
-
-
-def webhooks_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
-    counts = dict(WebhookDelivery.objects.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {"webhook_pending": int(counts.get(WebhookDeliveryStatus.PENDING, 0)), "webhook_failed": int(counts.get(WebhookDeliveryStatus.FAILED, 0))}
+from reconciliation.checks.webhooks import webhook_dead_letters_check, webhooks_run_metrics
 
 
 @dataclass(frozen=True)
@@ -82,7 +49,7 @@ CHECKS: list[Check] = [
           psp_settlement_check),
 ]
 
-# Per-run metrics for the dashboard's charts, one collector per layer.
+# Per-run metrics for the dashboard's charts, one collector per app.
 METRICS: list[Callable[..., dict[str, Any]]] = [payments_run_metrics, webhooks_run_metrics]
 
 

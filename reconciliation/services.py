@@ -14,9 +14,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
+from reconciliation.checks.base import CheckContext, Discrepancy
 from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
 from reconciliation.registry import CHECKS, METRICS, Check
-from wallets.reconciliation import CheckContext, Discrepancy
 
 logger = logging.getLogger(__name__)
 
