@@ -14,9 +14,9 @@ Deadlock freedom depends on every writer using these helpers, never an inline
   3. a freeze locks all the account's balance rows (one ordered statement), then the
      account row; nothing locks an account row before balance rows;
   4. after its balance rows, a posting takes the merchant daily-total rows of its
-     merchant legs (wallets.settlement), in key order; such a row is only taken while
+     merchant legs (wallets.daily_totals), in key order; such a row is only taken while
      holding the merchant's balance row of the same shard (or every shard), so it adds no
-     wait of its own. The settlement backfill takes every balance row of a batch of
+     wait of its own. The daily-totals backfill takes every balance row of a batch of
      merchants in one ordered statement (as a merchant debit does), then their totals.
 Customer rows are business rows taken by contact updates (one) and the contact backfill
 (a batch, in id order); no posting takes them. A staff member's row comes before all of
@@ -284,7 +284,7 @@ def customer_rows_lock(*, after: str, limit: int) -> list[str]:
 
 def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:
     """Lock every balance row (all assets, all shards) of some merchant accounts with ONE
-    statement in the global order (the settlement backfill: while it holds them no posting
+    statement in the global order (the daily-totals backfill: while it holds them no posting
     can add to those merchants' daily totals). Returns how many rows it locked."""
     if not account_ids:
         return 0

@@ -52,7 +52,10 @@ class CheckContext:
     chunk_size: int = 2000
     duplicate_window_seconds: int = 300
     outbox_lag_threshold_seconds: int = 300
+    # Days (UTC, today included) the PSP settlement check compares with the PSP's report,
+    # and the merchant daily totals check with the ledger.
     settlement_days: int = 2
+    daily_totals_days: int = 2
     # How long the top-up recovery (every 10 s) may take to give back a card charge it
     # could not credit before that charge is a finding.
     topup_recovery_window_seconds: int = 3600

@@ -11,10 +11,10 @@ from datetime import timedelta
 from django.db.models import Count, Sum
 
 from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity, rows_stream
+from wallets.daily_totals import MIGRATION as DAILY_TOTALS_MIGRATION
+from wallets.daily_totals import merchant_daily_totals_differences
 from wallets.models import Balance, Hold, HoldStatus, LedgerEntry
 from wallets.selectors import ledger_orphan_references_iter
-from wallets.settlement import MIGRATION as DAILY_TOTALS_MIGRATION
-from wallets.settlement import merchant_daily_totals_differences
 from wallets.staged.phases import reads_new, staged_phase
 
 
@@ -140,12 +140,12 @@ def orphan_references_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 def merchant_daily_totals_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """Once this tenant reads merchant daily totals from the summary table (the staged
     migration `merchant_daily_totals` has switched reads), the summary against the ledger
-    for the last `settlement_days` UTC days: the balance history endpoint shows what it holds."""
+    for the last `daily_totals_days` UTC days: the balance history endpoint shows what it holds."""
     if not reads_new(staged_phase(DAILY_TOTALS_MIGRATION)):
         ctx.stats["merchant_daily_totals"] = "reads from the ledger: nothing to compare"
         return
     today = ctx.now.date()
-    differences = merchant_daily_totals_differences(day_from=today - timedelta(days=ctx.settlement_days - 1), day_to=today)
+    differences = merchant_daily_totals_differences(day_from=today - timedelta(days=ctx.daily_totals_days - 1), day_to=today)
     ctx.stats["merchant_daily_totals"] = {"differences": len(differences)}
     for (account_id, asset, day), ledger, summary in differences:
         yield Discrepancy(
