@@ -1,4 +1,4 @@
-"""Card top-ups at a PSP: the business steps of the saga (payments/api/topup_saga.py
+"""Card top-ups at a PSP: the business steps of the saga (payments/services/topup_saga.py
 orchestrates them with the idempotency engine), the tenant's gateway account, inbound PSP
 webhooks and the settlement comparison.
 
