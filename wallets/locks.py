@@ -2,7 +2,9 @@
 
 Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
-  1. business rows (payment, intent, top-up, token: payments/locks.py) before any balance;
+  1. business rows (payment, intent, top-up, token, mandate: payments/locks.py) before any
+     balance; a fenced completion (a card top-up) locks its idempotency record before them
+     (payments/idempotency/locks.py);
   2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`, or
      `balance_rows_lock_by_owner` when the accounts are not loaded yet), ordered by
      (account id, asset, shard) (`LOCK_ORDER`): PostgreSQL locks the rows as the sort
@@ -22,6 +24,13 @@ Customer rows are business rows taken by contact updates (one) and the contact b
 (a batch, in id order); no posting takes them. A staff member's row comes before all of
 these: an adjustment request takes its maker's row (`staff_member_lock`) to count that
 member's adjustments one request at a time, then posts.
+
+Other apps name the locks they take in their own `locks.py`, each helper saying where it
+sits: rows no posting takes are locked by transactions that take no money lock at all
+(gateway accounts and PSP event markers: payments/locks.py; a tenant's row:
+payments/idempotency/locks.py; outbox rows, webhook deliveries and endpoints, and a
+merchant's row while an endpoint is registered: webhooks/locks.py; a reconciliation run's
+row: reconciliation/locks.py).
 
 Merchant and system accounts are credited on one shard (the connection's own, so
 concurrent payments to one merchant rarely meet); a merchant debit locks all its shards
