@@ -202,7 +202,7 @@ def _ledger_csv_time() -> None:
     from django.utils import timezone
     from django_tenants.utils import schema_context
 
-    from webhooks.reconciliation.selectors import ledger_csv_rows
+    from reconciliation.selectors import ledger_csv_rows
 
     class Null:
         def write(self, value: str) -> int:
@@ -222,8 +222,8 @@ def _ledger_csv_time() -> None:
 def _dashboard_time() -> None:
     from django_tenants.utils import schema_context
 
-    from webhooks.reconciliation.charts import chart_svg
-    from webhooks.reconciliation.selectors import dashboard_run_charts, dashboard_volume_charts
+    from reconciliation.charts import chart_svg
+    from reconciliation.selectors import dashboard_run_charts, dashboard_volume_charts
 
     with schema_context(SCHEMA):
         started = time.monotonic()

@@ -176,8 +176,8 @@ def _recovery(fx: dict[str, Any], database_url: str, redis_url: str, psp_url: st
     from django.db import connection
     from django_tenants.utils import schema_context
 
-    from payments.api.topup_saga import topup_recovery_run
     from payments.idempotency.models import IdempotencyRecord
+    from payments.services.topup_saga import topup_recovery_run
     from wallets.models import LedgerTransaction
 
     customer, key = fx["customers"][0]

@@ -1,5 +1,7 @@
-"""Row locks on the payments app's business rows. Lock order (wallets/locks.py): these
-come first, before any balance row; one business row per movement.
+"""Row locks on the payments app's rows. Lock order (wallets/locks.py): business rows
+(payment, top-up, intent, pending adjustment, mandate) come first, before any balance
+row; one business row per movement. Gateway accounts and PSP event markers are taken by
+transactions that take no other lock.
 
 `topup_recovery_lock` is no row lock: a session advisory lock per tenant, tried (never
 waited for) and held for a whole top-up recovery pass, while the pass takes the row locks
@@ -9,25 +11,48 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 
-from payments.models import Payment, PaymentIntent, PendingAdjustment, TopUp
+from payments.models import GatewayAccount, Mandate, Payment, PaymentIntent, PendingAdjustment, PspWebhookEvent, TopUp
 from wallets.locks import advisory_lock_try
 
 
 def payment_lock(*, payment_id: str) -> Payment | None:
+    """A payment row: a business row, before any balance row."""
     return Payment.objects.filter(pk=payment_id).order_by("pk").select_for_update().first()
 
 
 def topup_lock(*, topup_id: str) -> TopUp | None:
+    """A top-up row: a business row, before any balance row (after its idempotency record in a fenced completion)."""
     return TopUp.objects.filter(pk=topup_id).order_by("pk").select_for_update().first()
 
 
 def payment_intent_lock(*, intent_id: str) -> PaymentIntent | None:
+    """A payment intent row: a business row, before any balance row."""
     return PaymentIntent.objects.filter(pk=intent_id).order_by("pk").select_for_update().first()
 
 
 def pending_adjustment_lock(*, pending_id: str) -> PendingAdjustment | None:
+    """A pending adjustment row: a business row, before any balance row."""
     return PendingAdjustment.objects.filter(pk=pending_id).order_by("pk").select_for_update().first()
+
+
+def mandate_lock(*, mandate_id: str) -> Mandate:
+    """A mandate row (its revocation): a business row; no balance row is taken after it."""
+    return Mandate.objects.select_for_update().get(pk=mandate_id)
+
+
+def gateway_account_rows_lock() -> list[GatewayAccount]:
+    """Every gateway account row of the tenant, in id order (switching the active one): taken alone."""
+    return list(GatewayAccount.objects.select_for_update().order_by("pk"))
+
+
+def psp_webhook_events_expired_lock(*, received_before: datetime, limit: int) -> list[int]:
+    """Ids of the oldest PSP event markers received before `received_before`, SKIP LOCKED (the purge's batch): taken alone."""
+    return list(
+        PspWebhookEvent.objects.select_for_update(skip_locked=True).filter(received__lt=received_before)
+        .order_by("received").values_list("pk", flat=True)[:limit]
+    )
 
 
 @contextmanager

@@ -153,7 +153,7 @@ class TopUp(models.Model):
     psp_reference = models.CharField(max_length=200, blank=True, default="")
     failure_code = models.CharField(max_length=50, blank=True, default="")
     ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    # The card saga (payments/api/topup_saga.py): which gateway, the idempotency record that
+    # The card saga (payments/services/topup_saga.py): which gateway, the idempotency record that
     # owns it (for the recovery task), when the PSP charged (its settlement day) and, when a
     # charged top-up could not be credited, the PSP refund that gave it back.
     gateway = models.CharField(max_length=20, blank=True, default="")

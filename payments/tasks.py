@@ -1,4 +1,4 @@
-"""Recovery of card top-ups (payments/api/topup_saga.py): a beat task in the public
+"""Recovery of card top-ups (payments/services/topup_saga.py): a beat task in the public
 schema fans out one task per tenant (tenant-schemas-celery carries the schema), each one
 service call."""
 
@@ -8,7 +8,7 @@ from celery import shared_task
 from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
-from payments.api.topup_saga import topup_recovery_run
+from payments.services.topup_saga import topup_recovery_run
 from tenants.selectors import tenant_schemas_active
 
 

@@ -353,7 +353,7 @@ def test_web_killed_between_the_charge_and_the_completion_is_recovered_once(live
 def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(
     live: Live, live_tenant: Tenant, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from payments.api import topup_saga
+    from payments.services import topup_saga
 
     # The first attempt stalls after the charge until the takeover has completed the record,
     # however slow the machine (a timed pause let a loaded machine wake it first).
@@ -502,10 +502,10 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
     """The process died right after the claim committed: no charge exists. The recovery
     charges with the same key (the customer asked for it; the PSP dedupes if the dead
     attempt's call did get through) and completes the answer the client's retry replays."""
-    from payments.api import topup_saga
     from payments.idempotency.canonical import fingerprint_compute
     from payments.idempotency.selectors import IdempotencyPolicy
     from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from payments.services import topup_saga
     from payments.services.card_topups import topup_pending_ensure
 
     idem = uuid.uuid4().hex
@@ -737,7 +737,7 @@ def test_recovery_reaches_a_resolvable_top_up_behind_more_than_a_page_of_stuck_o
 
     from django.utils import timezone
 
-    from payments.api.topup_saga import topup_recovery_run
+    from payments.services.topup_saga import topup_recovery_run
 
     psp_account_configure(quiet)
     customer = customer_create(name=f"Starved {uuid.uuid4().hex[:6]}")
@@ -763,7 +763,7 @@ def test_one_top_up_that_cannot_be_resolved_does_not_stop_the_recovery_run(quiet
 
     from django.utils import timezone
 
-    from payments.api.topup_saga import topup_recovery_run
+    from payments.services.topup_saga import topup_recovery_run
 
     psp_key = psp_account_configure(quiet)
     _unsealable_gateway()
@@ -795,10 +795,10 @@ def test_one_card_refund_that_fails_does_not_stop_the_others(quiet: Simulator) -
     """Two charges that could not be credited; the older one's refund raises (its gateway's
     credentials do not unseal). The other is refunded all the same, and the run goes on to
     the purge. The refund loop used to let such an exception end the run."""
-    from payments.api.topup_saga import topup_recovery_run
     from payments.gateways.base import ChargeRequest
     from payments.gateways.simulator import SimulatorGateway
     from payments.services.card_topups import topup_settle
+    from payments.services.topup_saga import topup_recovery_run
 
     psp_key = psp_account_configure(quiet)
     _unsealable_gateway()
@@ -856,9 +856,9 @@ def test_a_top_up_past_the_key_window_waits_for_an_operator_who_settles_it_in_th
     from django.contrib.admin.utils import quote
     from django.utils import timezone
 
-    from payments.api.topup_saga import topup_recovery_run
     from payments.gateways.base import ChargeRequest
     from payments.gateways.simulator import SimulatorGateway
+    from payments.services.topup_saga import topup_recovery_run
     from wallets.models import AuditEntry
 
     psp_key = psp_account_configure(quiet)
@@ -947,7 +947,7 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
     pass takes each over once. The records it took over get a new lease that runs out while
     the pass is still at the PSP; they must not come round again on a later page (a pass
     that did so ran for as long as the PSP stayed slow, and the refunds never ran)."""
-    from payments.api import topup_saga
+    from payments.services import topup_saga
     from payments.idempotency.canonical import fingerprint_compute
     from payments.idempotency.selectors import IdempotencyPolicy
     from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim

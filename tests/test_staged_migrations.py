@@ -31,10 +31,10 @@ from wallets.contacts import (
     mask_email,
     mask_phone,
 )
+from wallets.daily_totals import merchant_daily_totals
 from wallets.models import Customer, CustomerLegacyContact, MerchantDailyTotal, StagedMigrationState, StagedPhase
 from wallets.services.contacts import customer_contact_update
 from wallets.services.principals import customer_create
-from wallets.settlement import merchant_daily_totals
 from wallets.staged.phases import staged_phase_forget
 
 CONTACTS, TOTALS = "customer_contacts", "merchant_daily_totals"
@@ -324,9 +324,9 @@ def test_the_totals_backfill_walks_a_long_history_in_day_windows(scratch: Tenant
 
     from django.utils import timezone
 
+    from wallets.daily_totals import MerchantDailyTotalsMigration
     from wallets.models import Account, SystemRole
     from wallets.services.ledger import Leg, ledger_post
-    from wallets.settlement import MerchantDailyTotalsMigration
 
     monkeypatch.setattr(MerchantDailyTotalsMigration, "window_days", 2)
     source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS)
@@ -387,7 +387,7 @@ def test_the_totals_backfill_resumed_with_another_batch_skips_no_merchant_day(
     asset, day) is in the summary, as a full recompute from the ledger has it."""
     from datetime import UTC, datetime, timedelta
 
-    from wallets.settlement import MerchantDailyTotalsMigration, merchant_daily_totals_differences
+    from wallets.daily_totals import MerchantDailyTotalsMigration, merchant_daily_totals_differences
     from wallets.staged.runner import staged_backfill
 
     monkeypatch.setattr(MerchantDailyTotalsMigration, "window_days", 2)
@@ -424,7 +424,7 @@ def test_a_totals_cursor_names_a_merchant_and_a_day_and_the_earlier_form_resumes
     batch's merchants from their first day (here the first batch: `@<day>`)."""
     from datetime import UTC, datetime, timedelta
 
-    from wallets.settlement import MerchantDailyTotalsMigration
+    from wallets.daily_totals import MerchantDailyTotalsMigration
 
     monkeypatch.setattr(MerchantDailyTotalsMigration, "window_days", 2)
     accounts = sorted(_merchants_with_history(3, (6, 1)))
@@ -440,8 +440,8 @@ def test_a_totals_cursor_names_a_merchant_and_a_day_and_the_earlier_form_resumes
 
 
 def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tenant) -> None:
-    from webhooks.reconciliation.models import RunTrigger
-    from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
+    from reconciliation.models import RunTrigger
+    from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 
     def findings() -> dict[str, int]:
         run = reconciliation_run_execute(run_id=reconciliation_run_request(trigger=RunTrigger.COMMAND).pk)

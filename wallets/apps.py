@@ -14,7 +14,7 @@ class WalletsConfig(AppConfig):
         tenant_created.connect(_tenant_roles_ensure, dispatch_uid="wallets-roles-ensure")
 
         from wallets.contacts import CustomerContactsMigration
-        from wallets.settlement import MerchantDailyTotalsMigration
+        from wallets.daily_totals import MerchantDailyTotalsMigration
         from wallets.staged.spec import staged_migration_register
 
         staged_migration_register(CustomerContactsMigration())

@@ -2,7 +2,9 @@
 
 Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
-  1. business rows (payment, intent, top-up, token: payments/locks.py) before any balance;
+  1. business rows (payment, intent, top-up, token, mandate: payments/locks.py) before any
+     balance; a fenced completion (a card top-up) locks its idempotency record before them
+     (payments/idempotency/locks.py);
   2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`, or
      `balance_rows_lock_by_owner` when the accounts are not loaded yet), ordered by
      (account id, asset, shard) (`LOCK_ORDER`): PostgreSQL locks the rows as the sort
@@ -14,14 +16,21 @@ Deadlock freedom depends on every writer using these helpers, never an inline
   3. a freeze locks all the account's balance rows (one ordered statement), then the
      account row; nothing locks an account row before balance rows;
   4. after its balance rows, a posting takes the merchant daily-total rows of its
-     merchant legs (wallets.settlement), in key order; such a row is only taken while
+     merchant legs (wallets.daily_totals), in key order; such a row is only taken while
      holding the merchant's balance row of the same shard (or every shard), so it adds no
-     wait of its own. The settlement backfill takes every balance row of a batch of
+     wait of its own. The daily-totals backfill takes every balance row of a batch of
      merchants in one ordered statement (as a merchant debit does), then their totals.
 Customer rows are business rows taken by contact updates (one) and the contact backfill
 (a batch, in id order); no posting takes them. A staff member's row comes before all of
 these: an adjustment request takes its maker's row (`staff_member_lock`) to count that
 member's adjustments one request at a time, then posts.
+
+Other apps name the locks they take in their own `locks.py`, each helper saying where it
+sits: rows no posting takes are locked by transactions that take no money lock at all
+(gateway accounts and PSP event markers: payments/locks.py; a tenant's row:
+payments/idempotency/locks.py; outbox rows, webhook deliveries and endpoints, and a
+merchant's row while an endpoint is registered: webhooks/locks.py; a reconciliation run's
+row: reconciliation/locks.py).
 
 Merchant and system accounts are credited on one shard (the connection's own, so
 concurrent payments to one merchant rarely meet); a merchant debit locks all its shards
@@ -284,7 +293,7 @@ def customer_rows_lock(*, after: str, limit: int) -> list[str]:
 
 def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:
     """Lock every balance row (all assets, all shards) of some merchant accounts with ONE
-    statement in the global order (the settlement backfill: while it holds them no posting
+    statement in the global order (the daily-totals backfill: while it holds them no posting
     can add to those merchants' daily totals). Returns how many rows it locked."""
     if not account_ids:
         return 0

@@ -457,7 +457,7 @@ class StagedMigrationState(models.Model):
 class MerchantDailyTotal(models.Model):
     """What the ledger posted to a merchant account on one UTC day in one asset: credits,
     debits (as a positive number) and the number of entries, kept by the posting itself
-    (wallets.settlement) in the posting's transaction. Split over shards like merchant
+    (wallets.daily_totals) in the posting's transaction. Split over shards like merchant
     balances (the posting's connection shard), so a hot merchant's day is not one row
     every payment waits on; a day's totals are the SUM over its shards."""
 

@@ -1,8 +1,12 @@
 """Every lock the webhooks app takes, named (see wallets/locks.py for the money locks).
 
-Order: a relay takes at most one of these at a time, and never while holding a money lock.
+Order: a relay takes at most one of these at a time, and never while holding a money lock;
+the staff actions and the endpoint registration below take theirs alone.
 - `outbox_events_claim`: a batch of unpublished outbox rows, FOR UPDATE SKIP LOCKED, in
   (created, id) order; held for the batch's short publication transaction only.
+- `outbox_event_lock`: one outbox row (a dead letter requeued by staff).
+- `webhook_delivery_lock`: one delivery row and its endpoint's row (a redelivery).
+- `merchant_lock`: a merchant's row while an endpoint is registered (the per-merchant limit).
 - `webhook_endpoint_lock` / `webhook_endpoint_rows_lock`: endpoint rows, FOR NO KEY UPDATE
   (a delivery's insert, which only needs the key, is not blocked), one row (secret
   rotation) or a batch in id order (the secret re-seal's backfill and contract); never
@@ -25,7 +29,8 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from payments.models import OutboxEvent
-from webhooks.models import WebhookEndpoint
+from wallets.models import Merchant
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 
 def outbox_events_claim(*, now: datetime, limit: int) -> QuerySet[OutboxEvent]:
@@ -37,6 +42,21 @@ def outbox_events_claim(*, now: datetime, limit: int) -> QuerySet[OutboxEvent]:
         .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
         .order_by("created", "id")[:limit]
     )
+
+
+def outbox_event_lock(*, event_id: str) -> OutboxEvent:
+    """One outbox row, FOR UPDATE (a requeue): taken alone, never with a money lock."""
+    return OutboxEvent.objects.select_for_update().get(pk=event_id)
+
+
+def webhook_delivery_lock(*, delivery_id: str) -> WebhookDelivery:
+    """One delivery row and its endpoint's row, FOR UPDATE in one statement (a redelivery): taken alone."""
+    return WebhookDelivery.objects.select_for_update().select_related("endpoint").get(pk=delivery_id)
+
+
+def merchant_lock(*, merchant_id: str) -> Merchant | None:
+    """A merchant's row, FOR UPDATE (an endpoint registration counts the merchant's endpoints): taken alone."""
+    return Merchant.objects.select_for_update().filter(pk=merchant_id).first()
 
 
 def webhook_endpoint_lock(*, endpoint_id: str) -> WebhookEndpoint:

@@ -49,7 +49,7 @@ TENANT_APPS = [
     "payments",
     "payments.idempotency",
     "webhooks",
-    "webhooks.reconciliation",  # label "reconciliation" (issue 11)
+    "reconciliation",
 ]
 INSTALLED_APPS = list(SHARED_APPS) + [a for a in TENANT_APPS if a not in SHARED_APPS]
 
@@ -284,13 +284,17 @@ TALLY_OUTBOX_RELAY_KICK = env.bool("TALLY_OUTBOX_RELAY_KICK", default=True)
 # Test-only: the relay sleeps this long holding a claimed batch (the SIGKILL test). 0 = off.
 TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS = env.float("TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS", default=0.0)
 
-# --- Card top-ups and PSPs (issue 10; payments/api/topup_saga.py) --------------------
+# --- Card top-ups and PSPs (issue 10; payments/services/topup_saga.py) ---------------
 # The inline PSP call's timeout, and the lease of a top-up's idempotency claim: the lease
 # must outlast the call, so only a crashed or stalled holder's claim is ever taken over.
 TALLY_PSP_TIMEOUT_SECONDS = env.float("TALLY_PSP_TIMEOUT_SECONDS", default=10.0)
 TALLY_TOPUP_LEASE_SECONDS = env.int("TALLY_TOPUP_LEASE_SECONDS", default=30)
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
+# The stored answer of a settled top-up (201 or 402) is the customer API's rendering; the
+# saga stores it for the request and for the recovery task, and finds it here, so that
+# the services do not import the API layer (as DRF's EXCEPTION_HANDLER is named above).
+TALLY_TOPUP_ANSWER_RENDER = "payments.api.customer.topup_answer_render"
 # Recovery of card top-ups left unknown (crash, timeout), per tenant.
 CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_all_tenants", "schedule": 10.0}
 

@@ -3,25 +3,31 @@ top-ups, payments and refunds. Routed by config/api_urls.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.decorators import action
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.api import topup_saga
 from payments.api.base import CustomerViewSet
+from payments.api.errors import envelope, http_status_of
 from payments.api.pagination import ListParamsSerializer
 from payments.api.schema import ErrorSerializer
 from payments.idempotency.drf import request_id_of
 from payments.idempotency.errors import IdempotencyKeyMissing
 from payments.idempotency.services import IdempotencyContext
-from payments.services import card_topups, mandates, tokens, transfers
+from payments.models import TopUp
+from payments.services import card_topups, mandates, tokens, topup_saga, transfers
 from wallets import selectors as wallet_selectors
 from wallets.contacts import customer_contact_attach
+from wallets.errors import BusinessRefusal
 from wallets.services import contacts as contact_services
 
 TAG = ["customer"]
@@ -99,8 +105,21 @@ class TransferViewSet(CustomerViewSet):
         return self.render(s.TransferOut, payment_selectors.transfer_get(transfer_id=transfer_id, customer_id=self.customer.pk))
 
 
+def topup_answer_render(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse:
+    """The stored answer of a settled card top-up: 201 with the top-up, or 402 with the
+    envelope. The saga (payments/services/topup_saga.py) stores it, for the request and for
+    the recovery task alike; settings.TALLY_TOPUP_ANSWER_RENDER names this function."""
+    data: Any
+    if refusal is None:
+        status, data = 201, s.TopUpOut(topup).data
+    else:
+        status, error_type = http_status_of(refusal)
+        data = envelope(error_type=error_type, code=str(refusal.code), message=refusal.message, param=refusal.param, request_id=request_id)
+    return HttpResponse(JSONRenderer().render(data), status=status, content_type="application/json")
+
+
 class TopUpViewSet(CustomerViewSet):
-    """Card top-ups: an external effect (payments/api/topup_saga.py). The claim commits
+    """Card top-ups: an external effect (payments/services/topup_saga.py). The claim commits
     with the pending top-up, the card is charged outside any transaction with the top-up id
     as the PSP's idempotency key, and the credit commits with the stored answer."""
 

@@ -16,7 +16,7 @@ from payments.api.pagination import ListParamsSerializer
 from payments.models import PaymentIntent
 from payments.services import intents, mandates, refunds
 from wallets import selectors as wallet_selectors
-from wallets.settlement import merchant_daily_totals
+from wallets.daily_totals import merchant_daily_totals
 
 TAG = ["merchant"]
 

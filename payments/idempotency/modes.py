@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 from django_tenants.utils import schema_context
 
+from payments.idempotency.locks import tenant_lock
 from tenants.models import IdempotencyMode, Tenant
 from wallets.errors import InvalidRequest
 from wallets.services.audit import audit_record
@@ -21,7 +22,7 @@ def idempotency_mode_set(*, tenant: Tenant, face: str, mode: str, reason: str = 
     if mode not in IdempotencyMode.values:
         raise InvalidRequest(f"mode must be one of {', '.join(IdempotencyMode.values)}", param="mode")
     with transaction.atomic():
-        locked: Tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # public: on every tenant's search_path
+        locked = tenant_lock(tenant_id=tenant.pk)
         before = locked.idempotency_mode_for(face)
         if before == mode:
             return locked

@@ -75,11 +75,10 @@ FROM idempotency_record WHERE principal_id = %s AND "key" = %s
 """
 
 
-def idempotency_record_snapshot(*, principal_id: str, key: str, for_update: bool = False) -> RecordSnapshot | None:
+def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapshot | None:
     """The record for (principal, key) with the database clock, or None."""
-    sql = _FETCH_SQL + (" FOR UPDATE" if for_update else "")
     with connection.cursor() as cursor:
-        cursor.execute(sql, [principal_id, key])
+        cursor.execute(_FETCH_SQL, [principal_id, key])
         row = cursor.fetchone()
     if row is None:
         return None

@@ -44,6 +44,7 @@ from payments.idempotency.errors import (
     IdempotencyKeyReused,
     StaleFence,
 )
+from payments.idempotency.locks import idempotency_record_fence_lock
 from payments.idempotency.models import Effect, RecordState
 from payments.idempotency.selectors import (
     IdempotencyPolicy,
@@ -707,15 +708,13 @@ def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCa
 
     `produce` may run more than once (conflict retries, each in a fresh transaction), so
     it must only touch the database. Locks: the record row, then whatever `produce` takes."""
-    assert ctx.record_id is not None
+    record_id = ctx.record_id
+    assert record_id is not None
 
     def write() -> Executed:
-        with connection.cursor() as cursor:  # lock the record; ours only while in flight under our fence
-            cursor.execute(
-                "SELECT 1 FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight' FOR UPDATE", [ctx.record_id, ctx.fence]
-            )
-            if cursor.fetchone() is None:
-                raise StaleFence(f"record {ctx.record_id}: fence {ctx.fence} is no longer current")
+        # Lock the record: ours only while in flight under our fence.
+        if not idempotency_record_fence_lock(record_id=record_id, fence=ctx.fence, in_flight=True):
+            raise StaleFence(f"record {ctx.record_id}: fence {ctx.fence} is no longer current")
         executed = produce()
         if disposition_for_status(executed.response.status) is not Disposition.STORE:
             raise ValueError(f"a produced completion must be stored (2xx or 402), not {executed.response.status}")
@@ -806,10 +805,8 @@ def idempotency_lease_takeover(
 def idempotency_fence_assert(*, record_id: int, fence: int) -> None:
     """Lock the record and check we still hold `fence`. Needs: an open transaction (the
     holder's own). Raises StaleFence, so the holder's writes in that transaction roll back."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM idempotency_record WHERE id = %s AND fence = %s FOR UPDATE", [record_id, fence])
-        if cursor.fetchone() is None:
-            raise StaleFence(f"record {record_id}: fence {fence} is no longer current")
+    if not idempotency_record_fence_lock(record_id=record_id, fence=fence):
+        raise StaleFence(f"record {record_id}: fence {fence} is no longer current")
 
 
 def idempotency_execute_external(

@@ -1,4 +1,4 @@
-"""Card top-ups at a PSP: the business steps of the saga (payments/api/topup_saga.py
+"""Card top-ups at a PSP: the business steps of the saga (payments/services/topup_saga.py
 orchestrates them with the idempotency engine), the tenant's gateway account, inbound PSP
 webhooks and the settlement comparison.
 
@@ -38,7 +38,7 @@ from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, Ga
 from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
-from payments.locks import topup_lock
+from payments.locks import gateway_account_rows_lock, psp_webhook_events_expired_lock, topup_lock
 from payments.models import GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
 from payments.selectors import (
     TopUpCursor,
@@ -79,7 +79,7 @@ def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook
     if not secret_key or not webhook_secrets or not all(isinstance(s, str) and s for s in webhook_secrets):
         raise InvalidRequest("a secret key and at least one webhook secret are required", param="webhook_secrets")
     schema = str(getattr(connection, "schema_name", "public"))
-    list(GatewayAccount.objects.select_for_update().order_by("pk"))
+    gateway_account_rows_lock()
     if active:
         GatewayAccount.objects.filter(active=True).exclude(gateway=gateway).update(active=False)
     account, _ = GatewayAccount.objects.update_or_create(
@@ -443,10 +443,7 @@ def psp_webhook_events_purge(*, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTI
     total = 0
     while True:
         with transaction.atomic():
-            ids = list(
-                PspWebhookEvent.objects.select_for_update(skip_locked=True).filter(received__lt=horizon)
-                .order_by("received").values_list("pk", flat=True)[:batch_size]
-            )
+            ids = psp_webhook_events_expired_lock(received_before=horizon, limit=batch_size)
             deleted = PspWebhookEvent.objects.filter(pk__in=ids).delete()[0] if ids else 0
         total += deleted
         if deleted < batch_size:

@@ -6,6 +6,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from payments.errors import ChargeByCustomerIdNotPermitted
+from payments.locks import mandate_lock
 from payments.models import Mandate
 from payments.selectors import mandate_active_exists
 from payments.services.outbox import epoch_seconds, outbox_event_create
@@ -49,7 +50,7 @@ def mandate_grant(*, customer: Customer, merchant: Merchant) -> Mandate:
 def mandate_revoke(*, mandate: Mandate) -> Mandate:
     """Revoke a mandate: the merchant's next charge by customer id is refused. Revoking
     twice is a no-op. Locks: the mandate row."""
-    locked = Mandate.objects.select_for_update().get(pk=mandate.pk)
+    locked = mandate_lock(mandate_id=mandate.pk)
     if locked.revoked_at is None:
         locked.revoked_at = timezone.now()
         locked.save(update_fields=["revoked_at"])

@@ -14,12 +14,12 @@ from payments.services.charges import payment_create
 from payments.services.intents import payment_intent_confirm, payment_intent_create
 from payments.services.refunds import refund_create
 from payments.services.transfers import transfer_create
+from reconciliation.models import ReconciliationRun, RunTrigger
+from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 from tenants.models import Tenant
 from tenants.services import tenant_create
 from tests.factories import CustomerFactory, TerminalFactory, fund
 from wallets.models import Hold, HoldStatus
-from webhooks.reconciliation.models import ReconciliationRun, RunTrigger
-from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 
 RECON_TENANT = {"schema_name": "test_recon", "domain": "recon.test.localhost", "name": "Recon", "main_currency": "JPY"}
 

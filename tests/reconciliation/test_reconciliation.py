@@ -17,14 +17,14 @@ from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
 from payments.services.charges import payment_create
 from payments.services.refunds import refund_create
+from reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
+from reconciliation.registry import CHECKS
+from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 from tenants.models import Tenant
 from tests.factories import TerminalFactory
 from tests.reconciliation.conftest import kinds, reconcile
 from wallets.models import Balance, LedgerEntry
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
-from webhooks.reconciliation.checks import CHECKS
-from webhooks.reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
-from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 
 
 def test_clean_data_has_no_findings(world: dict[str, Any]) -> None:
@@ -185,7 +185,7 @@ def test_orphaned_reference(world: dict[str, Any]) -> None:
 
 
 def test_findings_past_the_cap_are_counted_not_stored(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from webhooks.reconciliation import services
+    from reconciliation import services
 
     monkeypatch.setattr(services, "MAX_FINDINGS_STORED_PER_CHECK", 2)
     for key in ("a", "b", "c", "d", "e"):
@@ -245,7 +245,7 @@ def test_command_exit_status_in_a_real_process(recon_tenant_committed: Tenant, d
 
 
 def test_beat_fans_out_one_run_per_tenant(recon_tenant: Tenant, django_capture_on_commit_callbacks: Any) -> None:
-    from webhooks.reconciliation.tasks import reconciliation_run_all_tenants
+    from reconciliation.tasks import reconciliation_run_all_tenants
 
     with django_capture_on_commit_callbacks(execute=True):
         fanned = reconciliation_run_all_tenants.apply().get()
@@ -258,7 +258,7 @@ def test_beat_fans_out_one_run_per_tenant(recon_tenant: Tenant, django_capture_o
 def test_schedule_is_a_beat_periodic_task_an_admin_edit_survives(db: None) -> None:
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-    from webhooks.reconciliation.services import SCHEDULE_NAME, SCHEDULE_TASK, reconciliation_schedule_ensure
+    from reconciliation.services import SCHEDULE_NAME, SCHEDULE_TASK, reconciliation_schedule_ensure
 
     connection.set_schema_to_public()
     assert PeriodicTask.objects.filter(name=SCHEDULE_NAME).exists()  # made after migrating the public schema (post_migrate)
@@ -271,7 +271,7 @@ def test_schedule_is_a_beat_periodic_task_an_admin_edit_survives(db: None) -> No
 
 
 def test_a_run_executes_once_unless_its_process_died(world: dict[str, Any]) -> None:
-    from webhooks.reconciliation.services import RUN_TIME_LIMIT_SECONDS
+    from reconciliation.services import RUN_TIME_LIMIT_SECONDS
 
     run = reconcile()
     finished = run.finished_at
@@ -296,7 +296,7 @@ def test_a_run_killed_mid_way_commits_nothing_and_runs_again(recon_tenant_commit
 
     from django.db import connections, transaction
 
-    from webhooks.reconciliation.services import RUN_TIME_LIMIT_SECONDS
+    from reconciliation.services import RUN_TIME_LIMIT_SECONDS
 
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.test", "TALLY_TEST_DB_NAME": connections["default"].settings_dict["NAME"]}
     with django_db_blocker.unblock():

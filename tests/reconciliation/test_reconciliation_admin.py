@@ -17,10 +17,10 @@ from django.test import Client
 from django.utils import timezone
 
 from payments.idempotency.models import IdempotencyRecord, RecordState
+from reconciliation.charts import Chart, Series, chart_svg
+from reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
 from tests.reconciliation.conftest import RECON_TENANT, reconcile
 from wallets.models import LedgerEntry
-from webhooks.reconciliation.charts import Chart, Series, chart_svg
-from webhooks.reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
 
 
 @pytest.fixture
@@ -144,7 +144,7 @@ def test_chart_svg_escapes_and_scales() -> None:
 
 def test_run_series_plot_idempotency_counters_between_runs(world: dict[str, Any]) -> None:
     from payments.idempotency import metrics
-    from webhooks.reconciliation.selectors import dashboard_run_charts
+    from reconciliation.selectors import dashboard_run_charts
 
     reconcile()
     metrics.IDEMPOTENCY_REPLAYS.labels(source="db").inc(5)

@@ -22,6 +22,7 @@ from django.db.models import BigIntegerField, Case, F, Value, When
 from django.utils import timezone
 
 from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
+from wallets.daily_totals import merchant_daily_totals_record
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, balance_want, hold_lock
 from wallets.models import (
@@ -39,7 +40,6 @@ from wallets.models import (
     LedgerTransaction,
     SystemRole,
 )
-from wallets.settlement import merchant_daily_totals_record
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def ledger_post(
 
     Locks: the legs' balance rows in the global order (wallets.locks), one statement;
     then, once the tenant has expanded `merchant_daily_totals`, the day's summary row of
-    each merchant leg on this connection's shard (wallets.settlement).
+    each merchant leg on this connection's shard (wallets.daily_totals).
     Writes: one UPDATE of those rows (F() + the change per row), the transaction, its
     entries, and the merchant legs' daily totals (F() increments). Raises WalletFrozen, InsufficientFunds, CapExceeded before writing.
     """

@@ -6,6 +6,6 @@ verify, switch reads, contract), one phase at a time, each safe to stop at any p
     runner  the phase transitions, the batched/throttled/resumable backfill, verify
 
 The migrations themselves live with the data they own (wallets.contacts,
-wallets.settlement, webhooks.secrets) and register in their app's ready(). The command is
+wallets.daily_totals, webhooks.secrets) and register in their app's ready(). The command is
 `manage.py staged_migration`.
 """

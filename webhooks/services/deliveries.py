@@ -31,7 +31,7 @@ from payments.services.outbox import outbox_relay_kick_on_commit
 from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, Param
 from webhooks import metrics
 from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
-from webhooks.locks import endpoint_dispatch_lock
+from webhooks.locks import endpoint_dispatch_lock, webhook_delivery_lock
 from webhooks.models import (
     WebhookDelivery,
     WebhookDeliveryAttempt,
@@ -349,7 +349,7 @@ def webhook_delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
     dispatcher's next read: within PAGE_FRESH_SECONDS of a page in flight). Locks: the
     delivery row (FOR UPDATE). The relay is kicked after commit.
     """
-    locked = WebhookDelivery.objects.select_for_update().select_related("endpoint").get(pk=delivery.pk)
+    locked = webhook_delivery_lock(delivery_id=delivery.pk)
     if locked.endpoint.status != WebhookEndpointStatus.ENABLED:
         raise WebhookDeliveryNotRedeliverable("the webhook endpoint is disabled; enable it first", param="delivery")
     if locked.status != WebhookDeliveryStatus.PENDING:

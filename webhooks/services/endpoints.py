@@ -11,7 +11,7 @@ from django.utils import timezone
 from wallets import ids
 from wallets.models import Merchant
 from webhooks.errors import WebhookEndpointInvalid
-from webhooks.locks import webhook_endpoint_lock
+from webhooks.locks import merchant_lock, webhook_endpoint_lock
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
 from webhooks.secrets import webhook_endpoint_secrets, webhook_endpoint_secrets_assign
 from webhooks.targets import webhook_target_resolve
@@ -53,7 +53,7 @@ def webhook_endpoint_create(
 
     Locks: the merchant's row (the per-merchant limit)."""
     # Lock the merchant row so two concurrent registrations cannot both pass the limit.
-    Merchant.objects.select_for_update().filter(pk=merchant.pk).first()
+    merchant_lock(merchant_id=merchant.pk)
     if WebhookEndpoint.objects.filter(merchant=merchant).count() >= MAX_ENDPOINTS_PER_MERCHANT:
         raise WebhookEndpointInvalid(f"at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints per merchant", param=None)
     secret = _new_secret()

@@ -26,7 +26,7 @@ from django.utils import timezone
 from payments.models import OutboxEvent
 from payments.services.outbox import outbox_relay_kick_on_commit, outbox_relay_kick_pending_clear
 from webhooks import metrics
-from webhooks.locks import outbox_events_claim
+from webhooks.locks import outbox_event_lock, outbox_events_claim
 from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEndpointStatus
 from webhooks.services.deliveries import RETRY_WINDOW, webhook_deliveries_dispatch
 
@@ -168,7 +168,7 @@ def outbox_event_requeue(*, event: OutboxEvent) -> OutboxEvent:
 
     Locks: the outbox row (FOR UPDATE). The relay is kicked after commit.
     """
-    locked = OutboxEvent.objects.select_for_update().get(pk=event.pk)
+    locked = outbox_event_lock(event_id=event.pk)
     if locked.published_at is None:
         locked.dead_at, locked.next_attempt_at, locked.attempts = None, None, 0
         locked.save(update_fields=["dead_at", "next_attempt_at", "attempts"])

@@ -1,6 +1,7 @@
-"""Per-merchant daily settlement totals: a summary of what the ledger posted to each
-merchant account per UTC day and asset, kept by the posting itself; and the staged
-migration `merchant_daily_totals` that builds it under live traffic.
+"""Merchant daily totals: a summary of what the ledger posted to each merchant account per
+UTC day and asset, kept by the posting itself; and the staged migration
+`merchant_daily_totals` that builds it under live traffic. (Not the PSP's settlement of
+card top-ups: that is payments.services.card_topups.)
 
 Representations:
   old  the ledger entries themselves, aggregated on every read (they stay: the ledger is
@@ -187,7 +188,7 @@ class MerchantDailyTotalsMigration(StagedMigration):
     """Ledger aggregates on every read -> a maintained summary table."""
 
     name = MIGRATION
-    description = "merchant daily settlement totals: aggregated from the ledger on each read -> a maintained summary table"
+    description = "merchant daily totals: aggregated from the ledger on each read -> a maintained summary table"
     old_survives_contract = True
     # Merchants per batch: each window holds their balance rows while it aggregates it.
     default_batch = 5

@@ -10,10 +10,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_tenants.utils import schema_context
 
+from reconciliation.models import RunTrigger
+from reconciliation.registry import CHECKS, check_get
+from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 from tenants.selectors import tenant_schemas_active
-from webhooks.reconciliation.checks import CHECKS, check_get
-from webhooks.reconciliation.models import RunTrigger
-from webhooks.reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 
 BAR_WIDTH = 30
 SHOWN_PER_KIND = 5

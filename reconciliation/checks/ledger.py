@@ -1,83 +1,25 @@
-"""Reconciliation checks on the wallets layer's data, and the types every layer's checks share.
-
-A check is a function `(ctx) -> Iterator[Discrepancy]`: it reads (never writes), streams
-its rows (a server-side cursor or an SQL aggregate through the ORM, `chunk_size` rows at a
-time) so its memory does not grow with the ledger, and yields one `Discrepancy` per thing
-to act on. The registry (one list, one kind name per check) and the service that runs
-them and stores the findings live in `webhooks.reconciliation`, the layer that can see
-every app's tables; each layer contributes the checks on its own data:
-wallets (here): the ledger against the balances and holds, conservation, orphaned references.
+"""Checks on the ledger's data: balances (shards summed) and held amounts against the
+ledger entries and active holds, conservation per transaction and per asset, orphaned
+references, and merchant daily totals against the ledger once a tenant reads them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from enum import StrEnum
-from typing import Any
+from datetime import timedelta
 
-from django.db import connection
 from django.db.models import Count, Sum
 
+from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity, rows_stream
+from wallets.daily_totals import MIGRATION as DAILY_TOTALS_MIGRATION
+from wallets.daily_totals import merchant_daily_totals_differences
 from wallets.models import Balance, Hold, HoldStatus, LedgerEntry
 from wallets.selectors import ledger_orphan_references_iter
-from wallets.settlement import MIGRATION as DAILY_TOTALS_MIGRATION
-from wallets.settlement import merchant_daily_totals_differences
 from wallets.staged.phases import reads_new, staged_phase
-
-
-class Severity(StrEnum):
-    CRITICAL = "critical"  # money is wrong somewhere: stop and look
-    WARNING = "warning"  # something to act on (a suspect, a stuck key, a dead letter)
-
-
-@dataclass(frozen=True)
-class ObjectRef:
-    """A row a finding concerns: rendered as an admin link when the model has an admin page."""
-
-    app_label: str
-    model: str
-    pk: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"app_label": self.app_label, "model": self.model, "pk": self.pk}
-
-
-@dataclass(frozen=True)
-class Discrepancy:
-    kind: str
-    severity: Severity
-    summary: str
-    details: dict[str, Any]
-    refs: tuple[ObjectRef, ...] = ()
-
-
-@dataclass
-class CheckContext:
-    """What a check may read: the run's clock and limits, and `stats` for the report (rows scanned...)."""
-
-    now: datetime
-    chunk_size: int = 2000
-    duplicate_window_seconds: int = 300
-    outbox_lag_threshold_seconds: int = 300
-    settlement_days: int = 2
-    # How long the top-up recovery (every 10 s) may take to give back a card charge it
-    # could not credit before that charge is a finding.
-    topup_recovery_window_seconds: int = 3600
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 def account_ref(account_id: str) -> ObjectRef:
     return ObjectRef("wallets", "account", account_id)
-
-
-def rows_stream(sql: str, params: list[Any] | None = None, *, chunk_size: int) -> Iterator[tuple[Any, ...]]:
-    """The rows of one read statement through a server-side cursor, `chunk_size` at a time."""
-    with connection.chunked_cursor() as cursor:
-        cursor.execute(sql, params or [])
-        while rows := cursor.fetchmany(chunk_size):
-            yield from rows
 
 
 _BALANCE_VS_ENTRIES_SQL = """
@@ -198,12 +140,12 @@ def orphan_references_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 def merchant_daily_totals_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """Once this tenant reads merchant daily totals from the summary table (the staged
     migration `merchant_daily_totals` has switched reads), the summary against the ledger
-    for the last `settlement_days` UTC days: the balance history endpoint shows what it holds."""
+    for the last `daily_totals_days` UTC days: the balance history endpoint shows what it holds."""
     if not reads_new(staged_phase(DAILY_TOTALS_MIGRATION)):
         ctx.stats["merchant_daily_totals"] = "reads from the ledger: nothing to compare"
         return
     today = ctx.now.date()
-    differences = merchant_daily_totals_differences(day_from=today - timedelta(days=ctx.settlement_days - 1), day_to=today)
+    differences = merchant_daily_totals_differences(day_from=today - timedelta(days=ctx.daily_totals_days - 1), day_to=today)
     ctx.stats["merchant_daily_totals"] = {"differences": len(differences)}
     for (account_id, asset, day), ledger, summary in differences:
         yield Discrepancy(

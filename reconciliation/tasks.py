@@ -7,9 +7,9 @@ from django.db import connection, transaction
 from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
+from reconciliation.models import RunTrigger
+from reconciliation.services import RUN_TIME_LIMIT_SECONDS, reconciliation_run_execute, reconciliation_run_request
 from tenants.selectors import tenant_schemas_active
-from webhooks.reconciliation.models import RunTrigger
-from webhooks.reconciliation.services import RUN_TIME_LIMIT_SECONDS, reconciliation_run_execute, reconciliation_run_request
 
 
 @shared_task(  # type: ignore[untyped-decorator]  # celery is untyped

@@ -1,6 +1,6 @@
-"""Reconciliation checks on the payments layer's data (see wallets.reconciliation for the
-contract): duplicate-charge suspects, stuck in-flight idempotency keys, outbox lag and dead
-letters, our card top-ups against the PSP's settlement report; and the per-run metrics the
+"""Checks on the payments app's data (see reconciliation.checks.base for the contract):
+duplicate-charge suspects, stuck in-flight idempotency keys, outbox lag and dead letters,
+our card top-ups against the PSP's settlement report; and the per-run metrics the
 dashboard charts across runs."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
 from payments.selectors import gateway_account_active, topups_charged_uncredited
 from payments.services.card_topups import topup_settlement_compare
-from wallets.reconciliation import CheckContext, Discrepancy, ObjectRef, Severity
+from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity
 
 
 def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:

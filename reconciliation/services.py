@@ -14,9 +14,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
-from wallets.reconciliation import CheckContext, Discrepancy
-from webhooks.reconciliation.checks import CHECKS, METRICS, Check
-from webhooks.reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
+from reconciliation.checks.base import CheckContext, Discrepancy
+from reconciliation.locks import reconciliation_run_lock
+from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
+from reconciliation.registry import CHECKS, METRICS, Check
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def reconciliation_run_execute(
     """
     checks = list(CHECKS if checks is None else checks)
     with transaction.atomic():
-        run = ReconciliationRun.objects.select_for_update().get(pk=run_id)
+        run = reconciliation_run_lock(run_id=run_id)
         stale = run.started_at is not None and run.started_at < timezone.now() - timedelta(seconds=RUN_TIME_LIMIT_SECONDS)
         if run.status in (RunStatus.CLEAN, RunStatus.FINDINGS) or (run.status == RunStatus.RUNNING and not stale):
             return run

@@ -3,7 +3,7 @@ the rows they concern, the dashboard (charts rendered server-side as SVG) and th
 streamed CSV exports of a run's report and of the ledger for a date range.
 
 Views call one service or selector and render; the data comes from
-`webhooks.reconciliation.selectors`.
+`reconciliation.selectors`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from webhooks.reconciliation.charts import chart_svg
-from webhooks.reconciliation.models import ReconciliationFinding, ReconciliationRun, RunTrigger
-from webhooks.reconciliation.selectors import (
+from reconciliation.charts import chart_svg
+from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunTrigger
+from reconciliation.selectors import (
     dashboard_run_charts,
     dashboard_volume_charts,
     ledger_csv_rows,
@@ -34,8 +34,8 @@ from webhooks.reconciliation.selectors import (
     reconciliation_findings_csv_rows,
     reconciliation_run_latest,
 )
-from webhooks.reconciliation.services import reconciliation_run_request
-from webhooks.reconciliation.tasks import reconciliation_run_enqueue_on_commit
+from reconciliation.services import reconciliation_run_request
+from reconciliation.tasks import reconciliation_run_enqueue_on_commit
 
 RUN_PERMISSION = "reconciliation.add_reconciliationrun"
 LEDGER_EXPORT_PERMISSION = "wallets.view_ledgerentry"

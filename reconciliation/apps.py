@@ -2,7 +2,7 @@ from django.apps import AppConfig
 
 
 class ReconciliationConfig(AppConfig):
-    name = "webhooks.reconciliation"
+    name = "reconciliation"
     label = "reconciliation"
     verbose_name = "Reconciliation"
     default_auto_field = "django.db.models.BigAutoField"
@@ -10,7 +10,7 @@ class ReconciliationConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from webhooks.reconciliation import tasks  # noqa: F401 - registered in every process (eager mode in tests)
-        from webhooks.reconciliation.services import reconciliation_schedule_ensure_after_migrate
+        from reconciliation import tasks  # noqa: F401 - registered in every process (eager mode in tests)
+        from reconciliation.services import reconciliation_schedule_ensure_after_migrate
 
         post_migrate.connect(reconciliation_schedule_ensure_after_migrate, sender=self, dispatch_uid="reconciliation_schedule")

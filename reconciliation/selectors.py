@@ -20,9 +20,9 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from payments.models import Payment, Refund
+from reconciliation.charts import Chart, Series
+from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus
 from wallets.models import Asset, LedgerEntry
-from webhooks.reconciliation.charts import Chart, Series
-from webhooks.reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus
 
 DASHBOARD_DAYS = 30
 DASHBOARD_RUNS = 30

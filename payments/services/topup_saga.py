@@ -1,6 +1,8 @@
 """The card top-up saga (SPEC 6, external effect), on the idempotency engine's external
-path, and its recovery. It lives with the API because it owns the stored answer's bytes:
-the inline request and the recovery task store the same rendering of the same outcome.
+path, and its recovery: the orchestration of card_topups' business steps. The inline
+request and the recovery task store the same answer for the same outcome, rendered by the
+customer API (`topup_answer_render`, wired in settings): the saga calls it and does not
+import the API layer.
 
 1. Claim (the view's `idempotency_on_claim`, one transaction): the idempotency record
    (in flight, lease, fence), the pre-registered top-up under the id minted at claim time,
@@ -30,16 +32,14 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse
 from django.utils import timezone
-from rest_framework.renderers import JSONRenderer
+from django.utils.module_loading import import_string
 
-from payments.api import serializers as s
-from payments.api.errors import envelope, http_status_of
 from payments.errors import PspKeyWindowPassed, PspRefused
 from payments.gateways import metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
@@ -66,15 +66,24 @@ T = TypeVar("T")
 MINT_NAME = "topup"
 
 
+class TopUpAnswerRender(Protocol):
+    """Renders the stored answer of a settled top-up (its status, headers and bytes)."""
+
+    def __call__(self, *, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse: ...
+
+
+@functools.cache
+def _answer_render() -> TopUpAnswerRender:
+    """The API's renderer of a settled top-up's answer, named by the composition root
+    (`settings.TALLY_TOPUP_ANSWER_RENDER`, as DRF's EXCEPTION_HANDLER is): an answer's
+    bytes are the API's, so the API renders them, and the saga does not import it."""
+    render: TopUpAnswerRender = import_string(settings.TALLY_TOPUP_ANSWER_RENDER)
+    return render
+
+
 def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse:
     """The stored answer of a settled top-up: 201 with the top-up, or 402 with the envelope."""
-    data: Any
-    if refusal is None:
-        status, data = 201, s.TopUpOut(topup).data
-    else:
-        status, error_type = http_status_of(refusal)
-        data = envelope(error_type=error_type, code=str(refusal.code), message=refusal.message, param=refusal.param, request_id=request_id)
-    return HttpResponse(JSONRenderer().render(data), status=status, content_type="application/json")
+    return _answer_render()(topup=topup, refusal=refusal, request_id=request_id)
 
 
 def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = True) -> Callable[[], HttpResponse]:

@@ -1,0 +1,25 @@
+"""Row locks of the idempotency engine. Lock order (wallets/locks.py): an idempotency
+record is locked first, by the fenced completion of an external effect, before the
+business and balance rows its effect takes; a tenant row (public schema) is taken alone,
+by a switch of a face's idempotency mode."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from tenants.models import Tenant
+
+_FENCE_SQL = "SELECT 1 FROM idempotency_record WHERE id = %s AND fence = %s"
+
+
+def idempotency_record_fence_lock(*, record_id: int, fence: int, in_flight: bool = False) -> bool:
+    """Lock the record if `fence` is still current (and, with `in_flight`, it is still in flight); first, before the effect's rows."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FENCE_SQL + (" AND state = 'in_flight'" if in_flight else "") + " FOR UPDATE", [record_id, fence])
+        return cursor.fetchone() is not None
+
+
+def tenant_lock(*, tenant_id: int) -> Tenant:
+    """A tenant's row (public schema, on every tenant's search_path): taken alone, by an idempotency mode switch."""
+    locked: Tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
+    return locked

@@ -1,0 +1,70 @@
+"""What every reconciliation check reads and yields, and how it streams.
+
+A check is a function `(ctx) -> Iterator[Discrepancy]`: it reads (never writes), streams
+its rows (a server-side cursor or an SQL aggregate through the ORM, `chunk_size` rows at a
+time) so its memory does not grow with the ledger, and yields one `Discrepancy` per thing
+to act on. The checks live beside this module, one module per app whose data they read
+(ledger, payments, webhooks); `reconciliation.registry` lists them once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from django.db import connection
+
+
+class Severity(StrEnum):
+    CRITICAL = "critical"  # money is wrong somewhere: stop and look
+    WARNING = "warning"  # something to act on (a suspect, a stuck key, a dead letter)
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """A row a finding concerns: rendered as an admin link when the model has an admin page."""
+
+    app_label: str
+    model: str
+    pk: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"app_label": self.app_label, "model": self.model, "pk": self.pk}
+
+
+@dataclass(frozen=True)
+class Discrepancy:
+    kind: str
+    severity: Severity
+    summary: str
+    details: dict[str, Any]
+    refs: tuple[ObjectRef, ...] = ()
+
+
+@dataclass
+class CheckContext:
+    """What a check may read: the run's clock and limits, and `stats` for the report (rows scanned...)."""
+
+    now: datetime
+    chunk_size: int = 2000
+    duplicate_window_seconds: int = 300
+    outbox_lag_threshold_seconds: int = 300
+    # Days (UTC, today included) the PSP settlement check compares with the PSP's report,
+    # and the merchant daily totals check with the ledger.
+    settlement_days: int = 2
+    daily_totals_days: int = 2
+    # How long the top-up recovery (every 10 s) may take to give back a card charge it
+    # could not credit before that charge is a finding.
+    topup_recovery_window_seconds: int = 3600
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def rows_stream(sql: str, params: list[Any] | None = None, *, chunk_size: int) -> Iterator[tuple[Any, ...]]:
+    """The rows of one read statement through a server-side cursor, `chunk_size` at a time."""
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params or [])
+        while rows := cursor.fetchmany(chunk_size):
+            yield from rows

@@ -1,0 +1,60 @@
+"""The one list of reconciliation checks (`CHECKS`) and of the per-run metric collectors
+(`METRICS`).
+
+Each check is registered once, below, with its name: a function `(ctx) -> Iterator[Discrepancy]`
+that streams (see reconciliation.checks.base for the contract). The checks live in
+`reconciliation/checks/`, one module per app whose data they read: ledger (balances,
+conservation, orphaned references, merchant daily totals), payments (duplicate charges,
+idempotency, outbox, the PSP's settlement report) and webhooks (deliveries).
+
+Adding a check: write it in the module of the data it reads and append one `Check(...)` to
+`CHECKS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from reconciliation.checks.base import CheckContext, Discrepancy
+from reconciliation.checks.ledger import conservation_check, ledger_balance_check, merchant_daily_totals_check, orphan_references_check
+from reconciliation.checks.payments import (
+    duplicate_charges_check,
+    idempotency_stuck_check,
+    outbox_check,
+    payments_run_metrics,
+    psp_settlement_check,
+)
+from reconciliation.checks.webhooks import webhook_dead_letters_check, webhooks_run_metrics
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    description: str
+    run: Callable[[CheckContext], Iterable[Discrepancy]]
+
+
+CHECKS: list[Check] = [
+    Check("ledger_balances", "Balances (shards summed) and held amounts against the ledger entries and active holds", ledger_balance_check),
+    Check("conservation", "Every ledger transaction sums to zero per asset; every asset's balances sum to zero", conservation_check),
+    Check("orphan_references", "References without a database foreign key point at a row", orphan_references_check),
+    Check("duplicate_charges", "Same customer, merchant and amount within 5 minutes", duplicate_charges_check),
+    Check("idempotency_stuck", "In-flight idempotency keys past their lease", idempotency_stuck_check),
+    Check("outbox", "Outbox lag and dead letters", outbox_check),
+    Check("webhook_deliveries", "Webhook deliveries that failed for good", webhook_dead_letters_check),
+    Check("merchant_daily_totals", "Merchant daily totals (once reads switched to the summary) against the ledger", merchant_daily_totals_check),
+    Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report; charges neither credited nor refunded",
+          psp_settlement_check),
+]
+
+# Per-run metrics for the dashboard's charts, one collector per app.
+METRICS: list[Callable[..., dict[str, Any]]] = [payments_run_metrics, webhooks_run_metrics]
+
+
+def check_get(name: str) -> Check:
+    for check in CHECKS:
+        if check.name == name:
+            return check
+    raise KeyError(name)
