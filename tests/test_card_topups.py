@@ -947,11 +947,10 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
     pass takes each over once. The records it took over get a new lease that runs out while
     the pass is still at the PSP; they must not come round again on a later page (a pass
     that did so ran for as long as the PSP stayed slow, and the refunds never ran)."""
-    from payments.services import topup_saga
     from payments.idempotency.canonical import fingerprint_compute
     from payments.idempotency.selectors import IdempotencyPolicy
     from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
-    from payments.services import card_topups
+    from payments.services import card_topups, topup_saga
     from payments.services.card_topups import topup_pending_ensure
 
     settings.TALLY_TOPUP_LEASE_SECONDS = 1
