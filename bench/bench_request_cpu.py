@@ -113,15 +113,15 @@ def _instrument() -> None:
     from rest_framework.renderers import JSONRenderer
     from rest_framework.views import APIView
 
+    import apikit.base as base
     import config.health
     import config.middleware
     import config.observability
-    import payments.api.base as base
     import payments.services.charges as charges
-    from payments.api.auth import ApiKeyAuthentication
-    from payments.api.parsers import StrictJSONParser
+    from apikit.auth import ApiKeyAuthentication
+    from apikit.parsers import StrictJSONParser
+    from apikit.throttling import KeyAndTenantThrottle
     from payments.api.terminal import PaymentViewSet
-    from payments.api.throttling import KeyAndTenantThrottle
     from payments.idempotency.drf import IdempotencyMixin
 
     L = LAYERS

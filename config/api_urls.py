@@ -3,16 +3,16 @@
 The composition root builds one FaceRouter per face and registers that face's viewsets on
 it: from payments.api (the money, parties and keys) and from webhooks.api (the merchant's
 webhook endpoints). The router generates the paths (SPEC 10) from each prefix, the actions
-a viewset defines and its `lookup_url_kwarg`; see payments/api/routers.py.
+a viewset defines and its `lookup_url_kwarg`; see apikit/routers.py.
 """
 
 from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, include, path
 
+from apikit import schema as _schema  # noqa: F401 - registers the OpenAPI extensions
+from apikit.routers import FaceRouter
 from payments.api import admin, customer, merchant, terminal
-from payments.api import schema as _schema  # noqa: F401 - registers the OpenAPI extensions
-from payments.api.routers import FaceRouter
 from webhooks.api import views as webhooks
 
 customer_router = FaceRouter("customer")

@@ -33,7 +33,7 @@ _INTERNAL = ("api_error", "internal_error", "An internal error occurred.")
 
 def envelope_error_bytes(status_int: int, reason: str) -> bytes:
     """The whole HTTP response gunicorn sends for an error it answers itself."""
-    from payments.api.errors import envelope  # Django is set up once the worker has loaded the app
+    from apikit.errors import envelope  # Django is set up once the worker has loaded the app
 
     request_id = new_request_id()
     error_type, code, message = _ERROR_BY_STATUS.get(status_int, _INTERNAL)

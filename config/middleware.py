@@ -8,7 +8,7 @@ from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 
-from payments.api.errors import error_response, internal_error_response, is_api_path
+from apikit.errors import error_response, internal_error_response, is_api_path
 from tenants.middleware import CachedTenantMiddleware
 from wallets.audit import AuditOrigin, audit_origin_set
 from wallets.transactions import is_connection_failure

@@ -22,7 +22,7 @@ urlpatterns = [
 
 # Errors that never reach a DRF view (unknown route or tenant host, crashes outside a
 # view) still answer the SPEC envelope on /v1/ paths.
-handler400 = "payments.api.errors.handler400"
-handler403 = "payments.api.errors.handler403"
-handler404 = "payments.api.errors.handler404"
-handler500 = "payments.api.errors.handler500"
+handler400 = "apikit.errors.handler400"
+handler403 = "apikit.errors.handler403"
+handler404 = "apikit.errors.handler404"
+handler500 = "apikit.errors.handler500"

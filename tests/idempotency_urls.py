@@ -21,7 +21,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from payments.api.principal import Principal
+from apikit.principal import Principal
 from payments.idempotency.drf import IdempotencyMixin
 from wallets.errors import InsufficientFunds
 from wallets.models import Customer
@@ -118,7 +118,7 @@ class PaymentView(_Base):
     face = "terminal"
 
     def post(self, request: Request) -> Response:
-        from payments.api.principal import Principal as P
+        from apikit.principal import Principal as P
         from payments.services.charges import payment_create
 
         principal = request.user

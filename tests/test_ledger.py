@@ -11,8 +11,8 @@ from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from apikit.errors import http_status_of
 from payments import selectors
-from payments.api.errors import http_status_of
 from payments.errors import RefundWindowClosed
 from payments.models import OutboxEvent, Payment, Refund
 from payments.selectors import payment_token_resolve

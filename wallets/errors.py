@@ -2,7 +2,7 @@
 
 Each error carries a domain `code` (an enum member, also its wire name) and a message,
 and names the offending request field in `param` where there is one. None of them knows
-about HTTP: the API layer (payments/api/errors.py) maps each family to a status in one
+about HTTP: the API layer (apikit/errors.py) maps each family to a status in one
 place. Apps above this one (payments, webhooks, idempotency) subclass these families
 with codes of their own.
 """

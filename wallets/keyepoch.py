@@ -3,7 +3,7 @@ write changing what authentication returns for some key of that tenant (revoke, 
 
 The per-process key cache (wallets.selectors) records, with each entry, the epoch it read
 BEFORE the entry's database read, and trusts an entry only while the tenant's current
-epoch is still that value (payments.api reads it in the request's throttle call). A
+epoch is still that value (apikit.throttling reads it in the request's throttle call). A
 write commits, then bumps: a process that read the old row read the epoch before the
 commit, so before the bump, and its entry stops being trusted as soon as the bump is
 visible.

@@ -55,7 +55,7 @@ def api_key_hash(raw_key: str) -> str:
 # TALLY_API_KEY_CACHE_SECONDS, together with the tenant's API key epoch (wallets.keyepoch)
 # as read BEFORE the database read that filled the entry. A hit is not trusted on its own:
 # `api_key_cache_get` returns it with that epoch, and the caller compares it with the
-# epoch current now (payments.api reads it in the request's throttle call, one round
+# epoch current now (apikit.throttling reads it in the request's throttle call, one round
 # trip it makes anyway) through `api_key_cache_confirm`, which goes back to PostgreSQL
 # when the epoch moved or Redis could not answer. Revoke and rotate (wallets.services.
 # principals) bump the epoch after commit, so every process re-reads the key on its next

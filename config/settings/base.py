@@ -167,14 +167,14 @@ STORAGES = {
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("TALLY_MAX_BODY_BYTES", default=64 * 1024)
 
 REST_FRAMEWORK = {
-    "DEFAULT_SCHEMA_CLASS": "payments.api.schema.TallyAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apikit.schema.TallyAutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
     "COERCE_DECIMAL_TO_STRING": True,
     # One error envelope for every face (SPEC 5), DRF's own errors included.
-    "EXCEPTION_HANDLER": "payments.api.errors.api_exception_handler",
-    # Counted in Redis per API key and per tenant (payments/api/throttling.py); a tenant
+    "EXCEPTION_HANDLER": "apikit.errors.api_exception_handler",
+    # Counted in Redis per API key and per tenant (apikit/throttling.py); a tenant
     # may override them in Tenant.extra_settings["throttle_rates"].
     "DEFAULT_THROTTLE_RATES": {
         "api_key": env("TALLY_THROTTLE_KEY_RATE", default="6000/min"),
@@ -194,7 +194,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "SCHEMA_PATH_PREFIX": r"/v1",
     "SECURITY": [{"bearerAuth": []}],
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "payments.api.schema.links_add"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "apikit.schema.links_add"],
     # Assets from drf-spectacular-sidecar (static files), never a CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -12,10 +12,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apikit.base import AdminViewSet
+from apikit.pagination import ListParamsSerializer
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.api.base import AdminViewSet
-from payments.api.pagination import ListParamsSerializer
 from payments.models import PendingAdjustment
 from payments.services import approvals, freezes
 from wallets import selectors as wallet_selectors

@@ -14,12 +14,12 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apikit.base import CustomerViewSet
+from apikit.errors import envelope, http_status_of
+from apikit.pagination import ListParamsSerializer
+from apikit.schema import ErrorSerializer
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.api.base import CustomerViewSet
-from payments.api.errors import envelope, http_status_of
-from payments.api.pagination import ListParamsSerializer
-from payments.api.schema import ErrorSerializer
 from payments.idempotency.drf import request_id_of
 from payments.idempotency.errors import IdempotencyKeyMissing
 from payments.idempotency.services import IdempotencyContext

@@ -9,10 +9,10 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apikit.base import MerchantViewSet
+from apikit.pagination import ListParamsSerializer
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.api.base import MerchantViewSet
-from payments.api.pagination import ListParamsSerializer
 from payments.models import PaymentIntent
 from payments.services import intents, mandates, refunds
 from wallets import selectors as wallet_selectors

@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from payments.api.schema import ErrorSerializer
+from apikit.schema import ErrorSerializer
 from payments.services.card_topups import psp_webhook_receive
 from wallets.errors import NotFound, TallyError, Unavailable
 

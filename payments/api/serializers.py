@@ -6,33 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from rest_framework import serializers
 
-from payments.api.base import StrictSerializer
-from payments.api.fields import AmountField, AssetField, AssetFilterField, ObjectIdField, strict_char
-from payments.api.pagination import ListParamsSerializer, list_serializer
-from payments.api.shapes import Serializer
+from apikit.base import StrictSerializer
+from apikit.fields import AmountField, AssetField, AssetFilterField, ConstField, ObjectIdField, strict_char
+from apikit.pagination import ListParamsSerializer, list_serializer
+from apikit.shapes import Serializer
 
 S = serializers
-
-
-class ConstField(S.Field[Any, Any, Any, Any]):
-    """The `object` discriminator of every response object."""
-
-    def __init__(self, value: str, **kwargs: Any) -> None:
-        self.value = value
-        super().__init__(read_only=True, source="*", **kwargs)
-
-    def to_representation(self, value: Any) -> str:
-        return self.value
-
-
-class ConstFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
-    target_class = ConstField
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return {"type": "string", "enum": [self.target.value]}
 
 
 def _id() -> S.CharField:

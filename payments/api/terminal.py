@@ -7,9 +7,9 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apikit.base import TerminalViewSet
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.api.base import TerminalViewSet
 from payments.services import charges, refunds
 
 TAG = ["terminal"]

@@ -82,7 +82,7 @@ class IdempotencyMixin(APIView):
     It may run more than once (database conflicts are retried whole), so it must not
     touch anything outside the database.
     Exceptions become responses through ``self.handle_exception``, i.e. the faces' one
-    exception handler (payments/api/errors.py), which renders the SPEC envelope.
+    exception handler (apikit/errors.py), which renders the SPEC envelope.
 
     Then: 2xx and 402 are stored (exact rendered bytes, status, headers) and replayed;
     other 4xx are not stored (the next request with the key executes); 5xx and crashes

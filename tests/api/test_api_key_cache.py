@@ -33,7 +33,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from payments.api import throttling
+from apikit import throttling
 from payments.idempotency.models import IdempotencyRecord
 from payments.models import PaymentToken
 from tenants.models import Tenant

@@ -180,7 +180,7 @@ def test_throttle_windows_count_each_request_and_expire_once(api: Api, world: Wo
     in the window do not push it back. The throttles' clock is held inside one window."""
     from types import SimpleNamespace
 
-    from payments.api import throttling
+    from apikit import throttling
     from wallets.fastredis import fast_redis
 
     monkeypatch.setattr(throttling, "time", SimpleNamespace(time=lambda: 1_800_000_030.0))

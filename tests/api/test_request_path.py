@@ -60,7 +60,7 @@ def test_a_fresh_key_is_looked_up_once_in_the_throttles_call(api: Api, world: Wo
 def test_with_redis_unreachable_a_keyed_payment_still_executes_once(
     api: Api, world: World, funded: None, monkeypatch: Any, settings: Any
 ) -> None:
-    import payments.api.throttling as throttling
+    import apikit.throttling as throttling
     from payments.idempotency.cache import replay_cache_breaker_reset
 
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # refused: every fast_redis() caller falls back

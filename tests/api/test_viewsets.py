@@ -12,7 +12,7 @@ from typing import Any
 from django.urls import Resolver404, resolve
 from drf_spectacular.generators import SchemaGenerator
 
-from payments.api.base import FaceViewSet
+from apikit.base import FaceViewSet
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from tests.api.test_matrix import ENDPOINTS, Objects, objects  # noqa: F401 - the fixture

@@ -10,7 +10,7 @@
             a card top-up from the operator queue.
 A tenant's superuser (the demo `admin`) has every permission.
 
-The admin API face asks for the same permissions (payments.api.base.AdminViewSet), read
+The admin API face asks for the same permissions (apikit.base.AdminViewSet), read
 from the login at each request.
 """
 

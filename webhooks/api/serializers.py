@@ -7,11 +7,10 @@ from typing import Any
 
 from rest_framework import serializers as S
 
-from payments.api.base import StrictSerializer
-from payments.api.fields import strict_char
-from payments.api.pagination import list_serializer
-from payments.api.serializers import ConstField
-from payments.api.shapes import Serializer
+from apikit.base import StrictSerializer
+from apikit.fields import ConstField, strict_char
+from apikit.pagination import list_serializer
+from apikit.shapes import Serializer
 
 
 class WebhookEndpointOut(Serializer):

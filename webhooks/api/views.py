@@ -10,8 +10,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from payments.api.base import MerchantViewSet
-from payments.api.pagination import ListParamsSerializer
+from apikit.base import MerchantViewSet
+from apikit.pagination import ListParamsSerializer
 from wallets import selectors as wallet_selectors
 from webhooks import selectors as webhook_selectors
 from webhooks.api import serializers as s

@@ -88,3 +88,14 @@ def strict_char(**kwargs: Any) -> serializers.CharField:
     """Free text: bounded, trimmed; DRF already refuses NUL characters in CharField."""
     kwargs.setdefault("max_length", 200)
     return serializers.CharField(**kwargs)
+
+
+class ConstField(serializers.Field[Any, Any, Any, Any]):
+    """The `object` discriminator of every response object."""
+
+    def __init__(self, value: str, **kwargs: Any) -> None:
+        self.value = value
+        super().__init__(read_only=True, source="*", **kwargs)
+
+    def to_representation(self, value: Any) -> str:
+        return self.value

@@ -18,7 +18,7 @@ from django.core.validators import RegexValidator
 from django.db.models import Model, Q, QuerySet
 from rest_framework import serializers
 
-from payments.api.shapes import Serializer
+from apikit.shapes import Serializer
 
 # base64url without padding: the alphabet of every cursor `_encode` issues.
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"

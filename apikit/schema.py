@@ -12,7 +12,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from payments.api.fields import ASSET_CODE_RE
+from apikit.fields import ASSET_CODE_RE, ConstField
 from payments.idempotency.canonical import KEY_MAX_LENGTH, KEY_PATTERN
 from tenants.models import IdempotencyMode
 from wallets.money import MAX_AMOUNT
@@ -135,8 +135,15 @@ class TallyAutoSchema(AutoSchema):
         return responses
 
 
+class ConstFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    target_class = ConstField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {"type": "string", "enum": [self.target.value]}
+
+
 class AmountFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
-    target_class = "payments.api.fields.AmountField"
+    target_class = "apikit.fields.AmountField"
 
     def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
         return {"type": "integer", "minimum": 1, "maximum": MAX_AMOUNT}
@@ -145,7 +152,7 @@ class AmountFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-unt
 class AssetFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
     """On a tenant's host the asset codes are that tenant's, listed; elsewhere, their pattern."""
 
-    target_class = "payments.api.fields.AssetField"
+    target_class = "apikit.fields.AssetField"
     match_subclasses = True
 
     def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
@@ -160,7 +167,7 @@ class AssetFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-unty
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]
-    target_class = "payments.api.auth.ApiKeyAuthentication"
+    target_class = "apikit.auth.ApiKeyAuthentication"
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:

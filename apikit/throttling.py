@@ -5,7 +5,7 @@ scope, all in one Redis script call per request. A keyed POST to an internal-eff
 carries the idempotency layer's replay-cache GET in that call, so the first execution
 of a key costs one Redis round trip before the effect, not two; a request authenticated
 from the per-process key cache carries the GET of its tenant's API key epoch, which the
-view checks the cached key against (payments.api.auth.api_key_cache_confirm). Counters live in Redis
+view checks the cached key against (apikit.auth.api_key_cache_confirm). Counters live in Redis
 so every gunicorn worker and host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
 overridden per tenant in `Tenant.extra_settings["throttle_rates"]`.
 
@@ -26,7 +26,7 @@ from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
-from payments.api.principal import Principal
+from apikit.principal import Principal
 from payments.idempotency.cache import ReplayPrefetch, replay_cache_entry_decode, replay_cache_redis_key
 from payments.idempotency.canonical import idempotency_key_is_valid
 from wallets.fastredis import fast_redis
@@ -100,7 +100,7 @@ class KeyAndTenantThrottle(BaseThrottle):
         counts, got = answer
         if epoch_key is not None:
             # The tenant's API key epoch, for the view's check of a cached key
-            # (payments.api.auth.api_key_cache_confirm), in this same round trip.
+            # (apikit.auth.api_key_cache_confirm), in this same round trip.
             request._request.api_key_epoch_now = got.pop(0)  # type: ignore[attr-defined]
         if prefetch is not None:
             # The idempotency layer's replay-cache lookup, made in this same round trip.

@@ -10,8 +10,8 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from payments.api.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
-from payments.api.throttling import auth_failure_wait_seconds
+from apikit.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
+from apikit.throttling import auth_failure_wait_seconds
 from wallets.models import ApiKey, StaffMember
 from wallets.selectors import ApiKeyCacheHit, api_key_cache_fill, api_key_cache_get, staff_login_active
 from wallets.selectors import api_key_cache_confirm as api_key_cache_selectors_confirm

@@ -18,8 +18,8 @@ from __future__ import annotations
 from rest_framework.routers import DynamicRoute, Route, SimpleRouter
 from rest_framework.viewsets import ViewSetMixin
 
-from payments.api.base import FaceViewSet
-from payments.api.fields import OBJECT_ID_PATTERN
+from apikit.base import FaceViewSet
+from apikit.fields import OBJECT_ID_PATTERN
 
 
 class FaceRouter(SimpleRouter):

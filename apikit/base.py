@@ -3,7 +3,7 @@ limit, and the single plug-in point of the idempotency mechanism (SPEC 6).
 
 Viewsets stay thin: validate input with a serializer, call `payments.services` /
 `wallets.services` (writes) or selectors (reads), render the result. Their routes are
-built by the composition root (config/api_urls.py) with `payments.api.routers.FaceRouter`.
+built by the composition root (config/api_urls.py) with `apikit.routers.FaceRouter`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from payments.api.auth import ApiKeyAuthentication, FacePermission, StaffRolePermission, api_key_cache_confirm
-from payments.api.errors import BodyIncomplete, LengthRequired, PayloadTooLarge
-from payments.api.pagination import page
-from payments.api.parsers import StrictJSONParser
-from payments.api.principal import Principal
-from payments.api.shapes import Serializer
-from payments.api.throttling import KeyAndTenantThrottle, api_key_epoch_now
+from apikit.auth import ApiKeyAuthentication, FacePermission, StaffRolePermission, api_key_cache_confirm
+from apikit.errors import BodyIncomplete, LengthRequired, PayloadTooLarge
+from apikit.pagination import page
+from apikit.parsers import StrictJSONParser
+from apikit.principal import Principal
+from apikit.shapes import Serializer
+from apikit.throttling import KeyAndTenantThrottle, api_key_epoch_now
 from payments.idempotency.drf import IdempotencyMixin
 from wallets.models import Customer, StaffMember, Terminal
 
