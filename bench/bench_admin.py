@@ -1,4 +1,4 @@
-"""Time the tenant admin's payment list (changelist) at a million payments (issue 11).
+"""Time the tenant admin's payment list (changelist) at a million payments.
 
     .venv/bin/python bench/bench_admin.py --rows 1000000 --requests 40
 
