@@ -133,7 +133,7 @@ def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str]
 # KEYS: the window counters, then the keys to read. ARGV: how many counters, then each
 # counter's TTL (s). INCR each counter (its TTL set when it has none) and GET each key to
 # read, in one command: a pipeline of the same commands cost the request's Python a
-# command object, packing and a reply callback per command (tenth pass).
+# command object, packing and a reply callback per command.
 _WINDOWS_COUNT_LUA = b"""
 local counters = tonumber(ARGV[1])
 local out = {}

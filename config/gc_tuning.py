@@ -4,7 +4,7 @@ A gunicorn worker holds about 133,000 objects that live as long as it does: modu
 settings, URL patterns, views and serializers, compiled statements. CPython's oldest
 generation is collected whenever enough objects have survived into it, and each such
 collection walks every one of those objects again: 85-92 ms a time here, during which the
-request in hand waits (docs/BENCHMARKS.md, issue 13, eighth pass). `gc.freeze()` moves
+request in hand waits (bench/bench_request_cpu.py --gc-freeze). `gc.freeze()` moves
 everything alive at that moment into a permanent generation that collections skip, so
 they walk only what requests made since. Nothing is leaked by it: frozen objects are
 freed by reference counting as before; only garbage cycles among them would stay, and

@@ -5,7 +5,7 @@ import os
 from prometheus_client import multiprocess
 
 bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
-# Measured on 2 cores (docs/BENCHMARKS.md, HTTP section): 3 sync workers beat 4 and 6;
+# Measured on 2 cores (bench/bench_http.py): 3 sync workers beat 4 and 6;
 # a request is mostly Python CPU, and PostgreSQL needs the rest of the second core.
 workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
 # The sync worker, answering the errors gunicorn handles itself in the SPEC 5 envelope.

@@ -70,7 +70,7 @@ class NoAccessLogger(Logger):  # type: ignore[misc]
     logs one JSON line per request (config.observability.MetricsMiddleware); gunicorn
     counts its access log as on whenever `logconfig_dict` is set, as ours is for JSON error
     lines, and then worked out every access-log field of every request only for the record
-    to go nowhere: about 1% of a worker's CPU (docs/BENCHMARKS.md, issue 13, eighth pass).
+    to go nowhere: about 1% of a worker's CPU.
     An access log named explicitly (`--access-logfile`) is still written."""
 
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:

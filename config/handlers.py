@@ -6,7 +6,7 @@ reads a session), every view under /v1/ is CSRF-exempt (tests/api/test_api_handl
 walks them), and no API view logs in or adds a message. On an API request they still ran,
 each wrapping the next: sessions, CSRF, the session user, messages and django-axes'
 lockout check. Skipping them is 2-3% of a keyed payment's instructions
-(docs/BENCHMARKS.md, issue 13, eleventh pass). Answers on /v1/ are the same down either
+(bench/bench_request_cpu.py). Answers on /v1/ are the same down either
 chain, body, headers and cookies (tested), but for what those middleware did for a
 browser that the API never uses: the whole chain gave the API docs pages a `csrftoken`
 cookie, replaced a malformed CSRF cookie and cleared a malformed session cookie, each with

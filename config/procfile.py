@@ -3,11 +3,11 @@ the time and its name, and all of them stopped when one exits, on Ctrl-C, or on 
 SIGHUP (a closed terminal: the children, in sessions of their own, would not get it) or
 SIGQUIT.
 
-This replaced honcho, which relays every line through a helper process per child and a
+honcho, the usual runner, relays every line through a helper process per child and a
 multiprocessing queue (a pickle and two pipe hops a line). Under `make run`'s load that
-was 1.0-1.2 s of CPU every 10 s on the two cores the payments need: about three lines a
+costs 1.0-1.2 s of CPU every 10 s on the two cores the payments need: about three lines a
 payment (the request, the webhook attempt, the receiver's), at 0.13-0.44 ms each
-(docs/BENCHMARKS.md, issue 13, twelfth pass). Here one thread per process reads its pipe
+(measured with bench/cpu_by_process.py). Here one thread per process reads its pipe
 and writes whole lines under one lock.
 
 Each process starts in its own session, so stopping it reaches what it started too

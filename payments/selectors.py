@@ -221,7 +221,7 @@ def _mandate_active_statement(customer_id: object, merchant_id: object) -> Query
 
 # Every charge by customer id in a tenant that asks for mandates runs this before it locks
 # anything: compiled once and prepared (wallets.compiled), since Django's compilation of
-# it cost more Python than the rest of the check (docs/BENCHMARKS.md, issue 13).
+# it cost more Python than the rest of the check.
 _MANDATE_ACTIVE = CompiledQuery(_mandate_active_statement(Param("customer"), Param("merchant")), prepared=True)
 
 

@@ -1,4 +1,4 @@
-"""The back office in a real browser (issue 11): headless Chromium against a live gunicorn
+"""The back office in a real browser: headless Chromium against a live gunicorn
 serving the demo tenant that `make run` seeds, logged in with the login the seed prints.
 
 Opens a payment, refunds part of it through the admin's staff action (confirmation page),

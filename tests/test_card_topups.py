@@ -559,7 +559,7 @@ def test_an_idempotency_conflict_at_the_psp_is_an_unknown_outcome_not_a_refusal(
 def test_a_psp_refusal_fails_the_top_up_at_once_with_a_402_that_replays(live: Live) -> None:
     """The PSP refuses the request itself (Stripe's `amount_too_small`): nothing was charged,
     and asking again is refused again. The top-up fails now with its own code, a 402 stored
-    and replayed; it used to be a 503 `psp_unavailable` with the top-up pending for good."""
+    and replayed, not a 503 `psp_unavailable` with the top-up pending for good."""
     live.sim.faults(min_charge_amount=50)
     idem = uuid.uuid4().hex
     r = live.post(idem, visa(1))
@@ -626,7 +626,7 @@ def test_a_retry_that_cannot_reach_the_psp_leaves_a_maybe_charged_top_up_pending
 def test_a_late_charge_on_a_top_up_failed_with_any_code_is_refunded_once(quiet: Simulator) -> None:
     """A top-up failed as `not_charged` (the PSP's search showed no charge yet) whose charge
     then surfaces: the charge is recorded on the failed top-up and the card refunded, once.
-    Refunds used to be due only for `cap_exceeded` and `wallet_frozen`: this money was kept."""
+    Whatever the failure code, a charge on a failed top-up is refunded, never kept."""
     from datetime import timedelta
 
     from django.utils import timezone

@@ -634,7 +634,7 @@ def test_savepoint_names_start_again_only_when_a_transaction_has_ended(live_tena
 def test_a_batch_that_fails_before_its_savepoint_opens_dooms_the_transaction_not_an_earlier_batch(tenant: Tenant) -> None:
     """A batch that fails in Python before anything is sent (a payload JSON cannot encode)
     has no savepoint yet: it must not go back to an earlier batch's (as one savepoint name
-    shared by every batch did, measured in the sixth pass), which would undo the earlier
+    shared by every batch would), which would undo the earlier
     batch's rows and let the transaction commit without them. The whole transaction is
     marked for rollback instead."""
     when = timezone.now()

@@ -1,5 +1,5 @@
-"""`make run` prints a login that works whether or not the database already existed
-(issue 11): the seed sets the printed password on every run, for the demo tenant's staff
+"""`make run` prints a login that works whether or not the database already existed:
+the seed sets the printed password on every run, for the demo tenant's staff
 (one login per role) and for the platform admin (a separate login in the public schema)."""
 
 from __future__ import annotations

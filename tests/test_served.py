@@ -1,4 +1,4 @@
-"""Served like production (issue 11): gunicorn + whitenoise answer the admin's CSS from the
+"""Served like production: gunicorn + whitenoise answer the admin's CSS from the
 collected STATIC_ROOT, and the API docs load their assets from us, not from a CDN."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""What the idempotency engine's external path needed before the top-up view could use it
-(issue 10): `on_claim` idempotent across lease takeovers, a discarded 4xx undoing the
+"""What the idempotency engine's external path needed before the top-up view could use it:
+`on_claim` idempotent across lease takeovers, a discarded 4xx undoing the
 pending object `on_claim` wrote, final writes inside the fenced completion, a takeover of
 a failed_retryable record for the recovery. Real PostgreSQL, committed rows."""
 

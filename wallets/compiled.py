@@ -2,7 +2,7 @@
 
 Django compiles a QuerySet to SQL on every execution: resolving lookups through joins,
 quoting, building `CASE` expressions. On the payment path that compilation cost more
-Python than everything else the payment does (docs/BENCHMARKS.md, issue 13). A compiled
+Python than everything else the payment does (bench/bench_request_cpu.py). A compiled
 statement is an ordinary QuerySet built once with `Param` placeholders where its values
 go; its first execution compiles it through Django's compiler, and later executions reuse
 that SQL with new values, through the same compiler machinery: rows still come back as
@@ -51,7 +51,7 @@ _MAX_CONVERTER_ENTRIES = 8
 # parses the whole string again on every execute past that. A payment's batch has 28
 # parameters besides its entries' 5 each: 38 with two entries, 48 with four (one reward),
 # and with six as VALUES rows it would have 58, so six go as arrays (33)
-# (tests/test_ledger.py; docs/BENCHMARKS.md, issue 13, eighteenth pass).
+# (tests/test_ledger.py).
 VALUES_ROWS_MAX = 4
 
 
@@ -116,7 +116,7 @@ class _Compiled:
         select's converters come from its columns' fields (PostgreSQL's operations add
         none), and its columns are the prepared compiler's own objects, so every execution
         asked again for the same answer: 0.09 ms of Python for a payment's locking select
-        (docs/BENCHMARKS.md, issue 13, sixth pass). The entry keeps the expressions it was
+        (bench/bench_request_cpu.py). The entry keeps the expressions it was
         worked out for, so an id in its key cannot be reused by another object while it
         is kept."""
         key = tuple(map(id, expressions))
@@ -347,7 +347,7 @@ class InsertBatch:
 
     A statement costs Python whatever it does (a Django cursor, psycopg's query
     conversion, the round trip); the savepoint and four inserts a payment makes before it
-    locks its rows went as five (docs/BENCHMARKS.md, issue 13, fifth pass).
+    locks its rows would go as five.
     Several statements in one string need psycopg's client-side binding, Django's default;
     on a connection with server-side binding (`OPTIONS["server_side_binding"]`) each goes
     on its own (`sends_statements_together`). An insert that must go through `save()` (a
@@ -467,8 +467,7 @@ def sends_statements_together(connection: Any) -> bool:
 def _batch_savepoint_name(connection: Any) -> str:
     """A name no earlier savepoint of this transaction has. One name shared by every batch
     would let a batch that fails before its SAVEPOINT ran go back to an earlier batch's
-    savepoint of the same name, undoing that batch (docs/BENCHMARKS.md, issue 13, sixth
-    pass). The project's backend (tenants.postgresql_backend, the only ENGINE) counts
+    savepoint of the same name, undoing that batch. The project's backend (tenants.postgresql_backend, the only ENGINE) counts
     them per transaction, so the payment's batch string is the same on every payment and
-    psycopg converts it once (tenth pass)."""
+    psycopg converts it once."""
     return str(connection.savepoint_name_in_transaction("tally_batch"))

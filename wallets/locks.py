@@ -177,7 +177,7 @@ def _locking_select(matches: Q) -> QuerySet[Balance]:
 
 # Columns of the joined rows no movement reads once its balance rows are locked: leaving
 # them out spares parsing two timestamps per row on every payment (about 1% of its
-# instructions: docs/BENCHMARKS.md, issue 13, eleventh pass). Reading one would cost a
+# instructions). Reading one would cost a
 # statement per row; tests/test_ledger.py checks that no movement does.
 UNREAD_JOINED_COLUMNS = ("account__created", "asset__created")
 

@@ -38,7 +38,7 @@ def _socket_open(address: str, port: int) -> socket.socket:
     """A TCP connection with the timeouts, and without Nagle's algorithm, as http.client's
     own `connect` sets: http.client sends a request's headers and body in two writes, and
     on a kept connection Nagle holds the body back until the receiver's delayed ACK of the
-    headers, 40 ms a delivery on Linux (bench_relay_cpu.py: 85 ms an event without this
+    headers, 40 ms a delivery on Linux (85 ms an event without this
     and `_ack_promptly`, 43 ms without this alone)."""
     sock = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_SECONDS)
     try:
@@ -55,7 +55,7 @@ def _ack_promptly(sock: socket.socket | None) -> None:
     itself, so it is set for each answer). A receiver that writes its headers and body in
     two sends with Nagle's algorithm on (Python's http.server does) holds the body back
     until the headers are ACKed; on a kept connection, with delayed ACKs, that is 40 ms a
-    delivery (bench_relay_cpu.py: 43 ms an event, 0.8 ms with this)."""
+    delivery (43 ms an event, 0.8 ms with this)."""
     if sock is not None and hasattr(socket, "TCP_QUICKACK"):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
@@ -76,7 +76,7 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
 def _tls_context() -> ssl.SSLContext:
     """The process's TLS client context: the system's CA bundle, certificates and names
     verified (`ssl.create_default_context`). One per process: building it loads the CA
-    bundle, 29 ms of CPU on the benchmark machine, which every HTTPS delivery used to pay.
+    bundle, 29 ms of CPU on the benchmark machine, which every HTTPS delivery would pay.
     An SSLContext serves any number of connections, from any thread; shared by every
     delivery, it must never be changed after it is built (verify mode, trust, ALPN).
     A changed CA bundle on disk is read when the worker restarts."""

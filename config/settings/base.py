@@ -239,7 +239,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in work
 CELERY_TASK_TENANT_CACHE_SECONDS = int(TENANT_CACHE_SECONDS)
 # Beat entries (synced into django_celery_beat by the DatabaseScheduler); add yours by key.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
-# Idempotency retention: purge records past replay + tombstone windows, per tenant (issue 4).
+# Idempotency retention: purge records past replay + tombstone windows, per tenant.
 CELERY_BEAT_SCHEDULE["idempotency-purge"] = {"task": "idempotency.purge_all_tenants", "schedule": 600.0}
 # The outbox relay's sweep, per tenant: catches every event an after-commit kick missed
 # and sends the webhook retries that have come due (SPEC 8).
@@ -284,7 +284,7 @@ TALLY_OUTBOX_RELAY_KICK = env.bool("TALLY_OUTBOX_RELAY_KICK", default=True)
 # Test-only: the relay sleeps this long holding a claimed batch (the SIGKILL test). 0 = off.
 TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS = env.float("TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS", default=0.0)
 
-# --- Card top-ups and PSPs (issue 10; payments/services/topup_saga.py) ---------------
+# --- Card top-ups and PSPs (payments/services/topup_saga.py) -------------------------
 # The inline PSP call's timeout, and the lease of a top-up's idempotency claim: the lease
 # must outlast the call, so only a crashed or stalled holder's claim is ever taken over.
 TALLY_PSP_TIMEOUT_SECONDS = env.float("TALLY_PSP_TIMEOUT_SECONDS", default=10.0)

@@ -103,13 +103,13 @@ class _RelayKick:
 # Why only the kicked relay clears it: when any relay's start cleared the mark, a beat
 # sweep's relay starting while a kicked one waited out its countdown let the next commit
 # kick a second one, and from then on two kicked relays alternated, each re-kicked after
-# its own start: relays every 50 ms, not 100, with half the events a run (docs/BENCHMARKS.md,
-# issue 13, twelfth pass). With the token at most one kicked relay is pending at a time.
+# its own start: relays every 50 ms, not 100, with half the events a run (measured
+# under load). With the token at most one kicked relay is pending at a time.
 #
 # Relays of one schema also start at most every RELAY_MIN_INTERVAL_MS: a kick that comes
 # sooner after the last relay started sends its task with a countdown for the rest of the
 # interval. A relay run costs ~4 ms of CPU and 9 statements whatever it finds
-# (bench/bench_relay_cpu.py: 5.6 ms per event at one event a run, 2.6 at twenty), and
+# (5.6 ms per event at one event a run, 2.6 at twenty), and
 # under steady payments a run per commit took that from the web workers on the same
 # cores. The interval adds at most itself to an event's lag; the first event after a
 # quiet spell waits for nothing. Each step is one Lua script, one round trip, timed by

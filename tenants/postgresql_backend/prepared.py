@@ -3,10 +3,10 @@ client-side binding.
 
 PostgreSQL parses, analyses and plans every statement it is sent; for the payment path's
 wide statements (the locking select of the balance rows joins three tables) that was
-about 40% of the backend's CPU per payment (docs/BENCHMARKS.md, issue 13, seventh pass).
+about 40% of the backend's CPU per payment (bench/bench_request_cpu.py).
 psycopg's own prepared statements need server-side binding, which would send the
 payment's batch of inserts (`wallets.compiled.InsertBatch`) statement by statement and
-costs more Python than it saves (seventh pass). So Django keeps its client-side binding,
+costs more Python than it saves. So Django keeps its client-side binding,
 and only the statements registered here go as prepared statements: on its first use on a
 connection a registered statement is sent once as `PREPARE tally_<hash> (...) AS <its SQL
 with $1..$n>`, and from then on as `EXECUTE tally_<hash> (<values>)`, the values bound

@@ -1,4 +1,4 @@
-"""The back office (issue 11): the tenant admin for every model, money in the asset's
+"""The back office: the tenant admin for every model, money in the asset's
 units, staff actions (confirmation, own idempotency key, same services as the API),
 roles, maker-checker, login throttling and the append-only audit log."""
 

@@ -1,7 +1,7 @@
 """A request body is read whole before anything runs, or the request is refused (SPEC 1).
 
-WSGI hands Django a chunked body (no Content-Length) as empty, so a view used to run on
-`{}`: a capture of 50 captured everything. The in-process test builds the environ gunicorn
+WSGI hands Django a chunked body (no Content-Length) as empty, so without the refusal a
+view would run on `{}`: a capture of 50 would capture everything. The in-process test builds the environ gunicorn
 builds; the live tests send raw bytes to a real gunicorn, which the test client never does
 (nor can it send a body shorter than its Content-Length).
 """

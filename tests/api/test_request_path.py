@@ -1,4 +1,4 @@
-"""The request path's shortcuts keep the contracts (issue 13).
+"""The request path's shortcuts keep the contracts.
 
 The throttles' Redis call carries the replay-cache GET of a keyed POST, so the layer
 does not make its own lookup; a replay served from that prefetched entry is the stored

@@ -1,4 +1,4 @@
-"""Reconciliation against the PSP (issues 10 and 11): our charged card top-ups match the
+"""Reconciliation against the PSP: our charged card top-ups match the
 real simulator's daily settlement report on clean data; a line of ours the PSP never
 settled, and a PSP charge we have no record of, are each found."""
 

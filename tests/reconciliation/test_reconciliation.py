@@ -1,4 +1,4 @@
-"""Reconciliation (issue 11): each kind of discrepancy is found when planted, nothing on
+"""Reconciliation: each kind of discrepancy is found when planted, nothing on
 clean data; `manage.py reconcile` exits 1 with findings and 0 when clean; the schedule
 lives in django-celery-beat and survives an admin's edit. Fixtures: conftest.py here.
 """

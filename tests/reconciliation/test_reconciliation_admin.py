@@ -1,4 +1,4 @@
-"""Reconciliation in the admin (issue 11): the dashboard renders its SVG charts from stored
+"""Reconciliation in the admin: the dashboard renders its SVG charts from stored
 runs, "Run now" runs one (eager Celery in tests), findings link to the rows they concern,
 and the CSV exports of a report and of the ledger stream."""
 
