@@ -171,4 +171,4 @@ DROP FUNCTION IF EXISTS tally_customer_reward_credit(text, text, bigint, bigint)
 class Migration(migrations.Migration):
     dependencies = [("payments", "0001_initial")]
 
-    operations = [migrations.RunSQL(FORWARD, BACKWARD)]
+    operations = [migrations.RunSQL(FORWARD, BACKWARD, elidable=True)]

@@ -153,4 +153,4 @@ class Migration(migrations.Migration):
     dependencies = [("payments", "0003_payment_hot_path_indexes")]
 
     # Backwards: 0002's definition (same signature) is restored by re-running 0002's SQL.
-    operations = [migrations.RunSQL(FORWARD, import_module("payments.migrations.0002_payment_hot_path").FORWARD)]
+    operations = [migrations.RunSQL(FORWARD, import_module("payments.migrations.0002_payment_hot_path").FORWARD, elidable=True)]

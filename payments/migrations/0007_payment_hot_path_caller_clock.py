@@ -160,4 +160,4 @@ DROP FUNCTION IF EXISTS tally_payment_create(text, text, text, text, text, text,
 class Migration(migrations.Migration):
     dependencies = [("payments", "0006_drop_pattern_indexes_on_hot_tables")]
 
-    operations = [migrations.RunSQL(FORWARD, BACKWARD)]
+    operations = [migrations.RunSQL(FORWARD, BACKWARD, elidable=True)]

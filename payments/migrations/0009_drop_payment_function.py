@@ -23,4 +23,4 @@ BACKWARD = (
 class Migration(migrations.Migration):
     dependencies = [("payments", "0008_payment_token_single_use")]
 
-    operations = [migrations.RunSQL(FORWARD, BACKWARD)]
+    operations = [migrations.RunSQL(FORWARD, BACKWARD, elidable=True)]
