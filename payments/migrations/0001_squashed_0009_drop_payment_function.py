@@ -7,8 +7,10 @@ What still exists is here: the tables, their CHECK and unique constraints and in
 the removal of the `*_like` indexes on the hot tables' char ids (0006).
 
 A database migrated with the old chain has 0001-0009 recorded as applied; Django then
-records this migration as applied too (`replaces`) and runs nothing.
-tests/tools/payments_squash_proof.py shows both schemas are the same.
+records this migration as applied too (`replaces`) and runs nothing, though the replaced
+files are gone. tests/tools/payments_squash_proof.py shows both schemas are the same. A
+database stopped part-way through 0001-0009 must first migrate with a release that still
+has them (any release before the squash).
 """
 
 from typing import Any
