@@ -3,8 +3,8 @@ working: the same schema either way.
 
     python tests/tools/payments_squash_proof.py [--old-commit SHA] [--keep]
 
-1. Exports the code before the squash (default: the parent of the commit that removed
-   payments/migrations/0002_payment_hot_path.py) with `git archive`.
+1. Exports the code before the squash (default: the parent of the commit that added it)
+   with `git archive`.
 2. Database "old": that code migrates it (public schema, the tenant template) and creates a
    tenant; then this checkout's code runs `migrate_schemas` on it, as an upgrade does.
 3. Database "new": this checkout's code migrates a fresh database and creates the same tenant.
@@ -42,14 +42,11 @@ def _git(*args: str) -> str:
 
 
 def old_commit_default() -> str:
-    """The last commit whose tree has the old chain: the parent of the one that removed it
-    (or HEAD, while the old files are still there)."""
-    if (ROOT / REMOVED).exists():
-        return _git("rev-parse", "HEAD")
-    removing = _git("log", "-1", "--format=%H", "--diff-filter=D", "--", REMOVED)
-    if not removing:
-        raise SystemExit(f"no commit removed {REMOVED}: pass --old-commit")
-    return _git("rev-parse", f"{removing}^")
+    """The last commit with the old chain only: the parent of the one that added the squash."""
+    adding = _git("log", "--format=%H", "--diff-filter=A", "--", f"payments/migrations/{SQUASH}.py").splitlines()
+    if not adding:
+        raise SystemExit(f"no commit added {SQUASH}: pass --old-commit")
+    return _git("rev-parse", f"{adding[-1]}^")
 
 
 def export(commit: str, into: Path) -> None:
