@@ -79,10 +79,26 @@ class ObjectIdField(serializers.RegexField):
         super().__init__(pattern, max_length=48, error_messages={"invalid": f"must be an id starting with {prefix}_"}, **kwargs)
 
 
+# Free text as the schema states it: no NUL character (DRF refuses them), and, unless blank
+# is allowed, something besides whitespace (DRF trims it, then refuses an empty value).
+TEXT_PATTERN = r"^[^\x00]*$"
+NON_BLANK_TEXT_PATTERN = r"^\s*[^\s\x00][^\x00]*$"
+
+
+class TextField(serializers.CharField):
+    """Free text: bounded as sent (before DRF trims surrounding whitespace, so the schema's
+    maxLength is the rule), trimmed, no NUL; its schema states the pattern."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if isinstance(data, str) and self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
+        return str(super().to_internal_value(data))
+
+
 def strict_char(**kwargs: Any) -> serializers.CharField:
-    """Free text: bounded, trimmed; DRF already refuses NUL characters in CharField."""
+    """Free text: bounded, trimmed; NUL characters refused."""
     kwargs.setdefault("max_length", 200)
-    return serializers.CharField(**kwargs)
+    return TextField(**kwargs)
 
 
 class ConstField(serializers.Field[Any, Any, Any, Any]):

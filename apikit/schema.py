@@ -14,7 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
 from apikit.base import StrictSerializer
-from apikit.fields import ASSET_CODE_RE, ConstField
+from apikit.fields import ASSET_CODE_RE, NON_BLANK_TEXT_PATTERN, TEXT_PATTERN, ConstField
 from payments.idempotency.canonical import KEY_MAX_LENGTH, KEY_PATTERN
 from tenants.models import IdempotencyMode
 from wallets.money import MAX_AMOUNT
@@ -160,6 +160,16 @@ class AmountFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-unt
 
     def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
         return {"type": "integer", "minimum": 1, "maximum": MAX_AMOUNT}
+
+
+class TextFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    target_class = "apikit.fields.TextField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        if direction == "request":
+            schema["pattern"] = TEXT_PATTERN if self.target.allow_blank else NON_BLANK_TEXT_PATTERN
+        return schema
 
 
 class AssetFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]

@@ -132,3 +132,14 @@ def test_webhook_endpoint_fields_state_what_the_server_takes(doc: dict[str, Any]
     monkeypatch.setattr(endpoint_services, "MAX_ENDPOINTS_PER_MERCHANT", 1)
     r = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, body)
     assert r.status_code == 409 and error_of(r)["code"] == "webhook_endpoint_limit_reached"
+
+
+def test_free_text_states_its_rules_as_sent(doc: dict[str, Any], api: Api, world: World) -> None:
+    merchant = _body_schema(doc, "/v1/admin/merchants")
+    for name in ("a\x00b", " \r\n", "", "\r" + "x" * 200):  # NUL, blank once trimmed, too long as sent
+        assert not _valid(merchant, {"name": name}), name
+        r = api.post("/v1/admin/merchants", world.staff.key, {"name": name})
+        assert r.status_code == 400 and error_of(r)["param"] == "name", (name, r.content)
+    assert _valid(merchant, {"name": "  Shop  "})
+    r = api.post("/v1/admin/merchants", world.staff.key, {"name": "  Shop  "})
+    assert r.status_code == 201 and r.json()["name"] == "Shop"  # trimmed, as before
