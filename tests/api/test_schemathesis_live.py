@@ -34,6 +34,10 @@ CONFIG = """
 [checks.positive_data_acceptance]
 expected-statuses = ["2xx", "401", "402", "403", "404", "409", "429"]
 
+# Refusals of schema-violating requests include the size limits (docs/schemathesis.toml).
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "414", "415", "422", "428", "429", "431", "5xx"]
+
 # Stateful scenarios follow the schema's links (create -> retrieve/actions): positive data
 # only, and enough scenarios that creations succeed and their links are walked.
 [phases.stateful]
