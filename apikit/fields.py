@@ -14,7 +14,6 @@ from wallets.selectors import asset_exists
 ASSET_CODE_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,11}$")
 # An object id (`cus_...`): in request bodies (ObjectIdField) and as the routers' lookup.
 OBJECT_ID_PATTERN = r"[a-z]{2,4}_[A-Za-z0-9]{1,40}"
-OBJECT_ID_RE = re.compile(rf"^{OBJECT_ID_PATTERN}$")
 
 
 class AmountField(serializers.Field[int, int, int, Any]):
@@ -51,7 +50,8 @@ class AmountField(serializers.Field[int, int, int, Any]):
 
 
 class AssetField(serializers.RegexField):
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, kinds: tuple[str, ...] | None = None, **kwargs: Any) -> None:
+        self.kinds = kinds  # the asset kinds this field takes (None: any); the schema lists their codes
         kwargs.setdefault("help_text", "Asset code, e.g. JPY, POINT, CARBON.")
         super().__init__(ASSET_CODE_RE, max_length=12, error_messages={"invalid": "unknown asset code"}, **kwargs)
 
@@ -75,19 +75,30 @@ class ObjectIdField(serializers.RegexField):
     def __init__(self, prefix: str, **kwargs: Any) -> None:
         self.prefix = prefix
         kwargs.setdefault("help_text", f"Id of the object (`{prefix}_...`).")
-        super().__init__(OBJECT_ID_RE, max_length=48, error_messages={"invalid": f"must be an id starting with {prefix}_"}, **kwargs)
+        pattern = re.compile(rf"^{re.escape(prefix)}_[A-Za-z0-9]{{1,40}}$")  # OBJECT_ID_PATTERN with this type's prefix
+        super().__init__(pattern, max_length=48, error_messages={"invalid": f"must be an id starting with {prefix}_"}, **kwargs)
+
+
+# Free text as the schema states it: no NUL character (DRF refuses them), and, unless blank
+# is allowed, something besides whitespace (DRF trims it, then refuses an empty value).
+TEXT_PATTERN = r"^[^\x00]*$"
+NON_BLANK_TEXT_PATTERN = r"^\s*[^\s\x00][^\x00]*$"
+
+
+class TextField(serializers.CharField):
+    """Free text: bounded as sent (before DRF trims surrounding whitespace, so the schema's
+    maxLength is the rule), trimmed, no NUL; its schema states the pattern."""
 
     def to_internal_value(self, data: Any) -> str:
-        value = str(super().to_internal_value(data))
-        if not value.startswith(self.prefix + "_"):
-            self.fail("invalid")
-        return value
+        if isinstance(data, str) and self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)
+        return str(super().to_internal_value(data))
 
 
 def strict_char(**kwargs: Any) -> serializers.CharField:
-    """Free text: bounded, trimmed; DRF already refuses NUL characters in CharField."""
+    """Free text: bounded, trimmed; NUL characters refused."""
     kwargs.setdefault("max_length", 200)
-    return serializers.CharField(**kwargs)
+    return TextField(**kwargs)
 
 
 class ConstField(serializers.Field[Any, Any, Any, Any]):

@@ -1,17 +1,17 @@
 """Cursor pagination: `{object: "list", data, next_cursor}`, newest first.
 
-The cursor is an opaque token over the last row's (created, id): stable under inserts
+The cursor is a position after the last row's (created, id): stable under inserts
 (new rows land before the first page, never inside a later one) and O(limit) per page
-at any depth, unlike offsets.
+at any depth, unlike offsets. It is written `<created, microseconds since 1970>.<id>` and
+clients treat it as opaque; every string of that form is a position, so the schema's
+pattern is the whole rule: anything else is 400 `cursor_invalid`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
+import re
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from django.core.validators import RegexValidator
@@ -20,8 +20,13 @@ from rest_framework import serializers
 
 from apikit.shapes import Serializer
 
-# base64url without padding: the alphabet of every cursor `_encode` issues.
-CURSOR_PATTERN = r"^[A-Za-z0-9_-]+$"
+# Microseconds since 1970 (16 digits reach the year 2286), a dot, the row's id: digits for
+# an integer key (18 fit a bigint), else a string id's characters.
+CURSOR_PATTERN = r"^[0-9]{1,16}\.[A-Za-z0-9_]{1,64}$"
+CURSOR_MAX_LENGTH = 81
+_CURSOR_RE = re.compile(r"([0-9]{1,16})\.([A-Za-z0-9_]{1,64})")
+_INT_PK_RE = re.compile(r"[0-9]{1,18}")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 
@@ -29,23 +34,15 @@ M = TypeVar("M", bound=Model)
 
 
 def _encode(created: datetime, pk: str | int) -> str:
-    raw = json.dumps([created.isoformat(), pk], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return f"{(created - _EPOCH) // timedelta(microseconds=1)}.{pk}"
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str | int]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_iso, pk = json.loads(raw)
-        created = datetime.fromisoformat(created_iso)
-        valid_pk = (isinstance(pk, str) and "\x00" not in pk and len(pk) <= 64) or (
-            isinstance(pk, int) and not isinstance(pk, bool) and 0 < pk < 2**63
-        )
-        if not valid_pk or created.tzinfo is None:
-            raise ValueError(pk)
-        return created, pk
-    except (ValueError, TypeError, OverflowError, binascii.Error, UnicodeDecodeError):
-        raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]}) from None
+    match = _CURSOR_RE.fullmatch(cursor)
+    if match is None:
+        raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]})
+    micros, pk = match.groups()
+    return _EPOCH + timedelta(microseconds=int(micros)), int(pk) if _INT_PK_RE.fullmatch(pk) else pk
 
 
 class ListParamsSerializer(Serializer):
@@ -56,11 +53,11 @@ class ListParamsSerializer(Serializer):
     )
     cursor = serializers.CharField(
         required=False,
-        max_length=512,
+        max_length=CURSOR_MAX_LENGTH,
         validators=[RegexValidator(CURSOR_PATTERN, message="invalid cursor", code="cursor_invalid")],
         help_text=(
             "Opaque: the `next_cursor` of the previous page, passed back unchanged. "
-            "A cursor that was not issued by this list is refused (400 `cursor_invalid`)."
+            "A value not of the documented form is refused (400 `cursor_invalid`)."
         ),
     )
     created_gte = serializers.DateTimeField(required=False, help_text="Only objects created at or after this time (ISO 8601).")
@@ -83,9 +80,10 @@ def page(
         created, pk = decode_cursor(params["cursor"])
         pk_field = queryset.model._meta.pk
         int_pk = pk_field is not None and pk_field.get_internal_type() in {"AutoField", "BigAutoField"}
-        if isinstance(pk, int) != int_pk:  # a cursor from another list
-            raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]})
-        qs = qs.filter(Q(created__lt=created) | Q(created=created, pk__lt=pk))
+        if isinstance(pk, int) == int_pk:
+            qs = qs.filter(Q(created__lt=created) | Q(created=created, pk__lt=pk))
+        else:  # an id of the other kind (another list's cursor): integer ids sort before string ids
+            qs = qs.filter(created__lte=created) if int_pk else qs.filter(created__lt=created)
     rows = list(qs.order_by("-created", "-pk")[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]

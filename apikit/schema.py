@@ -3,6 +3,7 @@ operation, and the Idempotency-Key header on every POST."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.db import connection
@@ -12,7 +13,8 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import serializers
 
-from apikit.fields import ASSET_CODE_RE, ConstField
+from apikit.base import StrictSerializer
+from apikit.fields import ASSET_CODE_RE, NON_BLANK_TEXT_PATTERN, TEXT_PATTERN, ConstField
 from payments.idempotency.canonical import KEY_MAX_LENGTH, KEY_PATTERN
 from tenants.models import IdempotencyMode
 from wallets.money import MAX_AMOUNT
@@ -122,6 +124,17 @@ class TallyAutoSchema(AutoSchema):
         parts = [p for p in self.path.split("/") if p and not p.startswith("{")]
         return [parts[1]] if len(parts) > 1 and parts[0] == "v1" else super().get_tags()
 
+    def _map_basic_serializer(self, serializer: Any, direction: str) -> dict[str, Any]:
+        # A strict request body refuses unknown fields (400 `parameter_unknown`): say so.
+        schema: dict[str, Any] = super()._map_basic_serializer(serializer, direction)  # type: ignore[no-untyped-call]
+        if direction == "request" and isinstance(serializer, StrictSerializer):
+            schema["additionalProperties"] = False
+            # Two fields of which exactly one must be given (e.g. customer or merchant).
+            pair = getattr(serializer, "exactly_one_of", None)
+            if pair:
+                schema["oneOf"] = [{"required": [name]} for name in pair]
+        return schema
+
     def _get_response_bodies(self, direction: str = "response") -> dict[str, Any]:
         responses: dict[str, Any] = super()._get_response_bodies(direction)  # type: ignore[arg-type]
         if not self.path.startswith("/v1/"):
@@ -149,6 +162,16 @@ class AmountFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-unt
         return {"type": "integer", "minimum": 1, "maximum": MAX_AMOUNT}
 
 
+class TextFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
+    target_class = "apikit.fields.TextField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer_field(self.target, direction, bypass_extensions=True)
+        if direction == "request":
+            schema["pattern"] = TEXT_PATTERN if self.target.allow_blank else NON_BLANK_TEXT_PATTERN
+        return schema
+
+
 class AssetFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
     """On a tenant's host the asset codes are that tenant's, listed; elsewhere, their pattern."""
 
@@ -160,7 +183,7 @@ class AssetFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-unty
         schema: dict[str, Any] = {"type": "string", "pattern": ASSET_CODE_RE.pattern, "maxLength": 12, "description": str(field.help_text or "")}
         tenant = getattr(connection, "tenant", None)
         if tenant is not None and getattr(tenant, "schema_name", "public") != get_public_schema_name():
-            schema["enum"] = asset_codes_list()
+            schema["enum"] = asset_codes_list(kinds=field.kinds)
         if field.allow_null:
             schema["nullable"] = True
         return schema
@@ -178,7 +201,19 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):  # type: ignor
         }
 
 
-def _links_for(paths: dict[str, Any], source: str, pointer: str) -> dict[str, Any]:
+_ID_PATTERN_START = re.compile(r"\^[a-z?|()]{2,12}_\[")  # ^cus_[..., ^wh?d_[...
+
+
+def _names_another_object(operation: dict[str, Any], schemas: dict[str, Any]) -> bool:
+    """Whether the operation's body must name another object (an id with its type prefix):
+    a link carries only the item's id, so following it would ask for an unknown object."""
+    ref = operation.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {}).get("$ref", "")
+    body = schemas.get(ref.rsplit("/", 1)[-1], {}) if ref else {}
+    patterns = [str(body.get("properties", {}).get(name, {}).get("pattern", "")) for name in body.get("required", [])]
+    return any(_ID_PATTERN_START.match(pattern) for pattern in patterns)
+
+
+def _links_for(paths: dict[str, Any], source: str, pointer: str, schemas: dict[str, Any]) -> dict[str, Any]:
     """OpenAPI links from `source` (a collection path) to the operations of its items."""
     prefix = source + "/{"
     links: dict[str, Any] = {}
@@ -187,7 +222,7 @@ def _links_for(paths: dict[str, Any], source: str, pointer: str) -> dict[str, An
             continue
         parameter = path[len(prefix) : path.index("}", len(prefix))]
         for operation in operations.values():
-            if isinstance(operation, dict) and "operationId" in operation:
+            if isinstance(operation, dict) and "operationId" in operation and not _names_another_object(operation, schemas):
                 links[operation["operationId"]] = {"operationId": operation["operationId"], "parameters": {parameter: pointer}}
     return links
 
@@ -197,12 +232,13 @@ def links_add(result: dict[str, Any], generator: Any, request: Any, public: bool
     (200) answers to the operations on the item they return, so a client, or schemathesis's
     stateful phase, can follow `id` from one call into the next."""
     paths: dict[str, Any] = result.get("paths", {})
+    schemas: dict[str, Any] = result.get("components", {}).get("schemas", {})
     for path, operations in paths.items():
         if "{" in path:
             continue
         for method, pointer, status in (("post", "$response.body#/id", "201"), ("get", "$response.body#/data/0/id", "200")):
             response = operations.get(method, {}).get("responses", {}).get(status)
-            links = _links_for(paths, path, pointer)
+            links = _links_for(paths, path, pointer, schemas)
             if response is not None and links:
                 response["links"] = links
     return result

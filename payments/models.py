@@ -174,6 +174,8 @@ class TopUp(models.Model):
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = "top-up"
+        verbose_name_plural = "top-ups"
         ordering = ["-created", "-id"]
         permissions = [("settle_topup", "Can settle a card top-up waiting for an operator")]
         indexes = [
@@ -419,6 +421,8 @@ class GatewayAccount(models.Model):
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name = "PSP gateway account"
+        verbose_name_plural = "PSP gateway accounts"
         constraints = [models.UniqueConstraint(fields=["active"], condition=Q(active=True), name="gateway_account_one_active")]
 
     def __str__(self) -> str:
@@ -436,6 +440,8 @@ class PspWebhookEvent(models.Model):
     received = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        verbose_name = "PSP webhook event"
+        verbose_name_plural = "PSP webhook events"
         ordering = ["-received", "-id"]
         constraints = [models.UniqueConstraint(fields=["gateway", "event_id"], name="psp_webhook_event_unique")]
 

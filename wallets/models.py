@@ -216,6 +216,8 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        verbose_name = "API key"
+        verbose_name_plural = "API keys"
         ordering = ["created", "id"]
         permissions = [
             ("manage_apikey", "Can revoke API keys"),
@@ -337,6 +339,8 @@ class LedgerEntry(models.Model):
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        verbose_name = "ledger entry"
+        verbose_name_plural = "ledger entries"
         ordering = ["created", "id"]
         indexes = [models.Index(fields=["account", "created", "id"], name="ledgerentry_account_created")]
         constraints = [models.CheckConstraint(condition=~models.Q(amount=0), name="ledgerentry_amount_non_zero")]

@@ -448,9 +448,12 @@ def asset_get(*, asset_code: object, param: str = "asset") -> Asset:
     return asset
 
 
-def asset_codes_list() -> list[str]:
-    """This tenant's asset codes, in code order."""
-    return list(Asset.objects.order_by("code").values_list("code", flat=True))
+def asset_codes_list(*, kinds: tuple[str, ...] | None = None) -> list[str]:
+    """This tenant's asset codes (of these kinds, if given), in code order."""
+    assets = Asset.objects.order_by("code")
+    if kinds is not None:
+        assets = assets.filter(kind__in=kinds)
+    return list(assets.values_list("code", flat=True))
 
 
 def asset_exists(*, asset_code: str) -> bool:

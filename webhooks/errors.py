@@ -10,12 +10,21 @@ from wallets.errors import InvalidRequest, InvalidState
 
 class WebhookErrorCode(StrEnum):
     ENDPOINT_INVALID = "webhook_endpoint_invalid"
+    ENDPOINT_LIMIT_REACHED = "webhook_endpoint_limit_reached"
     TARGET_REFUSED = "webhook_target_refused"
     DELIVERY_NOT_REDELIVERABLE = "webhook_delivery_not_redeliverable"
 
 
 class WebhookEndpointInvalid(InvalidRequest):
     code: ClassVar[StrEnum] = WebhookErrorCode.ENDPOINT_INVALID
+
+
+class WebhookEndpointLimitReached(InvalidState):
+    """The merchant already has as many endpoints as it may: a state of its account, not a
+    fault in the request (409, like Stripe's resource limits; the same body succeeds once
+    an endpoint is deleted)."""
+
+    code: ClassVar[StrEnum] = WebhookErrorCode.ENDPOINT_LIMIT_REACHED
 
 
 class WebhookTargetRefused(WebhookEndpointInvalid):

@@ -94,6 +94,8 @@ class WebhookDelivery(models.Model):
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
+        verbose_name = "webhook delivery"
+        verbose_name_plural = "webhook deliveries"
         ordering = ["-created", "-id"]
         permissions = [("redeliver_webhookdelivery", "Can redeliver a webhook delivery")]
         constraints = [models.UniqueConstraint(fields=["endpoint", "event"], name="webhookdelivery_once_per_endpoint")]

@@ -27,7 +27,7 @@ SHARED_APPS = [
     "django.contrib.auth",
     "django.contrib.sessions",
     "django.contrib.messages",
-    "django.contrib.admin",
+    "config.admin_site.TallyAdminConfig",  # django.contrib.admin with the dashboard on its index
     "django.contrib.staticfiles",
     "django_celery_beat",
     "rest_framework",
@@ -43,7 +43,7 @@ TENANT_APPS = [
     "django.contrib.auth",
     "django.contrib.sessions",
     "django.contrib.messages",
-    "django.contrib.admin",
+    "config.admin_site.TallyAdminConfig",  # django.contrib.admin with the dashboard on its index
     "axes",
     "wallets",
     "payments",

@@ -60,7 +60,7 @@ class BalanceViewSet(MerchantViewSet):
         params = self.query(s.BalanceHistoryParams)
         days = {"day_from": params["day_from"], "day_to": params["day_to"]}
         totals = merchant_daily_totals(merchant_id=self.merchant_id, asset_code=params.get("asset"), **days)
-        return self.render(s.DailyTotalList, {"object": "list", "data": totals, "next_cursor": None})
+        return self.render(s.DailyTotalList, {"object": "list", "data": totals, "next_cursor": params["next_cursor"]})
 
 
 class PaymentViewSet(MerchantViewSet):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apikit.base import StrictSerializer
@@ -286,31 +287,37 @@ class DailyTotalOut(Serializer):
     entries = S.IntegerField()
 
 
-def _plausible_day(value: Any) -> Any:
-    if not 1970 <= value.year <= 9000:
-        raise S.ValidationError("must be a day between the years 1970 and 9000")
-    return value
+# The days a balance history takes: years 1970 to 9000 (no date arithmetic overflows).
+DAY_PATTERN = r"^(19[7-9][0-9]|[2-8][0-9]{3}|9000)-[0-9]{2}-[0-9]{2}$"
+HISTORY_PAGE_DAYS = 366
+
+
+@extend_schema_field({"type": "string", "format": "date", "pattern": DAY_PATTERN})
+class DayField(S.DateField):
+    def to_internal_value(self, value: Any) -> Any:
+        day = super().to_internal_value(value)
+        if not 1970 <= day.year <= 9000:
+            raise S.ValidationError("must be a day between the years 1970 and 9000")
+        return day
 
 
 class BalanceHistoryParams(StrictSerializer):
     asset = AssetFilterField(required=False)
-    day_from = S.DateField(required=False, help_text="First UTC day (default: 30 days before day_to).")
-    day_to = S.DateField(required=False, help_text="Last UTC day, inclusive (default: today).")
-
-    def validate_day_from(self, value: Any) -> Any:
-        return _plausible_day(value)
-
-    def validate_day_to(self, value: Any) -> Any:
-        return _plausible_day(value)
+    day_from = DayField(required=False, help_text="First UTC day (default: 30 days before day_to); after day_to, the list is empty.")
+    day_to = DayField(required=False, help_text="Last UTC day, inclusive (default: today).")
+    cursor = DayField(
+        required=False,
+        help_text=f"Opaque: the `next_cursor` of the previous page, sent with the same day_from and day_to. A page covers at most "
+        f"{HISTORY_PAGE_DAYS} days, newest first; `next_cursor` is set when older days remain.",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        attrs.setdefault("day_to", datetime.now(UTC).date())
-        attrs.setdefault("day_from", attrs["day_to"] - timedelta(days=30))
-        if attrs["day_from"] > attrs["day_to"]:
-            raise S.ValidationError({"day_from": "must not be after day_to"})
-        if (attrs["day_to"] - attrs["day_from"]).days > 366:
-            raise S.ValidationError({"day_from": "at most 366 days at once"})
-        return attrs
+        day_to = attrs.get("day_to") or datetime.now(UTC).date()
+        day_from = attrs.get("day_from") or day_to - timedelta(days=30)
+        page_to = min(day_to, attrs["cursor"]) if attrs.get("cursor") else day_to
+        page_from = max(day_from, page_to - timedelta(days=HISTORY_PAGE_DAYS - 1))
+        next_cursor = (page_from - timedelta(days=1)).isoformat() if page_from > day_from else None
+        return {**attrs, "day_from": page_from, "day_to": page_to, "next_cursor": next_cursor}
 
 
 class TransactionOut(Serializer):
@@ -345,12 +352,13 @@ class MandateCreateIn(StrictSerializer):
 
 
 class TopUpCreateIn(StrictSerializer):
-    asset = AssetField()
+    asset = AssetField(kinds=("currency", "regional"), help_text="A currency asset: the main or a regional currency (not points or carbon).")
     amount = AmountField()
     payment_method = S.RegexField(r"^[A-Za-z0-9_\-]{1,100}$", max_length=100, help_text="PSP payment method id, e.g. pm_card_visa.")
 
 
 class TerminalPaymentCreateIn(StrictSerializer):
+    exactly_one_of = ("customer_token", "customer")
     customer_token = S.RegexField(r"^[A-Za-z0-9_\-]{8,128}$", max_length=128, required=False)
     customer = ObjectIdField("cus", required=False)
     asset = AssetField()
@@ -369,6 +377,7 @@ class RefundCreateIn(StrictSerializer):
 
 
 class AdjustmentCreateIn(StrictSerializer):
+    exactly_one_of = ("customer", "merchant")
     customer = ObjectIdField("cus", required=False)
     merchant = ObjectIdField("mer", required=False)
     asset = AssetField()

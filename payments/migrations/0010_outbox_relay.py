@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('payments', '0009_drop_payment_function'),
+        ('payments', '0001_squashed_0009_drop_payment_function'),
     ]
 
     operations = [

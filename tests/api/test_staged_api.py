@@ -57,10 +57,17 @@ def test_the_merchant_balance_history_is_the_days_totals(api: Api, world: World)
     }
     # Another merchant sees only its own (none).
     assert api.get("/v1/merchant/balance/history", world.merchant2.key).json()["data"] == []
+    # A window wider than a page (366 days) is paged, newest first, by a cursor.
     long_ago = (datetime.now(UTC) - timedelta(days=400)).date().isoformat()
+    older = (datetime.now(UTC) - timedelta(days=366)).date().isoformat()
     for params in ({"day_from": long_ago}, {"day_from": long_ago, "day_to": today}):  # day_to defaults to today
-        bad = api.get("/v1/merchant/balance/history", world.merchant.key, params)
-        assert bad.status_code == 400 and error_of(bad)["param"] == "day_from", params
+        first = api.get("/v1/merchant/balance/history", world.merchant.key, params)
+        assert first.status_code == 200 and first.json()["next_cursor"] == older, params
+        assert [t["day"] for t in first.json()["data"]] == [today]
+        rest = api.get("/v1/merchant/balance/history", world.merchant.key, {**params, "cursor": older}).json()
+        assert rest == {"object": "list", "data": [], "next_cursor": None}
+    empty = api.get("/v1/merchant/balance/history", world.merchant.key, {"day_from": today, "day_to": older})
+    assert empty.status_code == 200 and empty.json() == {"object": "list", "data": [], "next_cursor": None}  # an empty range
     bad = api.get("/v1/merchant/balance/history", world.merchant.key, {"day_to": "yesterday"})
     assert bad.status_code == 400 and error_of(bad)["param"] == "day_to"
     for far in ("9999-12-31", "0001-01-01"):  # no date arithmetic overflows into a 500

@@ -27,7 +27,7 @@ def carbon_impacts_backfill(apps, schema_editor):  # type: ignore[no-untyped-def
 class Migration(migrations.Migration):
     dependencies = [
         ("wallets", "0006_reference_targets_undeletable"),
-        ("payments", "0009_drop_payment_function"),
+        ("payments", "0001_squashed_0009_drop_payment_function"),
     ]
 
     operations = [

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers as S
 
 from apikit.base import StrictSerializer
 from apikit.fields import ConstField, strict_char
 from apikit.pagination import list_serializer
 from apikit.shapes import Serializer
+from webhooks.services.endpoints import EVENT_TYPE_RE, MAX_EVENT_TYPES
 
 
 class WebhookEndpointOut(Serializer):
@@ -28,15 +30,36 @@ class WebhookEndpointWithSecretOut(WebhookEndpointOut):
     secret = S.CharField(help_text="Signing secret (whsec_...). Shown once: store it now.")
 
 
+# What deliveries can reach, as a pattern a client can check: https, a DNS name (letters,
+# digits and hyphens; at most 207 characters, within DNS's 253), an optional port, a path.
+# The server also refuses a name that resolves to a private or loopback address.
+WEBHOOK_URL_PATTERN = (
+    r"^https://(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,24}(?::[1-9][0-9]{0,3})?(?:/[A-Za-z0-9._~/-]{0,1000})?$"
+)
+
+
+@extend_schema_field({"type": "string", "maxLength": 2048, "pattern": WEBHOOK_URL_PATTERN,
+                      "description": "https URL of a public host that receives the signed events."})
+class WebhookUrlField(S.URLField):
+    pass
+
+
+def _event_type() -> S.RegexField:
+    return S.RegexField(
+        EVENT_TYPE_RE, max_length=100, help_text="An event type such as payment.succeeded, or * for every type.",
+        error_messages={"invalid": "must be an event type such as payment.succeeded, or *"},
+    )
+
+
 class WebhookEndpointCreateIn(StrictSerializer):
-    url = S.URLField(max_length=2048)
-    enabled_events = S.ListField(child=S.CharField(max_length=100), min_length=1, max_length=50)
+    url = WebhookUrlField(max_length=2048)
+    enabled_events = S.ListField(child=_event_type(), min_length=1, max_length=MAX_EVENT_TYPES)
     description = strict_char(required=False, allow_blank=True, default="")
 
 
 class WebhookEndpointUpdateIn(StrictSerializer):
-    url = S.URLField(max_length=2048, required=False)
-    enabled_events = S.ListField(child=S.CharField(max_length=100), min_length=1, max_length=50, required=False)
+    url = WebhookUrlField(max_length=2048, required=False)
+    enabled_events = S.ListField(child=_event_type(), min_length=1, max_length=MAX_EVENT_TYPES, required=False)
     description = strict_char(required=False, allow_blank=True)
     status = S.ChoiceField(choices=["enabled", "disabled"], required=False)
 
@@ -74,4 +97,6 @@ WebhookDeliveryList = list_serializer(WebhookDeliveryOut, "WebhookDeliveryList")
 
 
 class WebhookRedeliverIn(StrictSerializer):
-    delivery = strict_char(max_length=64, help_text="The delivery (whd_...) of this endpoint to send again.")
+    delivery = S.RegexField(
+        r"^wh?d_[A-Za-z0-9]{1,40}$", max_length=64, help_text="The delivery (whd_..., or wd_... for older ones) of this endpoint to send again."
+    )

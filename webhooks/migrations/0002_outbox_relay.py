@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('payments', '0001_initial'),  # only the outboxevent table (payments may roll back past 0010)
+        ('payments', '0001_squashed_0009_drop_payment_function'),  # only the outboxevent table (payments may roll back past 0010)
         ('webhooks', '0001_initial'),
     ]
 

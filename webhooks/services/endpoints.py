@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from wallets import ids
 from wallets.models import Merchant
-from webhooks.errors import WebhookEndpointInvalid
+from webhooks.errors import WebhookEndpointInvalid, WebhookEndpointLimitReached
 from webhooks.locks import merchant_lock, webhook_endpoint_lock
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
 from webhooks.secrets import webhook_endpoint_secrets, webhook_endpoint_secrets_assign
@@ -55,7 +55,7 @@ def webhook_endpoint_create(
     # Lock the merchant row so two concurrent registrations cannot both pass the limit.
     merchant_lock(merchant_id=merchant.pk)
     if WebhookEndpoint.objects.filter(merchant=merchant).count() >= MAX_ENDPOINTS_PER_MERCHANT:
-        raise WebhookEndpointInvalid(f"at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints per merchant", param=None)
+        raise WebhookEndpointLimitReached(f"at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints per merchant", param=None)
     secret = _new_secret()
     endpoint = WebhookEndpoint(merchant=merchant, url=_url_check(url), enabled_events=_events_check(enabled_events), description=description)
     webhook_endpoint_secrets_assign(endpoint=endpoint, current=secret, previous="")

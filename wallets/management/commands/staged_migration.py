@@ -3,21 +3,20 @@
     python manage.py staged_migration status [NAME] [--tenant SCHEMA]
     python manage.py staged_migration NAME expand|backfill|verify|switch-reads|contract|rollback [--tenant SCHEMA]
         backfill: [--batch N] [--rate ROWS_PER_SECOND] [--dry-run] [--no-progress]
-        (rows: customers for customer_contacts, merchants for merchant_daily_totals,
-        endpoints for webhook_secrets)
 
-NAME is `customer_contacts`, `merchant_daily_totals` or `webhook_secrets`. Without --tenant, every active
-tenant (tenants.selectors.tenant_schemas_active), one after the other. Exits 1 if any
+NAME is a registered staged migration (wallets.staged.spec; `--help` lists them and the
+phases). Without --tenant, every active tenant (tenants.selectors.tenant_schemas_active), one after the other. Exits 1 if any
 tenant refused the phase or failed verify, 0 otherwise (a phase already reached is a no-op).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, DjangoHelpFormatter
 from django_tenants.utils import schema_context
 
 from tenants.selectors import tenant_schemas_active
@@ -25,18 +24,49 @@ from wallets.locks import staged_run_lock
 from wallets.staged import runner
 from wallets.staged.spec import StagedMigration, StagedMigrationRefused, staged_migrations
 
-PHASES = ("expand", "backfill", "verify", "switch-reads", "contract", "rollback")
+# The command's phases, in the order they are run, and what each does.
+PHASE_HELP = {
+    "expand": "make the new representation; writers dual-write from here on",
+    "backfill": "copy the existing rows in batches (idempotent, resumable, --batch/--rate/--dry-run)",
+    "verify": "compare old and new in one snapshot; must pass before reads switch",
+    "switch-reads": "readers use the new representation",
+    "contract": "remove the old representation (after verify and switch-reads)",
+    "rollback": "go back one phase, while the old representation is still there (before contract)",
+}
+PHASES = tuple(PHASE_HELP)
+
+
+def help_epilog() -> str:
+    """The registered migrations and the phases, read from the registry (for --help)."""
+    lines = ["staged migrations (NAME):"]
+    for name, migration in staged_migrations().items():
+        lines.append(f"  {name:<24} {migration.description}")
+        lines.append(f"  {'':<24} backfill batch {migration.default_batch} rows" + (
+            "; the old representation survives contract" if migration.old_survives_contract else ""))
+    lines += ["", "phases (PHASE), in order:"]
+    lines += [f"  {phase:<24} {text}" for phase, text in PHASE_HELP.items()]
+    lines += ["", "status [NAME] shows each tenant's phase and backfill progress."]
+    return "\n".join(lines)
+
+
+class _HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Django's option order, and the epilog's lines kept as written."""
 
 
 class Command(BaseCommand):
     help = "Run one phase of a staged data migration on every tenant (or one), or show their status."
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, epilog=help_epilog(), **kwargs)
+        parser.formatter_class = _HelpFormatter
+        return parser
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs="+", metavar="status [NAME] | NAME PHASE")
         parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
         parser.add_argument(
             "--batch", type=int, default=None,
-            help="backfill: rows per batch, one transaction each (default: the migration's: 500 customers, 5 merchants, 500 endpoints)",
+            help="backfill: rows per batch, one transaction each (default: the migration's, listed below)",
         )
         parser.add_argument("--rate", type=float, default=0.0, help="backfill: at most this many rows per second (0: unthrottled)")
         parser.add_argument("--dry-run", action="store_true", help="backfill: count what would be written, write nothing")
