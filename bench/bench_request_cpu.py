@@ -259,6 +259,11 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
             request(application)
 
         return {"remembered": shipped, "forgotten": forgotten}
+    if lever == "shapes":  # every shape's declared fields deep-copied per instance, as DRF does
+        import apikit.shapes
+        from rest_framework import serializers
+
+        return {"shallow copies": shipped, "DRF's deep copies": patched(apikit.shapes.Serializer, "get_fields", serializers.Serializer.get_fields)}
     # lean-middleware: config.handlers skips the browser's middleware on /v1/ (shipped);
     # Django's own handler runs all of MIDDLEWARE on every path.
     from django.core.handlers.wsgi import WSGIHandler
@@ -503,7 +508,7 @@ def main() -> None:
     parser.add_argument("--pieces", action="store_true", help="time single pieces of a payment on their own, then stop")
     parser.add_argument(
         "--ab",
-        choices=["insert-batch", "known-accounts", "lean-middleware", "converters", "search-path", "relay-kick"],
+        choices=["insert-batch", "known-accounts", "lean-middleware", "converters", "search-path", "relay-kick", "shapes"],
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
         "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
         "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request; "
@@ -512,7 +517,8 @@ def main() -> None:
         "converters = a compiled select's converters cached (as shipped) or worked out on every "
         "execution; search-path = the connection's health check is the request's SET search_path (as shipped) or "
         "Django's SELECT 1 followed by django-tenants' SET; relay-kick = the outbox relay kicked after commit (as shipped, one "
-        "Redis script) or not at all, which bounds what folding the kick into the request's first Redis round trip could save",
+        "Redis script) or not at all, which bounds what folding the kick into the request's first Redis round trip could save; "
+        "shapes = the request and response shapes' fields copied shallowly (apikit.shapes) or deep-copied as DRF does",
     )
     parser.add_argument("--side", default="", help="with --ab: run only this side of the lever, as a plain timed loop")
     parser.add_argument(
