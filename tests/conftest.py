@@ -22,7 +22,7 @@ from django.db import connection, connections
 from django.test import Client
 from django_tenants.utils import schema_context
 
-from config.handlers import ApiPathSplit, api_chain
+from fastpath.handlers import ApiPathSplit, api_chain
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_create
 
@@ -38,7 +38,7 @@ _api_chains_lock = threading.Lock()
 
 class ApiSplitClientHandler(ApiPathSplit, django.test.client.ClientHandler):
     """The test client's handler, with the API's middleware chain for /v1/ as gunicorn's
-    (config.handlers.ApiSplitHandler). One chain per MIDDLEWARE, shared by every client
+    (fastpath.handlers.ApiSplitHandler). One chain per MIDDLEWARE, shared by every client
     (as a served process shares its one chain between threads): building it loads every
     middleware, whitenoise's file index included."""
 

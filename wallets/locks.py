@@ -47,7 +47,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q, QuerySet
 
-from wallets.compiled import CompiledQuery, CompiledShapes, Param
+from fastpath.compiled import CompiledQuery, CompiledShapes, Param
 from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StaffMember, StagedMigrationState
 
 ALL_SHARDS = -1

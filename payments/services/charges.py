@@ -27,13 +27,12 @@ from datetime import datetime
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from payments.models import Payment, PaymentStatus
+from payments.models import OutboxEvent, Payment, PaymentStatus
 from payments.services.mandates import charge_by_customer_id_check
-from payments.services.outbox import epoch_seconds, outbox_event_create
+from payments.services.outbox import epoch_seconds, outbox_event_new
 from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
-from wallets.compiled import CompiledInsert, InsertBatch
 from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
 from wallets.locks import (
     BalanceWant,
@@ -46,12 +45,12 @@ from wallets.locks import (
 )
 from wallets.models import CARBON_ASSET, POINTS_ASSET, Account, AccountKind, Customer, Hold, LedgerTransactionKind, SystemRole, Terminal
 from wallets.money import amount_to_minor, carbon_grams_for, points_for
+from wallets.rows import rows_insert, rows_insert_in_savepoint
 from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_get
-from wallets.services.ledger import Leg, available, cap_room, ledger_post, ledger_rows_write, ledger_wants
+from wallets.services.ledger import Leg, available, cap_room, ledger_post, ledger_rows_new, ledger_wants
 from wallets.transactions import atomic_service
 
 _REWARD_SYSTEM_ROLES = (SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY)
-_PAYMENT_INSERT = CompiledInsert(Payment)  # the hottest insert: compiled once (wallets.compiled)
 
 
 def charge(
@@ -135,12 +134,11 @@ def _charge_writing_first(parties: _Parties, *, asset_code: str, amount: int, po
     now = timezone.now()
     payment_id = ids.new_payment_id()
     legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
-    rows = InsertBatch()  # the savepoint and the four inserts in one round trip (wallets.compiled)
-    txn = ledger_rows_write(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now, batch=rows)
-    payment = _payment_rows_write(
-        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now, batch=rows
+    txn, entries = ledger_rows_new(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now)
+    payment, event = _payment_rows_new(
+        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
     )
-    savepoint = rows.execute_in_savepoint()  # a failure here rolled its rows back already
+    savepoint = rows_insert_in_savepoint([txn], entries, [payment], [event])  # a failure here rolled its rows back already
     try:
         wants = ledger_wants(legs)
         if from_plan:
@@ -267,12 +265,10 @@ def _charge_locking_first(
     payment_id = ids.new_payment_id()
     legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
     txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, consume_hold=consume_hold)
-    rows = InsertBatch()
-    payment = _payment_rows_write(
-        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now,
-        batch=rows,
+    payment, event = _payment_rows_new(
+        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
     )
-    rows.execute()
+    rows_insert([payment], [event])
     return payment
 
 
@@ -283,12 +279,11 @@ def _rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams:
     return (points if points_room is None else min(points, points_room), grams if grams_room is None else min(grams, grams_room))
 
 
-def _payment_rows_write(
-    parties: _Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime,
-    batch: InsertBatch,
-) -> Payment:
-    """The payment row and its `payment.succeeded` event, added to `batch` (the caller
-    executes it). Locks: none (new rows)."""
+def _payment_rows_new(
+    parties: _Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime
+) -> tuple[Payment, OutboxEvent]:
+    """The payment row and its `payment.succeeded` event, not yet saved (the caller
+    inserts them)."""
     payment = Payment(
         id=payment_id,
         status=PaymentStatus.SUCCEEDED,
@@ -303,8 +298,7 @@ def _payment_rows_write(
         ledger_transaction_id=txn_id,
         created=now,
     )
-    batch.add(_PAYMENT_INSERT, [payment])
-    outbox_event_create(
+    event = outbox_event_new(
         topic="payment.succeeded",
         payload={
             "id": payment_id, "object": "payment", "status": PaymentStatus.SUCCEEDED.value, "asset": asset_code, "amount": amount,
@@ -312,9 +306,8 @@ def _payment_rows_write(
             "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
         },
         created=now,
-        batch=batch,
     )
-    return payment
+    return payment, event
 
 
 def _wanted(parties: _Parties, *, asset_code: str, points: int, grams: int) -> list[OwnerRow]:

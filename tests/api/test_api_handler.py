@@ -1,4 +1,4 @@
-"""The served application's two middleware chains (config.handlers).
+"""The served application's two middleware chains (fastpath.handlers).
 
 /v1/ requests skip the five middleware only the admin's browser session uses; every other
 path runs all of MIDDLEWARE. The whole suite's test clients already take the same split
@@ -23,7 +23,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from config.handlers import BROWSER_ONLY_MIDDLEWARE, ApiSplitHandler, _chain_with, api_middleware
+from fastpath.handlers import BROWSER_ONLY_MIDDLEWARE, ApiSplitHandler, _chain_with, api_middleware
 from tests.api.conftest import Api, World
 from tests.conftest import TENANT_A, DjangoClientHandler
 

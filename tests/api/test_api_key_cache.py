@@ -1,5 +1,5 @@
-"""The per-process cache of live API keys (wallets.selectors, TALLY_API_KEY_CACHE_SECONDS)
-and the per-tenant API key epoch that keeps it correct across processes (wallets.keyepoch).
+"""The per-process cache of live API keys (wallets.keycache, TALLY_API_KEY_CACHE_SECONDS)
+and the per-tenant API key epoch that keeps it correct across processes (fastpath.epochs).
 
 A key revoked or rotated through the services stops working on the next request in every
 process: here, in the process that did it, and (the tests with `_in_another_process`) in
@@ -34,13 +34,13 @@ from django.test import Client
 from django.utils import timezone
 
 from apikit import throttling
+from fastpath import epochs
 from payments.idempotency.models import IdempotencyRecord
 from payments.models import PaymentToken
 from tenants.models import Tenant
 from tests.api.conftest import Api, World, error_of
 from tests.conftest import TENANT_A, TENANT_B
-from wallets import keyepoch
-from wallets.keyepoch import api_key_epoch_bump
+from wallets.keycache import api_key_epoch_bump
 from wallets.metrics import API_KEY_EPOCH_BUMP_FAILURES
 from wallets.models import ApiKey, Customer
 from wallets.services.principals import api_key_create, api_key_revoke, api_key_rotate, customer_create
@@ -103,7 +103,7 @@ def test_a_cached_key_of_one_tenant_never_opens_another(
 
 
 def test_cache_hits_are_copies(api: Api, world: World, settings: Any) -> None:
-    from wallets.selectors import api_key_cache_fill, api_key_cache_get
+    from wallets.keycache import api_key_cache_fill, api_key_cache_get
 
     settings.TALLY_API_KEY_CACHE_SECONDS = 60
     first = api_key_cache_fill(raw_key=world.customer.key)
@@ -177,7 +177,7 @@ def private_redis(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[su
             time.sleep(0.02)
     settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
     monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
-    monkeypatch.setattr(keyepoch, "_read_down_until", 0.0)
+    monkeypatch.setattr(epochs, "_read_down_until", 0.0)
     yield proc
     if proc.poll() is None:
         proc.kill()

@@ -18,7 +18,7 @@ from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
-from config.handlers import ApiSplitHandler
+from fastpath.handlers import ApiSplitHandler
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import World
 from tests.api.schemathesis_live_hooks import idempotency_key_refresh

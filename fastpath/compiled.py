@@ -38,12 +38,9 @@ from django.db.models.sql.compiler import SQLCompiler, SQLInsertCompiler
 from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
 
-from tenants.postgresql_backend.prepared import prepared_statement_register
+from fastpath.prepared import prepared_statement_register
 
 M = TypeVar("M", bound=Model)
-# A compiled select asks for one list of columns' converters; more lists than this would be
-# a caller building new expressions per execution, so the cache starts over.
-_MAX_CONVERTER_ENTRIES = 8
 # Up to this many rows, a compiled insert sends one VALUES row of scalars per object, which
 # psycopg dumps for less than one array per column; past it, Django's one array per column.
 # The bound is psycopg's, not the planner's: psycopg converts a statement string once and
@@ -90,7 +87,6 @@ class _Compiled:
         self.sql = sql
         self.template = params
         self.slots = [(i, p.name) for i, p in enumerate(params) if isinstance(p, _Slot)]
-        self._converters: dict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = {}
 
     def bind(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         params = list(self.template)
@@ -107,26 +103,7 @@ class _Compiled:
         compiler.connection = connections[alias]
         sql, params = self.sql, self.bind(values)
         compiler.as_sql = lambda *args, **kwargs: (sql, params)  # type: ignore[method-assign]
-        work_out = compiler.get_converters
-        compiler.get_converters = lambda expressions: self._converters_of(expressions, work_out)  # type: ignore[method-assign]
         return compiler
-
-    def _converters_of(self, expressions: list[Any], work_out: Callable[[list[Any]], Any]) -> Any:
-        """The compiler's `get_converters`, worked out once per list of expressions. A
-        select's converters come from its columns' fields (PostgreSQL's operations add
-        none), and its columns are the prepared compiler's own objects, so every execution
-        asked again for the same answer: 0.09 ms of Python for a payment's locking select
-        (docs/BENCHMARKS.md, issue 13, sixth pass). The entry keeps the expressions it was
-        worked out for, so an id in its key cannot be reused by another object while it
-        is kept."""
-        key = tuple(map(id, expressions))
-        entry = self._converters.get(key)
-        if entry is None:
-            if len(self._converters) >= _MAX_CONVERTER_ENTRIES:
-                self._converters.clear()
-            entry = (tuple(expressions), work_out(expressions))
-            self._converters[key] = entry
-        return entry[1]
 
 
 class _BoundQuery:

@@ -1,4 +1,4 @@
-"""The WSGI handler gunicorn serves: /v1/ requests skip the middleware only a browser uses.
+"""The WSGI handler gunicorn serves (config.wsgi): /v1/ requests skip the middleware only a browser uses.
 
 Five middleware in `MIDDLEWARE` serve the Django admin's browser session and nothing on
 /v1/: the API authenticates by key (`DEFAULT_AUTHENTICATION_CLASSES` is empty, no view
