@@ -257,15 +257,10 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
             request(application)
 
         return {"remembered": shipped, "forgotten": forgotten}
-    if lever == "shapes":  # every shape's declared fields deep-copied per instance, as DRF does
-        from rest_framework import serializers
+    # shapes: every shape's declared fields deep-copied per instance, as DRF does
+    from rest_framework import serializers
 
-        return {"shallow copies": shipped, "DRF's deep copies": patched(fastpath.shapes.Serializer, "get_fields", serializers.Serializer.get_fields)}
-    # lean-middleware: fastpath.handlers skips the browser's middleware on /v1/ (shipped);
-    # Django's own handler runs all of MIDDLEWARE on every path.
-    from django.core.handlers.wsgi import WSGIHandler
-
-    return {"five skipped": shipped, "all middleware": functools.partial(request, WSGIHandler())}
+    return {"shallow copies": shipped, "DRF's deep copies": patched(fastpath.shapes.Serializer, "get_fields", serializers.Serializer.get_fields)}
 
 
 def _orm_compiling(request: Callable[[Any], None], application: Any) -> Callable[[], None]:
@@ -540,7 +535,7 @@ def main() -> None:
     parser.add_argument("--pieces", action="store_true", help="time single pieces of a payment on their own, then stop")
     parser.add_argument(
         "--ab",
-        choices=["compiled", "insert-batch", "prepared", "key-cache", "relay-kick", "write-first", "known-accounts", "shapes", "lean-middleware"],
+        choices=["compiled", "insert-batch", "prepared", "key-cache", "relay-kick", "write-first", "known-accounts", "shapes"],
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side, the shipped "
         "side first (docs/SPEED.md): compiled = fastpath.compiled's selects and updates, or the ORM compiling the same "
         "QuerySets on every execution; insert-batch = the payment's inserts sent together, or one per round trip; "
@@ -550,8 +545,7 @@ def main() -> None:
         "Celery publish after every commit; write-first = the usual "
         "payment writes its rows before it locks (payments.services.charges), or every payment locks first; "
         "known-accounts = the payer's accounts remembered, or forgotten before each request; shapes = the shapes' fields "
-        "copied shallowly (fastpath.shapes), or deep-copied as DRF does; lean-middleware = /v1/ without the browser's "
-        "middleware (fastpath.handlers), or Django's handler running all of MIDDLEWARE",
+        "copied shallowly (fastpath.shapes), or deep-copied as DRF does",
     )
     parser.add_argument("--side", default="", help="with --ab: run only this side of the lever, as a plain timed loop")
     parser.add_argument(

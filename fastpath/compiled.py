@@ -2,7 +2,7 @@
 
 Django compiles a QuerySet to SQL on every execution: resolving lookups through joins,
 quoting, building `CASE` expressions. On the payment path that compilation cost more
-Python than everything else the payment does (docs/BENCHMARKS.md, issue 13). A compiled
+Python than everything else the payment does (docs/SPEED.md). A compiled
 statement is an ordinary QuerySet built once with `Param` placeholders where its values
 go; its first execution compiles it through Django's compiler, and later executions reuse
 that SQL with new values, through the same compiler machinery: rows still come back as
@@ -48,7 +48,7 @@ M = TypeVar("M", bound=Model)
 # parses the whole string again on every execute past that. A payment's batch has 28
 # parameters besides its entries' 5 each: 38 with two entries, 48 with four (one reward),
 # and with six as VALUES rows it would have 58, so six go as arrays (33)
-# (tests/test_ledger.py; docs/BENCHMARKS.md, issue 13, eighteenth pass).
+# (tests/test_ledger.py).
 VALUES_ROWS_MAX = 4
 
 
@@ -128,7 +128,7 @@ class CompiledQuery(Generic[M]):
     `update(**values)` runs `queryset.update(**update)` for the `update` mapping given at
     construction and returns the row count. Every `Param` name must be given a value.
     With `prepared`, its SQL goes to PostgreSQL as a server-side prepared statement,
-    parsed and planned once per connection (tenants/postgresql_backend/prepared.py).
+    parsed and planned once per connection (fastpath.prepared).
     """
 
     def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None, prepared: bool = False) -> None:
@@ -324,7 +324,7 @@ class InsertBatch:
 
     A statement costs Python whatever it does (a Django cursor, psycopg's query
     conversion, the round trip); the savepoint and four inserts a payment makes before it
-    locks its rows went as five (docs/BENCHMARKS.md, issue 13, fifth pass).
+    locks its rows went as five.
     Several statements in one string need psycopg's client-side binding, Django's default;
     on a connection with server-side binding (`OPTIONS["server_side_binding"]`) each goes
     on its own (`sends_statements_together`). An insert that must go through `save()` (a
@@ -444,8 +444,8 @@ def sends_statements_together(connection: Any) -> bool:
 def _batch_savepoint_name(connection: Any) -> str:
     """A name no earlier savepoint of this transaction has. One name shared by every batch
     would let a batch that fails before its SAVEPOINT ran go back to an earlier batch's
-    savepoint of the same name, undoing that batch (docs/BENCHMARKS.md, issue 13, sixth
-    pass). The project's backend (tenants.postgresql_backend, the only ENGINE) counts
+    savepoint of the same name, undoing that batch. The project's backend
+    (fastpath.backend, the only ENGINE) counts
     them per transaction, so the payment's batch string is the same on every payment and
-    psycopg converts it once (tenth pass)."""
+    psycopg converts it once."""
     return str(connection.savepoint_name_in_transaction("tally_batch"))

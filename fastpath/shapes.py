@@ -1,11 +1,11 @@
-"""The base of every request and response shape: DRF's Serializer, with its per-instance
-fields made by a shallow copy of the declared ones where that is safe.
+"""Serializers whose per-instance fields are a shallow copy of the declared ones where
+that is safe (the faces' shapes stand on it through apikit.shapes).
 
 DRF gives each serializer instance its own fields by deep-copying the declared ones, and
 a field deep-copies by running its `__init__` again on deep copies of its arguments
 (validators, error messages, regexes). Per payment that was 17 fields rebuilt twice over
 (the request's shape and the response's): 0.6-0.9 ms of CPU, the largest cost in DRF's
-share of a request (docs/BENCHMARKS.md, issue 13, fourth pass).
+share of a request (docs/SPEED.md).
 
 A declared field is never bound or used: it is a template. `bind()` and validation only
 *assign* attributes on the instance's copy (`field_name`, `parent`, `label`, `source`,

@@ -177,7 +177,7 @@ def _locking_select(matches: Q) -> QuerySet[Balance]:
 
 # Columns of the joined rows no movement reads once its balance rows are locked: leaving
 # them out spares parsing two timestamps per row on every payment (about 1% of its
-# instructions: docs/BENCHMARKS.md, issue 13, eleventh pass). Reading one would cost a
+# instructions). Reading one would cost a
 # statement per row; tests/test_ledger.py checks that no movement does.
 UNREAD_JOINED_COLUMNS = ("account__created", "asset__created")
 
@@ -241,7 +241,7 @@ def _by_owner_statement(shape: tuple[Any, ...]) -> CompiledQuery[Balance]:
     return CompiledQuery(_locking_select(matches) if lock else _ordered_select(matches), prepared=True)
 
 
-# Compiled once per shape and process (wallets.compiled): compiling these selects cost more
+# Compiled once per shape and process (fastpath.compiled): compiling these selects cost more
 # Python than the rest of a payment. Prepared: planning the three-table join was the
 # largest part of PostgreSQL's work for a payment.
 _BY_ACCOUNT: CompiledShapes[Balance] = CompiledShapes(_by_account_statement)
