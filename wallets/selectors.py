@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypedDict
 
 from django.apps import apps
 from django.contrib.auth.models import User
@@ -35,8 +35,6 @@ from wallets.models import (
     Terminal,
 )
 
-M = TypeVar("M", bound=Model)
-
 
 def api_key_hash(raw_key: str) -> str:
     # Keys are long random strings, so a plain SHA-256 (no salt, no stretching) is enough
@@ -45,39 +43,33 @@ def api_key_hash(raw_key: str) -> str:
 
 
 def api_key_get_active(*, raw_key: str) -> ApiKey | None:
-    """The live key row for `raw_key`, or None if unknown, revoked or past its overlap window.
-
-    Runs on every API request, so it is two indexed single-table statements in raw SQL
-    (the key by its hash, then its principal; a terminal with its store): the ORM's query
-    compilation cost more than the database work, and one six-table join cost ~0.5 ms of
-    planning per request. Rows become real model instances through `Model.from_db`.
-    """
+    """The live key row for `raw_key`, or None if unknown, revoked or past its overlap
+    window: two indexed statements (the key by its hash, then its principal; a terminal
+    with its store). Most requests take the key from the per-process cache instead
+    (wallets.keycache)."""
     return api_key_get_active_by_hash(key_hash=api_key_hash(raw_key))
 
 
 def api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
-    key = _fetch_one(
-        ApiKey,
-        "a.key_hash = %s AND a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > %s)",
-        [key_hash, timezone.now()],
-    )
+    live = Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+    key = ApiKey.objects.filter(live, key_hash=key_hash, revoked_at__isnull=True).first()
     if key is None:
         return None
-    # The principal as loaded here may be cached (above) with no signal when it changes, so
-    # it carries only columns no write changes after creation: a customer's contact
-    # columns (written by contact updates and staged migrations) and a staff member's
-    # login (the User row, edited in the admin) are left out and load on access, fresh.
+    # The principal as loaded here may be cached (wallets.keycache) with no signal when it
+    # changes, so it carries only columns no write changes after creation: a customer's
+    # contact columns (written by contact updates and staged migrations) and a staff
+    # member's login (the User row, edited in the admin) are left out and load on access, fresh.
     if key.customer_id is not None:
-        key.customer = _fetch_one(Customer, "a.id = %s", [key.customer_id], only=_CUSTOMER_PRINCIPAL_FIELDS)
+        key.customer = Customer.objects.only(*_CUSTOMER_PRINCIPAL_FIELDS).filter(pk=key.customer_id).first()
     elif key.merchant_id is not None:
-        key.merchant = _fetch_one(Merchant, "a.id = %s", [key.merchant_id])
+        key.merchant = Merchant.objects.filter(pk=key.merchant_id).first()
     elif key.terminal_id is not None:
-        terminal = _fetch_one(Terminal, "a.id = %s", [key.terminal_id], join=Store, join_on="store_id")
+        terminal = Terminal.objects.select_related("store").filter(pk=key.terminal_id).first()
         if terminal is None:
             return None
         key.terminal = terminal
     elif key.staff_id is not None:
-        staff = _fetch_one(StaffMember, "a.id = %s", [key.staff_id])
+        staff = StaffMember.objects.filter(pk=key.staff_id).first()
         # A deactivated employee's keys stop working with their login. A key already in
         # the cache is caught by the admin face, which reads the login at every request.
         if staff is None or staff_login_active(staff=staff) is None:
@@ -87,41 +79,6 @@ def api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
 
 
 _CUSTOMER_PRINCIPAL_FIELDS = ("id", "name", "created")
-
-
-def _columns(model: type[Model], alias: str, only: tuple[str, ...] | None = None) -> tuple[list[str], str]:
-    fields = [f for f in model._meta.concrete_fields if only is None or f.attname in only]
-    return [f.attname for f in fields], ", ".join(f'{alias}."{f.column}"' for f in fields)
-
-
-def _fetch_one(
-    model: type[M], where: str, params: list[Any], *, join: type[Model] | None = None, join_on: str = "",
-    only: tuple[str, ...] | None = None,
-) -> M | None:
-    """One row of `model` (and optionally the row it points to through `join_on`) as
-    model instances, from a raw single statement. `where` is trusted SQL (never client
-    input) naming `model`'s columns as `a.<column>`; values go in `params`. `only`: the
-    fields to load (the others are deferred: loaded from the database on access)."""
-    names, select = _columns(model, "a", only)
-    table = model._meta.db_table
-    sql = f'SELECT {select}'
-    if join is not None:
-        join_names, join_select = _columns(join, "b")
-        sql += f', {join_select} FROM "{table}" a JOIN "{join._meta.db_table}" b ON b."{join._meta.pk.column}" = a."{join_on}"'
-    else:
-        join_names = []
-        sql += f' FROM "{table}" a'
-    sql += f" WHERE {where} LIMIT 1"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    obj = model.from_db(connection.alias, names, row[: len(names)])
-    if join is not None:
-        related = join.from_db(connection.alias, join_names, row[len(names):])
-        setattr(obj, join_on.removesuffix("_id"), related)
-    return obj
 
 
 # --- Ledger integrity (reconciliation and tests) -------------------------------------
