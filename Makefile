@@ -27,17 +27,17 @@ chromium:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y chromium; }
 
 # Installs, checks ruff (every Python file but the migrations: the apps, tests/, bench/ and
-# docs/), mypy (strict on apikit/, wallets/, payments/, webhooks/, tenants/, config/ and
-# reconciliation/) and the import-linter layer contracts (pyproject.toml), then runs the
+# docs/), mypy (strict on apikit/, wallets/, payments/, webhooks/, tenants/, config/,
+# reconciliation/ and fastpath/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
 test: install chromium
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation
+	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath
 	$(BIN)/lint-imports --no-logo
 	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation
+	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath
 	$(BIN)/lint-imports --no-logo

@@ -12,9 +12,10 @@ from rest_framework.request import Request
 
 from apikit.principal import FACE_PRINCIPAL_TYPES, Principal, principal_from_api_key
 from apikit.throttling import auth_failure_wait_seconds
+from wallets.keycache import ApiKeyCacheHit, api_key_cache_fill, api_key_cache_get
+from wallets.keycache import api_key_cache_confirm as api_key_cache_keys_confirm
 from wallets.models import ApiKey, StaffMember
-from wallets.selectors import ApiKeyCacheHit, api_key_cache_fill, api_key_cache_get, staff_login_active
-from wallets.selectors import api_key_cache_confirm as api_key_cache_selectors_confirm
+from wallets.selectors import staff_login_active
 from wallets.services.principals import api_key_last_used_touch
 
 logger = logging.getLogger("tally.api")
@@ -24,7 +25,7 @@ MAX_KEY_LENGTH = 128
 
 
 class ApiKeyAuthentication(BaseAuthentication):
-    """A key from the per-process cache (wallets.selectors) is returned unconfirmed: the
+    """A key from the per-process cache (wallets.keycache) is returned unconfirmed: the
     view must call `api_key_cache_confirm` before anything acts on the principal (the
     faces do, right after the throttles, whose Redis call reads the tenant's key epoch).
     Views that do not declare `api_key_cache_confirmed = True` never get cache hits."""
@@ -80,7 +81,7 @@ def api_key_cache_confirm(request: Request, *, epoch_now: bytes | None) -> None:
     if hit is None:
         return
     del request._request.api_key_cache_hit  # type: ignore[attr-defined]
-    api_key = api_key_cache_selectors_confirm(hit=hit, epoch_now=epoch_now)
+    api_key = api_key_cache_keys_confirm(hit=hit, epoch_now=epoch_now)
     if api_key is None:
         request.user, request.auth = None, None  # type: ignore[assignment]
         header = request.META.get("HTTP_AUTHORIZATION", "")

@@ -27,10 +27,10 @@ from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from apikit.principal import Principal
+from fastpath.fastredis import fast_redis
 from payments.idempotency.cache import ReplayPrefetch, replay_cache_entry_decode, replay_cache_redis_key
 from payments.idempotency.canonical import idempotency_key_is_valid
-from wallets.fastredis import fast_redis
-from wallets.selectors import ApiKeyCacheHit
+from wallets.keycache import ApiKeyCacheHit
 
 logger = logging.getLogger("tally.api")
 

@@ -144,7 +144,7 @@ def _instrument() -> None:
     import logging
 
     _wrap(logging.Logger, "_log", L[14])
-    import payments.services.outbox as outbox
+    import payments.relaykick as outbox
 
     _wrap(outbox._RelayKick, "__call__", L[15])
 
@@ -210,8 +210,10 @@ def _environ(body: bytes, key: str) -> dict[str, Any]:
 
 def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> dict[str, Callable[[], None]]:
     """Per lever, the shipped side first: a request made each way (the others' state restored)."""
-    import wallets.compiled
-    from payments.services.charges import known_accounts_forget
+    import fastpath.compiled
+    import fastpath.prepared
+    import fastpath.shapes
+    from payments.services import charges
 
     def patched(target: Any, name: str, replacement: Any) -> Callable[[], None]:
         """A request with `target.name` replaced, restored after it (unittest.mock's
@@ -224,52 +226,83 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
         return side
 
     shipped = functools.partial(request, application)
+    if lever == "compiled":  # every compiled select and update compiled by the ORM afresh, as a plain QuerySet is
+        return {"compiled once": shipped, "ORM compiles each time": _orm_compiling(request, application)}
     if lever == "insert-batch":  # the server-side-binding branch, the connection unchanged
         return {
             "together": shipped,
-            "one per round trip": patched(wallets.compiled, "sends_statements_together", lambda connection: False),
+            "one per round trip": patched(fastpath.compiled, "sends_statements_together", lambda connection: False),
         }
-    if lever == "converters":  # every compiled select works its converters out again
-        return {
-            "cached": shipped,
-            "worked out again": patched(
-                wallets.compiled._Compiled, "_converters_of", lambda self, expressions, work_out: work_out(expressions)
-            ),
-        }
-    if lever == "search-path":  # Django's own health check (SELECT 1), then django-tenants' SET
-        import types
+    if lever == "prepared":  # no statement registered: every one parsed and planned by PostgreSQL each time
 
-        from django.db import connection
-        from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
+        def unprepared() -> None:
+            with mock.patch.dict(fastpath.prepared._REGISTERED, clear=True):
+                request(application)
 
-        plain_check = types.MethodType(TenantsDatabaseWrapper.is_usable, connection)
-        return {"check sets the path": shipped, "check, then SET": patched(connection, "is_usable", plain_check)}
-    if lever == "relay-kick":  # the bound on folding the after-commit kick into the request's first Redis call
-        from payments.services import outbox
+        return {"prepared": shipped, "unprepared": unprepared}
+    if lever == "key-cache":  # TALLY_API_KEY_CACHE_SECONDS=0: the key and its principal read from PostgreSQL each request
+        from django.conf import settings
 
-        # Both sides patched, so that the patch's own cost is on both.
-        return {
-            "kicked after commit": patched(outbox._RelayKick, "__call__", outbox._RelayKick.__call__),
-            "no kick": patched(outbox._RelayKick, "__call__", lambda self: None),
-        }
+        return {"cached": shipped, "read each request": patched(settings, "TALLY_API_KEY_CACHE_SECONDS", 0.0)}
+    if lever == "relay-kick":  # no coalescing: every commit that wrote an event publishes a relay task
+        from payments import relaykick
+
+        return {"coalesced": shipped, "published every commit": patched(relaykick, "_kick_pending_claim", lambda schema, *, kick_token: 0)}
+    if lever == "write-first":  # every payment takes the lock-first path
+        return {"write first": shipped, "lock first": patched(charges, "_charge_writing_first", lambda *args, **kwargs: None)}
     if lever == "known-accounts":
 
         def forgotten() -> None:
-            known_accounts_forget()
+            charges.known_accounts_forget()
             request(application)
 
         return {"remembered": shipped, "forgotten": forgotten}
-    # lean-middleware: config.handlers skips the browser's middleware on /v1/ (shipped);
-    # Django's own handler runs all of MIDDLEWARE on every path.
-    from django.core.handlers.wsgi import WSGIHandler
+    # shapes: every shape's declared fields deep-copied per instance, as DRF does
+    from rest_framework import serializers
 
-    return {"five skipped": shipped, "all middleware": functools.partial(request, WSGIHandler())}
+    return {"shallow copies": shipped, "DRF's deep copies": patched(fastpath.shapes.Serializer, "get_fields", serializers.Serializer.get_fields)}
+
+
+def _orm_compiling(request: Callable[[Any], None], application: Any) -> Callable[[], None]:
+    """A request whose compiled statements run as the plain QuerySets they were built from:
+    each `Param` compiles to its value, and Django compiles the statement on every
+    execution. The QuerySets themselves are built once, so this side still spares the
+    Python of building them: the saving it shows is a lower bound."""
+    import threading
+
+    from fastpath.compiled import CompiledQuery, Param
+
+    bound = threading.local()
+
+    def as_sql(self: Param, compiler: Any, connection: Any) -> Any:
+        return "%s", [bound.values[self.name]]
+
+    def select(self: CompiledQuery[Any], **values: Any) -> list[Any]:
+        bound.values = values
+        return list(self._queryset.all())
+
+    def update(self: CompiledQuery[Any], **values: Any) -> int:
+        bound.values = values
+        assert self._update is not None
+        return int(self._queryset.update(**self._update))
+
+    def side() -> None:
+        with mock.patch.object(Param, "as_sql", as_sql), mock.patch.object(CompiledQuery, "select", select), \
+                mock.patch.object(CompiledQuery, "update", update):
+            request(application)
+
+    return side
 
 
 def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, lever: str) -> None:
-    """Paired blocks, so that a machine whose speed drifts moves both sides alike."""
+    """Paired blocks, so that a machine whose speed drifts moves both sides alike. A
+    payment's CPU is this process's and its PostgreSQL backend's (from /proc, sampled
+    around each block; a block during which the connection was replaced counts for the
+    Python side only)."""
     names = list(sides)
     cpu = dict.fromkeys(names, 0.0)
+    backend = dict.fromkeys(names, 0.0)
+    backend_blocks = dict.fromkeys(names, 0)
     sql = dict.fromkeys(names, 0)
     blocks = max(1, requests // 100)
     for side in names:  # each side's first requests (a new handler, a cold memory) are not timed
@@ -278,19 +311,33 @@ def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, le
     with connection.execute_wrapper(_count_sql):
         for block in range(blocks):
             for side in names if block % 2 == 0 else reversed(names):
+                pid, backend_before = _backend_cpu_ms(connection)
                 _Counter.sql = 0
                 started = time.process_time()
                 for _ in range(50):
                     sides[side]()
                 cpu[side] += time.process_time() - started
                 sql[side] += _Counter.sql
+                pid_after, backend_after = _backend_cpu_ms(connection)
+                if pid_after == pid:
+                    backend[side] += backend_after - backend_before
+                    backend_blocks[side] += 1
     n = blocks * 50
+    python_ms = {side: total / n * 1000 for side, total in cpu.items()}
+    backend_ms = {side: backend[side] / max(backend_blocks[side] * 50, 1) for side in names}
+    total_ms = {side: python_ms[side] + backend_ms[side] for side in names}
+    shipped, other = names
     print(
         json.dumps(
             {
                 "lever": lever,
                 "requests_per_side": n,
-                "python_cpu_ms_per_request": {side: round(total / n * 1000, 3) for side, total in cpu.items()},
+                "python_cpu_ms_per_request": {side: round(ms, 3) for side, ms in python_ms.items()},
+                "postgres_backend_cpu_ms_per_request": {side: round(ms, 3) for side, ms in backend_ms.items()},
+                "blocks_with_backend_cpu": backend_blocks,
+                "cpu_ms_per_request": {side: round(ms, 3) for side, ms in total_ms.items()},
+                # What the shipped side saves, as a share of the payment's CPU without it.
+                "saving_percent": round((total_ms[other] - total_ms[shipped]) / total_ms[other] * 100, 1),
                 "round_trips_per_request": {side: round(count / n, 2) for side, count in sql.items()},
             },
             indent=2,
@@ -299,7 +346,7 @@ def _ab(sides: dict[str, Callable[[], None]], requests: int, connection: Any, le
 
 
 def _prepared_count(connection: Any) -> int:
-    from tenants.postgresql_backend.prepared import prepared_statements_of
+    from fastpath.prepared import prepared_statements_of
 
     return sum(1 for run in prepared_statements_of(connection.connection).values() if run)
 
@@ -317,15 +364,11 @@ def _per_call_ms(fn: Callable[[], Any], calls: int = 2000) -> float:
 
 def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -> None:
     """Pieces of a keyed payment too small for the paired A/B to resolve on a drifting
-    machine, each timed on its own: converting the payment batch's statement string, the
-    locking select's converters, and one round trip's client CPU."""
-    import copy
+    machine, each timed on its own: converting the payment batch's statement string, and
+    one round trip's client CPU."""
 
-    from django.db.models.sql.compiler import SQLCompiler
     from psycopg._encodings import conn_encoding
     from psycopg._queries import _query2pg_client, _query2pg_client_nocache
-
-    from wallets import locks
 
     sent: list[str] = []
 
@@ -341,13 +384,6 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
     encoding = conn_encoding(connection.connection)
     _query2pg_client(batch, encoding)  # in psycopg's cache from now on
 
-    lock_select = next(iter(locks._BY_ACCOUNT._by_shape.values()))
-    compiled = lock_select._compile(lock_select._alias())
-    compiler = copy.copy(compiled.compiler)
-    compiler.connection = connection
-    columns = [column for column, _, _ in compiler.select[: compiler.col_count]]
-    compiled._converters_of(columns, compiler.get_converters)  # cached from now on
-
     django_cursor = connection.cursor()
     raw_cursor = connection.connection.cursor()
     print(
@@ -362,10 +398,6 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
                     "from psycopg's cache (savepoints named per transaction: the same string every payment)": _per_call_ms(
                         lambda: _query2pg_client(batch, encoding)
                     ),
-                },
-                "lock_select_converters_ms": {
-                    "worked out (Django's get_converters)": _per_call_ms(lambda: SQLCompiler.get_converters(compiler, columns)),
-                    "cached": _per_call_ms(lambda: compiled._converters_of(columns, compiler.get_converters)),
                 },
                 "round_trip_client_cpu_ms": {
                     "SET search_path through Django's cursor": _per_call_ms(
@@ -396,8 +428,8 @@ def _steady() -> None:
     from django.conf import settings
     from django.db import connection
 
-    from payments.services import outbox
-    from wallets.fastredis import fast_redis
+    from fastpath.fastredis import fast_redis
+    from payments import relaykick as outbox
     from wallets.services import principals
 
     connection.settings_dict["CONN_MAX_AGE"] = None  # Django: persistent, never closed for age
@@ -503,16 +535,17 @@ def main() -> None:
     parser.add_argument("--pieces", action="store_true", help="time single pieces of a payment on their own, then stop")
     parser.add_argument(
         "--ab",
-        choices=["insert-batch", "known-accounts", "lean-middleware", "converters", "search-path", "relay-kick"],
-        help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side: insert-batch = the "
-        "payment's inserts sent together (as shipped) or one per round trip (InsertBatch's server-side-binding branch, the "
-        "connection unchanged); known-accounts = the payer's accounts remembered (as shipped) or forgotten before each request; "
-        "lean-middleware = /v1/ without the browser's middleware (as shipped, config.handlers) or Django's handler running "
-        "all of MIDDLEWARE; "
-        "converters = a compiled select's converters cached (as shipped) or worked out on every "
-        "execution; search-path = the connection's health check is the request's SET search_path (as shipped) or "
-        "Django's SELECT 1 followed by django-tenants' SET; relay-kick = the outbox relay kicked after commit (as shipped, one "
-        "Redis script) or not at all, which bounds what folding the kick into the request's first Redis round trip could save",
+        choices=["compiled", "insert-batch", "prepared", "key-cache", "relay-kick", "write-first", "known-accounts", "shapes"],
+        help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side, the shipped "
+        "side first (docs/SPEED.md): compiled = fastpath.compiled's selects and updates, or the ORM compiling the same "
+        "QuerySets on every execution; insert-batch = the payment's inserts sent together, or one per round trip; "
+        "prepared = registered statements sent prepared (fastpath.prepared), or plain; key-cache = API keys from the "
+        "per-process cache (wallets.keycache), or read from PostgreSQL on every request; relay-kick = the outbox relay "
+        "kick coalesced in Redis (fastpath.kicks: one script, a Celery publish only when no kicked relay is pending), or a "
+        "Celery publish after every commit; write-first = the usual "
+        "payment writes its rows before it locks (payments.services.charges), or every payment locks first; "
+        "known-accounts = the payer's accounts remembered, or forgotten before each request; shapes = the shapes' fields "
+        "copied shallowly (fastpath.shapes), or deep-copied as DRF does",
     )
     parser.add_argument("--side", default="", help="with --ab: run only this side of the lever, as a plain timed loop")
     parser.add_argument(
@@ -630,7 +663,7 @@ def main() -> None:
         "sql_statements_per_request": round(_Counter.sql / n, 2),
         "redis_round_trips_per_request": round(_Counter.redis / n, 2),
         # Statements this connection sends as server-side prepared statements
-        # (tenants/postgresql_backend/prepared.py; TALLY_DB_PREPARED_STATEMENTS=false: none).
+        # (fastpath/prepared.py; TALLY_DB_PREPARED_STATEMENTS=false: none).
         "prepared_statements": _prepared_count(connection),
         "wallet_row_held_ms_per_request": {
             "wall": round(_Held.wall / max(_Held.windows, 1) * 1000, 3),

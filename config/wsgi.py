@@ -1,10 +1,7 @@
 import os
 
-import django
+from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
-django.setup(set_prefix=False)  # as get_wsgi_application(); the handler sets the prefix per request
 
-from config.handlers import ApiSplitHandler  # noqa: E402  (after setup: it imports models)
-
-application = ApiSplitHandler()
+application = get_wsgi_application()

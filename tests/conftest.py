@@ -9,20 +9,15 @@ throwaway test database.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import django.test.client
 import pytest
-from django.conf import settings
-from django.core.handlers.base import BaseHandler
 from django.db import connection, connections
 from django.test import Client
 from django_tenants.utils import schema_context
 
-from config.handlers import ApiPathSplit, api_chain
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_create
 
@@ -30,32 +25,6 @@ T = TypeVar("T")
 
 TENANT_A = {"schema_name": "test_a", "domain": "a.test.localhost", "name": "Tenant A", "main_currency": "JPY"}
 TENANT_B = {"schema_name": "test_b", "domain": "b.test.localhost", "name": "Tenant B", "main_currency": "EUR", "currency_exponent": 2}
-
-
-_api_chains: dict[tuple[str, ...], BaseHandler] = {}
-_api_chains_lock = threading.Lock()
-
-
-class ApiSplitClientHandler(ApiPathSplit, django.test.client.ClientHandler):
-    """The test client's handler, with the API's middleware chain for /v1/ as gunicorn's
-    (config.handlers.ApiSplitHandler). One chain per MIDDLEWARE, shared by every client
-    (as a served process shares its one chain between threads): building it loads every
-    middleware, whitenoise's file index included."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        key = tuple(settings.MIDDLEWARE)
-        with _api_chains_lock:
-            if key not in _api_chains:
-                _api_chains[key] = api_chain()
-            self.api = _api_chains[key]
-
-
-DjangoClientHandler = django.test.client.ClientHandler  # all of MIDDLEWARE on every path
-
-# Every test client then sends a request down the chain the served application would
-# (Client.__init__ looks the handler class up in django.test.client at each call).
-django.test.client.ClientHandler = ApiSplitClientHandler  # type: ignore[misc]
 
 
 def _public_tenant_ensure() -> None:

@@ -18,7 +18,8 @@ from celery import current_app
 from django.db import connection
 
 from payments.models import OutboxEvent
-from payments.services.outbox import RELAY_TASK_NAME, outbox_event_create
+from payments.relaykick import RELAY_TASK_NAME
+from payments.services.outbox import outbox_event_create
 from tenants.models import Tenant
 from tests.factories import MerchantFactory
 from wallets.transactions import run_atomic
@@ -127,10 +128,10 @@ def test_a_commits_kick_reaches_the_worker_whose_relay_clears_its_mark(
     """The kick as `make run` sends it: after the commit, with its token as the task's
     argument, which the worker's relay needs to clear the pending mark (a relay without it
     leaves the mark to lapse, and kicks stop until it does)."""
-    import payments.services.outbox as outbox
-    from payments.services.outbox import _kick_pending_key
+    import payments.relaykick as outbox
+    from fastpath.fastredis import fast_redis
+    from payments.relaykick import _kick_pending_key
     from tests.test_outbox_kick import mark_reset, not_eager
-    from wallets.fastredis import fast_redis
 
     settings.TALLY_OUTBOX_RELAY_KICK = True
     monkeypatch.setattr(outbox, "KICK_PENDING_SECONDS", 600)  # no lapse during the test

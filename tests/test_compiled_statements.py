@@ -1,4 +1,4 @@
-"""Compiled statements (wallets.compiled): the payment path's hot statements compiled once
+"""Compiled statements (fastpath.compiled): the payment path's hot statements compiled once
 per shape must send what the ORM would send, on the caller's own connection, in the
 caller's tenant schema, and keep Django's guards."""
 
@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import threading
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -17,16 +16,16 @@ from django.db.models.signals import post_save
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
+from fastpath.compiled import VALUES_ROWS_MAX, CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
 from payments.models import OutboxEvent
 from tenants.models import Tenant
 from tests.conftest import in_tenant, run_in_thread_tenant, statements_sent
 from tests.factories import CustomerFactory, MerchantFactory, fund
 from wallets import locks
-from wallets.compiled import VALUES_ROWS_MAX, CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
+from wallets import rows as wallet_rows
 from wallets.locks import LOCK_ORDER, OwnerRow, balance_rows_lock_by_owner
 from wallets.models import Account, AccountKind, Balance, LedgerEntry, LedgerTransaction, LedgerTransactionKind, SystemRole
 from wallets.selectors import account_of
-from wallets.services import ledger
 from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt, WebhookEndpoint
 
 
@@ -88,7 +87,7 @@ def test_the_account_lock_and_the_balance_update_send_what_the_orm_compiles(tena
 
     for kinds in ((True, False), (False, True), (True, True)):
         for rows in (1, 3):
-            statement = ledger._BALANCES_ADD.get((rows, *kinds))
+            statement = wallet_rows._BALANCES_ADD.get((rows, *kinds))
             values = {f"row{i}": 11 + i for i in range(rows)}
             values |= {f"balance{i}": 5 - i for i in range(rows)} if kinds[0] else {}
             values |= {f"held{i}": -2 - i for i in range(rows)} if kinds[1] else {}
@@ -110,7 +109,7 @@ def test_the_account_lock_and_the_balance_update_send_what_the_orm_compiles(tena
     )
     orm_update = Balance.objects.filter(pk__in=[11, 12, 13]).query.chain(_update_query())
     orm_update.add_update_values({"balance": change})
-    compiled_update = ledger._BALANCES_ADD.get((3, True, False)).sql_with_params(
+    compiled_update = wallet_rows._BALANCES_ADD.get((3, True, False)).sql_with_params(
         row0=11, row1=12, row2=13, balance0=5, balance1=-5, balance2=0
     )
     assert _normalised(*compiled_update) == _orm_sql_of_query(orm_update)
@@ -459,99 +458,39 @@ def test_an_insert_batch_sends_one_statement_per_round_trip_with_server_side_bin
     assert _written(txn, event) == (None, [], None)
 
 
-def test_an_event_added_to_a_batch_needs_a_transaction(live_tenant: Tenant) -> None:
-    """Outside a transaction the relay kick would run at once, before the batch sends the
-    event: refused, nothing added."""
-    from payments.services.outbox import outbox_event_create
+def test_an_event_its_caller_inserts_needs_a_transaction(live_tenant: Tenant) -> None:
+    """Outside a transaction the relay kick would run at once, before the caller inserts the
+    event: refused."""
+    from payments.services.outbox import outbox_event_new
+    from wallets.rows import rows_insert
 
-    batch = InsertBatch()
     with pytest.raises(TransactionManagementError):
-        outbox_event_create(topic="t.no-transaction", payload={}, batch=batch)
-    assert _round_trips(batch.execute) == []
+        outbox_event_new(topic="t.no-transaction", payload={})
     with transaction.atomic():
-        outbox_event_create(topic="t.in-transaction", payload={}, batch=batch)
-        batch.execute()
+        rows_insert([outbox_event_new(topic="t.in-transaction", payload={})])
     assert OutboxEvent.objects.filter(topic="t.in-transaction").exists()
     assert not OutboxEvent.objects.filter(topic="t.no-transaction").exists()
 
 
-def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> None:
-    from webhooks.services import deliveries
-
-    orm = deliveries._pending_page_statement("we_1")
-    compiled = deliveries._pending_page_compiled()
-    assert _normalised(*compiled.sql_with_params(endpoint_id="we_1")) == _orm_sql(orm)
-    assert deliveries._pending_page(endpoint_id="we_none") == []
-
-
-def test_the_mandate_check_sends_what_the_orm_compiles_and_sees_only_active_mandates_of_its_tenant(
-    tenant: Tenant, tenant_b: Tenant
-) -> None:
+def test_the_mandate_check_sees_only_active_mandates_of_its_tenant(tenant: Tenant, tenant_b: Tenant) -> None:
     from payments import selectors
     from payments.models import Mandate
     from payments.services.mandates import mandate_grant, mandate_revoke
-    from tenants.postgresql_backend.prepared import prepared_statements_of
     from tests.factories import MerchantFactory
 
-    sql, params = selectors._MANDATE_ACTIVE.sql_with_params(customer="cus_1", merchant="mer_1")
-    assert _normalised(sql, params) == _orm_sql(selectors._mandate_active_statement("cus_1", "mer_1"))
-    assert "ORDER BY" not in sql
     customer, merchant, other = CustomerFactory(), MerchantFactory(), MerchantFactory()
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     mandate = mandate_grant(customer=customer, merchant=merchant)
     assert selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=other.pk)
     assert not selectors.mandate_active_exists(customer_id=CustomerFactory().pk, merchant_id=merchant.pk)
-    assert sql in prepared_statements_of(connection.connection)
-    # The same ids in another tenant's schema, with no mandate there: the one prepared
-    # statement reads the schema current at each execution.
+    # The same ids in another tenant's schema, with no mandate there.
     with in_tenant(tenant_b):
         assert not Mandate.objects.exists()
         assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     assert selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     mandate_revoke(mandate=mandate)
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
-
-
-@pytest.mark.parametrize("count", [1, 3])
-def test_the_delivered_webhooks_update_sends_what_the_orm_compiles(tenant: Tenant, count: int) -> None:
-    from webhooks.services import deliveries
-
-    now = timezone.now()
-    pks, times, codes = [f"whd_{i}" for i in range(count)], [now + timedelta(seconds=i) for i in range(count)], [200, 204, 202][:count]
-    queryset, update = deliveries._delivered_rows(pks, times, codes)
-    orm = queryset.query.chain(_update_query())
-    orm.add_update_values(update)
-    values = {}
-    for i in range(count):
-        values[f"pk{i}"], values[f"at{i}"], values[f"code{i}"] = pks[i], times[i], codes[i]
-    compiled = deliveries._DELIVERED_ROWS.get(count).sql_with_params(**values)
-    assert _normalised(*compiled) == _orm_sql_of_query(orm)
-
-
-@pytest.mark.django_db(transaction=False)
-def test_a_compiled_select_works_its_converters_out_once_and_still_converts_every_row(tenant: Tenant, monkeypatch: Any) -> None:
-    """The converters (here the JSON payload's) are worked out on the first execution only,
-    and every later execution still converts its own rows with them."""
-    from django.db.models.sql.compiler import SQLCompiler
-
-    when = timezone.now()
-    events = [OutboxEvent(topic=f"t.conv{n}", payload={"n": n, "nested": {"list": [n, "x"]}}, created=when) for n in range(3)]
-    for event in events:
-        CompiledInsert(OutboxEvent).insert(event)
-    statement = CompiledQuery(OutboxEvent.objects.filter(topic=Param("topic")).only("id", "payload", "created"))
-    worked_out: list[int] = []
-    work_out = SQLCompiler.get_converters
-
-    def counted(self: SQLCompiler, expressions: Any) -> Any:
-        worked_out.append(len(expressions))
-        return work_out(self, expressions)
-
-    monkeypatch.setattr(SQLCompiler, "get_converters", counted)
-    for n in range(3):
-        (row,) = statement.select(topic=f"t.conv{n}")
-        assert row.payload == {"n": n, "nested": {"list": [n, "x"]}} and row.created == when
-    assert len(worked_out) == 1
 
 
 @pytest.mark.django_db(transaction=False)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from wallets.fastredis import TIMEOUT_SECONDS, fast_redis
+from fastpath.fastredis import TIMEOUT_SECONDS, fast_redis
 
 # One timeout, plus slack for a loaded machine; redis-py's default retries take seconds.
 _BOUND_SECONDS = TIMEOUT_SECONDS + 0.5

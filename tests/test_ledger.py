@@ -73,7 +73,7 @@ def test_a_payment_s_batch_stays_within_psycopg_s_cached_statements(tenant, amou
     """psycopg converts a statement string once and caches it only while it has at most
     MAX_CACHED_STATEMENT_PARAMS parameters; past that it parses the whole string again on
     every execute. A payment's one batch (savepoint, ledger transaction, entries, payment,
-    event) stays within it with or without rewards (wallets.compiled.VALUES_ROWS_MAX)."""
+    event) stays within it with or without rewards (fastpath.compiled.VALUES_ROWS_MAX)."""
     from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH, MAX_CACHED_STATEMENT_PARAMS
 
     customer, terminal = CustomerFactory(), TerminalFactory()
@@ -90,7 +90,7 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
     """The payment path is the ledger's one posting path, in the ORM, and keeps the wallet
     row locked for as little as it can: it reads its plan (the rows, accounts and assets,
     no lock), opens a savepoint and inserts the ledger transaction, entries, payment and
-    event (five statements sent in one round trip: wallets.compiled.InsertBatch), and only
+    event (five statements sent in one round trip: wallets.rows.rows_insert_in_savepoint), and only
     then locks every balance row with one statement in lock order and moves them with one
     F() update. No SQL function is involved. The next payment of the same parties in this
     process skips the plan read: it knows their accounts (payments.services.charges). (The

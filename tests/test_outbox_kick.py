@@ -15,12 +15,12 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import payments.services.outbox as outbox
+import payments.relaykick as outbox
+from fastpath.fastredis import fast_redis
 from payments.models import OutboxEvent
 from payments.services.charges import payment_create
 from tenants.models import Tenant
 from tests.factories import CustomerFactory, TerminalFactory, fund
-from wallets.fastredis import fast_redis
 from webhooks.services.relay import outbox_relay_run
 
 

@@ -1,4 +1,4 @@
-"""Registered hot statements go as server-side prepared statements (tenants/postgresql_backend/prepared.py).
+"""Registered hot statements go as server-side prepared statements (fastpath/prepared.py).
 
 On real PostgreSQL: what the payment path prepares and runs prepared, that a prepared
 statement reads the current tenant's schema, and that a statement PostgreSQL refuses to
@@ -18,15 +18,15 @@ from django.db import DatabaseError, OperationalError, connection, connections, 
 from django.db.backends.postgresql.base import Cursor, ServerBindingCursor
 from django.test.utils import CaptureQueriesContext
 
-from payments.idempotency import services
-from payments.services.charges import payment_create
-from tenants.models import Tenant
-from tenants.postgresql_backend.prepared import (
+from fastpath.prepared import (
     PreparingCursor,
     prepared_statement_name,
     prepared_statement_register,
     prepared_statements_of,
 )
+from payments.idempotency import statements
+from payments.services.charges import payment_create
+from tenants.models import Tenant
 from tests.conftest import in_tenant
 from tests.factories import CustomerFactory, TerminalFactory, fund
 from wallets.models import Balance, Customer
@@ -84,7 +84,7 @@ def test_a_keyed_requests_claim_and_completion_run_prepared(tenant: Tenant, tena
         wanted = _placeholders_erased(sql.replace("%s", "$"))
         return sum(count for text, count in _server_side().values() if _placeholders_erased(text) == wanted)
 
-    before = (runs_of(services._CLAIM_SQL), runs_of(services._COMPLETE_SQL))
+    before = (runs_of(statements.CLAIM_SQL), runs_of(statements.COMPLETE_SQL))
     for n in range(2):
         response = tenant_client.post(
             "/v1/terminal/payments", body, content_type="application/json",
@@ -92,7 +92,7 @@ def test_a_keyed_requests_claim_and_completion_run_prepared(tenant: Tenant, tena
         )
         assert response.status_code == 201, response.content
         connection.set_tenant(tenant)
-    assert (runs_of(services._CLAIM_SQL), runs_of(services._COMPLETE_SQL)) == (before[0] + 2, before[1] + 2)
+    assert (runs_of(statements.CLAIM_SQL), runs_of(statements.COMPLETE_SQL)) == (before[0] + 2, before[1] + 2)
 
 
 def _placeholders_erased(text: str) -> str:

@@ -1,4 +1,4 @@
-"""The shapes' field copies (apikit.shapes): a serializer instance's fields are its
+"""The shapes' field copies (fastpath.shapes): a serializer instance's fields are its
 own, the declared templates are never bound or changed, and the copies behave as DRF's
 deep copies do, on every request and response shape of the faces."""
 
@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from rest_framework import serializers
 
-from apikit.shapes import Serializer, field_copies_shallowly, field_template_copy
+from apikit.shapes import Serializer
+from fastpath.shapes import field_copies_shallowly, field_template_copy
 from payments.api import serializers as payment_shapes
 from webhooks.api import serializers as webhook_shapes
 

@@ -24,8 +24,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from payments.models import OutboxEvent
+from payments.relaykick import _RelayKick
 from payments.services.charges import payment_create
-from payments.services.outbox import _RelayKick, outbox_event_create
+from payments.services.outbox import outbox_event_create
 from tenants.models import Tenant
 from tests.conftest import run_in_thread_tenant
 from tests.factories import CustomerFactory, MerchantFactory, TerminalFactory, fund

@@ -47,7 +47,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Q, QuerySet
 
-from wallets.compiled import CompiledQuery, CompiledShapes, Param
+from fastpath.compiled import CompiledQuery, CompiledShapes, Param
 from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StaffMember, StagedMigrationState
 
 ALL_SHARDS = -1
@@ -241,7 +241,7 @@ def _by_owner_statement(shape: tuple[Any, ...]) -> CompiledQuery[Balance]:
     return CompiledQuery(_locking_select(matches) if lock else _ordered_select(matches), prepared=True)
 
 
-# Compiled once per shape and process (wallets.compiled): compiling these selects cost more
+# Compiled once per shape and process (fastpath.compiled): compiling these selects cost more
 # Python than the rest of a payment. Prepared: planning the three-table join was the
 # largest part of PostgreSQL's work for a payment.
 _BY_ACCOUNT: CompiledShapes[Balance] = CompiledShapes(_by_account_statement)

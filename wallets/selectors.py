@@ -8,22 +8,18 @@ cases are indistinguishable to a caller (SPEC 4).
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypedDict
 
 from django.apps import apps
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from wallets.errors import AssetUnknown, NotFound
-from wallets.keyepoch import api_key_epoch_read, api_key_epoch_redis_key
 from wallets.models import (
     Account,
     AccountKind,
@@ -39,8 +35,6 @@ from wallets.models import (
     Terminal,
 )
 
-M = TypeVar("M", bound=Model)
-
 
 def api_key_hash(raw_key: str) -> str:
     # Keys are long random strings, so a plain SHA-256 (no salt, no stretching) is enough
@@ -48,151 +42,34 @@ def api_key_hash(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode("utf-8")).hexdigest()
 
 
-# --- API keys: a short per-process cache of live keys ---------------------------------
-#
-# Authentication runs on every request; the key and its principal cost two statements and
-# ~0.7 ms of Python. A live key is kept here, per (tenant schema, key hash), for at most
-# TALLY_API_KEY_CACHE_SECONDS, together with the tenant's API key epoch (wallets.keyepoch)
-# as read BEFORE the database read that filled the entry. A hit is not trusted on its own:
-# `api_key_cache_get` returns it with that epoch, and the caller compares it with the
-# epoch current now (apikit.throttling reads it in the request's throttle call, one round
-# trip it makes anyway) through `api_key_cache_confirm`, which goes back to PostgreSQL
-# when the epoch moved or Redis could not answer. Revoke and rotate (wallets.services.
-# principals) bump the epoch after commit, so every process re-reads the key on its next
-# request once the bump is visible; they also empty this process's cache at once.
-# Unknown, revoked and expired keys are never cached: failures always ask PostgreSQL (and
-# are throttled per address and key prefix). An entry is checked against the key's own
-# `expires_at` on every hit (a rotation's overlap ends on time). Each hit gets copies of
-# the rows, never the cached instances. Redis down: nothing is cached or trusted.
-
-_API_KEY_CACHE_MAX_ENTRIES = 10_000
-_api_key_cache: dict[tuple[str, str], tuple[ApiKey, float, bytes]] = {}
-_api_key_cache_generation = 0
-
-
-def api_key_cache_clear() -> None:
-    """Forget every cached key in this process (a key was revoked or rotated)."""
-    global _api_key_cache_generation
-    _api_key_cache_generation += 1
-    _api_key_cache.clear()
-
-
-def _api_key_copy(api_key: ApiKey) -> ApiKey:
-    copied = copy.copy(api_key)
-    for name in ("customer", "merchant", "terminal", "staff"):
-        if name in api_key._state.fields_cache:
-            related = api_key._state.fields_cache[name]
-            copied._state.fields_cache[name] = copy.copy(related) if related is not None else None
-    return copied
-
-
-def _api_key_cache_ttl() -> float:
-    return float(settings.TALLY_API_KEY_CACHE_SECONDS)
-
-
-def _api_key_cache_key(raw_key: str) -> tuple[str, str]:
-    return str(getattr(connection, "schema_name", "public")), api_key_hash(raw_key)
-
-
-@dataclass(frozen=True)
-class ApiKeyCacheHit:
-    """A cached key, not yet trusted: `epoch` is the tenant's API key epoch read before
-    the entry's database read. Trust it only through `api_key_cache_confirm`."""
-
-    api_key: ApiKey
-    cache_key: tuple[str, str]
-    epoch: bytes
-
-    @property
-    def epoch_redis_key(self) -> str:
-        return api_key_epoch_redis_key(schema=self.cache_key[0])
-
-
-def api_key_cache_get(*, raw_key: str) -> ApiKeyCacheHit | None:
-    """The cached entry for `raw_key` in the current schema (a copy), or None: not cached,
-    past its TTL, or past the key's own `expires_at`. The caller must confirm the hit."""
-    if _api_key_cache_ttl() <= 0:
-        return None
-    cache_key = _api_key_cache_key(raw_key)
-    hit = _api_key_cache.get(cache_key)
-    if hit is None:
-        return None
-    api_key, deadline, epoch = hit
-    if deadline <= time.monotonic() or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
-        _api_key_cache.pop(cache_key, None)
-        return None
-    return ApiKeyCacheHit(api_key=_api_key_copy(api_key), cache_key=cache_key, epoch=epoch)
-
-
-def api_key_cache_confirm(*, hit: ApiKeyCacheHit, epoch_now: bytes | None) -> ApiKey | None:
-    """The hit's key if the tenant's epoch is still the one it was cached under; otherwise
-    (it moved, or `epoch_now` is None: Redis did not answer) the key as PostgreSQL has it
-    now, or None if it is dead. `epoch_now` must have been read before this call: a
-    re-read is cached under it."""
-    if epoch_now is not None and epoch_now == hit.epoch:
-        return hit.api_key
-    _api_key_cache.pop(hit.cache_key, None)
-    return _api_key_read_and_cache(raw_key_hash=hit.cache_key[1], cache_key=hit.cache_key, epoch=epoch_now)
-
-
-def api_key_cache_fill(*, raw_key: str) -> ApiKey | None:
-    """`api_key_get_active`, caching a live key under the tenant's epoch read first (one
-    Redis round trip: misses are rare). It never answers from the cache: see
-    `api_key_cache_get`."""
-    if _api_key_cache_ttl() <= 0:
-        return api_key_get_active(raw_key=raw_key)
-    cache_key = _api_key_cache_key(raw_key)
-    epoch = api_key_epoch_read(schema=cache_key[0])  # before the database read: see above
-    return _api_key_read_and_cache(raw_key_hash=cache_key[1], cache_key=cache_key, epoch=epoch)
-
-
-def _api_key_read_and_cache(*, raw_key_hash: str, cache_key: tuple[str, str], epoch: bytes | None) -> ApiKey | None:
-    generation = _api_key_cache_generation
-    api_key = _api_key_get_active_by_hash(key_hash=raw_key_hash)
-    ttl = _api_key_cache_ttl()
-    # Not cached: Redis did not answer (nothing to confirm a hit against), or this
-    # process invalidated its cache during the read (the row read may be the old one).
-    if api_key is not None and epoch is not None and ttl > 0 and generation == _api_key_cache_generation:
-        if len(_api_key_cache) >= _API_KEY_CACHE_MAX_ENTRIES:
-            _api_key_cache.clear()
-        _api_key_cache[cache_key] = (_api_key_copy(api_key), time.monotonic() + ttl, epoch)
-    return api_key
-
-
 def api_key_get_active(*, raw_key: str) -> ApiKey | None:
-    """The live key row for `raw_key`, or None if unknown, revoked or past its overlap window.
-
-    Runs on every API request, so it is two indexed single-table statements in raw SQL
-    (the key by its hash, then its principal; a terminal with its store): the ORM's query
-    compilation cost more than the database work, and one six-table join cost ~0.5 ms of
-    planning per request. Rows become real model instances through `Model.from_db`.
-    """
-    return _api_key_get_active_by_hash(key_hash=api_key_hash(raw_key))
+    """The live key row for `raw_key`, or None if unknown, revoked or past its overlap
+    window: two indexed statements (the key by its hash, then its principal; a terminal
+    with its store). Most requests take the key from the per-process cache instead
+    (wallets.keycache)."""
+    return api_key_get_active_by_hash(key_hash=api_key_hash(raw_key))
 
 
-def _api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
-    key = _fetch_one(
-        ApiKey,
-        "a.key_hash = %s AND a.revoked_at IS NULL AND (a.expires_at IS NULL OR a.expires_at > %s)",
-        [key_hash, timezone.now()],
-    )
+def api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
+    live = Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+    key = ApiKey.objects.filter(live, key_hash=key_hash, revoked_at__isnull=True).first()
     if key is None:
         return None
-    # The principal as loaded here may be cached (above) with no signal when it changes, so
-    # it carries only columns no write changes after creation: a customer's contact
-    # columns (written by contact updates and staged migrations) and a staff member's
-    # login (the User row, edited in the admin) are left out and load on access, fresh.
+    # The principal as loaded here may be cached (wallets.keycache) with no signal when it
+    # changes, so it carries only columns no write changes after creation: a customer's
+    # contact columns (written by contact updates and staged migrations) and a staff
+    # member's login (the User row, edited in the admin) are left out and load on access, fresh.
     if key.customer_id is not None:
-        key.customer = _fetch_one(Customer, "a.id = %s", [key.customer_id], only=_CUSTOMER_PRINCIPAL_FIELDS)
+        key.customer = Customer.objects.only(*_CUSTOMER_PRINCIPAL_FIELDS).filter(pk=key.customer_id).first()
     elif key.merchant_id is not None:
-        key.merchant = _fetch_one(Merchant, "a.id = %s", [key.merchant_id])
+        key.merchant = Merchant.objects.filter(pk=key.merchant_id).first()
     elif key.terminal_id is not None:
-        terminal = _fetch_one(Terminal, "a.id = %s", [key.terminal_id], join=Store, join_on="store_id")
+        terminal = Terminal.objects.select_related("store").filter(pk=key.terminal_id).first()
         if terminal is None:
             return None
         key.terminal = terminal
     elif key.staff_id is not None:
-        staff = _fetch_one(StaffMember, "a.id = %s", [key.staff_id])
+        staff = StaffMember.objects.filter(pk=key.staff_id).first()
         # A deactivated employee's keys stop working with their login. A key already in
         # the cache is caught by the admin face, which reads the login at every request.
         if staff is None or staff_login_active(staff=staff) is None:
@@ -202,41 +79,6 @@ def _api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
 
 
 _CUSTOMER_PRINCIPAL_FIELDS = ("id", "name", "created")
-
-
-def _columns(model: type[Model], alias: str, only: tuple[str, ...] | None = None) -> tuple[list[str], str]:
-    fields = [f for f in model._meta.concrete_fields if only is None or f.attname in only]
-    return [f.attname for f in fields], ", ".join(f'{alias}."{f.column}"' for f in fields)
-
-
-def _fetch_one(
-    model: type[M], where: str, params: list[Any], *, join: type[Model] | None = None, join_on: str = "",
-    only: tuple[str, ...] | None = None,
-) -> M | None:
-    """One row of `model` (and optionally the row it points to through `join_on`) as
-    model instances, from a raw single statement. `where` is trusted SQL (never client
-    input) naming `model`'s columns as `a.<column>`; values go in `params`. `only`: the
-    fields to load (the others are deferred: loaded from the database on access)."""
-    names, select = _columns(model, "a", only)
-    table = model._meta.db_table
-    sql = f'SELECT {select}'
-    if join is not None:
-        join_names, join_select = _columns(join, "b")
-        sql += f', {join_select} FROM "{table}" a JOIN "{join._meta.db_table}" b ON b."{join._meta.pk.column}" = a."{join_on}"'
-    else:
-        join_names = []
-        sql += f' FROM "{table}" a'
-    sql += f" WHERE {where} LIMIT 1"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    obj = model.from_db(connection.alias, names, row[: len(names)])
-    if join is not None:
-        related = join.from_db(connection.alias, join_names, row[len(names):])
-        setattr(obj, join_on.removesuffix("_id"), related)
-    return obj
 
 
 # --- Ledger integrity (reconciliation and tests) -------------------------------------

@@ -68,9 +68,9 @@ SHOW_PUBLIC_IF_NO_TENANT_FOUND = False
 TENANT_LIMIT_SET_CALLS = env.bool("TENANT_LIMIT_SET_CALLS", default=True)
 # Host -> tenant lookups are cached in each process this long (tenants/middleware.py).
 TENANT_CACHE_SECONDS = env.float("TENANT_CACHE_SECONDS", default=10.0)
-# Live API keys are cached per process at most this long (wallets.selectors; 0 turns the
+# Live API keys are cached per process at most this long (wallets.keycache; 0 turns the
 # cache off): ~0.7 ms of CPU and two statements a request saved. A hit is trusted only
-# while the tenant's API key epoch in Redis is unchanged (wallets.keyepoch), and revoke and
+# while the tenant's API key epoch in Redis is unchanged (wallets.keycache), and revoke and
 # rotate bump it after commit, so they hold on the next request in every process. This
 # TTL only bounds the rare case of a bump Redis did not take while it still answers reads
 # (counted in tally_api_key_epoch_bump_failures_total); with 30 s a key used steadily is
@@ -78,13 +78,13 @@ TENANT_CACHE_SECONDS = env.float("TENANT_CACHE_SECONDS", default=10.0)
 TALLY_API_KEY_CACHE_SECONDS = env.float("TALLY_API_KEY_CACHE_SECONDS", default=30.0)
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/tally")}
-DATABASES["default"]["ENGINE"] = "tenants.postgresql_backend"  # django-tenants', one SET fewer a request
+DATABASES["default"]["ENGINE"] = "fastpath.backend"  # django-tenants', with prepared statements (fastpath.prepared)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=3))
 # The payment path's hot statements go as server-side prepared statements, parsed and
-# planned once per connection (tenants/postgresql_backend/prepared.py). Turn off behind a
+# planned once per connection (fastpath/prepared.py). Turn off behind a
 # pooler that does not keep a server session per client (pgbouncer in transaction mode).
 TALLY_DB_PREPARED_STATEMENTS = env.bool("TALLY_DB_PREPARED_STATEMENTS", default=True)
 DATABASE_ROUTERS = ("django_tenants.routers.TenantSyncRouter",)

@@ -53,7 +53,7 @@ from payments.idempotency.selectors import (
     idempotency_record_snapshot,
     idempotency_stuck_count,
 )
-from tenants.postgresql_backend.prepared import prepared_statement_register
+from payments.idempotency.statements import CLAIM_SQL, COMPLETE_SQL
 from wallets import ids
 from wallets import metrics as wallet_metrics
 from wallets.errors import TallyError, Unavailable
@@ -183,24 +183,6 @@ class _WaitTimedOut(Exception):
 
 # --- SQL ---------------------------------------------------------------------------------
 
-# The claim and the completion, one each per keyed request, go as prepared statements
-# (tenants/postgresql_backend/prepared.py).
-#
-# set_config in a MATERIALIZED CTE runs before the INSERT tries its row, so the wait on
-# a concurrent uncommitted claim of the same key is bounded by lock_timeout, in one
-# round trip.
-_CLAIM_SQL = prepared_statement_register("""
-WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true) AS lock_timeout)
-INSERT INTO idempotency_record
-    (principal_id, "key", scope, effect, fingerprint, state, fence, lease_expires_at,
-     request_id, method, path, minted, created, updated)
-SELECT %s, %s, %s, %s, %s, 'in_flight', 1, clock_timestamp() + make_interval(secs => %s::double precision),
-       %s, %s, %s, '{}'::jsonb, clock_timestamp(), clock_timestamp()
-FROM cfg
-ON CONFLICT (principal_id, "key") DO NOTHING
-RETURNING id, created
-""")
-
 _TAKEOVER_SQL = """
 UPDATE idempotency_record SET
     state = 'in_flight', fence = fence + 1,
@@ -213,15 +195,6 @@ UPDATE idempotency_record SET
 WHERE id = %s AND fence = %s AND state = %s
 RETURNING fence, created, minted
 """
-
-_COMPLETE_SQL = prepared_statement_register("""
-UPDATE idempotency_record SET
-    state = 'completed', response_status = %s, response_headers = %s::jsonb, response_body = %s,
-    minted = %s::jsonb, request_id = %s, completed_at = clock_timestamp(), updated = clock_timestamp(),
-    lease_expires_at = NULL
-WHERE id = %s AND fence = %s AND state = 'in_flight'
-RETURNING created
-""")
 
 
 def _ms(seconds: float) -> str:
@@ -248,7 +221,7 @@ def _claim_insert(*, call: IdempotentCall, effect: str, lease_seconds: int, rema
     try:
         with connection.cursor() as cursor:
             cursor.execute(
-                _CLAIM_SQL,
+                CLAIM_SQL,
                 [
                     _ms(remaining_seconds), call.principal_id, call.key, call.scope, effect, call.fingerprint,
                     lease_seconds, call.request_id, call.method[:10], call.path[:512],
@@ -301,7 +274,7 @@ def _store_completed(*, ctx: IdempotencyContext, call: IdempotentCall, response:
     Takes the record's row lock. Returns the claim time, or None if the fence moved."""
     with connection.cursor() as cursor:
         cursor.execute(
-            _COMPLETE_SQL,
+            COMPLETE_SQL,
             [
                 response.status, json.dumps(response.headers, sort_keys=True), response.body, json.dumps(ctx.minted, sort_keys=True),
                 call.request_id, ctx.record_id, ctx.fence,

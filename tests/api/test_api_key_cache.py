@@ -1,5 +1,5 @@
-"""The per-process cache of live API keys (wallets.selectors, TALLY_API_KEY_CACHE_SECONDS)
-and the per-tenant API key epoch that keeps it correct across processes (wallets.keyepoch).
+"""The per-process cache of live API keys (wallets.keycache, TALLY_API_KEY_CACHE_SECONDS)
+and the per-tenant API key epoch that keeps it correct across processes (fastpath.epochs).
 
 A key revoked or rotated through the services stops working on the next request in every
 process: here, in the process that did it, and (the tests with `_in_another_process`) in
@@ -34,13 +34,13 @@ from django.test import Client
 from django.utils import timezone
 
 from apikit import throttling
+from fastpath import epochs
 from payments.idempotency.models import IdempotencyRecord
 from payments.models import PaymentToken
 from tenants.models import Tenant
 from tests.api.conftest import Api, World, error_of
 from tests.conftest import TENANT_A, TENANT_B
-from wallets import keyepoch
-from wallets.keyepoch import api_key_epoch_bump
+from wallets.keycache import api_key_epoch_bump
 from wallets.metrics import API_KEY_EPOCH_BUMP_FAILURES
 from wallets.models import ApiKey, Customer
 from wallets.services.principals import api_key_create, api_key_revoke, api_key_rotate, customer_create
@@ -103,7 +103,7 @@ def test_a_cached_key_of_one_tenant_never_opens_another(
 
 
 def test_cache_hits_are_copies(api: Api, world: World, settings: Any) -> None:
-    from wallets.selectors import api_key_cache_fill, api_key_cache_get
+    from wallets.keycache import api_key_cache_fill, api_key_cache_get
 
     settings.TALLY_API_KEY_CACHE_SECONDS = 60
     first = api_key_cache_fill(raw_key=world.customer.key)
@@ -118,6 +118,7 @@ def test_cache_hits_are_copies(api: Api, world: World, settings: Any) -> None:
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = "/v1/customer/payment_tokens"
+KEY_LOOKUP = '"wallets_apikey"."key_hash" = %s'  # the key read by its hash
 
 
 @contextmanager
@@ -126,7 +127,7 @@ def _auth_statements() -> Iterator[list[str]]:
     seen: list[str] = []
 
     def spy(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if "a.key_hash" in sql:
+        if KEY_LOOKUP in sql:
             seen.append(sql)
         return execute(sql, params, many, context)
 
@@ -177,7 +178,7 @@ def private_redis(settings: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[su
             time.sleep(0.02)
     settings.REDIS_URL = f"redis://127.0.0.1:{port}/0"
     monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
-    monkeypatch.setattr(keyepoch, "_read_down_until", 0.0)
+    monkeypatch.setattr(epochs, "_read_down_until", 0.0)
     yield proc
     if proc.poll() is None:
         proc.kill()
@@ -252,7 +253,7 @@ def test_a_revoke_that_commits_during_the_cache_fill_is_not_trusted(live_key: Li
 
     def revoke_after_the_key_read(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         result = execute(sql, params, many, context)
-        if "a.key_hash" in sql and not revoked:
+        if KEY_LOOKUP in sql and not revoked:
             revoked.append(True)
             _in_another_process(f"api_key_revoke(api_key=ApiKey.objects.get(pk={live_key.key_id!r}))")
         return result

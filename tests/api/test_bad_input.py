@@ -181,7 +181,7 @@ def test_throttle_windows_count_each_request_and_expire_once(api: Api, world: Wo
     from types import SimpleNamespace
 
     from apikit import throttling
-    from wallets.fastredis import fast_redis
+    from fastpath.fastredis import fast_redis
 
     monkeypatch.setattr(throttling, "time", SimpleNamespace(time=lambda: 1_800_000_030.0))
     tenant.extra_settings = {"throttle_rates": {"api_key": "100/min", "tenant": "1000/min"}}

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import schemathesis
+from django.core.handlers.wsgi import WSGIHandler
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
-from config.handlers import ApiSplitHandler
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import World
 from tests.api.schemathesis_live_hooks import idempotency_key_refresh
@@ -45,7 +45,7 @@ CONFIG = SchemathesisConfig.from_dict(
 )
 schema = schemathesis.openapi.from_dict(_schema_dict(), config=CONFIG)
 # In-process WSGI transport (the checks' own probes use it too); tenant A's host.
-schema.app = ApiSplitHandler()  # the application config.wsgi serves
+schema.app = WSGIHandler()  # the application config.wsgi serves
 schema.config.update(base_url=f"http://{TENANT_A['domain']}")
 
 

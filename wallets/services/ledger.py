@@ -6,7 +6,7 @@ open it through wallets.transactions). Rules live here once: frozen wallets, fun
 (balance - held >= debit), caps (balance + credit <= cap), and double entry (every
 transaction sums to zero per asset). Every check happens before `ledger_post` writes, so
 a refusal leaves nothing behind; the one caller that writes its ledger rows before the
-checks (`ledger_rows_write`, the payment path) does it in a savepoint it rolls back on a
+checks (`ledger_rows_new`, the payment path) does it in a savepoint it rolls back on a
 refusal. Locks: wallets/locks.py.
 """
 
@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import BigIntegerField, Case, F, Value, When
+from django.db.models import F
 from django.utils import timezone
 
-from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, InsertBatch, Param
 from wallets.daily_totals import merchant_daily_totals_record
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, balance_want, hold_lock
@@ -40,6 +39,7 @@ from wallets.models import (
     LedgerTransaction,
     SystemRole,
 )
+from wallets.rows import balance_rows_add, rows_insert
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def ledger_post(
     capture, which so locks its balance rows once).
 
     `written`: the transaction and entries of exactly these `legs`, already inserted by
-    `ledger_rows_write` in this transaction (the payment path writes them before it locks,
+    `ledger_rows_new` and inserted in this transaction (the payment path writes them before it locks,
     so the wallet row stays locked for less). Such a caller has written first, so it runs
     both inside a savepoint it rolls back when this refuses (payments.services.charges).
 
@@ -132,12 +132,13 @@ def ledger_post(
         deltas[row.pk] += amount
 
     # Phase 2: write.
-    _balances_add(deltas, held_deltas)
+    balance_rows_add(changes=deltas, held_changes=held_deltas)
     if consume_hold is not None:
         consume_hold.status = HoldStatus.CAPTURED
         consume_hold.save(update_fields=["status", "updated"])
     if written is None:
-        txn = ledger_rows_write(kind=kind, reference=reference, legs=legs, created=created or timezone.now())
+        txn, entries = ledger_rows_new(kind=kind, reference=reference, legs=legs, created=created or timezone.now())
+        rows_insert([txn], entries)
     elif (written.kind, written.reference) != (kind, reference):
         raise ValueError(f"written transaction {written.pk} is not this posting's")
     else:
@@ -148,24 +149,14 @@ def ledger_post(
     return txn
 
 
-def ledger_rows_write(
-    *, kind: str, reference: str, legs: Sequence[Leg], created: datetime, batch: InsertBatch | None = None
-) -> LedgerTransaction:
-    """Insert a balanced transaction and its entries (one per leg), moving no balance:
-    `ledger_post` does that, and is the only caller but the payment path, which calls this
-    first and passes the result to `ledger_post(written=)` (see there). With `batch`, the
-    rows are added to it and go when the caller executes it (before `ledger_post`). Locks:
-    none (new rows of append-only tables with no foreign keys to shared rows)."""
+def ledger_rows_new(*, kind: str, reference: str, legs: Sequence[Leg], created: datetime) -> tuple[LedgerTransaction, list[LedgerEntry]]:
+    """A balanced transaction and its entries (one per leg), not yet saved: the payment
+    path inserts them with its own rows in one round trip (wallets.rows), then passes the
+    transaction to `ledger_post(written=)`. Moves no balance."""
     _legs_validate(legs)
     txn = LedgerTransaction(kind=kind, reference=reference, created=created)
     entries = [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=created) for leg in legs]
-    own_batch = batch is None
-    batch = InsertBatch() if batch is None else batch
-    batch.add(_TRANSACTION_INSERT, [txn])
-    batch.add(_ENTRIES_INSERT, entries)
-    if own_batch:
-        batch.execute()
-    return txn
+    return txn, entries
 
 
 def _frozen_refuse(locked: LockedBalances, wants: Sequence[BalanceWant]) -> None:
@@ -207,53 +198,6 @@ def _merchant_debit_plan(shards: list[Balance], amount: int, deltas: dict[int, i
         if take > 0:
             deltas[row.pk] -= take
             remaining -= take
-
-
-def _balances_add(deltas: dict[int, int], held_deltas: dict[int, int]) -> None:
-    """One UPDATE for every changed row: balance = balance + its change, held likewise
-    (the rows are already locked, so the order it visits them in does not matter)."""
-    changes = {pk: delta for pk, delta in deltas.items() if delta != 0}
-    if not changes and not held_deltas:
-        return
-    rows = sorted(changes.keys() | held_deltas.keys())
-    values: dict[str, int] = {}
-    for index, pk in enumerate(rows):
-        values[f"row{index}"] = pk
-        if changes:
-            values[f"balance{index}"] = changes.get(pk, 0)
-        if held_deltas:
-            values[f"held{index}"] = held_deltas.get(pk, 0)
-    updated = _BALANCES_ADD.get((len(rows), bool(changes), bool(held_deltas))).update(**values)
-    if updated != len(rows):
-        raise RuntimeError(f"balance update changed {updated} of {len(rows)} locked rows")
-
-
-def _balances_add_statement(shape: tuple[int, bool, bool]) -> CompiledQuery[Balance]:
-    """UPDATE .. SET balance = balance + CASE id WHEN .. END [, held likewise] WHERE id IN
-    (..) for `rows` rows: each row's change is a parameter (wallets.compiled)."""
-    rows, balance, held = shape
-    updates = {}
-    if balance:
-        updates["balance"] = F("balance") + _per_row("balance", rows=rows)
-    if held:
-        updates["held"] = F("held") + _per_row("held", rows=rows)
-    return CompiledQuery(Balance.objects.filter(pk__in=[Param(f"row{i}") for i in range(rows)]), update=updates, prepared=True)
-
-
-def _per_row(column: str, *, rows: int) -> Param | Case:
-    """The change of each row, as one SQL expression."""
-    if rows == 1:
-        return Param(f"{column}0", output_field=BigIntegerField())
-    whens = [When(pk=Param(f"row{i}"), then=Param(f"{column}{i}", output_field=BigIntegerField())) for i in range(rows)]
-    return Case(*whens, default=Value(0), output_field=BigIntegerField())
-
-
-# The ledger's inserts, compiled once per process and row count (wallets.compiled).
-_TRANSACTION_INSERT = CompiledInsert(LedgerTransaction)
-_ENTRIES_INSERT = CompiledInsert(LedgerEntry)
-
-# Compiled once per shape and process: compiling this UPDATE cost a quarter of a payment's Python.
-_BALANCES_ADD: CompiledShapes[Balance] = CompiledShapes(_balances_add_statement)
 
 
 def _net(legs: Iterable[Leg]) -> dict[tuple[Account, str], int]:

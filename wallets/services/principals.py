@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import User
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -16,7 +16,7 @@ from wallets import ids
 from wallets.contacts import MIGRATION as CONTACTS_MIGRATION
 from wallets.contacts import contact_new_fields
 from wallets.errors import InvalidState, NotPermitted
-from wallets.keyepoch import api_key_epoch_bump
+from wallets.keycache import api_key_cache_invalidate
 from wallets.models import (
     KEY_PREFIXES,
     Account,
@@ -30,7 +30,7 @@ from wallets.models import (
     Store,
     Terminal,
 )
-from wallets.selectors import api_key_cache_clear, api_key_hash
+from wallets.selectors import api_key_hash
 from wallets.services.audit import audit_record
 from wallets.services.ledger import balance_rows_create
 from wallets.staged.phases import staged_phase, writes_new, writes_old
@@ -155,28 +155,12 @@ def api_key_rotate(*, api_key: ApiKey, issuer: User, overlap: timedelta = timede
     if api_key.expires_at is None or api_key.expires_at > expires_at:
         api_key.expires_at = expires_at
         api_key.save(update_fields=["expires_at"])
-        _api_key_cache_invalidate()
+        api_key_cache_invalidate()
     audit_record(
         action="api_key.rotate", target_type="api_key", target_id=api_key.pk, before=before,
         after={**_api_key_state(api_key), "successor": new_key.pk},
     )
     return new_key, raw_key
-
-
-def _api_key_cache_invalidate() -> None:
-    """Make every process stop trusting its cached keys of this tenant: this one now and
-    again once the change commits (a row read in between is the old one); the others
-    through the tenant's API key epoch, bumped after commit (wallets.keyepoch): bumped
-    before, a process could read the old row after the bump and cache it under the new
-    epoch. Call inside the transaction that writes the change."""
-    schema = str(getattr(connection, "schema_name", "public"))
-
-    def after_commit() -> None:
-        api_key_cache_clear()
-        api_key_epoch_bump(schema=schema)
-
-    api_key_cache_clear()
-    transaction.on_commit(after_commit, robust=True)
 
 
 # last_used_at is advisory (shown to operators when pruning keys): one write per key per
@@ -210,7 +194,7 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
         before = _api_key_state(api_key)
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
-        _api_key_cache_invalidate()
+        api_key_cache_invalidate()
         audit_record(action="api_key.revoke", target_type="api_key", target_id=api_key.pk, before=before, after=_api_key_state(api_key))
     return api_key
 

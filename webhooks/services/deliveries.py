@@ -10,7 +10,6 @@ one still publishing earlier ones.
 
 from __future__ import annotations
 
-import functools
 import http.client
 import json
 import logging
@@ -27,8 +26,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from payments.models import OutboxEvent
-from payments.services.outbox import outbox_relay_kick_on_commit
-from wallets.compiled import CompiledInsert, CompiledQuery, CompiledShapes, Param
+from payments.relaykick import outbox_relay_kick_on_commit
 from webhooks import metrics
 from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
 from webhooks.locks import endpoint_dispatch_lock, webhook_delivery_lock
@@ -76,7 +74,7 @@ DRAIN_PAGE_SIZE = 20
 PAGE_FRESH_SECONDS = 1.0
 
 
-def _pending_page_statement(endpoint_id: str | Param) -> QuerySet[WebhookDelivery]:
+def _pending_page_statement(endpoint_id: str) -> QuerySet[WebhookDelivery]:
     """The endpoint's next pending deliveries in event order, each carrying the watermark:
     (created, id) of the oldest unpublished live outbox event, read in the same statement
     (`watermark_created`, `watermark_id`; None when every event is published)."""
@@ -89,16 +87,8 @@ def _pending_page_statement(endpoint_id: str | Param) -> QuerySet[WebhookDeliver
     )
 
 
-@functools.cache
-def _pending_page_compiled() -> CompiledQuery[WebhookDelivery]:
-    # Compiled once per process (wallets.compiled): building this three-table select with
-    # its two subqueries cost ~1.5 ms of Python per read, two reads per delivery to a
-    # quiet endpoint.
-    return CompiledQuery(_pending_page_statement(Param("endpoint_id")))
-
-
 def _pending_page(*, endpoint_id: str) -> list[WebhookDelivery]:
-    return _pending_page_compiled().select(endpoint_id=endpoint_id)
+    return list(_pending_page_statement(endpoint_id))
 
 
 def webhook_deliveries_dispatch(*, now: datetime | None = None, time_budget_seconds: float = 60.0) -> int:
@@ -247,18 +237,11 @@ def _delivery_send(*, delivery: WebhookDelivery, now: datetime, connections: Web
     )
 
 
-# Every delivery writes these two (wallets.compiled): the attempts' INSERT, and the
-# delivered deliveries' UPDATE, compiled once per process (and row count) instead of on
-# every attempt.
-_ATTEMPT_INSERT = CompiledInsert(WebhookDeliveryAttempt)
-
-
 def _delivered_rows(
     pks: Sequence[Any], times: Sequence[Any], codes: Sequence[Any]
 ) -> tuple[QuerySet[WebhookDelivery], dict[str, Any]]:
     """The UPDATE of delivered deliveries (as a queryset and its update values): each row
-    gets its own attempt's time and status code. Built with `Param`s to compile it once
-    per row count, and with real values by the test that compares the two."""
+    gets its own attempt's time and status code."""
 
     def per_row(values: Sequence[Any], output_field: Any) -> Cast:
         # Cast, as Django's bulk_update does on PostgreSQL: a CASE of bound parameters has
@@ -274,19 +257,6 @@ def _delivered_rows(
     }
 
 
-def _delivered_rows_statement(count: int) -> CompiledQuery[WebhookDelivery]:
-    names = range(count)
-    queryset, update = _delivered_rows(
-        [Param(f"pk{i}") for i in names], [Param(f"at{i}", output_field=DateTimeField()) for i in names],
-        [Param(f"code{i}", output_field=PositiveSmallIntegerField()) for i in names],
-    )
-    return CompiledQuery(queryset, update=update)
-
-
-# Compiled once per row count (at most a page of them, DRAIN_PAGE_SIZE) and process.
-_DELIVERED_ROWS: CompiledShapes[WebhookDelivery] = CompiledShapes(_delivered_rows_statement)
-
-
 def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
     """Record sent attempts in one transaction: their attempt rows (one INSERT), the
     delivered deliveries (one UPDATE), and what follows each failure; count them once it
@@ -295,7 +265,7 @@ def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
     if not outcomes:
         return
     with transaction.atomic():
-        _ATTEMPT_INSERT.insert_many(
+        WebhookDeliveryAttempt.objects.bulk_create(
             [
                 WebhookDeliveryAttempt(
                     delivery=o.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
@@ -306,10 +276,10 @@ def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
         )
         delivered = [o for o in outcomes if o.succeeded]
         if delivered:
-            values: dict[str, Any] = {}
-            for i, o in enumerate(delivered):
-                values[f"pk{i}"], values[f"at{i}"], values[f"code{i}"] = o.delivery.pk, o.attempted_at, o.status_code
-            _DELIVERED_ROWS.get(len(delivered)).update(**values)
+            rows, update = _delivered_rows(
+                [o.delivery.pk for o in delivered], [o.attempted_at for o in delivered], [o.status_code for o in delivered]
+            )
+            rows.update(**update)
         failures = [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
     if delivered:
         metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc(len(delivered))

@@ -24,7 +24,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from payments.models import OutboxEvent
-from payments.services.outbox import outbox_relay_kick_on_commit, outbox_relay_kick_pending_clear
+from payments.relaykick import outbox_relay_kick_on_commit, outbox_relay_kick_pending_clear
 from webhooks import metrics
 from webhooks.locks import outbox_event_lock, outbox_events_claim
 from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEndpointStatus

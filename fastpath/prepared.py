@@ -3,9 +3,9 @@ client-side binding.
 
 PostgreSQL parses, analyses and plans every statement it is sent; for the payment path's
 wide statements (the locking select of the balance rows joins three tables) that was
-about 40% of the backend's CPU per payment (bench/bench_request_cpu.py).
+about 40% of the backend's CPU per payment (docs/SPEED.md).
 psycopg's own prepared statements need server-side binding, which would send the
-payment's batch of inserts (`wallets.compiled.InsertBatch`) statement by statement and
+payment's batch of inserts (`fastpath.compiled.InsertBatch`) statement by statement and
 costs more Python than it saves. So Django keeps its client-side binding,
 and only the statements registered here go as prepared statements: on its first use on a
 connection a registered statement is sent once as `PREPARE tally_<hash> (...) AS <its SQL
@@ -13,7 +13,7 @@ with $1..$n>`, and from then on as `EXECUTE tally_<hash> (<values>)`, the values
 client-side as for any statement. The name is a hash of the SQL and its parameter types,
 so a name means one statement on every server session, whichever process prepared it.
 The SQL is unchanged, and still the ORM's own where the ORM compiled it
-(`wallets.compiled.CompiledQuery(..., prepared=True)`): Django's execute wrappers see the
+(`fastpath.compiled.CompiledQuery(..., prepared=True)`): Django's execute wrappers see the
 registered SQL, and its query log shows it with its values, as it would unprepared
 (`prepared_query_logged`). What a connection has prepared is in
 `prepared_statements_of` and in PostgreSQL's `pg_prepared_statements`.
@@ -70,7 +70,7 @@ else:
 
 _PLACEHOLDER = re.compile(r"%s")
 # Registered SQL -> its placeholder count. Registered statements are the compiled ones
-# (wallets.compiled.CompiledShapes bounds their shapes) and a few constants; past the cap,
+# (fastpath.compiled.CompiledShapes bounds their shapes) and a few constants; past the cap,
 # more are sent unprepared.
 _REGISTERED: dict[str, int] = {}
 _REGISTERED_MAX = 2048

@@ -1,19 +1,7 @@
-"""django-tenants' PostgreSQL backend, with the connection's health check and the
-request's `SET search_path` in one round trip.
-
-Every request that touches the database began with two statements before its own: the
-health check (`SELECT 1`, CONN_HEALTH_CHECKS: a persistent connection that died between
-requests is replaced instead of failing the request), then django-tenants' `SET
-search_path` for the request's tenant (its middleware calls `set_tenant` on every
-request, which forgets the path set before). Here the health check is that `SET`: it
-proves the connection works just as well, and django-tenants then finds the path set
-and issues nothing. The path is set afresh on every request, never trusted from an
-earlier one; django-tenants still forgets it on rollback, savepoint rollback and close.
-The SET goes on psycopg's own cursor, as Django's check does, so Django's query log and
-execute wrappers do not see it.
-
-Its cursors send a few registered hot statements as server-side prepared statements
-(prepared.py), and it names savepoints per transaction (`savepoint_name_in_transaction`).
+"""The database ENGINE ("fastpath.backend"): django-tenants' PostgreSQL backend, whose
+cursors send a few registered hot statements as server-side prepared statements
+(fastpath.prepared), and which names savepoints per transaction
+(`savepoint_name_in_transaction`, for fastpath.compiled's batches of inserts).
 """
 
 from __future__ import annotations
@@ -21,15 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db.backends.postgresql.base import Cursor
 from django.db.backends.postgresql.operations import DatabaseOperations
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
-from django_tenants.utils import quote_schema_name
-from psycopg import Error as DriverError
 from psycopg.pq import TransactionStatus
 
-from tenants.postgresql_backend.prepared import PreparingCursor, prepared_query_logged
+from fastpath.prepared import PreparingCursor, prepared_query_logged
 
 
 class Operations(DatabaseOperations):
@@ -77,26 +62,8 @@ class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
 
     def get_connection_params(self) -> dict[str, Any]:
         params: dict[str, Any] = super().get_connection_params()
-        # Registered hot statements go prepared (prepared.py), unless server-side binding
+        # Registered hot statements go prepared (fastpath.prepared), unless server-side binding
         # is asked for (psycopg prepares by itself then) or they are turned off.
         if params.get("cursor_factory") is Cursor and getattr(settings, "TALLY_DB_PREPARED_STATEMENTS", True):
             params["cursor_factory"] = PreparingCursor
         return params
-
-    def is_usable(self) -> bool:
-        if self.connection is None or not self.schema_name:
-            return bool(super().is_usable())  # no schema chosen: the plain check
-        try:
-            paths = self._get_cursor_search_paths()
-        except ValidationError:
-            return bool(super().is_usable())  # a name django-tenants refuses: it says so at the next cursor
-        self.search_path_set_schemas = None
-        try:
-            # A psycopg cursor directly, as Django's own check does: no Django wrapper,
-            # and no re-entry into `_cursor`.
-            with self.connection.cursor() as cursor:
-                cursor.execute("SET search_path = " + ",".join(quote_schema_name(p) for p in paths))
-        except DriverError:
-            return False
-        self.search_path_set_schemas = paths
-        return True

@@ -2,7 +2,7 @@
 
 Django compiles a QuerySet to SQL on every execution: resolving lookups through joins,
 quoting, building `CASE` expressions. On the payment path that compilation cost more
-Python than everything else the payment does (bench/bench_request_cpu.py). A compiled
+Python than everything else the payment does (docs/SPEED.md). A compiled
 statement is an ordinary QuerySet built once with `Param` placeholders where its values
 go; its first execution compiles it through Django's compiler, and later executions reuse
 that SQL with new values, through the same compiler machinery: rows still come back as
@@ -38,12 +38,9 @@ from django.db.models.sql.compiler import SQLCompiler, SQLInsertCompiler
 from django.db.models.sql.constants import ROW_COUNT
 from django.db.transaction import TransactionManagementError
 
-from tenants.postgresql_backend.prepared import prepared_statement_register
+from fastpath.prepared import prepared_statement_register
 
 M = TypeVar("M", bound=Model)
-# A compiled select asks for one list of columns' converters; more lists than this would be
-# a caller building new expressions per execution, so the cache starts over.
-_MAX_CONVERTER_ENTRIES = 8
 # Up to this many rows, a compiled insert sends one VALUES row of scalars per object, which
 # psycopg dumps for less than one array per column; past it, Django's one array per column.
 # The bound is psycopg's, not the planner's: psycopg converts a statement string once and
@@ -90,7 +87,6 @@ class _Compiled:
         self.sql = sql
         self.template = params
         self.slots = [(i, p.name) for i, p in enumerate(params) if isinstance(p, _Slot)]
-        self._converters: dict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = {}
 
     def bind(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         params = list(self.template)
@@ -107,26 +103,7 @@ class _Compiled:
         compiler.connection = connections[alias]
         sql, params = self.sql, self.bind(values)
         compiler.as_sql = lambda *args, **kwargs: (sql, params)  # type: ignore[method-assign]
-        work_out = compiler.get_converters
-        compiler.get_converters = lambda expressions: self._converters_of(expressions, work_out)  # type: ignore[method-assign]
         return compiler
-
-    def _converters_of(self, expressions: list[Any], work_out: Callable[[list[Any]], Any]) -> Any:
-        """The compiler's `get_converters`, worked out once per list of expressions. A
-        select's converters come from its columns' fields (PostgreSQL's operations add
-        none), and its columns are the prepared compiler's own objects, so every execution
-        asked again for the same answer: 0.09 ms of Python for a payment's locking select
-        (bench/bench_request_cpu.py). The entry keeps the expressions it was
-        worked out for, so an id in its key cannot be reused by another object while it
-        is kept."""
-        key = tuple(map(id, expressions))
-        entry = self._converters.get(key)
-        if entry is None:
-            if len(self._converters) >= _MAX_CONVERTER_ENTRIES:
-                self._converters.clear()
-            entry = (tuple(expressions), work_out(expressions))
-            self._converters[key] = entry
-        return entry[1]
 
 
 class _BoundQuery:
@@ -151,7 +128,7 @@ class CompiledQuery(Generic[M]):
     `update(**values)` runs `queryset.update(**update)` for the `update` mapping given at
     construction and returns the row count. Every `Param` name must be given a value.
     With `prepared`, its SQL goes to PostgreSQL as a server-side prepared statement,
-    parsed and planned once per connection (tenants/postgresql_backend/prepared.py).
+    parsed and planned once per connection (fastpath.prepared).
     """
 
     def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None, prepared: bool = False) -> None:
@@ -347,7 +324,7 @@ class InsertBatch:
 
     A statement costs Python whatever it does (a Django cursor, psycopg's query
     conversion, the round trip); the savepoint and four inserts a payment makes before it
-    locks its rows would go as five.
+    locks its rows went as five.
     Several statements in one string need psycopg's client-side binding, Django's default;
     on a connection with server-side binding (`OPTIONS["server_side_binding"]`) each goes
     on its own (`sends_statements_together`). An insert that must go through `save()` (a
@@ -467,7 +444,8 @@ def sends_statements_together(connection: Any) -> bool:
 def _batch_savepoint_name(connection: Any) -> str:
     """A name no earlier savepoint of this transaction has. One name shared by every batch
     would let a batch that fails before its SAVEPOINT ran go back to an earlier batch's
-    savepoint of the same name, undoing that batch. The project's backend (tenants.postgresql_backend, the only ENGINE) counts
+    savepoint of the same name, undoing that batch. The project's backend
+    (fastpath.backend, the only ENGINE) counts
     them per transaction, so the payment's batch string is the same on every payment and
     psycopg converts it once."""
     return str(connection.savepoint_name_in_transaction("tally_batch"))

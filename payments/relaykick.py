@@ -1,0 +1,104 @@
+"""The outbox relay's kick after commit, coalesced in Redis (fastpath.kicks): one kick per
+transaction and tenant schema, at most one pending kicked relay per schema, relays of a
+schema at most every RELAY_MIN_INTERVAL_MS.
+
+The relay lives above payments (webhooks.tasks, task "webhooks.outbox_relay"); payments
+never imports it. The kick sends the task BY NAME with the tenant schema in the header
+tenant-schemas-celery reads (`_schema_name`). The kick is only for latency: if it fails
+(broker down, a crash between commit and send) nothing is lost, the beat sweep
+("webhooks.relay_all_tenants") relays the event a few seconds later. It never raises into
+the caller: the money has already committed when it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from celery import current_app
+from django.conf import settings
+from django.db import connection, transaction
+
+from fastpath.kicks import kick_claim, kick_drop, kick_started
+
+logger = logging.getLogger(__name__)
+
+RELAY_TASK_NAME = "webhooks.outbox_relay"
+KICK_PENDING_SECONDS = 2
+RELAY_MIN_INTERVAL_MS = 100
+
+
+def _kick_pending_key(schema_name: str) -> str:
+    return f"tally:outbox:kick_pending:{schema_name}"
+
+
+def _relay_started_key(schema_name: str) -> str:
+    return f"tally:outbox:relay_started_ms:{schema_name}"
+
+
+class _RelayKick:
+    """The on-commit callback: one per transaction and tenant schema."""
+
+    def __init__(self, schema_name: str) -> None:
+        self.schema_name = schema_name
+
+    def __call__(self) -> None:
+        if not getattr(settings, "TALLY_OUTBOX_RELAY_KICK", True):
+            return  # kicks off: the beat sweep alone relays
+        headers = {"_schema_name": self.schema_name}
+        kick_token = ""
+        try:
+            if current_app.conf.task_always_eager:
+                # send_task ignores eager mode: run the registered task in this process
+                # (tests, and `CELERY_TASK_ALWAYS_EAGER=true` set-ups), as the worker would.
+                task = current_app.tasks.get(RELAY_TASK_NAME)
+                if task is not None:
+                    task.apply(headers=headers)
+                return
+            kick_token = secrets.token_hex(8)
+            wait_ms = _kick_pending_claim(self.schema_name, kick_token=kick_token)
+            if wait_ms is None:
+                return  # a kicked relay has not started yet: it will read this commit's event
+            # No publish retries: a broker that is down must not hold the request; the
+            # beat sweep catches up.
+            current_app.send_task(
+                RELAY_TASK_NAME, kwargs={"kick_token": kick_token}, headers=headers, retry=False, ignore_result=True,
+                countdown=wait_ms / 1000 if wait_ms else None,
+            )
+        except Exception:  # the money committed; the sweep relays what this kick missed
+            _kick_pending_drop(self.schema_name, kick_token=kick_token)
+            logger.warning("outbox relay kick failed; the beat sweep will relay", exc_info=True)
+
+
+def _kick_pending_claim(schema_name: str, *, kick_token: str) -> int | None:
+    """None when a kick is pending already (send nothing); else how many ms the relay this
+    commit kicks must wait (fastpath.kicks.kick_claim)."""
+    return kick_claim(
+        pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token,
+        pending_ms=KICK_PENDING_SECONDS * 1000, interval_ms=RELAY_MIN_INTERVAL_MS,
+    )
+
+
+def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
+    """A kick's publish failed: the next commit kicks again."""
+    if kick_token:  # else it failed before it claimed the mark
+        kick_drop(pending_key=_kick_pending_key(schema_name), token=kick_token)
+
+
+def outbox_relay_kick_pending_clear(*, schema_name: str, kick_token: str = "") -> None:
+    """A relay of `schema_name` starts: record its start, and if it is the relay the pending
+    mark's kick sent (`kick_token`), clear the mark, so the next commit kicks again (after
+    the interval). Call it before reading the outbox. A relay no kick sent (the beat sweep,
+    `manage.py outbox_relay`, an earlier kick's whose mark lapsed) leaves the mark alone:
+    the kicked relay it stands for has still to run."""
+    kick_started(pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token)
+
+
+def outbox_relay_kick_on_commit() -> None:
+    """Kick the relay once after the current transaction commits (at once outside one)."""
+    schema_name = str(getattr(connection, "schema_name", "public"))
+    for entry in connection.run_on_commit:
+        callback = entry[1]
+        if isinstance(callback, _RelayKick) and callback.schema_name == schema_name:
+            return
+    transaction.on_commit(_RelayKick(schema_name), robust=True)
