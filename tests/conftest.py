@@ -58,6 +58,20 @@ DjangoClientHandler = django.test.client.ClientHandler  # all of MIDDLEWARE on e
 django.test.client.ClientHandler = ApiSplitClientHandler  # type: ignore[misc]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", default=False,
+                     help="the fault suite's long form (`make proof`): more faults, longer outages, and the long_only scenarios")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long form only: run with --long (make proof)")
+    for item in items:
+        if item.get_closest_marker("long_only"):
+            item.add_marker(skip)
+
+
 def _public_tenant_ensure() -> None:
     connection.set_schema_to_public()
     public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Platform", "main_currency": "XXX"})
