@@ -22,6 +22,7 @@ reports it (130 for Ctrl-C).
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -70,7 +71,9 @@ def _ini(value: str) -> str:
 def supervisord_conf(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], state_dir: Path, grace_seconds: float = GRACE_SECONDS,
                      start_seconds: int = START_SECONDS) -> str:
     """supervisord's configuration for `entries`: one program each, run by /bin/sh as the
-    Procfile's line says; the stop signals go to its whole process group."""
+    Procfile's line says; the stop signals go to its whole process group. A line that is one
+    simple command is exec'd by the shell, so the program is the process supervisord watches
+    (and reports: "exited: worker (terminated by SIGKILL)")."""
     base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
     sections = [
         "[supervisord]\nnodaemon=true\nlogfile=/dev/null\nlogfile_maxbytes=0\nloglevel=info\n"
@@ -85,13 +88,17 @@ def supervisord_conf(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str]
             environment = f'environment=PORT="{base_port + 100 * index}"\n'
         sections.append(
             f"[program:{entry.name}]\n"
-            f"command={_ini(shlex.join(['/bin/sh', '-c', entry.command]))}\n"
+            f"command={_ini(shlex.join(['/bin/sh', '-c', _exec_simple(entry.command)]))}\n"
             f"directory={_ini(str(cwd))}\n{environment}"
             f"autostart=true\nautorestart=true\nstartsecs={start_seconds}\nstartretries={START_RETRIES}\n"
             f"stopsignal=TERM\nstopwaitsecs={max(1, round(grace_seconds))}\nstopasgroup=true\nkillasgroup=true\n"
             "redirect_stderr=true\nstdout_logfile=/dev/stdout\nstdout_logfile_maxbytes=0\n"
         )
     return "\n".join(sections)
+
+
+def _exec_simple(command: str) -> str:
+    return command if re.search(r"[;&|\n`]|\$\(", command) else f"exec {command}"
 
 
 def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], out: IO[bytes] | None = None,
