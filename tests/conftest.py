@@ -72,6 +72,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_FIGURES: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the fault scenarios' figure lines (tests.faults.figures) from their captured
+    output, also from xdist's workers, for the summary below."""
+    if report.when == "call":
+        _FIGURES.extend(line for line in report.capstdout.splitlines() if line.startswith("FIGURES "))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _FIGURES:
+        terminalreporter.section("fault scenarios: figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line[len("FIGURES "):])
+
+
 def _public_tenant_ensure() -> None:
     connection.set_schema_to_public()
     public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Platform", "main_currency": "XXX"})

@@ -4,7 +4,8 @@ Procfile under supervisord (config.procfile) as `make run` runs them, on the tes
 and a Redis of the test's own. Supervisor (or gunicorn's master, for its worker) starts each
 again, the others keep serving, clients send each unanswered key again until a final
 answer, and afterwards: one payment per key, none without its key's answer, no 500, every
-outbox event relayed, reconciliation clean."""
+outbox event relayed, reconciliation clean. A Redis outage follows the kills in each round:
+payments answer 201 or 503 through it and no process exits."""
 
 from __future__ import annotations
 
@@ -140,6 +141,11 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
             os.kill(psp, signal.SIGKILL)
             faults.append("psp simulator")
             _one(runner.pid, lambda pid, parent, cmd, p=psp: "simulator_server" in cmd and pid != p, "the PSP simulator started again")
+            time.sleep(2)
+            redis_server.stop()  # a Redis outage under the same payments: answers 201 or 503, nothing exits
+            time.sleep(2)
+            redis_server.start()
+            faults.append("redis outage")
         time.sleep(3)
         stop_new.set()
         for thread in threads:
@@ -156,7 +162,10 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
     supervised = log.read_text(errors="replace")
     for name in ("web", "worker", "psp"):
         assert f"exited: {name} (" in supervised, supervised[-3000:]
-    assert "exited: beat (" not in supervised.split("received SIGTERM")[0]  # the others kept running
+    before_stop = supervised.split("received SIGTERM")[0]
+    assert "exited: beat (" not in before_stop  # never killed, and the Redis outage ended nothing
+    for name in ("web", "worker", "psp"):  # each exited once a round: killed, never of the outage
+        assert before_stop.count(f"exited: {name} (") == rounds, before_stop[-3000:]
     finals = {o.key: o.answers[-1] for o in outcomes if o.answers and o.answers[-1][1] in FINAL}
     assert len(finals) == len(outcomes), f"{len(outcomes) - len(finals)} key(s) never got a final answer"
     assert not [a for o in outcomes for a in o.answers if a[1] == 500]

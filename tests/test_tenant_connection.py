@@ -57,6 +57,7 @@ def test_within_a_request_a_tenant_switch_still_sets_the_path(tenant_a: Tenant, 
     assert sent[0].startswith("SET search_path") and tenant_b.schema_name in path
 
 
+@pytest.mark.proof
 def test_a_connection_that_died_between_requests_is_replaced_with_the_path_set(live_tenant: Tenant) -> None:
     connection.ensure_connection()
     backend = connection.connection.info.backend_pid
