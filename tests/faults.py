@@ -112,7 +112,7 @@ class Proc:
             except ProcessLookupError:
                 pass
             try:
-                self.popen.wait(timeout=20)
+                self.popen.wait(timeout=10)  # a warm shutdown, or SIGKILL: the tests need nothing it would finish
             except subprocess.TimeoutExpired:
                 os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait()
