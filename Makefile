@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test lint chromium
+.PHONY: install run test proof lint chromium
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,16 @@ test: install chromium
 	$(BIN)/lint-imports --no-logo
 	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
+
+# The fault suite in its long form (docs/RELIABILITY.md): processes killed with SIGKILL under
+# payments, Redis stopped and started, PostgreSQL sessions ended, a primary killed and its
+# synchronous standby promoted, a webhook receiver down then up. Every fault lands on a
+# process or server the tests start (their own Redis and PostgreSQL pair); each scenario
+# prints a line of figures, gathered at the end. Needs PostgreSQL's server binaries
+# (initdb, pg_ctl, pg_basebackup) and redis-server, as `make test` does.
+proof: install
+	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
+	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} -m proof --long $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

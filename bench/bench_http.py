@@ -82,7 +82,7 @@ def _env(database_url: str, redis_url: str) -> dict[str, str]:
         DJANGO_SETTINGS_MODULE="config.settings.production",
         DJANGO_SECRET_KEY="bench-" + "x" * 50,
         DJANGO_ALLOWED_HOSTS="*",
-        # Production requires the contact keys (issue 12); any valid Fernet key will do here.
+        # Production requires the contact keys; any valid Fernet key will do here.
         TALLY_CONTACT_ENCRYPTION_KEYS=env.get("TALLY_CONTACT_ENCRYPTION_KEYS") or "YmVuY2gta2V5LWJlbmNoLWtleS1iZW5jaC1rZXktMDE=",
         TALLY_CONTACT_HASH_KEY=env.get("TALLY_CONTACT_HASH_KEY") or "bench-hash-" + "h" * 40,
         TALLY_LOG_LEVEL="WARNING",

@@ -392,7 +392,7 @@ def _pieces(request: Callable[[Any], None], application: Any, connection: Any) -
                 "batch_string_bytes": len(batch),
                 "batch_string_alike_on_two_payments": len(batches) == 2 and batches[0] == batches[1],
                 "batch_string_conversion_ms": {
-                    "converted (a string new on every payment, as before the tenth pass)": _per_call_ms(
+                    "converted (a string new on every payment)": _per_call_ms(
                         lambda: _query2pg_client_nocache(batch, encoding)
                     ),
                     "from psycopg's cache (savepoints named per transaction: the same string every payment)": _per_call_ms(
@@ -552,7 +552,7 @@ def main() -> None:
         "--steady",
         action="store_true",
         help="no work on a clock during the run (caches' TTLs, the relay kick's pending mark, CONN_MAX_AGE: see _steady), "
-        "so every timed request does the same work however slowly it runs (bench_instructions.py)",
+        "so every timed request does the same work however slowly it runs (under valgrind --tool=callgrind)",
     )
     args = parser.parse_args()
     if args.side and not args.ab:
@@ -616,7 +616,7 @@ def main() -> None:
     connection._commit = timed_commit  # type: ignore[method-assign]
     if args.steady:
         _steady()
-    if args.ab and args.side:  # one side of a lever alone, timed as usual (bench_instructions.py counts it)
+    if args.ab and args.side:  # one side of a lever alone: what callgrind counts (bench/README.md)
         sides = _ab_sides(args.ab, request, application)
         if args.side not in sides:
             raise SystemExit(f"--side: one of {sorted(sides)}")

@@ -8,8 +8,13 @@ from celery.signals import task_postrun, task_prerun
 from django.db import close_old_connections, connections
 from tenant_schemas_celery.app import CeleryApp
 
+from config.broker import broker_channel_patch
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
+# A Redis outage must not end the worker (config/broker.py); the web's and beat's kicks go
+# through the same channel class.
+broker_channel_patch()
 app = CeleryApp("tally")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()

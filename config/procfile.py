@@ -1,32 +1,33 @@
-"""Run the Procfile's processes for `make run`: each one's output relayed line by line with
-the time and its name, and all of them stopped when one exits, on Ctrl-C, or on SIGTERM,
-SIGHUP (a closed terminal: the children, in sessions of their own, would not get it) or
-SIGQUIT.
+"""Run the Procfile's processes for `make run` under supervisord (Supervisor, from PyPI): a
+process that exits is started again, and the others keep serving.
 
-honcho, the usual runner, relays every line through a helper process per child and a
-multiprocessing queue (a pickle and two pipe hops a line). Under `make run`'s load that
-costs 1.0-1.2 s of CPU every 10 s on the two cores the payments need: about three lines a
-payment (the request, the webhook attempt, the receiver's), at 0.13-0.44 ms each
-(measured with bench/cpu_by_process.py). Here one thread per process reads its pipe
-and writes whole lines under one lock.
+Supervisor restarts a process that exits after it was up `startsecs` at once; one that
+exits sooner counts as a failed start and is tried again after 1 s, then 2 s, 3 s, ...
+(its backoff), up to `startretries` times. It logs each exit and each start ("exited:
+worker (exit status 1; not expected)", "spawned: 'worker' with pid ..."), and starts each
+process in a process group of its own, so a stop reaches what it forked too (gunicorn's and
+Celery's workers): SIGTERM to the group, SIGKILL after `stopwaitsecs`. Its children's output
+goes straight to this process's standard output, as they write it.
 
-Each process starts in its own session, so stopping it reaches what it started too
-(gunicorn's and Celery's workers): SIGTERM to every process group, then SIGKILL to those
-still there after the grace period. The grace outlasts gunicorn's graceful timeout
-(config/gunicorn.py, 20 s), so requests in flight finish; a second signal, a second or
-more after the first, kills at once.
-As with honcho, `PORT` goes up by 100 per process type from the caller's (the first,
-`web`, gets it unchanged), and a run stopped by a signal exits 128 + its number, as a
-shell reports it (130 for Ctrl-C).
+This module writes supervisord's configuration from the Procfile and runs it in the
+foreground. It stays in front of supervisord because supervisord takes SIGHUP as "reload
+the configuration", and SIGHUP is what a closed terminal sends: here every stop signal
+(Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) becomes one SIGTERM to supervisord, which stops every
+process, waiting the grace; a second signal, a second or more after the first, kills them
+at once. As with honcho, `PORT` goes up by 100 per process type from the caller's (the
+first, `web`, gets it unchanged), and the run exits 128 + the signal's number, as a shell
+reports it (130 for Ctrl-C).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ from typing import IO
 GRACE_SECONDS = 25.0
 SECOND_SIGNAL_SECONDS = 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# A process that dies sooner than this after a start counts as a failed start (backoff).
+START_SECONDS = 5
+# Failed starts in a row before supervisor gives up on a process (its state FATAL): with the
+# backoff growing a second per try, about 80 minutes of a process that cannot start.
+START_RETRIES = 100
 
 
 @dataclass(frozen=True)
@@ -57,41 +63,48 @@ def procfile_read(path: Path) -> list[Entry]:
     return entries
 
 
-class _Output:
-    """Whole lines, one writer at a time; a closed output (`make run | head`) stops the run."""
-
-    def __init__(self, stream: IO[bytes], width: int) -> None:
-        self.stream, self.width = stream, width
-        self.lock = threading.Lock()
-        self.broken = threading.Event()
-
-    def line(self, name: str, text: bytes) -> None:
-        prefix = f"{time.strftime('%H:%M:%S')} {name:<{self.width}} | ".encode()
-        if not text.endswith(b"\n"):
-            text += b"\n"
-        with self.lock:
-            try:
-                self.stream.write(prefix + text)
-                self.stream.flush()
-            except (OSError, ValueError):  # a closed, full or broken output: stop, never block or die
-                self.broken.set()
+def _ini(value: str) -> str:
+    """A value for supervisord's configuration, which expands %(name)s itself."""
+    return value.replace("%", "%%")
 
 
-def _relay(process: subprocess.Popen[bytes], name: str, out: _Output) -> None:
-    assert process.stdout is not None
-    for text in iter(process.stdout.readline, b""):
-        out.line(name, text)
+def supervisord_conf(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], state_dir: Path, grace_seconds: float = GRACE_SECONDS,
+                     start_seconds: int = START_SECONDS) -> str:
+    """supervisord's configuration for `entries`: one program each, run by /bin/sh as the
+    Procfile's line says; the stop signals go to its whole process group. A line that is one
+    simple command is exec'd by the shell, so the program is the process supervisord watches
+    (and reports: "exited: worker (terminated by SIGKILL)")."""
+    base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
+    sections = [
+        "[supervisord]\nnodaemon=true\nlogfile=/dev/null\nlogfile_maxbytes=0\nloglevel=info\n"
+        f"pidfile={state_dir / 'supervisord.pid'}\ndirectory={_ini(str(cwd))}\nidentifier=tally\n",
+        f"[unix_http_server]\nfile={state_dir / 'supervisor.sock'}\nchmod=0700\n",
+        "[rpcinterface:supervisor]\nsupervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n",
+        f"[supervisorctl]\nserverurl=unix://{state_dir / 'supervisor.sock'}\n",
+    ]
+    for index, entry in enumerate(entries):
+        environment = ""
+        if base_port is not None:
+            environment = f'environment=PORT="{base_port + 100 * index}"\n'
+        sections.append(
+            f"[program:{entry.name}]\n"
+            f"command={_ini(shlex.join(['/bin/sh', '-c', _exec_simple(entry.command)]))}\n"
+            f"directory={_ini(str(cwd))}\n{environment}"
+            f"autostart=true\nautorestart=true\nstartsecs={start_seconds}\nstartretries={START_RETRIES}\n"
+            f"stopsignal=TERM\nstopwaitsecs={max(1, round(grace_seconds))}\nstopasgroup=true\nkillasgroup=true\n"
+            "redirect_stderr=true\nstdout_logfile=/dev/stdout\nstdout_logfile_maxbytes=0\n"
+        )
+    return "\n".join(sections)
+
+
+def _exec_simple(command: str) -> str:
+    return command if re.search(r"[;&|\n`]|\$\(", command) else f"exec {command}"
 
 
 def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], out: IO[bytes] | None = None,
-                  grace_seconds: float = GRACE_SECONDS) -> int:
-    """Start every entry, relay their output, and stop them all once one exits or this
-    process gets one of STOP_SIGNALS. Returns the exit code of the first one that exited
-    by itself, or 128 + the signal's number when a signal stopped the run."""
-    names = [f"{entry.name}.1" for entry in entries]
-    output = _Output(out if out is not None else sys.stdout.buffer, max([len("system"), *map(len, names)]))
-    # A plain flag: a handler that took a lock (Event.set) could deadlock against the main
-    # thread interrupted while holding the same lock (in Event.wait).
+                  grace_seconds: float = GRACE_SECONDS, start_seconds: int = START_SECONDS) -> int:
+    """Run every entry under supervisord until this process gets one of STOP_SIGNALS (or
+    supervisord ends); returns 128 + the signal's number, or supervisord's exit code."""
     stop: list[int] = []
     stop_times: list[float] = []
 
@@ -100,95 +113,59 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
         stop_times.append(time.monotonic())
 
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
-    running: list[tuple[str, subprocess.Popen[bytes]]] = []
-    relays: list[threading.Thread] = []
-    base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
-    first_exit: int | None = None
-    reported: set[str] = set()
-    try:
-        for index, (entry, name) in enumerate(zip(entries, names, strict=True)):
-            child_env = dict(env)
-            if base_port is not None:
-                child_env["PORT"] = str(base_port + 100 * index)
-            process = subprocess.Popen(
-                ["/bin/sh", "-c", entry.command], cwd=cwd, env=child_env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            running.append((name, process))
-            relay = threading.Thread(target=_relay, args=(process, name, output), name=f"relay-{name}", daemon=True)
-            relay.start()
-            relays.append(relay)
-            output.line("system", f"{name} started (pid={process.pid})".encode())
-        while first_exit is None and not stop and not output.broken.is_set():
-            for name, process in running:
-                code = process.poll()
-                if code is not None:
-                    output.line("system", f"{name} stopped (rc={code})".encode())
-                    reported.add(name)
-                    first_exit = code
-                    break
-            else:
-                time.sleep(0.2)
-    finally:
-        _stop_all(running, output, grace_seconds, reported, stop_times)
-        for relay in relays:
-            relay.join(timeout=2)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if first_exit is not None:
-        return first_exit
-    return 128 + stop[0] if stop else 0  # 0: the output closed
-
-
-def _stop_all(
-    running: list[tuple[str, subprocess.Popen[bytes]]], output: _Output, grace_seconds: float, reported: set[str], signal_times: list[float]
-) -> None:
-    """SIGTERM to every process group, then SIGKILL to the groups still there after the grace
-    (or at once when asked again: `_asked_again`)."""
-    groups = [(name, process.pid) for name, process in running]
-    if groups:
-        output.line("system", b"sending SIGTERM to all processes")
-    for _, group in groups:
-        _signal_group(group, signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and not _asked_again(signal_times) and any(_group_alive(group) for _, group in groups):
-        for _, process in running:
-            process.poll()  # reap the leaders, so that a finished group reads as gone
-        time.sleep(0.05)
-    why = "asked again" if _asked_again(signal_times) else f"did not stop in {grace_seconds:g} s"
-    for name, group in groups:
-        if _group_alive(group):
-            output.line("system", f"{name} {why}: SIGKILL".encode())
-            _signal_group(group, signal.SIGKILL)
-    for name, process in running:
+    with tempfile.TemporaryDirectory(prefix="tally-supervisor-") as state:  # a short path: the socket's is limited
+        conf = Path(state) / "supervisord.conf"
+        conf.write_text(supervisord_conf(entries, cwd=cwd, env=env, state_dir=Path(state), grace_seconds=grace_seconds,
+                                         start_seconds=start_seconds))
+        target = out if out is not None else sys.stdout.buffer
+        target.flush()
+        supervisord = subprocess.Popen(
+            [str(Path(sys.executable).parent / "supervisord"), "-c", str(conf)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=target, stderr=subprocess.STDOUT, start_new_session=True,  # our signals, not the terminal's, reach it
+        )
         try:
-            code = process.wait(timeout=grace_seconds)
-        except subprocess.TimeoutExpired:
+            asked = 0
+            while supervisord.poll() is None:
+                if len(stop) > asked:
+                    if asked == 0:
+                        supervisord.send_signal(signal.SIGTERM)
+                    elif stop_times[-1] - stop_times[0] >= SECOND_SIGNAL_SECONDS:
+                        _kill_children_of(supervisord.pid)
+                    asked = len(stop)
+                time.sleep(0.1)
+        finally:
+            if supervisord.poll() is None:
+                supervisord.send_signal(signal.SIGTERM)
+                try:
+                    supervisord.wait(timeout=grace_seconds + 5)
+                except subprocess.TimeoutExpired:
+                    _kill_children_of(supervisord.pid)
+                    supervisord.kill()
+                    supervisord.wait()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return 128 + stop[0] if stop else supervisord.returncode
+
+
+def _kill_children_of(parent: int) -> None:
+    """SIGKILL to the process group of each process supervisord started."""
+    for pid in _children(parent):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _children(parent: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
-        if name not in reported:
-            output.line("system", f"{name} stopped (rc={code})".encode())
-
-
-def _asked_again(signal_times: list[float]) -> bool:
-    """Whether to kill now: a stop signal came at least SECOND_SIGNAL_SECONDS after an
-    earlier one. Closer together they are one request delivered twice (`kill -TERM` to
-    `make run`'s process group reaches this process, and make forwards SIGTERM to it too);
-    one signal alone, even after a process's exit began the stop, keeps the grace."""
-    return len(signal_times) > 1 and signal_times[-1] - signal_times[0] >= SECOND_SIGNAL_SECONDS
-
-
-def _signal_group(group: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(group, sig)
-    except ProcessLookupError:
-        pass  # the whole group is gone already
-    except PermissionError:
-        pass  # its leader's id now names another user's group: ours is gone
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except (ProcessLookupError, PermissionError):  # gone, or its id now names another user's group
-        return False
-    return True
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(") ", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(fields[1]) == parent:
+            children.append(int(entry))
+    return children

@@ -1,6 +1,7 @@
 """`make run`: pick servers, migrate, seed the demo tenant, start every process.
 
-Processes come from the Procfile and run under `config.procfile`; Ctrl-C stops them all.
+Processes come from the Procfile and run under supervisord (`config.procfile`): one that
+exits is started again, with a backoff when it keeps failing; Ctrl-C stops them all.
 Embedded PostgreSQL/Redis (when no server answers) keep running under var/ so the
 next `make run` reuses the same data.
 """
@@ -63,8 +64,8 @@ def main() -> int:
     demo = settings.TALLY_DEMO_DOMAIN
     lines = [
         "",
-        "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver, the PSP simulator)."
-        " Ctrl-C stops everything.",
+        "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver, the PSP simulator)"
+        " under supervisord: a process that exits is started again. Ctrl-C stops everything.",
         f"  admin (demo tenant):  http://{demo}:{port}/admin/   user admin / {seeded['admin_password']}",
         "                        (also viewer, operator, finance, finance2: one per role, same password; set on every run)",
         f"  admin (platform):     http://{settings.TALLY_PUBLIC_DOMAIN}:{port}/admin/   user admin / same password"

@@ -20,7 +20,7 @@ its own start: relays every 50 ms, not 100, with half the events a run. With the
 Relays of one schema also start at most every `interval_ms`: a kick that comes
 sooner after the last relay started sends its task with a countdown for the rest of the
 interval. A relay run costs ~4 ms of CPU and 9 statements whatever it finds
-(bench/bench_relay_cpu.py: 5.6 ms per event at one event a run, 2.6 at twenty), and
+(5.6 ms per event at one event a run, 2.6 at twenty), and
 under steady payments a run per commit took that from the web workers on the same
 cores. The interval adds at most itself to an event's lag; the first event after a
 quiet spell waits for nothing. Each step is one Lua script, one round trip, timed by

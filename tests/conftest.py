@@ -27,6 +27,37 @@ TENANT_A = {"schema_name": "test_a", "domain": "a.test.localhost", "name": "Tena
 TENANT_B = {"schema_name": "test_b", "domain": "b.test.localhost", "name": "Tenant B", "main_currency": "EUR", "currency_exponent": 2}
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--long", action="store_true", default=False,
+                     help="the fault suite's long form (`make proof`): more faults, longer outages, and the long_only scenarios")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--long"):
+        return
+    skip = pytest.mark.skip(reason="long form only: run with --long (make proof)")
+    for item in items:
+        if item.get_closest_marker("long_only"):
+            item.add_marker(skip)
+
+
+_FIGURES: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect the fault scenarios' figure lines (tests.faults.figures) from their captured
+    output, also from xdist's workers, for the summary below."""
+    if report.when == "call":
+        _FIGURES.extend(line for line in report.capstdout.splitlines() if line.startswith("FIGURES "))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _FIGURES:
+        terminalreporter.section("fault scenarios: figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line[len("FIGURES "):])
+
+
 def _public_tenant_ensure() -> None:
     connection.set_schema_to_public()
     public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Platform", "main_currency": "XXX"})

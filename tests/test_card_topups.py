@@ -172,6 +172,7 @@ def test_a_psp_5xx_converges_to_one_charge_and_one_credit(live: Live) -> None:
     assert len(live.charges()) == 1 and live.credits(again.json()["id"]) == 1 and live.balance() == 1000
 
 
+@pytest.mark.proof
 def test_a_timeout_after_the_psp_charged_is_recovered_without_the_client(live: Live) -> None:
     live.sim.faults(hang_after_charge=1, hang_seconds=3)
     idem = uuid.uuid4().hex
@@ -315,6 +316,7 @@ def _post_raw(port: int, key: str, idem: str, body: dict[str, Any]) -> None:
         pass
 
 
+@pytest.mark.proof
 def test_web_killed_between_the_charge_and_the_completion_is_recovered_once(live: Live, web: Any) -> None:
     server, port = web(TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS="60")
     idem = uuid.uuid4().hex

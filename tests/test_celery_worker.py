@@ -94,6 +94,7 @@ def _relayed_by_the_worker(live_tenant: Tenant, merchant_id: str, n: int, proces
     _until(lambda: OutboxEvent.objects.filter(pk=event.pk, published_at__isnull=False).exists(), process, f"the worker to relay event {n}")
 
 
+@pytest.mark.proof
 @pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")  # send_task goes to the real worker
 def test_a_worker_keeps_its_connection_across_tasks_and_replaces_one_the_server_killed(
     live_tenant: Tenant, worker: subprocess.Popen[bytes]

@@ -185,6 +185,7 @@ def _backfill_process(name: str, schema: str, *, batch: int, rate: float) -> sub
     )
 
 
+@pytest.mark.proof
 @pytest.mark.parametrize("name", [CONTACTS, TOTALS])
 def test_a_backfill_killed_with_sigkill_halfway_resumes_and_converges_with_no_duplicates(
     django_db_setup: None, django_db_blocker: Any, name: str

@@ -164,6 +164,7 @@ def _test_db_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.proof
 def test_a_relay_killed_with_sigkill_mid_batch_loses_nothing(live_tenant: Tenant, loopback_http: None, live_endpoints: list, settings: Any) -> None:
     settings.TALLY_OUTBOX_RELAY_KICK = False  # only the relays below publish
     merchant = MerchantFactory()
@@ -297,6 +298,7 @@ def test_a_failing_publication_is_retried_then_dead_lettered_and_lag_is_measured
 # --- deliveries -------------------------------------------------------------------------
 
 
+@pytest.mark.proof
 def test_a_receiver_that_is_down_then_up_gets_the_event_after_retries(tenant: Tenant, loopback_http: None) -> None:
     port = free_port()  # nothing listens there yet
     merchant = MerchantFactory()

@@ -83,6 +83,16 @@ DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {})
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=3))
+# DATABASE_URL may name several hosts, libpq's way (docs/RELIABILITY.md):
+# postgres://u@h1:5432,h2:5432/tally?target_session_attrs=read-write. django-environ hands
+# libpq the host and port lists as they are; libpq tries each in turn (connect_timeout
+# each) and keeps the one that takes writes, so a new connection finds the promoted node.
+# A connection to a node that vanished without a reset (a dead machine, a cut network)
+# would wait on TCP's defaults (hours): keepalives end it in about 20 s instead. No
+# statement_timeout: cancelling a COMMIT that waits for the synchronous standby reports it
+# committed, on the primary alone (PostgreSQL's "canceling wait for synchronous replication").
+for _option, _default in (("keepalives", 1), ("keepalives_idle", 10), ("keepalives_interval", 3), ("keepalives_count", 3)):
+    DATABASES["default"]["OPTIONS"].setdefault(_option, env.int(f"DATABASE_{_option.upper()}", default=_default))
 # The payment path's hot statements go as server-side prepared statements, parsed and
 # planned once per connection (fastpath/prepared.py). Turn off behind a
 # pooler that does not keep a server session per client (pgbouncer in transaction mode).
@@ -230,6 +240,9 @@ CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=180)
 #   hard time limit.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A broker outage of any length: the worker keeps trying to reconnect (every 2 s more, up
+# to 30 s apart) rather than exiting after Celery's default 100 tries (docs/RELIABILITY.md).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in workers

@@ -284,6 +284,7 @@ def test_a_run_executes_once_unless_its_process_died(world: dict[str, Any]) -> N
     assert reconciliation_run_execute(run_id=running.pk).status == RunStatus.CLEAN
 
 
+@pytest.mark.proof
 def test_a_run_killed_mid_way_commits_nothing_and_runs_again(recon_tenant_committed: Tenant, django_db_blocker: Any) -> None:
     """SIGKILL `manage.py reconcile` while it is inside its checks (held on a lock after it
     has found and inserted a finding): the run stays "running" with no finding committed;
