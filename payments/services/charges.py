@@ -313,6 +313,7 @@ def _payment_rows_write(
         },
         created=now,
         batch=batch,
+        sequence=1,  # a new payment's first event
     )
     return payment
 

@@ -37,12 +37,25 @@ _EVENT_INSERT = CompiledInsert(OutboxEvent)  # every money movement writes one (
 
 
 def outbox_event_create(
-    *, topic: str, payload: Mapping[str, Any], created: datetime | None = None, batch: InsertBatch | None = None
+    *, topic: str, payload: Mapping[str, Any], created: datetime | None = None, batch: InsertBatch | None = None,
+    sequence: int | None = None,
 ) -> OutboxEvent:
     """Record an event in the caller's transaction; the relay publishes it after commit.
     With `batch`, the row goes when the caller executes the batch, in this transaction
-    (one must be open: the relay is kicked on its commit)."""
-    event = OutboxEvent(topic=topic, payload=dict(payload), created=created or timezone.now())
+    (one must be open: the relay is kicked on its commit).
+
+    The event's `sequence` among its object's events (`payload["id"]`) is the object's
+    last one plus one, read here: the caller holds the object's row lock, or the object
+    is new, so its events are numbered in the order its changes commit. A caller that
+    knows the number (1 for an event about a new object) passes it and saves the read.
+    Locks: none (the caller's)."""
+    object_id = str(payload.get("id") or "")
+    if sequence is None:
+        last = OutboxEvent.objects.filter(object_id=object_id).order_by("-sequence").values_list("sequence", flat=True).first()
+        sequence = (last or 0) + 1 if object_id else 0
+    event = OutboxEvent(
+        topic=topic, payload=dict(payload), created=created or timezone.now(), object_id=object_id, sequence=sequence
+    )
     if batch is not None and not connection.in_atomic_block:
         raise TransactionManagementError("an event added to a batch needs the caller's transaction")
     if batch is None:
