@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import threading
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -475,15 +474,6 @@ def test_an_event_added_to_a_batch_needs_a_transaction(live_tenant: Tenant) -> N
     assert not OutboxEvent.objects.filter(topic="t.no-transaction").exists()
 
 
-def test_the_webhook_drain_page_sends_what_the_orm_compiles(tenant: Tenant) -> None:
-    from webhooks.services import deliveries
-
-    orm = deliveries._pending_page_statement("we_1")
-    compiled = deliveries._pending_page_compiled()
-    assert _normalised(*compiled.sql_with_params(endpoint_id="we_1")) == _orm_sql(orm)
-    assert deliveries._pending_page(endpoint_id="we_none") == []
-
-
 def test_the_mandate_check_sends_what_the_orm_compiles_and_sees_only_active_mandates_of_its_tenant(
     tenant: Tenant, tenant_b: Tenant
 ) -> None:
@@ -511,22 +501,6 @@ def test_the_mandate_check_sends_what_the_orm_compiles_and_sees_only_active_mand
     assert selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
     mandate_revoke(mandate=mandate)
     assert not selectors.mandate_active_exists(customer_id=customer.pk, merchant_id=merchant.pk)
-
-
-@pytest.mark.parametrize("count", [1, 3])
-def test_the_delivered_webhooks_update_sends_what_the_orm_compiles(tenant: Tenant, count: int) -> None:
-    from webhooks.services import deliveries
-
-    now = timezone.now()
-    pks, times, codes = [f"whd_{i}" for i in range(count)], [now + timedelta(seconds=i) for i in range(count)], [200, 204, 202][:count]
-    queryset, update = deliveries._delivered_rows(pks, times, codes)
-    orm = queryset.query.chain(_update_query())
-    orm.add_update_values(update)
-    values = {}
-    for i in range(count):
-        values[f"pk{i}"], values[f"at{i}"], values[f"code{i}"] = pks[i], times[i], codes[i]
-    compiled = deliveries._DELIVERED_ROWS.get(count).sql_with_params(**values)
-    assert _normalised(*compiled) == _orm_sql_of_query(orm)
 
 
 @pytest.mark.django_db(transaction=False)
