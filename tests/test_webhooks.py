@@ -871,11 +871,11 @@ def test_a_dispatch_cut_short_records_what_it_had_in_flight(tenant: Tenant, loop
 
     real_claim, calls = deliveries._deliveries_claim, []
 
-    def claim_then_time_out(*, now: Any, limit: int) -> Any:
+    def claim_then_time_out(*, now: Any, limit: int, refill: Any = None) -> Any:
         calls.append(1)
         if len(calls) == 2:
             raise SoftTimeLimitExceeded()
-        return real_claim(now=now, limit=min(limit, 2))
+        return real_claim(now=now, limit=min(limit, 2), refill=refill)
 
     monkeypatch.setattr(deliveries, "_deliveries_claim", claim_then_time_out)
     with receiver_running(delay=0.2) as rx:
@@ -894,14 +894,14 @@ def test_a_record_that_fails_after_its_commit_is_not_recorded_again(tenant: Tena
     from webhooks.models import WebhookDeliveryAttempt
     from webhooks.services import deliveries
 
-    real_record = deliveries._outcomes_record
+    real_count = deliveries._outcomes_count
 
-    def record_then_fail(outcomes: Any) -> None:
-        real_record(outcomes)
-        if outcomes:
+    def count_then_fail(counted: Any) -> None:  # runs once the round's record has committed
+        real_count(counted)
+        if counted:
             raise RuntimeError("struck after the commit")
 
-    monkeypatch.setattr(deliveries, "_outcomes_record", record_then_fail)
+    monkeypatch.setattr(deliveries, "_outcomes_count", count_then_fail)
     with receiver_running() as rx:
         _, events = _published_for_one_endpoint(3, rx)
         with pytest.raises(RuntimeError):

@@ -11,8 +11,9 @@ the staff actions and the endpoint registration below take theirs alone.
   (a delivery's insert, which only needs the key, is not blocked), one row (secret
   rotation) or a batch in id order (the secret re-seal's backfill and contract); never
   held across an HTTP call.
-- `webhook_endpoints_due_lock`: the enabled endpoints that have a due delivery and a free
-  slot, FOR NO KEY UPDATE SKIP LOCKED, then `webhook_deliveries_due_lock`: each one's due
+- `webhook_endpoints_due_lock` / `webhook_endpoints_lock`: the enabled endpoints that
+  have a due delivery and a free slot (or given ones, whose answers just came back), FOR
+  NO KEY UPDATE SKIP LOCKED, in one statement, then `webhook_deliveries_due_lock`: each one's due
   deliveries, FOR UPDATE SKIP LOCKED, in that order, for a claim's short transaction only.
   The endpoint row makes "count what is in flight, then lease up to the cap" one step
   across workers; SKIP LOCKED means two claims never wait on each other (one takes an
@@ -22,10 +23,11 @@ the staff actions and the endpoint registration below take theirs alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import Count, Exists, F, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
 from payments.models import OutboxEvent
@@ -76,28 +78,39 @@ def _pending() -> QuerySet[WebhookDelivery]:
     return WebhookDelivery.objects.filter(endpoint=OuterRef("pk"), status=WebhookDeliveryStatus.PENDING)
 
 
-def webhook_endpoints_due_lock(*, now: datetime, limit: int) -> list[WebhookEndpoint]:
-    """Up to `limit` enabled endpoints with a delivery due at `now` and fewer requests in
-    flight than their cap, the one whose oldest due delivery is oldest first, locked (FOR
-    NO KEY UPDATE SKIP LOCKED: an endpoint another claim holds is skipped; a delivery's
-    insert, which only needs the key, is not blocked). Each carries `in_flight` (its
-    deliveries leased past `now`) and `cap`."""
-    due = _pending().filter(next_attempt_at__lte=now)
-    in_flight = (
-        _pending().filter(leased_until__gt=now).order_by().values("endpoint").annotate(n=Count("pk")).values("n")
-    )
-    return list(
-        WebhookEndpoint.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
+def _with_in_flight(endpoints: QuerySet[WebhookEndpoint], *, now: datetime) -> QuerySet[WebhookEndpoint]:
+    """`endpoints`, enabled, locked (FOR NO KEY UPDATE SKIP LOCKED: an endpoint another claim
+    holds is skipped; a delivery's insert, which only needs the key, is not blocked), each
+    with `in_flight` (its deliveries leased past `now`) and `cap`, and only those below it."""
+    in_flight = _pending().filter(leased_until__gt=now).order_by().values("endpoint").annotate(n=Count("pk")).values("n")
+    return (
+        endpoints.select_for_update(no_key=True, skip_locked=True, of=("self",))
         .filter(status=WebhookEndpointStatus.ENABLED)
-        .filter(Exists(due))
         .annotate(
             in_flight=Coalesce(Subquery(in_flight, output_field=IntegerField()), 0),
             cap=Coalesce("max_concurrency", settings.TALLY_WEBHOOK_ENDPOINT_CONCURRENCY, output_field=IntegerField()),
-            oldest_due=Subquery(due.order_by("next_attempt_at").values("next_attempt_at")[:1]),
         )
         .filter(in_flight__lt=F("cap"))
+    )
+
+
+def webhook_endpoints_due_lock(*, now: datetime, limit: int, exclude: Sequence[str] = ()) -> list[WebhookEndpoint]:
+    """Up to `limit` enabled endpoints (but `exclude`) with a delivery due at `now` and
+    fewer requests in flight than their cap, the one whose oldest due delivery is oldest
+    first, locked; see `_with_in_flight`."""
+    due = _pending().filter(next_attempt_at__lte=now).order_by("next_attempt_at").values("next_attempt_at")[:1]
+    return list(
+        _with_in_flight(WebhookEndpoint.objects.exclude(pk__in=list(exclude)), now=now)
+        .annotate(oldest_due=Subquery(due))
+        .filter(oldest_due__isnull=False)
         .order_by("oldest_due", "pk")[:limit]
     )
+
+
+def webhook_endpoints_lock(*, endpoint_ids: Sequence[str], now: datetime) -> list[WebhookEndpoint]:
+    """These endpoints, if enabled and below their cap, in id order, locked; see
+    `_with_in_flight`. (A refill: the endpoints whose answers just came back.)"""
+    return list(_with_in_flight(WebhookEndpoint.objects.filter(pk__in=list(endpoint_ids)), now=now).order_by("pk"))
 
 
 def webhook_deliveries_due_lock(*, endpoint_id: str, now: datetime, limit: int) -> list[WebhookDelivery]:

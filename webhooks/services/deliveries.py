@@ -30,7 +30,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -46,7 +46,7 @@ from payments.models import OutboxEvent
 from payments.services.outbox import outbox_relay_kick_on_commit
 from webhooks import metrics
 from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
-from webhooks.locks import webhook_deliveries_due_lock, webhook_delivery_lock, webhook_endpoints_due_lock
+from webhooks.locks import webhook_deliveries_due_lock, webhook_delivery_lock, webhook_endpoints_due_lock, webhook_endpoints_lock
 from webhooks.models import (
     WebhookDelivery,
     WebhookDeliveryAttempt,
@@ -212,28 +212,41 @@ def _lease_seconds() -> float:
     return float(settings.TALLY_WEBHOOK_LEASE_SECONDS)
 
 
-def _deliveries_claim(*, now: datetime, limit: int) -> list[_Claim]:
-    """Lease up to `limit` due deliveries, at most each endpoint's free slots, the endpoints
-    waiting longest first; return them signed and ready to send.
+def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | None = None) -> tuple[list[_Claim], bool]:
+    """Lease up to `limit` due deliveries, at most each endpoint's free slots; return them
+    signed and ready to send, and whether endpoints with due work were left waiting for
+    want of `limit` (then the caller scans every round, so the order below decides).
 
-    Locks: `webhook_endpoints_due_lock` then `webhook_deliveries_due_lock` (both SKIP
-    LOCKED), for this one short transaction; what it takes is leased when it commits.
+    With `refill` (endpoint id -> answers that just came back from it), those endpoints
+    get up to that many again, found by id: the slots their answers freed are filled
+    without the scan of every endpoint. Without it, the scan: the endpoints whose oldest
+    due delivery has waited longest first.
+
+    Locks: `webhook_endpoints_lock` or `webhook_endpoints_due_lock`, then
+    `webhook_deliveries_due_lock` (all SKIP LOCKED), for the caller's transaction.
     """
     if limit <= 0:
-        return []
+        return [], False
     lease = now + timedelta(seconds=_lease_seconds())
     taken: list[tuple[WebhookDelivery, WebhookEndpoint]] = []
+    contended = False
     with transaction.atomic():
-        for endpoint in webhook_endpoints_due_lock(now=now, limit=CLAIM_ENDPOINTS):
-            free = min(endpoint.cap - endpoint.in_flight, limit - len(taken))  # type: ignore[attr-defined]  # annotations
+        if refill:
+            endpoints = webhook_endpoints_lock(endpoint_ids=list(refill), now=now)
+            wanted = {e.pk: refill[e.pk] for e in endpoints}
+        else:
+            endpoints = webhook_endpoints_due_lock(now=now, limit=CLAIM_ENDPOINTS)
+            wanted = {e.pk: limit for e in endpoints}
+            contended = len(endpoints) == CLAIM_ENDPOINTS
+        for endpoint in endpoints:
+            free = min(endpoint.cap - endpoint.in_flight, wanted[endpoint.pk], limit - len(taken))  # type: ignore[attr-defined]  # annotations
             if free <= 0:
+                contended = contended or not refill
                 continue
             taken += [(d, endpoint) for d in webhook_deliveries_due_lock(endpoint_id=endpoint.pk, now=now, limit=free)]
-            if len(taken) >= limit:
-                break
         if taken:
             WebhookDelivery.objects.filter(pk__in=[d.pk for d, _ in taken]).update(next_attempt_at=lease, leased_until=lease)
-    return [_claim_prepare(delivery=d, endpoint=e, lease=lease, now=now) for d, e in taken]
+    return [_claim_prepare(delivery=d, endpoint=e, lease=lease, now=now) for d, e in taken], contended
 
 
 def _claim_prepare(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint, lease: datetime, now: datetime) -> _Claim:
@@ -299,33 +312,46 @@ def webhook_deliveries_dispatch(
     `now` (tests) says which retries are due. `publish` (the relay's) is called between
     claims, so a long dispatch also publishes events committed meanwhile.
 
-    Locks: see `_deliveries_claim`, one short transaction per claim; `_outcomes_record`
-    takes none. No lock is held across an HTTP call.
+    Each round is one short transaction: record the answers that came back, then claim
+    their replacements (`_round`). Locks: see `_deliveries_claim`; none across an HTTP call.
     """
     budget = float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS) if time_budget_seconds is None else time_budget_seconds
     deadline = time.monotonic() + budget
     pool, shelf = _pool(), _ConnectionShelf()
     in_flight: dict[Future[_Outcome], _Claim] = {}
+    answered: list[_Outcome] = []
     attempts = 0
+    scan_at, contended = 0.0, False
     try:
         while True:
             claiming = time.monotonic() < deadline
             if claiming and publish is not None:
                 publish()
+            granted = _SLOTS.take(_process_concurrency()) if claiming else 0
             claimed: list[_Claim] = []
-            if claiming:
-                granted = _SLOTS.take(_process_concurrency())
-                try:
-                    claimed = _deliveries_claim(now=now or timezone.now(), limit=granted)
-                finally:
-                    _SLOTS.give(granted - len(claimed))
-                for claim in claimed:
-                    in_flight[pool.submit(_sent_safely, claim, shelf)] = claim
+            # Refill the slots answers freed, by endpoint id, and scan every endpoint for
+            # new due work only every POLL_SECONDS: the scan is most of a round's cost, and
+            # a round's length is what a freed slot waits. While endpoints wait for want of
+            # slots, every round scans, so the longest waiting goes first.
+            scan = contended or not answered or time.monotonic() >= scan_at
+            refill = None if scan else _answers_by_endpoint(answered)
+            try:
+                # Handed over before the round: if the round fails once its record has
+                # committed, the `finally` must not record the same answers again.
+                batch, answered = answered, []
+                claimed, round_contended = _round(answered=batch, now=now or timezone.now(), limit=granted, refill=refill)
+                if scan:
+                    scan_at, contended = time.monotonic() + POLL_SECONDS, round_contended
+            finally:
+                _SLOTS.give(granted - len(claimed))
+            for claim in claimed:
+                in_flight[pool.submit(_sent_safely, claim, shelf)] = claim
             if not in_flight:
                 return attempts
             # Wait for an answer; while claiming, look for new due work now and then too.
             done, _ = wait(list(in_flight), timeout=POLL_SECONDS if claiming else None, return_when=FIRST_COMPLETED)
-            attempts += _finished_record(done, in_flight)
+            answered = _collected(done, in_flight)
+            attempts += len(answered)
     finally:
         # Also when cut short (a soft time limit): what is in flight is waited for and
         # recorded, so none of it is sent again. A process killed outright records
@@ -333,18 +359,49 @@ def webhook_deliveries_dispatch(
         try:
             if in_flight:
                 done, _ = wait(list(in_flight))
-                _finished_record(done, in_flight)
+                answered += _collected(done, in_flight)
+            _outcomes_record(answered)
         finally:
             shelf.close()
 
 
-def _finished_record(done: set[Future[_Outcome]], in_flight: dict[Future[_Outcome], _Claim]) -> int:
+def _collected(done: set[Future[_Outcome]], in_flight: dict[Future[_Outcome], _Claim]) -> list[_Outcome]:
     outcomes = [future.result() for future in done]
     for future in done:
         del in_flight[future]
     _SLOTS.give(len(outcomes))
-    _outcomes_record(outcomes)
-    return len(outcomes)
+    return outcomes
+
+
+def _answers_by_endpoint(answered: Sequence[_Outcome]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for outcome in answered:
+        counts[outcome.claim.endpoint.pk] += 1
+    return dict(counts)
+
+
+def _round(
+    *, answered: Sequence[_Outcome], now: datetime, limit: int, refill: Mapping[str, int] | None = None
+) -> tuple[list[_Claim], bool]:
+    """Record `answered` and claim up to `limit` deliveries, in one transaction: a slot an
+    answer frees is filled by the same commit that frees it. The claim runs under a
+    savepoint, so a claim that fails still lets the record commit.
+
+    Locks: see `_outcomes_record`, then `_deliveries_claim`."""
+    failed: BaseException | None = None
+    claimed: list[_Claim] = []
+    contended = False
+    with transaction.atomic():
+        counted = _outcomes_write(answered)
+        if limit > 0:
+            try:
+                claimed, contended = _deliveries_claim(now=now, limit=limit, refill=refill)
+            except Exception as exc:  # noqa: BLE001  # re-raised once the record has committed
+                failed = exc
+    _outcomes_count(counted)
+    if failed is not None:
+        raise failed
+    return claimed, contended
 
 
 def _delivered_rows(
@@ -367,34 +424,47 @@ def _delivered_rows(
 
 
 def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
-    """Record sent attempts in one transaction: their attempt rows (one INSERT), the
-    delivered deliveries (one UPDATE), and what follows each failure; count them once it
-    has committed.
+    """Record sent attempts in one transaction (`_outcomes_write`) and count them once it
+    has committed. Locks: see `_outcomes_write`."""
+    if not outcomes:
+        return
+    with transaction.atomic():
+        counted = _outcomes_write(outcomes)
+    _outcomes_count(counted)
+
+
+_Counted = list[tuple["_Outcome", tuple[str, bool]]]
+
+
+def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
+    """Write sent attempts, in the caller's transaction: their attempt rows (one INSERT),
+    the delivered deliveries (one UPDATE), and what follows each failure. Returns what
+    `_outcomes_count` counts after the commit.
 
     Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's
     row; the order of `webhook_delivery_lock`. None across an HTTP call."""
     if not outcomes:
-        return
-    with transaction.atomic():
-        WebhookDeliveryAttempt.objects.bulk_create(
-            [
-                WebhookDeliveryAttempt(
-                    delivery=o.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
-                    latency_ms=o.latency_ms, address=o.address, response_excerpt=o.excerpt, error=o.error,
-                )
-                for o in outcomes
-            ]
-        )
-        delivered = [o for o in outcomes if o.succeeded]
-        if delivered:
-            rows, values = _delivered_rows(
-                [o.delivery.pk for o in delivered], [o.attempted_at for o in delivered], [o.status_code for o in delivered]
+        return []
+    WebhookDeliveryAttempt.objects.bulk_create(
+        [
+            WebhookDeliveryAttempt(
+                delivery=o.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
+                latency_ms=o.latency_ms, address=o.address, response_excerpt=o.excerpt, error=o.error,
             )
-            rows.update(**values)
-        failures = [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
+            for o in outcomes
+        ]
+    )
+    delivered = [o for o in outcomes if o.succeeded]
     if delivered:
-        metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc(len(delivered))
-    for outcome, (label, disabled) in failures:
+        rows, values = _delivered_rows(
+            [o.delivery.pk for o in delivered], [o.attempted_at for o in delivered], [o.status_code for o in delivered]
+        )
+        rows.update(**values)
+    return [(o, ("succeeded", False)) for o in delivered] + [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
+
+
+def _outcomes_count(counted: _Counted) -> None:
+    for outcome, (label, disabled) in counted:
         metrics.WEBHOOK_DELIVERIES.labels(outcome=label).inc()
         if disabled:
             metrics.WEBHOOK_ENDPOINTS_DISABLED.inc()
