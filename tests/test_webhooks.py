@@ -940,3 +940,31 @@ def test_no_lock_is_held_while_a_request_is_at_the_receiver(live_tenant: Tenant,
         finally:
             worker.join(timeout=30)
     assert WebhookDelivery.objects.filter(event_id__in=ids, status="succeeded").count() == 3
+
+
+def test_a_relay_run_that_spends_its_budget_queues_its_tenant_again(tenant: Tenant, loopback_http: None, settings: Any, monkeypatch: Any) -> None:
+    """Fairness between tenants: a run sends for its budget only, then frees its worker
+    process and queues another run of its tenant at the back of the queue, behind the
+    other tenants' runs, while deliveries are still due. A run that finishes its work
+    queues nothing."""
+    from webhooks import tasks
+
+    settings.TALLY_WEBHOOK_DISPATCH_SECONDS = 0.3
+    merchant = MerchantFactory()
+    queued: list[str] = []
+    with receiver_running(delay=0.1) as rx:
+        _endpoint(merchant, rx.url())
+        [_event(merchant, n) for n in range(100)]
+        monkeypatch.setattr(tasks.webhooks_outbox_relay, "delay", lambda *args, **kwargs: queued.append(connection.schema_name))
+        eager, current_app.conf.task_always_eager = current_app.conf.task_always_eager, False
+        try:
+            started = time.monotonic()
+            tasks.webhooks_outbox_relay.run()
+            assert time.monotonic() - started < 0.3 + 2  # the budget, then what was in flight
+            assert queued == [tenant.schema_name]
+            assert 0 < len(rx.requests) < 100
+            WebhookDelivery.objects.filter(status="pending").update(status="failed")
+            tasks.webhooks_outbox_relay.run()
+            assert queued == [tenant.schema_name]
+        finally:
+            current_app.conf.task_always_eager = eager

@@ -50,9 +50,11 @@ def outbox_event_create(
     knows the number (1 for an event about a new object) passes it and saves the read.
     Locks: none (the caller's)."""
     object_id = str(payload.get("id") or "")
-    if sequence is None:
+    if sequence is None and not object_id:
+        sequence = 0  # about no object: nothing to order it among
+    elif sequence is None:
         last = OutboxEvent.objects.filter(object_id=object_id).order_by("-sequence").values_list("sequence", flat=True).first()
-        sequence = (last or 0) + 1 if object_id else 0
+        sequence = (last or 0) + 1
     event = OutboxEvent(
         topic=topic, payload=dict(payload), created=created or timezone.now(), object_id=object_id, sequence=sequence
     )
