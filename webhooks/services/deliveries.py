@@ -387,7 +387,7 @@ def _round(
     answer frees is filled by the same commit that frees it. The claim runs under a
     savepoint, so a claim that fails still lets the record commit.
 
-    Locks: see `_outcomes_record`, then `_deliveries_claim`."""
+    Locks: see `_outcomes_write`, then `_deliveries_claim`."""
     failed: BaseException | None = None
     claimed: list[_Claim] = []
     contended = False
