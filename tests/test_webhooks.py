@@ -924,7 +924,15 @@ def test_no_lock_is_held_while_a_request_is_at_the_receiver(live_tenant: Tenant,
         live_endpoints.append(endpoint)
         ids = [_event(merchant, n).id for n in range(3)]
         outbox_batch_publish()
-        worker = threading.Thread(target=run_in_thread_tenant, args=(live_tenant, outbox_relay_run))
+        worker_pid: list[int] = []
+
+        def relay() -> None:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                worker_pid.append(cursor.fetchone()[0])
+            outbox_relay_run()
+
+        worker = threading.Thread(target=run_in_thread_tenant, args=(live_tenant, relay))
         worker.start()
         try:
             deadline = time.monotonic() + 30
@@ -934,8 +942,8 @@ def test_no_lock_is_held_while_a_request_is_at_the_receiver(live_tenant: Tenant,
             with transaction.atomic():
                 WebhookEndpoint.objects.select_for_update(nowait=True).get(pk=endpoint.pk)
                 assert len(WebhookDelivery.objects.select_for_update(nowait=True).filter(event_id__in=ids)) == 3
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+            with connection.cursor() as cursor:  # the worker's session, not others' on this shared server
+                cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s", worker_pid)
                 assert cursor.fetchone()[0] == 0
         finally:
             worker.join(timeout=30)
