@@ -28,7 +28,7 @@ app.autodiscover_tasks()
 # it applies CONN_MAX_AGE and CONN_HEALTH_CHECKS and drops a connection that saw an error,
 # so a connection the server killed is replaced before the next task uses it
 # (tests/test_celery_worker.py). A task that did not succeed (an exception, a soft time
-# limit) may leave session state behind, such as a webhook endpoint's session advisory
+# limit) may leave session state behind, such as the top-up recovery's session advisory
 # lock taken just before the limit struck: its connections are closed, which ends it.
 app.conf["CELERY_DB_REUSE_MAX"] = 1000
 

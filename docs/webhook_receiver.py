@@ -7,8 +7,11 @@ during a rotation, both secrets separated by a comma) and run:
 
 It checks the `Tally-Signature` header (HMAC-SHA256 over "<t>.<body>", any v1= may match,
 t within 300 s), answers 400 to anything that fails, and handles each event id once:
-Tally delivers at least once, so the same event can arrive again. Answer 2xx quickly;
-do slow work after answering. `make run` starts this file as the demo merchant's receiver.
+Tally delivers at least once, so the same event can arrive again. Events arrive in ANY
+order (several at once, each retried on its own), so it keeps each object's latest state
+by the event's `sequence` (the object's events numbered in the order they happened; then
+`created`), never by arrival. Answer 2xx quickly; do slow work after answering.
+`make run` starts this file as the demo merchant's receiver.
 """
 
 from __future__ import annotations
@@ -79,10 +82,45 @@ class Dedupe:
                 self._done.add(event_id)
 
 
+class ObjectStore:
+    """Each object's latest state, whatever order its events arrive in: an event replaces
+    what is kept only if it is later in the object's history (higher `sequence`; events
+    from before sequences were kept have 0, and are ordered by `created`). In memory here;
+    in production, a row per object updated with `... WHERE sequence < %s`."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, tuple[tuple[int, int], dict]] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, event: dict) -> bool:
+        """Keep the event's object if it is newer than the one kept; say whether it was."""
+        obj = event["data"]["object"]
+        rank = (event.get("sequence", 0), event["created"])
+        with self._lock:
+            kept = self._objects.get(obj["id"])
+            if kept is not None and kept[0] >= rank:
+                return False  # an older event arriving late: the state kept is newer
+            self._objects[obj["id"]] = (rank, obj)
+            return True
+
+    def get(self, object_id: str) -> dict | None:
+        with self._lock:
+            kept = self._objects.get(object_id)
+            return kept[1] if kept else None
+
+
+OBJECTS = ObjectStore()
+
+
 def handle_event(event: dict) -> None:
-    """Your business logic: runs once per event id."""
+    """Your business logic: runs once per event id, in whatever order events arrive."""
     obj = event["data"]["object"]
-    print(f"{event['id']} {event['type']} {obj.get('id', '')} {obj.get('amount', '')} {obj.get('asset', '')}", flush=True)
+    latest = OBJECTS.apply(event)
+    print(
+        f"{event['id']} {event['type']} {obj.get('id', '')} {obj.get('amount', '')} {obj.get('asset', '')}"
+        f" sequence={event.get('sequence', 0)}{'' if latest else ' (older than the state kept)'}",
+        flush=True,
+    )
 
 
 def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHandler]:

@@ -308,6 +308,11 @@ class OutboxEvent(models.Model):
     topic = models.CharField(max_length=100)
     payload = models.JSONField()
     created = models.DateTimeField(default=timezone.now)
+    # The object the event is about (`payload["id"]`), and where the event falls among that
+    # object's events: 1, 2, 3... in the order they happened. Deliveries go in no order,
+    # so receivers order an object's events by this. 0: written before it was kept.
+    object_id = models.CharField(max_length=ids.ID_MAX_LENGTH, blank=True, default="")
+    sequence = models.PositiveIntegerField(default=0)
     published_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
@@ -333,6 +338,8 @@ class OutboxEvent(models.Model):
             models.Index(
                 fields=["dead_at", "id"], condition=Q(published_at__isnull=True, dead_at__isnull=False), name="outbox_dead_letters"
             ),
+            # The next sequence of an object: its last event, one index probe.
+            models.Index(fields=["object_id", "-sequence"], condition=~Q(object_id=""), name="outbox_object_sequence"),
         ]
 
     def __str__(self) -> str:

@@ -1,12 +1,16 @@
 """A real HTTP receiver on 127.0.0.1 for the webhook tests: it records every request and
 answers from a script of statuses (then 200), verifying signatures with the receiver
-merchants copy from docs/WEBHOOKS.md (docs/webhook_receiver.py, standard library only)."""
+merchants copy from docs/WEBHOOKS.md (docs/webhook_receiver.py, standard library only).
+It can also be slow (`delay`), refuse some events for ever (`refuse`: a poison event),
+fail each event's first attempt (`flap`), and it counts the requests it holds at once."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -41,13 +45,17 @@ class Receiver:
     lock: threading.Lock = field(default_factory=threading.Lock)
     connections: int = 0  # TCP connections accepted (keep-alive: several requests each)
     closed: int = 0  # of those, how many the client has closed
+    delay: float = 0.0  # seconds each request takes to answer
+    refuse: set[str] = field(default_factory=set)  # event ids always answered 500
+    flap: bool = False  # 500 to the first request of each event, then 200
+    in_flight: dict[str, int] = field(default_factory=dict)  # requests held now, per path
+    max_in_flight: dict[str, int] = field(default_factory=dict)  # the most held at once, per path
+    arrived: dict[str, float] = field(default_factory=dict)  # event id -> first arrival (time.time())
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def event_ids(self, path: str | None = None) -> list[str]:
-        import json
-
         with self.lock:
             return [json.loads(r.body)["id"] for r in self.requests if path is None or r.path == path]
 
@@ -59,8 +67,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def receiver_running(port: int = 0, script: list[int] | None = None) -> Iterator[Receiver]:
-    state = Receiver(port=port, script=list(script or []))
+def receiver_running(
+    port: int = 0, script: list[int] | None = None, *, delay: float = 0.0, refuse: set[str] | None = None, flap: bool = False
+) -> Iterator[Receiver]:
+    state = Receiver(port=port, script=list(script or []), delay=delay, refuse=set(refuse or ()), flap=flap)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as docs/webhook_receiver.py
@@ -77,9 +87,24 @@ def receiver_running(port: int = 0, script: list[int] | None = None) -> Iterator
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                event_id = str(json.loads(body).get("id", ""))
+            except ValueError:
+                event_id = ""
             with state.lock:
+                seen = any(r.body == body and r.path == self.path for r in state.requests)
                 state.requests.append(Received(path=self.path, headers=dict(self.headers.items()), body=body))
+                state.arrived.setdefault(event_id, time.time())
                 status = state.script.pop(0) if state.script else 200
+                if event_id in state.refuse or (state.flap and not seen):
+                    status = 500
+                held = state.in_flight.get(self.path, 0) + 1
+                state.in_flight[self.path] = held
+                state.max_in_flight[self.path] = max(held, state.max_in_flight.get(self.path, 0))
+            if state.delay:
+                time.sleep(state.delay)
+            with state.lock:
+                state.in_flight[self.path] -= 1
             self.send_response(status)
             self.send_header("Content-Length", "2")
             self.end_headers()

@@ -1,5 +1,6 @@
-"""A drain's deliveries share one kept connection (webhooks.transport.WebhookConnections),
-and only when that is safe: real sockets, receivers that keep, close, or say nothing."""
+"""A relay run's deliveries reuse kept connections (webhooks.transport.WebhookConnections),
+one per request in flight to an endpoint, and only when that is safe: real sockets,
+receivers that keep, close, or say nothing."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tenants.models import Tenant
 from tests.factories import MerchantFactory
 from tests.receivers import receiver_running
 from tests.test_webhooks import _endpoint, _event
-from webhooks.models import WebhookDelivery
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.services.deliveries import webhook_deliveries_dispatch
 from webhooks.services.relay import outbox_batch_publish
 from webhooks.targets import Target
@@ -223,20 +224,37 @@ def test_a_delivery_to_another_address_gets_a_new_connection() -> None:
     assert [number for number, _ in rx.requests] == [1, 2, 3]
 
 
-def test_a_drain_sends_its_deliveries_on_one_connection_and_closes_it(tenant: Tenant, loopback_http: None) -> None:
+def test_a_run_sends_on_kept_connections_and_closes_them(tenant: Tenant, loopback_http: None) -> None:
+    """An endpoint capped at one request at a time gets a run's six deliveries on one
+    connection, closed when the run ends; the next run opens a new one."""
     merchant = MerchantFactory()
     with receiver_running() as rx:
-        _endpoint(merchant, rx.url())
+        endpoint, _ = _endpoint(merchant, rx.url())
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(max_concurrency=1)
         events = [_event(merchant, n) for n in range(6)]
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 6
-        assert rx.event_ids() == [e.id for e in events] and rx.connections == 1
-        _until(lambda: rx.closed == 1)  # the drain closed it: the receiver's handler saw the end
+        assert sorted(rx.event_ids()) == sorted(e.id for e in events) and rx.connections == 1
+        _until(lambda: rx.closed == 1)  # the run closed it: the receiver's handler saw the end
         more = [_event(merchant, n) for n in range(6, 8)]
         outbox_batch_publish()
-        assert webhook_deliveries_dispatch() == 2  # a new drain, a new connection
-        assert rx.event_ids()[6:] == [e.id for e in more] and rx.connections == 2
+        assert webhook_deliveries_dispatch() == 2  # a new run, a new connection
+        assert sorted(rx.event_ids()[6:]) == sorted(e.id for e in more) and rx.connections == 2
     assert set(WebhookDelivery.objects.filter(event__in=events + more).values_list("status", flat=True)) == {"succeeded"}
+
+
+def test_concurrent_requests_reuse_at_most_one_connection_each(tenant: Tenant, loopback_http: None) -> None:
+    """40 deliveries at the default cap (8 at once): no more connections than requests in
+    flight, each carrying several deliveries, all closed when the run ends."""
+    merchant = MerchantFactory()
+    with receiver_running(delay=0.02) as rx:
+        _endpoint(merchant, rx.url())
+        events = [_event(merchant, n) for n in range(40)]
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 40
+        assert sorted(rx.event_ids()) == sorted(e.id for e in events)
+        assert rx.connections <= rx.max_in_flight["/hook"] <= 8
+        _until(lambda: rx.closed == rx.connections)
 
 
 def _until(condition: Any, seconds: float = 5.0) -> None:
@@ -288,9 +306,11 @@ def _point(endpoint: Any, port: int) -> None:
     endpoint.save(update_fields=["url"])
 
 
-def test_the_documented_receiver_takes_a_drain_on_one_connection(tenant: Tenant, loopback_http: None, capsys: Any) -> None:
+def test_the_documented_receiver_takes_a_run_on_kept_connections(tenant: Tenant, loopback_http: None, capsys: Any) -> None:
     merchant = MerchantFactory()
     endpoint, secret = _doc_endpoint(merchant)
+    endpoint.max_concurrency = 1  # one request at a time: one connection for the run
+    endpoint.save(update_fields=["max_concurrency"])
     with doc_receiver_running(secret) as (port, accepted, _):
         _point(endpoint, port)
         events = [_event(merchant, n) for n in range(4)]

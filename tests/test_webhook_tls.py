@@ -117,10 +117,10 @@ def trusting(tmp_path: Path, monkeypatch: Any, settings: Any) -> Iterator[tuple[
         built.append(1)
         return real(cafile=str(bundle))
 
-    transport._tls_context.cache_clear()
+    transport._tls_context_built.cache_clear()
     monkeypatch.setattr(transport.ssl, "create_default_context", create_default_context)
     yield good_cert, good_key, other_cert, other_key, built, named_cert, named_key
-    transport._tls_context.cache_clear()  # later deliveries build the real one
+    transport._tls_context_built.cache_clear()  # later deliveries build the real one
 
 
 def test_https_deliveries_verify_the_certificate_and_share_one_tls_context_and_connection(tenant: Tenant, trusting: Any) -> None:
@@ -128,14 +128,19 @@ def test_https_deliveries_verify_the_certificate_and_share_one_tls_context_and_c
     merchant = MerchantFactory()
     connections: list[int] = []
     with _tls_receiver(good_cert, good_key, connections) as (port, bodies):
-        webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
+        endpoint, _ = webhook_endpoint_create(merchant=merchant, url=f"https://127.0.0.1:{port}/hook", enabled_events=["*"])
         events = [_event(merchant, n) for n in range(3)]
         outbox_batch_publish()
-        assert webhook_deliveries_dispatch() == 3
-    assert len(bodies) == 3 and all(b"payment.succeeded" in body for body in bodies)
-    assert set(WebhookDelivery.objects.filter(event__in=events).values_list("status", flat=True)) == {"succeeded"}
-    assert len(built) == 1  # one context for the process
-    assert len(connections) == 1  # one TLS handshake for the drain's three deliveries
+        assert webhook_deliveries_dispatch() == 3  # three at once: three connections, built together
+        endpoint.max_concurrency = 1
+        endpoint.save(update_fields=["max_concurrency"])
+        more = [_event(merchant, n) for n in range(3, 6)]
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 3  # one at a time: one connection
+    assert len(bodies) == 6 and all(b"payment.succeeded" in body for body in bodies)
+    assert set(WebhookDelivery.objects.filter(event__in=events + more).values_list("status", flat=True)) == {"succeeded"}
+    assert len(built) == 1  # one context for the process, though three threads wanted it at once
+    assert len(connections) == 3 + 1  # one TLS handshake per request in flight, not per event
 
 
 def test_a_kept_https_connection_closed_without_close_notify_is_replaced(tenant: Tenant, trusting: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
@@ -15,7 +16,7 @@ from payments.models import OutboxEvent
 from wallets.adminkit import ReadOnlyAdmin, link_column
 from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt, WebhookEndpoint, WebhookEndpointStatus
 from webhooks.services.deliveries import webhook_delivery_redeliver
-from webhooks.services.endpoints import webhook_endpoint_update
+from webhooks.services.endpoints import MAX_ENDPOINT_CONCURRENCY, webhook_endpoint_concurrency_set, webhook_endpoint_update
 from webhooks.services.relay import outbox_event_requeue
 
 
@@ -24,16 +25,28 @@ def _status_set(endpoint: WebhookEndpoint, status: str) -> str:
     return f"Endpoint {endpoint.pk} {status}"
 
 
+class ConcurrencyForm(StaffActionForm):
+    max_concurrency = forms.IntegerField(
+        required=False, min_value=1, max_value=MAX_ENDPOINT_CONCURRENCY,
+        help_text="Requests in flight to this endpoint at once, across every worker. Empty: the platform default.",
+    )
+
+
+def _concurrency_set(endpoint: WebhookEndpoint, data: dict[str, Any]) -> str:
+    webhook_endpoint_concurrency_set(endpoint=endpoint, max_concurrency=data.get("max_concurrency"))
+    return f"Endpoint {endpoint.pk}: at most {endpoint.max_concurrency or 'the default number of'} requests at once"
+
+
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(StaffActionsMixin, ReadOnlyAdmin):
-    list_display = ("id", link_column("merchant"), "url", "status", "disabled_reason", "created")
+    list_display = ("id", link_column("merchant"), "url", "status", "max_concurrency", "disabled_reason", "created")
     list_filter = ("status",)
     search_fields = ("url",)
     id_search = {"we": "id", "mer": "merchant_id"}
     date_hierarchy = "created"
     list_select_related = ("merchant",)
-    fields = ("id", "merchant", "url", "description", "enabled_events", "status", "disabled_reason", "previous_secret_expires_at",
-              "created", "updated")
+    fields = ("id", "merchant", "url", "description", "enabled_events", "status", "max_concurrency", "disabled_reason",
+              "previous_secret_expires_at", "created", "updated")
     readonly_fields = fields
     staff_actions = (
         StaffAction("enable", "Enable (deliveries resume)", "webhooks.manage_webhookendpoint", StaffActionForm,
@@ -42,6 +55,9 @@ class WebhookEndpointAdmin(StaffActionsMixin, ReadOnlyAdmin):
         StaffAction("disable", "Disable", "webhooks.manage_webhookendpoint", StaffActionForm,
                     lambda request, obj, data: _status_set(obj, WebhookEndpointStatus.DISABLED),
                     show=lambda obj: obj.status == WebhookEndpointStatus.ENABLED),
+        StaffAction("concurrency", "Set concurrency", "webhooks.manage_webhookendpoint", ConcurrencyForm,
+                    lambda request, obj, data: _concurrency_set(obj, data),
+                    description="How many deliveries may be in flight to this endpoint at once (empty: the default)."),
     )
 
 
@@ -59,7 +75,7 @@ class WebhookDeliveryAttemptInline(admin.TabularInline):  # type: ignore[type-ar
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(StaffActionsMixin, ReadOnlyAdmin):
     list_display = ("id", link_column("endpoint"), "topic", link_column("event"), "status", "attempts", "last_status_code",
-                    "next_attempt_at", "delivered_at", "created")
+                    "next_attempt_at", "leased_until", "delivered_at", "created")
     list_filter = ("status", "topic")
     id_search = {"whd": "id", "wd": "id", "evt": "event_id", "we": "endpoint_id"}
     date_hierarchy = "created"

@@ -11,26 +11,28 @@ the staff actions and the endpoint registration below take theirs alone.
   (a delivery's insert, which only needs the key, is not blocked), one row (secret
   rotation) or a batch in id order (the secret re-seal's backfill and contract); never
   held across an HTTP call.
-- `endpoint_dispatch_lock`: a session advisory lock per endpoint, tried (never waited for)
-  and held while that endpoint's due deliveries are sent one by one, so one endpoint
-  gets its deliveries one at a time, in event order, whatever the number of relays. No
-  row lock is held across an HTTP call; a relay that dies (even SIGKILL) drops its
-  session, and PostgreSQL releases the advisory lock with it.
+- `webhook_endpoints_due_lock` / `webhook_endpoints_lock`: the enabled endpoints that
+  have a due delivery and a free slot (or given ones, whose answers just came back), FOR
+  NO KEY UPDATE SKIP LOCKED, in one statement, then `webhook_deliveries_due_lock`: each one's due
+  deliveries, FOR UPDATE SKIP LOCKED, in that order, for a claim's short transaction only.
+  The endpoint row makes "count what is in flight, then lease up to the cap" one step
+  across workers; SKIP LOCKED means two claims never wait on each other (one takes an
+  endpoint, the other the rest). A claim leases what it takes (`leased_until`) and
+  commits before any request goes: no row or advisory lock is held across an HTTP call.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime
 
-from django.db import connection
-from django.db.models import Q, QuerySet
+from django.conf import settings
+from django.db.models import Count, F, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from payments.models import OutboxEvent
 from wallets.models import Merchant
-from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint, WebhookEndpointStatus
 
 
 def outbox_events_claim(*, now: datetime, limit: int) -> QuerySet[OutboxEvent]:
@@ -72,22 +74,52 @@ def webhook_endpoint_rows_lock(*, after: str, limit: int, query: Q | None = None
     return list(rows.order_by("pk").select_for_update(no_key=True)[:limit])
 
 
-def _advisory_key(name: str) -> int:
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+def _pending() -> QuerySet[WebhookDelivery]:
+    return WebhookDelivery.objects.filter(endpoint=OuterRef("pk"), status=WebhookDeliveryStatus.PENDING)
 
 
-@contextmanager
-def endpoint_dispatch_lock(*, endpoint_id: str) -> Iterator[bool]:
-    """Try the endpoint's dispatch lock (per tenant schema); yields whether it was taken."""
-    schema_name = getattr(connection, "schema_name", "public")
-    key = _advisory_key(f"tally:webhook-dispatch:{schema_name}:{endpoint_id}")
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
-        row = cursor.fetchone()
-    taken = bool(row and row[0])
-    try:
-        yield taken
-    finally:
-        if taken:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+def _with_in_flight(endpoints: QuerySet[WebhookEndpoint], *, now: datetime) -> QuerySet[WebhookEndpoint]:
+    """`endpoints`, enabled, locked (FOR NO KEY UPDATE SKIP LOCKED: an endpoint another claim
+    holds is skipped; a delivery's insert, which only needs the key, is not blocked), each
+    with `in_flight` (its deliveries leased past `now`) and `cap`, and only those below it."""
+    in_flight = _pending().filter(leased_until__gt=now).order_by().values("endpoint").annotate(n=Count("pk")).values("n")
+    return (
+        endpoints.select_for_update(no_key=True, skip_locked=True, of=("self",))
+        .filter(status=WebhookEndpointStatus.ENABLED)
+        .annotate(
+            in_flight=Coalesce(Subquery(in_flight, output_field=IntegerField()), 0),
+            cap=Coalesce("max_concurrency", settings.TALLY_WEBHOOK_ENDPOINT_CONCURRENCY, output_field=IntegerField()),
+        )
+        .filter(in_flight__lt=F("cap"))
+    )
+
+
+def webhook_endpoints_due_lock(*, now: datetime, limit: int, exclude: Sequence[str] = ()) -> list[WebhookEndpoint]:
+    """Up to `limit` enabled endpoints (but `exclude`) with a delivery due at `now` and
+    fewer requests in flight than their cap, the one whose oldest due delivery is oldest
+    first, locked; see `_with_in_flight`."""
+    due = _pending().filter(next_attempt_at__lte=now).order_by("next_attempt_at").values("next_attempt_at")[:1]
+    return list(
+        _with_in_flight(WebhookEndpoint.objects.exclude(pk__in=list(exclude)), now=now)
+        .annotate(oldest_due=Subquery(due))
+        .filter(oldest_due__isnull=False)
+        .order_by("oldest_due", "pk")[:limit]
+    )
+
+
+def webhook_endpoints_lock(*, endpoint_ids: Sequence[str], now: datetime) -> list[WebhookEndpoint]:
+    """These endpoints, if enabled and below their cap, in id order, locked; see
+    `_with_in_flight`. (A refill: the endpoints whose answers just came back.)"""
+    return list(_with_in_flight(WebhookEndpoint.objects.filter(pk__in=list(endpoint_ids)), now=now).order_by("pk"))
+
+
+def webhook_deliveries_due_lock(*, endpoint_id: str, now: datetime, limit: int) -> list[WebhookDelivery]:
+    """Up to `limit` of the endpoint's deliveries due at `now`, oldest due first, with their
+    events, locked (FOR UPDATE SKIP LOCKED). Caller holds the endpoint's row
+    (`webhook_endpoints_due_lock`)."""
+    return list(
+        WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("event")
+        .filter(endpoint_id=endpoint_id, status=WebhookDeliveryStatus.PENDING, next_attempt_at__lte=now)
+        .order_by("next_attempt_at", "pk")[:limit]
+    )

@@ -52,6 +52,9 @@ class WebhookEndpoint(models.Model):
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     # Why the endpoint was disabled, shown to the merchant ("" when enabled, or disabled by hand).
     disabled_reason = models.CharField(max_length=500, blank=True, default="")
+    # Requests in flight to this endpoint at once, across every worker (null: the setting
+    # TALLY_WEBHOOK_ENDPOINT_CONCURRENCY). Lower it for a receiver that cannot take many.
+    max_concurrency = models.PositiveSmallIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -74,15 +77,18 @@ class WebhookDelivery(models.Model):
     """One event for one endpoint: made once by the relay (unique per endpoint and event),
     sent until a 2xx answers or the retry window closes, and redeliverable after.
 
-    Per endpoint, deliveries are sent one at a time in event order (`event_created`,
-    `event_id`): a later one waits while an earlier one is pending.
+    Each delivery stands alone: its own schedule (`next_attempt_at`), its own retries, in
+    no order relative to the endpoint's others. A worker that claims it leases it: it sets
+    `leased_until` and pushes `next_attempt_at` to the same moment, so no other worker
+    claims it meanwhile, and a worker that dies mid-send leaves it due again when the
+    lease runs out.
     """
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_webhook_delivery_id, editable=False)
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
     event = models.ForeignKey(OutboxEvent, on_delete=models.PROTECT, related_name="+")
     topic = models.CharField(max_length=100)
-    event_created = models.DateTimeField()  # the event's `created`: the per-endpoint order
+    event_created = models.DateTimeField()  # the event's `created` (lag measurements, admin)
     status = models.CharField(max_length=10, choices=WebhookDeliveryStatus.choices, default=WebhookDeliveryStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now)
@@ -91,6 +97,9 @@ class WebhookDelivery(models.Model):
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # Set while a worker is sending it (null otherwise): the claim's lease, and the fence
+    # its record checks (a failure is scheduled only by the claim that still holds it).
+    leased_until = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -101,10 +110,16 @@ class WebhookDelivery(models.Model):
         constraints = [models.UniqueConstraint(fields=["endpoint", "event"], name="webhookdelivery_once_per_endpoint")]
         indexes = [
             models.Index(fields=["endpoint", "-created", "-id"], name="webhookdelivery_endpoint"),
-            models.Index(
-                fields=["endpoint", "event_created", "event"], condition=Q(status="pending"), name="webhookdelivery_pending",
-            ),
+            # An endpoint's due deliveries, oldest due first (the claim).
+            models.Index(fields=["endpoint", "next_attempt_at"], condition=Q(status="pending"), name="webhookdelivery_endpoint_due"),
             models.Index(fields=["next_attempt_at"], condition=Q(status="pending"), name="webhookdelivery_due"),
+            # An endpoint's requests in flight (the per-endpoint cap), without reading its backlog.
+            models.Index(
+                fields=["endpoint", "leased_until"], condition=Q(status="pending", leased_until__isnull=False),
+                name="webhookdelivery_leased",
+            ),
+            # Whether anything got through lately (an endpoint is disabled only when nothing has).
+            models.Index(fields=["endpoint", "delivered_at"], condition=Q(status="succeeded"), name="webhookdelivery_delivered"),
         ]
 
     def __str__(self) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import QuerySet
 
 from wallets.errors import NotFound
-from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint, WebhookEndpointStatus
 
 
 def webhook_endpoint_list(*, merchant_id: str) -> QuerySet[WebhookEndpoint]:
@@ -31,3 +33,10 @@ def webhook_delivery_get(*, merchant_id: str, endpoint_id: str, delivery_id: str
     if delivery is None:  # unknown, or another endpoint's: the same answer
         raise NotFound("no such webhook delivery", param="delivery")
     return delivery
+
+
+def webhook_deliveries_due_exist(*, now: datetime) -> bool:
+    """Whether any enabled endpoint of this tenant has a delivery due at `now`."""
+    return WebhookDelivery.objects.filter(
+        status=WebhookDeliveryStatus.PENDING, next_attempt_at__lte=now, endpoint__status=WebhookEndpointStatus.ENABLED
+    ).exists()

@@ -2,12 +2,12 @@
 http.client, connected to the address that was checked, never following redirects (a
 3xx is an answer, and a failure), with short timeouts and a bounded read.
 
-A drain's deliveries to one endpoint share a connection (`WebhookConnections`): HTTP/1.1
-keep-alive, as a browser or urllib3 does, instead of a TCP (and for https a TLS)
-handshake per event on both sides. A connection is reused only for the same scheme,
-checked address, port and host, only while the receiver keeps it open, only when its
-last answer was read whole and nothing readable has come since, and never beyond the
-drain that opened it."""
+A relay run's deliveries to one endpoint reuse connections (`WebhookConnections`, one per
+request in flight): HTTP/1.1 keep-alive, as a browser or urllib3 does, instead of a TCP
+(and for https a TLS) handshake per event on both sides. A connection is reused only for
+the same scheme, checked address, port and host, only while the receiver keeps it open,
+only when its last answer was read whole and nothing readable has come since, and never
+beyond the run that opened it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import http.client
 import select
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 
@@ -72,14 +73,23 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
         self.sock = _socket_open(self.pinned_address, self.port)
 
 
-@functools.cache
 def _tls_context() -> ssl.SSLContext:
     """The process's TLS client context: the system's CA bundle, certificates and names
     verified (`ssl.create_default_context`). One per process: building it loads the CA
     bundle, 29 ms of CPU on the benchmark machine, which every HTTPS delivery would pay.
     An SSLContext serves any number of connections, from any thread; shared by every
     delivery, it must never be changed after it is built (verify mode, trust, ALPN).
-    A changed CA bundle on disk is read when the worker restarts."""
+    A changed CA bundle on disk is read when the worker restarts. Built under a lock:
+    the first deliveries of a process start together, from several sending threads."""
+    with _TLS_CONTEXT_LOCK:
+        return _tls_context_built()
+
+
+_TLS_CONTEXT_LOCK = threading.Lock()
+
+
+@functools.cache
+def _tls_context_built() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
@@ -196,8 +206,9 @@ def _exchange(conn: http.client.HTTPConnection, target: Target, body: bytes, hea
 
 
 class WebhookConnections:
-    """The open connection of a drain (at most one: a drain sends to one endpoint). Use as a
-    context manager; closing it closes the connection. One thread at a time."""
+    """One kept connection, for one sending thread at a time (a run keeps one of these per
+    request in flight to an endpoint). Use as a context manager; closing it closes the
+    connection."""
 
     def __init__(self) -> None:
         self._open: tuple[tuple[str, str, int, str], http.client.HTTPConnection] | None = None

@@ -324,3 +324,13 @@ TALLY_CONTACT_HASH_KEY = env("TALLY_CONTACT_HASH_KEY", default=hashlib.sha256(b"
 # process; a phase change that writers must see is followed by a wait of TTL + grace.
 TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=1.0)
 TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=1.0)
+# Webhook deliveries (webhooks/services/deliveries.py): requests in flight per endpoint
+# across every worker (an endpoint's `max_concurrency` overrides it), requests in flight per
+# worker process (its thread pool), how long a claimed delivery is leased (longer than a
+# request's connect and read timeouts: a worker that dies mid-send leaves it due again
+# after this), and how long one relay run sends before it hands its worker process to the
+# next tenant's relay (it re-queues itself if deliveries are still due).
+TALLY_WEBHOOK_ENDPOINT_CONCURRENCY = env.int("TALLY_WEBHOOK_ENDPOINT_CONCURRENCY", default=8)
+TALLY_WEBHOOK_PROCESS_CONCURRENCY = env.int("TALLY_WEBHOOK_PROCESS_CONCURRENCY", default=32)
+TALLY_WEBHOOK_LEASE_SECONDS = env.float("TALLY_WEBHOOK_LEASE_SECONDS", default=60.0)
+TALLY_WEBHOOK_DISPATCH_SECONDS = env.float("TALLY_WEBHOOK_DISPATCH_SECONDS", default=5.0)

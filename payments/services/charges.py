@@ -317,6 +317,7 @@ def _payment_rows_new(
             "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
         },
         created=now,
+        sequence=1,  # a new payment's first event
     )
     return payment, event
 

@@ -149,6 +149,11 @@ def test_staff_redeliver_and_requeue_from_the_admin(api: Api, world: World, tena
         assert len(rx.requests) == 2
         r = admin.post(f"/admin/webhooks/webhookendpoint/{quote(hook['id'])}/act/disable/", {"idempotency_key": "k-disable-1"})
         assert r.status_code == 302 and WebhookEndpoint.objects.get(pk=hook["id"]).status == "disabled"
+        # The endpoint's own cap on requests in flight (empty: the platform default).
+        r = admin.post(
+            f"/admin/webhooks/webhookendpoint/{quote(hook['id'])}/act/concurrency/", {"idempotency_key": "k-conc-1", "max_concurrency": "2"}
+        )
+        assert r.status_code == 302 and WebhookEndpoint.objects.get(pk=hook["id"]).max_concurrency == 2
     event = OutboxEvent.objects.get(pk=delivery.event_id)
     OutboxEvent.objects.filter(pk=event.pk).update(published_at=None, dead_at=timezone.now(), attempts=8)
     r = admin.post(f"/admin/payments/outboxevent/{quote(event.pk)}/act/requeue/", {"idempotency_key": "k-requeue-1"})

@@ -1,11 +1,23 @@
 """Sending webhook deliveries: signed POSTs, retries with backoff, the attempt log,
 disabling an endpoint that keeps failing, and redelivery (SPEC 8, docs/WEBHOOKS.md).
 
-Per endpoint, deliveries go one at a time in event order: the dispatcher takes the
-endpoint's dispatch lock (webhooks.locks) and sends its oldest pending delivery; only a
-2xx lets it go on to the next one. A delivery whose event is not yet before every
-unpublished outbox event waits, so a relay that published later events cannot overtake
-one still publishing earlier ones.
+Each delivery stands alone: its own schedule, its own retries, in no order relative to
+the endpoint's other deliveries, so one event a receiver cannot take, or one slow
+request, holds back nothing else. An endpoint gets up to its cap of requests at once
+(`max_concurrency`, else TALLY_WEBHOOK_ENDPOINT_CONCURRENCY) across every worker, and a
+worker process sends up to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once, from a thread pool
+over the keep-alive transport (webhooks.transport).
+
+A dispatch is three short steps, over and over, and no lock lives across the HTTP call:
+- claim (one transaction): lock the endpoints with due work and a free slot (skipping
+  those another worker is claiming for), count what each has in flight, lease up to its
+  free slots of its oldest due deliveries (`leased_until` = `next_attempt_at` = now +
+  lease), commit;
+- send, in the pool, outside any transaction;
+- record (one transaction): the attempts, the delivered, the retries.
+A worker that dies mid-send (even SIGKILL) leaves its leased deliveries due again when
+the lease runs out: at least once. Only the database decides who sends what; the threads
+never touch it (the dispatching thread claims, signs and records).
 """
 
 from __future__ import annotations
@@ -13,15 +25,20 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import os
 import random
+import threading
 import time
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, DateTimeField, F, PositiveSmallIntegerField, Q, QuerySet, Subquery, When
+from django.db.models import Case, DateTimeField, F, PositiveSmallIntegerField, QuerySet, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -29,7 +46,7 @@ from payments.models import OutboxEvent
 from payments.relaykick import outbox_relay_kick_on_commit
 from webhooks import metrics
 from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
-from webhooks.locks import endpoint_dispatch_lock, webhook_delivery_lock
+from webhooks.locks import webhook_deliveries_due_lock, webhook_delivery_lock, webhook_endpoints_due_lock, webhook_endpoints_lock
 from webhooks.models import (
     WebhookDelivery,
     WebhookDeliveryAttempt,
@@ -45,12 +62,18 @@ from webhooks.transport import WebhookConnections
 logger = logging.getLogger(__name__)
 
 # Retries: attempt n failing waits min(30 s x 2^(n-1), 6 h), jittered to 50-100 % of it,
-# until 3 days after the delivery was made (or redelivered); then the delivery fails and
-# its endpoint is disabled. That is ~20 attempts: 30 s, 1, 2, 4 ... 256 min, then every 6 h.
+# until 3 days after the delivery was made (or redelivered); then the delivery fails. That
+# is ~20 attempts: 30 s, 1, 2, 4 ... 256 min, then every 6 h. The endpoint is disabled
+# only when nothing got through to it for those 3 days.
 RETRY_WINDOW = timedelta(days=3)
 RETRY_BASE_SECONDS = 30.0
 RETRY_CAP_SECONDS = 6 * 3600.0
 USER_AGENT = "Tally-Webhooks/1.0"
+
+# A claim looks at this many endpoints at a time (the ones waiting longest first).
+CLAIM_ENDPOINTS = 64
+# While requests are in flight, the dispatcher also looks for new due work this often.
+POLL_SECONDS = 0.1
 
 
 def retry_delay(*, attempts: int) -> timedelta:
@@ -60,128 +83,112 @@ def retry_delay(*, attempts: int) -> timedelta:
 
 
 def webhook_event_body(*, event: OutboxEvent) -> bytes:
-    """The JSON body of an event, identical on every attempt (consumers dedupe on `id`)."""
+    """The JSON body of an event, identical on every attempt (consumers dedupe on `id`).
+    `created` and `sequence` (the event's place among its object's events) let a receiver
+    order what arrives in any order; `data.object` is the object as the event left it."""
     body = {
         "id": event.id, "object": "event", "type": event.topic, "created": int(event.created.timestamp()),
-        "data": {"object": event.payload},
+        "sequence": event.sequence, "data": {"object": event.payload},
     }
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-# A drain reads an endpoint's pending deliveries this many at a time, in event order, and
-# reads again once a page is this old (a slow endpoint: a page could otherwise last minutes).
-DRAIN_PAGE_SIZE = 20
-PAGE_FRESH_SECONDS = 1.0
+# --- the worker process's sending capacity ------------------------------------------------
 
 
-def _pending_page_statement(endpoint_id: str) -> QuerySet[WebhookDelivery]:
-    """The endpoint's next pending deliveries in event order, each carrying the watermark:
-    (created, id) of the oldest unpublished live outbox event, read in the same statement
-    (`watermark_created`, `watermark_id`; None when every event is published)."""
-    live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).order_by("created", "id")
-    return (
-        WebhookDelivery.objects.select_related("endpoint", "event")
-        .filter(endpoint_id=endpoint_id, status=WebhookDeliveryStatus.PENDING)
-        .annotate(watermark_created=Subquery(live.values("created")[:1]), watermark_id=Subquery(live.values("id")[:1]))
-        .order_by("event_created", "event_id")[:DRAIN_PAGE_SIZE]
-    )
+class _Slots:
+    """The process's requests in flight, shared by every dispatch in it (the global cap)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._used = 0
+
+    def take(self, wanted: int) -> int:
+        with self._lock:
+            granted = max(0, min(wanted, _process_concurrency() - self._used))
+            self._used += granted
+            return granted
+
+    def give(self, count: int) -> None:
+        with self._lock:
+            self._used -= count
 
 
-def _pending_page(*, endpoint_id: str) -> list[WebhookDelivery]:
-    return list(_pending_page_statement(endpoint_id))
+def _process_concurrency() -> int:
+    return max(1, int(settings.TALLY_WEBHOOK_PROCESS_CONCURRENCY))
 
 
-def webhook_deliveries_dispatch(*, now: datetime | None = None, time_budget_seconds: float = 60.0) -> int:
-    """Send every due delivery of every enabled endpoint whose dispatch lock is free; return
-    the number of attempts made. `now` (tests) says which retries are due.
-
-    Locks: per endpoint, `endpoint_dispatch_lock` (tried; a busy endpoint is another
-    relay's). No row lock is held across an HTTP call; a drain records its outcomes a page at
-    a time (`_endpoint_drain`).
-    """
-    deadline = time.monotonic() + time_budget_seconds
-    due_at = now or timezone.now()
-    endpoint_ids = list(
-        WebhookDelivery.objects.filter(
-            status=WebhookDeliveryStatus.PENDING, next_attempt_at__lte=due_at, endpoint__status=WebhookEndpointStatus.ENABLED
-        ).order_by("endpoint_id").values_list("endpoint_id", flat=True).distinct()  # no default ordering: it would join the DISTINCT
-    )
-    attempts = 0
-    for endpoint_id in endpoint_ids:
-        if time.monotonic() > deadline:
-            break
-        with endpoint_dispatch_lock(endpoint_id=endpoint_id) as taken:
-            if taken:
-                attempts += _endpoint_drain(endpoint_id=endpoint_id, now=now, deadline=deadline)
-    return attempts
+_SLOTS = _Slots()
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = threading.Lock()
 
 
-def _endpoint_drain(*, endpoint_id: str, now: datetime | None, deadline: float) -> int:
-    """Send one endpoint's pending deliveries in event order, stopping at the first that is
-    not due or fails. Caller holds the endpoint's dispatch lock, so nobody else sends or
-    records this endpoint's deliveries meanwhile.
+def _pool() -> ThreadPoolExecutor:
+    """The process's sending threads, made on first use (after a prefork worker forked:
+    threads do not survive a fork, so a pool inherited from the parent is replaced)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_process_concurrency(), thread_name_prefix="webhook-send"))
+        return _POOL[1]
 
-    Reads a page at a time (one statement with the watermark in it, instead of two per
-    delivery), and records the page's outcomes together: one transaction, one INSERT of
-    attempts and one UPDATE of the delivered, before the next read or when the drain ends.
-    A page is used for PAGE_FRESH_SECONDS at most, then read again, so what a page read
-    cannot see lasts about as long as one slow delivery did before: the endpoint
-    disabled, its URL changed or its secret rotated (the page holds the endpoint as read),
-    an older delivery redelivered (it goes at the next read), and an event committed after
-    the read with an older `created` (among transactions still open, order is by `created`
-    only as far as they have committed, page or not).
-    """
-    attempts = 0
-    unrecorded: list[_Outcome] = []
-    connections = WebhookConnections()
-    try:
-        while time.monotonic() <= deadline:
-            # Pages until one comes back empty, so deliveries made while a page was being
-            # sent go in this drain (another relay that made them found the lock taken).
-            # What was sent is recorded first: a read must not find it still pending. The
-            # list is handed over before recording, so a failure while recording (even one
-            # striking after the COMMIT) never has it recorded twice by the `finally`: a
-            # batch whose record failed is sent again, at least once.
-            batch, unrecorded = unrecorded, []
-            _outcomes_record(batch)
-            page = _pending_page(endpoint_id=endpoint_id)
-            if not page:
-                return attempts
-            stale_at = time.monotonic() + PAGE_FRESH_SECONDS
-            for sent, head in enumerate(page):
-                if sent and time.monotonic() > stale_at:
-                    break  # read again: the endpoint, the watermark and the order as they are now
-                moment = now or timezone.now()
-                if head.endpoint.status != WebhookEndpointStatus.ENABLED or head.next_attempt_at > moment:
-                    return attempts
-                watermark = head.watermark_created, head.watermark_id  # type: ignore[attr-defined]  # annotations
-                if watermark[0] is not None and (head.event_created, head.event_id) >= watermark:
-                    return attempts
-                attempts += 1
-                outcome = _delivery_send(delivery=head, now=moment, connections=connections)
-                unrecorded.append(outcome)
-                if not outcome.succeeded or time.monotonic() > deadline:
-                    return attempts
-        return attempts
-    finally:
-        # Also when the task is cut short (a soft time limit strikes in an HTTP call): what
-        # was sent is recorded. A process killed outright, or a record that fails, leaves
-        # what was sent since the last record (up to a page) to be sent again: at least
-        # once, as a crash between a send and its record always did (receivers dedupe by
-        # event id).
-        try:
-            batch, unrecorded = unrecorded, []
-            _outcomes_record(batch)
-        finally:
-            connections.close()
+
+class _ConnectionShelf:
+    """A dispatch's kept connections, per endpoint: a sending thread takes one (or a new
+    one), sends, and puts it back, so an endpoint's requests reuse up to its cap of
+    connections instead of a handshake per event. Closed when the dispatch ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[str, list[WebhookConnections]] = defaultdict(list)
+        self._every: list[WebhookConnections] = []
+
+    def take(self, endpoint_id: str) -> WebhookConnections:
+        with self._lock:
+            if self._idle[endpoint_id]:
+                return self._idle[endpoint_id].pop()
+            made = WebhookConnections()
+            self._every.append(made)
+            return made
+
+    def give(self, endpoint_id: str, connections: WebhookConnections) -> None:
+        with self._lock:
+            self._idle[endpoint_id].append(connections)
+
+    def close(self) -> None:
+        with self._lock:
+            for connections in self._every:
+                connections.close()
+            self._every.clear()
+            self._idle.clear()
+
+    @property
+    def opened(self) -> int:
+        with self._lock:
+            return sum(c.opened for c in self._every)
+
+
+# --- claim, send, record -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A leased delivery, ready to send: its body and headers were made by the dispatching
+    thread (unsealing the secret reads the tenant's connection)."""
+
+    delivery: WebhookDelivery
+    endpoint: WebhookEndpoint
+    lease: datetime
+    attempted_at: datetime
+    body: bytes
+    headers: dict[str, str]
 
 
 @dataclass(frozen=True)
 class _Outcome:
     """One attempt, sent and not yet recorded."""
 
-    delivery: WebhookDelivery
-    attempted_at: datetime
+    claim: _Claim
     status_code: int | None
     latency_ms: int
     address: str
@@ -189,32 +196,85 @@ class _Outcome:
     error: str
 
     @property
+    def delivery(self) -> WebhookDelivery:
+        return self.claim.delivery
+
+    @property
+    def attempted_at(self) -> datetime:
+        return self.claim.attempted_at
+
+    @property
     def succeeded(self) -> bool:
         return not self.error
 
 
-def _delivery_send(*, delivery: WebhookDelivery, now: datetime, connections: WebhookConnections) -> _Outcome:
-    """POST one delivery and log it. The target is checked again (SSRF) against what the
-    host resolves to now, and the connection goes to the checked address (the drain's kept
-    one only if it goes there too). Records nothing: the caller passes the outcome to
-    `_outcomes_record`. Locks: none."""
-    endpoint = delivery.endpoint
+def _lease_seconds() -> float:
+    return float(settings.TALLY_WEBHOOK_LEASE_SECONDS)
+
+
+def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | None = None) -> tuple[list[_Claim], bool]:
+    """Lease up to `limit` due deliveries, at most each endpoint's free slots; return them
+    signed and ready to send, and whether endpoints with due work were left waiting for
+    want of `limit` (then the caller scans every round, so the order below decides).
+
+    With `refill` (endpoint id -> answers that just came back from it), those endpoints
+    get up to that many again, found by id: the slots their answers freed are filled
+    without the scan of every endpoint. Without it, the scan: the endpoints whose oldest
+    due delivery has waited longest first.
+
+    Locks: `webhook_endpoints_lock` or `webhook_endpoints_due_lock`, then
+    `webhook_deliveries_due_lock` (all SKIP LOCKED), for the caller's transaction.
+    """
+    if limit <= 0:
+        return [], False
+    lease = now + timedelta(seconds=_lease_seconds())
+    taken: list[tuple[WebhookDelivery, WebhookEndpoint]] = []
+    contended = False
+    with transaction.atomic():
+        if refill:
+            endpoints = webhook_endpoints_lock(endpoint_ids=list(refill), now=now)
+            wanted = {e.pk: refill[e.pk] for e in endpoints}
+        else:
+            endpoints = webhook_endpoints_due_lock(now=now, limit=CLAIM_ENDPOINTS)
+            wanted = {e.pk: limit for e in endpoints}
+            contended = len(endpoints) == CLAIM_ENDPOINTS
+        for endpoint in endpoints:
+            free = min(endpoint.cap - endpoint.in_flight, wanted[endpoint.pk], limit - len(taken))  # type: ignore[attr-defined]  # annotations
+            if free <= 0:
+                contended = contended or not refill
+                continue
+            taken += [(d, endpoint) for d in webhook_deliveries_due_lock(endpoint_id=endpoint.pk, now=now, limit=free)]
+        if taken:
+            WebhookDelivery.objects.filter(pk__in=[d.pk for d, _ in taken]).update(next_attempt_at=lease, leased_until=lease)
+    return [_claim_prepare(delivery=d, endpoint=e, lease=lease, now=now) for d, e in taken], contended
+
+
+def _claim_prepare(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint, lease: datetime, now: datetime) -> _Claim:
+    delivery.endpoint = endpoint
     body = webhook_event_body(event=delivery.event)
-    timestamp = int(time.time())
     headers = {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
-        SIGNATURE_HEADER: signature_header(secrets=webhook_endpoint_signing_secrets(endpoint=endpoint), timestamp=timestamp, body=body),
+        SIGNATURE_HEADER: signature_header(secrets=webhook_endpoint_signing_secrets(endpoint=endpoint), timestamp=int(time.time()), body=body),
     }
+    return _Claim(delivery=delivery, endpoint=endpoint, lease=lease, attempted_at=now, body=body, headers=headers)
+
+
+def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
+    """POST one claimed delivery (in a sending thread; never touches the database). The
+    target is checked again (SSRF) against what the host resolves to now, and the
+    connection goes to the checked address (a kept one only if it goes there too)."""
+    endpoint = claim.endpoint
     status_code: int | None = None
     excerpt = error = address = ""
     reason = ""
     started = time.monotonic()
+    connections = shelf.take(endpoint.pk)
     try:
         target = webhook_target_resolve(url=endpoint.url)
         assert target is not None  # unresolvable names raise here
         address = target.address
-        answer = connections.post(target=target, body=body, headers=headers)
+        answer = connections.post(target=target, body=claim.body, headers=claim.headers)
         status_code, excerpt = answer.status, answer.excerpt
         if not 200 <= answer.status < 300:
             error, reason = f"HTTP {answer.status}", "http_status"
@@ -222,68 +282,189 @@ def _delivery_send(*, delivery: WebhookDelivery, now: datetime, connections: Web
         error, reason = f"refused: {exc.message}", "refused"
     except (OSError, http.client.HTTPException) as exc:
         error, reason = f"{type(exc).__name__}: {exc}"[:500], "network"
+    finally:
+        shelf.give(endpoint.pk, connections)
     latency = time.monotonic() - started
     metrics.WEBHOOK_LATENCY_SECONDS.observe(latency)
     if error:
         metrics.WEBHOOK_FAILURES.labels(reason=reason).inc()
     logger.info(
         "webhook attempt",
-        extra={"delivery": delivery.id, "endpoint": endpoint.id, "event": delivery.event_id, "status_code": status_code,
+        extra={"delivery": claim.delivery.id, "endpoint": endpoint.id, "event": claim.delivery.event_id, "status_code": status_code,
                "latency_ms": int(latency * 1000), "succeeded": not error, "error": error},
     )
-    return _Outcome(
-        delivery=delivery, attempted_at=now, status_code=status_code, latency_ms=int(latency * 1000), address=address,
-        excerpt=excerpt, error=error,
-    )
+    return _Outcome(claim=claim, status_code=status_code, latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error)
+
+
+def _sent_safely(claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
+    try:
+        return _delivery_send(claim=claim, shelf=shelf)
+    except Exception as exc:  # a bug in one send must not lose the others' records
+        logger.exception("webhook send failed", extra={"delivery": claim.delivery.id})
+        return _Outcome(claim=claim, status_code=None, latency_ms=0, address="", excerpt="", error=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def webhook_deliveries_dispatch(
+    *, now: datetime | None = None, time_budget_seconds: float | None = None, publish: Callable[[], object] | None = None
+) -> int:
+    """Send due deliveries of this tenant until none is due (or the budget is spent: then
+    claim no more, let what is in flight finish and record it); return the attempts made.
+    `now` (tests) says which retries are due. `publish` (the relay's) is called between
+    claims, so a long dispatch also publishes events committed meanwhile.
+
+    Each round is one short transaction: record the answers that came back, then claim
+    their replacements (`_round`). Locks: see `_deliveries_claim`; none across an HTTP call.
+    """
+    budget = float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS) if time_budget_seconds is None else time_budget_seconds
+    deadline = time.monotonic() + budget
+    pool, shelf = _pool(), _ConnectionShelf()
+    in_flight: dict[Future[_Outcome], _Claim] = {}
+    answered: list[_Outcome] = []
+    attempts = 0
+    scan_at, contended = 0.0, False
+    try:
+        while True:
+            claiming = time.monotonic() < deadline
+            if claiming and publish is not None:
+                publish()
+            granted = _SLOTS.take(_process_concurrency()) if claiming else 0
+            claimed: list[_Claim] = []
+            # Refill the slots answers freed, by endpoint id, and scan every endpoint for
+            # new due work only every POLL_SECONDS: the scan is most of a round's cost, and
+            # a round's length is what a freed slot waits. While endpoints wait for want of
+            # slots, every round scans, so the longest waiting goes first.
+            scan = contended or not answered or time.monotonic() >= scan_at
+            refill = None if scan else _answers_by_endpoint(answered)
+            try:
+                # Handed over before the round: if the round fails once its record has
+                # committed, the `finally` must not record the same answers again.
+                batch, answered = answered, []
+                claimed, round_contended = _round(answered=batch, now=now or timezone.now(), limit=granted, refill=refill)
+                if scan:
+                    scan_at, contended = time.monotonic() + POLL_SECONDS, round_contended
+            finally:
+                _SLOTS.give(granted - len(claimed))
+            for claim in claimed:
+                in_flight[pool.submit(_sent_safely, claim, shelf)] = claim
+            if not in_flight:
+                return attempts
+            # Wait for an answer; while claiming, look for new due work now and then too.
+            done, _ = wait(list(in_flight), timeout=POLL_SECONDS if claiming else None, return_when=FIRST_COMPLETED)
+            answered = _collected(done, in_flight)
+            attempts += len(answered)
+    finally:
+        # Also when cut short (a soft time limit): what is in flight is waited for and
+        # recorded, so none of it is sent again. A process killed outright records
+        # nothing: its leases run out and the deliveries go again (at least once).
+        try:
+            if in_flight:
+                done, _ = wait(list(in_flight))
+                answered += _collected(done, in_flight)
+            _outcomes_record(answered)
+        finally:
+            shelf.close()
+
+
+def _collected(done: set[Future[_Outcome]], in_flight: dict[Future[_Outcome], _Claim]) -> list[_Outcome]:
+    outcomes = [future.result() for future in done]
+    for future in done:
+        del in_flight[future]
+    _SLOTS.give(len(outcomes))
+    return outcomes
+
+
+def _answers_by_endpoint(answered: Sequence[_Outcome]) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for outcome in answered:
+        counts[outcome.claim.endpoint.pk] += 1
+    return dict(counts)
+
+
+def _round(
+    *, answered: Sequence[_Outcome], now: datetime, limit: int, refill: Mapping[str, int] | None = None
+) -> tuple[list[_Claim], bool]:
+    """Record `answered` and claim up to `limit` deliveries, in one transaction: a slot an
+    answer frees is filled by the same commit that frees it. The claim runs under a
+    savepoint, so a claim that fails still lets the record commit.
+
+    Locks: see `_outcomes_write`, then `_deliveries_claim`."""
+    failed: BaseException | None = None
+    claimed: list[_Claim] = []
+    contended = False
+    with transaction.atomic():
+        counted = _outcomes_write(answered)
+        if limit > 0:
+            try:
+                claimed, contended = _deliveries_claim(now=now, limit=limit, refill=refill)
+            except Exception as exc:  # noqa: BLE001  # re-raised once the record has committed
+                failed = exc
+    _outcomes_count(counted)
+    if failed is not None:
+        raise failed
+    return claimed, contended
 
 
 def _delivered_rows(
     pks: Sequence[Any], times: Sequence[Any], codes: Sequence[Any]
 ) -> tuple[QuerySet[WebhookDelivery], dict[str, Any]]:
     """The UPDATE of delivered deliveries (as a queryset and its update values): each row
-    gets its own attempt's time and status code."""
+    gets its own attempt's time and status code. Only rows still pending: a delivery sent
+    twice (its lease ran out mid-send) is delivered once."""
 
     def per_row(values: Sequence[Any], output_field: Any) -> Cast:
         # Cast, as Django's bulk_update does on PostgreSQL: a CASE of bound parameters has
         # no type of its own under server-side binding.
         return Cast(Case(*[When(pk=pk, then=value) for pk, value in zip(pks, values, strict=True)], output_field=output_field), output_field)
 
-    matches = Q()
-    for pk in pks:
-        matches |= Q(pk=pk)
-    return WebhookDelivery.objects.filter(matches), {
+    return WebhookDelivery.objects.filter(pk__in=list(pks), status=WebhookDeliveryStatus.PENDING), {
         "attempts": F("attempts") + 1, "last_attempt_at": per_row(times, DateTimeField()), "delivered_at": per_row(times, DateTimeField()),
         "last_status_code": per_row(codes, PositiveSmallIntegerField()), "last_error": "", "status": WebhookDeliveryStatus.SUCCEEDED,
+        "leased_until": None,
     }
 
 
 def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
-    """Record sent attempts in one transaction: their attempt rows (one INSERT), the
-    delivered deliveries (one UPDATE), and what follows each failure; count them once it
-    has committed. Locks: none (the caller holds the endpoint's dispatch lock: nobody else
-    records its deliveries)."""
+    """Record sent attempts in one transaction (`_outcomes_write`) and count them once it
+    has committed. Locks: see `_outcomes_write`."""
     if not outcomes:
         return
     with transaction.atomic():
-        WebhookDeliveryAttempt.objects.bulk_create(
-            [
-                WebhookDeliveryAttempt(
-                    delivery=o.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
-                    latency_ms=o.latency_ms, address=o.address, response_excerpt=o.excerpt, error=o.error,
-                )
-                for o in outcomes
-            ]
-        )
-        delivered = [o for o in outcomes if o.succeeded]
-        if delivered:
-            rows, update = _delivered_rows(
-                [o.delivery.pk for o in delivered], [o.attempted_at for o in delivered], [o.status_code for o in delivered]
+        counted = _outcomes_write(outcomes)
+    _outcomes_count(counted)
+
+
+_Counted = list[tuple["_Outcome", tuple[str, bool]]]
+
+
+def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
+    """Write sent attempts, in the caller's transaction: their attempt rows (one INSERT),
+    the delivered deliveries (one UPDATE), and what follows each failure. Returns what
+    `_outcomes_count` counts after the commit.
+
+    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's
+    row; the order of `webhook_delivery_lock`. None across an HTTP call."""
+    if not outcomes:
+        return []
+    WebhookDeliveryAttempt.objects.bulk_create(
+        [
+            WebhookDeliveryAttempt(
+                delivery=o.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
+                latency_ms=o.latency_ms, address=o.address, response_excerpt=o.excerpt, error=o.error,
             )
-            rows.update(**update)
-        failures = [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
+            for o in outcomes
+        ]
+    )
+    delivered = [o for o in outcomes if o.succeeded]
     if delivered:
-        metrics.WEBHOOK_DELIVERIES.labels(outcome="succeeded").inc(len(delivered))
-    for outcome, (label, disabled) in failures:
+        rows, values = _delivered_rows(
+            [o.delivery.pk for o in delivered], [o.attempted_at for o in delivered], [o.status_code for o in delivered]
+        )
+        rows.update(**values)
+    return [(o, ("succeeded", False)) for o in delivered] + [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
+
+
+def _outcomes_count(counted: _Counted) -> None:
+    for outcome, (label, disabled) in counted:
         metrics.WEBHOOK_DELIVERIES.labels(outcome=label).inc()
         if disabled:
             metrics.WEBHOOK_ENDPOINTS_DISABLED.inc()
@@ -291,20 +472,32 @@ def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
 
 
 def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
-    """Schedule the retry of a failed attempt, or give up (and disable the endpoint); return
-    the outcome's metric label and whether the endpoint was disabled."""
+    """Schedule the retry of a failed attempt, or give up on the delivery (and disable the
+    endpoint if nothing got through to it for the whole window); return the outcome's
+    metric label and whether the endpoint was disabled. Only the claim that still holds
+    the lease schedules: a delivery redelivered, or claimed again after its lease ran out,
+    keeps the schedule its new owner gave it (the attempt is logged all the same)."""
     delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.error
     fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": outcome.status_code, "last_error": error}
+    held = WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDeliveryStatus.PENDING, leased_until=outcome.claim.lease)
     following = now + retry_delay(attempts=delivery.attempts + 1)
     if following <= delivery.give_up_at:
-        WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, next_attempt_at=following)
+        held.update(**fields, next_attempt_at=following, leased_until=None)
         return "retrying", False
-    WebhookDelivery.objects.filter(pk=delivery.pk).update(**fields, status=WebhookDeliveryStatus.FAILED)
-    # Nothing got through to this endpoint for the whole window (its deliveries go in
-    # order, so this one blocked the rest): stop sending, and say why.
+    if not held.update(**fields, status=WebhookDeliveryStatus.FAILED, leased_until=None):
+        return "retrying", False
+    # One event the receiver cannot take is that delivery's failure, not the endpoint's:
+    # the endpoint goes off only when nothing at all got through to it for the window.
+    if WebhookDelivery.objects.filter(
+        endpoint_id=delivery.endpoint_id, status=WebhookDeliveryStatus.SUCCEEDED, delivered_at__gt=now - RETRY_WINDOW
+    ).exists():
+        return "gave_up", False
     disabled = WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, status=WebhookEndpointStatus.ENABLED).update(
         status=WebhookEndpointStatus.DISABLED,
-        disabled_reason=f"Disabled {now:%Y-%m-%d %H:%M} UTC: delivery {delivery.id} failed for {RETRY_WINDOW.days} days ({error})"[:500],
+        disabled_reason=(
+            f"Disabled {now:%Y-%m-%d %H:%M} UTC: every delivery failed for {RETRY_WINDOW.days} days; "
+            f"the last, {delivery.id}: {error}"
+        )[:500],
         updated=now,
     )
     return "gave_up", bool(disabled)
@@ -314,22 +507,22 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
 def webhook_delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
     """Send a delivery again: it becomes pending, due now, with a fresh 3-day retry window.
 
-    Its endpoint must be enabled (re-enable it first). It goes out in event order with the
-    endpoint's other pending deliveries (an old event therefore goes first, from the
-    dispatcher's next read: within PAGE_FRESH_SECONDS of a page in flight). Locks: the
-    delivery row (FOR UPDATE). The relay is kicked after commit.
+    Its endpoint must be enabled (re-enable it first). It goes on its own, whatever the
+    endpoint's other deliveries are doing. One being sent right now is sent again as well
+    (its lease is dropped; the first answer that is a 2xx marks it delivered).
+    Locks: the delivery row and its endpoint's row (`webhook_delivery_lock`). The relay is
+    kicked after commit.
     """
     locked = webhook_delivery_lock(delivery_id=delivery.pk)
     if locked.endpoint.status != WebhookEndpointStatus.ENABLED:
         raise WebhookDeliveryNotRedeliverable("the webhook endpoint is disabled; enable it first", param="delivery")
+    now = timezone.now()
+    locked.next_attempt_at, locked.leased_until = now, None
+    fields = ["next_attempt_at", "leased_until"]
     if locked.status != WebhookDeliveryStatus.PENDING:
-        now = timezone.now()
-        locked.status = WebhookDeliveryStatus.PENDING
-        locked.next_attempt_at = now
-        locked.give_up_at = now + RETRY_WINDOW
-        locked.save(update_fields=["status", "next_attempt_at", "give_up_at"])
-    else:  # already pending: just make it due now
-        locked.next_attempt_at = timezone.now()
-        locked.save(update_fields=["next_attempt_at"])
+        locked.status, locked.give_up_at = WebhookDeliveryStatus.PENDING, now + RETRY_WINDOW
+        fields += ["status", "give_up_at"]
+    locked.save(update_fields=fields)
     outbox_relay_kick_on_commit()
     return locked
+

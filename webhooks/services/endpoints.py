@@ -22,6 +22,7 @@ MAX_ENDPOINTS_PER_MERCHANT = 16
 MAX_EVENT_TYPES = 50
 EVENT_TYPE_RE = re.compile(r"^(\*|[a-z][a-z_]{0,40}(\.[a-z][a-z_]{0,40}){0,3})$")
 MAX_SECRET_OVERLAP = timedelta(days=7)
+MAX_ENDPOINT_CONCURRENCY = 64
 
 
 def _new_secret() -> str:
@@ -117,3 +118,18 @@ def webhook_endpoint_signing_secrets(*, endpoint: WebhookEndpoint, now: datetime
     if stored.previous and endpoint.previous_secret_expires_at and endpoint.previous_secret_expires_at > now:
         secrets.append(stored.previous)
     return secrets
+
+
+@transaction.atomic
+def webhook_endpoint_concurrency_set(*, endpoint: WebhookEndpoint, max_concurrency: int | None) -> WebhookEndpoint:
+    """How many deliveries may be in flight to the endpoint at once, across every worker
+    (None: TALLY_WEBHOOK_ENDPOINT_CONCURRENCY). The next claim reads it.
+
+    Locks: the endpoint's row (webhook_endpoint_lock)."""
+    if max_concurrency is not None and not 1 <= max_concurrency <= MAX_ENDPOINT_CONCURRENCY:
+        raise WebhookEndpointInvalid(f"max_concurrency must be between 1 and {MAX_ENDPOINT_CONCURRENCY}", param="max_concurrency")
+    locked = webhook_endpoint_lock(endpoint_id=endpoint.pk)
+    locked.max_concurrency = max_concurrency
+    locked.save(update_fields=["max_concurrency", "updated"])
+    endpoint.max_concurrency = max_concurrency
+    return locked

@@ -1,0 +1,329 @@
+"""Webhook deliveries to slow receivers under the HTTP payment load of bench_http.py.
+
+    .venv/bin/python bench/bench_webhooks.py --seconds 15 --clients 8 --workers 3
+
+Seeds like bench_http.py (in its own database, tally_bench_webhooks) and starts gunicorn,
+a Celery worker (--celery-concurrency processes, as `make run`'s Procfile) and Celery beat
+with the production settings (loopback webhooks allowed), and a receiver on 127.0.0.1
+that takes --receiver-ms per request (100 ms by default) and records when each event
+first arrived. Two scenarios, each after the outbox and the deliveries have drained:
+
+- `one-endpoint`: the hot merchant's one endpoint is the only one enabled, and it has a
+  backlog of committed payment events larger than it can take in --seconds (120 per
+  second of the run), relayed by the worker: deliveries/s at the receiver over --seconds
+  after --warmup is the sustained rate one endpoint gets. What is left pending at the
+  end is set aside (failed) so it does not weigh on the next scenario.
+- `spread`: payments spread over the 200 merchants, each with an endpoint at the same
+  receiver, which answers 500 for ever to the first event it gets (a poison event).
+  After the load, once every other delivery has succeeded: the lag from each event's
+  `created` (it precedes the commit by the rest of the transaction) to its first arrival
+  at the receiver, p50, p99 and the worst, for every event but the poison one, and the
+  poison one's state (pending, retried on its own).
+
+Every process it starts is stopped at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_http import SCHEMA, _env, _wait_ready, drive, seed  # noqa: E402
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    """Keeps connections open (as docs/webhook_receiver.py does), takes `delay` seconds per
+    request, answers 500 to the poison event (the first one it gets, once armed)."""
+
+    protocol_version = "HTTP/1.1"
+    delay = 0.1
+    lock = threading.Lock()
+    arrived: dict[str, float] = {}
+    requests = 0
+    poison_armed = False
+    poison: str | None = None
+    in_flight = 0
+    max_in_flight = 0
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        event_id = json.loads(body)["id"]
+        now = time.time()
+        cls = _Receiver
+        with cls.lock:
+            cls.requests += 1
+            cls.in_flight += 1
+            cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
+            if cls.poison_armed and cls.poison is None:
+                cls.poison = event_id
+            refused = event_id == cls.poison
+            if not refused:
+                cls.arrived.setdefault(event_id, now)
+        time.sleep(cls.delay)
+        with cls.lock:
+            cls.in_flight -= 1
+        self.send_response(500 if refused else 200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"no" if refused else b"ok")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _endpoints_only(receiver_url: str, *, hot: bool) -> int:
+    """Enable the endpoint at `receiver_url` of the hot merchant only (`hot`) or of every
+    other merchant; disable the rest. Returns how many are enabled."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from wallets.models import Merchant
+    from webhooks.models import WebhookEndpoint
+    from webhooks.services.endpoints import webhook_endpoint_create
+
+    with schema_context(SCHEMA):
+        WebhookEndpoint.objects.update(status="disabled")
+        merchants = Merchant.objects.filter(name="Hot merchant") if hot else Merchant.objects.exclude(name="Hot merchant")
+        for merchant in merchants:
+            if not WebhookEndpoint.objects.filter(merchant=merchant, url=receiver_url).exists():
+                webhook_endpoint_create(merchant=merchant, url=receiver_url, enabled_events=["*"])
+        enabled = WebhookEndpoint.objects.filter(url=receiver_url, merchant__in=merchants)
+        enabled.update(status="enabled", disabled_reason="", max_concurrency=None)
+        count = enabled.count()
+    connection.set_schema_to_public()
+    return count
+
+
+def _backlog() -> tuple[int, int]:
+    """(events unpublished, deliveries pending to enabled endpoints)."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.models import OutboxEvent
+    from webhooks.models import WebhookDelivery
+
+    with schema_context(SCHEMA):
+        result = (
+            OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).count(),
+            WebhookDelivery.objects.filter(status="pending", endpoint__status="enabled").count(),
+        )
+    connection.set_schema_to_public()
+    return result
+
+
+def _set_aside_pending() -> int:
+    """Every endpoint off and every pending delivery failed: the next scenario starts clean."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from webhooks.models import WebhookDelivery, WebhookEndpoint
+
+    with schema_context(SCHEMA):
+        WebhookEndpoint.objects.update(status="disabled")
+        count = WebhookDelivery.objects.filter(status="pending").update(status="failed", leased_until=None)
+    connection.set_schema_to_public()
+    return count
+
+
+def _wait_drained(timeout: float, *, but: int = 0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        unpublished, pending = _backlog()
+        if unpublished == 0 and pending <= but:
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _events_since(since: Any) -> dict[str, float]:
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.models import OutboxEvent
+
+    with schema_context(SCHEMA):
+        events = {e: c.timestamp() for e, c in OutboxEvent.objects.filter(created__gte=since).values_list("id", "created")}
+    connection.set_schema_to_public()
+    return events
+
+
+def _poison_state(event_id: str | None) -> dict[str, Any]:
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from webhooks.models import WebhookDelivery
+
+    if event_id is None:
+        return {}
+    with schema_context(SCHEMA):
+        row = WebhookDelivery.objects.filter(event_id=event_id).values("status", "attempts", "last_status_code").first()
+    connection.set_schema_to_public()
+    return dict(row or {})
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1) if ordered else 0.0
+
+
+def _backlog_make(count: int) -> None:
+    """`count` committed payment events of the hot merchant, as if its payments had come
+    faster than its endpoint takes them, and a relay kicked for them."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.models import OutboxEvent
+    from wallets.models import Merchant
+
+    with schema_context(SCHEMA):
+        hot = Merchant.objects.get(name="Hot merchant")
+        stamp = int(time.time() * 1000)
+        OutboxEvent.objects.bulk_create(
+            [
+                OutboxEvent(
+                    topic="payment.succeeded", object_id=f"pay_bench{stamp}_{n}", sequence=1,
+                    payload={"id": f"pay_bench{stamp}_{n}", "object": "payment", "merchant": hot.pk, "amount": n},
+                )
+                for n in range(count)
+            ],
+            batch_size=1000,
+        )
+    connection.set_schema_to_public()
+    from config.celery import app
+
+    app.send_task("webhooks.outbox_relay", headers={"_schema_name": SCHEMA}, ignore_result=True)
+
+
+def _one_endpoint(args: argparse.Namespace, receiver_url: str) -> dict[str, Any]:
+    """A backlog larger than one endpoint can take in --seconds: the receiver's rate over
+    the window after --warmup is the sustained rate."""
+    result: dict[str, Any] = {"endpoints": _endpoints_only(receiver_url, hot=True)}
+    _Receiver.poison_armed, _Receiver.max_in_flight = False, 0
+    with _Receiver.lock:
+        _Receiver.arrived.clear()
+    backlog = int(args.seconds * 120)  # more than 8 requests in flight at 100 ms can take
+    _backlog_make(backlog)
+    started = time.time()
+    time.sleep(args.warmup + args.seconds)
+    ended = time.time()
+    with _Receiver.lock:
+        times = sorted(_Receiver.arrived.values())
+    first = times[0] if times else started
+    window = [t for t in times if first + args.warmup <= t <= ended]
+    span = ended - (first + args.warmup)
+    result.update(
+        backlog=backlog,
+        seconds_to_first_delivery=round(first - started, 2),
+        delivered_in_window=len(window),
+        deliveries_per_s_sustained=round(len(window) / span, 1) if span > 0 else None,
+        receiver_max_in_flight=_Receiver.max_in_flight,
+        set_aside_pending=_set_aside_pending(),
+    )
+    return result
+
+
+def _spread(args: argparse.Namespace, fixtures: dict[str, Any], receiver_url: str) -> dict[str, Any]:
+    from django.utils import timezone
+
+    result: dict[str, Any] = {"endpoints": _endpoints_only(receiver_url, hot=False)}
+    _Receiver.poison_armed, _Receiver.poison, _Receiver.max_in_flight = True, None, 0
+    since = timezone.now() - timedelta(milliseconds=10)
+    result["http"] = drive(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
+    load_ended = time.monotonic()
+    result["drained"] = _wait_drained(args.drain_timeout, but=1)  # all but the poison one
+    result["drain_seconds_after_load"] = round(time.monotonic() - load_ended, 1)
+    written = _events_since(since)
+    with _Receiver.lock:
+        lags = [_Receiver.arrived[e] - created for e, created in written.items() if e in _Receiver.arrived]
+        poison = _Receiver.poison
+    result.update(
+        events_written=len(written),
+        events_delivered=len(lags),
+        lag_p50_ms=_pct(lags, 0.50),
+        lag_p99_ms=_pct(lags, 0.99),
+        lag_max_ms=_pct(lags, 1.0),
+        receiver_max_in_flight=_Receiver.max_in_flight,
+        poison_event=poison,
+        poison_delivery=_poison_state(poison),
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scenario", choices=["one-endpoint", "spread", "both"], default="both")
+    parser.add_argument("--seconds", type=int, default=15)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=3, help="gunicorn sync workers")
+    parser.add_argument("--celery-concurrency", type=int, default=2)
+    parser.add_argument("--receiver-ms", type=float, default=100.0)
+    parser.add_argument("--port", type=int, default=8776)
+    parser.add_argument("--receiver-port", type=int, default=8777)
+    parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_webhooks")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    parser.add_argument("--drain-timeout", type=int, default=180)
+    args = parser.parse_args()
+
+    _Receiver.delay = args.receiver_ms / 1000
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", args.receiver_port), _Receiver)
+    receiver.daemon_threads = True
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    receiver_url = f"http://127.0.0.1:{args.receiver_port}/hooks"
+
+    os.environ["TALLY_WEBHOOK_ALLOW_HTTP"] = os.environ["TALLY_WEBHOOK_ALLOW_LOOPBACK"] = "true"
+    fixtures = seed(args.database_url, args.redis_url)
+    _endpoints_only(receiver_url, hot=True)  # registered before the workers start
+    _set_aside_pending()  # an earlier run's leftovers are not this run's work
+    env = _env(args.database_url, args.redis_url)
+    env.update(PORT=str(args.port), WEB_CONCURRENCY=str(args.workers))
+    bin_dir = ROOT / ".venv/bin"
+    commands = {
+        "web": [str(bin_dir / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
+        "worker": [str(bin_dir / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--concurrency", str(args.celery_concurrency)],
+        "beat": [str(bin_dir / "celery"), "-A", "config", "beat", "--loglevel", "WARNING", "-s", "/tmp/tally-bench-webhooks-beat"],
+    }
+    processes = {
+        name: subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for name, command in commands.items()
+    }
+    result: dict[str, Any] = {
+        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "receiver_ms": args.receiver_ms,
+        "celery_concurrency": args.celery_concurrency,
+    }
+    try:
+        _wait_ready(args.port)
+        _wait_drained(args.drain_timeout)
+        if args.scenario in ("one-endpoint", "both"):
+            result["one_endpoint"] = _one_endpoint(args, receiver_url)
+            _wait_drained(args.drain_timeout)
+        if args.scenario in ("spread", "both"):
+            result["spread"] = _spread(args, fixtures, receiver_url)
+            _set_aside_pending()
+    finally:
+        for process in processes.values():
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        receiver.shutdown()
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
