@@ -3,7 +3,7 @@ its own (the test process's Django is bound to the shared test database):
 
     python -m tests.failover_app seed KEYS_FILE N the demo tenant, as `make run` seeds it, and N
                                                    funded customers with a mandate for its merchant
-    python -m tests.failover_app check            payments, events, ledger figures as JSON
+    python -m tests.failover_app check [SEEDED]   payments (of the seeded customers), events as JSON
 
 DATABASE_URL names the pair (libpq's multi-host form)."""
 
@@ -46,9 +46,13 @@ def main(argv: list[str]) -> None:
     elif argv[0] == "check":
         from payments.models import OutboxEvent, Payment
 
+        # With a customers file (the seed's output), only those customers' payments: the
+        # demo schema may hold an earlier test's payments in a shared test database.
+        customers = json.loads(Path(argv[1]).read_text())["customers"] if len(argv) > 1 else None
         with schema_context(DEMO_SCHEMA):
+            payments = Payment.objects.all() if customers is None else Payment.objects.filter(customer_id__in=customers)
             print(json.dumps({
-                "payments": sorted(Payment.objects.values_list("id", flat=True)),
+                "payments": sorted(payments.values_list("id", flat=True)),
                 "events_unpublished": OutboxEvent.objects.filter(published_at__isnull=True).count(),
             }))
     else:

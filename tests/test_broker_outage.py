@@ -18,7 +18,8 @@ from celery import current_app
 from django.db import connection
 
 from payments.models import OutboxEvent
-from payments.services.outbox import RELAY_TASK_NAME, outbox_event_create
+from payments.relaykick import RELAY_TASK_NAME
+from payments.services.outbox import outbox_event_create
 from tenants.models import Tenant
 from tests.conftest import run_in_thread_tenant
 from tests.factories import MerchantFactory

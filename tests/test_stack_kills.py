@@ -9,6 +9,7 @@ payments answer 201 or 503 through it and no process exits."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -84,6 +85,8 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
         TALLY_PSP_PORT=str(psp_port), TENANT_CACHE_SECONDS="0", VENV_BIN=str(Path(sys.executable).parent),
     )
     seeded = _app(env, "seed", str(tmp_path / "keys.json"), "100")
+    seeded_file = tmp_path / "seeded.json"
+    seeded_file.write_text(json.dumps(seeded))
     terminal_key, customers = seeded["keys"]["terminal"], seeded["customers"]
     # The Procfile's processes but the receiver (no endpoint here); the simulator's accounts
     # file in the test's directory, not var/.
@@ -150,9 +153,9 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
         stop_new.set()
         for thread in threads:
             thread.join(timeout=300)
-        until(lambda: _app(env, "check")["events_unpublished"] == 0, "every outbox event to be relayed", seconds=120, poll=2,
+        until(lambda: _app(env, "check", str(seeded_file))["events_unpublished"] == 0, "every outbox event to be relayed", seconds=120, poll=2,
               why=lambda: log.read_text(errors="replace")[-3000:])
-        checked = _app(env, "check")
+        checked = _app(env, "check", str(seeded_file))
     finally:
         runner.send_signal(signal.SIGTERM)
         try:
@@ -172,7 +175,8 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
     for outcome in outcomes:
         assert len({a[2] for a in outcome.answers if a[1] == 201}) <= 1, outcome
     answered = {a[2] for a in finals.values() if a[1] == 201}
-    assert set(checked["payments"]) == answered
+    unanswered = [o for o in outcomes if finals[o.key][1] != 201]
+    assert set(checked["payments"]) == answered, (set(checked["payments"]) - answered, answered - set(checked["payments"]), unanswered)
     reconcile = subprocess.run([sys.executable, "manage.py", "reconcile", "--tenant", "demo"], cwd=ROOT, env=env,
                                capture_output=True, text=True, timeout=300)
     assert reconcile.returncode == 0, reconcile.stdout[-3000:]
