@@ -1,21 +1,14 @@
 """Charges: a customer paying a merchant, at a terminal (by the customer's id or scanned
 QR token) or through a payment intent. The hottest money path, and an ordinary ledger
-posting: lock every balance row in one statement, decide refusals and reward cuts on the
-locked rows, then write the ledger transaction, its entries and the balances
-(`ledger_post`), the payment and its outbox row (`_charge_locking_first`).
+posting, lock first (`_charge_locking_first`): in the caller's transaction, lock every
+balance row in one statement with `select_for_update` (wallets.locks, in the global lock
+order), decide refusals and reward cuts on the locked rows, then write the ledger
+transaction, its entries and the balances with F() updates (`ledger_post`), and the
+payment and its outbox row.
 
-The usual payment takes a faster variant of the same steps, kept because it saves more
-than 5 % of a keyed payment's CPU (docs/SPEED.md): it reads its plan (rows, accounts,
-assets; no lock), or takes its parties' accounts from an earlier payment of theirs in
-this process; then, in a savepoint, writes its rows, and only then locks the balance rows
-for the checks and the one UPDATE of the balances: under one hot wallet, payments pass
-one at a time for as long as the row is locked. Anything but the plain case (first
-rewards, empty or frozen wallets, captures, rewards near a cap) goes the lock-first way.
-
-A payment's `created` (and its ledger rows', and the day its merchant totals count it in)
-is when it was written: on the usual path that is before the lock wait, which the keyed
-API bounds by the tenant's wait budget (the claim sets `lock_timeout` for the
-transaction). Balances move in lock order; `created` order can differ from it by that wait.
+The usual payment first tries a faster variant of the same steps that writes its rows
+before it locks, and comes here on anything but the plain case (`charge_write_first`
+in payments.services.charges_write_first, measured in docs/SPEED.md).
 
 Rewards, for payments in the tenant's main currency only (rates on the tenant):
 points at `points_earn_rate` (ROUND_FLOOR) from the bonus pool, and carbon credits at
@@ -25,36 +18,31 @@ that would take a capped reward asset over its cap is cut to what fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from datetime import datetime
-
-from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from payments.models import OutboxEvent, Payment, PaymentStatus
+from payments.models import Payment
+from payments.services.charge_rows import (
+    REWARD_SYSTEM_ROLES,
+    Parties,
+    charge_accounts_of,
+    charge_legs,
+    charge_rows_wanted,
+    payment_rows_new,
+    rewards_cut,
+)
+from payments.services.charges_write_first import charge_write_first
 from payments.services.mandates import charge_by_customer_id_check
-from payments.services.outbox import epoch_seconds, outbox_event_new
 from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
 from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
-from wallets.locks import (
-    BalanceWant,
-    LockedBalances,
-    OwnerRow,
-    balance_rows_lock,
-    balance_rows_lock_by_owner,
-    balance_rows_read_by_owner,
-    connection_shard,
-)
-from wallets.models import CARBON_ASSET, POINTS_ASSET, Account, AccountKind, Customer, Hold, LedgerTransactionKind, SystemRole, Terminal
+from wallets.locks import LockedBalances, balance_rows_lock, balance_rows_lock_by_owner
+from wallets.models import Customer, Hold, LedgerTransactionKind, Terminal
 from wallets.money import amount_to_minor, carbon_grams_for, points_for
-from wallets.rows import rows_insert, rows_insert_in_savepoint
+from wallets.rows import rows_insert
 from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_get
-from wallets.services.ledger import Leg, available, cap_room, ledger_post, ledger_rows_new, ledger_wants
+from wallets.services.ledger import ledger_post, ledger_wants
 from wallets.transactions import atomic_service
-
-_REWARD_SYSTEM_ROLES = (SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY)
 
 
 def charge(
@@ -72,41 +60,29 @@ def charge(
 
     Locks: the customer's balance rows (asset, POINT, CARBON), the merchant's shard and
     the bonus pool's and carbon registry's shards, in one statement in the global order
-    (wallets.locks). The usual payment writes its ledger rows, payment and event first and
-    locks last (`_charge_writing_first`), so a hot wallet's row is locked for less; the
-    rest lock first (`_charge_locking_first`). Refusals, in this order (the order the
-    PL/pgSQL function had): NotFound (terminal or merchant, then customer), AssetUnknown,
-    WalletFrozen, InsufficientFunds.
+    (wallets.locks), before anything is written (`_charge_locking_first`). A payment that
+    captures no hold first tries `charge_write_first`, which takes the same locks after
+    writing its rows in a savepoint, and returns None to send it here. Refusals, in this
+    order (the order the PL/pgSQL function had): NotFound (terminal or merchant, then
+    customer), AssetUnknown, WalletFrozen, InsufficientFunds.
     """
     tenant = tenant_current()
     rewarded = asset_code == tenant.main_currency
     points = points_for(amount=amount, rate=tenant_rate(tenant, "points_earn_rate")) if rewarded else 0
     grams = carbon_grams_for(amount=amount, grams_per_unit=tenant_rate(tenant, "carbon_grams_per_unit")) if rewarded else 0
-    parties = _Parties(customer_id=customer_id, merchant_id=merchant_id, store_id=store_id, terminal_id=terminal_id)
+    parties = Parties(customer_id=customer_id, merchant_id=merchant_id, store_id=store_id, terminal_id=terminal_id)
     if consume_hold is None:
-        payment = _charge_writing_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams)
+        payment = charge_write_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams)
         if payment is not None:
             return payment
     return _charge_locking_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams, consume_hold=consume_hold)
 
 
-@dataclass(frozen=True)
-class _Parties:
-    customer_id: str
-    merchant_id: str
-    store_id: str | None
-    terminal_id: str | None
-
-
-class _RewardCapMoved(Exception):
-    """The locked rows cut a reward the plan did not: the payment is redone locking first."""
-
-
 def _charge_locking_first(
-    parties: _Parties, *, asset_code: str, amount: int, points: int, grams: int, consume_hold: Hold | None
+    parties: Parties, *, asset_code: str, amount: int, points: int, grams: int, consume_hold: Hold | None
 ) -> Payment:
-    """Every charge the writing-first path leaves: lock the rows (making missing ones),
-    decide refusals and reward cuts on them, then write."""
+    """Lock the rows (making missing ones), decide refusals and reward cuts on them,
+    then write. Locks: see `charge`."""
     locked, accounts = _rows_lock(parties, asset_code=asset_code, points=points, grams=grams)
     customer, merchant = accounts.customer, accounts.merchant
     assert customer is not None and merchant is not None  # _rows_lock raised NotFound otherwise
@@ -118,235 +94,20 @@ def _charge_locking_first(
         raise WalletFrozen("the wallet is frozen", param=None)
     if no_row:
         raise InsufficientFunds("insufficient funds", param="amount")
-    points, grams = _rewards_cut(locked, customer=customer, points=points, grams=grams)
+    points, grams = rewards_cut(locked, customer=customer, points=points, grams=grams)
 
     now = timezone.now()
     payment_id = ids.new_payment_id()
-    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
+    legs = charge_legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
     txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, consume_hold=consume_hold)
-    payment, event = _payment_rows_new(
+    payment, event = payment_rows_new(
         parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
     )
     rows_insert([payment], [event])
     return payment
 
 
-# --- The write-first variant: the usual payment, kept for speed --------------------------
-#
-# Measured to save 11.5 % of a keyed payment's CPU, and remembering the parties' accounts
-# 11.0 % (docs/SPEED.md). Both fall back to `_charge_locking_first` whenever
-# anything but the plain case shows.
-
-
-def _charge_writing_first(parties: _Parties, *, asset_code: str, amount: int, points: int, grams: int) -> Payment | None:
-    """The usual payment, with its balance rows locked only for the checks, the balance
-    UPDATE and what follows it to COMMIT: the ledger transaction, its entries, the payment
-    and its event are written before the lock, inside a savepoint that a refusal rolls
-    back (so, as on the other path, a refusal leaves nothing written).
-
-    The plan is the rows read without a lock. Anything but the plain case in it (a missing
-    row, a frozen wallet, short funds, a reward a cap would cut) returns None having
-    written nothing, and the caller takes the locking-first path, which decides those on
-    locked rows. Once locked, the same checks run again in `ledger_post`; a refusal there
-    (a freeze or a spend that committed since the plan) rolls the savepoint back and raises,
-    and a reward cut that appeared since is redone locking first.
-
-    A payment whose parties' accounts this process remembers (below) reads no plan: the
-    locked rows decide everything, refusals included (a frozen wallet or short funds is
-    refused there, with the savepoint rolled back), and rows that do not match the
-    remembered accounts send it locking first.
-
-    Locks: a savepoint; then the balance rows, by account, in one statement in the global
-    order (wallets.locks.balance_rows_lock).
-    """
-    if not connection.in_atomic_block:
-        return None  # no savepoint outside a transaction: the locking-first path refuses that
-    known_key = (str(getattr(connection, "schema_name", "")), parties.customer_id, parties.merchant_id, asset_code, points > 0, grams > 0)
-    accounts = _KNOWN_ACCOUNTS.get(known_key)
-    from_plan = accounts is None
-    if accounts is None:
-        accounts = _plan_accounts(parties, asset_code=asset_code, amount=amount, points=points, grams=grams)
-        if accounts is None:
-            return None
-    customer = accounts.customer
-    assert customer is not None
-
-    now = timezone.now()
-    payment_id = ids.new_payment_id()
-    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
-    txn, entries = ledger_rows_new(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now)
-    payment, event = _payment_rows_new(
-        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
-    )
-    savepoint = rows_insert_in_savepoint([txn], entries, [payment], [event])  # a failure here rolled its rows back already
-    try:
-        wants = ledger_wants(legs)
-        if from_plan:
-            locked = balance_rows_lock(wants=wants)
-        else:
-            # Accounts from memory are checked on the locked rows, and make no row.
-            locked = balance_rows_lock(wants=[replace(want, creatable=False) for want in wants])
-            if not _accounts_hold(locked, accounts, parties, wants):
-                raise _KnownAccountsWrong()
-        if _rewards_cut(locked, customer=customer, points=points, grams=grams) != (points, grams):
-            raise _RewardCapMoved()
-        ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, written=txn)
-    except BaseException as failure:
-        # Whatever stops it (a refusal, a lock timeout, a deadlock, a bug), the rows it wrote
-        # go. After a refusal the caller's transaction may carry on; after a statement that
-        # failed under Django's mark_for_rollback_on_error, the rollback below is refused
-        # (TransactionManagementError) and the whole transaction ends rolled back instead.
-        try:
-            transaction.savepoint_rollback(savepoint)
-        except DatabaseError:
-            pass  # the connection is gone: so is everything this transaction wrote
-        _KNOWN_ACCOUNTS.pop(known_key, None)  # the next payment of these parties reads its plan
-        if isinstance(failure, (_RewardCapMoved, _KnownAccountsWrong)):
-            return None
-        raise
-    if from_plan:
-        _known_accounts_remember(known_key, accounts)
-    return payment
-
-
-def _plan_accounts(parties: _Parties, *, asset_code: str, amount: int, points: int, grams: int) -> MovementAccounts | None:
-    """The plan: the payment's rows read without a lock, and its accounts if it is the
-    plain case (every row there, no frozen wallet, the funds there, no reward cut)."""
-    wanted = _wanted(parties, asset_code=asset_code, points=points, grams=grams)
-    plan = balance_rows_read_by_owner(rows=wanted)
-    if len(plan.rows) != len(wanted):
-        return None
-    accounts = _accounts_of(plan, parties)
-    customer, merchant = accounts.customer, accounts.merchant
-    if customer is None or merchant is None or customer.frozen or merchant.frozen:
-        return None
-    if available(locked=plan, account=customer, asset_code=asset_code) < amount:
-        return None
-    if _rewards_cut(plan, customer=customer, points=points, grams=grams) != (points, grams):
-        return None
-    return accounts
-
-
-# --- Accounts known from an earlier payment of the same parties ---------------------------
-#
-# The plan read (one SELECT of six rows with their accounts and assets) was the usual
-# payment's most expensive statement in Python. What a payment needs from it, the account
-# ids of its parties, does not change: so each process remembers them per (tenant schema,
-# customer, merchant, asset, which rewards) after a payment that read them and
-# succeeded, and the next payment of the same parties writes first without reading. The
-# memory is only a hint. The locking SELECT, by those account ids, is where every check
-# is made anyway (frozen rows and accounts, funds, caps, all read under the lock); with
-# remembered accounts it also makes no missing row, and checks that each row it locked is
-# there and belongs to the party it was remembered for (an account's kind and owner never
-# change). If not, the savepoint goes back and the payment is made locking first; on a
-# refusal it goes back and the refusal is raised. Either way, and on any failure once the
-# rows are sent, the entry is forgotten: the next payment reads its plan. Entries hold
-# accounts that were not frozen when read; their `frozen` may be stale only towards "not
-# frozen", which the locked rows' check (`_frozen_refuse`) overrides. Nothing else read
-# from them can be stale: `ledger_post` and the daily totals read their id and kind.
-
-_KnownKey = tuple[str, str, str, str, bool, bool]  # schema, customer, merchant, asset, points?, carbon?
-_KNOWN_ACCOUNTS_MAX = 4_096  # about 2.5 KB an entry: ~10 MB a process at most
-_KNOWN_ACCOUNTS: dict[_KnownKey, MovementAccounts] = {}
-
-
-class _KnownAccountsWrong(Exception):
-    """The locked rows do not match the remembered accounts: the payment is made locking first."""
-
-
-def _known_accounts_remember(key: _KnownKey, accounts: MovementAccounts) -> None:
-    if len(_KNOWN_ACCOUNTS) >= _KNOWN_ACCOUNTS_MAX:
-        _KNOWN_ACCOUNTS.clear()  # bounded; the busiest parties come back at their next payment
-    _KNOWN_ACCOUNTS[key] = accounts
-
-
-def known_accounts_forget() -> None:
-    """Forget every remembered account (tests; nothing depends on it for correctness)."""
-    _KNOWN_ACCOUNTS.clear()
-
-
-def _accounts_hold(locked: LockedBalances, accounts: MovementAccounts, parties: _Parties, wants: list[BalanceWant]) -> bool:
-    """Every wanted row was locked, and each remembered account, as read with its rows
-    under the lock, is still the account of the party it was remembered for."""
-    if len(locked.rows) != len(wants) or not all(locked.covers(want) for want in wants):
-        return False
-    fresh = {row.account_id: row.account for row in locked.rows.values()}
-    parties_of: list[tuple[Account | None, AccountKind, str]] = [
-        (accounts.customer, AccountKind.CUSTOMER, parties.customer_id),
-        (accounts.merchant, AccountKind.MERCHANT, parties.merchant_id),
-        *((account, AccountKind.SYSTEM, role) for role, account in accounts.system.items()),
-    ]
-    for remembered, kind, owner in parties_of:
-        account = fresh.get(remembered.pk) if remembered is not None else None
-        if account is None or account.kind != kind or owner not in (account.customer_id, account.merchant_id, account.system_role):
-            return False
-    return True
-
-
-def _rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams: int) -> tuple[int, int]:
-    """The rewards cut to what the customer's capped reward rows still have room for."""
-    points_room = cap_room(locked=rows, account=customer, asset_code=POINTS_ASSET) if points else None
-    grams_room = cap_room(locked=rows, account=customer, asset_code=CARBON_ASSET) if grams else None
-    return (points if points_room is None else min(points, points_room), grams if grams_room is None else min(grams, grams_room))
-
-
-def _payment_rows_new(
-    parties: _Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime
-) -> tuple[Payment, OutboxEvent]:
-    """The payment row and its `payment.succeeded` event, not yet saved (the caller
-    inserts them)."""
-    payment = Payment(
-        id=payment_id,
-        status=PaymentStatus.SUCCEEDED,
-        customer_id=parties.customer_id,
-        merchant_id=parties.merchant_id,
-        store_id=parties.store_id,
-        terminal_id=parties.terminal_id,
-        asset_id=asset_code,
-        amount=amount,
-        points_earned=points,
-        carbon_grams=grams,
-        ledger_transaction_id=txn_id,
-        created=now,
-    )
-    event = outbox_event_new(
-        topic="payment.succeeded",
-        payload={
-            "id": payment_id, "object": "payment", "status": PaymentStatus.SUCCEEDED.value, "asset": asset_code, "amount": amount,
-            "customer": parties.customer_id, "merchant": parties.merchant_id, "store": parties.store_id, "terminal": parties.terminal_id,
-            "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
-        },
-        created=now,
-        sequence=1,  # a new payment's first event
-    )
-    return payment, event
-
-
-def _wanted(parties: _Parties, *, asset_code: str, points: int, grams: int) -> list[OwnerRow]:
-    """The charge's balance rows by owner: the customer's, and this connection's shard of
-    the merchant and of the reward system accounts."""
-    shard = connection_shard()
-    customer_id = parties.customer_id
-    wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, parties.merchant_id, asset_code, shard)]
-    if points:
-        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, POINTS_ASSET)]
-        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, POINTS_ASSET, shard)]
-    if grams:
-        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, CARBON_ASSET)]
-        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.CARBON_REGISTRY, CARBON_ASSET, shard)]
-    return wanted
-
-
-def _accounts_of(rows: LockedBalances, parties: _Parties) -> MovementAccounts:
-    system = {role: rows.account_of(kind=AccountKind.SYSTEM, owner=role) for role in _REWARD_SYSTEM_ROLES}
-    return MovementAccounts(
-        customer=rows.account_of(kind=AccountKind.CUSTOMER, owner=parties.customer_id),
-        merchant=rows.account_of(kind=AccountKind.MERCHANT, owner=parties.merchant_id),
-        system={role: account for role, account in system.items() if account is not None},
-    )
-
-
-def _rows_lock(parties: _Parties, *, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
+def _rows_lock(parties: Parties, *, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
     """Lock the charge's balance rows, finding its accounts in the same statement.
 
     The usual case is one statement. When a row is missing (a wallet's first reward, the
@@ -354,29 +115,17 @@ def _rows_lock(parties: _Parties, *, asset_code: str, points: int, grams: int) -
     accounts are read and `balance_rows_lock` makes the rows that may be made.
     Raises NotFound for an unknown customer, terminal or merchant.
     """
-    wanted = _wanted(parties, asset_code=asset_code, points=points, grams=grams)
+    wanted = charge_rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
     locked = balance_rows_lock_by_owner(rows=wanted)
     if len(locked.rows) == len(wanted):
-        return locked, _accounts_of(locked, parties)
-    accounts = movement_accounts_get(customer_id=parties.customer_id, merchant_id=parties.merchant_id, system_roles=_REWARD_SYSTEM_ROLES)
+        return locked, charge_accounts_of(locked, parties)
+    accounts = movement_accounts_get(customer_id=parties.customer_id, merchant_id=parties.merchant_id, system_roles=REWARD_SYSTEM_ROLES)
     if accounts.merchant is None:
         raise NotFound("no such terminal or merchant", param="terminal")
     if accounts.customer is None:
         raise NotFound("no such customer", param="customer")
-    legs = _legs(accounts, asset_code=asset_code, amount=1, points=points, grams=grams)  # only the signs matter here
+    legs = charge_legs(accounts, asset_code=asset_code, amount=1, points=points, grams=grams)  # only the signs matter here
     return balance_rows_lock(wants=ledger_wants(legs)), accounts
-
-
-def _legs(accounts: MovementAccounts, *, asset_code: str, amount: int, points: int, grams: int) -> list[Leg]:
-    """Customer -> merchant, and the rewards from the system accounts to the customer."""
-    customer, merchant = accounts.customer, accounts.merchant
-    assert customer is not None and merchant is not None
-    legs = [Leg(customer, asset_code, -amount), Leg(merchant, asset_code, amount)]
-    if points > 0:
-        legs += [Leg(customer, POINTS_ASSET, points), Leg(accounts.system_account(SystemRole.BONUS_POOL), POINTS_ASSET, -points)]
-    if grams > 0:
-        legs += [Leg(customer, CARBON_ASSET, grams), Leg(accounts.system_account(SystemRole.CARBON_REGISTRY), CARBON_ASSET, -grams)]
-    return legs
 
 
 def _asset_code_check(asset_code: object) -> str:

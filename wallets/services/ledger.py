@@ -82,7 +82,7 @@ def ledger_post(
     `written`: the transaction and entries of exactly these `legs`, already inserted by
     `ledger_rows_new` and inserted in this transaction (the payment path writes them before it locks,
     so the wallet row stays locked for less). Such a caller has written first, so it runs
-    both inside a savepoint it rolls back when this refuses (payments.services.charges).
+    both inside a savepoint it rolls back when this refuses (payments.services.charges_write_first).
 
     Locks: the legs' balance rows in the global order (wallets.locks), one statement;
     then, once the tenant has expanded `merchant_daily_totals`, the day's summary row of
