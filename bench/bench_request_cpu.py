@@ -537,7 +537,7 @@ def main() -> None:
         "--ab",
         choices=["compiled", "insert-batch", "prepared", "key-cache", "relay-kick", "write-first", "known-accounts", "shapes"],
         help="A/B in one process, alternating blocks of 50 requests, printing CPU per request of each side, the shipped "
-        "side first (docs/SPEED.md): compiled = fastpath.compiled's selects and updates, or the ORM compiling the same "
+        "side first (docs/BENCHMARKS.md): compiled = fastpath.compiled's selects and updates, or the ORM compiling the same "
         "QuerySets on every execution; insert-batch = the payment's inserts sent together, or one per round trip; "
         "prepared = registered statements sent prepared (fastpath.prepared), or plain; key-cache = API keys from the "
         "per-process cache (wallets.keycache), or read from PostgreSQL on every request; relay-kick = the outbox relay "

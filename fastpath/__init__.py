@@ -1,6 +1,6 @@
 """The one door for speed: every mechanism that replaces Django's, DRF's or redis-py's own
 behaviour for speed, kept because it saves at least 5 % of a keyed payment's CPU
-(docs/SPEED.md: each figure, the command that measured it, and what was removed).
+(docs/BENCHMARKS.md: each figure, the command that measured it, and what was removed).
 
 - compiled.py: hot ORM statements compiled once per shape, and a batch of inserts sent
   in one round trip;

@@ -2,7 +2,7 @@
 
 Django compiles a QuerySet to SQL on every execution: resolving lookups through joins,
 quoting, building `CASE` expressions. On the payment path that compilation cost more
-Python than everything else the payment does (docs/SPEED.md). A compiled
+Python than everything else the payment does (docs/BENCHMARKS.md). A compiled
 statement is an ordinary QuerySet built once with `Param` placeholders where its values
 go; its first execution compiles it through Django's compiler, and later executions reuse
 that SQL with new values, through the same compiler machinery: rows still come back as

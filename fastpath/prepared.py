@@ -3,7 +3,7 @@ client-side binding.
 
 PostgreSQL parses, analyses and plans every statement it is sent; for the payment path's
 wide statements (the locking select of the balance rows joins three tables) that was
-about 40% of the backend's CPU per payment (docs/SPEED.md).
+about 40% of the backend's CPU per payment (docs/BENCHMARKS.md).
 psycopg's own prepared statements need server-side binding, which would send the
 payment's batch of inserts (`fastpath.compiled.InsertBatch`) statement by statement and
 costs more Python than it saves. So Django keeps its client-side binding,

@@ -5,7 +5,7 @@ DRF gives each serializer instance its own fields by deep-copying the declared o
 a field deep-copies by running its `__init__` again on deep copies of its arguments
 (validators, error messages, regexes). Per payment that was 17 fields rebuilt twice over
 (the request's shape and the response's): 0.6-0.9 ms of CPU, the largest cost in DRF's
-share of a request (docs/SPEED.md).
+share of a request (docs/BENCHMARKS.md).
 
 A declared field is never bound or used: it is a template. `bind()` and validation only
 *assign* attributes on the instance's copy (`field_name`, `parent`, `label`, `source`,

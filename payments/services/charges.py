@@ -8,7 +8,7 @@ payment and its outbox row.
 
 The usual payment first tries a faster variant of the same steps that writes its rows
 before it locks, and comes here on anything but the plain case (`charge_write_first`
-in payments.services.charges_write_first, measured in docs/SPEED.md).
+in payments.services.charges_write_first, measured in docs/BENCHMARKS.md).
 
 Rewards, for payments in the tenant's main currency only (rates on the tenant):
 points at `points_earn_rate` (ROUND_FLOOR) from the bonus pool, and carbon credits at

@@ -1,6 +1,6 @@
 """The write-first charge: a speed variant of the same steps as the lock-first charge
 (payments.services.charges), kept because it measured 11.5 % of a keyed payment's CPU,
-and remembering the parties' accounts 11.0 % (docs/SPEED.md).
+and remembering the parties' accounts 11.0 % (docs/BENCHMARKS.md).
 
 It reads its plan (rows, accounts, assets; no lock), or takes its parties' accounts from
 an earlier payment of theirs in this process; then, in a savepoint, writes its rows, and
