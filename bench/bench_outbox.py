@@ -177,15 +177,20 @@ def main() -> None:
         result.update(_figures(since))
         result["receiver_requests"] = _Ok.received
     finally:
-        for process in processes.values():
-            os.killpg(process.pid, signal.SIGTERM)
-        for process in processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        processes_stop(processes)
         receiver.shutdown()
     print(json.dumps(result, indent=2))
+
+
+def processes_stop(processes: dict[str, subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to each process group, then SIGKILL to those still there after 20 s."""
+    for process in processes.values():
+        os.killpg(process.pid, signal.SIGTERM)
+    for process in processes.values():
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

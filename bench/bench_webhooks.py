@@ -29,7 +29,6 @@ import argparse
 import http.server
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_http import SCHEMA, _env, _wait_ready, drive, seed  # noqa: E402
+from bench.bench_outbox import processes_stop  # noqa: E402
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
@@ -314,13 +314,7 @@ def main() -> None:
             result["spread"] = _spread(args, fixtures, receiver_url)
             _set_aside_pending()
     finally:
-        for process in processes.values():
-            os.killpg(process.pid, signal.SIGTERM)
-        for process in processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+        processes_stop(processes)
         receiver.shutdown()
     print(json.dumps(result, indent=2))
 

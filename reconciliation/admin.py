@@ -36,6 +36,7 @@ from reconciliation.selectors import (
 )
 from reconciliation.services import reconciliation_run_request
 from reconciliation.tasks import reconciliation_run_enqueue_on_commit
+from wallets.adminkit import ReadOnlyMixin
 
 RUN_PERMISSION = "reconciliation.add_reconciliationrun"
 LEDGER_EXPORT_PERMISSION = "wallets.view_ledgerentry"
@@ -79,15 +80,8 @@ def csv_streaming_response(rows: Iterable[list[Any]], filename: str) -> Streamin
     return response
 
 
-class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+class _ReadOnly(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """Runs and findings are written by the reconciliation service only."""
 
 
 @admin.register(ReconciliationRun)

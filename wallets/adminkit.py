@@ -70,8 +70,8 @@ class TallyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().get_search_results(request, queryset, search_term)
 
 
-class ReadOnlyAdmin(TallyAdmin):
-    """Rows that change only through services (the ledger, payments, keys, the audit log)."""
+class ReadOnlyMixin:
+    """No add, change or delete in the admin: the rows change only through services."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -81,6 +81,10 @@ class ReadOnlyAdmin(TallyAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ReadOnlyAdmin(ReadOnlyMixin, TallyAdmin):
+    """Rows that change only through services (the ledger, payments, keys, the audit log)."""
 
 
 def money(amount: int | None, asset: Asset | None) -> str:

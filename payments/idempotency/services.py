@@ -547,14 +547,14 @@ def _record_failed(*, call: IdempotentCall, effect: str) -> None:
                 [call.principal_id, call.key, call.scope, effect, call.fingerprint, call.request_id, call.method[:10], call.path[:512]],
             )
 
-    try:
+    def in_a_transaction() -> None:
         if connection.in_atomic_block:
             with transaction.atomic():
                 write()
         else:
             run_atomic(write, operation="idempotency.record_failed")
-    except (DatabaseError, TallyError):
-        return
+
+    _best_effort(in_a_transaction)
 
 
 # --- External effects -------------------------------------------------------------------
