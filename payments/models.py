@@ -311,8 +311,10 @@ class OutboxEvent(models.Model):
     # The object the event is about (`payload["id"]`), and where the event falls among that
     # object's events: 1, 2, 3... in the order they happened. Deliveries go in no order,
     # so receivers order an object's events by this. 0: written before it was kept.
-    object_id = models.CharField(max_length=ids.ID_MAX_LENGTH, blank=True, default="")
-    sequence = models.PositiveIntegerField(default=0)
+    # db_default as well: code from before these columns keeps inserting events while a
+    # deploy rolls out.
+    object_id = models.CharField(max_length=ids.ID_MAX_LENGTH, blank=True, default="", db_default="")
+    sequence = models.PositiveIntegerField(default=0, db_default=0)
     published_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")

@@ -115,3 +115,25 @@ def test_a_database_migrated_with_the_old_chain_upgrades_to_the_fresh_schema(dja
                             timeout=600, env={**os.environ, "DATABASE_URL": url})
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert "tenant_template: " in result.stdout and "identical" in result.stdout and "PROOF OK" in result.stdout
+
+
+@pytest.mark.django_db
+def test_an_event_written_by_the_code_before_sequences_goes_in_during_the_deploy(tenant: Tenant) -> None:
+    """The code before `object_id` and `sequence` existed inserts events without them: the
+    database's own defaults must take them, or every payment on that code fails mid-deploy."""
+    from django.utils import timezone
+
+    from payments.models import OutboxEvent
+
+    old_columns = [f.column for f in OutboxEvent._meta.concrete_fields if f.name not in ("object_id", "sequence")]
+    values = {"id": "evt_before_sequences", "topic": "payment.succeeded", "payload": "{}", "created": timezone.now(),
+              "published_at": None, "attempts": 0, "last_error": "", "next_attempt_at": timezone.now()}
+    assert set(values) >= set(old_columns) - {"dead_at"}, old_columns  # the test names every column the old code wrote
+    columns = [c for c in old_columns if c in values]
+    with in_tenant(tenant), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO payments_outboxevent ({', '.join(columns)}) VALUES ({', '.join(['%s'] * len(columns))})",
+            [values[c] for c in columns],
+        )
+        event = OutboxEvent.objects.get(pk="evt_before_sequences")
+    assert (event.object_id, event.sequence) == ("", 0)

@@ -244,8 +244,10 @@ def test_a_run_sends_on_kept_connections_and_closes_them(tenant: Tenant, loopbac
 
 
 def test_concurrent_requests_reuse_at_most_one_connection_each(tenant: Tenant, loopback_http: None) -> None:
-    """40 deliveries at the default cap (8 at once): no more connections than requests in
-    flight, each carrying several deliveries, all closed when the run ends."""
+    """40 deliveries at the default cap (8 at once): no more connections than the cap (a
+    connection per request would be 40), none with more than 8 requests in flight, all
+    closed when the run ends. (How many are in flight at one instant depends on the
+    machine's load, so the connections are bounded by the cap, not by that peak.)"""
     merchant = MerchantFactory()
     with receiver_running(delay=0.02) as rx:
         _endpoint(merchant, rx.url())
@@ -253,7 +255,7 @@ def test_concurrent_requests_reuse_at_most_one_connection_each(tenant: Tenant, l
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 40
         assert sorted(rx.event_ids()) == sorted(e.id for e in events)
-        assert rx.connections <= rx.max_in_flight["/hook"] <= 8
+        assert rx.connections <= 8 and rx.max_in_flight["/hook"] <= 8
         _until(lambda: rx.closed == rx.connections)
 
 
