@@ -396,3 +396,34 @@ def test_the_documented_receivers_dedupe_holds_a_redelivery_while_the_first_is_h
     dedupe.end("evt_1", handled=True)
     assert dedupe.begin("evt_1") == "done"
 
+
+
+def test_an_endpoint_whose_secret_cannot_be_read_holds_back_no_other(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
+    """Signing happens after the batch is leased: one endpoint whose secret cannot be read
+    (a key rotated away, a corrupt row) fails its own deliveries, recorded as attempts and
+    retried on their schedule, and the batch's other deliveries go at once."""
+    import webhooks.services.deliveries as deliveries
+    from webhooks.models import WebhookDeliveryAttempt, WebhookDeliveryStatus
+
+    broken_merchant, good_merchant = MerchantFactory(), MerchantFactory()
+    with receiver_running() as broken_rx, receiver_running() as good_rx:
+        broken, _ = _endpoint(broken_merchant, broken_rx.url())
+        _endpoint(good_merchant, good_rx.url())
+        readable = deliveries.webhook_endpoint_signing_secrets
+
+        def secrets(*, endpoint: WebhookEndpoint) -> Any:
+            if endpoint.pk == broken.pk:
+                raise ValueError("cannot unseal")
+            return readable(endpoint=endpoint)
+
+        monkeypatch.setattr(deliveries, "webhook_endpoint_signing_secrets", secrets)
+        bad = [_event(broken_merchant, n) for n in range(3)]
+        good = [_event(good_merchant, n) for n in range(3, 6)]
+        outbox_batch_publish()
+        webhook_deliveries_dispatch()
+        assert sorted(good_rx.event_ids()) == sorted(e.id for e in good)
+        assert broken_rx.event_ids() == []
+    failed = WebhookDelivery.objects.filter(event__in=bad)
+    assert {d.status for d in failed} == {WebhookDeliveryStatus.PENDING}
+    errors = set(WebhookDeliveryAttempt.objects.filter(delivery__in=failed).values_list("error", flat=True))
+    assert errors == {"signing: ValueError"}

@@ -14,7 +14,7 @@ WEBHOOK_DELIVERIES = Counter(
     "tally_webhook_deliveries_total", "Webhook delivery attempts by outcome (succeeded, retrying, gave_up)", ["outcome"]
 )
 WEBHOOK_FAILURES = Counter(
-    "tally_webhook_failures_total", "Failed webhook attempts by reason (http_status, network, refused)", ["reason"]
+    "tally_webhook_failures_total", "Failed webhook attempts by reason (http_status, network, refused, unsendable)", ["reason"]
 )
 WEBHOOK_ENDPOINTS_DISABLED = Counter("tally_webhook_endpoints_disabled_total", "Endpoints disabled after persistent failure")
 WEBHOOK_LATENCY_SECONDS = Histogram(

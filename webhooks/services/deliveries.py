@@ -182,6 +182,7 @@ class _Claim:
     attempted_at: datetime
     body: bytes
     headers: dict[str, str]
+    unsendable: str = ""  # why the body or signature could not be made: fails this one alone
 
 
 @dataclass(frozen=True)
@@ -251,12 +252,14 @@ def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | 
 
 def _claim_prepare(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint, lease: datetime, now: datetime) -> _Claim:
     delivery.endpoint = endpoint
-    body = webhook_event_body(event=delivery.event)
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": USER_AGENT,
-        SIGNATURE_HEADER: signature_header(secrets=webhook_endpoint_signing_secrets(endpoint=endpoint), timestamp=int(time.time()), body=body),
-    }
+    try:
+        body = webhook_event_body(event=delivery.event)
+        signature = signature_header(secrets=webhook_endpoint_signing_secrets(endpoint=endpoint), timestamp=int(time.time()), body=body)
+    except Exception as exc:  # one endpoint's unreadable secret must not hold back the rest of the batch
+        logger.exception("webhook delivery unsendable", extra={"delivery": delivery.id, "endpoint": endpoint.id})
+        return _Claim(delivery=delivery, endpoint=endpoint, lease=lease, attempted_at=now, body=b"", headers={},
+                      unsendable=f"signing: {type(exc).__name__}")
+    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, SIGNATURE_HEADER: signature}
     return _Claim(delivery=delivery, endpoint=endpoint, lease=lease, attempted_at=now, body=body, headers=headers)
 
 
@@ -265,6 +268,9 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
     target is checked again (SSRF) against what the host resolves to now, and the
     connection goes to the checked address (a kept one only if it goes there too)."""
     endpoint = claim.endpoint
+    if claim.unsendable:  # recorded as a failed attempt, retried on its own schedule
+        metrics.WEBHOOK_FAILURES.labels(reason="unsendable").inc()
+        return _Outcome(claim=claim, status_code=None, latency_ms=0, address="", excerpt="", error=claim.unsendable)
     status_code: int | None = None
     excerpt = error = address = ""
     reason = ""
