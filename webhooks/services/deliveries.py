@@ -61,11 +61,15 @@ from webhooks.transport import WebhookConnections
 
 logger = logging.getLogger(__name__)
 
-# Retries: attempt n failing waits min(30 s x 2^(n-1), 6 h), jittered to 50-100 % of it,
-# until 3 days after the delivery was made (or redelivered); then the delivery fails. That
-# is ~20 attempts: 30 s, 1, 2, 4 ... 256 min, then every 6 h. The endpoint is disabled
-# only when nothing got through to it for those 3 days.
+# Retries: the first failure waits 2 s, attempt n >= 2 failing waits min(30 s x 2^(n-2),
+# 6 h), each jittered to 50-100 % of it, until 3 days after the delivery was made (or
+# redelivered); then the delivery fails. That is ~21 attempts: 2 s, 30 s, 1, 2, 4 ... 256
+# min, then every 6 h. The quick first retry is for blips (a receiver that reset a kept
+# connection under load, a restart): a failure once the request went is never resent at
+# once (the receiver may have taken it), so without it a blip costs 15-30 s. The endpoint
+# is disabled only when nothing got through to it for those 3 days.
 RETRY_WINDOW = timedelta(days=3)
+RETRY_FIRST_SECONDS = 2.0
 RETRY_BASE_SECONDS = 30.0
 RETRY_CAP_SECONDS = 6 * 3600.0
 USER_AGENT = "Tally-Webhooks/1.0"
@@ -77,8 +81,9 @@ POLL_SECONDS = 0.1
 
 
 def retry_delay(*, attempts: int) -> timedelta:
-    """The wait after the `attempts`-th failed attempt: exponential, capped, jittered."""
-    delay = min(RETRY_BASE_SECONDS * 2 ** max(attempts - 1, 0), RETRY_CAP_SECONDS)
+    """The wait after the `attempts`-th failed attempt: a quick first retry, then
+    exponential, capped, jittered."""
+    delay = RETRY_FIRST_SECONDS if attempts <= 1 else min(RETRY_BASE_SECONDS * 2 ** (attempts - 2), RETRY_CAP_SECONDS)
     return timedelta(seconds=delay * random.uniform(0.5, 1.0))
 
 
