@@ -57,6 +57,15 @@ def _sample(metric: Any, suffix: str = "_total", **labels: str) -> float:
 
 
 @pytest.fixture
+def first_retry_after_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests that count attempts run by run: the quick first retry (1-2 s) could come
+    due while a slow run is still sending, so here it waits as the later ones do."""
+    import webhooks.services.deliveries as deliveries
+
+    monkeypatch.setattr(deliveries, "RETRY_FIRST_SECONDS", 30.0)
+
+
+@pytest.fixture
 def live_endpoints(live_tenant: Tenant) -> Iterator[list[WebhookEndpoint]]:
     """Endpoints a live test registers (they commit): disabled after it, so later tests'
     relays never call a receiver that is gone."""
@@ -343,7 +352,7 @@ def test_a_failing_publication_is_retried_then_dead_lettered_and_lag_is_measured
 
 
 @pytest.mark.proof
-def test_a_receiver_that_is_down_then_up_gets_the_event_after_retries(tenant: Tenant, loopback_http: None) -> None:
+def test_a_receiver_that_is_down_then_up_gets_the_event_after_retries(tenant: Tenant, loopback_http: None, first_retry_after_the_run: None) -> None:
     port = free_port()  # nothing listens there yet
     merchant = MerchantFactory()
     endpoint, secret = _endpoint(merchant, f"http://127.0.0.1:{port}/hook")
@@ -404,7 +413,7 @@ def test_redirects_are_not_followed(tenant: Tenant, loopback_http: None) -> None
     assert delivery.status == "pending" and delivery.last_status_code == 302 and len(rx.requests) == 1
 
 
-def test_an_endpoint_that_fails_everything_for_three_days_is_disabled(tenant: Tenant, loopback_http: None) -> None:
+def test_an_endpoint_that_fails_everything_for_three_days_is_disabled(tenant: Tenant, loopback_http: None, first_retry_after_the_run: None) -> None:
     merchant = MerchantFactory()
     endpoint, _ = _endpoint(merchant, f"http://127.0.0.1:{free_port()}/hook")
     _event(merchant, 1)
@@ -419,7 +428,9 @@ def test_an_endpoint_that_fails_everything_for_three_days_is_disabled(tenant: Te
     assert statuses == ["failed", "failed"]
 
 
-def test_a_poison_event_holds_back_no_other_event_and_never_disables_the_endpoint(tenant: Tenant, loopback_http: None) -> None:
+def test_a_poison_event_holds_back_no_other_event_and_never_disables_the_endpoint(
+    tenant: Tenant, loopback_http: None, first_retry_after_the_run: None
+) -> None:
     """A receiver that always answers 500 to one event: every other event is delivered in
     the same run, the poison one is retried on its own schedule and, after 3 days, fails
     alone: the endpoint stays enabled (other events got through) and the failed delivery
@@ -464,7 +475,10 @@ def test_a_flapping_receiver_gets_every_event(tenant: Tenant, loopback_http: Non
         endpoint, secret = _endpoint(merchant, rx.url())
         events = [_event(merchant, n) for n in range(20)]
         outbox_relay_run()
-        assert WebhookDelivery.objects.filter(endpoint=endpoint, status="pending", attempts=1).count() == 20
+        # Every first attempt failed; a run that lasts past the quick first retry (1-2 s)
+        # may already have sent some of them again.
+        after_one_run = {(d.status, d.attempts) for d in WebhookDelivery.objects.filter(endpoint=endpoint)}
+        assert after_one_run <= {("pending", 1), ("succeeded", 2)}
         outbox_relay_run(now=timezone.now() + timedelta(minutes=1))  # every first retry is due
     rows = WebhookDelivery.objects.filter(endpoint=endpoint)
     assert {(d.status, d.attempts) for d in rows} == {("succeeded", 2)}
