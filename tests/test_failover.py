@@ -80,6 +80,29 @@ def _pay(port: int, terminal_key: str, customer: str, amount: int, outcome: Outc
         time.sleep(0.2)
 
 
+def clients_start(
+    port: int, terminal_key: str, customers: list[str], *, clients: int, prefix: str, deadline: float, outcomes: list[Outcome]
+) -> tuple[threading.Event, list[threading.Thread]]:
+    """`clients` threads paying with fresh keys until the event is set, each key sent again
+    until a final answer (`_pay`); every key's outcome is appended to `outcomes`."""
+    lock = threading.Lock()
+    stop_new = threading.Event()
+
+    def client(n: int) -> None:
+        while not stop_new.is_set():
+            outcome = Outcome(key=f"{prefix}-{n}-{uuid.uuid4().hex}")
+            with lock:
+                outcomes.append(outcome)
+                seq = len(outcomes) - 1
+            # A customer and amount of its own for each key (no duplicate-charge suspects).
+            _pay(port, terminal_key, customers[seq % len(customers)], 1 + seq // len(customers), outcome, deadline)
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    return stop_new, threads
+
+
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[OwnRedis]:
     with own_redis(tmp_path) as server:
@@ -173,22 +196,8 @@ def test_a_failover_under_keyed_payments_loses_no_acknowledged_payment_and_doubl
 def _load_through_failover(port: int, terminal_key: str, customers: list[str], primary: Cluster, standby: Cluster, clients: int,
                            before: float, hold: float, after: float) -> tuple[list[Outcome], float]:
     outcomes: list[Outcome] = []
-    lock = threading.Lock()
-    stop_new = threading.Event()
     deadline = time.monotonic() + before + after + 180  # a key in flight is retried until this
-
-    def client(n: int) -> None:
-        while not stop_new.is_set():
-            outcome = Outcome(key=f"fo-{n}-{uuid.uuid4().hex}")
-            with lock:
-                outcomes.append(outcome)
-                seq = len(outcomes) - 1
-            # A customer and amount of its own for each key (no duplicate-charge suspects).
-            _pay(port, terminal_key, customers[seq % len(customers)], 1 + seq // len(customers), outcome, deadline)
-
-    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
-    for thread in threads:
-        thread.start()
+    stop_new, threads = clients_start(port, terminal_key, customers, clients=clients, prefix="fo", deadline=deadline, outcomes=outcomes)
     time.sleep(before)
     killed_at = time.monotonic()
     primary.kill()

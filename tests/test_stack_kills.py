@@ -14,9 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from django.db import connection
 from config.procfile import procfile_read
 from tests.faults import ROOT, OwnRedis, figures, own_redis, until
 from tests.live import free_port
-from tests.test_failover import FINAL, Outcome, _app, _pay
+from tests.test_failover import FINAL, Outcome, _app, clients_start
 
 pytestmark = [pytest.mark.proof]
 
@@ -109,21 +107,8 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
         _one(runner.pid, lambda pid, parent, cmd: parent == master, "a gunicorn worker")
         until(lambda: "ready." in log.read_text(errors="replace") or "celery@" in log.read_text(errors="replace"), "the worker", seconds=60)
         time.sleep(2)
-        stop_new = threading.Event()
-        lock = threading.Lock()
-        deadline = time.monotonic() + 300
-
-        def client(n: int) -> None:
-            while not stop_new.is_set():
-                outcome = Outcome(key=f"sk-{n}-{uuid.uuid4().hex}")
-                with lock:
-                    outcomes.append(outcome)
-                    seq = len(outcomes) - 1
-                _pay(web_port, terminal_key, customers[seq % len(customers)], 1 + seq // len(customers), outcome, deadline)
-
-        threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
-        for thread in threads:
-            thread.start()
+        stop_new, threads = clients_start(web_port, terminal_key, customers, clients=clients, prefix="sk", deadline=time.monotonic() + 300,
+                                          outcomes=outcomes)
         for _ in range(rounds):
             time.sleep(3)
             master = _one(runner.pid, is_master, "gunicorn's master")
