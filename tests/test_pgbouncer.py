@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +54,14 @@ def _console_answers(port: int) -> bool:
         return False
 
 
-@pytest.fixture
-def bouncer_port() -> Iterator[int]:
-    """A PgBouncer of the test's own, in session mode, in front of the suite's PostgreSQL."""
+@contextmanager
+def bouncer_running(*, pool_mode: str = "session", pool_size: int = 60) -> Iterator[int]:
+    """A PgBouncer of the test's own in front of the suite's PostgreSQL; yields its port."""
     upstream = settings.DATABASES["default"]
     directory = Path(tempfile.mkdtemp(prefix="tally-pgbouncer-"))
     port = free_port_in(range(6440, 6450))
     ini = pgbouncer_config_write(directory=directory, port=port, upstream_host=upstream["HOST"] or "127.0.0.1",
-                                 upstream_port=int(upstream["PORT"] or 5432))
+                                 upstream_port=int(upstream["PORT"] or 5432), pool_mode=pool_mode, pool_size=pool_size)
     process = subprocess.Popen(pgbouncer_argv(ini), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         until(lambda: _console_answers(port), "pgbouncer to answer", seconds=20,
@@ -74,6 +75,12 @@ def bouncer_port() -> Iterator[int]:
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def bouncer_port() -> Iterator[int]:
+    with bouncer_running() as port:
+        yield port
 
 
 def test_payment_and_idempotency_suites_pass_through_pgbouncer_in_session_mode(bouncer_port: int) -> None:
@@ -100,3 +107,32 @@ def test_payment_and_idempotency_suites_pass_through_pgbouncer_in_session_mode(b
     assert stats[test_db]["total_query_count"] > 1000, stats[test_db]
     pools = [row for row in _console(bouncer_port, "SHOW POOLS") if row["database"] == test_db]
     assert pools and {row["pool_mode"] for row in pools} == {"session"}, pools
+
+
+def test_transaction_mode_loses_the_session_state_tenants_and_prepared_statements_need() -> None:
+    """Why session mode (docs/SCALING.md): in transaction mode a client's next statement may
+    run on a server session another client set up, so the tenant's search_path and a
+    PREPAREd statement do not follow the client. Two raw clients, no Django."""
+    with bouncer_running(pool_mode="transaction", pool_size=1) as port:
+        url = f"postgres://postgres@127.0.0.1:{port}/postgres"
+        with psycopg.connect(url, autocommit=True) as a, psycopg.connect(url, autocommit=True) as b:
+            a.execute("SET search_path = tenant_a")
+            b.execute("SET search_path = tenant_b")
+            # a's own SET was the last thing a sent, yet a sees b's tenant.
+            assert a.execute("SHOW search_path").fetchone() == ("tenant_b",)
+    with bouncer_running(pool_mode="transaction", pool_size=2) as port:
+        url = f"postgres://postgres@127.0.0.1:{port}/postgres"
+        with psycopg.connect(url, autocommit=True) as a, psycopg.connect(url, autocommit=True) as b:
+            a.execute("BEGIN")
+            a.execute("SELECT 1")  # a holds one server session
+            b.execute("PREPARE tally_probe AS SELECT 1")  # so b prepares on the other
+            a.execute("COMMIT")  # a's session goes back to the pool, and b is lent it next
+            with pytest.raises(psycopg.errors.InvalidSqlStatementName):
+                b.execute("EXECUTE tally_probe")
+    with bouncer_running(pool_mode="session", pool_size=1) as port:  # the same steps in session mode keep both
+        url = f"postgres://postgres@127.0.0.1:{port}/postgres"
+        with psycopg.connect(url, autocommit=True) as a:
+            a.execute("SET search_path = tenant_a")
+            a.execute("PREPARE tally_probe AS SELECT 1")
+            assert a.execute("SHOW search_path").fetchone() == ("tenant_a",)
+            assert a.execute("EXECUTE tally_probe").fetchone() == (1,)
