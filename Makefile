@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test proof lint chromium
+.PHONY: install run test proof lint chromium pgbouncer
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,11 +26,17 @@ chromium:
 	@test -x /usr/bin/chromium || { echo "installing chromium (apt)"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y chromium; }
 
+# The PgBouncer test (tests/test_pgbouncer.py) starts Debian's pgbouncer (session mode, in
+# front of the suite's PostgreSQL); installed with apt when absent (needs root or sudo).
+pgbouncer:
+	@test -x /usr/sbin/pgbouncer || { echo "installing pgbouncer (apt)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbouncer; }
+
 # Installs, checks ruff (every Python file but the migrations: the apps, tests/, bench/ and
 # docs/), mypy (strict on apikit/, wallets/, payments/, webhooks/, tenants/, config/,
 # reconciliation/ and fastpath/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
-test: install chromium
+test: install chromium pgbouncer
 	$(BIN)/ruff check .
 	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath
 	$(BIN)/lint-imports --no-logo

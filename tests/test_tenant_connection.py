@@ -11,6 +11,7 @@ import pytest
 from django.db import connection, connections, transaction
 
 from tenants.models import Tenant
+from tests.pooler import server_pid
 
 
 def _sent_and_path() -> tuple[list[str], str]:
@@ -45,8 +46,7 @@ def test_within_a_request_a_tenant_switch_still_sets_the_path(tenant_a: Tenant, 
 
 @pytest.mark.proof
 def test_a_connection_that_died_between_requests_is_replaced_with_the_path_set(live_tenant: Tenant) -> None:
-    connection.ensure_connection()
-    backend = connection.connection.info.backend_pid
+    backend = server_pid()
 
     def terminate() -> None:
         try:
@@ -60,7 +60,7 @@ def test_a_connection_that_died_between_requests_is_replaced_with_the_path_set(l
     killer.join()
     _next_request()
     sent, path = _sent_and_path()  # would raise on the dead session without the check
-    assert connection.connection.info.backend_pid != backend
+    assert server_pid() != backend
     assert live_tenant.schema_name in path and sent[-1] == "SELECT current_setting('search_path')"
 
 

@@ -1,7 +1,8 @@
 """The database ENGINE ("fastpath.backend"): django-tenants' PostgreSQL backend, whose
 cursors send a few registered hot statements as server-side prepared statements
 (fastpath.prepared), and which names savepoints per transaction
-(`savepoint_name_in_transaction`, for fastpath.compiled's batches of inserts).
+(`savepoint_name_in_transaction`, for fastpath.compiled's batches of inserts), and whose
+test database is dropped even while a pooler holds idle sessions on it (`Creation`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db.backends.postgresql.base import Cursor
+from django.db.backends.postgresql.creation import DatabaseCreation
 from django.db.backends.postgresql.operations import DatabaseOperations
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
+from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
 from fastpath.prepared import PreparingCursor, prepared_query_logged
@@ -24,8 +27,31 @@ class Operations(DatabaseOperations):
         return logged if logged is not None else super().last_executed_query(cursor, sql, params)
 
 
+class Creation(DatabaseCreation):
+    """The test database is dropped WITH (FORCE): behind a pooler in session mode
+    (PgBouncer, config/pgbouncer.py) the pooler keeps idle server sessions on it after the
+    suite's clients have gone, and a plain DROP DATABASE is refused while any session is on
+    it, at the end of the run and at the start of the next one."""
+
+    def _execute_create_test_db(self, cursor: Any, parameters: dict[str, Any], keepdb: bool = False) -> None:
+        try:
+            super()._execute_create_test_db(cursor, parameters, keepdb)  # type: ignore[misc]  # Django's, private: not in its stubs
+        except Exception as failure:
+            if keepdb or not isinstance(failure.__cause__, pg_errors.DuplicateDatabase):
+                raise
+            # Left by an earlier run: dropped, as Django's non-interactive run drops it.
+            cursor.execute(f"DROP DATABASE {parameters['dbname']} WITH (FORCE)")
+            super()._execute_create_test_db(cursor, parameters, keepdb)  # type: ignore[misc]  # as above
+
+    def _destroy_test_db(self, test_database_name: str, verbosity: int) -> None:
+        self.connection.close_pool()
+        with self._nodb_cursor() as cursor:  # type: ignore[attr-defined]  # Django's, private: not in its stubs
+            cursor.execute(f"DROP DATABASE {self.connection.ops.quote_name(test_database_name)} WITH (FORCE)")
+
+
 class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
     ops_class = Operations
+    creation_class = Creation
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
