@@ -14,9 +14,6 @@ Deadlock freedom depends on every writer using these helpers, never an inline
      in key order, only on shards whose balance row it holds, so they add no wait.
 Customer rows are business rows that no posting takes (contact updates, the contact
 backfill in id order). Other apps' locks.py name the rows no posting takes.
-
-Merchant and system accounts are credited on the connection's own shard (so concurrent
-payments to one merchant rarely meet); a merchant debit locks all its shards of the asset.
 """
 
 from __future__ import annotations
@@ -45,9 +42,8 @@ def connection_shard() -> int:
 
 @dataclass(frozen=True)
 class BalanceWant:
-    """A balance row a movement will touch: `shard` is ALL_SHARDS for a merchant debit.
-    `creatable` rows are made empty if missing (credits, system accounts); a missing
-    customer row that is debited means an empty wallet, and is refused, not made."""
+    """A balance row a movement will touch (ALL_SHARDS: a merchant debit); `creatable` rows
+    are made empty if missing."""
 
     account: Account
     asset_code: str
@@ -92,29 +88,16 @@ class LockedBalances:
 
 
 def balance_rows_lock(*, wants: Iterable[BalanceWant]) -> LockedBalances:
-    """Lock every balance row of `wants` FOR UPDATE with ONE statement, in the global order,
-    each with its account and asset (its cap).
-
-    Missing creatable rows are inserted empty, then the statement runs again (only a row's
-    first movement pays for that). A missing row that must exist (a debit of an empty
-    wallet) is not made: the caller refuses. A merchant debit locks the shards that exist.
-    """
+    """Lock every balance row of `wants` FOR UPDATE with ONE statement in the global order,
+    each with its account and asset. Missing creatable rows are inserted empty first; a
+    missing row that must exist (a debit of an empty wallet) is not: the caller refuses."""
     ordered = list(dict.fromkeys(wants))
     if not ordered:
         return LockedBalances([])
     locked = _select_for_update(ordered)
     missing = [w for w in ordered if not locked.covers(w)]
     if missing and all(w.creatable for w in missing):
-        Balance.objects.bulk_create(
-            [
-                Balance(
-                    account_id=w.account.id, asset_id=w.asset_code, shard=w.shard,
-                    may_go_negative=w.account.kind == AccountKind.SYSTEM, frozen=w.account.frozen,
-                )
-                for w in missing
-            ],
-            ignore_conflicts=True,
-        )
+        Balance.objects.bulk_create([w.account.balance_new(asset_code=w.asset_code, shard=w.shard) for w in missing], ignore_conflicts=True)
         locked = _select_for_update(ordered)
     return locked
 

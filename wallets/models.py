@@ -59,9 +59,8 @@ class Customer(models.Model):
 
 
 class CustomerLegacyContact(models.Model):
-    """The plaintext contact columns of `wallets_customer`. Unmanaged: they stay in each
-    tenant's table until the staged migration `customer_contacts` contracts that tenant.
-    Only wallets.contacts touches them, while the tenant's phase says they exist."""
+    """The plaintext contact columns of `wallets_customer`, unmanaged: only wallets.contacts
+    touches them, until the staged migration `customer_contacts` contracts the tenant."""
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True)
     email = models.CharField(max_length=254, blank=True, default="")
@@ -163,9 +162,9 @@ class Account(models.Model):
             )
         ]
 
-    @property
-    def may_go_negative(self) -> bool:
-        return self.kind == AccountKind.SYSTEM
+    def balance_new(self, *, asset_code: str, shard: int) -> Balance:
+        """An empty balance row of this account (not saved); only system accounts may go negative."""
+        return Balance(account_id=self.id, asset_id=asset_code, shard=shard, may_go_negative=self.kind == AccountKind.SYSTEM, frozen=self.frozen)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.system_role or self.customer_id or self.merchant_id}"
@@ -246,9 +245,8 @@ BALANCE_SHARDS = 32
 
 
 class Balance(models.Model):
-    """One balance row of an (account, asset, shard), changed only together with the ledger
-    entries that explain the change. `held` is reserved by active holds: available =
-    balance - held."""
+    """One balance row of an (account, asset, shard), changed only with the ledger entries
+    that explain the change. `held` is reserved by active holds: available = balance - held."""
 
     id = models.BigAutoField(primary_key=True)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="balances", db_index=False)
@@ -397,8 +395,7 @@ class StagedPhase(models.TextChoices):
 
 
 class StagedMigrationState(models.Model):
-    """Where one staged data migration stands in this tenant (written only by
-    wallets.staged.runner)."""
+    """Where one staged data migration stands in this tenant (written by wallets.staged.runner)."""
 
     name = models.CharField(max_length=64, primary_key=True)
     phase = models.CharField(max_length=16, choices=StagedPhase.choices, default=StagedPhase.ABSENT)
@@ -427,9 +424,8 @@ class StagedMigrationState(models.Model):
 
 
 class MerchantDailyTotal(models.Model):
-    """What the ledger posted to a merchant account on one UTC day in one asset, kept by the
-    posting itself (wallets.daily_totals). Sharded like merchant balances; a day's totals
-    are the SUM over its shards."""
+    """What the ledger posted to a merchant account on one UTC day in one asset (kept by
+    wallets.daily_totals), sharded like merchant balances: a day's totals are the SUM."""
 
     id = models.BigAutoField(primary_key=True)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)

@@ -64,15 +64,15 @@ def ledger_post(
     written: LedgerTransaction | None = None,
 ) -> LedgerTransaction:
     """Post one balanced ledger transaction and move the balances with it (F() increments).
-    Raises WalletFrozen, InsufficientFunds, CapExceeded before writing.
+    Raises WalletFrozen, InsufficientFunds, CapExceeded before writing. A freeze is refused
+    on the legs' accounts and again on the locked rows, whose flags are current.
 
-    A freeze is refused on the legs' accounts and again on the locked rows, whose flags are
-    current. `locked`: rows the caller has locked already (to decide the legs, as a
-    payment does for rewards under a cap); they must cover `ledger_wants(legs)`.
-    `consume_hold`: an active hold, locked by the caller, on a row this posting debits: it
-    counts as available and is released in the same update (an intent capture locks its
-    rows once). `written`: these legs' transaction and entries, already inserted by
-    `ledger_rows_new` in a savepoint the caller rolls back if this refuses.
+    `locked`: rows the caller has locked already (to decide the legs, as a payment does
+    for rewards under a cap), covering `ledger_wants(legs)`. `consume_hold`: an active
+    hold, locked by the caller, on a row this posting debits: it counts as available and
+    is released in the same update (an intent capture locks its rows once). `written`:
+    these legs' rows, inserted by `ledger_rows_new` in a savepoint the caller rolls back
+    if this refuses.
 
     Locks: the legs' balance rows in the global order, one statement; then the day's
     summary row of each merchant leg (wallets.daily_totals).
@@ -206,11 +206,8 @@ def _legs_validate(legs: Sequence[Leg]) -> None:
 
 
 def hold_place(*, account: Account, asset_code: str, amount: int, reference: str) -> Hold:
-    """Reserve `amount` of a customer's available balance.
-
-    Locks: the customer's balance row (account, asset). Raises WalletFrozen,
-    InsufficientFunds before writing.
-    """
+    """Reserve `amount` of a customer's available balance. Raises WalletFrozen,
+    InsufficientFunds before writing. Locks: the customer's balance row."""
     if account.frozen:
         raise WalletFrozen("the wallet is frozen", param=None)
     locked = balance_rows_lock(wants=[BalanceWant(account, asset_code, 0, creatable=False)])
@@ -224,11 +221,8 @@ def hold_place(*, account: Account, asset_code: str, amount: int, reference: str
 
 
 def hold_release(*, hold: Hold, status: HoldStatus = HoldStatus.RELEASED) -> Hold:
-    """Give a hold's amount back to the available balance.
-
-    Locks: the hold row, then the customer's balance row. A hold that is no longer active
-    is left as it is (releasing twice is a no-op).
-    """
+    """Give an active hold's amount back to the available balance (else a no-op). Locks: the
+    hold row, then the customer's balance row."""
     locked_hold = hold_lock(hold_id=hold.pk)
     if locked_hold.status != HoldStatus.ACTIVE:
         return locked_hold
@@ -247,7 +241,7 @@ def balance_rows_create(*, accounts: Iterable[Account], asset_codes: Iterable[st
     posting is made outside its one locking statement. Locks: none (new rows)."""
     codes = list(asset_codes) if asset_codes is not None else list(Asset.objects.values_list("code", flat=True))
     rows = [
-        Balance(account_id=account.id, asset_id=code, shard=shard, may_go_negative=account.kind == AccountKind.SYSTEM, frozen=account.frozen)
+        account.balance_new(asset_code=code, shard=shard)
         for account in accounts
         for code in codes
         for shard in (range(1) if account.kind == AccountKind.CUSTOMER else range(BALANCE_SHARDS))
