@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from wallets.locks import staged_state_lock
 from wallets.models import StagedMigrationState, StagedPhase
-from wallets.staged.phases import phase_index, staged_fence_seconds, staged_phase_forget
+from wallets.staged.phases import PHASE_ORDER, phase_index, staged_fence_seconds, staged_phase_forget
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused
 from wallets.transactions import run_atomic
 
@@ -35,6 +35,9 @@ class Outcome:
 
 
 ProgressFn = Callable[[int, int, float], None]
+_BACKFILL_RESET: dict[str, Any] = {
+    "cursor": "", "rows_done": 0, "rows_written": 0, "backfill_started_at": None, "backfill_finished_at": None, "backfill_seconds": 0.0,
+}
 
 
 def staged_state(*, migration: StagedMigration) -> StagedMigrationState:
@@ -82,10 +85,7 @@ def staged_expand(*, migration: StagedMigration) -> Outcome:
     def decide(locked: StagedMigrationState) -> Outcome:
         if locked.phase != StagedPhase.ABSENT:
             return Outcome(f"already {locked.phase}: expand is a no-op", changed=False)
-        _move(
-            locked, StagedPhase.EXPANDED, cursor="", rows_total=0, rows_done=0, rows_written=0,
-            backfill_started_at=None, backfill_finished_at=None, backfill_seconds=0.0, verify_ok=None, verify_report={},
-        )
+        _move(locked, StagedPhase.EXPANDED, **_BACKFILL_RESET, rows_total=0, verify_ok=None, verify_report={})
         return Outcome("expanded: dual writes on (the backfill waits until every process has seen it)", changed=True)
 
     return _transition(migration, decide)
@@ -109,12 +109,9 @@ def staged_start_contracted(*, migration: StagedMigration) -> Outcome:
 def staged_backfill(
     *, migration: StagedMigration, batch: int = 500, rows_per_second: float = 0.0, dry_run: bool = False, progress: ProgressFn | None = None
 ) -> Outcome:
-    """expanded -> backfilled: copy every old row into the new representation, in batches,
-    once every process dual-writes.
-
-    Each batch is one transaction that also commits the cursor, so a killed backfill
-    resumes where its last batch ended. `rows_per_second` > 0 throttles; `dry_run` counts
-    what would be written from the cursor on, and writes nothing (not even the cursor).
+    """expanded -> backfilled: copy every old row into the new representation once every
+    process dual-writes, in batches that each commit the cursor (a killed backfill
+    resumes). `rows_per_second` > 0 throttles; `dry_run` writes nothing, not even the cursor.
     """
     state = staged_state(migration=migration)
     if not _at_least(state, StagedPhase.EXPANDED):
@@ -235,15 +232,6 @@ def staged_contract(*, migration: StagedMigration) -> Outcome:
     return _transition(migration, finish)
 
 
-
-_BACK = {
-    StagedPhase.READS_SWITCHED: StagedPhase.VERIFIED,
-    StagedPhase.VERIFIED: StagedPhase.BACKFILLED,
-    StagedPhase.BACKFILLED: StagedPhase.EXPANDED,
-    StagedPhase.EXPANDED: StagedPhase.ABSENT,
-}
-
-
 def staged_rollback(*, migration: StagedMigration) -> Outcome:
     """Go back one phase, while that is still possible (before contract)."""
 
@@ -256,12 +244,10 @@ def staged_rollback(*, migration: StagedMigration) -> Outcome:
             )
         if phase == StagedPhase.ABSENT:
             raise StagedMigrationRefused("rollback refused: phase is absent, nothing to roll back")
-        back = _BACK[phase]
+        back = PHASE_ORDER[phase_index(phase) - 1]
         fields: dict[str, Any] = {}
         if back == StagedPhase.EXPANDED:
-            fields = {
-                "cursor": "", "rows_done": 0, "rows_written": 0, "backfill_started_at": None, "backfill_finished_at": None, "backfill_seconds": 0.0,
-            }
+            fields = _BACKFILL_RESET
         if back == StagedPhase.ABSENT:
             fields = {"discard_pending": True, "verify_ok": None}
         _move(locked, back, note="rollback", **fields)
