@@ -93,8 +93,6 @@ class BalanceInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
-    """Wallets (customer accounts), merchant and system accounts; balances summed over shards."""
-
     list_display = ("id", "kind", "owner", "balances", "frozen", "created")
     list_filter = ("kind", "frozen")
     id_search = {"acc": "id", "cus": "customer_id", "mer": "merchant_id"}

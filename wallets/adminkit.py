@@ -89,11 +89,11 @@ def money(amount: int | None, asset: Asset | None) -> str:
     return money_format(amount=amount, code=asset.code, kind=asset.kind, exponent=asset.exponent)
 
 
-def money_column(field: str, *, asset: str = "asset", description: str | None = None) -> Callable[[Any], str]:
-    """A list/detail column showing `field` (minor units) in the units of `obj.<asset>`."""
+def money_column(field: str, *, description: str | None = None) -> Callable[[Any], str]:
+    """A list/detail column showing `field` (minor units) in the units of `obj.asset`."""
 
     def column(obj: Any) -> str:
-        return money(getattr(obj, field), getattr(obj, asset))
+        return money(getattr(obj, field), obj.asset)
 
     column.short_description = description or field.replace("_", " ")  # type: ignore[attr-defined]
     column.admin_order_field = field  # type: ignore[attr-defined]
@@ -134,11 +134,11 @@ def link_to_list(model: type[Model], label: str, **filters: object) -> str:
     return format_html('<a href="{}?{}">{}</a>', url, query, label)
 
 
-def link_column(field: str, *, description: str | None = None) -> Callable[[Any], str]:
+def link_column(field: str) -> Callable[[Any], str]:
     """A column linking to the object in `obj.<field>` (a foreign key)."""
 
     def column(obj: Any) -> str:
         return link(getattr(obj, field))
 
-    column.short_description = description or field.replace("_", " ")  # type: ignore[attr-defined]
+    column.short_description = field.replace("_", " ")  # type: ignore[attr-defined]
     return column

@@ -1,19 +1,15 @@
 """Customer contact data (email, phone): encrypted at rest, found by a keyed hash, masked
 in logs and the admin; and the staged migration `customer_contacts` that moves it there.
 
-  old  wallets_customer.email / .phone, plaintext (`CustomerLegacyContact`), until the
-       migration's contract drops the columns of that tenant;
-  new  Customer.email_ciphertext / .phone_ciphertext (Fernet tokens, MultiFernet over
-       settings.TALLY_CONTACT_ENCRYPTION_KEYS, newest key first) and Customer.email_hash
-       (HMAC-SHA256 under settings.TALLY_CONTACT_HASH_KEY of the normalised email).
+  old  the plaintext columns (`CustomerLegacyContact`), until contract drops them;
+  new  Fernet tokens (MultiFernet over TALLY_CONTACT_ENCRYPTION_KEYS, newest key first)
+       and an HMAC-SHA256 of the normalised email (TALLY_CONTACT_HASH_KEY).
 
-What writes and reads which, by the tenant's phase (wallets.staged.phases):
+By the tenant's phase:
   absent                  write old; read old
-  expanded .. verified    write both (one transaction); read old; email lookups read
-                          both and dedup by customer id
-  reads_switched          write both; read new (old as a fallback for a field the new
-                          path has not written); lookups by hash
-  contracting/contracted  write new; read new; the plaintext columns are gone
+  expanded .. verified    write both (one transaction); read old; lookups read both
+  reads_switched          write both; read new (old for a field not written yet)
+  contracting/contracted  write new; read new
 
 A NULL ciphertext column is absent (the backfill fills it); the token of "" is an
 explicitly cleared value, which the backfill never overwrites.
@@ -228,8 +224,7 @@ def _columns_present(table: str, columns: Iterable[str]) -> set[str]:
 
 def _fill(columns: list[str], rows: list[tuple[str | None, ...]], *, absent: str) -> None:
     """One `UPDATE .. WHERE id = %s AND <absent> IS NULL` per row, pipelined by executemany
-    (bulk_update's CASE arms took 90% of the backfill's time); the IS NULL keeps
-    write-if-absent true in the statement itself."""
+    (bulk_update's CASE arms took 90% of the backfill's time)."""
     if not rows:
         return
     table = connection.ops.quote_name(Customer._meta.db_table)

@@ -1,9 +1,6 @@
 """Merchant daily totals: what the ledger posted to each merchant account per UTC day and
 asset, kept by the posting itself; and the staged migration `merchant_daily_totals` that
-builds them under live traffic.
-
-  old  the ledger entries, aggregated on every read (the source of truth: it stays);
-  new  MerchantDailyTotal rows, sharded like merchant balances.
+builds them from the ledger (the source of truth, which stays) under live traffic.
 
 The backfill locks every balance row of a batch of merchants (as a merchant debit does),
 so no posting adds to their totals while it recomputes them from the ledger: it never
@@ -55,13 +52,12 @@ def utc_day(moment: datetime) -> date:
 
 def merchant_daily_totals_record(*, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
     """Add a posting's merchant legs (account, asset, amount) to the day's totals, when the
-    tenant's phase writes them; in ledger_post's transaction, after its entries.
+    tenant's phase writes them (ledger_post, after its entries).
 
     Locks: the summary row (account, asset, day, this connection's shard) of each merchant
-    leg, in key order, after the posting's balance rows: only a transaction that holds the
-    merchant's balance row of that shard takes it, so it adds no wait. The day's first
-    posting on a shard inserts it (in a savepoint: a lost race updates instead).
-    """
+    leg, in key order, after the posting's balance rows, which already hold that shard: it
+    adds no wait. A day's first posting on a shard inserts it in a savepoint (a lost race
+    updates instead)."""
     totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for account, asset, amount in legs:
         if account.kind == AccountKind.MERCHANT:
@@ -178,14 +174,10 @@ class MerchantDailyTotalsMigration(StagedMigration):
         return Account.objects.filter(kind=AccountKind.MERCHANT).count()
 
     def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
-        """The history of the next `limit` merchants from the cursor, at most `window_days`
-        days of each (windows keep each lock short), recomputed from the ledger; the keys
-        that differ are rewritten as one row on shard 0.
-
-        The cursor is a position in the data, whatever `limit` was: `<account>` (every
-        merchant up to it is done) or `<account>/<day>` (done up to that day), so a backfill
-        resumed with another `--batch` neither skips nor repeats a day. An `<account>@<day>`
-        cursor resumes at `<account>`.
+        """The history of the next `limit` merchants, at most `window_days` days of each (a
+        short lock), recomputed from the ledger; keys that differ become one row on shard 0.
+        The cursor is a position in the data, whatever `limit` was: `<account>` (done up to
+        it) or `<account>/<day>` (done up to that day); `<account>@<day>` resumes at `<account>`.
 
         Locks: every balance row of the batch's merchants, one statement in the global order
         (merchant_balance_rows_lock; not with `dry_run`), then their summary rows."""
@@ -296,21 +288,12 @@ def _history_spans(ids: list[str], *, resume_account: str, from_day: date | None
     if from_day is not None:
         entries = entries.exclude(account_id=resume_account, created__lt=_midnight(from_day))
         rows = rows.exclude(account_id=resume_account, day__lt=from_day)
-    spans: dict[str, tuple[date, date]] = {}
-
-    def widen(account_id: str, first: date, last: date) -> None:
-        known = spans.get(account_id)
-        spans[account_id] = (first, last) if known is None else (min(known[0], first), max(known[1], last))
-
-    for account_id, first_at, last_at in entries.values("account_id").annotate(first=Min("created"), last=Max("created")).values_list(
-        "account_id", "first", "last"
-    ):
-        widen(account_id, utc_day(first_at), utc_day(last_at))
-    for account_id, first_day, last_day in rows.values("account_id").annotate(first=Min("day"), last=Max("day")).values_list(
-        "account_id", "first", "last"
-    ):
-        widen(account_id, first_day, last_day)
-    return spans
+    days: dict[str, list[date]] = defaultdict(list)
+    for account_id, first_at, last_at in entries.values_list("account_id").annotate(Min("created"), Max("created")):
+        days[account_id] += [utc_day(first_at), utc_day(last_at)]
+    for account_id, first_day, last_day in rows.values_list("account_id").annotate(Min("day"), Max("day")):
+        days[account_id] += [first_day, last_day]
+    return {account_id: (min(known), max(known)) for account_id, known in days.items()}
 
 
 def _checksum(totals: dict[Key, Totals]) -> str:

@@ -1,13 +1,11 @@
 """The per-process cache of live API keys, trusted through the tenant's API key epoch in
-Redis (fastpath.epochs).
-
-A live key is kept per (tenant schema, key hash) for at most TALLY_API_KEY_CACHE_SECONDS,
-with the tenant's epoch as read BEFORE the database read that filled the entry. A hit is
-trusted only once `api_key_cache_confirm` has compared that epoch with the current one
-(read in the request's throttle call); else the key is read again. Revoke and rotate bump
-the epoch after commit. Unknown, revoked and expired keys are never cached; each hit is
-checked against the key's own `expires_at` and gets copies of the rows. Redis down:
-nothing is cached or trusted.
+Redis (fastpath.epochs). A live key is kept per (tenant schema, key hash) for at most
+TALLY_API_KEY_CACHE_SECONDS, with the epoch read BEFORE the database read that filled the
+entry. A hit is trusted only once `api_key_cache_confirm` has compared that epoch with the
+current one (read in the request's throttle call); else the key is read again. Revoke and
+rotate bump the epoch after commit. Unknown, revoked and expired keys are never cached;
+each hit is checked against the key's own `expires_at` and gets copies of the rows.
+Redis down: nothing is cached or trusted.
 """
 
 from __future__ import annotations
@@ -34,9 +32,8 @@ def api_key_epoch_redis_key(*, schema: str) -> str:
 
 
 def api_key_epoch_bump(*, schema: str) -> bool:
-    """Change the tenant's API key epoch (after the write has committed). False, logged and
-    counted, when Redis cannot take it: other processes then trust their entries until
-    TALLY_API_KEY_CACHE_SECONDS ends them."""
+    """Change the tenant's API key epoch (after commit). False, logged and counted, when
+    Redis cannot take it: other processes then trust their entries until their TTL."""
     if epoch_bump(key=api_key_epoch_redis_key(schema=schema)):
         return True
     API_KEY_EPOCH_BUMP_FAILURES.labels(tenant=schema).inc()
@@ -106,13 +103,12 @@ def api_key_cache_get(*, raw_key: str) -> ApiKeyCacheHit | None:
 
 
 def api_key_cache_confirm(*, hit: ApiKeyCacheHit, epoch_now: bytes | None) -> ApiKey | None:
-    """The hit's key if the tenant's epoch is still the one it was cached under; else (it
-    moved, or `epoch_now` is None) the key as PostgreSQL has it now, or None if it is dead.
-    Read `epoch_now` before this call: a re-read is cached under it."""
+    """The hit's key if the tenant's epoch (read before this call) is still the one it was
+    cached under; else the key as PostgreSQL has it now, or None if it is dead."""
     if epoch_now is not None and epoch_now == hit.epoch:
         return hit.api_key
     _api_key_cache.pop(hit.cache_key, None)
-    return _api_key_read_and_cache(raw_key_hash=hit.cache_key[1], cache_key=hit.cache_key, epoch=epoch_now)
+    return _api_key_read_and_cache(cache_key=hit.cache_key, epoch=epoch_now)
 
 
 def api_key_cache_fill(*, raw_key: str) -> ApiKey | None:
@@ -121,12 +117,12 @@ def api_key_cache_fill(*, raw_key: str) -> ApiKey | None:
         return api_key_get_active(raw_key=raw_key)
     cache_key = _api_key_cache_key(raw_key)
     epoch = epoch_read(key=api_key_epoch_redis_key(schema=cache_key[0]))  # before the database read
-    return _api_key_read_and_cache(raw_key_hash=cache_key[1], cache_key=cache_key, epoch=epoch)
+    return _api_key_read_and_cache(cache_key=cache_key, epoch=epoch)
 
 
-def _api_key_read_and_cache(*, raw_key_hash: str, cache_key: tuple[str, str], epoch: bytes | None) -> ApiKey | None:
+def _api_key_read_and_cache(*, cache_key: tuple[str, str], epoch: bytes | None) -> ApiKey | None:
     generation = _api_key_cache_generation
-    api_key = api_key_get_active_by_hash(key_hash=raw_key_hash)
+    api_key = api_key_get_active_by_hash(key_hash=cache_key[1])
     ttl = _api_key_cache_ttl()
     # Not cached: Redis did not answer (nothing to confirm a hit against), or this
     # process invalidated its cache during the read (the row read may be the old one).
@@ -138,10 +134,9 @@ def _api_key_read_and_cache(*, raw_key_hash: str, cache_key: tuple[str, str], ep
 
 
 def api_key_cache_invalidate() -> None:
-    """Make every process stop trusting its cached keys of this tenant: this one now and
-    again on commit (a row read in between is the old one), the others by bumping the
-    epoch after commit (bumped before, a process could cache the old row under the new
-    epoch). Call inside the transaction that writes the change."""
+    """Make every process stop trusting its cached keys of this tenant: this one now and on
+    commit, the others by bumping the epoch after commit (before, a process could cache
+    the old row under the new epoch). Call inside the transaction that writes the change."""
     schema = str(getattr(connection, "schema_name", "public"))
 
     def after_commit() -> None:

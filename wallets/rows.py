@@ -27,16 +27,14 @@ def _batch(groups: Sequence[Sequence[Model]]) -> InsertBatch:
 
 
 def rows_insert(*groups: Sequence[Model]) -> None:
-    """Insert new rows as `bulk_create` would, each group of one model, in the order given,
-    in one round trip. A failure marks the caller's transaction for rollback, as a failed
-    `save()` does. Locks: none (new rows)."""
+    """Insert new rows as `bulk_create` would, groups of one model each, in one round trip;
+    a failure marks the caller's transaction for rollback. Locks: none (new rows)."""
     _batch(groups).execute()
 
 
 def rows_insert_in_savepoint(*groups: Sequence[Model]) -> str:
-    """`rows_insert` in a savepoint opened in the same round trip; returns its id for
-    `transaction.savepoint_rollback`. A failed insert rolls back to it before raising, and
-    the caller's transaction carries on. Locks: none (new rows)."""
+    """`rows_insert` in a savepoint opened in the same round trip (rolled back before a
+    failure is raised); returns its id. Locks: none (new rows)."""
     return _batch(groups).execute_in_savepoint()
 
 

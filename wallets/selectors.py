@@ -1,8 +1,5 @@
-"""Reads of the wallets app: parties and keys, accounts, balances, ledger integrity.
-
-Every `*_get` takes the principal's scope and raises `NotFound` for an object that does
-not exist *or* belongs to someone else: the two are indistinguishable (SPEC 4).
-"""
+"""Reads of the wallets app. Every `*_get` takes the principal's scope and raises `NotFound`
+for an object that does not exist *or* belongs to someone else (SPEC 4)."""
 
 from __future__ import annotations
 

@@ -4,11 +4,9 @@ Only conflicts are retried (serialization failure, deadlock, lock timeout): at m
 times, 50 ms x 2^n with jitter, each counted, and only by the owner of the outermost
 transaction; inside an atomic block a conflict propagates.
 
-Nested calls get no savepoint (no SAVEPOINT/RELEASE round trips on the keyed API path).
-That is safe because an exception that escapes a service aborts its transaction, and the
-owner rolls back everything the service wrote: some services write before they refuse (a
-token payment consumes the token), so a caller must never catch a service's exception
-inside an atomic block and carry on (the idempotency layer rolls back first).
+Nested calls get no savepoint (no round trips for it on the keyed API path), so a
+caller must never catch a service's exception inside an atomic block and carry on: some
+services write before they refuse, and only the owner's rollback undoes that.
 """
 
 from __future__ import annotations

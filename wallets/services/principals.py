@@ -68,13 +68,11 @@ def terminal_create(*, store: Store, name: str) -> Terminal:
 
 @transaction.atomic
 def staff_member_get_or_create(*, username: str) -> StaffMember:
-    user_model = get_user_model()
-    user, _ = user_model.objects.get_or_create(username=username, defaults={"is_staff": True})
+    user, _ = get_user_model().objects.get_or_create(username=username, defaults={"is_staff": True})
     if not user.is_staff:
         user.is_staff = True
         user.save(update_fields=["is_staff"])
-    staff, _ = StaffMember.objects.get_or_create(user=user)
-    return staff
+    return StaffMember.objects.get_or_create(user=user)[0]
 
 
 @transaction.atomic
@@ -92,10 +90,9 @@ ISSUE_PERMISSION = "wallets.issue_apikey"
 
 
 def api_key_issue_check(*, issuer: User, principal: Customer | Merchant | Terminal | StaffMember) -> None:
-    """May `issuer` (an active staff login) mint or rotate a key for `principal`? A key acts
-    as its principal, so no login may mint one that could do more than itself: a
-    customer's key (it spends their money) only a superuser; a staff member's key (it acts
-    with their future roles) only their own login. Raises NotPermitted. Reads only."""
+    """May `issuer` mint or rotate a key for `principal`? No login may mint a key that could
+    do more than itself: a customer's key (it spends their money) only a superuser, a
+    staff member's (it acts with their future roles) their own login. Raises NotPermitted."""
     if not issuer.has_perm(ISSUE_PERMISSION):
         raise NotPermitted("minting or rotating API keys needs the wallets.issue_apikey permission")
     if isinstance(principal, Customer) and not issuer.is_superuser:

@@ -1,9 +1,8 @@
 """The phases of a staged migration and the switches the service layer reads.
-
-`staged_phase(name)` is cached per process and tenant for
-`TALLY_STAGED_PHASE_TTL_SECONDS` (the hot path pays a dict lookup, not a query). The
-runner makes that safe: after a phase change that changes what writers do, it waits
-`staged_fence_seconds()` before relying on every writer having seen it.
+`staged_phase(name)` is cached per process and tenant for TALLY_STAGED_PHASE_TTL_SECONDS
+(a dict lookup on the hot path, not a query). The runner makes that safe: after a phase
+change that changes what writers do, it waits `staged_fence_seconds()` before relying on
+every writer having seen it.
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ class BatchResult:
 
 @dataclass
 class VerifyReport:
-    """Counts and checksums of both representations, and every difference (identifiers
-    only, never contact values)."""
+    """Counts and checksums of both sides, and every difference (identifiers, never values)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     checksums: dict[str, str] = field(default_factory=dict)
@@ -38,9 +37,8 @@ class VerifyReport:
 
 
 class StagedMigration(ABC):
-    """One migration from an old representation of some data to a new one, run by
-    wallets.staged.runner in the tenant's schema. Dual writes and reads are the owning
-    app's services and selectors, which ask wallets.staged.phases."""
+    """One migration from an old representation of some data to a new one, run in the
+    tenant's schema; the owning app's services and selectors ask wallets.staged.phases."""
 
     name: str = ""
     description: str = ""
