@@ -1,13 +1,11 @@
-"""The tenant admin for wallets' models: assets, merchants, stores, terminals, staff,
-accounts and their balances (shards summed), the read-only ledger, holds and the audit
-log. Customers, merchants and API keys, which have staff actions (freeze, adjust, rotate, revoke), are
-registered by payments/admin.py, where those actions' services and the idempotency layer
-live. Everything here is read-only: rows change through services only."""
+"""The tenant admin for wallets' models, read-only. Customers, merchants and API keys, which
+have staff actions, are registered by payments/admin.py beside those actions."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -95,8 +93,6 @@ class BalanceInline(admin.TabularInline):  # type: ignore[type-arg]
 
 @admin.register(Account)
 class AccountAdmin(ReadOnlyAdmin):
-    """Wallets (customer accounts), merchant and system accounts; balances summed over shards."""
-
     list_display = ("id", "kind", "owner", "balances", "frozen", "created")
     list_filter = ("kind", "frozen")
     id_search = {"acc": "id", "cus": "customer_id", "mer": "merchant_id"}
@@ -146,8 +142,7 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     """The ledger: append-only (the database refuses UPDATE and DELETE)."""
 
     list_display = ("id", "kind", "reference_link", "created")
-    # Ordered by id (the primary key index); no filters or drill-down: a transaction per
-    # movement, and no index on kind or created. Open one from its payment, refund, etc.
+    # By id (the primary key index); no filters or drill-down: no index on kind or created.
     ordering = ("-id",)
     id_search = {"txn": "id"}
     fields = ("id", "kind", "reference_link", "created")
@@ -156,8 +151,6 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
 
     @admin.display(description="reference")
     def reference_link(self, obj: LedgerTransaction) -> str:
-        from django.apps import apps
-
         models = {"pay": "Payment", "ref": "Refund", "trf": "Transfer", "top": "TopUp", "adj": "Adjustment", "pi": "PaymentIntent"}
         prefix = obj.reference.split("_", 1)[0]
         if prefix not in models:
@@ -168,9 +161,8 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    """The ledger's entries, newest first by id (the primary key index: entries have no
-    index on `created` alone, and the posting path should not pay for one). No filters or
-    date drill-down for the same reason; find entries by transaction or account id."""
+    """Newest first by id, no filters or drill-down: entries have no index on `created`
+    alone (the posting path should not pay for one)."""
 
     list_display = ("id", link_column("transaction"), link_column("account"), "asset", money_column("amount"), "created")
     ordering = ("-id",)
@@ -204,8 +196,6 @@ class AuditEntryAdmin(ReadOnlyAdmin):
 
     @admin.display(description="target")
     def target(self, obj: AuditEntry) -> str:
-        from django.apps import apps
-
         label = self.TARGET_MODELS.get(obj.target_type, obj.target_type)
         try:
             model = apps.get_model(label) if "." in label else None
@@ -222,8 +212,7 @@ admin.site.index_title = "Wallets, payments, webhooks and the audit log"
 
 @admin.register(MerchantDailyTotal)
 class MerchantDailyTotalAdmin(ReadOnlyAdmin):
-    """The maintained daily totals of merchant accounts (staged migration
-    `merchant_daily_totals`), one row per shard; a day's total is the sum of its shards."""
+    """One row per shard; a day's total is the sum of its shards."""
 
     list_display = ("day", link_column("account"), "asset", "shard", money_column("credited"), money_column("debited"), "entries")
     list_filter = ("asset",)

@@ -1,7 +1,5 @@
-"""Building blocks of the tenant admin (the back office), shared by every app's admin.py:
-read-only bases, a paginator that never counts a big table, exact id search, money in
-the asset's units, links between objects. Presentation only: no business logic here;
-changes go through services (see payments/admin_actions.py for staff actions)."""
+"""Building blocks of every app's admin.py: read-only bases, a paginator that never counts
+a big table, exact id search, money in the asset's units, links between objects."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ COUNT_CAP = 10_000
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     """Never an unbounded COUNT(*): an unfiltered list of a big table takes PostgreSQL's
-    estimate (pg_class.reltuples, kept by autovacuum/ANALYZE); a filtered one counts at
-    most COUNT_CAP + 1 rows (`SELECT count(*) FROM (.. LIMIT n)`)."""
+    estimate (pg_class.reltuples); a filtered one counts at most COUNT_CAP + 1 rows."""
 
     @cached_property
     def count(self) -> int:
@@ -50,10 +47,8 @@ def table_row_estimate(*, table: str) -> int:
 
 
 class TallyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Base of every tenant admin page: bounded counts, and exact id search.
-
-    `id_search` maps an id prefix ("pay", "cus") to the column it names: a search for
-    `pay_...` is one index lookup (`id = ..`), never a scan with UPPER(..) LIKE."""
+    """Base of every tenant admin page: bounded counts, and exact id search: `id_search`
+    maps an id prefix ("pay") to the column it names, so `pay_...` is one index lookup."""
 
     paginator = EstimatedCountPaginator
     show_full_result_count = False
@@ -94,11 +89,11 @@ def money(amount: int | None, asset: Asset | None) -> str:
     return money_format(amount=amount, code=asset.code, kind=asset.kind, exponent=asset.exponent)
 
 
-def money_column(field: str, *, asset: str = "asset", description: str | None = None) -> Callable[[Any], str]:
-    """A list/detail column showing `field` (minor units) in the units of `obj.<asset>`."""
+def money_column(field: str, *, description: str | None = None) -> Callable[[Any], str]:
+    """A list/detail column showing `field` (minor units) in the units of `obj.asset`."""
 
     def column(obj: Any) -> str:
-        return money(getattr(obj, field), getattr(obj, asset))
+        return money(getattr(obj, field), obj.asset)
 
     column.short_description = description or field.replace("_", " ")  # type: ignore[attr-defined]
     column.admin_order_field = field  # type: ignore[attr-defined]
@@ -110,8 +105,7 @@ _change_url_templates: dict[str, str | None] = {}
 
 
 def admin_url(obj: Model | None) -> str | None:
-    """`obj`'s admin page. One reverse() per model and process (a list renders hundreds
-    of links); ids are url-safe ([A-Za-z0-9_])."""
+    """`obj`'s admin page; one reverse() per model and process (a list renders hundreds of links)."""
     if obj is None:
         return None
     name = f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change"
@@ -140,11 +134,11 @@ def link_to_list(model: type[Model], label: str, **filters: object) -> str:
     return format_html('<a href="{}?{}">{}</a>', url, query, label)
 
 
-def link_column(field: str, *, description: str | None = None) -> Callable[[Any], str]:
+def link_column(field: str) -> Callable[[Any], str]:
     """A column linking to the object in `obj.<field>` (a foreign key)."""
 
     def column(obj: Any) -> str:
         return link(getattr(obj, field))
 
-    column.short_description = description or field.replace("_", " ")  # type: ignore[attr-defined]
+    column.short_description = field.replace("_", " ")  # type: ignore[attr-defined]
     return column

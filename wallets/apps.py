@@ -19,9 +19,6 @@ class WalletsConfig(AppConfig):
 
         staged_migration_register(CustomerContactsMigration())
         staged_migration_register(MerchantDailyTotalsMigration())
-
-        # The read-only admin of the staged migrations' state (its own module, beside the
-        # framework; wallets/admin.py holds the other models' pages).
         import wallets.staged.admin  # noqa: F401
 
 
@@ -34,4 +31,4 @@ def _tenant_ledger_bootstrap(*, tenant: Any, **_: Any) -> None:
 def _tenant_roles_ensure(**_: Any) -> None:
     from wallets.services.roles import staff_roles_ensure
 
-    staff_roles_ensure()  # the back-office groups: viewer, operator, finance
+    staff_roles_ensure()

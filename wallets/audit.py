@@ -1,9 +1,8 @@
 """Where an audited change comes from: who, from which address, in which request.
 
-The composition root's middleware (config.middleware.AuditOriginMiddleware) sets the
-origin for every request; commands and tasks run with the default ("system"). The
-actor is resolved when an entry is written, so an API request's principal (set by the
-API-key authentication inside the view) is the actor of what that request changes.
+config.middleware sets the origin of every request; commands and tasks are "system". The
+actor is resolved when an entry is written, so an API request's principal (known only
+inside the view) is the actor of what that request changes.
 """
 
 from __future__ import annotations

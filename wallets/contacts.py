@@ -1,25 +1,18 @@
 """Customer contact data (email, phone): encrypted at rest, found by a keyed hash, masked
-in logs and the admin; and the staged migration `customer_contacts` that moves it there
-from the plaintext columns.
+in logs and the admin; and the staged migration `customer_contacts` that moves it there.
 
-Representations:
-  old  wallets_customer.email / .phone, plaintext (`CustomerLegacyContact`), until the
-       migration's contract drops the columns of that tenant;
-  new  Customer.email_ciphertext / .phone_ciphertext (Fernet tokens, MultiFernet over
-       settings.TALLY_CONTACT_ENCRYPTION_KEYS, newest key first) and Customer.email_hash
-       (HMAC-SHA256 under settings.TALLY_CONTACT_HASH_KEY of the normalised email).
+  old  the plaintext columns (`CustomerLegacyContact`), until contract drops them;
+  new  Fernet tokens (MultiFernet over TALLY_CONTACT_ENCRYPTION_KEYS, newest key first)
+       and an HMAC-SHA256 of the normalised email (TALLY_CONTACT_HASH_KEY).
 
-What writes and reads which, by the tenant's phase (wallets.staged.phases):
+By the tenant's phase:
   absent                  write old; read old
-  expanded .. verified    write both (one transaction); read old; email lookups read
-                          both and dedup by customer id
-  reads_switched          write both; read new (old as a fallback for a field the new
-                          path has not written); lookups by hash
-  contracting/contracted  write new; read new; the plaintext columns are gone
+  expanded .. verified    write both (one transaction); read old; lookups read both
+  reads_switched          write both; read new (old for a field not written yet)
+  contracting/contracted  write new; read new
 
-Write semantics: a ciphertext column that is NULL is absent (the backfill fills it); the
-token of "" is an explicitly cleared value, which the backfill never overwrites. An
-update writes only the fields that change, and nothing when nothing changes.
+A NULL ciphertext column is absent (the backfill fills it); the token of "" is an
+explicitly cleared value, which the backfill never overwrites.
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ from django.db import connection, transaction
 from django.db.models import Q, QuerySet
 
 from wallets.locks import customer_rows_lock
-from wallets.models import Customer, CustomerLegacyContact, StagedPhase
+from wallets.models import Customer, CustomerLegacyContact
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
 
@@ -61,9 +54,6 @@ UNSET: Final = Unset()
 class Contact:
     email: str
     phone: str
-
-
-# --- Crypto, hashing, masking ----------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=4)
@@ -128,44 +118,35 @@ def mask_phone(value: str | None) -> str | None:
     return "***" + value[-2:] if len(value) > 2 else "***"
 
 
-# --- Reads -----------------------------------------------------------------------------
-
-
-def _legacy(customer_id: str) -> Contact:
-    row = CustomerLegacyContact.objects.filter(pk=customer_id).values_list("email", "phone").first()
-    return Contact(*row) if row else Contact("", "")
+def _contacts(customers: list[Customer]) -> list[Contact]:
+    """Each customer's contact, from the representation the tenant's phase reads (the
+    plaintext, while it is written, in one query for the list)."""
+    phase = staged_phase(MIGRATION)
+    legacy: dict[str, Contact] = {}
+    if writes_old(phase):
+        rows = CustomerLegacyContact.objects.filter(pk__in=[c.pk for c in customers]).values_list("pk", "email", "phone")
+        legacy = {pk: Contact(email, phone) for pk, email, phone in rows}
+    contacts = []
+    for customer in customers:
+        old = legacy.get(customer.pk, Contact("", ""))
+        if reads_new(phase):  # the plaintext stands in for a field the new path has not written
+            email = old.email if customer.email_ciphertext is None else contact_decrypt(customer.email_ciphertext)
+            phone = old.phone if customer.phone_ciphertext is None else contact_decrypt(customer.phone_ciphertext)
+            old = Contact(email, phone)
+        contacts.append(old)
+    return contacts
 
 
 def customer_contact(*, customer: Customer) -> Contact:
-    """The customer's email and phone, from the representation the tenant's phase reads."""
-    phase = staged_phase(MIGRATION)
-    if not reads_new(phase):
-        return _legacy(customer.pk)
-    email = None if customer.email_ciphertext is None else contact_decrypt(customer.email_ciphertext)
-    phone = None if customer.phone_ciphertext is None else contact_decrypt(customer.phone_ciphertext)
-    if (email is None or phone is None) and writes_old(phase):
-        legacy = _legacy(customer.pk)  # a field the new path has not written yet
-        email, phone = (legacy.email if email is None else email), (legacy.phone if phone is None else phone)
-    return Contact(email or "", phone or "")
+    return _contacts([customer])[0]
 
 
 def customers_contact_attach(*, customers: list[Customer]) -> list[Customer]:
-    """Set `email` and `phone` attributes (plain values, not model fields) on each customer,
-    for rendering; the plaintext, when the phase reads it, in one query for the list."""
-    phase = staged_phase(MIGRATION)
-    legacy: dict[str, tuple[str, str]] = {}
-    if writes_old(phase):
-        rows = CustomerLegacyContact.objects.filter(pk__in=[c.pk for c in customers]).values_list("pk", "email", "phone")
-        legacy = {pk: (e, p) for pk, e, p in rows}
-    for customer in customers:
-        old_email, old_phone = legacy.get(customer.pk, ("", ""))
-        if reads_new(phase):
-            email = old_email if customer.email_ciphertext is None else contact_decrypt(customer.email_ciphertext)
-            phone = old_phone if customer.phone_ciphertext is None else contact_decrypt(customer.phone_ciphertext)
-        else:
-            email, phone = old_email, old_phone
-        setattr(customer, "email", email)  # noqa: B010 - not a model field any more
-        setattr(customer, "phone", phone)  # noqa: B010
+    """Set `email` and `phone` attributes (plain values, not model fields) on each
+    customer, for rendering."""
+    for customer, contact in zip(customers, _contacts(customers), strict=True):
+        setattr(customer, "email", contact.email)  # noqa: B010 - not a model field any more
+        setattr(customer, "phone", contact.phone)  # noqa: B010
     return customers
 
 
@@ -180,9 +161,8 @@ def customer_contact_masked(*, customer: Customer) -> Contact:
 
 
 def customers_find_by_email(*, email: str) -> QuerySet[Customer]:
-    """Customers with this email (case-insensitive), by the keyed hash once reads have
-    switched; while both representations are written, the plaintext match and the hash
-    match together, each customer once."""
+    """Customers with this email (case-insensitive): by the keyed hash once reads have
+    switched, by both representations while both are written."""
     digest = email_lookup_hash(email)
     if digest is None:
         return Customer.objects.none()
@@ -193,9 +173,6 @@ def customers_find_by_email(*, email: str) -> QuerySet[Customer]:
     if not reads_new(phase):
         ids |= set(CustomerLegacyContact.objects.filter(email__iexact=email_normalise(email)).values_list("pk", flat=True))
     return Customer.objects.filter(pk__in=ids).select_related("account").order_by("created", "id")
-
-
-# --- Writes (called by wallets.services inside their transaction) ----------------------
 
 
 def contact_new_fields(*, email: str | None = None, phone: str | None = None) -> dict[str, str | None]:
@@ -236,9 +213,6 @@ def contact_changes(*, current: Contact, email: str | Unset | None, phone: str |
     return (None if new_email == current.email else new_email), (None if new_phone == current.phone else new_phone)
 
 
-# --- The staged migration --------------------------------------------------------------
-
-
 def _columns_present(table: str, columns: Iterable[str]) -> set[str]:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -249,10 +223,8 @@ def _columns_present(table: str, columns: Iterable[str]) -> set[str]:
 
 
 def _fill(columns: list[str], rows: list[tuple[str | None, ...]], *, absent: str) -> None:
-    """One `UPDATE .. WHERE id = %s AND <absent> IS NULL` per row, sent together with
-    executemany (psycopg pipelines them): Django's bulk_update builds a CASE arm per row
-    and per column, which took 90% of the backfill's time. The rows are locked by the
-    caller; the IS NULL keeps write-if-absent true in the statement itself."""
+    """One `UPDATE .. WHERE id = %s AND <absent> IS NULL` per row, pipelined by executemany
+    (bulk_update's CASE arms took 90% of the backfill's time)."""
     if not rows:
         return
     table = connection.ops.quote_name(Customer._meta.db_table)
@@ -263,9 +235,6 @@ def _fill(columns: list[str], rows: list[tuple[str | None, ...]], *, absent: str
 
 
 class CustomerContactsMigration(StagedMigration):
-    """Plaintext email/phone -> encrypted columns + keyed email hash; contract drops the
-    plaintext columns of the tenant."""
-
     name = MIGRATION
     description = "customer email/phone: plaintext columns -> Fernet-encrypted columns and an HMAC lookup hash"
 
@@ -307,9 +276,8 @@ class CustomerContactsMigration(StagedMigration):
         return BatchResult(cursor=ids[-1] if len(ids) == limit else None, rows_seen=len(ids), rows_written=written)
 
     def verify(self) -> VerifyReport:
-        """Every customer, in one REPEATABLE READ snapshot: the decrypted new values equal
-        the plaintext ones and the hash matches the email. Counts, a checksum of each side,
-        and the customer id (never the value) of every difference."""
+        """Every customer, in one REPEATABLE READ snapshot: the decrypted new values equal the
+        plaintext ones and the hash matches. Differences name the customer, never the value."""
         report = VerifyReport()
         old_sum, new_sum = hashlib.sha256(), hashlib.sha256()
         with transaction.atomic():
@@ -342,8 +310,8 @@ class CustomerContactsMigration(StagedMigration):
         return report
 
     def contract(self) -> None:
-        """Drop the plaintext columns (guarded DDL: IF EXISTS, a short lock_timeout retried,
-        so it never queues payments behind a long transaction)."""
+        """Drop the plaintext columns (a short lock_timeout, retried: it never queues payments
+        behind a long transaction)."""
         for _ in range(30):
             try:
                 with transaction.atomic(), connection.cursor() as cursor:
@@ -367,7 +335,3 @@ class CustomerContactsMigration(StagedMigration):
                 if not ids:
                     return
                 Customer.objects.filter(pk__in=ids).update(email_ciphertext=None, phone_ciphertext=None, email_hash=None)
-
-
-def contacts_phase() -> StagedPhase:
-    return staged_phase(MIGRATION)

@@ -1,27 +1,10 @@
-"""Merchant daily totals: a summary of what the ledger posted to each merchant account per
-UTC day and asset, kept by the posting itself; and the staged migration
-`merchant_daily_totals` that builds it under live traffic. (Not the PSP's settlement of
-card top-ups: that is payments.services.card_topups.)
+"""Merchant daily totals: what the ledger posted to each merchant account per UTC day and
+asset, kept by the posting itself; and the staged migration `merchant_daily_totals` that
+builds them from the ledger (the source of truth, which stays) under live traffic.
 
-Representations:
-  old  the ledger entries themselves, aggregated on every read (they stay: the ledger is
-       the source of truth, so verify keeps working after contract);
-  new  MerchantDailyTotal rows, sharded like merchant balances.
-
-Dual write: from expand on, `ledger_post` calls `merchant_daily_totals_record` after it
-has written its entries, in the same transaction, with F() increments on the row of the
-posting's connection shard (wallets.locks.connection_shard). Lock order: a summary row
-is taken after the posting's balance rows, and only by a transaction that holds the
-merchant's balance row for that shard (a credit locks the connection's shard, a debit
-every shard), so it is never waited on by anyone the posting's balance locks did not
-already make wait; several keys are taken in key order. The backfill takes every balance
-row of a batch of merchants (one ordered statement, like a merchant debit), so while it
-recomputes their totals from the ledger no posting can add to them: it never deadlocks a
-payment, and what it writes is exact. It writes a key only where the summary differs from
-the ledger, so a re-run writes nothing.
-
-Reads: `merchant_daily_totals` (the merchant balance history endpoint, reconciliation)
-reads the ledger until reads switch, the summary after.
+The backfill locks every balance row of a batch of merchants (as a merchant debit does),
+so no posting adds to their totals while it recomputes them from the ledger: it never
+deadlocks a payment, and what it writes is exact. It rewrites only the keys that differ.
 """
 
 from __future__ import annotations
@@ -67,18 +50,14 @@ def utc_day(moment: datetime) -> date:
     return moment.astimezone(UTC).date()
 
 
-# --- Dual write ------------------------------------------------------------------------
-
-
 def merchant_daily_totals_record(*, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
-    """Add a posting's merchant legs (account, asset, amount) to the day's totals, when
-    the tenant's phase writes them. Called by ledger_post after its entries, in its
-    transaction.
+    """Add a posting's merchant legs (account, asset, amount) to the day's totals, when the
+    tenant's phase writes them (ledger_post, after its entries).
 
     Locks: the summary row (account, asset, day, this connection's shard) of each merchant
-    leg, in key order, after the posting's balance rows (module docstring). Its first
-    posting of the day on a shard inserts it (a savepoint, so a lost race updates instead).
-    """
+    leg, in key order, after the posting's balance rows, which already hold that shard: it
+    adds no wait. A day's first posting on a shard inserts it in a savepoint (a lost race
+    updates instead)."""
     totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for account, asset, amount in legs:
         if account.kind == AccountKind.MERCHANT:
@@ -100,9 +79,6 @@ def merchant_daily_totals_record(*, legs: Iterable[tuple[Account, str, int]], cr
             MerchantDailyTotal.objects.filter(**key).update(**increments)
 
 
-# --- Reads -----------------------------------------------------------------------------
-
-
 def _ledger_totals(entries: QuerySet[LedgerEntry]) -> Any:
     return (
         entries.annotate(day=TruncDate("created", tzinfo=UTC))
@@ -121,72 +97,71 @@ def _summary_totals(rows: QuerySet[MerchantDailyTotal]) -> Any:
     )
 
 
-def _as_totals(rows: Iterable[dict[str, object]]) -> list[DailyTotal]:
-    totals = [
-        DailyTotal(
-            merchant=str(r["account__merchant_id"]), asset=str(r["asset_id"]), day=r["day"],  # type: ignore[arg-type]
-            credited=int(r["s_credited"] or 0), debited=int(r["s_debited"] or 0), entries=int(r["s_entries"] or 0),  # type: ignore[call-overload]
-        )
-        for r in rows
-    ]
-    return sorted(totals, key=lambda t: (t.day, t.merchant, t.asset), reverse=True)
-
-
 def merchant_daily_totals(
     *, merchant_id: str | None = None, asset_code: str | None = None, day_from: date | None = None, day_to: date | None = None
 ) -> list[DailyTotal]:
     """Daily totals per merchant and asset between `day_from` and `day_to` (inclusive, UTC
     days), newest day first; one merchant or (None) every merchant. From the ledger until
-    the tenant's `merchant_daily_totals` reads switch, from the summary after: the same
-    numbers (verify proves it before the switch)."""
+    the tenant's reads switch, from the summary after (verify proves them equal)."""
+    match = Q(account__kind=AccountKind.MERCHANT)
+    if merchant_id is not None:
+        match &= Q(account__merchant_id=merchant_id)
+    if asset_code:
+        match &= Q(asset_id=asset_code)
     if reads_new(staged_phase(MIGRATION)):
-        rows = MerchantDailyTotal.objects.filter(account__kind=AccountKind.MERCHANT)
-        if merchant_id is not None:
-            rows = rows.filter(account__merchant_id=merchant_id)
-        if asset_code:
-            rows = rows.filter(asset_id=asset_code)
+        rows = MerchantDailyTotal.objects.filter(match)
         if day_from is not None:
             rows = rows.filter(day__gte=day_from)
         if day_to is not None:
             rows = rows.filter(day__lte=day_to)
-        return _as_totals(_summary_totals(rows))
-    entries = LedgerEntry.objects.filter(account__kind=AccountKind.MERCHANT)
-    if merchant_id is not None:
-        entries = entries.filter(account__merchant_id=merchant_id)
-    if asset_code:
-        entries = entries.filter(asset_id=asset_code)
-    if day_from is not None:
-        entries = entries.filter(created__gte=datetime.combine(day_from, time.min, tzinfo=UTC))
-    if day_to is not None:
-        entries = entries.filter(created__lt=datetime.combine(day_to + timedelta(days=1), time.min, tzinfo=UTC))
-    return _as_totals(_ledger_totals(entries))
+        totals = _summary_totals(rows)
+    else:
+        entries = LedgerEntry.objects.filter(match)
+        if day_from is not None:
+            entries = entries.filter(created__gte=_midnight(day_from))
+        if day_to is not None:
+            entries = entries.filter(created__lt=_midnight(day_to + timedelta(days=1)))
+        totals = _ledger_totals(entries)
+    return sorted(
+        (
+            DailyTotal(
+                merchant=str(r["account__merchant_id"]), asset=str(r["asset_id"]), day=r["day"],
+                credited=int(r["s_credited"] or 0), debited=int(r["s_debited"] or 0), entries=int(r["s_entries"] or 0),
+            )
+            for r in totals
+        ),
+        key=lambda t: (t.day, t.merchant, t.asset),
+        reverse=True,
+    )
 
 
-def merchant_daily_totals_differences(*, day_from: date, day_to: date) -> list[tuple[Key, tuple[int, int, int] | None, tuple[int, int, int] | None]]:
+Totals = tuple[int, int, int]  # (credited, debited, entries)
+
+
+def merchant_daily_totals_differences(*, day_from: date, day_to: date) -> list[tuple[Key, Totals | None, Totals | None]]:
     """Each (merchant account, asset, UTC day) between `day_from` and `day_to` (inclusive)
-    whose summary rows (shards summed) differ from the ledger's entries, as (key, ledger,
-    summary) with (credited, debited, entries); reconciliation's check once reads have
-    switched. Run it in one snapshot (reconciliation's runs are REPEATABLE READ)."""
-    start = datetime.combine(day_from, time.min, tzinfo=UTC)
-    end = datetime.combine(day_to + timedelta(days=1), time.min, tzinfo=UTC)
-    truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(account__kind=AccountKind.MERCHANT, created__gte=start, created__lt=end)))
+    whose summary (shards summed) differs from the ledger, as (key, ledger, summary).
+    Run it in one snapshot (reconciliation's runs are REPEATABLE READ)."""
+    entries = LedgerEntry.objects.filter(
+        account__kind=AccountKind.MERCHANT, created__gte=_midnight(day_from), created__lt=_midnight(day_to + timedelta(days=1))
+    )
+    truth = _keyed(_ledger_totals(entries))
     summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(day__gte=day_from, day__lte=day_to)))
-    return [(key, truth.get(key), summary.get(key)) for key in sorted(truth.keys() | summary.keys()) if truth.get(key) != summary.get(key)]
+    return [(key, truth.get(key), summary.get(key)) for key in _differing(truth, summary)]
 
 
-# --- The staged migration --------------------------------------------------------------
+def _differing(truth: dict[Key, Totals], summary: dict[Key, Totals]) -> list[Key]:
+    return sorted(key for key in truth.keys() | summary.keys() if truth.get(key) != summary.get(key))
 
 
-def _keyed(rows: Iterable[dict[str, object]]) -> dict[Key, tuple[int, int, int]]:
+def _keyed(rows: Iterable[dict[str, Any]]) -> dict[Key, Totals]:
     return {
-        (str(r["account_id"]), str(r["asset_id"]), r["day"]): (int(r["s_credited"] or 0), int(r["s_debited"] or 0), int(r["s_entries"] or 0))  # type: ignore[misc, call-overload]
+        (str(r["account_id"]), str(r["asset_id"]), r["day"]): (int(r["s_credited"] or 0), int(r["s_debited"] or 0), int(r["s_entries"] or 0))
         for r in rows
     }
 
 
 class MerchantDailyTotalsMigration(StagedMigration):
-    """Ledger aggregates on every read -> a maintained summary table."""
-
     name = MIGRATION
     description = "merchant daily totals: aggregated from the ledger on each read -> a maintained summary table"
     old_survives_contract = True
@@ -199,25 +174,13 @@ class MerchantDailyTotalsMigration(StagedMigration):
         return Account.objects.filter(kind=AccountKind.MERCHANT).count()
 
     def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
-        """The history of the next `limit` merchants from the cursor, at most `window_days`
-        days of each, in (merchant, day) order.
+        """The history of the next `limit` merchants, at most `window_days` days of each (a
+        short lock), recomputed from the ledger; keys that differ become one row on shard 0.
+        The cursor is a position in the data, whatever `limit` was: `<account>` (done up to
+        it) or `<account>/<day>` (done up to that day); `<account>@<day>` resumes at `<account>`.
 
-        The cursor is a position in the data, whatever `limit` was: `<account>` means every
-        merchant account up to it is done, `<account>/<day>` that the merchants before it
-        are done and it is done up to (not including) that day. So a backfill resumed with
-        another `--batch` neither skips nor repeats a (merchant, day). A merchant whose
-        history does not fit in its window ends the batch, and the cursor names it and the
-        day its next window starts at (the next day with data). The `<account>@<day>` of
-        earlier versions, whose day applied to a batch of merchants, resumes at the batch's
-        start: `<account>` (those merchants are recomputed, nothing is skipped).
-
-        Locks: every balance row of the merchants the batch recomputes, one statement in
-        the global order (merchant_balance_rows_lock; not with `dry_run`), then their
-        summary rows. Recomputes each (merchant, asset, day) of their windows from the
-        ledger and rewrites the keys that differ (one row on shard 0), nothing else.
-        Windows keep each lock short whatever a merchant's history; they stay exact because
-        every posting since the fence after expand dual-writes, so a key is right from the
-        moment a window rewrote it under the lock, whichever window comes first."""
+        Locks: every balance row of the batch's merchants, one statement in the global order
+        (merchant_balance_rows_lock; not with `dry_run`), then their summary rows."""
         resume_account, from_day = _position(after)
         merchants = Account.objects.filter(kind=AccountKind.MERCHANT).order_by("pk")
         if from_day is not None:
@@ -253,7 +216,7 @@ class MerchantDailyTotalsMigration(StagedMigration):
             rows |= Q(account_id=account_id, day__gte=start, day__lt=end)
         truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(entries)))
         summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(rows)))
-        wrong = sorted(key for key in truth.keys() | summary.keys() if truth.get(key) != summary.get(key))
+        wrong = _differing(truth, summary)
         if wrong and not dry_run:
             days: dict[tuple[str, str], list[date]] = defaultdict(list)
             for account_id, asset, day in wrong:
@@ -274,7 +237,7 @@ class MerchantDailyTotalsMigration(StagedMigration):
 
     def verify(self) -> VerifyReport:
         """Every (merchant, asset, day), in one REPEATABLE READ snapshot: the summary (summed
-        over shards) equals the ledger's entries."""
+        over shards) equals the ledger."""
         with transaction.atomic():
             with connection.cursor() as cursor:
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -288,14 +251,12 @@ class MerchantDailyTotalsMigration(StagedMigration):
         report.checksums = {"ledger": _checksum(truth), "summary": _checksum(summary)}
         report.differences = [
             f"{a}/{s}/{d}: ledger {truth.get((a, s, d))} summary {summary.get((a, s, d))}"
-            for a, s, d in sorted(truth.keys() | summary.keys())
-            if truth.get((a, s, d)) != summary.get((a, s, d))
+            for a, s, d in _differing(truth, summary)
         ]
         return report
 
     def contract(self) -> None:
-        """Nothing to drop: the ledger stays the source of truth. From here on the summary
-        is the only read path of this tenant, and there is no going back."""
+        """Nothing to drop: the ledger stays the source of truth."""
 
     def discard(self) -> None:
         """Delete the summary rows, in batches (rollback of expand)."""
@@ -327,24 +288,15 @@ def _history_spans(ids: list[str], *, resume_account: str, from_day: date | None
     if from_day is not None:
         entries = entries.exclude(account_id=resume_account, created__lt=_midnight(from_day))
         rows = rows.exclude(account_id=resume_account, day__lt=from_day)
-    spans: dict[str, tuple[date, date]] = {}
-
-    def widen(account_id: str, first: date, last: date) -> None:
-        known = spans.get(account_id)
-        spans[account_id] = (first, last) if known is None else (min(known[0], first), max(known[1], last))
-
-    for account_id, first_at, last_at in entries.values("account_id").annotate(first=Min("created"), last=Max("created")).values_list(
-        "account_id", "first", "last"
-    ):
-        widen(account_id, utc_day(first_at), utc_day(last_at))
-    for account_id, first_day, last_day in rows.values("account_id").annotate(first=Min("day"), last=Max("day")).values_list(
-        "account_id", "first", "last"
-    ):
-        widen(account_id, first_day, last_day)
-    return spans
+    days: dict[str, list[date]] = defaultdict(list)
+    for account_id, first_at, last_at in entries.values_list("account_id").annotate(Min("created"), Max("created")):
+        days[account_id] += [utc_day(first_at), utc_day(last_at)]
+    for account_id, first_day, last_day in rows.values_list("account_id").annotate(Min("day"), Max("day")):
+        days[account_id] += [first_day, last_day]
+    return {account_id: (min(known), max(known)) for account_id, known in days.items()}
 
 
-def _checksum(totals: dict[Key, tuple[int, int, int]]) -> str:
+def _checksum(totals: dict[Key, Totals]) -> str:
     digest = hashlib.sha256()
     for key in sorted(totals):
         digest.update(f"{key[0]}|{key[1]}|{key[2].isoformat()}|{totals[key]}\n".encode())

@@ -1,10 +1,6 @@
-"""The domain's typed failures, for every layer that moves or reads money.
-
-Each error carries a domain `code` (an enum member, also its wire name) and a message,
-and names the offending request field in `param` where there is one. None of them knows
-about HTTP: the API layer (apikit/errors.py) maps each family to a status in one
-place. Apps above this one (payments, webhooks, idempotency) subclass these families
-with codes of their own.
+"""The domain's typed failures: a `code` (also its wire name), a message, and the offending
+request field in `param`. None knows about HTTP: apikit/errors.py maps each family to a
+status. Apps above this one subclass these families with codes of their own.
 """
 
 from __future__ import annotations

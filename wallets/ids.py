@@ -1,12 +1,13 @@
 """Opaque, unguessable, type-prefixed ids (`cus_...`, `pay_...`).
 
-Each model's id default is a named function here so migrations can reference it.
+Each model's id default is named here so migrations can reference it.
 """
 
 from __future__ import annotations
 
 import secrets
 import string
+from functools import partial
 
 _ALPHABET = string.ascii_letters + string.digits
 ID_RANDOM_LENGTH = 24  # 62**24 ~ 2**143: unguessable, collision-free in practice
@@ -31,77 +32,20 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{random_token(ID_RANDOM_LENGTH)}"
 
 
-def new_customer_id() -> str:
-    return new_id("cus")
-
-
-def new_merchant_id() -> str:
-    return new_id("mer")
-
-
-def new_store_id() -> str:
-    return new_id("sto")
-
-
-def new_terminal_id() -> str:
-    return new_id("ter")
-
-
-def new_staff_id() -> str:
-    return new_id("stf")
-
-
-def new_api_key_id() -> str:
-    return new_id("key")
-
-
-def new_account_id() -> str:
-    return new_id("acc")
-
-
-def new_payment_id() -> str:
-    return new_id("pay")
-
-
-def new_refund_id() -> str:
-    return new_id("ref")
-
-
-def new_transfer_id() -> str:
-    return new_id("trf")
-
-
-def new_topup_id() -> str:
-    return new_id("top")
-
-
-def new_payment_intent_id() -> str:
-    return new_id("pi")
-
-
-def new_adjustment_id() -> str:
-    return new_id("adj")
-
-
-def new_event_id() -> str:
-    return new_id("evt")
-
-
-def new_ledger_transaction_id() -> str:
-    return new_id("txn")
-
-
-def new_hold_id() -> str:
-    return new_id("hld")
-
-
-def new_webhook_endpoint_id() -> str:
-    return new_id("we")
-
-
-def new_webhook_delivery_id() -> str:
-    return new_id("wd")
-
-
-def new_reconciliation_report_id() -> str:
-    return new_id("rec")
+new_customer_id = partial(new_id, "cus")
+new_merchant_id = partial(new_id, "mer")
+new_store_id = partial(new_id, "sto")
+new_terminal_id = partial(new_id, "ter")
+new_staff_id = partial(new_id, "stf")
+new_api_key_id = partial(new_id, "key")
+new_account_id = partial(new_id, "acc")
+new_payment_id = partial(new_id, "pay")
+new_refund_id = partial(new_id, "ref")
+new_transfer_id = partial(new_id, "trf")
+new_topup_id = partial(new_id, "top")
+new_payment_intent_id = partial(new_id, "pi")
+new_adjustment_id = partial(new_id, "adj")
+new_event_id = partial(new_id, "evt")
+new_ledger_transaction_id = partial(new_id, "txn")
+new_hold_id = partial(new_id, "hld")
+new_webhook_endpoint_id = partial(new_id, "we")

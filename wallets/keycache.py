@@ -1,20 +1,11 @@
 """The per-process cache of live API keys, trusted through the tenant's API key epoch in
-Redis (fastpath.epochs).
-
-Authentication runs on every request; the key and its principal cost two statements and
-~0.7 ms of Python. A live key is kept here, per (tenant schema, key hash), for at most
-TALLY_API_KEY_CACHE_SECONDS, together with the tenant's API key epoch (below)
-as read BEFORE the database read that filled the entry. A hit is not trusted on its own:
-`api_key_cache_get` returns it with that epoch, and the caller compares it with the
-epoch current now (apikit.throttling reads it in the request's throttle call, one round
-trip it makes anyway) through `api_key_cache_confirm`, which goes back to PostgreSQL
-when the epoch moved or Redis could not answer. Revoke and rotate (wallets.services.
-principals) bump the epoch after commit, so every process re-reads the key on its next
-request once the bump is visible; they also empty this process's cache at once.
-Unknown, revoked and expired keys are never cached: failures always ask PostgreSQL (and
-are throttled per address and key prefix). An entry is checked against the key's own
-`expires_at` on every hit (a rotation's overlap ends on time). Each hit gets copies of
-the rows, never the cached instances. Redis down: nothing is cached or trusted.
+Redis (fastpath.epochs). A live key is kept per (tenant schema, key hash) for at most
+TALLY_API_KEY_CACHE_SECONDS, with the epoch read BEFORE the database read that filled the
+entry. A hit is trusted only once `api_key_cache_confirm` has compared that epoch with the
+current one (read in the request's throttle call); else the key is read again. Revoke and
+rotate bump the epoch after commit. Unknown, revoked and expired keys are never cached;
+each hit is checked against the key's own `expires_at` and gets copies of the rows.
+Redis down: nothing is cached or trusted.
 """
 
 from __future__ import annotations
@@ -40,16 +31,9 @@ def api_key_epoch_redis_key(*, schema: str) -> str:
     return f"tally:api_key_epoch:{schema}"
 
 
-def api_key_epoch_read(*, schema: str) -> bytes | None:
-    """The tenant's current API key epoch, or None when Redis cannot answer (nothing is
-    cached or trusted then)."""
-    return epoch_read(key=api_key_epoch_redis_key(schema=schema))
-
-
 def api_key_epoch_bump(*, schema: str) -> bool:
-    """Change the tenant's API key epoch (call after the write has committed). False,
-    logged and counted, when Redis cannot take it: other processes then trust their
-    entries until TALLY_API_KEY_CACHE_SECONDS ends them."""
+    """Change the tenant's API key epoch (after commit). False, logged and counted, when
+    Redis cannot take it: other processes then trust their entries until their TTL."""
     if epoch_bump(key=api_key_epoch_redis_key(schema=schema)):
         return True
     API_KEY_EPOCH_BUMP_FAILURES.labels(tenant=schema).inc()
@@ -91,8 +75,7 @@ def _api_key_cache_key(raw_key: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ApiKeyCacheHit:
-    """A cached key, not yet trusted: `epoch` is the tenant's API key epoch read before
-    the entry's database read. Trust it only through `api_key_cache_confirm`."""
+    """A cached key, not yet trusted (`api_key_cache_confirm`), with the epoch it was read under."""
 
     api_key: ApiKey
     cache_key: tuple[str, str]
@@ -105,7 +88,7 @@ class ApiKeyCacheHit:
 
 def api_key_cache_get(*, raw_key: str) -> ApiKeyCacheHit | None:
     """The cached entry for `raw_key` in the current schema (a copy), or None: not cached,
-    past its TTL, or past the key's own `expires_at`. The caller must confirm the hit."""
+    past its TTL, or past the key's own `expires_at`."""
     if _api_key_cache_ttl() <= 0:
         return None
     cache_key = _api_key_cache_key(raw_key)
@@ -120,30 +103,26 @@ def api_key_cache_get(*, raw_key: str) -> ApiKeyCacheHit | None:
 
 
 def api_key_cache_confirm(*, hit: ApiKeyCacheHit, epoch_now: bytes | None) -> ApiKey | None:
-    """The hit's key if the tenant's epoch is still the one it was cached under; otherwise
-    (it moved, or `epoch_now` is None: Redis did not answer) the key as PostgreSQL has it
-    now, or None if it is dead. `epoch_now` must have been read before this call: a
-    re-read is cached under it."""
+    """The hit's key if the tenant's epoch (read before this call) is still the one it was
+    cached under; else the key as PostgreSQL has it now, or None if it is dead."""
     if epoch_now is not None and epoch_now == hit.epoch:
         return hit.api_key
     _api_key_cache.pop(hit.cache_key, None)
-    return _api_key_read_and_cache(raw_key_hash=hit.cache_key[1], cache_key=hit.cache_key, epoch=epoch_now)
+    return _api_key_read_and_cache(cache_key=hit.cache_key, epoch=epoch_now)
 
 
 def api_key_cache_fill(*, raw_key: str) -> ApiKey | None:
-    """`api_key_get_active`, caching a live key under the tenant's epoch read first (one
-    Redis round trip: misses are rare). It never answers from the cache: see
-    `api_key_cache_get`."""
+    """`api_key_get_active`, caching a live key under the tenant's epoch read first."""
     if _api_key_cache_ttl() <= 0:
         return api_key_get_active(raw_key=raw_key)
     cache_key = _api_key_cache_key(raw_key)
-    epoch = api_key_epoch_read(schema=cache_key[0])  # before the database read: see above
-    return _api_key_read_and_cache(raw_key_hash=cache_key[1], cache_key=cache_key, epoch=epoch)
+    epoch = epoch_read(key=api_key_epoch_redis_key(schema=cache_key[0]))  # before the database read
+    return _api_key_read_and_cache(cache_key=cache_key, epoch=epoch)
 
 
-def _api_key_read_and_cache(*, raw_key_hash: str, cache_key: tuple[str, str], epoch: bytes | None) -> ApiKey | None:
+def _api_key_read_and_cache(*, cache_key: tuple[str, str], epoch: bytes | None) -> ApiKey | None:
     generation = _api_key_cache_generation
-    api_key = api_key_get_active_by_hash(key_hash=raw_key_hash)
+    api_key = api_key_get_active_by_hash(key_hash=cache_key[1])
     ttl = _api_key_cache_ttl()
     # Not cached: Redis did not answer (nothing to confirm a hit against), or this
     # process invalidated its cache during the read (the row read may be the old one).
@@ -155,11 +134,9 @@ def _api_key_read_and_cache(*, raw_key_hash: str, cache_key: tuple[str, str], ep
 
 
 def api_key_cache_invalidate() -> None:
-    """Make every process stop trusting its cached keys of this tenant: this one now and
-    again once the change commits (a row read in between is the old one); the others
-    through the tenant's API key epoch, bumped after commit: bumped
-    before, a process could read the old row after the bump and cache it under the new
-    epoch. Call inside the transaction that writes the change."""
+    """Make every process stop trusting its cached keys of this tenant: this one now and on
+    commit, the others by bumping the epoch after commit (before, a process could cache
+    the old row under the new epoch). Call inside the transaction that writes the change."""
     schema = str(getattr(connection, "schema_name", "public"))
 
     def after_commit() -> None:

@@ -2,39 +2,18 @@
 
 Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
-  1. business rows (payment, intent, top-up, token, mandate: payments/locks.py) before any
-     balance; a fenced completion (a card top-up) locks its idempotency record before them
-     (payments/idempotency/locks.py);
-  2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`, or
-     `balance_rows_lock_by_owner` when the accounts are not loaded yet), ordered by
-     (account id, asset, shard) (`LOCK_ORDER`): PostgreSQL locks the rows as the sort
-     emits them, so any two transactions meet their common rows in the same order. No
-     transaction locks balance rows a second time while it holds them (an intent capture
-     consumes its hold inside the charge's posting for that reason); a payment that
-     locked in a savepoint and rolled it back (a reward cap reached meanwhile) holds
-     none of them any more when it locks again;
-  3. a freeze locks all the account's balance rows (one ordered statement), then the
-     account row; nothing locks an account row before balance rows;
-  4. after its balance rows, a posting takes the merchant daily-total rows of its
-     merchant legs (wallets.daily_totals), in key order; such a row is only taken while
-     holding the merchant's balance row of the same shard (or every shard), so it adds no
-     wait of its own. The daily-totals backfill takes every balance row of a batch of
-     merchants in one ordered statement (as a merchant debit does), then their totals.
-Customer rows are business rows taken by contact updates (one) and the contact backfill
-(a batch, in id order); no posting takes them. A staff member's row comes before all of
-these: an adjustment request takes its maker's row (`staff_member_lock`) to count that
-member's adjustments one request at a time, then posts.
-
-Other apps name the locks they take in their own `locks.py`, each helper saying where it
-sits: rows no posting takes are locked by transactions that take no money lock at all
-(gateway accounts and PSP event markers: payments/locks.py; a tenant's row:
-payments/idempotency/locks.py; outbox rows, webhook deliveries and endpoints, and a
-merchant's row while an endpoint is registered: webhooks/locks.py; a reconciliation run's
-row: reconciliation/locks.py).
-
-Merchant and system accounts are credited on one shard (the connection's own, so
-concurrent payments to one merchant rarely meet); a merchant debit locks all its shards
-of the asset.
+  1. business rows (payments/locks.py; a staff member's row, `staff_member_lock`, before
+     them; a fenced completion's idempotency record, payments/idempotency/locks.py, too);
+  2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`,
+     `balance_rows_lock_by_owner`), ORDER BY `LOCK_ORDER`: PostgreSQL locks rows as the
+     sort emits them, so two transactions meet their common rows in the same order. No
+     transaction locks balance rows a second time while it holds them (rows locked in a
+     savepoint it rolled back are no longer held);
+  3. a freeze locks all the account's balance rows, then the account row;
+  4. a posting then takes the daily-total rows of its merchant legs (wallets.daily_totals)
+     in key order, only on shards whose balance row it holds, so they add no wait.
+Customer rows are business rows that no posting takes (contact updates, the contact
+backfill in id order). Other apps' locks.py name the rows no posting takes.
 """
 
 from __future__ import annotations
@@ -51,9 +30,6 @@ from fastpath.compiled import CompiledQuery, CompiledShapes, Param
 from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StaffMember, StagedMigrationState
 
 ALL_SHARDS = -1
-
-
-# The global order of balance rows (module docstring), as the locking SELECT's ORDER BY.
 LOCK_ORDER = ("account_id", "asset_id", "shard")
 
 
@@ -66,9 +42,8 @@ def connection_shard() -> int:
 
 @dataclass(frozen=True)
 class BalanceWant:
-    """A balance row a movement will touch: `shard` is ALL_SHARDS for a merchant debit.
-    `creatable` rows are made empty if missing (credits, system accounts); a missing
-    customer row that is debited means an empty wallet, and is refused, not made."""
+    """A balance row a movement will touch (ALL_SHARDS: a merchant debit); `creatable` rows
+    are made empty if missing."""
 
     account: Account
     asset_code: str
@@ -113,38 +88,21 @@ class LockedBalances:
 
 
 def balance_rows_lock(*, wants: Iterable[BalanceWant]) -> LockedBalances:
-    """Lock every balance row of `wants` FOR UPDATE with ONE statement, in the global lock
-    order (ORDER BY the order below; PostgreSQL locks rows as the sort emits them).
-
-    Creatable rows that do not exist yet (a wallet's first POINT credit, a shard's first
-    payment) are inserted empty first, then the statement runs again: only the first
-    movement on a row pays for that. When a row that must exist is missing (a debit of an
-    empty wallet, perhaps in an asset the tenant does not have) nothing is inserted: the
-    caller refuses. The asset comes with each row (its cap). Merchant-debit wants lock the
-    shards that exist (a missing shard holds nothing).
-    """
+    """Lock every balance row of `wants` FOR UPDATE with ONE statement in the global order,
+    each with its account and asset. Missing creatable rows are inserted empty first; a
+    missing row that must exist (a debit of an empty wallet) is not: the caller refuses."""
     ordered = list(dict.fromkeys(wants))
     if not ordered:
         return LockedBalances([])
     locked = _select_for_update(ordered)
     missing = [w for w in ordered if not locked.covers(w)]
     if missing and all(w.creatable for w in missing):
-        Balance.objects.bulk_create(
-            [
-                Balance(
-                    account_id=w.account.id, asset_id=w.asset_code, shard=w.shard,
-                    may_go_negative=w.account.kind == AccountKind.SYSTEM, frozen=w.account.frozen,
-                )
-                for w in missing
-            ],
-            ignore_conflicts=True,
-        )
+        Balance.objects.bulk_create([w.account.balance_new(asset_code=w.asset_code, shard=w.shard) for w in missing], ignore_conflicts=True)
         locked = _select_for_update(ordered)
     return locked
 
 
 def _select_for_update(ordered: list[BalanceWant]) -> LockedBalances:
-    # One condition per (account, shard), its assets as a list: fewer ORM lookups to build.
     groups: dict[tuple[str, int], list[str]] = {}
     for want in ordered:
         groups.setdefault((want.account.id, want.shard), []).append(want.asset_code)
@@ -158,27 +116,18 @@ def _select_for_update(ordered: list[BalanceWant]) -> LockedBalances:
 
 
 def _by_account_statement(shape: tuple[tuple[bool, tuple[str, ...]], ...]) -> CompiledQuery[Balance]:
-    """The locking select of `balance_rows_lock` for one shape: per (account, shard) group,
-    whether it takes every shard, and its asset codes (constants: a handful per tenant)."""
+    """Per (account, shard) group: whether it takes every shard, and its asset codes."""
     matches = Q()
     for index, (all_shards, assets) in enumerate(shape):
         if all_shards:
             matches |= Q(account_id=Param(f"account{index}"), asset_id__in=assets)
         else:
             matches |= Q(account_id=Param(f"account{index}"), shard=Param(f"shard{index}"), asset_id__in=assets)
-    return CompiledQuery(_locking_select(matches), prepared=True)
+    return CompiledQuery(_ordered_select(matches).select_for_update(of=("self",)), prepared=True)
 
 
-def _locking_select(matches: Q) -> QuerySet[Balance]:
-    """SELECT .. FOR UPDATE OF wallets_balance ORDER BY the lock order, with each row's
-    account (frozen flag) and asset (cap)."""
-    return _ordered_select(matches).select_for_update(of=("self",))
-
-
-# Columns of the joined rows no movement reads once its balance rows are locked: leaving
-# them out spares parsing two timestamps per row on every payment (about 1% of its
-# instructions). Reading one would cost a
-# statement per row; tests/test_ledger.py checks that no movement does.
+# Columns of the joined rows no movement reads: leaving them out spares parsing two
+# timestamps per row on every payment. tests/test_ledger.py checks that none is read.
 UNREAD_JOINED_COLUMNS = ("account__created", "asset__created")
 
 
@@ -193,8 +142,7 @@ _OWNER_FIELD = {
 
 @dataclass(frozen=True)
 class OwnerRow:
-    """A balance row named by its owner, for locking before the accounts are loaded:
-    `owner` is a customer id, a merchant id, or a system role."""
+    """A balance row named by its owner (a customer id, a merchant id, or a system role)."""
 
     kind: AccountKind
     owner: str
@@ -203,17 +151,15 @@ class OwnerRow:
 
 
 def balance_rows_lock_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
-    """Lock the named balance rows FOR UPDATE with ONE statement in the global lock order,
-    finding the accounts by their owners in the same statement (the payment path: its
-    accounts and its rows in one round trip). Rows that do not exist are simply absent:
-    the caller then loads the accounts and uses `balance_rows_lock`, which makes them."""
+    """Lock the named balance rows FOR UPDATE with ONE statement in the global order, finding
+    their accounts in the same statement (the payment path's one round trip). Missing rows
+    are absent: the caller then uses `balance_rows_lock`, which makes them."""
     return _by_owner(rows=rows, lock=True)
 
 
 def balance_rows_read_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
-    """The rows `balance_rows_lock_by_owner` would lock, with their accounts and assets,
-    read WITHOUT locking: a plan to check again once locked (the payment path reads its
-    accounts here, writes its ledger rows, then locks the balance rows by account)."""
+    """The rows `balance_rows_lock_by_owner` would lock, read WITHOUT locking: a plan the
+    caller checks again once it has locked them by account."""
     return _by_owner(rows=rows, lock=False)
 
 
@@ -232,25 +178,23 @@ def _by_owner(*, rows: Iterable[OwnerRow], lock: bool) -> LockedBalances:
 
 
 def _by_owner_statement(shape: tuple[Any, ...]) -> CompiledQuery[Balance]:
-    """The select of `_by_owner` for one shape: whether it locks, then per group the
-    owner's kind and the asset codes (constants: a handful per tenant)."""
+    """Whether it locks, then per group the owner's kind and its asset codes."""
     lock, *groups = shape
     matches = Q()
     for index, (kind, assets) in enumerate(groups):
         matches |= Q(**{_OWNER_FIELD[kind]: Param(f"owner{index}")}, shard=Param(f"shard{index}"), asset_id__in=assets)
-    return CompiledQuery(_locking_select(matches) if lock else _ordered_select(matches), prepared=True)
+    select = _ordered_select(matches)
+    return CompiledQuery(select.select_for_update(of=("self",)) if lock else select, prepared=True)
 
 
-# Compiled once per shape and process (fastpath.compiled): compiling these selects cost more
-# Python than the rest of a payment. Prepared: planning the three-table join was the
-# largest part of PostgreSQL's work for a payment.
+# Compiled once per shape and process: compiling these selects cost more Python than the
+# rest of a payment. Prepared: planning the join was most of PostgreSQL's work for one.
 _BY_ACCOUNT: CompiledShapes[Balance] = CompiledShapes(_by_account_statement)
 _BY_OWNER: CompiledShapes[Balance] = CompiledShapes(_by_owner_statement)
 
 
 def account_balance_rows_lock(*, account_id: str) -> list[Balance]:
-    """Lock every balance row of one account, in the global order, with one statement (a
-    freeze: it marks them)."""
+    """Lock every balance row of one account in the global order, one statement (a freeze)."""
     return list(Balance.objects.filter(account_id=account_id).order_by(*LOCK_ORDER).select_for_update())
 
 
@@ -264,22 +208,14 @@ def hold_lock(*, hold_id: str) -> Hold:
     return Hold.objects.filter(pk=hold_id).order_by("pk").select_for_update().get()
 
 
-# --- Staff adjustments (payments.services.approvals) ------------------------------------
-
-
 def staff_member_lock(*, staff_id: str) -> StaffMember:
     """A staff member's row, held while their adjustment is counted against the approval
     threshold and posted: two requests of one member cannot both see room under it."""
     return StaffMember.objects.filter(pk=staff_id).order_by("pk").select_for_update(no_key=True).get()
 
 
-# --- Staged data migrations (wallets.staged) ------------------------------------------
-# Customer rows are business rows: a contact update locks one; the contact backfill locks a
-# batch in id order (FOR NO KEY UPDATE, so inserts that reference a customer, taking KEY
-# SHARE, never wait on it). No transaction holds a customer row and then another in a
-# different order, and no posting locks customer rows at all.
-
-
+# Customer rows are locked FOR NO KEY UPDATE, so inserts that reference a customer (KEY
+# SHARE) never wait on them.
 def customer_lock(*, customer_id: str) -> Customer:
     """Lock one customer row (a contact update). Takes no balance row."""
     return Customer.objects.filter(pk=customer_id).order_by("pk").select_for_update(no_key=True).get()
@@ -292,9 +228,9 @@ def customer_rows_lock(*, after: str, limit: int) -> list[str]:
 
 
 def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:
-    """Lock every balance row (all assets, all shards) of some merchant accounts with ONE
-    statement in the global order (the daily-totals backfill: while it holds them no posting
-    can add to those merchants' daily totals). Returns how many rows it locked."""
+    """Lock every balance row of some merchant accounts with ONE statement in the global
+    order (the daily-totals backfill: no posting can add to their totals meanwhile).
+    Returns how many rows it locked."""
     if not account_ids:
         return 0
     rows = Balance.objects.filter(account_id__in=account_ids).order_by(*LOCK_ORDER).select_for_update().values_list("pk", flat=True)
@@ -309,10 +245,9 @@ def staged_state_lock(*, name: str) -> StagedMigrationState:
 
 @contextmanager
 def advisory_lock_try(*, name: str) -> Iterator[bool]:
-    """A session-level advisory lock named `name` within the tenant schema, tried (never
-    waited for). Yields whether it was taken; released when the block ends, or by
-    PostgreSQL with the session if the process dies (so a killed holder never blocks the
-    next one). No row lock: it orders nothing against the rows above."""
+    """A session-level advisory lock named `name` in the tenant schema, tried, never waited
+    for; yields whether it was taken. Released when the block ends, or with the session if
+    the process dies. It orders nothing against the row locks above."""
     key = f"{getattr(connection, 'schema_name', 'public')}:{name}"
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])
@@ -328,7 +263,6 @@ def advisory_lock_try(*, name: str) -> Iterator[bool]:
 
 @contextmanager
 def staged_run_lock(*, name: str) -> Iterator[bool]:
-    """One runner of the staged migration `name` at a time in a tenant (advisory_lock_try).
-    Yields False when another session holds it."""
+    """One runner of the staged migration `name` at a time in a tenant (advisory_lock_try)."""
     with advisory_lock_try(name=f"tally.staged:{name}") as taken:
         yield taken

@@ -1,7 +1,5 @@
-"""Parties, assets, accounts and API keys of one tenant (tenant schema).
-
-The ledger (balances, transactions, entries, holds) builds on these.
-"""
+"""A tenant's parties, assets, accounts, API keys, ledger, audit log and staged-migration
+state (tenant schema)."""
 
 from __future__ import annotations
 
@@ -44,16 +42,11 @@ class Asset(models.Model):
 class Customer(models.Model):
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_customer_id, editable=False)
     name = models.CharField(max_length=200)
-    # Contact data, encrypted at rest (wallets.contacts: Fernet tokens under MultiFernet,
-    # keys from settings). NULL: not written by the encrypted path yet (the staged
-    # migration `customer_contacts` backfills it from the plaintext columns); the token of
-    # "" is an explicitly empty value. The plaintext columns `email` and `phone` are not
-    # fields of this model: they are `CustomerLegacyContact`, until that migration's
-    # contract drops them.
+    # Contact data, encrypted at rest (wallets.contacts). NULL: not written yet (the staged
+    # migration `customer_contacts` backfills it); the token of "" is an explicit empty value.
     email_ciphertext = models.TextField(null=True, blank=True, editable=False)
     phone_ciphertext = models.TextField(null=True, blank=True, editable=False)
-    # HMAC-SHA256 (key from settings) of the normalised email: lookups by email without
-    # decrypting. NULL when there is no email.
+    # Keyed hash of the normalised email, for lookups without decrypting; NULL: no email.
     email_hash = models.CharField(max_length=64, null=True, blank=True, editable=False, db_index=True)
     created = models.DateTimeField(auto_now_add=True)
 
@@ -66,13 +59,8 @@ class Customer(models.Model):
 
 
 class CustomerLegacyContact(models.Model):
-    """The plaintext contact columns of `wallets_customer`, as they were before encryption.
-
-    Unmanaged: the columns stay in each tenant's table (created by 0001) until the staged
-    migration `customer_contacts` contracts that tenant, which drops them with a guarded
-    DDL statement. Only wallets.contacts touches this model, and only while the tenant's
-    phase says the columns exist.
-    """
+    """The plaintext contact columns of `wallets_customer`, unmanaged: only wallets.contacts
+    touches them, until the staged migration `customer_contacts` contracts the tenant."""
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True)
     email = models.CharField(max_length=254, blank=True, default="")
@@ -174,9 +162,9 @@ class Account(models.Model):
             )
         ]
 
-    @property
-    def may_go_negative(self) -> bool:
-        return self.kind == AccountKind.SYSTEM
+    def balance_new(self, *, asset_code: str, shard: int) -> Balance:
+        """An empty balance row of this account (not saved); only system accounts may go negative."""
+        return Balance(account_id=self.id, asset_id=asset_code, shard=shard, may_go_negative=self.kind == AccountKind.SYSTEM, frozen=self.frozen)
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.system_role or self.customer_id or self.merchant_id}"
@@ -246,26 +234,19 @@ class ApiKey(models.Model):
         return f"{self.prefix}… ({self.principal_type} {self.principal_id})"
 
 
-# --- Ledger ---------------------------------------------------------------------------
 # Codes of the reward assets every tenant has (created by tenant_ledger_bootstrap).
 POINTS_ASSET = "POINT"
 CARBON_ASSET = "CARBON"
 
-# Merchant and system balances are split over this many rows ("shards") so that many
-# concurrent payments to one merchant (and the bonus pool / carbon registry that every
-# payment touches) do not queue on one row lock. The balance is the SUM over the shards,
-# exact at every read. Customer wallets have a single row (shard 0).
+# Merchant and system balances are split over this many rows ("shards") so that concurrent
+# payments to one merchant (and the system accounts every payment touches) do not queue on
+# one row lock; the balance is the SUM over the shards. Customer wallets have shard 0 only.
 BALANCE_SHARDS = 32
 
 
 class Balance(models.Model):
-    """One balance row of an (account, asset); merchant and system accounts have several (shards).
-
-    `held` is the part of `balance` reserved by active holds: available = balance - held.
-    Rows are created with their account (wallets.services.ledger.balance_rows_create), or
-    by the first movement for an asset added later, and only ever changed together with
-    the ledger entries that explain the change, in the same transaction.
-    """
+    """One balance row of an (account, asset, shard), changed only with the ledger entries
+    that explain the change. `held` is reserved by active holds: available = balance - held."""
 
     id = models.BigAutoField(primary_key=True)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="balances", db_index=False)
@@ -275,9 +256,8 @@ class Balance(models.Model):
     held = models.BigIntegerField(default=0)
     # Denormalised from Account.kind so the CHECK below can see it (system accounts may go negative).
     may_go_negative = models.BooleanField(default=False)
-    # Denormalised from Account.frozen, set by the freeze in the same transaction as the
-    # account: a posting reads it from the row it has locked, so a payment waiting on the
-    # row while a freeze commits sees the freeze (the account row it joined would be stale).
+    # Denormalised from Account.frozen by the freeze: a payment that waited on this row
+    # while a freeze committed sees it here (the account row it joined would be stale).
     frozen = models.BooleanField(default=False)
 
     class Meta:
@@ -326,12 +306,9 @@ class LedgerEntry(models.Model):
     """A signed amount on one (account, asset): positive credits, negative debits. Append-only."""
 
     id = models.BigAutoField(primary_key=True)
-    # No database foreign keys on the hot append-only tables. To the account and the asset:
-    # every payment would take a KEY SHARE lock on the same hot rows (the JPY asset, the
-    # system accounts), and concurrent share locks on one row cost a MultiXact each. To
-    # the transaction: it is inserted in the same statement and can never be deleted
-    # (append-only trigger), so the check (one query per entry) proves nothing. Entries are
-    # written only by the ledger services; reconciliation checks them.
+    # No database foreign keys on this hot append-only table: every payment would take KEY
+    # SHARE locks on the same hot rows (a MultiXact each), and the transaction is inserted
+    # with its entries and never deleted. Reconciliation checks the references.
     transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="entries", db_constraint=False)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="entries", db_constraint=False, db_index=False)
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
@@ -375,15 +352,9 @@ class Hold(models.Model):
         return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
 
 
-# --- Audit log ------------------------------------------------------------------------
 class AuditEntry(models.Model):
-    """One staff action or sensitive change (API keys, freezes, idempotency modes, every
-    back-office action): who, what, before and after, when, and from where.
-
-    Append-only: the database refuses UPDATE, DELETE and TRUNCATE (trigger
-    `tally_audit_append_only`, wallets/migrations/0010). Written only by
-    wallets.services.audit.audit_record, in the transaction of the change it records.
-    """
+    """One staff action or sensitive change: who, what, before and after, when, from where.
+    Append-only (trigger `tally_audit_append_only`); written only by audit_record."""
 
     id = models.BigAutoField(primary_key=True)
     created = models.DateTimeField(default=timezone.now)
@@ -411,9 +382,6 @@ class AuditEntry(models.Model):
         return f"{self.created:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.target_type}:{self.target_id}"
 
 
-# --- Staged data migrations -------------------------------------------------------------
-
-
 class StagedPhase(models.TextChoices):
     """The phases of a staged data migration, in order (wallets.staged)."""
 
@@ -427,10 +395,7 @@ class StagedPhase(models.TextChoices):
 
 
 class StagedMigrationState(models.Model):
-    """Where one staged data migration stands in this tenant: its phase, the backfill's
-    cursor and counts, the last verify, and a history of every phase change with timings.
-    Written only by wallets.staged.runner; read by the service layer's switches
-    (wallets.staged.phases) and shown by `manage.py staged_migration status` and the admin."""
+    """Where one staged data migration stands in this tenant (written by wallets.staged.runner)."""
 
     name = models.CharField(max_length=64, primary_key=True)
     phase = models.CharField(max_length=16, choices=StagedPhase.choices, default=StagedPhase.ABSENT)
@@ -459,11 +424,8 @@ class StagedMigrationState(models.Model):
 
 
 class MerchantDailyTotal(models.Model):
-    """What the ledger posted to a merchant account on one UTC day in one asset: credits,
-    debits (as a positive number) and the number of entries, kept by the posting itself
-    (wallets.daily_totals) in the posting's transaction. Split over shards like merchant
-    balances (the posting's connection shard), so a hot merchant's day is not one row
-    every payment waits on; a day's totals are the SUM over its shards."""
+    """What the ledger posted to a merchant account on one UTC day in one asset (kept by
+    wallets.daily_totals), sharded like merchant balances: a day's totals are the SUM."""
 
     id = models.BigAutoField(primary_key=True)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)

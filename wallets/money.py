@@ -14,10 +14,7 @@ MAX_AMOUNT = 10**15
 
 def amount_to_minor(value: object, *, param: str = "amount") -> int:
     """`value` as a positive int amount in minor units, or AmountInvalid(param=param).
-
-    Raises TypeError on a float: a float never reaches a stored amount, it is a bug in the
-    caller (the HTTP layer refuses JSON fractions before they get here).
-    """
+    TypeError on a float: a bug in the caller (the HTTP layer refuses JSON fractions)."""
     if isinstance(value, float):
         raise TypeError(f"{param}: float amounts are refused; use int minor units or Decimal")
     if isinstance(value, bool):
@@ -39,21 +36,18 @@ def amount_to_minor(value: object, *, param: str = "amount") -> int:
 
 
 def points_for(*, amount: int, rate: Decimal) -> int:
-    """Points earned for `amount` main-currency minor units: amount x rate, rounded down (ROUND_FLOOR)."""
-    _require_decimal(rate)
-    return int((Decimal(amount) * rate).to_integral_value(rounding=ROUND_FLOOR))
+    """Points earned for `amount` main-currency minor units: amount x rate, rounded down."""
+    return _times(amount, rate, ROUND_FLOOR)
 
 
 def topup_bonus_for(*, amount: int, rate: Decimal) -> int:
-    """Top-up bonus for `amount`: amount x rate, rounded down (ROUND_FLOOR)."""
-    _require_decimal(rate)
-    return int((Decimal(amount) * rate).to_integral_value(rounding=ROUND_FLOOR))
+    """Top-up bonus for `amount`: amount x rate, rounded down."""
+    return _times(amount, rate, ROUND_FLOOR)
 
 
 def carbon_grams_for(*, amount: int, grams_per_unit: Decimal) -> int:
-    """Grams of CO2 for `amount` main-currency minor units, rounded half-even (ROUND_HALF_EVEN)."""
-    _require_decimal(grams_per_unit)
-    return int((Decimal(amount) * grams_per_unit).to_integral_value(rounding=ROUND_HALF_EVEN))
+    """Grams of CO2 for `amount` main-currency minor units, rounded half-even."""
+    return _times(amount, grams_per_unit, ROUND_HALF_EVEN)
 
 
 def proportion_floor(*, total: int, part: int, whole: int) -> int:
@@ -61,14 +55,13 @@ def proportion_floor(*, total: int, part: int, whole: int) -> int:
     return (total * part) // whole
 
 
-def _require_decimal(rate: object) -> None:
+def _times(amount: int, rate: object, rounding: str) -> int:
     if isinstance(rate, float):
         raise TypeError("rates are Decimal, never float")
     if not isinstance(rate, Decimal):
         raise TypeError(f"rate must be Decimal, not {type(rate).__name__}")
+    return int((Decimal(amount) * rate).to_integral_value(rounding=rounding))
 
-
-# --- Display (the admin, exports): one place that turns minor units into an asset's units ---
 
 CURRENCY_SYMBOLS = {"JPY": "¥", "USD": "$", "GBP": "£"}
 GRAMS_PER_KG = 1000

@@ -1,11 +1,6 @@
-"""New rows and balance changes of the money path, each in as few statements and round
-trips as it can go (fastpath.compiled): the door between the ledger's and the payments'
-services and the speed mechanisms they use.
-
-`rows_insert` inserts new model instances as `bulk_create` would, several models in one
-round trip; `balance_rows_add` is one `UPDATE .. SET balance = balance + ..` of already
-locked rows. Both run inside the caller's transaction.
-"""
+"""New rows and balance changes of the money path in as few round trips as they can go:
+the door between the ledger's and payments' services and fastpath.compiled. Both run
+inside the caller's transaction."""
 
 from __future__ import annotations
 
@@ -25,37 +20,28 @@ def _batch(groups: Sequence[Sequence[Model]]) -> InsertBatch:
     for objs in groups:
         if objs:
             model = type(objs[0])
-            insert = _INSERTS.get(model)
-            if insert is None:
-                insert = _INSERTS.setdefault(model, CompiledInsert(model))
-            batch.add(insert, objs)
+            if model not in _INSERTS:
+                _INSERTS[model] = CompiledInsert(model)
+            batch.add(_INSERTS[model], objs)
     return batch
 
 
 def rows_insert(*groups: Sequence[Model]) -> None:
-    """Insert new rows, each group of one model, in the order given, in one round trip
-    (one per group on a connection with server-side binding). A group whose model has a
-    pre_save or post_save receiver goes through `save()` / `bulk_create`, so no signal is
-    skipped. A failure marks the caller's transaction for rollback, as a failed `save()`
-    does. Locks: none (new rows)."""
+    """Insert new rows as `bulk_create` would, groups of one model each, in one round trip;
+    a failure marks the caller's transaction for rollback. Locks: none (new rows)."""
     _batch(groups).execute()
 
 
 def rows_insert_in_savepoint(*groups: Sequence[Model]) -> str:
-    """`rows_insert`, after opening a savepoint in the same round trip; returns the
-    savepoint's id for `transaction.savepoint_rollback`. If the insert fails, this rolls
-    back to the savepoint before raising: no row of the groups is left, and the caller's
-    transaction carries on. Locks: none (new rows)."""
+    """`rows_insert` in a savepoint opened in the same round trip (rolled back before a
+    failure is raised); returns its id. Locks: none (new rows)."""
     return _batch(groups).execute_in_savepoint()
 
 
 def balance_rows_add(*, changes: dict[int, int], held_changes: dict[int, int]) -> None:
-    """One UPDATE of every changed balance row (by primary key): balance = balance + its
-    change, held likewise. Raises RuntimeError if a row is missing.
-
-    Locks: none of its own; the caller holds every row locked already
-    (wallets.locks.balance_rows_lock), so the order the UPDATE visits them in does not matter.
-    """
+    """One UPDATE of every changed balance row: balance = balance + its change, held
+    likewise. Raises RuntimeError if a row is missing. Locks: none of its own (the caller
+    holds every row already, so the order the UPDATE visits them in does not matter)."""
     balances = {pk: delta for pk, delta in changes.items() if delta != 0}
     if not balances and not held_changes:
         return
@@ -73,8 +59,7 @@ def balance_rows_add(*, changes: dict[int, int], held_changes: dict[int, int]) -
 
 
 def _balances_add_statement(shape: tuple[int, bool, bool]) -> CompiledQuery[Balance]:
-    """UPDATE .. SET balance = balance + CASE id WHEN .. END [, held likewise] WHERE id IN
-    (..) for `rows` rows, each row's change a parameter."""
+    """UPDATE .. SET balance = balance + CASE id WHEN .. END [, held likewise] WHERE id IN (..)."""
     rows, balance, held = shape
     updates = {}
     if balance:
@@ -85,7 +70,6 @@ def _balances_add_statement(shape: tuple[int, bool, bool]) -> CompiledQuery[Bala
 
 
 def _per_row(column: str, *, rows: int) -> Param | Case:
-    """The change of each row, as one SQL expression."""
     if rows == 1:
         return Param(f"{column}0", output_field=BigIntegerField())
     whens = [When(pk=Param(f"row{i}"), then=Param(f"{column}{i}", output_field=BigIntegerField())) for i in range(rows)]

@@ -1,17 +1,12 @@
-"""Reads of the wallets app: parties and keys (principal-scoped), accounts, balances,
-and the ledger's integrity checks.
-
-Scoping lives here, in one place: every `*_get` takes the principal's scope and raises
-`NotFound` for an object that does not exist *or* belongs to someone else, so the two
-cases are indistinguishable to a caller (SPEC 4).
-"""
+"""Reads of the wallets app. Every `*_get` takes the principal's scope and raises `NotFound`
+for an object that does not exist *or* belongs to someone else (SPEC 4)."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from django.apps import apps
 from django.contrib.auth.models import User
@@ -35,6 +30,8 @@ from wallets.models import (
     Terminal,
 )
 
+M = TypeVar("M", bound=Model)
+
 
 def api_key_hash(raw_key: str) -> str:
     # Keys are long random strings, so a plain SHA-256 (no salt, no stretching) is enough
@@ -43,10 +40,8 @@ def api_key_hash(raw_key: str) -> str:
 
 
 def api_key_get_active(*, raw_key: str) -> ApiKey | None:
-    """The live key row for `raw_key`, or None if unknown, revoked or past its overlap
-    window: two indexed statements (the key by its hash, then its principal; a terminal
-    with its store). Most requests take the key from the per-process cache instead
-    (wallets.keycache)."""
+    """The live key row for `raw_key` with its principal, or None if unknown, revoked or past
+    its overlap window. Most requests take it from wallets.keycache instead."""
     return api_key_get_active_by_hash(key_hash=api_key_hash(raw_key))
 
 
@@ -55,10 +50,8 @@ def api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
     key = ApiKey.objects.filter(live, key_hash=key_hash, revoked_at__isnull=True).first()
     if key is None:
         return None
-    # The principal as loaded here may be cached (wallets.keycache) with no signal when it
-    # changes, so it carries only columns no write changes after creation: a customer's
-    # contact columns (written by contact updates and staged migrations) and a staff
-    # member's login (the User row, edited in the admin) are left out and load on access, fresh.
+    # The principal may be cached (wallets.keycache), so it carries only columns no write
+    # changes after creation: a customer's contact and a staff member's login load fresh.
     if key.customer_id is not None:
         key.customer = Customer.objects.only(*_CUSTOMER_PRINCIPAL_FIELDS).filter(pk=key.customer_id).first()
     elif key.merchant_id is not None:
@@ -70,8 +63,7 @@ def api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
         key.terminal = terminal
     elif key.staff_id is not None:
         staff = StaffMember.objects.filter(pk=key.staff_id).first()
-        # A deactivated employee's keys stop working with their login. A key already in
-        # the cache is caught by the admin face, which reads the login at every request.
+        # A deactivated login stops its keys (a cached key: the admin face reads the login).
         if staff is None or staff_login_active(staff=staff) is None:
             return None
         key.staff = staff
@@ -81,11 +73,8 @@ def api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
 _CUSTOMER_PRINCIPAL_FIELDS = ("id", "name", "created")
 
 
-# --- Ledger integrity (reconciliation and tests) -------------------------------------
-
-
 def ledger_unbalanced_transactions() -> list[tuple[str, str, int]]:
-    """(transaction id, asset, sum) of every ledger transaction whose entries do not sum to zero per asset."""
+    """(transaction id, asset, sum) wherever a transaction's entries do not sum to zero."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT transaction_id, asset_id, SUM(amount) FROM wallets_ledgerentry GROUP BY transaction_id, asset_id HAVING SUM(amount) <> 0"
@@ -115,8 +104,7 @@ def asset_totals() -> dict[str, int]:
         return {str(asset): int(total) for asset, total in cursor.fetchall()}
 
 
-# Apps whose tables live in the tenant schema and may hold foreign keys without a
-# database constraint (the hot append-only tables: wallets/0004-0005, payments/0003-0005).
+# Tenant apps whose hot append-only tables have foreign keys without a database constraint.
 _TENANT_APP_LABELS = ("wallets", "payments", "idempotency", "webhooks")
 
 
@@ -132,11 +120,7 @@ def _unconstrained_relations() -> list[tuple[type[Model], ForeignKey[Any, Any]]]
 
 def unconstrained_references() -> list[tuple[str, str, str, str]]:
     """(table, column, target table, target column) of every tenant foreign key declared
-    with `db_constraint=False`: the references the database does not check itself.
-
-    The targets are protected by delete/primary-key triggers (wallets/0006);
-    `ledger_orphan_references` checks the rows.
-    """
+    with `db_constraint=False` (their targets are guarded by triggers, wallets/0006)."""
     return [
         (model._meta.db_table, str(field.column), field.target_field.model._meta.db_table, str(field.target_field.column))
         for model, field in _unconstrained_relations()
@@ -144,8 +128,7 @@ def unconstrained_references() -> list[tuple[str, str, str, str]]:
 
 
 def ledger_orphan_references_iter(*, chunk_size: int = 2000) -> Iterator[tuple[str, str, str, tuple[type[Model], type[Model]]]]:
-    """`ledger_orphan_references`, streamed through a server-side cursor, each with its
-    (source model, target model) for reconciliation's findings."""
+    """`ledger_orphan_references`, streamed, each with its (source model, target model)."""
     qn = connection.ops.quote_name
     for model, field in _unconstrained_relations():
         table, column = model._meta.db_table, str(field.column)
@@ -164,27 +147,20 @@ def ledger_orphan_references_iter(*, chunk_size: int = 2000) -> Iterator[tuple[s
 
 
 def ledger_orphan_references() -> list[tuple[str, str, str]]:
-    """(table, column, value) of every reference, in a table without its database foreign
-    keys, that points at no row: ledger entries -> transaction, account, asset; payments ->
-    customer, merchant, store, terminal, asset, ledger transaction. Empty when sound.
-
-    One anti-join per relation. A dangling value shared by several rows is listed once.
-    """
+    """(table, column, value) of every unconstrained reference that points at no row, each
+    dangling value once (one anti-join per relation). Empty when sound."""
     return [(table, column, value) for table, column, value, _ in ledger_orphan_references_iter()]
 
 
-# --- Parties and keys, scoped ------------------------------------------------------------
-
-
-def _not_found(kind: str, param: str | None) -> NotFound:
-    return NotFound(f"no such {kind}", param=param)
+def _first_or_not_found(rows: QuerySet[M], kind: str, param: str | None) -> M:
+    found = rows.first()
+    if found is None:
+        raise NotFound(f"no such {kind}", param=param)
+    return found
 
 
 def customer_get(*, customer_id: str, param: str | None = None) -> Customer:
-    customer = Customer.objects.select_related("account").filter(pk=customer_id).first()
-    if customer is None:
-        raise _not_found("customer", param)
-    return customer
+    return _first_or_not_found(Customer.objects.select_related("account").filter(pk=customer_id), "customer", param)
 
 
 def customer_list() -> QuerySet[Customer]:
@@ -192,10 +168,7 @@ def customer_list() -> QuerySet[Customer]:
 
 
 def merchant_get(*, merchant_id: str, param: str | None = None) -> Merchant:
-    merchant = Merchant.objects.filter(pk=merchant_id).first()
-    if merchant is None:
-        raise _not_found("merchant", param)
-    return merchant
+    return _first_or_not_found(Merchant.objects.filter(pk=merchant_id), "merchant", param)
 
 
 def merchant_list() -> QuerySet[Merchant]:
@@ -206,10 +179,7 @@ def store_get(*, store_id: str, merchant_id: str | None = None, param: str | Non
     qs = Store.objects.filter(pk=store_id)
     if merchant_id is not None:
         qs = qs.filter(merchant_id=merchant_id)
-    store = qs.first()
-    if store is None:
-        raise _not_found("store", param)
-    return store
+    return _first_or_not_found(qs, "store", param)
 
 
 def store_list(*, merchant_id: str | None = None) -> QuerySet[Store]:
@@ -221,10 +191,7 @@ def terminal_get(*, terminal_id: str, merchant_id: str | None = None, param: str
     qs = Terminal.objects.select_related("store").filter(pk=terminal_id)
     if merchant_id is not None:
         qs = qs.filter(store__merchant_id=merchant_id)
-    terminal = qs.first()
-    if terminal is None:
-        raise _not_found("terminal", param)
-    return terminal
+    return _first_or_not_found(qs, "terminal", param)
 
 
 def terminal_list(*, merchant_id: str | None = None, store_id: str | None = None) -> QuerySet[Terminal]:
@@ -237,17 +204,12 @@ def terminal_list(*, merchant_id: str | None = None, store_id: str | None = None
 
 
 def staff_get(*, staff_id: str, param: str | None = None) -> StaffMember:
-    staff = StaffMember.objects.filter(pk=staff_id).first()
-    if staff is None:
-        raise _not_found("staff member", param)
-    return staff
+    return _first_or_not_found(StaffMember.objects.filter(pk=staff_id), "staff member", param)
 
 
 def staff_login_active(*, staff: StaffMember) -> User | None:
-    """The staff member's login read now (never from a cache, unlike the key that named
-    it), or None when it is deactivated or no longer staff (both lock it out of the
-    Django admin too): a change of role or a deactivation holds from the next request on.
-    Its permissions load on first use and stay with this one object."""
+    """The staff member's login read now, never cached, or None when it is deactivated or no
+    longer staff: a change of role or a deactivation holds from the next request on."""
     return User.objects.filter(pk=staff.user_id, is_active=True, is_staff=True).first()
 
 
@@ -263,10 +225,7 @@ def principal_get(*, principal_type: str, principal_id: str) -> Customer | Merch
 
 
 def api_key_get(*, api_key_id: str) -> ApiKey:
-    api_key = ApiKey.objects.filter(pk=api_key_id).first()
-    if api_key is None:
-        raise _not_found("api key", None)
-    return api_key
+    return _first_or_not_found(ApiKey.objects.filter(pk=api_key_id), "api key", None)
 
 
 def api_key_list(*, principal_type: str | None = None, principal_id: str | None = None) -> QuerySet[ApiKey]:
@@ -276,9 +235,6 @@ def api_key_list(*, principal_type: str | None = None, principal_id: str | None 
     if principal_id:
         qs = qs.filter(Q(customer_id=principal_id) | Q(merchant_id=principal_id) | Q(terminal_id=principal_id) | Q(staff_id=principal_id))
     return qs
-
-
-# --- Accounts, assets and balances ---------------------------------------------------------
 
 
 def asset_get(*, asset_code: object, param: str = "asset") -> Asset:
@@ -363,8 +319,8 @@ def account_balance(*, account: Account, asset_code: str) -> tuple[int, int]:
 
 
 def account_balance_lines(*, account: Account) -> list[BalanceLine]:
-    """Every asset of the tenant, main currency first, so a new wallet shows its zeros;
-    each the SUM over the account's shards (exact at every read)."""
+    """Every asset of the tenant, main currency first (a new wallet shows its zeros), each
+    the SUM over the account's shards."""
     totals = {
         row["asset_id"]: (int(row["balance"]), int(row["held"]))
         for row in Balance.objects.filter(account=account).values("asset_id").annotate(balance=Sum("balance"), held=Sum("held"))

@@ -1,19 +1,12 @@
 """One transaction per service call, with bounded retry of conflicts (SPEC 3).
 
-Only conflicts are retried: serialization failure (40001), deadlock (40P01) and lock
-timeout (55P03); at most 3 retries, 50 ms x 2^n with jitter, each counted. Retrying is
-the job of whoever owns the outermost transaction: inside an enclosing atomic block a
-conflict propagates (the block is aborted; only its owner can start it again).
+Only conflicts are retried (serialization failure, deadlock, lock timeout): at most 3
+times, 50 ms x 2^n with jitter, each counted, and only by the owner of the outermost
+transaction; inside an atomic block a conflict propagates.
 
-Nested calls get no savepoint, which keeps the keyed API path (claim, effect, stored
-response in one transaction) free of SAVEPOINT/RELEASE round trips. The rule that makes
-this safe: an exception that escapes a service aborts the transaction it ran in, and its
-owner rolls back everything the service wrote. The ledger refuses before its first write
-(a payment that writes first does so in its own savepoint, rolled back on any failure),
-but some services write first (a token payment consumes the token, an intent confirm
-sets `charge_requested`), so a caller must never catch a service's exception inside an
-atomic block and carry on; the idempotency layer does not, it rolls back and stores the
-refusal in a fresh transaction.
+Nested calls get no savepoint (no round trips for it on the keyed API path), so a
+caller must never catch a service's exception inside an atomic block and carry on: some
+services write before they refuse, and only the owner's rollback undoes that.
 """
 
 from __future__ import annotations
@@ -59,12 +52,24 @@ def run_atomic(fn: Callable[[], T], *, operation: str) -> T:
     enclosing atomic block just run it (the block's owner retries)."""
     if connection.in_atomic_block:
         return fn()
-
-    def in_transaction() -> T:
-        with transaction.atomic():
-            return fn()
-
-    return _retrying_conflicts(in_transaction, operation=operation)
+    attempt = 0
+    while True:
+        try:
+            with transaction.atomic():
+                return fn()
+        except DatabaseError as exc:
+            state = sqlstate_of(exc)
+            if state in CONFLICT_SQLSTATES:
+                if attempt >= MAX_RETRIES:
+                    raise Conflict(f"{operation}: too much contention, retry later") from exc
+                metrics.TRANSACTION_CONFLICT_RETRIES.labels(operation=operation, reason=CONFLICT_SQLSTATES[state]).inc()
+                time.sleep(BASE_DELAY_SECONDS * (2**attempt) * random.uniform(0.5, 1.5))
+                attempt += 1
+                continue
+            if is_connection_failure(exc):
+                metrics.FAIL_CLOSED.labels(store="postgres").inc()
+                raise Unavailable("database unavailable") from exc
+            raise
 
 
 def atomic_service(*, operation: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
@@ -80,22 +85,3 @@ def atomic_service(*, operation: str) -> Callable[[Callable[P, T]], Callable[P, 
 
     return decorate
 
-
-def _retrying_conflicts(attempt_fn: Callable[[], T], *, operation: str) -> T:
-    attempt = 0
-    while True:
-        try:
-            return attempt_fn()
-        except DatabaseError as exc:
-            state = sqlstate_of(exc)
-            if state in CONFLICT_SQLSTATES:
-                if attempt >= MAX_RETRIES:
-                    raise Conflict(f"{operation}: too much contention, retry later") from exc
-                metrics.TRANSACTION_CONFLICT_RETRIES.labels(operation=operation, reason=CONFLICT_SQLSTATES[state]).inc()
-                time.sleep(BASE_DELAY_SECONDS * (2**attempt) * random.uniform(0.5, 1.5))
-                attempt += 1
-                continue
-            if is_connection_failure(exc):
-                metrics.FAIL_CLOSED.labels(store="postgres").inc()
-                raise Unavailable("database unavailable") from exc
-            raise

@@ -26,9 +26,8 @@ def audit_record(
     reason: str = "",
     actor: str | None = None,
 ) -> AuditEntry:
-    """Append one entry, in the caller's transaction (so it commits or rolls back with the
-    change it records). Who and from where come from the request's origin
-    (wallets.audit); `actor` overrides who. Locks: none (an INSERT)."""
+    """Append one entry in the caller's transaction; who and from where come from
+    wallets.audit, `actor` overrides who. Locks: none (an INSERT)."""
     origin = audit_origin()
     return AuditEntry.objects.create(
         actor=(actor or actor_label(origin.user()))[:200],

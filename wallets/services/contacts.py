@@ -10,12 +10,8 @@ from wallets.transactions import run_atomic
 
 
 def customer_contact_update(*, customer_id: str, email: str | Unset | None = UNSET, phone: str | Unset | None = UNSET) -> Customer:
-    """Set, clear or leave each contact field: UNSET leaves it, None or "" clears it, a
-    value sets it. Writes only the fields that change (nothing when nothing does), to
-    every representation the tenant's `customer_contacts` phase writes, in one transaction.
-
-    Locks: the customer row (FOR NO KEY UPDATE). No balance row.
-    """
+    """Set, clear or leave each contact field (UNSET leaves it, None or "" clears it), writing
+    only what changes. Locks: the customer row (FOR NO KEY UPDATE). No balance row."""
 
     def update() -> Customer:
         try:
@@ -30,13 +26,9 @@ def customer_contact_update(*, customer_id: str, email: str | Unset | None = UNS
 
 
 def customer_contacts_reencrypt(*, after: str = "", limit: int = 500) -> tuple[str | None, int]:
-    """Re-encrypt, under the newest key, the contact tokens of the next `limit` customers
-    after id `after` that were made under an older key (key rotation); a token already
-    under the newest key is left as it is. One transaction. Returns (the next cursor or
-    None at the end, how many customers were rewritten).
-
-    Locks: the batch's customer rows in id order (customer_rows_lock).
-    """
+    """Re-encrypt under the newest key the older tokens of the next `limit` customers after
+    `after`: (the next cursor or None, how many were rewritten). Locks: the batch's
+    customer rows in id order (customer_rows_lock)."""
 
     def batch() -> tuple[str | None, int]:
         ids = customer_rows_lock(after=after, limit=limit)

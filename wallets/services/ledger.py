@@ -1,13 +1,9 @@
 """The ledger's one write path: balanced postings that move balances with them, and holds.
 
-Every money movement (payments, refunds, transfers, top-ups, adjustments, captures)
-posts through `ledger_post`, inside the caller's transaction (the payments services
-open it through wallets.transactions). Rules live here once: frozen wallets, funds
-(balance - held >= debit), caps (balance + credit <= cap), and double entry (every
-transaction sums to zero per asset). Every check happens before `ledger_post` writes, so
-a refusal leaves nothing behind; the one caller that writes its ledger rows before the
-checks (`ledger_rows_new`, the payment path) does it in a savepoint it rolls back on a
-refusal. Locks: wallets/locks.py.
+Every money movement posts through `ledger_post`, inside the caller's transaction. Its
+rules live here once: frozen wallets, funds (balance - held >= debit), caps (balance +
+credit <= cap) and double entry (each transaction sums to zero per asset). Every check
+comes before the first write, so a refusal leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -67,28 +63,19 @@ def ledger_post(
     consume_hold: Hold | None = None,
     written: LedgerTransaction | None = None,
 ) -> LedgerTransaction:
-    """Post one balanced ledger transaction and move the balances with it.
+    """Post one balanced ledger transaction and move the balances with it (F() increments).
+    Raises WalletFrozen, InsufficientFunds, CapExceeded before writing. A freeze is refused
+    on the legs' accounts and again on the locked rows, whose flags are current.
 
-    `legs` carry Account rows. Their `frozen` flag refuses before anything is locked; the
-    locked rows' own flags and their accounts', read under the lock, refuse after
-    (`_frozen_refuse`), so legs whose accounts were read earlier (the payment path's
-    remembered accounts) can only miss a freeze the locked rows then catch. Pass `locked` when the caller has already locked the rows (to read them
-    before deciding the legs, as a payment does for rewards under a cap); it must cover
-    `ledger_wants(legs)`. `consume_hold`, an active hold the caller has locked, on the
-    (account, asset) this posting debits: its amount counts as available to the debit,
-    is released from `held` in the same update, and the hold ends `captured` (an intent
-    capture, which so locks its balance rows once).
+    `locked`: rows the caller has locked already (to decide the legs, as a payment does
+    for rewards under a cap), covering `ledger_wants(legs)`. `consume_hold`: an active
+    hold, locked by the caller, on a row this posting debits: it counts as available and
+    is released in the same update (an intent capture locks its rows once). `written`:
+    these legs' rows, inserted by `ledger_rows_new` in a savepoint the caller rolls back
+    if this refuses.
 
-    `written`: the transaction and entries of exactly these `legs`, already inserted by
-    `ledger_rows_new` and inserted in this transaction (the payment path writes them before it locks,
-    so the wallet row stays locked for less). Such a caller has written first, so it runs
-    both inside a savepoint it rolls back when this refuses (payments.services.charges_write_first).
-
-    Locks: the legs' balance rows in the global order (wallets.locks), one statement;
-    then, once the tenant has expanded `merchant_daily_totals`, the day's summary row of
-    each merchant leg on this connection's shard (wallets.daily_totals).
-    Writes: one UPDATE of those rows (F() + the change per row), the transaction, its
-    entries, and the merchant legs' daily totals (F() increments). Raises WalletFrozen, InsufficientFunds, CapExceeded before writing.
+    Locks: the legs' balance rows in the global order, one statement; then the day's
+    summary row of each merchant leg (wallets.daily_totals).
     """
     if written is None:
         _legs_validate(legs)
@@ -101,7 +88,7 @@ def ledger_post(
     elif not all(locked.covers(want) for want in wants):
         raise ValueError("the locked balances do not cover this posting")
 
-    # Phase 1: check everything against the locked rows; nothing is written yet.
+    # Check everything against the locked rows before the first write.
     deltas: dict[int, int] = defaultdict(int)
     held_deltas: dict[int, int] = {}
     if consume_hold is not None:
@@ -131,7 +118,6 @@ def ledger_post(
                 raise CapExceeded(f"the wallet's {want.asset_code} balance would exceed its cap of {cap}", param="amount")
         deltas[row.pk] += amount
 
-    # Phase 2: write.
     balance_rows_add(changes=deltas, held_changes=held_deltas)
     if consume_hold is not None:
         consume_hold.status = HoldStatus.CAPTURED
@@ -143,16 +129,13 @@ def ledger_post(
         raise ValueError(f"written transaction {written.pk} is not this posting's")
     else:
         txn = written
-    now = txn.created
-    # Dual write of the merchant daily totals (staged migration; a no-op before expand).
-    merchant_daily_totals_record(legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=now)
+    merchant_daily_totals_record(legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=txn.created)
     return txn
 
 
 def ledger_rows_new(*, kind: str, reference: str, legs: Sequence[Leg], created: datetime) -> tuple[LedgerTransaction, list[LedgerEntry]]:
-    """A balanced transaction and its entries (one per leg), not yet saved: the payment
-    path inserts them with its own rows in one round trip (wallets.rows), then passes the
-    transaction to `ledger_post(written=)`. Moves no balance."""
+    """A balanced transaction and its entries, not yet saved (the payment path inserts them
+    with its own rows, then passes them to `ledger_post(written=)`). Moves no balance."""
     _legs_validate(legs)
     txn = LedgerTransaction(kind=kind, reference=reference, created=created)
     entries = [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=created) for leg in legs]
@@ -160,11 +143,9 @@ def ledger_rows_new(*, kind: str, reference: str, legs: Sequence[Leg], created: 
 
 
 def _frozen_refuse(locked: LockedBalances, wants: Sequence[BalanceWant]) -> None:
-    """WalletFrozen if any locked single row of a non-system party is frozen, checked over
-    every row before any funds or cap check (frozen is refused first, whatever the order
-    of the rows). The row's flag is the one a freeze sets under the row's lock; the
-    account's (read with the rows) also covers a row made in this posting from a stale
-    account."""
+    """WalletFrozen if a locked row of a non-system party, or its account, is frozen: checked
+    over every row before any funds or cap check. The account's flag covers a row this
+    posting made from a stale account."""
     for want in wants:
         if want.shard == ALL_SHARDS or want.account.kind == AccountKind.SYSTEM:
             continue
@@ -174,8 +155,7 @@ def _frozen_refuse(locked: LockedBalances, wants: Sequence[BalanceWant]) -> None
 
 
 def cap_room(*, locked: LockedBalances, account: Account, asset_code: str) -> int | None:
-    """How much more a customer's locked (account, asset) row may be credited under its
-    asset's cap; None when uncapped."""
+    """How much more a customer's locked row may be credited under its cap; None: uncapped."""
     row = locked.row(account=account, asset_code=asset_code)
     if row is None or row.asset.cap is None:
         return None
@@ -201,8 +181,7 @@ def _merchant_debit_plan(shards: list[Balance], amount: int, deltas: dict[int, i
 
 
 def _net(legs: Iterable[Leg]) -> dict[tuple[Account, str], int]:
-    """Net change per (account, asset), zero changes dropped; checks and writes work on it,
-    entries keep every leg."""
+    """Net change per (account, asset), zero changes dropped (entries keep every leg)."""
     net: dict[tuple[str, str], int] = defaultdict(int)
     accounts: dict[str, Account] = {}
     for leg in legs:
@@ -226,15 +205,9 @@ def _legs_validate(legs: Sequence[Leg]) -> None:
         raise ValueError(f"ledger transaction does not sum to zero: {unbalanced}")
 
 
-# --- Holds --------------------------------------------------------------------------
-
-
 def hold_place(*, account: Account, asset_code: str, amount: int, reference: str) -> Hold:
-    """Reserve `amount` of a customer's available balance.
-
-    Locks: the customer's balance row (account, asset). Raises WalletFrozen,
-    InsufficientFunds before writing.
-    """
+    """Reserve `amount` of a customer's available balance. Raises WalletFrozen,
+    InsufficientFunds before writing. Locks: the customer's balance row."""
     if account.frozen:
         raise WalletFrozen("the wallet is frozen", param=None)
     locked = balance_rows_lock(wants=[BalanceWant(account, asset_code, 0, creatable=False)])
@@ -248,11 +221,8 @@ def hold_place(*, account: Account, asset_code: str, amount: int, reference: str
 
 
 def hold_release(*, hold: Hold, status: HoldStatus = HoldStatus.RELEASED) -> Hold:
-    """Give a hold's amount back to the available balance.
-
-    Locks: the hold row, then the customer's balance row. A hold that is no longer active
-    is left as it is (releasing twice is a no-op).
-    """
+    """Give an active hold's amount back to the available balance (else a no-op). Locks: the
+    hold row, then the customer's balance row."""
     locked_hold = hold_lock(hold_id=hold.pk)
     if locked_hold.status != HoldStatus.ACTIVE:
         return locked_hold
@@ -265,20 +235,13 @@ def hold_release(*, hold: Hold, status: HoldStatus = HoldStatus.RELEASED) -> Hol
     return locked_hold
 
 
-# --- Set-up ------------------------------------------------------------------------------
-
-
 def balance_rows_create(*, accounts: Iterable[Account], asset_codes: Iterable[str] | None = None) -> None:
-    """Create the (empty) balance rows of accounts for every asset (or `asset_codes`): a
-    customer's single row, every shard of a merchant or system account. Idempotent.
-
-    Made up front so that a posting finds every row it locks: a row made during a posting
-    is made while earlier rows are held, outside the one locking statement (wallets.locks).
-    Locks: none (new rows).
-    """
+    """Create the empty balance rows of accounts for every asset (or `asset_codes`), every
+    shard of a merchant or system account. Idempotent. Made up front: a row made during a
+    posting is made outside its one locking statement. Locks: none (new rows)."""
     codes = list(asset_codes) if asset_codes is not None else list(Asset.objects.values_list("code", flat=True))
     rows = [
-        Balance(account_id=account.id, asset_id=code, shard=shard, may_go_negative=account.kind == AccountKind.SYSTEM, frozen=account.frozen)
+        account.balance_new(asset_code=code, shard=shard)
         for account in accounts
         for code in codes
         for shard in (range(1) if account.kind == AccountKind.CUSTOMER else range(BALANCE_SHARDS))
@@ -288,8 +251,7 @@ def balance_rows_create(*, accounts: Iterable[Account], asset_codes: Iterable[st
 
 @transaction.atomic
 def asset_create(*, code: str, name: str, kind: str, exponent: int = 0, cap: int | None = None) -> Asset:
-    """A new asset of the tenant, with a balance row for every existing account (so no
-    posting has to make one while holding others). Locks: none (new rows)."""
+    """A new asset, with a balance row for every existing account. Locks: none (new rows)."""
     asset = Asset(code=code, name=name, kind=kind, exponent=exponent, cap=cap)
     asset.full_clean()
     asset.save(force_insert=True)

@@ -1,5 +1,4 @@
-"""Write services for a tenant's parties (customers, merchants, stores, terminals, staff)
-and their API keys. Call inside the tenant's schema."""
+"""Write services for a tenant's parties and their API keys."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ API_KEY_RANDOM_LENGTH = 40  # 62**40 ~ 2**238
 
 @transaction.atomic
 def customer_create(*, name: str, email: str = "", phone: str = "") -> Customer:
-    """A customer, their wallet account and its balance rows. The contact goes to the
-    representations the tenant's `customer_contacts` phase writes (wallets.contacts)."""
+    """A customer, their wallet account and its balance rows; the contact goes to the
+    representations the tenant's `customer_contacts` phase writes."""
     phase = staged_phase(CONTACTS_MIGRATION)
     email, phone = email.strip(), phone.strip()
     customer = Customer.objects.create(name=name, **(contact_new_fields(email=email, phone=phone) if writes_new(phase) else {}))
@@ -69,30 +68,20 @@ def terminal_create(*, store: Store, name: str) -> Terminal:
 
 @transaction.atomic
 def staff_member_get_or_create(*, username: str) -> StaffMember:
-    user_model = get_user_model()
-    user, _ = user_model.objects.get_or_create(username=username, defaults={"is_staff": True})
+    user, _ = get_user_model().objects.get_or_create(username=username, defaults={"is_staff": True})
     if not user.is_staff:
         user.is_staff = True
         user.save(update_fields=["is_staff"])
-    staff, _ = StaffMember.objects.get_or_create(user=user)
-    return staff
+    return StaffMember.objects.get_or_create(user=user)[0]
 
 
 @transaction.atomic
-def api_key_create(
-    *,
-    principal: Customer | Merchant | Terminal | StaffMember,
-) -> tuple[ApiKey, str]:
-    """Mint a key for `principal`. Returns the stored row and the raw key (shown once).
-    Audited (never the key). Locks: none (INSERTs)."""
-    principal_type, field = _principal_type_and_field(principal)
+def api_key_create(*, principal: Customer | Merchant | Terminal | StaffMember) -> tuple[ApiKey, str]:
+    """Mint a key for `principal`: the stored row and the raw key (shown once). Audited
+    (never the key). Locks: none (INSERTs)."""
+    principal_type, field = _PRINCIPALS[type(principal)]
     raw_key = KEY_PREFIXES[principal_type] + ids.random_token(API_KEY_RANDOM_LENGTH)
-    api_key = ApiKey.objects.create(
-        principal_type=principal_type,
-        prefix=raw_key[:7],
-        key_hash=api_key_hash(raw_key),
-        **{field: principal},
-    )
+    api_key = ApiKey.objects.create(principal_type=principal_type, prefix=raw_key[:7], key_hash=api_key_hash(raw_key), **{field: principal})
     audit_record(action="api_key.create", target_type="api_key", target_id=api_key.pk, after=_api_key_state(api_key))
     return api_key, raw_key
 
@@ -101,16 +90,9 @@ ISSUE_PERMISSION = "wallets.issue_apikey"
 
 
 def api_key_issue_check(*, issuer: User, principal: Customer | Merchant | Terminal | StaffMember) -> None:
-    """May `issuer` (a staff login, active) mint or rotate a key for `principal`? A key acts
-    as its principal and stays with whoever minted it, so no login may mint one that could
-    do more than the login itself:
-    - a merchant's or terminal's key (onboarding): the `wallets.issue_apikey` permission;
-    - a customer's key spends the customer's money, which no role may move alone: a
-      superuser only;
-    - a staff member's key acts with that member's roles as they will be, not as they are
-      now: only that member's own login (others get theirs from the ops shell,
-      `create_staff_key`).
-    Raises NotPermitted. Reads only."""
+    """May `issuer` mint or rotate a key for `principal`? No login may mint a key that could
+    do more than itself: a customer's key (it spends their money) only a superuser, a
+    staff member's (it acts with their future roles) their own login. Raises NotPermitted."""
     if not issuer.has_perm(ISSUE_PERMISSION):
         raise NotPermitted("minting or rotating API keys needs the wallets.issue_apikey permission")
     if isinstance(principal, Customer) and not issuer.is_superuser:
@@ -121,9 +103,8 @@ def api_key_issue_check(*, issuer: User, principal: Customer | Merchant | Termin
 
 @transaction.atomic
 def api_key_issue(*, issuer: User, principal: Customer | Merchant | Terminal | StaffMember) -> tuple[ApiKey, str]:
-    """A staff member mints a key for `principal` (the admin API face): checked by
-    `api_key_issue_check`, then as api_key_create (audited, with the issuer as actor).
-    Locks: none (INSERTs)."""
+    """A staff member mints a key for `principal` (the admin API face), checked by
+    `api_key_issue_check`. Locks: none (INSERTs)."""
     api_key_issue_check(issuer=issuer, principal=principal)
     return api_key_create(principal=principal)
 
@@ -138,12 +119,9 @@ def _api_key_state(api_key: ApiKey) -> dict[str, object]:
 
 @transaction.atomic
 def api_key_rotate(*, api_key: ApiKey, issuer: User, overlap: timedelta = timedelta(hours=24)) -> tuple[ApiKey, str]:
-    """Mint a successor key; the old one keeps working for `overlap`, then stops. A
-    rotation mints a key, so `issuer` needs what minting needs (`api_key_issue_check`).
-
-    A revoked or expired key cannot be rotated: that would hand a working key to
-    whoever holds a dead one. Locks: the old key's row (UPDATE).
-    """
+    """Mint a successor key (checked as minting is); the old one works for `overlap` more.
+    A revoked or expired key is refused: that would hand a working key to whoever holds a
+    dead one. Locks: the old key's row (UPDATE)."""
     if api_key.revoked_at is not None or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
         raise InvalidState("this key is revoked or expired and cannot be rotated; create a new key")
     principal = api_key.customer or api_key.merchant or api_key.terminal or api_key.staff
@@ -163,17 +141,16 @@ def api_key_rotate(*, api_key: ApiKey, issuer: User, overlap: timedelta = timede
     return new_key, raw_key
 
 
-# last_used_at is advisory (shown to operators when pruning keys): one write per key per
-# minute is plenty, and keeps the hot path of a busy terminal free of an UPDATE per request.
+# last_used_at is advisory: one write per key per minute keeps a busy terminal's hot path
+# free of an UPDATE per request.
 LAST_USED_RESOLUTION_SECONDS = 60
 _LAST_TOUCHED_MAX_ENTRIES = 100_000
 _last_touched: dict[str, float] = {}
 
 
 def api_key_last_used_touch(*, api_key: ApiKey) -> None:
-    """Record that a key was used, at most once a minute per key: an in-process memo skips
-    the write for this worker, and the conditional UPDATE skips it when another worker
-    already did. Locks: the key row, when it writes."""
+    """Record that a key was used, at most once a minute per key (an in-process memo, then a
+    conditional UPDATE for the other workers). Locks: the key row, when it writes."""
     now = time.monotonic()
     last = _last_touched.get(api_key.id)
     if last is not None and now - last < LAST_USED_RESOLUTION_SECONDS:
@@ -199,13 +176,7 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     return api_key
 
 
-def _principal_type_and_field(principal: object) -> tuple[PrincipalType, str]:
-    if isinstance(principal, Customer):
-        return PrincipalType.CUSTOMER, "customer"
-    if isinstance(principal, Merchant):
-        return PrincipalType.MERCHANT, "merchant"
-    if isinstance(principal, Terminal):
-        return PrincipalType.TERMINAL, "terminal"
-    if isinstance(principal, StaffMember):
-        return PrincipalType.STAFF, "staff"
-    raise TypeError(f"not a principal: {type(principal).__name__}")
+_PRINCIPALS: dict[type, tuple[PrincipalType, str]] = {
+    Customer: (PrincipalType.CUSTOMER, "customer"), Merchant: (PrincipalType.MERCHANT, "merchant"),
+    Terminal: (PrincipalType.TERMINAL, "terminal"), StaffMember: (PrincipalType.STAFF, "staff"),
+}

@@ -1,17 +1,6 @@
 """Back-office roles (Django groups with permissions) and staff logins, per tenant schema.
-
-- viewer:   sees everything in the tenant admin, changes nothing.
-- operator: viewer + onboard customers, merchants, stores and terminals, edit a customer's
-            contact, freeze/unfreeze wallets, create/rotate/revoke API keys, redeliver
-            events and webhooks, enable/disable webhook endpoints, refund payments, switch
-            a face's idempotency mode.
-- finance:  viewer + refunds, adjustments (proposing; above the threshold a second staff
-            member approves), approving or rejecting another member's adjustment, settling
-            a card top-up from the operator queue.
-A tenant's superuser (the demo `admin`) has every permission.
-
-The admin API face asks for the same permissions (apikit.base.AdminViewSet), read
-from the login at each request.
+Every role sees everything (the view permissions); ROLE_PERMISSIONS adds what each may
+change. The admin API face asks for the same permissions, read at each request.
 """
 
 from __future__ import annotations
@@ -53,8 +42,8 @@ def _permissions(names: tuple[str, ...]) -> list[Permission]:
 
 @transaction.atomic
 def staff_roles_ensure() -> dict[str, Group]:
-    """Create or repair the role groups of the current tenant schema (idempotent; run by
-    the seed and by tenant creation). Locks: none beyond the rows it writes."""
+    """Create or repair the role groups of the current tenant schema (idempotent). Locks:
+    none beyond the rows it writes."""
     view_all = list(Permission.objects.filter(content_type__app_label__in=TENANT_APP_LABELS, codename__startswith="view_"))
     groups: dict[str, Group] = {}
     for role, extra in ROLE_PERMISSIONS.items():
@@ -66,9 +55,8 @@ def staff_roles_ensure() -> dict[str, Group]:
 
 @transaction.atomic
 def staff_login_ensure(*, username: str, password: str, role: str | None = None, superuser: bool = False) -> StaffMember:
-    """A staff login in the current schema with this password, set on every call (so the
-    password printed by `make run` is the one that works), in `role`'s group, with its
-    StaffMember (the principal its actions are recorded as). Locks: the user row."""
+    """A staff login with this password (set on every call: the one `make run` prints
+    works), in `role`'s group, with its StaffMember. Locks: the user row."""
     user_model = get_user_model()
     user, _ = user_model.objects.get_or_create(username=username)
     user.is_staff = True

@@ -1,13 +1,8 @@
 """The phases of a staged migration and the switches the service layer reads.
-
-A service asks `staged_phase(name)` whether to write the new representation (dual
-writes) and which one to read. The answer comes from the tenant's StagedMigrationState
-row, cached per process and tenant for `TALLY_STAGED_PHASE_TTL_SECONDS` (the hot path
-pays a dict lookup, not a query). The cache is made correct by the runner, not by the
-readers: a phase change that changes what writers do is followed by a fence
-(`staged_fence_seconds()`: the TTL plus a grace for transactions already running) before
-the runner does anything that relies on every writer having seen it (backfill after
-expand, dropping columns at contract, discarding the new data at rollback).
+`staged_phase(name)` is cached per process and tenant for TALLY_STAGED_PHASE_TTL_SECONDS
+(a dict lookup on the hot path, not a query). The runner makes that safe: after a phase
+change that changes what writers do, it waits `staged_fence_seconds()` before relying on
+every writer having seen it.
 """
 
 from __future__ import annotations
@@ -47,7 +42,7 @@ def staged_fence_seconds() -> float:
 
 
 def staged_phase(name: str) -> StagedPhase:
-    """The phase of migration `name` in the current tenant (cached, see module docstring)."""
+    """The phase of migration `name` in the current tenant (cached)."""
     key = (str(getattr(connection, "schema_name", "public")), name)
     now = time.monotonic()
     hit = _cache.get(key)

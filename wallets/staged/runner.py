@@ -3,12 +3,10 @@
     absent -> expand -> expanded -> backfill -> backfilled -> verify -> verified
            -> switch-reads -> reads_switched -> contract -> contracting -> contracted
 
-Every transition is idempotent: asked for a phase it has already reached, it changes
-nothing and says so. `rollback` goes back one phase until contract starts; after that it
-is refused. Each function returns an Outcome; the command turns `ok=False` into a
-non-zero exit. Callers hold `wallets.locks.staged_run_lock` (one runner per tenant and
-migration). Locks: the state row (`staged_state_lock`) for each transition; the backfill's
-batches take what the migration's `backfill_batch` says.
+Every transition is idempotent (a phase already reached is a no-op that says so);
+`rollback` goes back one phase until contract starts. Callers hold
+`wallets.locks.staged_run_lock`. Locks: the state row (`staged_state_lock`) for each
+transition; the backfill's batches take what the migration's `backfill_batch` says.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from django.utils import timezone
 
 from wallets.locks import staged_state_lock
 from wallets.models import StagedMigrationState, StagedPhase
-from wallets.staged.phases import phase_index, staged_fence_seconds, staged_phase_forget
+from wallets.staged.phases import PHASE_ORDER, phase_index, staged_fence_seconds, staged_phase_forget
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused
 from wallets.transactions import run_atomic
 
@@ -37,6 +35,9 @@ class Outcome:
 
 
 ProgressFn = Callable[[int, int, float], None]
+_BACKFILL_RESET: dict[str, Any] = {
+    "cursor": "", "rows_done": 0, "rows_written": 0, "backfill_started_at": None, "backfill_finished_at": None, "backfill_seconds": 0.0,
+}
 
 
 def staged_state(*, migration: StagedMigration) -> StagedMigrationState:
@@ -72,9 +73,6 @@ def _fence_wait(changed_at: datetime) -> None:
         time.sleep(remaining)
 
 
-# --- expand ----------------------------------------------------------------------------
-
-
 def staged_expand(*, migration: StagedMigration) -> Outcome:
     """absent -> expanded: the new representation exists and services write it too."""
     state = staged_state(migration=migration)
@@ -87,10 +85,7 @@ def staged_expand(*, migration: StagedMigration) -> Outcome:
     def decide(locked: StagedMigrationState) -> Outcome:
         if locked.phase != StagedPhase.ABSENT:
             return Outcome(f"already {locked.phase}: expand is a no-op", changed=False)
-        _move(
-            locked, StagedPhase.EXPANDED, cursor="", rows_total=0, rows_done=0, rows_written=0,
-            backfill_started_at=None, backfill_finished_at=None, backfill_seconds=0.0, verify_ok=None, verify_report={},
-        )
+        _move(locked, StagedPhase.EXPANDED, **_BACKFILL_RESET, rows_total=0, verify_ok=None, verify_report={})
         return Outcome("expanded: dual writes on (the backfill waits until every process has seen it)", changed=True)
 
     return _transition(migration, decide)
@@ -98,8 +93,7 @@ def staged_expand(*, migration: StagedMigration) -> Outcome:
 
 def staged_start_contracted(*, migration: StagedMigration) -> Outcome:
     """absent -> contracted at once, for a tenant with no old data to move (one just
-    created): its services then write and read only the new representation. Refused when
-    there is old data (`backfill_total` > 0); a no-op once the migration has started."""
+    created); refused when there is old data."""
 
     def decide(locked: StagedMigrationState) -> Outcome:
         if locked.phase != StagedPhase.ABSENT:
@@ -112,19 +106,12 @@ def staged_start_contracted(*, migration: StagedMigration) -> Outcome:
     return _transition(migration, decide)
 
 
-# --- backfill --------------------------------------------------------------------------
-
-
 def staged_backfill(
     *, migration: StagedMigration, batch: int = 500, rows_per_second: float = 0.0, dry_run: bool = False, progress: ProgressFn | None = None
 ) -> Outcome:
-    """expanded -> backfilled: copy every old row into the new representation, in batches.
-
-    Each batch is one transaction that also commits the cursor and counts, so a killed
-    backfill resumes where its last batch ended. Batches write only what is absent or
-    different, so re-running converges. `rows_per_second` > 0 throttles; `dry_run` counts
-    what would be written, from the cursor on, and writes nothing (not even the cursor).
-    Starts only once every process has seen `expanded` (dual writes on everywhere).
+    """expanded -> backfilled: copy every old row into the new representation once every
+    process dual-writes, in batches that each commit the cursor (a killed backfill
+    resumes). `rows_per_second` > 0 throttles; `dry_run` writes nothing, not even the cursor.
     """
     state = staged_state(migration=migration)
     if not _at_least(state, StagedPhase.EXPANDED):
@@ -176,13 +163,9 @@ def staged_backfill(
     return _transition(migration, decide)
 
 
-# --- verify ----------------------------------------------------------------------------
-
-
 def staged_verify(*, migration: StagedMigration) -> Outcome:
-    """Compare both representations (counts, checksums, every row); backfilled -> verified
-    when they are equal. A difference fails (ok=False) and blocks contract until a later
-    verify passes."""
+    """Compare both representations; backfilled -> verified when they are equal. A
+    difference fails (ok=False) and blocks contract until a later verify passes."""
     state = staged_state(migration=migration)
     if not _at_least(state, StagedPhase.BACKFILLED):
         raise StagedMigrationRefused(f"phase is {state.phase}: backfill first")
@@ -204,9 +187,6 @@ def staged_verify(*, migration: StagedMigration) -> Outcome:
     return _transition(migration, decide)
 
 
-# --- switch reads ----------------------------------------------------------------------
-
-
 def staged_switch_reads(*, migration: StagedMigration) -> Outcome:
     """verified -> reads_switched: selectors read the new representation."""
 
@@ -221,14 +201,10 @@ def staged_switch_reads(*, migration: StagedMigration) -> Outcome:
     return _transition(migration, decide)
 
 
-# --- contract --------------------------------------------------------------------------
-
-
 def staged_contract(*, migration: StagedMigration) -> Outcome:
     """reads_switched -> contracting -> contracted: stop writing the old representation,
-    wait until every process has seen that, then remove it. Refused unless verify has
-    passed on this tenant (its last run) and reads have switched. Killed while
-    contracting, it resumes (the removal is idempotent)."""
+    wait until every process has seen that, then remove it (resumed if killed). Refused
+    unless this tenant's last verify passed and reads have switched."""
 
     def begin(locked: StagedMigrationState) -> Outcome:
         if locked.phase == StagedPhase.CONTRACTED:
@@ -256,16 +232,6 @@ def staged_contract(*, migration: StagedMigration) -> Outcome:
     return _transition(migration, finish)
 
 
-# --- rollback --------------------------------------------------------------------------
-
-_BACK = {
-    StagedPhase.READS_SWITCHED: StagedPhase.VERIFIED,
-    StagedPhase.VERIFIED: StagedPhase.BACKFILLED,
-    StagedPhase.BACKFILLED: StagedPhase.EXPANDED,
-    StagedPhase.EXPANDED: StagedPhase.ABSENT,
-}
-
-
 def staged_rollback(*, migration: StagedMigration) -> Outcome:
     """Go back one phase, while that is still possible (before contract)."""
 
@@ -278,18 +244,13 @@ def staged_rollback(*, migration: StagedMigration) -> Outcome:
             )
         if phase == StagedPhase.ABSENT:
             raise StagedMigrationRefused("rollback refused: phase is absent, nothing to roll back")
-        back = _BACK[phase]
+        back = PHASE_ORDER[phase_index(phase) - 1]
         fields: dict[str, Any] = {}
         if back == StagedPhase.EXPANDED:
-            fields = {
-                "cursor": "", "rows_done": 0, "rows_written": 0, "backfill_started_at": None, "backfill_finished_at": None, "backfill_seconds": 0.0,
-            }
+            fields = _BACKFILL_RESET
         if back == StagedPhase.ABSENT:
             fields = {"discard_pending": True, "verify_ok": None}
-        _move(locked, back, note="rollback")
-        for name, value in fields.items():
-            setattr(locked, name, value)
-        locked.save()
+        _move(locked, back, note="rollback", **fields)
         return Outcome(f"rolled back from {phase} to {back}", changed=True)
 
     outcome = _transition(migration, decide)

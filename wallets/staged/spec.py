@@ -13,8 +13,7 @@ class StagedMigrationRefused(Exception):
 
 @dataclass(frozen=True)
 class BatchResult:
-    """One backfill batch: where the next one starts (None: done), how many rows it
-    looked at and how many it wrote (0 when they already matched: no write)."""
+    """One backfill batch: where the next one starts (None: done), rows seen and written."""
 
     cursor: str | None
     rows_seen: int
@@ -23,8 +22,7 @@ class BatchResult:
 
 @dataclass
 class VerifyReport:
-    """Counts and checksums of both representations, and every difference found
-    (identifiers only, never contact values)."""
+    """Counts and checksums of both sides, and every difference (identifiers, never values)."""
 
     counts: dict[str, int] = field(default_factory=dict)
     checksums: dict[str, str] = field(default_factory=dict)
@@ -39,13 +37,8 @@ class VerifyReport:
 
 
 class StagedMigration(ABC):
-    """One migration from an old representation of some data to a new one.
-
-    Every method runs inside the tenant's schema. `backfill_batch` owns its transaction
-    (the runner commits the cursor in it); the others are called by the runner at the
-    right phase. Dual writes and the read path are the owning app's services and
-    selectors, which ask wallets.staged.phases.
-    """
+    """One migration from an old representation of some data to a new one, run in the
+    tenant's schema; the owning app's services and selectors ask wallets.staged.phases."""
 
     name: str = ""
     description: str = ""
@@ -55,8 +48,7 @@ class StagedMigration(ABC):
     default_batch: int = 500
 
     def expand(self) -> None:
-        """Make sure the new representation exists (raise StagedMigrationRefused if it
-        cannot, e.g. its schema migration was not applied)."""
+        """Make sure the new representation exists (else raise StagedMigrationRefused)."""
         return None
 
     @abstractmethod
@@ -65,7 +57,7 @@ class StagedMigration(ABC):
 
     @abstractmethod
     def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
-        """Copy up to `limit` rows after `cursor` ("" = the start), in its own transaction,
+        """Copy up to `limit` rows after `after` ("" = the start), in the runner's transaction,
         writing only what is absent or different; with `dry_run`, count what it would write."""
 
     @abstractmethod

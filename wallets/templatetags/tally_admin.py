@@ -1,10 +1,6 @@
-"""The admin's date drill-down for big tables, without a scan.
-
-Django's date_hierarchy lists the years, months or days that have rows with
-`SELECT DISTINCT date_trunc(..)` over the whole list: a scan of every row, seconds at a
-million payments. This one offers every period between the list's first and last row
-(two index reads: MIN and MAX), so an empty month may be offered; choosing it shows an
-empty list. Same template and links as Django's."""
+"""The admin's date drill-down for big tables, without Django's scan of every row (SELECT
+DISTINCT date_trunc): every period between the list's first and last row (MIN and MAX,
+two index reads) is offered, so an empty month may be. Same template and links."""
 
 from __future__ import annotations
 

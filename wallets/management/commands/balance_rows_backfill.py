@@ -1,14 +1,6 @@
-"""Give every account of every tenant (or one) its balance rows: a customer's row per
-asset, 32 shards per merchant and system account (wallets.services.ledger.balance_rows_create).
-
-Accounts made before balance rows were made with their account (and accounts of an asset
-added outside `asset_create`) get their rows lazily, by the first posting that needs them,
-which makes the row while that posting holds its other rows. This fills them in ahead,
-under live traffic: batches of accounts, each its own short transaction, new rows only
-(existing rows are never touched, so it is safe to stop at any point and to run again).
-
-    python manage.py balance_rows_backfill [--tenant SCHEMA] [--batch 500]
-"""
+"""Give every account of every tenant (or one) its balance rows ahead of the first posting
+that needs them (which would make them while holding its other rows): batches of
+accounts, each its own short transaction, new rows only; safe to stop and run again."""
 
 from __future__ import annotations
 

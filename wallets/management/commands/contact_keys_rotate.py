@@ -1,10 +1,6 @@
-"""Re-encrypt customer contact data under the newest key of TALLY_CONTACT_ENCRYPTION_KEYS
-(after a new key was put in front), in batches, each its own transaction; tokens already
-under the newest key are left alone, so it is safe to stop and run again. Once it has run
-on every tenant, the old key can leave the list.
-
-    python manage.py contact_keys_rotate [--tenant SCHEMA] [--batch 500]
-"""
+"""Re-encrypt customer contact data under the newest key of TALLY_CONTACT_ENCRYPTION_KEYS,
+in batches (safe to stop and run again). Once it has run on every tenant, the old key can
+leave the list."""
 
 from __future__ import annotations
 

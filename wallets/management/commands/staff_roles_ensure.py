@@ -1,6 +1,5 @@
-"""Create or repair the back-office role groups (viewer, operator, finance) in every active
-tenant, or one: for tenants created before the roles existed (new tenants get them at
-creation). Idempotent. Run after `migrate_schemas` (the permissions must exist)."""
+"""Create or repair the back-office role groups in tenants created before the roles
+existed (new tenants get them at creation). Run after `migrate_schemas`."""
 
 from __future__ import annotations
 

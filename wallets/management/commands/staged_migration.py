@@ -1,12 +1,5 @@
-"""Staged data migrations, per tenant, under live traffic (wallets.staged).
-
-    python manage.py staged_migration status [NAME] [--tenant SCHEMA]
-    python manage.py staged_migration NAME expand|backfill|verify|switch-reads|contract|rollback [--tenant SCHEMA]
-        backfill: [--batch N] [--rate ROWS_PER_SECOND] [--dry-run] [--no-progress]
-
-NAME is a registered staged migration (wallets.staged.spec; `--help` lists them and the
-phases). Without --tenant, every active tenant (tenants.selectors.tenant_schemas_active), one after the other. Exits 1 if any
-tenant refused the phase or failed verify, 0 otherwise (a phase already reached is a no-op).
+"""Staged data migrations, per tenant, under live traffic (wallets.staged); `--help` lists
+the migrations and the phases. Exits 1 if any tenant refused the phase or failed verify.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ from wallets.locks import staged_run_lock
 from wallets.staged import runner
 from wallets.staged.spec import StagedMigration, StagedMigrationRefused, staged_migrations
 
-# The command's phases, in the order they are run, and what each does.
+# In the order they are run.
 PHASE_HELP = {
     "expand": "make the new representation; writers dual-write from here on",
     "backfill": "copy the existing rows in batches (idempotent, resumable, --batch/--rate/--dry-run)",
@@ -34,6 +27,10 @@ PHASE_HELP = {
     "rollback": "go back one phase, while the old representation is still there (before contract)",
 }
 PHASES = tuple(PHASE_HELP)
+_PHASE_RUNS = {
+    "expand": runner.staged_expand, "verify": runner.staged_verify, "switch-reads": runner.staged_switch_reads,
+    "contract": runner.staged_contract, "rollback": runner.staged_rollback,
+}
 
 
 def help_epilog() -> str:
@@ -113,24 +110,16 @@ class Command(BaseCommand):
             sys.exit(1)
 
     def _run(self, schema: str, migration: StagedMigration, phase: str, options: dict[str, Any]) -> runner.Outcome:
-        if phase == "expand":
-            return runner.staged_expand(migration=migration)
-        if phase == "backfill":
-            bar = None if options["no_progress"] else _ProgressBar(self, f"{schema}: {migration.name}")
-            outcome = runner.staged_backfill(
-                migration=migration, batch=options["batch"] or migration.default_batch, rows_per_second=options["rate"], dry_run=options["dry_run"],
-                progress=bar.update if bar else None,
-            )
-            if bar:
-                bar.finish()
-            return outcome
-        if phase == "verify":
-            return runner.staged_verify(migration=migration)
-        if phase == "switch-reads":
-            return runner.staged_switch_reads(migration=migration)
-        if phase == "contract":
-            return runner.staged_contract(migration=migration)
-        return runner.staged_rollback(migration=migration)
+        if phase != "backfill":
+            return _PHASE_RUNS[phase](migration=migration)
+        bar = None if options["no_progress"] else _ProgressBar(self, f"{schema}: {migration.name}")
+        outcome = runner.staged_backfill(
+            migration=migration, batch=options["batch"] or migration.default_batch, rows_per_second=options["rate"], dry_run=options["dry_run"],
+            progress=bar.update if bar else None,
+        )
+        if bar:
+            bar.finish()
+        return outcome
 
     def _status(self, schemas: list[str], migrations: list[StagedMigration]) -> None:
         header = f"{'tenant':<20} {'migration':<24} {'phase':<15} {'backfill':<22} {'written':>8} {'seconds':>8} {'verify':<7} phase since"
