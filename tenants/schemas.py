@@ -46,13 +46,12 @@ class SchemaScript:
     ddl_after_rows: tuple[str, ...]
 
 
-def _fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return list(cursor.fetchall())
+def _fetch(cursor: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    cursor.execute(sql, params)
+    return list(cursor.fetchall())
 
 
-def _unsupported(nsp: int) -> list[str]:
+def _unsupported(cursor: Any, nsp: int) -> list[str]:
     found = []
     for what, sql in (
         ("relation of kind", "SELECT relkind::text || ' ' || relname FROM pg_class WHERE relnamespace = %s AND relkind NOT IN ('r', 'i', 'S')"),
@@ -66,7 +65,7 @@ def _unsupported(nsp: int) -> list[str]:
         ("operator", "SELECT oprname FROM pg_operator WHERE oprnamespace = %s"),
     ):
         params = [nsp, nsp] if what == "type" else [nsp]
-        found += [f"{what} {name}" for (name,) in _fetch(sql, params)]
+        found += [f"{what} {name}" for (name,) in _fetch(cursor, sql, params)]
     return found
 
 
@@ -79,23 +78,25 @@ def schema_script_capture(*, source: str) -> SchemaScript:
         if found is None:
             raise SchemaCloneRefused(f"no schema {source!r}")
         nsp, qsource = found
-        refused = _unsupported(nsp)
+        refused = _unsupported(cursor, nsp)
         if refused:
             raise SchemaCloneRefused(f"template {source!r} holds what the clone cannot copy: {', '.join(refused)}")
         # Deparse relative to the template alone: its own names come out unqualified, and a
-        # reference to any other schema (public) stays qualified.
+        # reference to any other schema (public) stays qualified. One cursor throughout: a
+        # new one may set the connection's own search_path again (django-tenants).
         cursor.execute("SELECT set_config('search_path', %s, true)", [qsource])
         cursor.execute("SET LOCAL check_function_bodies = off")
-        script = _capture(nsp, source, qsource)
+        script = _capture(cursor, nsp, source, qsource)
     return script
 
 
-def _capture(nsp: int, source: str, qsource: str) -> SchemaScript:
+def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
     before: list[str] = ["SET LOCAL check_function_bodies = off"]
     rows: list[str] = []
     after: list[str] = []
 
     for (definition, name) in _fetch(
+        cursor,
         "SELECT pg_get_functiondef(oid), proname FROM pg_proc WHERE pronamespace = %s ORDER BY oid", [nsp]
     ):
         header, _, rest = definition.partition("\n")
@@ -108,6 +109,7 @@ def _capture(nsp: int, source: str, qsource: str) -> SchemaScript:
     # tables whose defaults name them.
     owned_by: list[str] = []
     for (qname, type_, start, inc, minv, maxv, cache, cycle, owner_table, owner_col) in _fetch(
+        cursor,
         """
         SELECT quote_ident(c.relname), format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmin, s.seqmax,
                s.seqcache, s.seqcycle, quote_ident(t.relname), quote_ident(a.attname)
@@ -130,12 +132,14 @@ def _capture(nsp: int, source: str, qsource: str) -> SchemaScript:
             owned_by.append(f"ALTER SEQUENCE {qname} OWNED BY {owner_table}.{owner_col}")
 
     tables = _fetch(
+        cursor,
         "SELECT oid, quote_ident(relname), relpersistence, reloptions, obj_description(oid, 'pg_class')"
         " FROM pg_class WHERE relnamespace = %s AND relkind = 'r' ORDER BY oid",
         [nsp],
     )
     columns: dict[int, list[tuple[Any, ...]]] = {}
     for row in _fetch(
+        cursor,
         """
         SELECT a.attrelid, quote_ident(a.attname), format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attidentity,
                a.attgenerated, pg_get_expr(d.adbin, d.adrelid),
@@ -193,12 +197,13 @@ def _capture(nsp: int, source: str, qsource: str) -> SchemaScript:
             rows.append(f"INSERT INTO {qtable} ({cols}) OVERRIDING SYSTEM VALUE SELECT {cols} FROM {qsource}.{qtable}")  # noqa: S608 - quoted by PostgreSQL
     before += owned_by
 
-    for (qseq,) in _fetch("SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = %s AND relkind = 'S' ORDER BY oid", [nsp]):
+    for (qseq,) in _fetch(cursor, "SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = %s AND relkind = 'S' ORDER BY oid", [nsp]):
         rows.append(f"SELECT setval('{_ident_literal(qseq)}', last_value, is_called) FROM {qsource}.{qseq}")  # noqa: S608 - quoted by PostgreSQL
 
     # Constraints: the ones that make indexes first (a foreign key needs its target's), then
     # checks, then foreign keys once every table exists.
     for (qtable, qname, definition) in _fetch(
+        cursor,
         """
         SELECT quote_ident(c.relname), quote_ident(con.conname), pg_get_constraintdef(con.oid)
           FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
@@ -210,6 +215,7 @@ def _capture(nsp: int, source: str, qsource: str) -> SchemaScript:
         after.append(f"ALTER TABLE ONLY {qtable} ADD CONSTRAINT {qname} {definition}")
 
     for (qtable, definition) in _fetch(
+        cursor,
         """
         SELECT quote_ident(t.relname), pg_get_indexdef(i.indexrelid)
           FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
@@ -222,6 +228,7 @@ def _capture(nsp: int, source: str, qsource: str) -> SchemaScript:
         after.append(_unqualify_on(definition, qsource, qtable))
 
     for (qtable, qname, definition, enabled) in _fetch(
+        cursor,
         """
         SELECT quote_ident(c.relname), quote_ident(t.tgname), pg_get_triggerdef(t.oid), t.tgenabled
           FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
@@ -290,21 +297,21 @@ def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
     leaves = sorted(migration_leaves())
     if not schemas:
         return {}
-    present = {
-        name for (name,) in _fetch(
-            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE c.relname = 'django_migrations' AND c.relkind = 'r' AND n.nspname = ANY(%s)",
-            [list(schemas)],
-        )
-    }
-    missing = {schema: len(leaves) for schema in schemas if schema not in present}
-    ordered = [s for s in schemas if s in present]
-    if ordered:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT quote_ident(s) FROM unnest(%s::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i", [ordered])
-            quoted = [q for (q,) in cursor.fetchall()]
-        apps = [app for app, _ in leaves]
-        names = [name for _, name in leaves]
+    with connection.cursor() as cursor:
+        present = {
+            name for (name,) in _fetch(
+                cursor,
+                "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                " WHERE c.relname = 'django_migrations' AND c.relkind = 'r' AND n.nspname = ANY(%s)",
+                [list(schemas)],
+            )
+        }
+        missing = {schema: len(leaves) for schema in schemas if schema not in present}
+        ordered = [s for s in schemas if s in present]
+        if not ordered:
+            return missing
+        cursor.execute("SELECT quote_ident(s) FROM unnest(%s::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i", [ordered])
+        quoted = [q for (q,) in cursor.fetchall()]
         # One statement: a count per schema of the leaves it holds.
         union = " UNION ALL ".join(
             f"SELECT {i} AS i, count(*) AS held FROM {q}.django_migrations m"  # noqa: S608 - quoted by PostgreSQL
@@ -312,6 +319,6 @@ def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
             for i, q in enumerate(quoted)
         )
         sql = f"WITH leaves AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS l(app, name)) {union}"  # noqa: S608 - see above
-        for i, held in _fetch(sql, [apps, names]):
+        for i, held in _fetch(cursor, sql, [[app for app, _ in leaves], [name for _, name in leaves]]):
             missing[ordered[i]] = len(leaves) - int(held)
     return missing
