@@ -16,6 +16,8 @@ still missing. Phases (--phase, comma-separated; default all), one JSON line per
   --customers customers funded by an adjustment, and --payments payments each, through the
   services. Prints the creation time of the 1st, 10th, 50th, 100th, 200th, 500th, ... and
   last tenant created in this run, and the content's time per tenant.
+  `--compare-django-tenants K` then times K tenants made by django-tenants' own clone
+  (clone_schema) at that tenant count, and removes them.
 - migrate: a no-op `manage.py migrate_schemas --tenant` (a new process each, as a deploy
   runs it): ours (skipping tenants that hold every migration), and django-tenants' visit
   of every tenant (--all-tenants) with the standard and the multiprocessing executor
@@ -146,10 +148,38 @@ def phase_create(args: argparse.Namespace) -> None:
             window = creation[-10:]
             emit(phase="create", figure="tenant_create_s", nth=nth, value=round(t1 - t0, 3),
                  median_last_10_s=round(statistics.median(window), 3), content_s=round(t2 - t1, 3))
+    if args.compare_django_tenants:
+        compare_django_tenants(args.compare_django_tenants)
     if creation:
         emit(phase="create", figure="summary", created=len(creation), tenants=args.tenants,
              tenant_create_median_s=round(statistics.median(creation), 3), tenant_create_max_s=round(max(creation), 3),
              content_median_s=round(statistics.median(content), 3), wall_s=round(time.perf_counter() - started, 1))
+
+
+def compare_django_tenants(count: int) -> None:
+    """Tenants created at this tenant count by django-tenants' own clone (its clone_schema),
+    timed, then removed: the reference the clone in tenants.schemas replaced."""
+    from django.db import connection
+    from django_tenants.models import TenantMixin
+
+    from tenants.models import Tenant
+    from tenants.services import tenant_create
+
+    ours = Tenant.create_schema
+    Tenant.create_schema = TenantMixin.create_schema  # type: ignore[method-assign]
+    try:
+        for k in range(count):
+            schema = f"btdt{k}"
+            t0 = time.perf_counter()
+            tenant_create(schema_name=schema, domain=f"{schema}.bench.localhost", name=schema, main_currency="JPY")
+            seconds = time.perf_counter() - t0
+            connection.set_schema_to_public()
+            emit(phase="create", figure="tenant_create_django_tenants_clone_s", tenants_before=_tenant_count() - 1, value=round(seconds, 3))
+            Tenant.objects.filter(schema_name=schema).delete()
+            with connection.cursor() as cursor:
+                cursor.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        Tenant.create_schema = ours  # type: ignore[method-assign]
 
 
 def _manage(args: argparse.Namespace, *command: str, **env: str) -> float:
@@ -257,9 +287,10 @@ def phase_idle(args: argparse.Namespace) -> None:
         spent: dict[str, float] = {}
         for pid, (ticks, command, group) in after.items():
             name = label(pid, command, group)
-            if name is None or pid not in before:
+            if name is None:
                 continue
-            spent[name] = spent.get(name, 0.0) + (ticks - before[pid][0]) * tick_ms
+            # A process born inside the window (a backend a task's connection opened) counts whole.
+            spent[name] = spent.get(name, 0.0) + (ticks - (before[pid][0] if pid in before else 0)) * tick_ms
         platform = sum(v for k, v in spent.items() if k != "redis_server_shared")
         emit(phase="idle", figure="cpu_percent_of_one_core", tenants=_tenant_count(), seconds=round(seconds, 1),
              platform=round(100 * platform / 1000 / seconds, 2),
@@ -355,6 +386,8 @@ def main() -> None:
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
     parser.add_argument("--reuse", action="store_true", help="keep the database and its tenants; create only the missing ones")
     parser.add_argument("--keep", action="store_true", help="leave the database for a later --reuse")
+    parser.add_argument("--compare-django-tenants", type=int, default=0, metavar="K",
+                        help="after creating, time K more tenants made by django-tenants' clone_schema (then removed)")
     parser.add_argument("--terminals", type=int, default=2)
     parser.add_argument("--customers", type=int, default=3)
     parser.add_argument("--payments", type=int, default=3, help="payments per customer")
