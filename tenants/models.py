@@ -5,8 +5,11 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
-from django.db import models
+from django.db import connection, models
 from django_tenants.models import DomainMixin, TenantMixin
+from django_tenants.utils import get_creation_fakes_migrations, schema_exists
+
+from tenants.schemas import SchemaCloneRefused, schema_clone, schemas_missing_migrations
 
 
 class IdempotencyMode(models.TextChoices):
@@ -57,6 +60,25 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
 
     def __str__(self) -> str:
         return f"{self.name} ({self.schema_name})"
+
+    def create_schema(self, check_if_exists: bool = False, sync_schema: bool = True, verbosity: int = 1) -> bool:
+        """django-tenants' hook, called by save(): a new tenant's schema is cloned from the
+        template by `tenants.schemas.schema_clone` (its cost does not grow with the tenant
+        count) instead of django-tenants' `clone_schema`. A template behind the migrations
+        on disk is refused, where django-tenants would record the missing migrations as
+        applied in the clone without running them (`tenant_template_ensure` migrates it
+        first)."""
+        base = self.get_base_schema() if get_creation_fakes_migrations() else False
+        if not (sync_schema and base and schema_exists(base)):
+            return bool(super().create_schema(check_if_exists=check_if_exists, sync_schema=sync_schema, verbosity=verbosity))
+        if check_if_exists and schema_exists(self.schema_name):
+            return False
+        schema_clone(source=str(base), target=self.schema_name)
+        missing = schemas_missing_migrations(schemas=[self.schema_name])[self.schema_name]
+        if missing:
+            raise SchemaCloneRefused(f"template {base!r} misses {missing} of the latest migrations: run migrate_schemas first")
+        connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
+        return True
 
     def idempotency_mode_for(self, face: str) -> str:
         return str(getattr(self, f"idempotency_{face}"))

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection, transaction
 from django_tenants.utils import schema_context, schema_exists
 
 from tenants.models import Domain, Tenant
+from tenants.schemas import schemas_missing_migrations
 from tenants.signals import tenant_created
 
 TEMPLATE_SCHEMA = settings.TENANT_BASE_SCHEMA
 
 
 def tenant_template_ensure() -> Tenant:
-    """Make sure the migrated template schema that new tenants are cloned from exists.
+    """Make sure the migrated template schema that new tenants are cloned from exists,
+    and holds every migration on disk.
 
-    It is an inactive tenant row, so `migrate_schemas` keeps it migrated with the rest.
+    It is an inactive tenant row, so `migrate_schemas` keeps it migrated with the rest; a
+    code release whose migrations have not run yet gets them run on the template here,
+    outside any transaction (a migration may build its indexes concurrently).
     """
     connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     template: Tenant | None = Tenant.objects.filter(schema_name=TEMPLATE_SCHEMA).first()
@@ -24,6 +29,9 @@ def tenant_template_ensure() -> Tenant:
         template.save()  # no clone source yet: runs the tenant migrations
     elif not schema_exists(TEMPLATE_SCHEMA):
         template.create_schema(check_if_exists=True, verbosity=0)
+    elif schemas_missing_migrations(schemas=[TEMPLATE_SCHEMA])[TEMPLATE_SCHEMA]:
+        call_command("migrate_schemas", tenant=True, schema_name=TEMPLATE_SCHEMA, interactive=False, verbosity=0)
+        connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     return template
 
 

@@ -58,7 +58,8 @@ TENANT_DOMAIN_MODEL = "tenants.Domain"
 PUBLIC_SCHEMA_URLCONF = "config.urls_public"
 ROOT_URLCONF = "config.urls"
 # New tenants are cloned from a migrated template schema: a full migration run per
-# tenant takes seconds, a clone well under one (see docs/BENCHMARKS.md).
+# tenant takes seconds, a clone well under one (see docs/BENCHMARKS.md). The clone is
+# tenants.schemas (Tenant.create_schema), not django-tenants' clone_schema.
 TENANT_BASE_SCHEMA = "tenant_template"
 TENANT_CREATION_FAKES_MIGRATIONS = env.bool("TENANT_CREATION_FAKES_MIGRATIONS", default=True)
 SHOW_PUBLIC_IF_NO_TENANT_FOUND = False

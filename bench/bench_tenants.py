@@ -1,0 +1,428 @@
+"""The platform at N tenants: creation, migrations, a beat cycle, idle CPU, payment latency.
+
+    .venv/bin/python bench/bench_tenants.py --tenants 100
+    .venv/bin/python bench/bench_tenants.py --tenants 1000 --keep          # then, later:
+    .venv/bin/python bench/bench_tenants.py --tenants 1000 --reuse --phase migrate,column
+
+Uses its own database (default tally_bench_tenants) and Redis DB 15, with the settings
+bench.tenants_settings: `make run`'s plus a bench-only tenant app (bench/tenantcol) whose
+one table lets the `column` phase add a column to every tenant without touching the
+project's migrations. Without --reuse the database is re-created; --keep leaves it for a
+later --reuse run (creating 1,000 tenants takes a while), which creates only the tenants
+still missing. Phases (--phase, comma-separated; default all), one JSON line per figure:
+
+- create: tenants bt0000.. through `tenants.services.tenant_create` (the service the API
+  and `make run` use), each then given a merchant, a store, --terminals terminals,
+  --customers customers funded by an adjustment, and --payments payments each, through the
+  services. Prints the creation time of the 1st, 10th, 50th, 100th, 200th, 500th, ... and
+  last tenant created in this run, and the content's time per tenant.
+  `--compare-django-tenants K` then times K tenants made by django-tenants' own clone
+  (clone_schema) at that tenant count, and removes them.
+- migrate: a no-op `manage.py migrate_schemas --tenant` (a new process each, as a deploy
+  runs it): ours (skipping tenants that hold every migration), and django-tenants' visit
+  of every tenant (--all-tenants) with the standard and the multiprocessing executor
+  (TENANT_MULTIPROCESSING_MAX_PROCESSES, default 2).
+- column: one real migration adding a NOT NULL column with a default to every tenant
+  (bench/tenantcol/migrations_column/0002), with each executor, each run followed by its
+  rollback (timed too), so the database ends as it started.
+- beat: every entry of settings.CELERY_BEAT_SCHEDULE run once, in this process, with
+  CELERY_TASK_ALWAYS_EAGER: the per-tenant fan-out runs inline. Wall time, this process's
+  CPU and the CPU of PostgreSQL's backends for the bench database, per entry and in all.
+- idle: web, worker and beat started as `make run` does (config.procfile's runner and the
+  Procfile, port 6450), left --idle-seconds with no traffic after --idle-warmup seconds;
+  CPU per process group, PostgreSQL backends of the bench database, and redis-server (a
+  shared server: other users' load lands there too), as % of one core.
+- latency: --latency-requests keyed `POST /v1/terminal/payments` in tenant 1 and in the
+  last tenant, in this process through the WSGI application (middleware, tenant lookup,
+  API key, idempotency, payment: no socket), alternating tenants; p50 and p99 of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PHASES = ("create", "migrate", "column", "beat", "idle", "latency")
+PREFIX = "bt"
+PORT = 6450
+MILESTONES = (1, 10, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def emit(**figure: Any) -> None:
+    print(json.dumps(figure), flush=True)
+
+
+def schema_of(i: int) -> str:
+    return f"{PREFIX}{i:04d}"
+
+
+def _env(args: argparse.Namespace, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ, "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{args.db}", "REDIS_URL": args.redis_url,
+        "DJANGO_SETTINGS_MODULE": "bench.tenants_settings", "TALLY_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT), **extra,
+    }
+
+
+def database_prepare(args: argparse.Namespace) -> None:
+    import psycopg
+
+    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [args.db]).fetchone()
+        if exists and not args.reuse:
+            conn.execute(f'DROP DATABASE "{args.db}" WITH (FORCE)')
+        if not exists or not args.reuse:
+            conn.execute(f'CREATE DATABASE "{args.db}"')
+
+
+def django_setup(args: argparse.Namespace) -> None:
+    os.environ.update(_env(args))
+    import django
+
+    django.setup()
+
+
+def tenant_content(*, schema: str, terminals: int, customers: int, payments: int) -> None:
+    from django_tenants.utils import schema_context
+
+    from payments.services.adjustments import adjustment_create
+    from payments.services.charges import payment_create
+    from wallets.services.principals import (
+        customer_create,
+        merchant_create,
+        staff_member_get_or_create,
+        store_create,
+        terminal_create,
+    )
+
+    with schema_context(schema):
+        merchant = merchant_create(name="Merchant")
+        store = store_create(merchant=merchant, name="Store")
+        tills = [terminal_create(store=store, name=f"Till {i}") for i in range(terminals)]
+        staff = staff_member_get_or_create(username="bench")
+        for c in range(customers):
+            customer = customer_create(name=f"Customer {c}")
+            adjustment_create(staff=staff, customer=customer, asset_code="JPY", amount=10_000, direction="credit", reason="bench")
+            for p in range(payments):
+                payment_create(terminal=tills[p % len(tills)], customer=customer, asset_code="JPY", amount=100 + p)
+
+
+def phase_create(args: argparse.Namespace) -> None:
+    from django.core.management import call_command
+    from django.db import connection
+
+    from tenants.models import Tenant
+    from tenants.services import platform_ensure, tenant_create
+
+    started = time.perf_counter()
+    call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
+    platform_ensure(public_domain="bench-tenants.localhost")
+    connection.set_schema_to_public()
+    existing = Tenant.objects.filter(schema_name__startswith=PREFIX).count()
+    emit(phase="create", figure="setup_s", value=round(time.perf_counter() - started, 2), existing_tenants=existing)
+    creation: list[float] = []
+    content: list[float] = []
+    for i in range(existing, args.tenants):
+        t0 = time.perf_counter()
+        tenant_create(schema_name=schema_of(i), domain=f"{schema_of(i)}.bench.localhost", name=f"Bench {i}", main_currency="JPY")
+        t1 = time.perf_counter()
+        # The bench charges by customer id, as a tenant may allow (SPEC 4); the QR token is the default.
+        Tenant.objects.filter(schema_name=schema_of(i)).update(charge_by_customer_id=True)
+        tenant_content(schema=schema_of(i), terminals=args.terminals, customers=args.customers, payments=args.payments)
+        connection.set_schema_to_public()
+        t2 = time.perf_counter()
+        creation.append(t1 - t0)
+        content.append(t2 - t1)
+        nth = i + 1
+        if nth in MILESTONES or nth == args.tenants:
+            window = creation[-10:]
+            emit(phase="create", figure="tenant_create_s", nth=nth, value=round(t1 - t0, 3),
+                 median_last_10_s=round(statistics.median(window), 3), content_s=round(t2 - t1, 3))
+    if args.compare_django_tenants:
+        compare_django_tenants(args.compare_django_tenants)
+    if creation:
+        emit(phase="create", figure="summary", created=len(creation), tenants=args.tenants,
+             tenant_create_median_s=round(statistics.median(creation), 3), tenant_create_max_s=round(max(creation), 3),
+             content_median_s=round(statistics.median(content), 3), wall_s=round(time.perf_counter() - started, 1))
+
+
+def compare_django_tenants(count: int) -> None:
+    """Tenants created at this tenant count by django-tenants' own clone (its clone_schema),
+    timed, then removed: the reference the clone in tenants.schemas replaced."""
+    from django.db import connection
+    from django_tenants.models import TenantMixin
+
+    from tenants.models import Tenant
+    from tenants.services import tenant_create
+
+    ours = Tenant.create_schema
+    Tenant.create_schema = TenantMixin.create_schema  # type: ignore[method-assign]
+    try:
+        for k in range(count):
+            schema = f"btdt{k}"
+            t0 = time.perf_counter()
+            tenant_create(schema_name=schema, domain=f"{schema}.bench.localhost", name=schema, main_currency="JPY")
+            seconds = time.perf_counter() - t0
+            connection.set_schema_to_public()
+            emit(phase="create", figure="tenant_create_django_tenants_clone_s", tenants_before=_tenant_count() - 1, value=round(seconds, 3))
+            Tenant.objects.filter(schema_name=schema).delete()
+            with connection.cursor() as cursor:
+                cursor.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        Tenant.create_schema = ours  # type: ignore[method-assign]
+
+
+def _manage(args: argparse.Namespace, *command: str, **env: str) -> float:
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "manage.py", *command], cwd=ROOT, env=_env(args, **env), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"manage.py {' '.join(command)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return round(time.perf_counter() - started, 2)
+
+
+def _tenant_count() -> int:
+    from tenants.models import Tenant
+
+    return int(Tenant.objects.exclude(schema_name="public").count())
+
+
+def phase_migrate(args: argparse.Namespace) -> None:
+    schemas = _tenant_count()
+    runs = {
+        "skip_up_to_date": ["--tenant"],
+        "standard_all": ["--tenant", "--all-tenants"],
+        "multiprocessing_all": ["--tenant", "--all-tenants", "--executor=multiprocessing"],
+    }
+    for name, options in runs.items():
+        seconds = _manage(args, "migrate_schemas", "--noinput", "-v", "0", *options)
+        emit(phase="migrate", figure="noop_migrate_schemas_s", run=name, schemas=schemas, value=seconds,
+             per_schema_ms=round(1000 * seconds / schemas, 1))
+
+
+def phase_column(args: argparse.Namespace) -> None:
+    schemas = _tenant_count()
+    column = {"TALLY_BENCH_COLUMN_MIGRATIONS": "bench.tenantcol.migrations_column"}
+    for executor in args.column_executors.split(","):
+        seconds = _manage(args, "migrate_schemas", "--noinput", "-v", "0", "--tenant", f"--executor={executor}", **column)
+        emit(phase="column", figure="add_column_all_tenants_s", executor=executor, schemas=schemas, value=seconds,
+             per_schema_ms=round(1000 * seconds / schemas, 1))
+        seconds = _manage(args, "migrate_schemas", "tenantcol", "0001_initial", "--noinput", "-v", "0", "--tenant",
+                          f"--executor={executor}", **column)
+        emit(phase="column", figure="rollback_column_all_tenants_s", executor=executor, schemas=schemas, value=seconds)
+
+
+def _postgres_ms(database: str) -> float:
+    from bench.cpu_by_process import is_postgres, postgres_database, processes
+
+    ticks = sum(t for t, command, _ in processes().values() if is_postgres(command) and postgres_database(command) == database)
+    return ticks * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def phase_beat(args: argparse.Namespace) -> None:
+    from django.conf import settings
+    from django.db import connection
+
+    from config.celery import app
+
+    app.loader.import_default_modules()
+    total_wall = total_cpu = total_pg = 0.0
+    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+        task = app.tasks[str(entry["task"])]
+        connection.set_schema_to_public()
+        pg0, cpu0, t0 = _postgres_ms(args.db), time.process_time(), time.perf_counter()
+        result = task.apply(args=entry.get("args", ()), kwargs=entry.get("kwargs", {}))
+        wall, cpu, pg = time.perf_counter() - t0, time.process_time() - cpu0, _postgres_ms(args.db) - pg0
+        if result.failed():
+            raise SystemExit(f"beat entry {name} failed: {result.result!r}")
+        total_wall, total_cpu, total_pg = total_wall + wall, total_cpu + cpu, total_pg + pg
+        emit(phase="beat", figure="entry", entry=name, task=entry["task"], schedule_s=float(str(entry.get("schedule", 0) or 0)),
+             wall_s=round(wall, 3), python_cpu_s=round(cpu, 3), postgres_cpu_s=round(pg / 1000, 3))
+    emit(phase="beat", figure="cycle", tenants=_tenant_count(), entries=len(settings.CELERY_BEAT_SCHEDULE),
+         wall_s=round(total_wall, 3), python_cpu_s=round(total_cpu, 3), postgres_cpu_s=round(total_pg / 1000, 3))
+
+
+def phase_idle(args: argparse.Namespace) -> None:
+    from bench.bench_http import _RUNNER, _port_free, _wait_ready
+    from bench.cpu_by_process import is_postgres, postgres_database, processes
+
+    if not _port_free(PORT):
+        raise SystemExit(f"port {PORT} in use")
+    # Local settings (as `make run`), not the bench's: no eager tasks, no bench app.
+    env = _env(args, DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
+               PORT=str(PORT), VENV_BIN=str(ROOT / ".venv/bin"))
+    runner = subprocess.Popen([sys.executable, "-c", _RUNNER, "web,worker,beat"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_ready(PORT, timeout=60, process=runner)
+        time.sleep(args.idle_warmup)
+
+        def label(pid: str, command: str, group: int) -> str | None:
+            if group == runner.pid or _session_of(pid) == runner.pid:
+                return "runner"
+            if is_postgres(command):
+                return "postgres_backends" if postgres_database(command) == args.db else None
+            if "redis-server" in command:
+                return "redis_server_shared"
+            for name, needle in (("web", "gunicorn"), ("worker", "celery -A config worker"), ("beat", "celery -A config beat")):
+                if needle in command and _descends_from(pid, runner.pid):
+                    return name
+            return None
+
+        before = processes()
+        t0 = time.perf_counter()
+        time.sleep(args.idle_seconds)
+        after = processes()
+        seconds = time.perf_counter() - t0
+        tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK")
+        spent: dict[str, float] = {}
+        for pid, (ticks, command, group) in after.items():
+            name = label(pid, command, group)
+            if name is None:
+                continue
+            # A process born inside the window (a backend a task's connection opened) counts whole.
+            spent[name] = spent.get(name, 0.0) + (ticks - (before[pid][0] if pid in before else 0)) * tick_ms
+        platform = sum(v for k, v in spent.items() if k != "redis_server_shared")
+        emit(phase="idle", figure="cpu_percent_of_one_core", tenants=_tenant_count(), seconds=round(seconds, 1),
+             platform=round(100 * platform / 1000 / seconds, 2),
+             **{k: round(100 * v / 1000 / seconds, 2) for k, v in sorted(spent.items())})
+    finally:
+        os.killpg(runner.pid, signal.SIGTERM)
+        try:
+            runner.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait()
+
+
+def _session_of(pid: str) -> int:
+    from bench.cpu_by_process import _stat_fields
+
+    return int(_stat_fields(pid)[4])
+
+
+def _descends_from(pid: str, ancestor: int) -> bool:
+    from bench.cpu_by_process import _stat_fields
+
+    current = int(pid)
+    for _ in range(10):
+        try:
+            current = int(_stat_fields(current)[1])
+        except OSError:
+            return False
+        if current == ancestor:
+            return True
+        if current <= 1:
+            return False
+    return False
+
+
+def phase_latency(args: argparse.Namespace) -> None:
+    from django.core.handlers.wsgi import WSGIHandler
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from bench.bench_request_cpu import _environ
+    from tenants.models import Tenant
+    from wallets.models import Customer, Terminal
+    from wallets.services.principals import api_key_create
+
+    schemas = sorted(Tenant.objects.filter(schema_name__startswith=PREFIX).values_list("schema_name", flat=True))
+    first, last = schemas[0], schemas[-1]
+    setup: dict[str, tuple[str, str, str]] = {}
+    for schema in (first, last):
+        with schema_context(schema):
+            terminal = Terminal.objects.order_by("id").first()
+            customer = Customer.objects.order_by("id").first()
+            assert terminal is not None and customer is not None
+            _, key = api_key_create(principal=terminal)
+            setup[schema] = (f"{schema}.bench.localhost", key, customer.id)
+        connection.set_schema_to_public()
+    application = WSGIHandler()
+    times: dict[str, list[float]] = {first: [], last: []}
+
+    def pay(schema: str) -> float:
+        host, key, customer = setup[schema]
+        body = json.dumps({"customer": customer, "asset": "JPY", "amount": 1}).encode()
+        environ = dict(_environ(body, key), HTTP_HOST=host)
+        status: list[str] = []
+        t0 = time.perf_counter()
+        for _ in application(environ, lambda s, h, *a: status.append(s)):
+            pass
+        elapsed = time.perf_counter() - t0
+        if not status or not status[0].startswith("201"):
+            raise SystemExit(f"payment in {schema}: {status}")
+        return elapsed
+
+    for schema in (first, last) * 20:  # warm-up: connection, caches, prepared statements
+        pay(schema)
+    for _ in range(args.latency_requests):
+        for schema in (first, last):
+            times[schema].append(pay(schema))
+
+    def pct(values: list[float], q: float) -> float:
+        ordered = sorted(values)
+        return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    for label, schema in (("first", first), ("last", last)):
+        emit(phase="latency", figure="keyed_payment_ms", tenant=label, schema=schema, tenants=_tenant_count(), how="in-process WSGI",
+             requests=len(times[schema]), p50=pct(times[schema], 0.5), p99=pct(times[schema], 0.99))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tenants", type=int, default=100)
+    parser.add_argument("--phase", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    parser.add_argument("--db", default="tally_bench_tenants", help="must start with tally_bench_tenants")
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/15")
+    parser.add_argument("--reuse", action="store_true", help="keep the database and its tenants; create only the missing ones")
+    parser.add_argument("--keep", action="store_true", help="leave the database for a later --reuse")
+    parser.add_argument("--compare-django-tenants", type=int, default=0, metavar="K",
+                        help="after creating, time K more tenants made by django-tenants' clone_schema (then removed)")
+    parser.add_argument("--terminals", type=int, default=2)
+    parser.add_argument("--customers", type=int, default=3)
+    parser.add_argument("--payments", type=int, default=3, help="payments per customer")
+    parser.add_argument("--column-executors", default="standard,multiprocessing")
+    parser.add_argument("--idle-seconds", type=float, default=60)
+    parser.add_argument("--idle-warmup", type=float, default=15)
+    parser.add_argument("--latency-requests", type=int, default=300)
+    args = parser.parse_args()
+    if not args.db.startswith("tally_bench_tenants"):
+        raise SystemExit("--db must start with tally_bench_tenants")
+    phases = [p for p in args.phase.split(",") if p]
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        raise SystemExit(f"unknown phase(s): {sorted(unknown)}")
+    if "create" not in phases and not args.reuse:
+        raise SystemExit("without the create phase, pass --reuse (a database an earlier --keep run left)")
+
+    database_prepare(args)
+    django_setup(args)
+    try:
+        for phase in PHASES:
+            if phase in phases:
+                started = time.perf_counter()
+                globals()[f"phase_{phase}"](args)
+                emit(phase=phase, figure="phase_wall_s", value=round(time.perf_counter() - started, 1))
+    finally:
+        if not args.keep:
+            from django.db import connections
+
+            connections.close_all()
+            import psycopg
+
+            with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()

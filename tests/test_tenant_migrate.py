@@ -1,0 +1,86 @@
+"""`migrate_schemas` over every tenant visits only the tenants with a migration to run
+(tenants/management/commands/migrate_schemas.py), found by one query over all schemas;
+the tenant it migrates ends up as a tenant that never fell behind."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django_tenants.migration_executors import standard
+
+from tenants.models import Tenant
+from tenants.schemas import migration_leaves, schemas_missing_migrations
+from tenants.services import tenant_create
+from tests.tools.schema_shape import schema_shape, shape_differences
+
+BEHIND, AHEAD = "mig_behind", "mig_ahead"
+
+
+def _remove(*schemas: str) -> None:
+    connection.set_schema_to_public()
+    Tenant.objects.filter(schema_name__in=schemas).delete()
+    with connection.cursor() as cursor:
+        for schema in schemas:
+            cursor.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def two_tenants(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    with django_db_blocker.unblock():
+        _remove(BEHIND, AHEAD)
+        for schema in (BEHIND, AHEAD):
+            tenant_create(schema_name=schema, domain=f"{schema}.test.localhost", name=schema, main_currency="JPY")
+        try:
+            yield
+        finally:
+            _remove(BEHIND, AHEAD)
+
+
+def test_only_a_tenant_behind_is_migrated_and_it_ends_as_one_that_never_was(
+    two_tenants: None, django_db_blocker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with django_db_blocker.unblock():
+        call_command("migrate_schemas", "webhooks", "0005_admin_names", schema_name=BEHIND, interactive=False, verbosity=0)
+        connection.set_schema_to_public()
+        schemas = [str(s) for s in Tenant.objects.exclude(schema_name="public").values_list("schema_name", flat=True)]
+        assert len(schemas) >= 4  # the template, the session's tenants and these two
+        assert schemas_missing_migrations(schemas=schemas) == {s: int(s == BEHIND) for s in schemas}
+
+        visited: list[str] = []
+        real = standard.run_migrations
+
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            visited.append(args[3] if len(args) > 3 else kwargs["schema_name"])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(standard, "run_migrations", recording)
+        out = io.StringIO()
+        call_command("migrate_schemas", tenant=True, interactive=False, verbosity=1, stdout=out)
+        assert visited == [BEHIND]
+        assert f"1 of {len(schemas)} tenants to migrate" in out.getvalue()
+        connection.set_schema_to_public()
+        assert schemas_missing_migrations(schemas=schemas) == dict.fromkeys(schemas, 0)
+        differences = shape_differences(schema_shape(AHEAD), schema_shape(BEHIND))
+        # Going back and forth wrote one django_migrations row twice: its id moved on.
+        assert [d for d in differences if "'django_migrations_id_seq'" not in d] == []
+
+        visited.clear()
+        call_command("migrate_schemas", tenant=True, all_tenants=True, interactive=False, verbosity=0)
+        assert sorted(visited) == sorted(schemas)  # --all-tenants: django-tenants' own visit of every tenant
+        connection.set_schema_to_public()
+
+
+def test_a_schema_without_django_migrations_counts_every_migration_missing(django_db_setup: None, django_db_blocker: Any) -> None:
+    with django_db_blocker.unblock():
+        _remove("mig_empty")
+        with connection.cursor() as cursor:
+            cursor.execute('CREATE SCHEMA "mig_empty"')
+        try:
+            assert schemas_missing_migrations(schemas=["mig_empty"]) == {"mig_empty": len(migration_leaves())}
+        finally:
+            _remove("mig_empty")
