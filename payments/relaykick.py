@@ -5,8 +5,9 @@ schema at most every RELAY_MIN_INTERVAL_MS.
 The relay lives above payments (webhooks.tasks, task "webhooks.outbox_relay"); payments
 never imports it. The kick sends the task BY NAME with the tenant schema in the header
 tenant-schemas-celery reads (`_schema_name`). The kick is only for latency: if it fails
-(broker down, a crash between commit and send) nothing is lost, the beat sweep
-("webhooks.relay_all_tenants") relays the event a few seconds later. It never raises into
+(broker down, a crash between commit and send) nothing is lost: the transaction marked
+its tenant's relay work due (tenants.duework), and beat ("webhooks.relay_due_tenants")
+relays the event within 10 s. It never raises into
 the caller: the money has already committed when it runs.
 """
 
@@ -18,8 +19,11 @@ import secrets
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
+from django.utils import timezone
 
 from fastpath.kicks import kick_claim, kick_drop, kick_started
+from tenants.duework import due_work_mark
+from tenants.models import DueWorkKind
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +99,13 @@ def outbox_relay_kick_pending_clear(*, schema_name: str, kick_token: str = "") -
 
 
 def outbox_relay_kick_on_commit() -> None:
-    """Kick the relay once after the current transaction commits (at once outside one)."""
+    """Kick the relay once after the current transaction commits (at once outside one),
+    and mark the tenant's relay work due in the transaction (tenants.duework), so the beat
+    relays it even if the kick is lost. Locks: the tenant's relay due-work lock, SHARED."""
     schema_name = str(getattr(connection, "schema_name", "public"))
     for entry in connection.run_on_commit:
         callback = entry[1]
         if isinstance(callback, _RelayKick) and callback.schema_name == schema_name:
             return
+    due_work_mark(kind=DueWorkKind.RELAY, due_at=timezone.now())
     transaction.on_commit(_RelayKick(schema_name), robust=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
-from django.db.models import F, Q, QuerySet, Sum
+from django.db.models import F, Min, Q, QuerySet, Sum
 from django.utils import timezone
 
 from payments.models import (
@@ -267,6 +267,19 @@ def topups_pending_stale(*, created_before: datetime, after: TopUpCursor | None 
     the recovery task's work list, one page (oldest first) after `after`."""
     pending = TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=created_before, operator_review_at__isnull=True)
     return _page(pending.exclude(claim_key=""), after=after, limit=limit)
+
+
+def topups_recovery_next_due_at(*, lease_seconds: int, now: datetime) -> datetime | None:
+    """When the top-up recovery next has work in this tenant: `now` if a card refund is
+    owed, else the oldest pending top-up's lease end (not one waiting for an operator);
+    None when neither. Pending top-ups are read first: one that fails with a charge in
+    between is then seen by the second read."""
+    oldest = TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=True).exclude(claim_key="").aggregate(
+        oldest=Min("created")
+    )["oldest"]
+    if topups_charged_uncredited().exists():
+        return now
+    return oldest + timedelta(seconds=lease_seconds) if oldest is not None else None
 
 
 def topups_pending_count() -> int:

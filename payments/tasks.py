@@ -1,6 +1,8 @@
-"""Recovery of card top-ups (payments/services/topup_saga.py): a beat task in the public
-schema fans out one task per tenant (tenant-schemas-celery carries the schema), each one
-service call."""
+"""Recovery of card top-ups (payments/services/topup_saga.py): beat tasks in the public
+schema fan out one task per tenant (tenant-schemas-celery carries the schema), each one
+service call. Every 10 s only the tenants whose recovery work is due (tenants.duework);
+every 10 minutes all of them, the safety sweep (it also purges old PSP event markers and
+refreshes the top-up gauges)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,26 @@ from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
 from payments.services.topup_saga import topup_recovery_run
+from tenants.duework import due_work_schemas
+from tenants.models import DueWorkKind
 from tenants.selectors import tenant_schemas_active
+
+
+@shared_task(base=TenantTask, name="payments.topups_recover_due_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def topups_recover_due_tenants() -> int:
+    """Beat entry point, every 10 s: enqueue `topups_recover_tenant` in each tenant whose
+    recovery work is due (one query of the public table)."""
+    schemas = due_work_schemas(kinds=[DueWorkKind.TOPUPS])
+    for schema_name in schemas:
+        with schema_context(schema_name):
+            topups_recover_tenant.delay()
+    return len(schemas)
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_all_tenants() -> int:
-    """Beat entry point: enqueue `topups_recover_tenant` inside every active tenant."""
+    """Beat's safety sweep, every 10 minutes: enqueue `topups_recover_tenant` inside every
+    active tenant."""
     schemas = tenant_schemas_active()
     for schema_name in schemas:
         with schema_context(schema_name):

@@ -87,3 +87,31 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
 class Domain(DomainMixin):  # type: ignore[misc]  # django-tenants is untyped
     def __str__(self) -> str:
         return str(self.domain)
+
+
+class DueWorkKind(models.TextChoices):
+    """What a tenant's due work is; the beat task of each concern reads its kinds."""
+
+    # Outbox events to publish and deliveries to send now (written by the commit that makes them).
+    RELAY = "relay", "Relay: events or deliveries due now"
+    # The relay's next due time when nothing is due now (a webhook retry, a failed
+    # publication's backoff); written only by a relay that settled its tenant.
+    RELAY_LATER = "relay_later", "Relay: next retry"
+    # Card top-ups the recovery has to look at (pending past their lease, refunds owed).
+    TOPUPS = "topups", "Top-up recovery"
+
+
+class DueWork(models.Model):
+    """One row per tenant and kind of work that is due at `due_at` (public schema): the
+    10 s beat tasks read this table, not every tenant (tenants/duework.py)."""
+
+    pk = models.CompositePrimaryKey("tenant", "kind")
+    tenant = models.ForeignKey(Tenant, to_field="schema_name", on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=DueWorkKind.choices)
+    due_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["due_at"], name="duework_due_at")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.kind} due {self.due_at:%Y-%m-%d %H:%M:%S}"

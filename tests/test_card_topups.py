@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,8 +30,8 @@ from django.test import Client
 from payments.idempotency.models import IdempotencyRecord
 from payments.models import PspWebhookEvent, TopUp
 from payments.services.card_topups import topup_settlement_compare
-from payments.tasks import topups_recover_all_tenants
-from tenants.models import Tenant
+from payments.tasks import topups_recover_all_tenants, topups_recover_due_tenants
+from tenants.models import DueWork, DueWorkKind, Tenant
 from tests.conftest import TENANT_A, TENANT_B, in_tenant, psp_account_configure, run_in_thread_tenant
 from tests.psp_sim import Simulator
 from tests.receivers import free_port
@@ -533,6 +533,42 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
     )
     assert replay.status_code == 201 and replay["Idempotent-Replayed"] == "true" and replay.json()["id"] == topup_id
     assert replay["Original-Request"] == "req_dead"
+
+
+def test_a_claim_marks_its_tenant_for_recovery_and_beats_due_task_alone_recovers_it(live: Live) -> None:
+    """The claim commits its tenant's recovery row (tenants.duework) with the top-up, due
+    when the lease ends; beat's 10 s task, which reads only that table (not the 10-minute
+    sweep of every tenant), then recovers the top-up a crash left behind."""
+    from django.utils import timezone
+
+    from payments.idempotency.selectors import IdempotencyPolicy
+    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from payments.services import topup_saga
+    from payments.services.card_topups import topup_pending_ensure
+
+    schema = TENANT_A["schema_name"]
+    DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.TOPUPS).delete()
+    idem = uuid.uuid4().hex
+    call = IdempotentCall(principal_id=live.customer.pk, key=idem, scope="customer", request_id="req_due", fingerprint="d" * 64,
+                          method="POST", path="/v1/customer/topups")
+
+    def on_claim(ctx: Any) -> None:
+        topup_pending_ensure(topup_id=ctx.minted[topup_saga.MINT_NAME], customer=live.customer, asset_code="JPY", amount=700,
+                             payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=idem)
+
+    claimed_at = timezone.now()
+    claim = idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim)
+    assert isinstance(claim, Claim)
+    (row,) = DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.TOPUPS)
+    assert claimed_at < row.due_at <= timezone.now() + timedelta(seconds=2)  # the lease (TALLY_TOPUP_LEASE_SECONDS) ends
+    topup_id = claim.context.minted["topup"]
+    deadline = time.monotonic() + 20
+    while TopUp.objects.get(pk=topup_id).status == "pending":
+        assert time.monotonic() < deadline, "beat's due task did not recover the top-up"
+        time.sleep(0.3)
+        topups_recover_due_tenants.apply()
+        connection.set_schema(schema)
+    assert live.credits(topup_id) == 1 and len(live.charges()) == 1
 
 
 # --- The PSP refusing the request: nothing charged, the top-up fails at once ------------------

@@ -149,3 +149,32 @@ def test_a_commits_kick_reaches_the_worker_whose_relay_clears_its_mark(
     assert fast_redis().get(_kick_pending_key(live_tenant.schema_name)) is not None  # kicked
     _until(lambda: OutboxEvent.objects.filter(pk=event.pk, published_at__isnull=False).exists(), worker, "the kicked relay")
     _until(lambda: fast_redis().get(_kick_pending_key(live_tenant.schema_name)) is None, worker, "the kicked relay to clear its mark", seconds=5)
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")  # the tasks go to the real worker
+def test_a_worker_consumes_every_queue_and_settles_the_due_work_beat_sent_it(
+    live_tenant: Tenant, worker: subprocess.Popen[bytes], settings: Any
+) -> None:
+    """A worker started as the tests and the fault suite start it (no -Q) consumes every
+    queue in settings.CELERY_TASK_QUEUES, as the Procfile's (-Q with all of them) does. A
+    relay sent the way beat sends it (queue "webhooks") publishes the event and settles the
+    tenant's due-work rows (a stale "later" row is rewritten or deleted)."""
+    from datetime import UTC, datetime
+
+    from tenants.models import DueWork
+
+    replies = _until(lambda: current_app.control.inspect(timeout=2).active_queues(), worker, "the worker's queues")
+    (queues,) = replies.values()
+    assert {q["name"] for q in queues} == set(settings.CELERY_TASK_QUEUES)
+
+    merchant_id = MerchantFactory().pk
+    event = run_atomic(
+        lambda: outbox_event_create(topic="payment.succeeded", payload={"id": "pay_wq", "object": "payment", "merchant": merchant_id}),
+        operation="test_event",
+    )
+    assert DueWork.objects.filter(tenant_id=live_tenant.schema_name, kind="relay").exists()
+    stale = datetime(2100, 1, 1, tzinfo=UTC)
+    DueWork.objects.update_or_create(tenant_id=live_tenant.schema_name, kind="relay_later", defaults={"due_at": stale})
+    current_app.send_task("webhooks.relay_scheduled", headers={"_schema_name": live_tenant.schema_name}, retry=False, ignore_result=True)
+    _until(lambda: OutboxEvent.objects.filter(pk=event.pk, published_at__isnull=False).exists(), worker, "the scheduled relay")
+    _until(lambda: not DueWork.objects.filter(tenant_id=live_tenant.schema_name, due_at=stale).exists(), worker, "the due-work rows settled")

@@ -785,9 +785,12 @@ def test_celery_is_configured_for_money() -> None:
     assert 0 < conf.task_soft_time_limit < conf.task_time_limit
     assert conf.broker_transport_options["visibility_timeout"] > conf.task_time_limit
     schedule = settings.CELERY_BEAT_SCHEDULE["webhooks-relay"]
-    assert schedule["task"] == "webhooks.relay_all_tenants"
+    assert schedule["task"] == "webhooks.relay_due_tenants"
     assert float(schedule["schedule"]) < conf.broker_transport_options["visibility_timeout"]  # type: ignore[arg-type]
-    assert "webhooks.outbox_relay" in current_app.tasks and "webhooks.relay_all_tenants" in current_app.tasks
+    sweep = settings.CELERY_BEAT_SCHEDULE["webhooks-relay-sweep"]
+    assert sweep["task"] == "webhooks.relay_all_tenants"
+    assert float(sweep["schedule"]) < conf.broker_transport_options["visibility_timeout"]  # type: ignore[arg-type]
+    assert {"webhooks.outbox_relay", "webhooks.relay_scheduled", "webhooks.relay_due_tenants", "webhooks.relay_all_tenants"} <= set(current_app.tasks)
 
 
 def test_a_batch_of_events_with_no_delivery_to_make_is_published_with_one_update(tenant: Tenant) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import Min, QuerySet
+from django.db.models.functions import Coalesce
 
+from payments.models import OutboxEvent
 from wallets.errors import NotFound
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint, WebhookEndpointStatus
 
@@ -40,3 +42,24 @@ def webhook_deliveries_due_exist(*, now: datetime) -> bool:
     return WebhookDelivery.objects.filter(
         status=WebhookDeliveryStatus.PENDING, next_attempt_at__lte=now, endpoint__status=WebhookEndpointStatus.ENABLED
     ).exists()
+
+
+def relay_work_next_due_at(*, now: datetime) -> datetime | None:
+    """When this tenant's relay next has work: the earliest live unpublished event (its
+    backoff, else its creation), `now` while a delivery is being sent (its outcome may
+    schedule a retry sooner than its lease ends), else the earliest pending delivery of an
+    enabled endpoint; None when there is nothing at all. Events are read before deliveries:
+    an event published in between has made its deliveries by the second read."""
+    dues: list[datetime] = []
+    event_due = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).aggregate(
+        due=Min(Coalesce("next_attempt_at", "created"))
+    )["due"]
+    if event_due is not None:
+        dues.append(event_due)
+    pending = WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.PENDING, endpoint__status=WebhookEndpointStatus.ENABLED)
+    if pending.filter(leased_until__gt=now).exists():
+        dues.append(now)
+    delivery_due = pending.order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first()
+    if delivery_due is not None:
+        dues.append(delivery_due)
+    return min(dues, default=None)

@@ -1,6 +1,8 @@
 """The outbox relay's Celery tasks (SPEC 8). Kicked after each commit that wrote an event
 (payments.services.outbox sends "webhooks.outbox_relay" by name with the tenant schema),
-and swept by beat every few seconds per tenant, which catches any kick that was lost."""
+and sent by beat to the tenants with relay work due (tenants.duework): that catches any
+kick that was lost and sends the webhook retries that come due. Every tenant is swept
+besides, every 10 minutes. Queues: settings.CELERY_TASK_ROUTES."""
 
 from __future__ import annotations
 
@@ -12,32 +14,57 @@ from django.utils import timezone
 from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
+from tenants.duework import due_work_schemas
+from tenants.models import DueWorkKind
 from tenants.selectors import tenant_schemas_active
 from webhooks.selectors import webhook_deliveries_due_exist
 from webhooks.services.relay import outbox_relay_run
 
 
-@shared_task(base=TenantTask, name="webhooks.outbox_relay", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
-def webhooks_outbox_relay(kick_token: str = "") -> int:
-    """Runs in one tenant's schema: publish due outbox events, send due deliveries.
-    `kick_token`: set when a commit's kick sent this task (payments.services.outbox).
-
-    A run that spent its dispatch budget with deliveries still due queues another run of
+def _relay(*, kick_token: str, settle: bool) -> int:
+    """A run that spent its dispatch budget with deliveries still due queues another run of
     this tenant behind whatever waits in the queue, and frees its worker process: a tenant
     with a huge backlog takes turns with the others instead of holding the workers."""
     started = time.monotonic()
-    published = outbox_relay_run(kick_token=kick_token)
+    published = outbox_relay_run(kick_token=kick_token, settle=settle)
     spent = time.monotonic() - started >= float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS)
     if spent and not current_app.conf.task_always_eager and webhook_deliveries_due_exist(now=timezone.now()):
         webhooks_outbox_relay.delay()  # tenant-schemas-celery sends this schema with it
     return published
 
 
+@shared_task(base=TenantTask, name="webhooks.outbox_relay", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def webhooks_outbox_relay(kick_token: str = "") -> int:
+    """Runs in one tenant's schema: publish due outbox events, send due deliveries.
+    `kick_token`: set when a commit's kick sent this task (payments.services.outbox)."""
+    return _relay(kick_token=kick_token, settle=False)
+
+
+@shared_task(base=TenantTask, name="webhooks.relay_scheduled", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def webhooks_relay_scheduled() -> int:
+    """Runs in one tenant's schema, sent by beat: the relay, then the tenant's due-work row
+    settled (deleted, or moved to the next retry)."""
+    return _relay(kick_token="", settle=True)
+
+
+@shared_task(base=TenantTask, name="webhooks.relay_due_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def webhooks_relay_due_tenants() -> int:
+    """Beat entry point, every 10 s: enqueue `webhooks_relay_scheduled` in each tenant whose
+    relay work is due (one query of the public table)."""
+    schemas = due_work_schemas(kinds=[DueWorkKind.RELAY, DueWorkKind.RELAY_LATER])
+    for schema_name in schemas:
+        with schema_context(schema_name):
+            webhooks_relay_scheduled.delay()
+    return len(schemas)
+
+
 @shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def webhooks_relay_all_tenants() -> int:
-    """Beat entry point: enqueue `webhooks_outbox_relay` inside every active tenant."""
+    """Beat's safety sweep, every 10 minutes: enqueue `webhooks_relay_scheduled` inside
+    every active tenant, marked or not, so work whose due-work row went missing waits at
+    most that long."""
     schemas = tenant_schemas_active()
     for schema_name in schemas:
         with schema_context(schema_name):
-            webhooks_outbox_relay.delay()
+            webhooks_relay_scheduled.delay()
     return len(schemas)

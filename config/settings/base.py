@@ -245,6 +245,22 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # to 30 s apart) rather than exiting after Celery's default 100 tries (docs/RELIABILITY.md).
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Queues by concern, each consumed (and scaled) on its own: a long reconciliation run or a
+# retry storm to a dead endpoint cannot hold up a fresh payment's webhook. A worker started
+# without -Q consumes all of them (the Procfile names them; it says how to split them).
+# - relay: the relay runs a commit kicks (publish the new events, send their deliveries);
+# - webhooks: the relay runs beat sends (retries come due, events a lost kick left);
+# - recovery: card top-up recovery (PSP calls);
+# - reconciliation: reconciliation runs (whole-ledger reads, up to RUN_TIME_LIMIT_SECONDS);
+# - default: everything else (beat's fan-outs, the idempotency purge).
+CELERY_TASK_QUEUES = {name: {"exchange": name, "routing_key": name} for name in ("default", "relay", "webhooks", "recovery", "reconciliation")}
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_ROUTES = {
+    "webhooks.outbox_relay": {"queue": "relay"},
+    "webhooks.relay_scheduled": {"queue": "webhooks"},
+    "payments.topups_recover_tenant": {"queue": "recovery"},
+    "reconciliation.run_tenant": {"queue": "reconciliation"},
+}
 CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in workers
 # A task finds its tenant by schema name (tenant-schemas-celery): a query per task unless
@@ -255,9 +271,11 @@ CELERY_TASK_TENANT_CACHE_SECONDS = int(TENANT_CACHE_SECONDS)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 # Idempotency retention: purge records past replay + tombstone windows, per tenant.
 CELERY_BEAT_SCHEDULE["idempotency-purge"] = {"task": "idempotency.purge_all_tenants", "schedule": 600.0}
-# The outbox relay's sweep, per tenant: catches every event an after-commit kick missed
-# and sends the webhook retries that have come due (SPEC 8).
-CELERY_BEAT_SCHEDULE["webhooks-relay"] = {"task": "webhooks.relay_all_tenants", "schedule": 10.0}
+# The outbox relay in the tenants with relay work due (tenants.duework): every event an
+# after-commit kick missed and the webhook retries that have come due (SPEC 8). Then the
+# safety sweep of every tenant, which bounds what a missing due-work row can delay.
+CELERY_BEAT_SCHEDULE["webhooks-relay"] = {"task": "webhooks.relay_due_tenants", "schedule": 10.0}
+CELERY_BEAT_SCHEDULE["webhooks-relay-sweep"] = {"task": "webhooks.relay_all_tenants", "schedule": 600.0}
 
 # --- Observability ----------------------------------------------------------------
 LOG_LEVEL = env("TALLY_LOG_LEVEL", default="INFO")
@@ -309,8 +327,10 @@ TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFT
 # saga stores it for the request and for the recovery task, and finds it here, so that
 # the services do not import the API layer (as DRF's EXCEPTION_HANDLER is named above).
 TALLY_TOPUP_ANSWER_RENDER = "payments.api.customer.topup_answer_render"
-# Recovery of card top-ups left unknown (crash, timeout), per tenant.
-CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_all_tenants", "schedule": 10.0}
+# Recovery of card top-ups left unknown (crash, timeout), in the tenants with recovery
+# work due (tenants.duework), then the safety sweep of every tenant.
+CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_due_tenants", "schedule": 10.0}
+CELERY_BEAT_SCHEDULE["topups-recover-sweep"] = {"task": "payments.topups_recover_all_tenants", "schedule": 600.0}
 
 # Contact data encrypted at rest (wallets.contacts): Fernet keys, newest first. MultiFernet
 # encrypts with the first and decrypts with any, so a key is rotated by putting a new one in

@@ -8,8 +8,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import Min
 
-from payments.idempotency.models import IdempotencyRecord, RecordState
+from payments.idempotency.models import Effect, IdempotencyRecord, RecordState
 
 DEFAULT_LEASE_SECONDS = 60
 
@@ -145,6 +146,15 @@ def idempotency_orphans_list(
         cursor.execute(f"SELECT id FROM idempotency_record WHERE {where} ORDER BY lease_expires_at, id LIMIT %s", [*params, limit])  # noqa: S608 - no client input in `where`
         record_ids = [int(r[0]) for r in cursor.fetchall()]
     return list(IdempotencyRecord.objects.filter(id__in=record_ids).order_by("lease_expires_at", "id"))
+
+
+def idempotency_external_lease_next_end() -> datetime | None:
+    """The earliest lease end of an in-flight record of an external effect (a card
+    top-up's claim): when the recovery may next have one to take over."""
+    due: datetime | None = IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, effect=Effect.EXTERNAL).aggregate(
+        due=Min("lease_expires_at")
+    )["due"]
+    return due
 
 
 def idempotency_stuck_count() -> int:

@@ -50,6 +50,7 @@ from payments.selectors import (
     topups_refund_due,
 )
 from payments.services.outbox import outbox_event_create
+from payments.services.topup_due import topup_due_mark
 from payments.services.topups import topup_credit
 from tenants.selectors import tenant_current, tenant_rate
 from wallets.errors import BusinessRefusal, CapExceeded, InvalidRequest, NotFound, WalletFrozen
@@ -100,11 +101,13 @@ def topup_pending_ensure(
     *, topup_id: str, customer: Customer, asset_code: str, amount: object, payment_method: str, claim_principal_id: str, claim_key: str
 ) -> TopUp:
     """Step 1, in the claim's transaction: the pre-registered top-up (status pending) and
-    its `topup.created` outbox row, under the id minted at claim time. Idempotent across
-    takeovers of the claim: an existing top-up of that id is returned as it is.
+    its `topup.created` outbox row, under the id minted at claim time, and its tenant's
+    recovery due-work row. Idempotent across takeovers of the claim: an existing top-up of
+    that id is returned as it is.
 
     Refuses (nothing written) a non-currency asset, a bad amount, a tenant without an
-    active gateway. Locks: none (the claim row is the caller's)."""
+    active gateway. Locks: none (the claim row is the caller's) but the due-work lock,
+    shared (`topup_due_mark`)."""
     existing = TopUp.objects.filter(pk=topup_id).first()  # takeover: the claim's top-up is already written
     if existing is not None:
         return existing
@@ -122,6 +125,7 @@ def topup_pending_ensure(
         id=topup_id, customer=customer, asset=asset, amount=minor, bonus_amount=bonus, payment_method=payment_method[:100],
         gateway=account.gateway, claim_principal_id=claim_principal_id[:64], claim_key=claim_key[:255],
     )
+    topup_due_mark()
     outbox_event_create(
         topic="topup.created",
         payload={"id": topup.id, "object": "topup", "customer": customer.pk, "asset": asset.code, "amount": minor, "status": topup.status},

@@ -57,6 +57,7 @@ from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import TopUpCursor, topup_get, topups_pending_stale
 from payments.services import card_topups
+from payments.services.topup_due import topup_due_settle
 from wallets.errors import BusinessRefusal, NotFound, TallyError
 from wallets.transactions import is_connection_failure, run_atomic
 
@@ -229,11 +230,14 @@ def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int
 
     Locks: the tenant's recovery lock (session advisory) for the pass; per item, the
     idempotency record (takeover, then the fenced completion), the top-up row and the
-    balance rows (in the completion's transaction)."""
+    balance rows (in the completion's transaction); then the due-work lock, tried
+    (`topup_due_settle`)."""
     with topup_recovery_lock() as taken:
         if not taken:
             return {"skipped": 1}
-        return _recovery_pass(batch_size=batch_size)
+        counts = _recovery_pass(batch_size=batch_size)
+        topup_due_settle()
+        return counts
 
 
 def _recovery_pass(*, batch_size: int) -> dict[str, int]:

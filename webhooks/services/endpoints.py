@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.utils import timezone
 
+from payments.relaykick import outbox_relay_kick_on_commit
 from wallets import ids
 from wallets.models import Merchant
 from webhooks.errors import WebhookEndpointInvalid, WebhookEndpointLimitReached
@@ -90,6 +91,8 @@ def webhook_endpoint_update(
         fields += ["status", "disabled_reason"]
     if fields:
         endpoint.save(update_fields=[*fields, "updated"])
+    if status == WebhookEndpointStatus.ENABLED:
+        outbox_relay_kick_on_commit()  # its pending deliveries are due again
     return endpoint
 
 

@@ -25,9 +25,12 @@ from django.utils import timezone
 
 from payments.models import OutboxEvent
 from payments.relaykick import outbox_relay_kick_on_commit, outbox_relay_kick_pending_clear
+from tenants.duework import due_work_settle
+from tenants.models import DueWorkKind
 from webhooks import metrics
 from webhooks.locks import outbox_event_lock, outbox_events_claim
 from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEndpointStatus
+from webhooks.selectors import relay_work_next_due_at
 from webhooks.services.deliveries import RETRY_WINDOW, webhook_deliveries_dispatch
 
 logger = logging.getLogger(__name__)
@@ -143,14 +146,19 @@ def outbox_lag_seconds_refresh(*, now: datetime | None = None) -> float:
 
 
 def outbox_relay_run(
-    *, now: datetime | None = None, batch_size: int = RELAY_BATCH_SIZE, max_batches: int = RELAY_MAX_BATCHES, kick_token: str = ""
+    *, now: datetime | None = None, batch_size: int = RELAY_BATCH_SIZE, max_batches: int = RELAY_MAX_BATCHES, kick_token: str = "",
+    settle: bool = False,
 ) -> int:
     """The relay, in the current tenant: publish due events batch by batch, refresh the lag
     gauge, then send due deliveries (publishing what commits meanwhile) until none is due
     or the dispatch budget is spent. Returns the number of events published. `kick_token`:
     the token of the commit's kick that sent this relay ('' for the beat sweep and by hand).
+    `settle` (the runs beat sends): then record when this tenant's relay work is next due
+    (tenants.duework); kicked runs leave that to beat's, so a busy tenant's row is not
+    deleted and written again at every commit.
 
-    Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once.
+    Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once;
+    then, settling, the tenant's relay due-work lock (tried).
     """
     # Before the first read: a commit that sees no kick pending after this point sends one.
     outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")), kick_token=kick_token)
@@ -173,6 +181,10 @@ def outbox_relay_run(
             published_meanwhile += outbox_batch_publish(batch_size=batch_size, now=now)[1]
 
     webhook_deliveries_dispatch(now=now, publish=publish_meanwhile)
+    if settle:
+        due_work_settle(
+            kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=lambda: relay_work_next_due_at(now=timezone.now())
+        )
     return published + published_meanwhile
 
 
