@@ -301,7 +301,7 @@ def test_a_tenant_that_is_not_active_is_not_sent_work(tenant: Tenant, tenant_b: 
 # --- Queues (real Redis) ---------------------------------------------------------------------
 
 
-QUEUES = ("default", "relay", "webhooks", "recovery", "reconciliation")
+QUEUES = ("celery", "relay", "webhooks", "recovery", "reconciliation")
 
 
 @pytest.fixture
@@ -344,7 +344,7 @@ def test_each_kind_of_task_lands_on_its_own_queue(broker: redis.Redis, tenant: T
         "webhooks": [("webhooks.relay_scheduled", schema)],
         "recovery": [("payments.topups_recover_tenant", schema)],
         "reconciliation": [("reconciliation.run_tenant", schema)],
-        "default": [("idempotency.purge_tenant", schema)],
+        "celery": [("idempotency.purge_tenant", schema)],
     }
 
 

@@ -252,9 +252,10 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # - webhooks: the relay runs beat sends (retries come due, events a lost kick left);
 # - recovery: card top-up recovery (PSP calls);
 # - reconciliation: reconciliation runs (whole-ledger reads, up to RUN_TIME_LIMIT_SECONDS);
-# - default: everything else (beat's fan-outs, the idempotency purge).
-CELERY_TASK_QUEUES = {name: {"exchange": name, "routing_key": name} for name in ("default", "relay", "webhooks", "recovery", "reconciliation")}
-CELERY_TASK_DEFAULT_QUEUE = "default"
+# - celery: everything else (beat's fan-outs, the idempotency purge). Celery's own default
+#   name, kept so that messages an older release left there still find a consumer.
+CELERY_TASK_QUEUES = {name: {"exchange": name, "routing_key": name} for name in ("celery", "relay", "webhooks", "recovery", "reconciliation")}
+CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_ROUTES = {
     "webhooks.outbox_relay": {"queue": "relay"},
     "webhooks.relay_scheduled": {"queue": "webhooks"},
