@@ -64,15 +64,22 @@ class AdjustForm(StaffActionForm):
         return str(self.cleaned_data["asset"].code)
 
 
-def _adjust(request: HttpRequest, party: Any, data: dict[str, Any], *, field: str) -> str:
-    result = adjustment_request(
-        maker=staff_of(request), asset_code=data["asset"], amount=data["amount"], direction=data["direction"],
-        reason=data["reason"], **{field: party},
-    )
-    if isinstance(result, PendingAdjustment):
-        return (f"Adjustment {result.pk} would take what you adjusted alone for this party over the approval threshold:"
-                " waiting for a second staff member's approval")
-    return f"Adjustment {result.pk} posted ({result.direction} {money(result.amount, result.asset)})"
+def _adjust_action(field: str) -> StaffAction:
+    """The "Adjust balance" action of a customer or a merchant page."""
+
+    def run(request: HttpRequest, party: Any, data: dict[str, Any]) -> str:
+        result = adjustment_request(
+            maker=staff_of(request), asset_code=data["asset"], amount=data["amount"], direction=data["direction"],
+            reason=data["reason"], **{field: party},
+        )
+        if isinstance(result, PendingAdjustment):
+            return (f"Adjustment {result.pk} would take what you adjusted alone for this party over the approval threshold:"
+                    " waiting for a second staff member's approval")
+        return f"Adjustment {result.pk} posted ({result.direction} {money(result.amount, result.asset)})"
+
+    return StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm, run,
+                       description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
+                       " second staff member must approve it.", audit=False)
 
 
 def _frozen(customer: Customer) -> bool:
@@ -97,10 +104,7 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
         StaffAction("unfreeze", "Unfreeze wallet", "wallets.freeze_account", OptionalReasonForm,
                     lambda request, obj, data: f"Wallet {wallet_unfreeze(customer=obj, staff=staff_of(request), reason=data['reason']).pk} unfrozen",
                     audit=False, show=_frozen),
-        StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm,
-                    lambda request, obj, data: _adjust(request, obj, data, field="customer"),
-                    description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
-                    " second staff member must approve it.", audit=False),
+        _adjust_action("customer"),
     )
 
     @admin.display(description="wallet (shards summed)")
@@ -141,12 +145,7 @@ class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
     date_hierarchy = "created"
     fields = ("id", "name", "created", "balances", "stores", "payments")
     readonly_fields = fields
-    staff_actions = (
-        StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm,
-                    lambda request, obj, data: _adjust(request, obj, data, field="merchant"),
-                    description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
-                    " second staff member must approve it.", audit=False),
-    )
+    staff_actions = (_adjust_action("merchant"),)
 
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Merchant) -> str:
@@ -254,6 +253,11 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "store_link", "terminal_link", "ledger", "events", "audit")
     readonly_fields = fields
     inlines = [RefundInline]
+    customer_link = staticmethod(link_column("customer"))
+    merchant_link = staticmethod(link_column("merchant"))
+    store_link = staticmethod(link_column("store"))
+    terminal_link = staticmethod(link_column("terminal"))
+    ledger = staticmethod(link_column("ledger_transaction"))
     staff_actions = (
         StaffAction("refund", "Refund", "payments.refund_payment", RefundForm, lambda request, obj, data: _refund(obj, data),
                     description="Refund part or all of this payment through the same service as the API: merchant to customer, rewards"
@@ -272,26 +276,6 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def rewards(self, obj: Payment) -> str:
         return f"{obj.points_earned - obj.points_reversed} pt, {obj.carbon_grams - obj.carbon_grams_reversed} g CO₂ (net of refunds)"
 
-    @admin.display(description="customer")
-    def customer_link(self, obj: Payment) -> str:
-        return link(obj.customer)
-
-    @admin.display(description="merchant")
-    def merchant_link(self, obj: Payment) -> str:
-        return link(obj.merchant)
-
-    @admin.display(description="store")
-    def store_link(self, obj: Payment) -> str:
-        return link(obj.store)
-
-    @admin.display(description="terminal")
-    def terminal_link(self, obj: Payment) -> str:
-        return link(obj.terminal)
-
-    @admin.display(description="ledger transaction")
-    def ledger(self, obj: Payment) -> str:
-        return link(obj.ledger_transaction)
-
     @admin.display(description="events")
     def events(self, obj: Payment) -> str:
         return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
@@ -309,18 +293,13 @@ class RefundAdmin(ReadOnlyAdmin):
     list_select_related = ("payment__asset",)
     fields = ("id", "status", "created", "amount_display", "payment_link", "reason", "points_reversed", "carbon_grams_reversed", "ledger")
     readonly_fields = fields
+    payment_link = staticmethod(link_column("payment"))
+    ledger = staticmethod(link_column("ledger_transaction"))
 
     @admin.display(description="amount")
     def amount_display(self, obj: Refund) -> str:
         return money(obj.amount, obj.payment.asset)
 
-    @admin.display(description="payment")
-    def payment_link(self, obj: Refund) -> str:
-        return link(obj.payment)
-
-    @admin.display(description="ledger transaction")
-    def ledger(self, obj: Refund) -> str:
-        return link(obj.ledger_transaction)
 
 
 @admin.register(Transfer)
@@ -382,6 +361,8 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "gateway", "psp_lookup", "psp_reference", "psp_charged", "psp_charged_at", "psp_refund_reference", "last_error", "claim",
               "ledger", "events", "audit")
     readonly_fields = fields
+    customer_link = staticmethod(link_column("customer"))
+    ledger = staticmethod(link_column("ledger_transaction"))
     staff_actions = (
         StaffAction("settle", "Settle from the PSP's records", "payments.settle_topup", SettleFromPspForm,
                     lambda request, obj, data: _settle_from_psp(obj, data),
@@ -402,10 +383,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def amount_display(self, obj: TopUp) -> str:
         return f"{money(obj.amount, obj.asset)} (bonus {money(obj.bonus_amount, obj.asset)})"
 
-    @admin.display(description="customer")
-    def customer_link(self, obj: TopUp) -> str:
-        return link(obj.customer)
-
     @admin.display(description="at the PSP")
     def psp_lookup(self, obj: TopUp) -> str:
         return f"idempotency key and metadata tally_topup: {obj.pk}; charge of {obj.amount} {obj.asset_id} (minor units)"
@@ -417,10 +394,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
         record = IdempotencyRecord.objects.filter(principal_id=obj.claim_principal_id, key=obj.claim_key).first()
         state = link(record, record.state) if record is not None else "record purged"
         return format_html("{} / {} ({})", obj.claim_principal_id, obj.claim_key, state)
-
-    @admin.display(description="ledger transaction")
-    def ledger(self, obj: TopUp) -> str:
-        return link(obj.ledger_transaction)
 
     @admin.display(description="events")
     def events(self, obj: TopUp) -> str:
