@@ -1,11 +1,7 @@
-"""Row locks on the payments app's rows. Lock order (wallets/locks.py): business rows
-(payment, top-up, intent, pending adjustment, mandate) come first, before any balance
-row; one business row per movement. Gateway accounts and PSP event markers are taken by
-transactions that take no other lock.
-
-`topup_recovery_lock` is no row lock: a session advisory lock per tenant, tried (never
-waited for) and held for a whole top-up recovery pass, while the pass takes the row locks
-above one short transaction at a time."""
+"""Row locks on the payments app's rows. Lock order (wallets/locks.py): one business row
+per movement (payment, top-up, intent, pending adjustment, mandate), before any balance
+row. Gateway accounts and PSP event markers are taken by transactions that take no other
+lock. `topup_recovery_lock` is a session advisory lock, tried, never waited for."""
 
 from __future__ import annotations
 

@@ -97,7 +97,6 @@ class PspEvent:
 
 class Gateway(Protocol):
     name: str
-    signature_header: str  # the inbound webhook's signature header (WSGI META name)
 
     def charge(self, request: ChargeRequest) -> ChargeResult: ...
 

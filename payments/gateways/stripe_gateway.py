@@ -47,7 +47,6 @@ _EVENT_KINDS = {"payment_intent.succeeded": "charge_succeeded", "payment_intent.
 
 class StripeGateway:
     name = "stripe"
-    signature_header = "HTTP_STRIPE_SIGNATURE"
 
     def __init__(self, *, api_base: str, secret_key: str, timeout: float) -> None:
         self.client = stripe.StripeClient(
