@@ -41,7 +41,7 @@ from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_settle
 from wallets.admin import balances_html
-from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
+from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
 from wallets.services.principals import api_key_revoke, api_key_rotate
@@ -210,15 +210,11 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
 # --- Payments and refunds -------------------------------------------------------------------
 
 
-class RefundInline(admin.TabularInline):  # type: ignore[type-arg]
+class RefundInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Refund
     extra = 0
-    can_delete = False
     fields = ("refund_link", "amount_display", "reason", "created")
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="refund")
     def refund_link(self, obj: Refund) -> str:
@@ -417,10 +413,6 @@ class AdjustmentAdmin(ReadOnlyAdmin):
         return link(obj.customer or obj.merchant)
 
 
-class DecideForm(StaffActionForm):
-    reason = forms.CharField(max_length=500, required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
-
-
 def _reject(request: HttpRequest, obj: PendingAdjustment, data: dict[str, Any]) -> str:
     return f"{pending_adjustment_reject(pending=obj, checker=staff_of(request), reason=data['reason']).pk} rejected"
 
@@ -440,12 +432,11 @@ class PendingAdjustmentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     date_hierarchy = "created"
     list_select_related = ("asset", "customer", "merchant", "maker__user", "checker__user", "adjustment")
     staff_actions = (
-        StaffAction("approve", "Approve and post", "payments.approve_pendingadjustment", DecideForm,
+        StaffAction("approve", "Approve and post", "payments.approve_pendingadjustment", OptionalReasonForm,
                     lambda request, obj, data: f"Adjustment {pending_adjustment_approve(pending=obj, checker=staff_of(request)).pk} posted",
                     description="Posts the adjustment. You cannot approve your own proposal.", audit=False, show=_pending),
-        StaffAction("reject", "Reject", "payments.approve_pendingadjustment", DecideForm,
-                    lambda request, obj, data: _reject(request, obj, data),
-                    audit=False, show=_pending),
+        StaffAction("reject", "Reject", "payments.approve_pendingadjustment", OptionalReasonForm,
+                    lambda request, obj, data: _reject(request, obj, data), audit=False, show=_pending),
     )
 
     @admin.display(description="customer / merchant")

@@ -55,8 +55,8 @@ from wallets.money import amount_to_minor
 from wallets.selectors import asset_get
 from wallets.transactions import atomic_service, is_connection_failure
 
-# How long after a top-up is created its charge may be asked for again with the same key:
-# inside every supported PSP's idempotency-key retention (Stripe keeps keys at least 24 h).
+# How long a charge may be asked for again with the same key: inside every supported PSP's
+# idempotency-key retention (Stripe keeps keys at least 24 h).
 PSP_KEY_TRUSTED_FOR = timedelta(hours=20)
 
 logger = logging.getLogger("tally.topups")
@@ -147,8 +147,7 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
         raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
 
 
-# A top-up failed with one of these was never charged: the PSP refused the request, or an
-# operator found no charge at the PSP.
+# A top-up failed with one of these was never charged.
 NOT_CHARGED_CODES = ("psp_refused", "not_charged")
 
 
@@ -223,16 +222,16 @@ def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, Bus
 
 
 def topup_abandon(*, topup_id: str) -> None:
-    """The claim was released without a stored answer (a discarded 4xx): a still-pending,
-    never-charged top-up of it fails as `request_invalid`. Locks: the top-up row."""
+    """The claim was released without a stored answer: a pending, never-charged top-up of
+    it fails as `request_invalid`. Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is not None and topup.status == TopUpStatus.PENDING and not topup.psp_reference:
         topup_fail(topup=topup, failure_code="request_invalid")
 
 
 def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
-    """Fail a pending top-up with `failure_code` and write its `topup.failed` event. Needs:
-    the top-up row locked (`topup_lock`) in the caller's transaction."""
+    """Fail a pending top-up and write its `topup.failed` event. Needs: the top-up row
+    locked (`topup_lock`) in the caller's transaction."""
     topup.status, topup.failure_code = TopUpStatus.FAILED, failure_code[:50]
     topup.save(update_fields=["status", "failure_code", "updated"])
     outbox_event_create(topic="topup.failed", payload={"id": topup.id, "object": "topup", "failure_code": topup.failure_code})
@@ -392,8 +391,7 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
         return outcome
 
 
-# Providers retry an event for days (Stripe: up to 3); a marker older than this can no
-# longer meet its duplicate.
+# Providers retry an event for days (Stripe: up to 3); an older marker meets no duplicate.
 PSP_WEBHOOK_EVENT_RETENTION_DAYS = 30
 
 

@@ -122,8 +122,7 @@ def _charge_then(*, topup: TopUp, request_id: str) -> Callable[[], HttpResponse]
 
 # --- Recovery -------------------------------------------------------------------------------
 
-# Rows read per page. Not a cap: a run reads page after page until none is left.
-RECOVERY_PAGE_SIZE = 100
+RECOVERY_PAGE_SIZE = 100  # rows per page, not a cap: a run reads pages until none is left
 
 
 def _call_of(record: IdempotencyRecord) -> IdempotentCall:
@@ -134,9 +133,9 @@ def _call_of(record: IdempotencyRecord) -> IdempotentCall:
 
 
 def _resolve(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) -> str:
-    """Ask the PSP again with the same key and complete the record. Returns the outcome.
-    If anything raises, the record is handed back (failed_retryable) before the error goes
-    on, as the engine does for a failed attempt: the client's retry is not kept waiting."""
+    """Ask the PSP again with the same key and complete the record. If anything raises,
+    the record is handed back (failed_retryable) first, so the client's retry is not kept
+    waiting."""
     try:
         return _resolve_taken(ctx=ctx, call=call, topup_id=topup_id)
     except Exception:
@@ -206,16 +205,10 @@ def _pending_resolve(topup: TopUp, lease_seconds: int) -> str:
 
 
 def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int]:
-    """One tenant's recovery pass (its schema active). Returns counts by outcome; a pass
-    that finds another one of the tenant still running returns {"skipped": 1}.
-
-    Every in-flight top-up record whose lease expired, then every pending top-up older than
-    the lease (not already waiting for an operator), oldest first, `batch_size` at a time:
-    there is no cap, so stuck ones never keep newer ones from being reached. Each is
-    resolved on its own (`card_topups.recovery_step_isolated`): one that raises is logged,
-    counted as "error", and the pass goes on. One past the PSP's key window goes to the
-    operator queue ("operator_review"). Then the card refunds of charged, uncredited
-    top-ups, the purge of old PSP event markers and the gauges, each isolated likewise.
+    """One tenant's recovery pass (step 5 above). Returns counts by outcome, or
+    {"skipped": 1} when another pass of the tenant is still running. Pages have no cap, so
+    stuck top-ups never keep newer ones from being reached; each item and each later step
+    is isolated, so one that raises is logged and counted and the pass goes on.
 
     Locks: the tenant's recovery lock (session advisory) for the pass; per item, the
     idempotency record (takeover, then the fenced completion), the top-up row and the
@@ -286,8 +279,7 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
 
 
 def _settle_without_record(topup: TopUp) -> str:
-    """A pending top-up whose record is gone (purged after its windows): settle the
-    top-up alone; there is no stored answer left to complete."""
+    """A pending top-up whose record was purged: settle the top-up alone."""
     try:
         finish = _charge_then(topup=topup, request_id="-")
     except PspKeyWindowPassed:
