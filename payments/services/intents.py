@@ -23,7 +23,7 @@ from payments.services.mandates import charge_by_customer_id_check
 from payments.services.outbox import outbox_event_create
 from wallets.errors import AmountInvalid, AssetUnknown, InsufficientFunds, InvalidRequest, InvalidState, NotFound, WalletFrozen
 from wallets.locks import hold_lock
-from wallets.models import Account, Customer, Merchant
+from wallets.models import Customer, Merchant
 from wallets.money import amount_to_minor
 from wallets.selectors import asset_get, customer_accounts_get
 from wallets.services.ledger import hold_place, hold_release
@@ -121,7 +121,8 @@ def _confirm(*, intent: PaymentIntent) -> PaymentIntent:
 def _authorize(*, intent: PaymentIntent) -> PaymentIntent:
     charge_by_customer_id_check(customer_id=intent.customer_id, merchant_id=intent.merchant_id)
     _expect(_lock(intent), intent, expected=(PaymentIntentStatus.CREATED,))
-    hold = hold_place(account=_customer_account(intent), asset_code=intent.asset_id, amount=intent.amount, reference=intent.pk)
+    account = customer_accounts_get(customer_ids=[intent.customer_id])[intent.customer_id]
+    hold = hold_place(account=account, asset_code=intent.asset_id, amount=intent.amount, reference=intent.pk)
     authorized = _cas(intent, expected=(PaymentIntentStatus.CREATED,), status=PaymentIntentStatus.AUTHORIZED, hold_id=hold.pk)
     outbox_event_create(topic="payment_intent.authorized", payload=_payload(authorized))
     return authorized
@@ -166,10 +167,6 @@ def _lock(intent: PaymentIntent) -> PaymentIntent:
     if locked is None:
         raise NotFound("no such payment intent", param="payment_intent")
     return locked
-
-
-def _customer_account(intent: PaymentIntent) -> Account:
-    return customer_accounts_get(customer_ids=[intent.customer_id])[intent.customer_id]
 
 
 def _expect(current: PaymentIntent, intent: PaymentIntent, *, expected: tuple[str, ...]) -> None:

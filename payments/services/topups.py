@@ -95,11 +95,8 @@ def _topup_credit(*, topup_id: str) -> TopUp:
 
 
 def topup_credit(*, topup: TopUp) -> TopUp:
-    """Credit a pending top-up from PSP funding, plus its bonus from the bonus pool.
-    Idempotent: a top-up already credited is returned unchanged. The cap is enforced on
-    amount + bonus (CapExceeded; the caller then refunds the card).
-    Locks: the top-up row, then the balance rows (ledger_post).
-    """
+    """Credit a pending top-up from PSP funding, plus its bonus from the bonus pool, once
+    (CapExceeded on amount + bonus). Locks: the top-up row, then the balance rows."""
     result = _topup_credit(topup_id=topup.pk)
     topup.status, topup.ledger_transaction_id = result.status, result.ledger_transaction_id
     return result
