@@ -1,9 +1,6 @@
-"""The tenant admin for money objects (payments, refunds, transfers, top-ups, adjustments
-and their approvals, intents, payment tokens, mandates) and for the wallets models that
-have staff actions through payments' services: customers (freeze, unfreeze, adjust),
-merchants (adjust) and API keys (rotate, revoke). Rows are read-only; every change is a staff action
-(payments/admin_actions.py): a confirmation page, an idempotency key, one service call,
-an audit entry."""
+"""The tenant admin for money objects, and for the wallets models whose staff actions go
+through payments' services (customers, merchants, API keys). Rows are read-only; every
+change is a staff action (payments/admin_actions.py)."""
 
 from __future__ import annotations
 

@@ -53,8 +53,7 @@ def psp_webhook_events_expired_lock(*, received_before: datetime, limit: int) ->
 
 @contextmanager
 def topup_recovery_lock() -> Iterator[bool]:
-    """One top-up recovery pass per tenant at a time: a pass reads every pending top-up,
-    so one started by the next beat while another is still at the PSP would only ask the
-    same questions twice. Yields whether it was taken (wallets.locks.advisory_lock_try)."""
+    """One top-up recovery pass per tenant at a time (a second would only ask the PSP the
+    same questions). Yields whether it was taken."""
     with advisory_lock_try(name="tally.topup-recovery") as taken:
         yield taken

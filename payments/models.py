@@ -277,9 +277,8 @@ class PaymentIntent(models.Model):
 
 
 class PaymentToken(models.Model):
-    """A short-lived, single-use customer token for a terminal's QR scan. Only its SHA-256
-    is stored; `used_at` is set by the payment that consumes it, in that payment's
-    transaction, so a refused payment leaves it usable and a leaked QR pays at most once."""
+    """A short-lived, single-use token for a terminal's QR scan; only its SHA-256 is stored.
+    The payment that consumes it sets `used_at` in its own transaction."""
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_payment_token_id, editable=False)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_tokens")

@@ -109,10 +109,7 @@ class Simulator:
 
     def account(self, api_key: str) -> Account:
         with self.lock:
-            acct = self.accounts.get(api_key)
-            if acct is None:
-                acct = self.accounts[api_key] = Account(api_key=api_key)
-            return acct
+            return self.accounts.setdefault(api_key, Account(api_key=api_key))
 
     # --- API ---------------------------------------------------------------------------
 

@@ -64,8 +64,7 @@ def payment_rows_new(
 
 
 def charge_rows_wanted(parties: Parties, *, asset_code: str, points: int, grams: int) -> list[OwnerRow]:
-    """The charge's balance rows by owner: the customer's, and this connection's shard of
-    the merchant and of the reward system accounts."""
+    """The customer's rows, and this connection's shard of the merchant and reward accounts."""
     shard = connection_shard()
     customer_id = parties.customer_id
     wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, parties.merchant_id, asset_code, shard)]
