@@ -37,7 +37,7 @@ from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
 from payments.locks import gateway_account_rows_lock, psp_webhook_events_expired_lock, topup_lock
-from payments.models import GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
+from payments.models import Gateway, GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
 from payments.selectors import (
     TopUpCursor,
     gateway_account_active,
@@ -71,7 +71,7 @@ def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook
     """Create or replace the tenant's account at `gateway`; `active` makes it the one card
     top-ups use. Credentials are sealed before they reach the database.
     Locks: the gateway account rows."""
-    if gateway not in ("simulator", "stripe"):
+    if gateway not in Gateway.values:
         raise InvalidRequest("gateway must be simulator or stripe", param="gateway")
     if not secret_key or not webhook_secrets or not all(isinstance(s, str) and s for s in webhook_secrets):
         raise InvalidRequest("a secret key and at least one webhook secret are required", param="webhook_secrets")
