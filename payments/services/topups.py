@@ -15,12 +15,13 @@ from wallets.services.ledger import Leg, ledger_post
 from wallets.transactions import atomic_service
 
 
-def topup_pending_new(*, customer: Customer, asset: Asset, amount: int, payment_method: object, **saga: str) -> TopUp:
-    """A pending top-up with the tenant's bonus, not yet saved. Locks: none."""
+def topup_pending_new(*, customer: Customer, asset: Asset, amount: int, payment_method: object, **fields: str) -> TopUp:
+    """A pending top-up with the tenant's bonus, not yet saved (`fields`: its id, and the
+    saga's columns). Locks: none."""
     if not isinstance(payment_method, str) or not payment_method.strip():
         raise InvalidRequest("payment_method is required", param="payment_method")
     bonus = topup_bonus_for(amount=amount, rate=tenant_rate(tenant_current(), "topup_bonus_rate"))
-    return TopUp(customer=customer, asset=asset, amount=amount, bonus_amount=bonus, payment_method=payment_method[:100], **saga)
+    return TopUp(customer=customer, asset=asset, amount=amount, bonus_amount=bonus, payment_method=payment_method[:100], **fields)
 
 
 def topup_pending_save(*, topup: TopUp) -> TopUp:
