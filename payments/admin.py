@@ -1,9 +1,6 @@
-"""The tenant admin for money objects (payments, refunds, transfers, top-ups, adjustments
-and their approvals, intents, payment tokens, mandates) and for the wallets models that
-have staff actions through payments' services: customers (freeze, unfreeze, adjust),
-merchants (adjust) and API keys (rotate, revoke). Rows are read-only; every change is a staff action
-(payments/admin_actions.py): a confirmation page, an idempotency key, one service call,
-an audit entry."""
+"""The tenant admin for money objects, and for the wallets models whose staff actions go
+through payments' services (customers, merchants, API keys). Rows are read-only; every
+change is a staff action (payments/admin_actions.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +38,7 @@ from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_settle
 from wallets.admin import balances_html
-from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
+from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
 from wallets.services.principals import api_key_revoke, api_key_rotate
@@ -64,15 +61,22 @@ class AdjustForm(StaffActionForm):
         return str(self.cleaned_data["asset"].code)
 
 
-def _adjust(request: HttpRequest, party: Any, data: dict[str, Any], *, field: str) -> str:
-    result = adjustment_request(
-        maker=staff_of(request), asset_code=data["asset"], amount=data["amount"], direction=data["direction"],
-        reason=data["reason"], **{field: party},
-    )
-    if isinstance(result, PendingAdjustment):
-        return (f"Adjustment {result.pk} would take what you adjusted alone for this party over the approval threshold:"
-                " waiting for a second staff member's approval")
-    return f"Adjustment {result.pk} posted ({result.direction} {money(result.amount, result.asset)})"
+def _adjust_action(field: str) -> StaffAction:
+    """The "Adjust balance" action of a customer or a merchant page."""
+
+    def run(request: HttpRequest, party: Any, data: dict[str, Any]) -> str:
+        result = adjustment_request(
+            maker=staff_of(request), asset_code=data["asset"], amount=data["amount"], direction=data["direction"],
+            reason=data["reason"], **{field: party},
+        )
+        if isinstance(result, PendingAdjustment):
+            return (f"Adjustment {result.pk} would take what you adjusted alone for this party over the approval threshold:"
+                    " waiting for a second staff member's approval")
+        return f"Adjustment {result.pk} posted ({result.direction} {money(result.amount, result.asset)})"
+
+    return StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm, run,
+                       description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
+                       " second staff member must approve it.", audit=False)
 
 
 def _frozen(customer: Customer) -> bool:
@@ -97,10 +101,7 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
         StaffAction("unfreeze", "Unfreeze wallet", "wallets.freeze_account", OptionalReasonForm,
                     lambda request, obj, data: f"Wallet {wallet_unfreeze(customer=obj, staff=staff_of(request), reason=data['reason']).pk} unfrozen",
                     audit=False, show=_frozen),
-        StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm,
-                    lambda request, obj, data: _adjust(request, obj, data, field="customer"),
-                    description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
-                    " second staff member must approve it.", audit=False),
+        _adjust_action("customer"),
     )
 
     @admin.display(description="wallet (shards summed)")
@@ -141,12 +142,7 @@ class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
     date_hierarchy = "created"
     fields = ("id", "name", "created", "balances", "stores", "payments")
     readonly_fields = fields
-    staff_actions = (
-        StaffAction("adjust", "Adjust balance", "payments.add_pendingadjustment", AdjustForm,
-                    lambda request, obj, data: _adjust(request, obj, data, field="merchant"),
-                    description="A credit or debit against the adjustments account, with a reason. Above the tenant's threshold a"
-                    " second staff member must approve it.", audit=False),
-    )
+    staff_actions = (_adjust_action("merchant"),)
 
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Merchant) -> str:
@@ -211,15 +207,11 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
 # --- Payments and refunds -------------------------------------------------------------------
 
 
-class RefundInline(admin.TabularInline):  # type: ignore[type-arg]
+class RefundInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Refund
     extra = 0
-    can_delete = False
     fields = ("refund_link", "amount_display", "reason", "created")
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description="refund")
     def refund_link(self, obj: Refund) -> str:
@@ -254,6 +246,11 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "store_link", "terminal_link", "ledger", "events", "audit")
     readonly_fields = fields
     inlines = [RefundInline]
+    customer_link = staticmethod(link_column("customer"))
+    merchant_link = staticmethod(link_column("merchant"))
+    store_link = staticmethod(link_column("store"))
+    terminal_link = staticmethod(link_column("terminal"))
+    ledger = staticmethod(link_column("ledger_transaction"))
     staff_actions = (
         StaffAction("refund", "Refund", "payments.refund_payment", RefundForm, lambda request, obj, data: _refund(obj, data),
                     description="Refund part or all of this payment through the same service as the API: merchant to customer, rewards"
@@ -272,26 +269,6 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def rewards(self, obj: Payment) -> str:
         return f"{obj.points_earned - obj.points_reversed} pt, {obj.carbon_grams - obj.carbon_grams_reversed} g CO₂ (net of refunds)"
 
-    @admin.display(description="customer")
-    def customer_link(self, obj: Payment) -> str:
-        return link(obj.customer)
-
-    @admin.display(description="merchant")
-    def merchant_link(self, obj: Payment) -> str:
-        return link(obj.merchant)
-
-    @admin.display(description="store")
-    def store_link(self, obj: Payment) -> str:
-        return link(obj.store)
-
-    @admin.display(description="terminal")
-    def terminal_link(self, obj: Payment) -> str:
-        return link(obj.terminal)
-
-    @admin.display(description="ledger transaction")
-    def ledger(self, obj: Payment) -> str:
-        return link(obj.ledger_transaction)
-
     @admin.display(description="events")
     def events(self, obj: Payment) -> str:
         return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
@@ -309,18 +286,13 @@ class RefundAdmin(ReadOnlyAdmin):
     list_select_related = ("payment__asset",)
     fields = ("id", "status", "created", "amount_display", "payment_link", "reason", "points_reversed", "carbon_grams_reversed", "ledger")
     readonly_fields = fields
+    payment_link = staticmethod(link_column("payment"))
+    ledger = staticmethod(link_column("ledger_transaction"))
 
     @admin.display(description="amount")
     def amount_display(self, obj: Refund) -> str:
         return money(obj.amount, obj.payment.asset)
 
-    @admin.display(description="payment")
-    def payment_link(self, obj: Refund) -> str:
-        return link(obj.payment)
-
-    @admin.display(description="ledger transaction")
-    def ledger(self, obj: Refund) -> str:
-        return link(obj.ledger_transaction)
 
 
 @admin.register(Transfer)
@@ -382,6 +354,8 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "gateway", "psp_lookup", "psp_reference", "psp_charged", "psp_charged_at", "psp_refund_reference", "last_error", "claim",
               "ledger", "events", "audit")
     readonly_fields = fields
+    customer_link = staticmethod(link_column("customer"))
+    ledger = staticmethod(link_column("ledger_transaction"))
     staff_actions = (
         StaffAction("settle", "Settle from the PSP's records", "payments.settle_topup", SettleFromPspForm,
                     lambda request, obj, data: _settle_from_psp(obj, data),
@@ -402,10 +376,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def amount_display(self, obj: TopUp) -> str:
         return f"{money(obj.amount, obj.asset)} (bonus {money(obj.bonus_amount, obj.asset)})"
 
-    @admin.display(description="customer")
-    def customer_link(self, obj: TopUp) -> str:
-        return link(obj.customer)
-
     @admin.display(description="at the PSP")
     def psp_lookup(self, obj: TopUp) -> str:
         return f"idempotency key and metadata tally_topup: {obj.pk}; charge of {obj.amount} {obj.asset_id} (minor units)"
@@ -417,10 +387,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
         record = IdempotencyRecord.objects.filter(principal_id=obj.claim_principal_id, key=obj.claim_key).first()
         state = link(record, record.state) if record is not None else "record purged"
         return format_html("{} / {} ({})", obj.claim_principal_id, obj.claim_key, state)
-
-    @admin.display(description="ledger transaction")
-    def ledger(self, obj: TopUp) -> str:
-        return link(obj.ledger_transaction)
 
     @admin.display(description="events")
     def events(self, obj: TopUp) -> str:
@@ -444,10 +410,6 @@ class AdjustmentAdmin(ReadOnlyAdmin):
         return link(obj.customer or obj.merchant)
 
 
-class DecideForm(StaffActionForm):
-    reason = forms.CharField(max_length=500, required=False, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
-
-
 def _reject(request: HttpRequest, obj: PendingAdjustment, data: dict[str, Any]) -> str:
     return f"{pending_adjustment_reject(pending=obj, checker=staff_of(request), reason=data['reason']).pk} rejected"
 
@@ -467,12 +429,11 @@ class PendingAdjustmentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     date_hierarchy = "created"
     list_select_related = ("asset", "customer", "merchant", "maker__user", "checker__user", "adjustment")
     staff_actions = (
-        StaffAction("approve", "Approve and post", "payments.approve_pendingadjustment", DecideForm,
+        StaffAction("approve", "Approve and post", "payments.approve_pendingadjustment", OptionalReasonForm,
                     lambda request, obj, data: f"Adjustment {pending_adjustment_approve(pending=obj, checker=staff_of(request)).pk} posted",
                     description="Posts the adjustment. You cannot approve your own proposal.", audit=False, show=_pending),
-        StaffAction("reject", "Reject", "payments.approve_pendingadjustment", DecideForm,
-                    lambda request, obj, data: _reject(request, obj, data),
-                    audit=False, show=_pending),
+        StaffAction("reject", "Reject", "payments.approve_pendingadjustment", OptionalReasonForm,
+                    lambda request, obj, data: _reject(request, obj, data), audit=False, show=_pending),
     )
 
     @admin.display(description="customer / merchant")

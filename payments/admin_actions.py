@@ -1,8 +1,6 @@
-"""Staff actions in the back office: a button on an object's admin page opens a
-confirmation page (templates/admin/tally/confirm_action.html) whose form carries an
-idempotency key of its own, generated when the page is shown; confirming runs the action
-through payments.idempotency.staff.staff_action_run (at most once per key, audited).
-Presentation only: each action's `run` is one service call."""
+"""Staff actions in the back office: a button opens a confirmation page whose form carries
+an idempotency key of its own; confirming runs the action's one service call through
+payments.idempotency.staff.staff_action_run (at most once per key, audited)."""
 
 from __future__ import annotations
 

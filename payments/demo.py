@@ -1,8 +1,5 @@
-"""The demo tenant `make run` seeds: idempotent, so a second run reuses everything.
-
-Keys are stored hashed, so the raw demo keys are kept in var/demo_keys.json (a local,
-git-ignored file) to be printed again on the next run.
-"""
+"""The demo tenant `make run` seeds, idempotently. Keys are stored hashed, so the raw demo
+keys are kept in var/demo_keys.json (local, git-ignored) to be printed again."""
 
 from __future__ import annotations
 
@@ -14,8 +11,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django_tenants.utils import schema_context
 
+from payments.models import Adjustment
+from payments.services.adjustments import adjustment_create
+from payments.services.card_topups import gateway_account_set
 from tenants.models import Tenant
 from tenants.services import platform_ensure, tenant_create
+from wallets.ids import random_token
 from wallets.models import Asset, Customer, Merchant, StaffMember, Store, Terminal
 from wallets.selectors import api_key_get_active
 from wallets.services.principals import (
@@ -52,8 +53,6 @@ DEMO_STAFF = {"admin": None, "viewer": "viewer", "operator": "operator", "financ
 
 def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
     """Create the demo tenant and its parties once; return what to print (keys, logins)."""
-    from wallets.ids import random_token
-
     keys_file.parent.mkdir(exist_ok=True)
     saved: dict[str, Any] = json.loads(keys_file.read_text()) if keys_file.exists() else {}
     platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)
@@ -92,13 +91,7 @@ def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
 
 
 def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:
-    """Fund the demo customers once, through the same adjustment service staff use.
-
-    Idempotent: a customer who already has the demo adjustment is left alone.
-    """
-    from payments.models import Adjustment
-    from payments.services.adjustments import adjustment_create
-
+    """Fund the demo customers once, through the same adjustment service staff use."""
     staff = staff_member_get_or_create(username="admin")
     main_currency = Asset.objects.get(is_main=True).code
     for label, customer in customers.items():
@@ -111,14 +104,9 @@ def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:
 
 
 def demo_psp_ensure(*, psp_url: str, webhook_url: str, state_file: Path) -> dict[str, str]:
-    """`make run`: make the PSP simulator the demo tenant's card gateway, once.
-
-    The simulator account's API key and webhook secret are kept in `state_file` (var/,
-    0600); the simulator reads the same file at start to know where to send the demo
-    tenant's signed webhooks. Returns {"api_key", "webhook_url"}."""
-    from payments.services.card_topups import gateway_account_set
-    from wallets.ids import random_token
-
+    """`make run`: make the PSP simulator the demo tenant's card gateway. Its API key and
+    webhook secret are kept in `state_file` (0600), which the simulator reads at start to
+    know where to send the demo tenant's signed webhooks."""
     saved: dict[str, Any] = json.loads(state_file.read_text()) if state_file.exists() else {}
     api_key = str(saved.get("api_key") or f"sk_sim_{random_token(16)}")
     secret = str(saved.get("webhook_secret") or f"whsec_{random_token(24)}")

@@ -1,5 +1,4 @@
-"""Failures only the payments service raises. The shared families (not found, refusals,
-invalid state, conflicts) are in wallets.errors; the API maps every code in one place."""
+"""Failures only the payments service raises; the shared families are in wallets.errors."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ class PaymentErrorCode(StrEnum):
     REFUND_WINDOW_CLOSED = "refund_window_closed"
     CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED = "charge_by_customer_id_not_permitted"
     APPROVER_IS_MAKER = "approver_is_maker"
-
-
     CARD_DECLINED = "card_declined"
     PSP_REFUSED = "psp_refused"
     PSP_UNAVAILABLE = "psp_unavailable"
@@ -63,9 +60,8 @@ class CardDeclined(BusinessRefusal):
 
 class PspRefused(BusinessRefusal):
     """The card was not charged and will not be for this top-up: the PSP refused the
-    request itself (an amount below its minimum, a currency it does not take), or an
-    operator found no charge at the PSP. Final, like a decline (SPEC 5: a 402, stored and
-    replayed); a new top-up with other parameters may succeed."""
+    request itself (an amount below its minimum), or an operator found no charge at the
+    PSP. Final, like a decline (SPEC 5: a 402, stored and replayed)."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.PSP_REFUSED
 
@@ -80,9 +76,8 @@ class PspUnavailable(Unavailable):
 
 
 class PspKeyWindowPassed(PspUnavailable):
-    """The top-up is older than the PSP keeps idempotency keys: asking again could charge a
-    second time, so nobody asks; an operator settles it from the back office. The client
-    sees the same unknown outcome as any other `psp_unavailable`."""
+    """The top-up is older than the PSP keeps idempotency keys: asking again could charge
+    twice, so an operator settles it. The client sees an ordinary `psp_unavailable`."""
 
 
 class PspNotConfigured(NotPermitted):

@@ -1,11 +1,7 @@
-"""Row locks on the payments app's rows. Lock order (wallets/locks.py): business rows
-(payment, top-up, intent, pending adjustment, mandate) come first, before any balance
-row; one business row per movement. Gateway accounts and PSP event markers are taken by
-transactions that take no other lock.
-
-`topup_recovery_lock` is no row lock: a session advisory lock per tenant, tried (never
-waited for) and held for a whole top-up recovery pass, while the pass takes the row locks
-above one short transaction at a time."""
+"""Row locks on the payments app's rows. Lock order (wallets/locks.py): one business row
+per movement (payment, top-up, intent, pending adjustment, mandate), before any balance
+row. Gateway accounts and PSP event markers are taken by transactions that take no other
+lock. `topup_recovery_lock` is a session advisory lock, tried, never waited for."""
 
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ def psp_webhook_events_expired_lock(*, received_before: datetime, limit: int) ->
 
 @contextmanager
 def topup_recovery_lock() -> Iterator[bool]:
-    """One top-up recovery pass per tenant at a time: a pass reads every pending top-up,
-    so one started by the next beat while another is still at the PSP would only ask the
-    same questions twice. Yields whether it was taken (wallets.locks.advisory_lock_try)."""
+    """One top-up recovery pass per tenant at a time (a second would only ask the PSP the
+    same questions). Yields whether it was taken."""
     with advisory_lock_try(name="tally.topup-recovery") as taken:
         yield taken

@@ -1,9 +1,6 @@
-"""Payment objects (payments, refunds, transfers, top-ups, adjustments, intents) and the outbox.
-
-Every row that moves money points at the LedgerTransaction that moved it. Amounts are
-integers in the asset's minor unit; CHECK constraints are the last line of defence
-(the services check first).
-"""
+"""Payment objects and the outbox. Every row that moves money points at the
+LedgerTransaction that moved it. Amounts are integers in the asset's minor unit; CHECK
+constraints are the last line of defence (the services check first)."""
 
 from __future__ import annotations
 
@@ -43,10 +40,9 @@ class Payment(models.Model):
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_payment_id, editable=False)
     status = models.CharField(max_length=12, choices=PaymentStatus.choices, default=PaymentStatus.SUCCEEDED)
-    # No database foreign keys (see LedgerEntry): merchant, store, terminal and asset rows
-    # are shared by every payment, and a KEY SHARE lock per payment on one hot row costs a
-    # MultiXact each; each FK check is also one more query per payment. The payment path
-    # (tally_payment_create) resolves every referenced row before it inserts.
+    # No database foreign keys (see LedgerEntry): a KEY SHARE lock per payment on a shared
+    # hot row (merchant, store, terminal, asset) costs a MultiXact each. The charge resolves
+    # every referenced row before it inserts; the reconciliation checks them.
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False)
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payments", db_constraint=False, db_index=False)
     store = models.ForeignKey(
@@ -153,9 +149,8 @@ class TopUp(models.Model):
     psp_reference = models.CharField(max_length=200, blank=True, default="")
     failure_code = models.CharField(max_length=50, blank=True, default="")
     ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    # The card saga (payments/services/topup_saga.py): which gateway, the idempotency record that
-    # owns it (for the recovery task), when the PSP charged (its settlement day) and, when a
-    # charged top-up could not be credited, the PSP refund that gave it back.
+    # The card saga: the gateway, the idempotency record that owns it (for the recovery),
+    # when the PSP charged (its settlement day) and the PSP refund of an uncredited charge.
     gateway = models.CharField(max_length=20, blank=True, default="")
     claim_principal_id = models.CharField(max_length=64, blank=True, default="")
     claim_key = models.CharField(max_length=255, blank=True, default="")
@@ -164,11 +159,10 @@ class TopUp(models.Model):
     # The PSP holds a successful charge for this top-up. A declined charge has a reference
     # too, so the reference alone cannot say whether there is money to credit or give back.
     psp_charged = models.BooleanField(default=False)
-    # Set when the top-up outlived the PSP's idempotency-key window still pending: asking
-    # the PSP again could charge twice, so it waits in the back office for an operator.
+    # Still pending past the PSP's idempotency-key window: asking again could charge
+    # twice, so it waits for an operator.
     operator_review_at = models.DateTimeField(null=True, blank=True)
-    # What the last attempt to settle it ran into (the PSP's refusal, no answer, a crash):
-    # the operator's evidence.
+    # What the last attempt to settle it ran into: the operator's evidence.
     last_error = models.CharField(max_length=500, blank=True, default="")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -283,9 +277,8 @@ class PaymentIntent(models.Model):
 
 
 class PaymentToken(models.Model):
-    """A short-lived, single-use customer token for a terminal's QR scan. Only its SHA-256
-    is stored; `used_at` is set by the payment that consumes it, in that payment's
-    transaction, so a refused payment leaves it usable and a leaked QR pays at most once."""
+    """A short-lived, single-use token for a terminal's QR scan; only its SHA-256 is stored.
+    The payment that consumes it sets `used_at` in its own transaction."""
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_payment_token_id, editable=False)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_tokens")
@@ -308,31 +301,26 @@ class OutboxEvent(models.Model):
     topic = models.CharField(max_length=100)
     payload = models.JSONField()
     created = models.DateTimeField(default=timezone.now)
-    # The object the event is about (`payload["id"]`), and where the event falls among that
-    # object's events: 1, 2, 3... in the order they happened. Deliveries go in no order,
-    # so receivers order an object's events by this. 0: written before it was kept.
-    # db_default as well: code from before these columns keeps inserting events while a
-    # deploy rolls out.
+    # The object the event is about (`payload["id"]`), and the event's place among that
+    # object's events (1, 2, 3...; 0: none): receivers order an object's events by it.
+    # db_default: code from before these columns keeps inserting during a rolling deploy.
     object_id = models.CharField(max_length=ids.ID_MAX_LENGTH, blank=True, default="", db_default="")
     sequence = models.PositiveIntegerField(default=0, db_default=0)
     published_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
-    # The relay (webhooks.services.relay) skips a row until this time after a failed
-    # publication (null: due now); after a bounded number of attempts it sets `dead_at`:
-    # a dead letter stays visible (admin) and can be requeued.
+    # After a failed publication the relay skips the row until `next_attempt_at`; after
+    # a bounded number of attempts it sets `dead_at` (visible in the admin, requeueable).
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     dead_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created", "id"]
         permissions = [("requeue_outboxevent", "Can requeue an outbox event or dead letter")]
-        # The relay's claim, its watermark and the lag gauge all ask for the oldest live
-        # unpublished rows; with `dead_at` in the predicate they read this index in order
-        # and stop at the first row (a plain index scan, which also marks the entries of
-        # published rows dead as it passes them). With `published_at` alone the planner
-        # took a bitmap scan and sort that visited every dead entry until VACUUM: 4 ms a
-        # read, once per webhook delivery. Dead letters have their own, nearly empty, index.
+        # The relay's claim, its watermark and the lag gauge ask for the oldest live
+        # unpublished rows: with `dead_at` in the predicate they read this index in order
+        # and stop at the first row (with `published_at` alone the planner took a bitmap
+        # scan that visited every dead entry until VACUUM). Dead letters have their own index.
         indexes = [
             models.Index(
                 fields=["created", "id"], condition=Q(published_at__isnull=True, dead_at__isnull=True), name="outbox_live_unpublished"

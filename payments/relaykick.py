@@ -1,14 +1,10 @@
 """The outbox relay's kick after commit, coalesced in Redis (fastpath.kicks): one kick per
 transaction and tenant schema, at most one pending kicked relay per schema, relays of a
-schema at most every RELAY_MIN_INTERVAL_MS.
-
-The relay lives above payments (webhooks.tasks, task "webhooks.outbox_relay"); payments
-never imports it. The kick sends the task BY NAME with the tenant schema in the header
-tenant-schemas-celery reads (`_schema_name`). The kick is only for latency: if it fails
-(broker down, a crash between commit and send) nothing is lost: the transaction marked
-its tenant's relay work due (tenants.duework), and beat ("webhooks.relay_due_tenants")
-relays the event within 10 s. It never raises into
-the caller: the money has already committed when it runs.
+schema at most every RELAY_MIN_INTERVAL_MS. The relay lives above payments, so the task is
+sent by name, with the schema in tenant-schemas-celery's `_schema_name` header. The kick is
+only for latency and never raises: the money has committed, and the transaction marked its
+tenant's relay work due (tenants.duework), and beat ("webhooks.relay_due_tenants") relays
+what a lost kick missed within 10 s.
 """
 
 from __future__ import annotations
@@ -41,8 +37,6 @@ def _relay_started_key(schema_name: str) -> str:
 
 
 class _RelayKick:
-    """The on-commit callback: one per transaction and tenant schema."""
-
     def __init__(self, schema_name: str) -> None:
         self.schema_name = schema_name
 
@@ -75,8 +69,7 @@ class _RelayKick:
 
 
 def _kick_pending_claim(schema_name: str, *, kick_token: str) -> int | None:
-    """None when a kick is pending already (send nothing); else how many ms the relay this
-    commit kicks must wait (fastpath.kicks.kick_claim)."""
+    """None when a kick is pending already; else how many ms the kicked relay must wait."""
     return kick_claim(
         pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token,
         pending_ms=KICK_PENDING_SECONDS * 1000, interval_ms=RELAY_MIN_INTERVAL_MS,
@@ -90,11 +83,9 @@ def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
 
 
 def outbox_relay_kick_pending_clear(*, schema_name: str, kick_token: str = "") -> None:
-    """A relay of `schema_name` starts: record its start, and if it is the relay the pending
-    mark's kick sent (`kick_token`), clear the mark, so the next commit kicks again (after
-    the interval). Call it before reading the outbox. A relay no kick sent (the beat sweep,
-    `manage.py outbox_relay`, an earlier kick's whose mark lapsed) leaves the mark alone:
-    the kicked relay it stands for has still to run."""
+    """A relay of `schema_name` starts (call it before reading the outbox): record its
+    start, and if the pending mark's kick sent it (`kick_token`), clear the mark so the next
+    commit kicks again. A relay no kick sent leaves the mark: the kicked relay is still due."""
     kick_started(pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token)
 
 

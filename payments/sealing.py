@@ -1,19 +1,13 @@
-"""Secrets Tally must use again, not only check, sealed at rest: one scheme for all of them.
+"""Secrets Tally must use again, not only check, sealed at rest with one scheme: PSP API
+keys (gateways/credentials.py), stored answers that show a secret once
+(idempotency/sealing.py) and merchants' webhook signing secrets (webhooks/secrets.py).
 
-A PSP's API key (payments/gateways/credentials.py), a stored answer that shows a secret
-once (payments/idempotency/sealing.py) and a merchant's webhook signing secret
-(webhooks/secrets.py) are each sealed with AES-256-GCM:
-
-- the key is derived from SECRET_KEY for one purpose (HMAC-SHA256(SECRET_KEY, purpose)),
-  so a value sealed for one purpose never opens as another;
-- every value gets a fresh random 96-bit nonce;
-- associated data names where the value belongs (tenant schema, row, field), so a sealed
-  value copied to another row, field or tenant does not open;
-- stored as `prefix + nonce + ciphertext and tag`; the prefix names the scheme and its
-  version, so a new scheme is a new prefix read beside the old one.
-
+AES-256-GCM under a key derived from SECRET_KEY per purpose (a value sealed for one
+purpose never opens as another), a fresh 96-bit nonce per value, and associated data
+naming where the value belongs (schema, row, field), so a copied value does not open.
+Stored as `prefix + nonce + ciphertext and tag`; the prefix names the scheme's version.
 A database dump alone opens nothing; SECRET_KEY opens everything (rotating it is not
-supported: what was sealed under the old key would no longer open).
+supported).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Reads of the payments app for the faces, the admin and the services: balances, ledger
+"""Reads of the payments app: balances (the SUM over an account's shard rows), ledger
 history, and money objects scoped to a principal (another principal's object is NotFound).
-
-Balances are exact at every read: the SUM over an account's shard rows, in one query.
 """
 
 from __future__ import annotations
@@ -71,6 +69,14 @@ def ledger_entries_for_customer(
     return entries.order_by("-created", "-id") if newest_first else entries.order_by("created", "id")
 
 
+def _scope(**filters: str | None) -> dict[str, str]:
+    """The filters that are set. An unscoped list is refused rather than leaking every row."""
+    scope = {name: value for name, value in filters.items() if value}
+    if not scope:
+        raise ValueError("a list of money objects needs a principal's scope")
+    return scope
+
+
 def payment_get(
     *, payment_id: str, merchant_id: str | None = None, terminal_id: str | None = None, store_id: str | None = None, customer_id: str | None = None
 ) -> Payment:
@@ -90,40 +96,18 @@ def payments_list(
     customer_id: str | None = None,
     asset_code: str | None = None,
 ) -> QuerySet[Payment]:
-    """Payments in a principal's scope, newest first (ordered by -created, -id). At least one
-    scope is required: an unscoped list is refused rather than leaking every payment."""
-    if not any((merchant_id, terminal_id, store_id, customer_id)):
-        raise ValueError("payments_list needs a scope")
-    payments = Payment.objects.all()
-    if merchant_id:
-        payments = payments.filter(merchant_id=merchant_id)
-    if terminal_id:
-        payments = payments.filter(terminal_id=terminal_id)
-    if store_id:
-        payments = payments.filter(store_id=store_id)
-    if customer_id:
-        payments = payments.filter(customer_id=customer_id)
+    """Payments in a principal's scope, newest first (ordered by -created, -id)."""
+    payments = Payment.objects.filter(**_scope(merchant_id=merchant_id, terminal_id=terminal_id, store_id=store_id, customer_id=customer_id))
     if asset_code:
         payments = payments.filter(asset_id=asset_code)
     return payments.order_by("-created", "-id")
 
 
 def refund_get(*, refund_id: str, merchant_id: str | None = None, customer_id: str | None = None) -> Refund:
-    refunds = Refund.objects.select_related("payment")
-    if merchant_id:
-        refunds = refunds.filter(payment__merchant_id=merchant_id)
-    if customer_id:
-        refunds = refunds.filter(payment__customer_id=customer_id)
-    if not (merchant_id or customer_id):
-        raise ValueError("refund_get needs a scope")
-    refund = refunds.filter(pk=refund_id).first()
+    refund = refunds_list(merchant_id=merchant_id, customer_id=customer_id).filter(pk=refund_id).first()
     if refund is None:
         raise NotFound("no such refund", param="refund")
     return refund
-
-
-def refunds_for_payment(*, payment: Payment) -> QuerySet[Refund]:
-    return Refund.objects.filter(payment=payment).order_by("-created", "-id")
 
 
 def payment_intent_get(*, intent_id: str, merchant_id: str) -> PaymentIntent:
@@ -156,16 +140,8 @@ def topup_get(*, topup_id: str, customer_id: str | None = None) -> TopUp:
 
 
 def refunds_list(*, merchant_id: str | None = None, customer_id: str | None = None, store_id: str | None = None) -> QuerySet[Refund]:
-    if not (merchant_id or customer_id or store_id):
-        raise ValueError("refunds_list needs a scope")  # an unscoped list would leak every refund
-    qs = Refund.objects.select_related("payment")
-    if merchant_id:
-        qs = qs.filter(payment__merchant_id=merchant_id)
-    if customer_id:
-        qs = qs.filter(payment__customer_id=customer_id)
-    if store_id:
-        qs = qs.filter(payment__store_id=store_id)
-    return qs
+    scope = _scope(payment__merchant_id=merchant_id, payment__customer_id=customer_id, payment__store_id=store_id)
+    return Refund.objects.select_related("payment").filter(**scope)
 
 
 def transfers_list(*, customer_id: str) -> QuerySet[Transfer]:
@@ -185,6 +161,7 @@ def adjustment_get(*, adjustment_id: str) -> Adjustment:
     if adjustment is None:
         raise NotFound("no such adjustment", param=None)
     return adjustment
+
 
 def pending_adjustments_list(*, status: str | None = None) -> QuerySet[PendingAdjustment]:
     qs = PendingAdjustment.objects.all()
@@ -286,13 +263,9 @@ def topups_pending_count() -> int:
     return TopUp.objects.filter(status=TopUpStatus.PENDING).count()
 
 
-def topups_operator_review() -> QuerySet[TopUp]:
-    """The operator queue: pending top-ups the recovery may not ask the PSP about again."""
-    return TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=False)
-
-
 def topups_operator_review_count() -> int:
-    return topups_operator_review().count()
+    """The operator queue: pending top-ups the recovery may not ask the PSP about again."""
+    return TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=False).count()
 
 
 def topups_charged_uncredited() -> QuerySet[TopUp]:
@@ -318,9 +291,8 @@ class TopUpSettlementLine:
 
 
 def topup_settlement_lines(*, day: date, gateway: str | None = None) -> list[TopUpSettlementLine]:
-    """Our card top-ups the PSP charged on `day` (UTC, the PSP's charge time), for the
-    reconciliation of internal vs PSP settlement: every charged top-up, credited, or
-    failed and refunded (or still to be) afterwards."""
+    """Our card top-ups the PSP charged on `day` (UTC, the PSP's charge time), credited or
+    not, for the settlement comparison."""
     start = datetime.combine(day, time.min, tzinfo=UTC)
     topups = TopUp.objects.filter(psp_charged=True, psp_charged_at__gte=start, psp_charged_at__lt=start + timedelta(days=1))
     if gateway is not None:

@@ -470,7 +470,7 @@ def test_the_psps_daily_settlement_report_matches_our_top_ups(live_tenant: Tenan
 
 
 def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant: Tenant, psp_simulator: Simulator, monkeypatch: Any) -> None:
-    from payments.services import card_topups
+    from payments.services import card_topups, topup_saga
     from wallets.models import Asset
 
     psp_key = psp_account_configure(psp_simulator)
@@ -478,7 +478,7 @@ def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant:
     customer = customer_create(name="Near cap")
     key = api_key_create(principal=customer)[1]
     # The early check passes (as if the balance grew between it and the credit: a race).
-    monkeypatch.setattr(card_topups, "topup_refusal_check", lambda **kwargs: None)
+    monkeypatch.setattr(topup_saga, "topup_refusal_check", lambda **kwargs: None)
     client = Client(HTTP_HOST=TENANT_A["domain"])
     idem = uuid.uuid4().hex
     body = json.dumps({"asset": "JPY", "amount": 2_000, "payment_method": "pm_card_visa"})

@@ -73,7 +73,6 @@ class CustomerViewSet(AdminViewSet):
         freezes.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
         return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
 
-
     @extend_schema(
         tags=TAG, summary="Set, clear or keep a customer's email and phone (a field left out is unchanged; null clears it)",
         request=s.ContactUpdateIn, responses={200: s.CustomerOut},

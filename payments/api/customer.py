@@ -107,8 +107,7 @@ class TransferViewSet(CustomerViewSet):
 
 def topup_answer_render(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse:
     """The stored answer of a settled card top-up: 201 with the top-up, or 402 with the
-    envelope. The saga (payments/services/topup_saga.py) stores it, for the request and for
-    the recovery task alike; settings.TALLY_TOPUP_ANSWER_RENDER names this function."""
+    envelope (settings.TALLY_TOPUP_ANSWER_RENDER: the saga stores it)."""
     data: Any
     if refusal is None:
         status, data = 201, s.TopUpOut(topup).data
@@ -119,9 +118,7 @@ def topup_answer_render(*, topup: TopUp, refusal: BusinessRefusal | None, reques
 
 
 class TopUpViewSet(CustomerViewSet):
-    """Card top-ups: an external effect (payments/services/topup_saga.py). The claim commits
-    with the pending top-up, the card is charged outside any transaction with the top-up id
-    as the PSP's idempotency key, and the credit commits with the stored answer."""
+    """Card top-ups: an external effect (payments/services/topup_saga.py)."""
 
     lookup_url_kwarg = "topup_id"
     idempotency_effect = "external"

@@ -1,9 +1,5 @@
-"""Inbound PSP webhooks: `POST /v1/psp/webhooks/<gateway>` on the tenant's host. No API
-key: the PSP's signature is the authentication (payments.services.card_topups.
-psp_webhook_receive). Answers 200 `{"received": true, "outcome": ...}` for applied,
-duplicate and ignored events (the PSP stops retrying), 400 in the envelope for a bad
-signature or body, 503 when the effect failed (nothing recorded: the PSP's retry is
-processed)."""
+"""Inbound PSP webhooks: `POST /v1/psp/webhooks/<gateway>` on the tenant's host,
+authenticated by the PSP's signature (card_topups.psp_webhook_receive), not an API key."""
 
 from __future__ import annotations
 

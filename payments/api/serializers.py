@@ -1,5 +1,5 @@
-"""Request and response shapes of the four faces. Shapes only: no lookups, no rules
-beyond the syntax of a field (rules live in the services)."""
+"""Request and response shapes of the four faces: no lookups, no rules beyond a field's
+syntax (rules live in the services)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,6 @@ from apikit.shapes import Serializer
 S = serializers
 
 
-def _id() -> S.CharField:
-    return S.CharField()
-
-
 def _ref(source: str, *, nullable: bool = False) -> S.CharField:
     return S.CharField(source=source, allow_null=nullable)
 
@@ -29,7 +25,7 @@ def _ref(source: str, *, nullable: bool = False) -> S.CharField:
 
 
 class CustomerOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("customer")
     created = S.DateTimeField()
     name = S.CharField()
@@ -39,14 +35,14 @@ class CustomerOut(Serializer):
 
 
 class MerchantOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("merchant")
     created = S.DateTimeField()
     name = S.CharField()
 
 
 class StoreOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("store")
     created = S.DateTimeField()
     merchant = _ref("merchant_id")
@@ -54,7 +50,7 @@ class StoreOut(Serializer):
 
 
 class TerminalOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("terminal")
     created = S.DateTimeField()
     merchant = _ref("store.merchant_id")
@@ -63,7 +59,7 @@ class TerminalOut(Serializer):
 
 
 class ApiKeyOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("api_key")
     created = S.DateTimeField()
     principal_type = S.CharField()
@@ -155,7 +151,7 @@ class PendingAdjustmentRejectIn(StrictSerializer):
 
 
 class PaymentOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("payment")
     created = S.DateTimeField()
     status = S.CharField()
@@ -171,7 +167,7 @@ class PaymentOut(Serializer):
 
 
 class RefundOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("refund")
     created = S.DateTimeField()
     status = S.CharField()
@@ -182,7 +178,7 @@ class RefundOut(Serializer):
 
 
 class TransferOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("transfer")
     created = S.DateTimeField()
     status = S.CharField()
@@ -193,7 +189,7 @@ class TransferOut(Serializer):
 
 
 class MandateOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("mandate")
     created = S.DateTimeField()
     customer = _ref("customer_id")
@@ -202,7 +198,7 @@ class MandateOut(Serializer):
 
 
 class TopUpOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("topup")
     created = S.DateTimeField()
     status = S.CharField()
@@ -215,7 +211,7 @@ class TopUpOut(Serializer):
 
 
 class AdjustmentOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("adjustment")
     created = S.DateTimeField()
     staff = _ref("staff_id")
@@ -241,7 +237,7 @@ class PendingAdjustmentOut(AdjustmentOut):
 
 
 class PaymentIntentOut(Serializer):
-    id = _id()
+    id = S.CharField()
     object = ConstField("payment_intent")
     created = S.DateTimeField()
     status = S.CharField()

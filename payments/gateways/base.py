@@ -1,12 +1,9 @@
 """The gateway interface every PSP adapter implements, and its typed outcomes.
 
-A charge is created with OUR idempotency key (the top-up id): the PSP dedupes on it, so
-asking again with the same key and parameters returns the first charge, never a second.
-An answer we did not get (timeout, connection lost, 5xx) is `GatewayUnavailable`: the
-outcome is unknown, and only asking again with the same key resolves it. So is an answer
-that does not speak for the charge under our key: our credentials refused (the key may
-have been rotated after an earlier attempt charged) or the PSP's idempotency layer
-objecting (the key in use, or bound to other parameters).
+A charge is created with OUR idempotency key (the top-up id), so asking again returns the
+first charge, never a second. An answer we did not get (timeout, 5xx), or one that does
+not speak for the charge under our key (our credentials refused, the PSP's idempotency
+layer objecting), is `GatewayUnavailable`: only asking again with the same key resolves it.
 """
 
 from __future__ import annotations
@@ -25,10 +22,8 @@ class GatewayUnavailable(GatewayError):
 
 
 class GatewayRejected(GatewayError):
-    """The PSP refused the request's parameters (an invalid request other than a decline):
-    nothing was charged, and asking again with the same parameters is refused again.
-    `param` names the refused parameter when the PSP says ("payment_method": no such card),
-    `code` is the PSP's own error code ("amount_too_small") when it gives one."""
+    """The PSP refused the request's parameters (not a decline): nothing was charged, and
+    the same parameters are refused again. `param` and `code` are the PSP's, when given."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -97,7 +92,6 @@ class PspEvent:
 
 class Gateway(Protocol):
     name: str
-    signature_header: str  # the inbound webhook's signature header (WSGI META name)
 
     def charge(self, request: ChargeRequest) -> ChargeResult: ...
 

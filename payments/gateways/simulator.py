@@ -25,7 +25,6 @@ from payments.gateways.base import (
 
 class SimulatorGateway:
     name = "simulator"
-    signature_header = "HTTP_PSP_SIGNATURE"
 
     def __init__(self, *, api_base: str, secret_key: str, timeout: float) -> None:
         self.api_base = api_base.rstrip("/")

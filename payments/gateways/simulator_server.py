@@ -64,6 +64,11 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+def _error(message: str, *, kind: str = "invalid_request_error", **extra: str) -> dict[str, Any]:
+    """An error body in Stripe's shape: {"error": {"type", "message", "code"?, "param"?}}."""
+    return {"error": {"type": kind, "message": message, **extra}}
+
+
 def signature_header_for(*, secret: str, body: bytes, timestamp: int) -> str:
     """`t=<unix>,v1=<hex HMAC-SHA256 over "t.body">` (the scheme Stripe uses)."""
     mac = hmac.new(secret.encode("utf-8"), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
@@ -104,45 +109,34 @@ class Simulator:
 
     def account(self, api_key: str) -> Account:
         with self.lock:
-            acct = self.accounts.get(api_key)
-            if acct is None:
-                acct = self.accounts[api_key] = Account(api_key=api_key)
-            return acct
+            return self.accounts.setdefault(api_key, Account(api_key=api_key))
 
     # --- API ---------------------------------------------------------------------------
 
     def idempotent(
         self, acct: Account, operation: str, key: str, params: dict[str, Any], make: Callable[[], tuple[int, dict[str, Any]]]
-    ) -> tuple[int, dict[str, Any], bool]:
+    ) -> tuple[int, dict[str, Any]]:
         fingerprint = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
         with self.lock:
             seen = acct.idempotent.get((operation, key))
             if seen is not None:
                 if seen[0] != fingerprint:
-                    return 400, {"error": {"type": "idempotency_error", "message": "key reused with other parameters"}}, False
-                return seen[1], seen[2], False
+                    return 400, _error("key reused with other parameters", kind="idempotency_error")
+                return seen[1], seen[2]
             status, body = make()
             acct.idempotent[(operation, key)] = (fingerprint, status, body)
-            return status, body, True
+            return status, body
 
     def charge_create(self, acct: Account, key: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
         amount, currency, method = params.get("amount"), params.get("currency"), params.get("payment_method")
         if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0 or not isinstance(currency, str) or not currency:
-            return 400, {"error": {"type": "invalid_request_error", "message": "amount (positive integer) and currency are required"}}, None
+            return 400, _error("amount (positive integer) and currency are required"), None
         with self.lock:
             minimum = self.faults.min_charge_amount
         if amount < minimum:
-            error = {
-                "type": "invalid_request_error", "code": "amount_too_small", "param": "amount",
-                "message": f"Amount must be at least {minimum} {currency.lower()}",
-            }
-            return 400, {"error": error}, None
+            return 400, _error(f"Amount must be at least {minimum} {currency.lower()}", code="amount_too_small", param="amount"), None
         if method not in CARDS:
-            error = {
-                "type": "invalid_request_error", "code": "resource_missing", "param": "payment_method",
-                "message": f"no such payment method: {method}",
-            }
-            return 400, {"error": error}, None
+            return 400, _error(f"no such payment method: {method}", code="resource_missing", param="payment_method"), None
         event: dict[str, Any] | None = None
 
         def make() -> tuple[int, dict[str, Any]]:
@@ -158,7 +152,7 @@ class Simulator:
             event = self.event_make("charge.failed" if decline else "charge.succeeded", charge)
             return 200, dict(charge)
 
-        status, body, _ = self.idempotent(acct, "charge", key, params, make)
+        status, body = self.idempotent(acct, "charge", key, params, make)
         return status, body, event
 
     def refund_create(self, acct: Account, key: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
@@ -169,9 +163,9 @@ class Simulator:
             charge = acct.charges.get(str(params.get("charge")))
             amount = params.get("amount")
             if charge is None or charge["status"] != "succeeded":
-                return 400, {"error": {"type": "invalid_request_error", "message": "no such succeeded charge"}}
+                return 400, _error("no such succeeded charge")
             if not isinstance(amount, int) or amount <= 0 or amount > charge["amount"] - charge["amount_refunded"]:
-                return 400, {"error": {"type": "invalid_request_error", "message": "invalid refund amount"}}
+                return 400, _error("invalid refund amount")
             charge["amount_refunded"] += amount
             refund = {
                 "id": _new_id("re"), "object": "refund", "charge": charge["id"], "amount": amount, "currency": charge["currency"],
@@ -181,7 +175,7 @@ class Simulator:
             event = self.event_make("charge.refunded", dict(charge))
             return 200, dict(refund)
 
-        status, body, _ = self.idempotent(acct, "refund", key, params, make)
+        status, body = self.idempotent(acct, "refund", key, params, make)
         return status, body, event
 
     def settlement(self, acct: Account, day: str) -> dict[str, Any]:
@@ -289,7 +283,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
         def _account(self) -> Account | None:
             auth = self.headers.get("Authorization", "")
             if not auth.startswith("Bearer ") or len(auth) < 12:
-                self._send(401, {"error": {"type": "authentication_error", "message": "bearer api key required"}})
+                self._send(401, _error("bearer api key required", kind="authentication_error"))
                 return None
             return sim.account(auth[len("Bearer "):])
 
@@ -303,7 +297,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             if latency:
                 time.sleep(latency / 1000.0)
             if fail:
-                self._send(500, {"error": {"type": "api_error", "message": "injected failure"}})
+                self._send(500, _error("injected failure", kind="api_error"))
             return fail
 
         def do_GET(self) -> None:
@@ -331,14 +325,14 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             elif parts.path.startswith("/v1/settlements/"):
                 self._send(200, sim.settlement(acct, parts.path.rsplit("/", 1)[1]))
             else:
-                self._send(404, {"error": {"type": "invalid_request_error", "message": "unknown path"}})
+                self._send(404, _error("unknown path"))
 
         def do_POST(self) -> None:
             path = urlsplit(self.path).path
             try:
                 params = self._json_body()
             except (ValueError, UnicodeDecodeError):
-                self._send(400, {"error": {"type": "invalid_request_error", "message": "body must be a JSON object"}})
+                self._send(400, _error("body must be a JSON object"))
                 return
             if path.startswith("/_control/"):
                 self._control(path, params)
@@ -349,7 +343,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/webhook_endpoints":
                 url, secret = params.get("url"), params.get("secret")
                 if not isinstance(url, str) or not isinstance(secret, str) or not secret:
-                    self._send(400, {"error": {"type": "invalid_request_error", "message": "url and secret are required"}})
+                    self._send(400, _error("url and secret are required"))
                     return
                 with sim.lock:
                     acct.endpoints = [e for e in acct.endpoints if e["url"] != url] + [{"url": url, "secret": secret}]
@@ -357,12 +351,14 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 return
             key = self.headers.get("Idempotency-Key")
             if not key:
-                self._send(400, {"error": {"type": "invalid_request_error", "message": "Idempotency-Key header is required"}})
+                self._send(400, _error("Idempotency-Key header is required"))
                 return
             if path == "/v1/charges":
                 status, body, event = sim.charge_create(acct, key, params)
                 if event is not None:
-                    self._after_charge(acct, event)
+                    with sim.lock:
+                        first = sim.faults.webhook_before_response
+                    sim.events_dispatch(acct, event, inline=first)
                     with sim.lock:
                         hang = sim.faults.hang_after_charge > 0
                         if hang:
@@ -380,12 +376,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                     sim.events_dispatch(acct, event)
                 self._send(status, body)
             else:
-                self._send(404, {"error": {"type": "invalid_request_error", "message": "unknown path"}})
-
-        def _after_charge(self, acct: Account, event: dict[str, Any]) -> None:
-            with sim.lock:
-                first = sim.faults.webhook_before_response
-            sim.events_dispatch(acct, event, inline=first)
+                self._send(404, _error("unknown path"))
 
         def _control(self, path: str, params: dict[str, Any]) -> None:
             if path == "/_control/faults":
@@ -405,7 +396,7 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                     sim.webhook_log.clear()
                 self._send(200, {"reset": True})
             else:
-                self._send(404, {"error": {"type": "invalid_request_error", "message": "unknown control"}})
+                self._send(404, _error("unknown control"))
 
     return Handler
 

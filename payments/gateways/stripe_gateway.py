@@ -1,5 +1,5 @@
-"""The Stripe adapter (production): stripe-python's StripeClient, PaymentIntents confirmed
-at once with the card's PaymentMethod, our top-up id passed as Stripe's Idempotency-Key.
+"""The Stripe adapter (production): PaymentIntents confirmed at once with the card's
+PaymentMethod, our top-up id as Stripe's Idempotency-Key.
 
 - A decline is Stripe's 402 CardError: the charge failed, with its decline code.
 - No answer (APIConnectionError, a timeout) or a 5xx / 429: GatewayUnavailable (the
@@ -11,13 +11,9 @@ at once with the card's PaymentMethod, our top-up id passed as Stripe's Idempote
 - Other 4xx (invalid parameters: `amount_too_small`, an unknown currency): GatewayRejected,
   with Stripe's code. Nothing was charged; Stripe saves no idempotent result for a request
   that failed validation, and the same parameters are refused again.
-- Webhooks: `Stripe-Signature` (same t=..,v1=.. scheme, checked in payments.gateways.signing);
-  `payment_intent.succeeded` and `payment_intent.payment_failed` carry our top-up id in
-  `metadata.tally_topup`.
+- Webhooks: `Stripe-Signature` (payments.gateways.signing); `payment_intent.succeeded` and
+  `payment_intent.payment_failed` carry our top-up id in `metadata.tally_topup`.
 - Settlement: the day's balance transactions (charges and refunds).
-
-Tested against canned responses in Stripe's documented shapes (tests/psp/stripe_fixtures),
-served by a local stub server that `api_base` points at: there is no network here.
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ _EVENT_KINDS = {"payment_intent.succeeded": "charge_succeeded", "payment_intent.
 
 class StripeGateway:
     name = "stripe"
-    signature_header = "HTTP_STRIPE_SIGNATURE"
 
     def __init__(self, *, api_base: str, secret_key: str, timeout: float) -> None:
         self.client = stripe.StripeClient(
@@ -106,16 +101,10 @@ class StripeGateway:
             )
         status = str(intent.status)
         if status == "succeeded":
-            return ChargeResult(
-                status="succeeded", psp_reference=str(intent.id), amount=int(intent.amount), currency=str(intent.currency).upper(),
-                created=_ts(intent.created),
-            )
+            return _result_of(intent)
         if status in ("requires_payment_method", "canceled"):
             last_error = getattr(intent, "last_payment_error", None)
-            return ChargeResult(
-                status="failed", psp_reference=str(intent.id), amount=int(intent.amount), currency=str(intent.currency).upper(),
-                failure_code=str(getattr(last_error, "decline_code", None) or "card_declined"), created=_ts(intent.created),
-            )
+            return _result_of(intent, failure_code=str(getattr(last_error, "decline_code", None) or "card_declined"))
         # processing / requires_action: not settled yet; the webhook or the recovery decides.
         raise GatewayUnavailable(f"charge: PaymentIntent {intent.id} is {status}")
 
@@ -132,13 +121,7 @@ class StripeGateway:
         unsettled = [str(intent.id) for intent in found.data if str(intent.status) not in ("succeeded", "requires_payment_method", "canceled")]
         if unsettled:  # processing or awaiting action: its outcome is not known yet
             raise GatewayUnavailable(f"charges_of: PaymentIntent {unsettled[0]} is not settled yet")
-        return [
-            ChargeResult(
-                status="succeeded" if str(intent.status) == "succeeded" else "failed", psp_reference=str(intent.id),
-                amount=int(intent.amount), currency=str(intent.currency).upper(), created=_ts(intent.created),
-            )
-            for intent in found.data
-        ]
+        return [_result_of(intent) for intent in found.data]
 
     def settlement_report(self, *, day: date) -> SettlementReport:
         start = int(datetime.combine(day, datetime.min.time(), tzinfo=UTC).timestamp())
@@ -175,3 +158,11 @@ class StripeGateway:
 
 def _ts(value: Any) -> datetime | None:
     return datetime.fromtimestamp(int(value), UTC) if isinstance(value, int) else None
+
+
+def _result_of(intent: Any, *, failure_code: str = "") -> ChargeResult:
+    """A settled PaymentIntent as a charge outcome."""
+    return ChargeResult(
+        status="succeeded" if str(intent.status) == "succeeded" else "failed", psp_reference=str(intent.id), amount=int(intent.amount),
+        currency=str(intent.currency).upper(), failure_code=failure_code, created=_ts(intent.created),
+    )

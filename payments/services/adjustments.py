@@ -37,10 +37,8 @@ def adjustment_create(
     reason: str,
 ) -> Adjustment:
     """Credit or debit a customer or a merchant against the adjustments system account.
-
-    Works on frozen wallets (that is what staff corrections are for), but never takes a
-    balance below zero or above the cap. Locks: see ledger_post.
-    """
+    Works on frozen wallets, but never takes a balance below zero or above the cap.
+    Locks: see ledger_post."""
     minor = amount_to_minor(amount)
     party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)

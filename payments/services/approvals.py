@@ -1,9 +1,7 @@
-"""Maker-checker for staff adjustments, by amount over time: one staff member may post
-alone what keeps the sum of their adjustments to one party in one asset, over a rolling
-window, within the tenant's threshold. Whatever would cross it (one large adjustment, or
-the one that tips a series of small ones over) is a proposal (PendingAdjustment) until a
-second staff member approves it. The Django admin and the admin API face both go through
-`adjustment_request`; posting goes through `adjustment_create`, the one posting path."""
+"""Maker-checker for staff adjustments: one staff member may post alone what keeps the sum
+of their adjustments to one party in one asset, over a rolling window, within the tenant's
+threshold. Whatever would cross it is a proposal (PendingAdjustment) until a second staff
+member approves it. The admin and the admin API go through `adjustment_request`."""
 
 from __future__ import annotations
 
@@ -57,13 +55,11 @@ def adjustment_request(
     direction: str,
     reason: str,
 ) -> Adjustment | PendingAdjustment:
-    """A staff adjustment (the back office or the admin API): posted now if it keeps what
-    `maker` posted alone to this party and asset within the window at or under the
-    threshold, else held for a second staff member's approval (audited either way).
+    """Posted now if it keeps what `maker` posted alone to this party and asset within the
+    window at or under the threshold, else held for a second staff member (audited).
 
     Locks: the maker's StaffMember row first, so two concurrent requests of one staff
-    member are counted one after the other (the second sees the first's adjustment);
-    then, when posted, as adjustment_create."""
+    member are counted one after the other; then, when posted, as adjustment_create."""
     minor = amount_to_minor(amount)
     party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)

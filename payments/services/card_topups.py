@@ -1,12 +1,10 @@
-"""Card top-ups at a PSP: the business steps of the saga (payments/services/topup_saga.py
-orchestrates them with the idempotency engine), the tenant's gateway account, inbound PSP
-webhooks and the settlement comparison.
+"""Card top-ups at a PSP: the saga's business steps (topup_saga.py orchestrates them), the
+tenant's gateway account, inbound PSP webhooks and the settlement comparison.
 
-The PSP is always called with the top-up's id as its idempotency key (minted once, at
-claim time, and kept across retries and takeovers): asking again can only return the
-first charge. Crediting is idempotent on the top-up row (locked; a credited top-up is
-never credited again), so the inline answer, a webhook and the recovery task may all
-try, and one credit results.
+The PSP is always called with the top-up's id as its idempotency key (minted at claim
+time, kept across retries and takeovers): asking again can only return the first charge.
+Crediting is idempotent on the locked top-up row, so the inline answer, a webhook and the
+recovery task may all try, and one credit results.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
 from payments.locks import gateway_account_rows_lock, psp_webhook_events_expired_lock, topup_lock
-from payments.models import GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
+from payments.models import Gateway, GatewayAccount, PspWebhookEvent, TopUp, TopUpStatus
 from payments.selectors import (
     TopUpCursor,
     gateway_account_active,
@@ -51,16 +49,15 @@ from payments.selectors import (
 )
 from payments.services.outbox import outbox_event_create
 from payments.services.topup_due import topup_due_mark
-from payments.services.topups import topup_credit
-from tenants.selectors import tenant_current, tenant_rate
+from payments.services.topups import topup_credit, topup_pending_new, topup_pending_save
 from wallets.errors import BusinessRefusal, CapExceeded, InvalidRequest, NotFound, WalletFrozen
 from wallets.models import AssetKind, Customer
-from wallets.money import amount_to_minor, topup_bonus_for
-from wallets.selectors import account_balance, account_of, asset_get
+from wallets.money import amount_to_minor
+from wallets.selectors import asset_get
 from wallets.transactions import atomic_service, is_connection_failure
 
-# How long after a top-up is created its charge may be asked for again with the same key:
-# inside every supported PSP's idempotency-key retention (Stripe keeps keys at least 24 h).
+# How long a charge may be asked for again with the same key: inside every supported PSP's
+# idempotency-key retention (Stripe keeps keys at least 24 h).
 PSP_KEY_TRUSTED_FOR = timedelta(hours=20)
 
 logger = logging.getLogger("tally.topups")
@@ -73,9 +70,9 @@ TOP_UPABLE_KINDS = (AssetKind.CURRENCY, AssetKind.REGIONAL)
 @atomic_service(operation="gateway_account_set")
 def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook_secrets: list[str], active: bool = True) -> GatewayAccount:
     """Create or replace the tenant's account at `gateway`; `active` makes it the one card
-    top-ups use (the previous active one is switched off). Credentials are sealed before
-    they reach the database. Locks: the gateway account rows."""
-    if gateway not in ("simulator", "stripe"):
+    top-ups use. Credentials are sealed before they reach the database.
+    Locks: the gateway account rows."""
+    if gateway not in Gateway.values:
         raise InvalidRequest("gateway must be simulator or stripe", param="gateway")
     if not secret_key or not webhook_secrets or not all(isinstance(s, str) and s for s in webhook_secrets):
         raise InvalidRequest("a secret key and at least one webhook secret are required", param="webhook_secrets")
@@ -100,51 +97,25 @@ def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook
 def topup_pending_ensure(
     *, topup_id: str, customer: Customer, asset_code: str, amount: object, payment_method: str, claim_principal_id: str, claim_key: str
 ) -> TopUp:
-    """Step 1, in the claim's transaction: the pre-registered top-up (status pending) and
-    its `topup.created` outbox row, under the id minted at claim time, and its tenant's
-    recovery due-work row. Idempotent across takeovers of the claim: an existing top-up of
-    that id is returned as it is.
-
+    """Step 1, in the claim's transaction: the pending top-up and its `topup.created` outbox
+    row, and its tenant's recovery due-work row, under the id minted at claim time; a takeover finds it written and returns it.
     Refuses (nothing written) a non-currency asset, a bad amount, a tenant without an
-    active gateway. Locks: none (the claim row is the caller's) but the due-work lock,
-    shared (`topup_due_mark`)."""
-    existing = TopUp.objects.filter(pk=topup_id).first()  # takeover: the claim's top-up is already written
+    active gateway. Locks: none (the claim row is the caller's) but the due-work lock, shared
+    (`topup_due_mark`: top-up recovery is due in this tenant)."""
+    existing = TopUp.objects.filter(pk=topup_id).first()
     if existing is not None:
         return existing
     minor = amount_to_minor(amount)
     asset = asset_get(asset_code=asset_code)
     if asset.kind not in TOP_UPABLE_KINDS:
         raise AssetNotTopUpable(f"{asset.code} is not a currency: card top-ups buy the main or a regional currency", param="asset")
-    if not isinstance(payment_method, str) or not payment_method.strip():
-        raise InvalidRequest("payment_method is required", param="payment_method")
+    topup = topup_pending_new(customer=customer, asset=asset, amount=minor, payment_method=payment_method, id=topup_id)
     account = gateway_account_active()
     if account is None:
         raise PspNotConfigured("card top-ups are not set up for this operator")
-    bonus = topup_bonus_for(amount=minor, rate=tenant_rate(tenant_current(), "topup_bonus_rate"))
-    topup = TopUp.objects.create(
-        id=topup_id, customer=customer, asset=asset, amount=minor, bonus_amount=bonus, payment_method=payment_method[:100],
-        gateway=account.gateway, claim_principal_id=claim_principal_id[:64], claim_key=claim_key[:255],
-    )
+    topup.gateway, topup.claim_principal_id, topup.claim_key = account.gateway, claim_principal_id[:64], claim_key[:255]
     topup_due_mark()
-    outbox_event_create(
-        topic="topup.created",
-        payload={"id": topup.id, "object": "topup", "customer": customer.pk, "asset": asset.code, "amount": minor, "status": topup.status},
-    )
-    return topup
-
-
-def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
-    """Before charging the card: would the credit be refused (frozen wallet, cap on amount +
-    bonus)? A read; the credit checks again under its locks."""
-    account = account_of(party=topup.customer)
-    if account.frozen:
-        return WalletFrozen("the wallet is frozen", param=None)
-    asset = asset_get(asset_code=topup.asset_id)
-    if asset.cap is not None:
-        balance, _ = account_balance(account=account, asset_code=asset.code)
-        if balance + topup.amount + topup.bonus_amount > asset.cap:
-            return CapExceeded(f"the wallet's {asset.code} balance would exceed its cap of {asset.cap}", param="amount")
-    return None
+    return topup_pending_save(topup=topup)
 
 
 # The PSP's name of a refused parameter, as the top-up request calls it.
@@ -152,12 +123,10 @@ _PSP_PARAMS = {"amount": "amount", "currency": "asset", "payment_method": "payme
 
 
 def topup_charge(*, topup: TopUp) -> ChargeResult:
-    """Step 2, outside any transaction: charge the card at the top-up's gateway with the
-    top-up id as the PSP's idempotency key.
-
-    Raises PspUnavailable when the outcome is unknown; PspKeyWindowPassed (one of those)
-    when the top-up is too old to ask again, after holding it for an operator; PspRefused
-    when the PSP refused the request's parameters (nothing charged: the top-up can fail)."""
+    """Step 2, outside any transaction: charge the card with the top-up id as the PSP's
+    idempotency key. Raises PspUnavailable when the outcome is unknown; PspKeyWindowPassed
+    when the top-up is too old to ask again (it is held for an operator); PspRefused when
+    the PSP refused the request's parameters (nothing charged)."""
     if timezone.now() - topup.created > PSP_KEY_TRUSTED_FOR:
         # A PSP forgets idempotency keys (Stripe after 24 h): asking again could charge twice.
         topup_review_hold(topup_id=topup.pk, reason="past the PSP's idempotency-key window with no known outcome")
@@ -181,8 +150,7 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
         raise PspUnavailable("no answer from the card processor: retry with the same Idempotency-Key") from exc
 
 
-# A top-up failed with one of these was never charged: the PSP refused the request, or an
-# operator found no charge at the PSP.
+# A top-up failed with one of these was never charged.
 NOT_CHARGED_CODES = ("psp_refused", "not_charged")
 
 
@@ -206,14 +174,11 @@ def topup_outcome(*, topup_id: str) -> tuple[TopUp, BusinessRefusal | None]:
 
 def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, BusinessRefusal | None]:
     """Step 3 / 4, in the caller's transaction (the fenced completion, or a webhook's):
-    apply the PSP's answer to the top-up.
-
-    Succeeded: credit amount + bonus (bonus and cap rules of payments.services.topups). If
-    the credit is refused now (cap reached meanwhile, wallet frozen), the top-up fails with
-    that code and the card is refunded by the recovery task (`topup_refunds_run`), as is a
-    charge that arrives after the top-up failed for any other reason.
-    Declined: the top-up fails with the PSP's code. Already settled: unchanged (credited
-    once whoever comes first). Locks: the top-up row, then the balance rows (ledger_post)."""
+    apply the PSP's answer. Succeeded: credit amount + bonus; a credit refused now (cap,
+    frozen) fails the top-up with that code, and the recovery refunds the card, as it does
+    a charge that arrives after the top-up failed. Declined: the top-up fails with the
+    PSP's code. Already settled: unchanged.
+    Locks: the top-up row, then the balance rows (ledger_post)."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
@@ -260,16 +225,16 @@ def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, Bus
 
 
 def topup_abandon(*, topup_id: str) -> None:
-    """The claim was released without a stored answer (a discarded 4xx): a still-pending,
-    never-charged top-up of it fails as `request_invalid`. Locks: the top-up row."""
+    """The claim was released without a stored answer: a pending, never-charged top-up of
+    it fails as `request_invalid`. Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is not None and topup.status == TopUpStatus.PENDING and not topup.psp_reference:
         topup_fail(topup=topup, failure_code="request_invalid")
 
 
 def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
-    """Fail a pending top-up with `failure_code` and write its `topup.failed` event. Needs:
-    the top-up row locked (`topup_lock`) in the caller's transaction."""
+    """Fail a pending top-up and write its `topup.failed` event. Needs: the top-up row
+    locked (`topup_lock`) in the caller's transaction."""
     topup.status, topup.failure_code = TopUpStatus.FAILED, failure_code[:50]
     topup.save(update_fields=["status", "failure_code", "updated"])
     outbox_event_create(topic="topup.failed", payload={"id": topup.id, "object": "topup", "failure_code": topup.failure_code})
@@ -277,12 +242,10 @@ def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
 
 
 def topup_refunds_run(*, batch_size: int = 100) -> dict[str, int]:
-    """Give back the card money of every top-up the PSP charged that ended without a credit,
-    whatever its failure code: a PSP refund with the key `<top-up id>:refund`, then the
-    reference recorded. Pages through all of them, oldest first. A refund the PSP does not
-    make now (no answer, refused) or that fails in any other way is logged with the top-up
-    id, counted, and tried again next run; the others go on. Returns counts: `refunded`,
-    `refund_unavailable`, `refund_errors`. Locks: each top-up row, briefly, to record the refund."""
+    """Refund the card of every charged top-up that ended without a credit (key
+    `<top-up id>:refund`), oldest first, page by page. One that fails is logged, counted and
+    tried again next run; the others go on. Returns counts by outcome.
+    Locks: each top-up row, briefly, to record the refund."""
     counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
     names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
     after: TopUpCursor | None = None
@@ -319,10 +282,9 @@ def _refund_record(*, topup_id: str, reference: str) -> None:
 
 
 def recovery_step_isolated(*, step: str, topup_id: str, fn: Callable[[], str]) -> str:
-    """`fn()`'s outcome, or "error" if it raises anything: logged with the top-up id and
-    kept as the top-up's last error, so one bad record (a PSP answer that does not match,
-    a credential that no longer unseals) never stops a recovery run. A lost database
-    connection is no single record's fault: it propagates."""
+    """`fn()`'s outcome, or "error" if it raises: logged and kept as the top-up's last
+    error, so one bad record never stops a recovery run. A lost database connection is no
+    single record's fault: it propagates."""
     try:
         return fn()
     except Exception as exc:
@@ -338,17 +300,16 @@ def recovery_step_isolated(*, step: str, topup_id: str, fn: Callable[[], str]) -
 
 def topup_last_error_note(*, topup_id: str, error: str) -> None:
     """Keep what the last attempt to settle or refund a top-up ran into, for the operator.
-    `updated` is left alone: it stays the time of the top-up's last change of state, which
-    the reconciliation ages an unrefunded charge by. Locks: the top-up row, for its one UPDATE."""
+    `updated` is left alone: the reconciliation ages an unrefunded charge by it.
+    Locks: the top-up row, for its one UPDATE."""
     TopUp.objects.filter(pk=topup_id).exclude(last_error=error[:500]).update(last_error=error[:500])
 
 
 @atomic_service(operation="topup_review_hold")
 def topup_review_hold(*, topup_id: str, reason: str) -> bool:
-    """Put a pending top-up in the operator queue (the back office's top-up list, filter
-    "operator queue"), saying why in its last error; the recovery no longer asks the PSP
-    about it. Returns whether it entered the queue now: a settled or already queued top-up
-    is left as it is. Locks: the top-up row."""
+    """Put a pending top-up in the operator queue, saying why in its last error; the
+    recovery no longer asks the PSP about it. Returns whether it entered the queue now.
+    Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None or topup.status != TopUpStatus.PENDING or topup.operator_review_at is not None:
         return False
@@ -373,11 +334,10 @@ def topups_gauges_refresh() -> dict[str, int]:
 
 def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes, now: float | None = None) -> str:
     """Verify and apply one inbound PSP event; returns the outcome (applied, duplicate,
-    ignored). Signature and timestamp first (300 s tolerance, every configured secret, in
-    constant time): PspSignatureInvalid / PspSignatureStale, nothing applied. Then the event
-    id is recorded in the same transaction as its effect: a redelivery is a duplicate; a
-    failing effect rolls the marker back with it, so the provider's retry is processed.
-    Unknown event types are recorded, logged and acknowledged. Locks: see `_event_apply`."""
+    ignored). The signature first (PspSignatureInvalid / PspSignatureStale, nothing
+    applied); then the event id is recorded in the same transaction as its effect, so a
+    redelivery is a duplicate and a failing effect leaves the retry to be processed.
+    Locks: see `_event_apply`."""
     try:
         account = gateway_account_get(gateway=gateway_name)
     except NotFound:
@@ -410,10 +370,9 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
 
 @atomic_service(operation="psp_webhook_apply")
 def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
-    """One transaction (a savepoint when called inside another, so a failure takes the
-    marker with it either way): the event marker (unique per gateway and event id; a
-    concurrent duplicate waits on it, then finds it), then the effect. Locks: the
-    marker's unique index entry, then the top-up row and balance rows (topup_settle)."""
+    """The event marker (unique per gateway and event id: a concurrent duplicate waits on
+    it), then the effect, in one transaction or savepoint. Locks: the marker's unique
+    index entry, then the top-up row and balance rows (topup_settle)."""
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -435,14 +394,13 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
         return outcome
 
 
-# Providers retry an event for days (Stripe: up to 3); a marker older than this can no
-# longer meet its duplicate.
+# Providers retry an event for days (Stripe: up to 3); an older marker meets no duplicate.
 PSP_WEBHOOK_EVENT_RETENTION_DAYS = 30
 
 
 def psp_webhook_events_purge(*, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000) -> int:
-    """Delete inbound event markers past retention, in batches (each its own short
-    transaction). Returns how many went. Locks: each batch's rows (SKIP LOCKED)."""
+    """Delete inbound event markers past retention, one short transaction a batch.
+    Locks: each batch's rows (SKIP LOCKED)."""
     horizon = timezone.now() - timedelta(days=older_than_days)
     total = 0
     while True:
@@ -474,9 +432,8 @@ class SettlementComparison:
 
 
 def topup_settlement_compare(*, day: date, gateway: str | None = None) -> SettlementComparison:
-    """Our top-ups charged on `day` (payments.selectors.topup_settlement_lines) against the
-    PSP's settlement report for that day: charges matched on the PSP reference. A refund
-    line of the PSP is matched against our refunded (uncredited) top-ups. Reads only."""
+    """Our top-ups charged on `day` against the PSP's settlement report for that day,
+    matched on the PSP reference. Reads only."""
     account = gateway_account_get(gateway=gateway) if gateway else gateway_account_active()
     if account is None:
         raise PspNotConfigured("no active card gateway")

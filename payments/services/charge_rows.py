@@ -1,8 +1,6 @@
-"""What both ways of making a charge share (payments.services.charges, and its write-first
-variant in payments.services.charges_write_first): the parties, the balance rows a charge
-wants, its accounts as found on those rows, its legs, its rewards cut to their caps, and
-its payment and event rows. Nothing here locks, reads a table or writes: the callers do.
-"""
+"""What the lock-first and write-first charges share: the rows a charge wants, its
+accounts, legs, rewards cut to their caps, and its payment and event rows. Nothing here
+locks, reads a table or writes."""
 
 from __future__ import annotations
 
@@ -37,8 +35,7 @@ def rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams: 
 def payment_rows_new(
     parties: Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime
 ) -> tuple[Payment, OutboxEvent]:
-    """The payment row and its `payment.succeeded` event, not yet saved (the caller
-    inserts them)."""
+    """The payment row and its `payment.succeeded` event, not yet saved."""
     payment = Payment(
         id=payment_id,
         status=PaymentStatus.SUCCEEDED,
@@ -67,8 +64,7 @@ def payment_rows_new(
 
 
 def charge_rows_wanted(parties: Parties, *, asset_code: str, points: int, grams: int) -> list[OwnerRow]:
-    """The charge's balance rows by owner: the customer's, and this connection's shard of
-    the merchant and of the reward system accounts."""
+    """The customer's rows, and this connection's shard of the merchant and reward accounts."""
     shard = connection_shard()
     customer_id = parties.customer_id
     wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, parties.merchant_id, asset_code, shard)]

@@ -1,19 +1,13 @@
-"""Charges: a customer paying a merchant, at a terminal (by the customer's id or scanned
-QR token) or through a payment intent. The hottest money path, and an ordinary ledger
-posting, lock first (`_charge_locking_first`): in the caller's transaction, lock every
-balance row in one statement with `select_for_update` (wallets.locks, in the global lock
-order), decide refusals and reward cuts on the locked rows, then write the ledger
-transaction, its entries and the balances with F() updates (`ledger_post`), and the
-payment and its outbox row.
+"""Charges: a customer paying a merchant, at a terminal (by customer id or scanned QR
+token) or through a payment intent. Lock first, in the caller's transaction.atomic block:
+every balance row in one `select_for_update` statement (wallets.locks, in the global lock
+order), refusals and reward cuts decided on the locked rows, then the ledger and the
+balances with F() updates (`ledger_post`), the payment and its outbox row. The usual
+payment first tries the measured write-first variant (charges_write_first).
 
-The usual payment first tries a faster variant of the same steps that writes its rows
-before it locks, and comes here on anything but the plain case (`charge_write_first`
-in payments.services.charges_write_first, measured in docs/BENCHMARKS.md).
-
-Rewards, for payments in the tenant's main currency only (rates on the tenant):
-points at `points_earn_rate` (ROUND_FLOOR) from the bonus pool, and carbon credits at
-`carbon_grams_per_unit` (ROUND_HALF_EVEN) from the carbon registry. A reward credit
-that would take a capped reward asset over its cap is cut to what fits.
+Rewards, in the tenant's main currency only: points at `points_earn_rate` (ROUND_FLOOR)
+from the bonus pool, carbon at `carbon_grams_per_unit` (ROUND_HALF_EVEN) from the carbon
+registry, each cut to what fits under its asset's cap.
 """
 
 from __future__ import annotations
@@ -60,11 +54,9 @@ def charge(
 
     Locks: the customer's balance rows (asset, POINT, CARBON), the merchant's shard and
     the bonus pool's and carbon registry's shards, in one statement in the global order
-    (wallets.locks), before anything is written (`_charge_locking_first`). A payment that
-    captures no hold first tries `charge_write_first`, which takes the same locks after
-    writing its rows in a savepoint, and returns None to send it here. Refusals, in this
-    order (the order the PL/pgSQL function had): NotFound (terminal or merchant, then
-    customer), AssetUnknown, WalletFrozen, InsufficientFunds.
+    (wallets.locks), before anything is written. `charge_write_first` takes the same locks
+    after writing its rows in a savepoint. Refusals, in this order: NotFound (terminal or
+    merchant, then customer), AssetUnknown, WalletFrozen, InsufficientFunds.
     """
     tenant = tenant_current()
     rewarded = asset_code == tenant.main_currency
@@ -81,8 +73,7 @@ def charge(
 def _charge_locking_first(
     parties: Parties, *, asset_code: str, amount: int, points: int, grams: int, consume_hold: Hold | None
 ) -> Payment:
-    """Lock the rows (making missing ones), decide refusals and reward cuts on them,
-    then write. Locks: see `charge`."""
+    """Locks: see `charge`."""
     locked, accounts = _rows_lock(parties, asset_code=asset_code, points=points, grams=grams)
     customer, merchant = accounts.customer, accounts.merchant
     assert customer is not None and merchant is not None  # _rows_lock raised NotFound otherwise
@@ -108,13 +99,9 @@ def _charge_locking_first(
 
 
 def _rows_lock(parties: Parties, *, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
-    """Lock the charge's balance rows, finding its accounts in the same statement.
-
-    The usual case is one statement. When a row is missing (a wallet's first reward, the
-    connection's first credit to a merchant or system shard, or an empty wallet), the
-    accounts are read and `balance_rows_lock` makes the rows that may be made.
-    Raises NotFound for an unknown customer, terminal or merchant.
-    """
+    """Lock the charge's balance rows, finding its accounts in the same statement. When a
+    row is missing (a first reward or shard credit, an empty wallet), the accounts are read
+    and `balance_rows_lock` makes the rows that may be made."""
     wanted = charge_rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
     locked = balance_rows_lock_by_owner(rows=wanted)
     if len(locked.rows) == len(wanted):
@@ -145,15 +132,9 @@ def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: str, a
 def payment_create(
     *, terminal: Terminal, customer: Customer | None = None, customer_id: str | None = None, asset_code: object, amount: object
 ) -> Payment:
-    """Take a payment from `customer` (or just its `customer_id`) at `terminal` (its
-    store's merchant is paid), with rewards (module docstring).
-
-    Charging by customer id needs the tenant's `charge_by_customer_id` or the customer's
-    mandate for this merchant (ChargeByCustomerIdNotPermitted, checked first); the usual
-    way is `payment_create_with_token`. Locks: see `charge`. Raises AmountInvalid,
-    AssetUnknown, InsufficientFunds, WalletFrozen, NotFound (param "customer" for an
-    unknown customer, so the API need not load it first).
-    """
+    """Take a payment from `customer` (or its `customer_id`) at `terminal`. Charging by
+    customer id needs the tenant's `charge_by_customer_id` or a mandate
+    (ChargeByCustomerIdNotPermitted, checked first). Locks: see `charge`."""
     minor = amount_to_minor(amount)
     if (customer is None) == (customer_id is None):
         raise TypeError("pass exactly one of customer and customer_id")
@@ -164,12 +145,9 @@ def payment_create(
 
 @atomic_service(operation="payment_create")
 def payment_create_with_token(*, terminal: Terminal, customer_token: object, asset_code: object, amount: object) -> Payment:
-    """Take a payment from the customer whose QR token the terminal scanned. The token is
-    consumed (a write) before the charge can refuse: a refusal leaves it usable only
-    because it aborts this transaction, and the owner rolls the consumption back with it.
-
-    Locks: the token row, then those of `charge`.
-    """
+    """Take a payment by the customer's scanned QR token. The token is consumed before the
+    charge can refuse: a refusal aborts this transaction, which rolls the consumption back.
+    Locks: the token row, then those of `charge`."""
     minor = amount_to_minor(amount)
     code = _asset_code_check(asset_code)
     customer_id = payment_token_consume(token=customer_token)

@@ -1,24 +1,12 @@
-"""The write-first charge: a speed variant of the same steps as the lock-first charge
-(payments.services.charges), kept because it measured 11.5 % of a keyed payment's CPU,
-and remembering the parties' accounts 11.0 % (docs/BENCHMARKS.md).
+"""The write-first charge: a speed variant of the lock-first charge (charges.py), kept
+because it measured 11.5 % of a keyed payment's CPU, and remembering the parties' accounts
+11.0 % (docs/BENCHMARKS.md). It writes its rows in a savepoint and only then locks the
+balance rows for the checks and the one UPDATE, so a hot wallet's row is held for less.
+Anything but the plain case writes nothing, or rolls its savepoint back, and returns None:
+the caller then charges lock first. Captures never come here.
 
-It reads its plan (rows, accounts, assets; no lock), or takes its parties' accounts from
-an earlier payment of theirs in this process; then, in a savepoint, writes its rows, and
-only then locks the balance rows for the checks and the one UPDATE of the balances: under
-one hot wallet, payments pass one at a time for as long as the row is locked. Anything
-but the plain case (no enclosing transaction, first rewards, empty or frozen wallets,
-rewards near a cap, remembered accounts the locked rows do not bear out) writes nothing,
-or rolls its savepoint back, and returns None: the caller then charges lock first.
-Captures never come here.
-
-A payment made here has its `created` (and its ledger rows', and the day its merchant
-totals count it in) taken when it was written: before the lock wait, which the keyed API
-bounds by the tenant's wait budget (the claim sets `lock_timeout` for the transaction).
-Balances move in lock order; `created` order can differ from it by that wait.
-
-Locks (`charge_write_first`): a savepoint; then the charge's balance rows, by account, in
-one statement in the global order (wallets.locks.balance_rows_lock), the same rows the
-lock-first path locks.
+A payment made here takes its `created` when written, before the lock wait (bounded by the
+claim's `lock_timeout`): `created` order can differ from lock order by that wait.
 """
 
 from __future__ import annotations
@@ -43,25 +31,13 @@ class _RewardCapMoved(Exception):
 
 
 def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points: int, grams: int) -> Payment | None:
-    """The usual payment, with its balance rows locked only for the checks, the balance
-    UPDATE and what follows it to COMMIT: the ledger transaction, its entries, the payment
-    and its event are written before the lock, inside a savepoint that a refusal rolls
-    back (so, as on the other path, a refusal leaves nothing written).
-
-    The plan is the rows read without a lock. Anything but the plain case in it (a missing
-    row, a frozen wallet, short funds, a reward a cap would cut) returns None having
-    written nothing, and the caller takes the locking-first path, which decides those on
-    locked rows. Once locked, the same checks run again in `ledger_post`; a refusal there
-    (a freeze or a spend that committed since the plan) rolls the savepoint back and raises,
-    and a reward cut that appeared since is redone locking first.
-
-    A payment whose parties' accounts this process remembers (below) reads no plan: the
-    locked rows decide everything, refusals included (a frozen wallet or short funds is
-    refused there, with the savepoint rolled back), and rows that do not match the
-    remembered accounts send it locking first.
+    """The ledger rows, the payment and its event are written in a savepoint, then the
+    balance rows are locked and `ledger_post` checks again on them: a refusal rolls the
+    savepoint back and raises; a reward cut that appeared since the plan, or locked rows
+    that do not bear out remembered accounts, roll back and return None.
 
     Locks: a savepoint; then the balance rows, by account, in one statement in the global
-    order (wallets.locks.balance_rows_lock).
+    order (wallets.locks.balance_rows_lock), the rows the lock-first path locks.
     """
     if not connection.in_atomic_block:
         return None  # no savepoint outside a transaction: the locking-first path refuses that
@@ -114,8 +90,8 @@ def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points
 
 
 def _plan_accounts(parties: Parties, *, asset_code: str, amount: int, points: int, grams: int) -> MovementAccounts | None:
-    """The plan: the payment's rows read without a lock, and its accounts if it is the
-    plain case (every row there, no frozen wallet, the funds there, no reward cut)."""
+    """The payment's accounts, read without a lock, if it is the plain case: every row
+    there, no frozen wallet, the funds there, no reward cut."""
     wanted = charge_rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
     plan = balance_rows_read_by_owner(rows=wanted)
     if len(plan.rows) != len(wanted):
@@ -131,23 +107,12 @@ def _plan_accounts(parties: Parties, *, asset_code: str, amount: int, points: in
     return accounts
 
 
-# --- Accounts known from an earlier payment of the same parties ---------------------------
-#
-# The plan read (one SELECT of six rows with their accounts and assets) was the usual
-# payment's most expensive statement in Python. What a payment needs from it, the account
-# ids of its parties, does not change: so each process remembers them per (tenant schema,
-# customer, merchant, asset, which rewards) after a payment that read them and
-# succeeded, and the next payment of the same parties writes first without reading. The
-# memory is only a hint. The locking SELECT, by those account ids, is where every check
-# is made anyway (frozen rows and accounts, funds, caps, all read under the lock); with
-# remembered accounts it also makes no missing row, and checks that each row it locked is
-# there and belongs to the party it was remembered for (an account's kind and owner never
-# change). If not, the savepoint goes back and the payment is made locking first; on a
-# refusal it goes back and the refusal is raised. Either way, and on any failure once the
-# rows are sent, the entry is forgotten: the next payment reads its plan. Entries hold
-# accounts that were not frozen when read; their `frozen` may be stale only towards "not
-# frozen", which the locked rows' check (`_frozen_refuse`) overrides. Nothing else read
-# from them can be stale: `ledger_post` and the daily totals read their id and kind.
+# Accounts known from an earlier payment of the same parties, per process: only a hint.
+# The account ids of a payment's parties never change, so a remembered entry saves the plan
+# read. Every check is made under the lock anyway; with remembered accounts the lock makes
+# no missing row and checks each locked row belongs to the party it was remembered for.
+# Any failure forgets the entry. A remembered `frozen` can be stale only towards "not
+# frozen", which the locked rows' check overrides.
 
 _KnownKey = tuple[str, str, str, str, bool, bool]  # schema, customer, merchant, asset, points?, carbon?
 _KNOWN_ACCOUNTS_MAX = 4_096  # about 2.5 KB an entry: ~10 MB a process at most
@@ -165,13 +130,13 @@ def _known_accounts_remember(key: _KnownKey, accounts: MovementAccounts) -> None
 
 
 def known_accounts_forget() -> None:
-    """Forget every remembered account (tests; nothing depends on it for correctness)."""
+    """Forget every remembered account (tests and benchmarks)."""
     _KNOWN_ACCOUNTS.clear()
 
 
 def _accounts_hold(locked: LockedBalances, accounts: MovementAccounts, parties: Parties, wants: list[BalanceWant]) -> bool:
-    """Every wanted row was locked, and each remembered account, as read with its rows
-    under the lock, is still the account of the party it was remembered for."""
+    """Every wanted row was locked, and each remembered account, as read under the lock, is
+    still the account of the party it was remembered for."""
     if len(locked.rows) != len(wants) or not all(locked.covers(want) for want in wants):
         return False
     fresh = {row.account_id: row.account for row in locked.rows.values()}

@@ -1,14 +1,11 @@
 """Payment intents (SPEC 7): merchant-initiated charges.
 
-Automatic capture: created -> charge_requested (the semantic lock) -> charged, or
-charge_failed on a business refusal. Manual capture: created -> authorized (a hold on
-the customer's balance) -> captured (a partial capture releases the rest), or canceled.
-The amount changes only while created. Every transition is a compare-and-set on
-`version`, so two concurrent confirms charge once.
-
-Each public function works on a copy of the caller's intent and copies the new state
-back only once its transaction succeeded: a refused transition leaves the caller's
-object as it was.
+Automatic capture: created -> charge_requested -> charged, or charge_failed on a business
+refusal. Manual capture: created -> authorized (a hold) -> captured (a partial capture
+releases the rest), or canceled. The amount changes only while created. Every transition
+is a compare-and-set on `version`, so two concurrent confirms charge once. Each public
+function works on a copy of the caller's intent and copies the new state back only once
+its transaction succeeded: a refused transition leaves the caller's object as it was.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from payments.services.mandates import charge_by_customer_id_check
 from payments.services.outbox import outbox_event_create
 from wallets.errors import AmountInvalid, AssetUnknown, InsufficientFunds, InvalidRequest, InvalidState, NotFound, WalletFrozen
 from wallets.locks import hold_lock
-from wallets.models import Account, Customer, Merchant
+from wallets.models import Customer, Merchant
 from wallets.money import amount_to_minor
 from wallets.selectors import asset_get, customer_accounts_get
 from wallets.services.ledger import hold_place, hold_release
@@ -39,9 +36,8 @@ _STATE_FIELDS = ("status", "version", "amount", "amount_captured", "hold_id", "p
 def payment_intent_create(
     *, merchant: Merchant, customer: Customer, asset_code: str, amount: object, capture_method: str = CaptureMethod.AUTOMATIC
 ) -> PaymentIntent:
-    """A new intent in `created`: the merchant charges the customer by id, so it needs the
-    tenant's setting or the customer's mandate (checked again when the intent charges or
-    holds). Locks: none."""
+    """A new intent in `created`; charging by customer id needs the tenant's setting or a
+    mandate (checked again when the intent charges or holds). Locks: none."""
     minor = amount_to_minor(amount)
     charge_by_customer_id_check(customer_id=customer.pk, merchant_id=merchant.pk)
     if capture_method not in CaptureMethod.values:
@@ -59,18 +55,17 @@ def payment_intent_update_amount(*, intent: PaymentIntent, amount: object) -> Pa
 
 
 def payment_intent_confirm(*, intent: PaymentIntent) -> PaymentIntent:
-    """Automatic capture: charge now; a business refusal ends in charge_failed (with its
-    failure_code), returned, not raised. Manual capture: the same as authorize.
-    Locks: the intent row, then the charge's balance rows (charges.charge)."""
+    """Automatic capture: charge now; a business refusal ends in charge_failed, returned,
+    not raised. Manual capture: authorize. Locks: the intent row, then the charge's
+    balance rows (charges.charge)."""
     if intent.capture_method == CaptureMethod.MANUAL:
         return payment_intent_authorize(intent=intent)
     return _sync(intent, _confirm(intent=copy.copy(intent)))
 
 
 def payment_intent_authorize(*, intent: PaymentIntent) -> PaymentIntent:
-    """Manual capture: created -> authorized, holding the amount on the customer's wallet
-    (available balance drops, balance does not). Raises InsufficientFunds, WalletFrozen
-    before writing. Locks: the intent row, then the customer's balance row."""
+    """Manual capture: created -> authorized, holding the amount on the customer's wallet.
+    Locks: the intent row, then the customer's balance row."""
     if intent.capture_method != CaptureMethod.MANUAL:
         raise InvalidState("only manual-capture intents are authorized", param=None)
     return _sync(intent, _authorize(intent=copy.copy(intent)))
@@ -126,7 +121,8 @@ def _confirm(*, intent: PaymentIntent) -> PaymentIntent:
 def _authorize(*, intent: PaymentIntent) -> PaymentIntent:
     charge_by_customer_id_check(customer_id=intent.customer_id, merchant_id=intent.merchant_id)
     _expect(_lock(intent), intent, expected=(PaymentIntentStatus.CREATED,))
-    hold = hold_place(account=_customer_account(intent), asset_code=intent.asset_id, amount=intent.amount, reference=intent.pk)
+    account = customer_accounts_get(customer_ids=[intent.customer_id])[intent.customer_id]
+    hold = hold_place(account=account, asset_code=intent.asset_id, amount=intent.amount, reference=intent.pk)
     authorized = _cas(intent, expected=(PaymentIntentStatus.CREATED,), status=PaymentIntentStatus.AUTHORIZED, hold_id=hold.pk)
     outbox_event_create(topic="payment_intent.authorized", payload=_payload(authorized))
     return authorized
@@ -171,10 +167,6 @@ def _lock(intent: PaymentIntent) -> PaymentIntent:
     if locked is None:
         raise NotFound("no such payment intent", param="payment_intent")
     return locked
-
-
-def _customer_account(intent: PaymentIntent) -> Account:
-    return customer_accounts_get(customer_ids=[intent.customer_id])[intent.customer_id]
 
 
 def _expect(current: PaymentIntent, intent: PaymentIntent, *, expected: tuple[str, ...]) -> None:

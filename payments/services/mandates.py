@@ -18,8 +18,7 @@ from wallets.transactions import atomic_service
 def charge_by_customer_id_check(*, customer_id: str, merchant_id: str) -> None:
     """Refuse (ChargeByCustomerIdNotPermitted) a charge by bare customer id unless the
     tenant allows it or the customer holds an active mandate for this merchant. Checked
-    before the customer is even looked up, so a refusal says nothing about whether the id
-    exists. Locks: none."""
+    before the customer is looked up, so a refusal does not tell whether the id exists."""
     if tenant_current().charge_by_customer_id:
         return
     if not mandate_active_exists(customer_id=customer_id, merchant_id=merchant_id):
@@ -29,8 +28,7 @@ def charge_by_customer_id_check(*, customer_id: str, merchant_id: str) -> None:
 @atomic_service(operation="mandate_grant")
 def mandate_grant(*, customer: Customer, merchant: Merchant) -> Mandate:
     """Let `merchant` charge `customer` by customer id. Granting again returns the active
-    mandate, also when two grants race (one active mandate per pair is a unique index).
-    Locks: none."""
+    mandate, also when two grants race (a unique index). Locks: none."""
     active = Mandate.objects.filter(customer=customer, merchant=merchant, revoked_at__isnull=True).first()
     if active is not None:
         return active

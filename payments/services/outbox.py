@@ -1,7 +1,5 @@
-"""Events committed with the movement they describe (SPEC 8). Every event kicks the
-relay once its transaction commits (payments.relaykick); the beat sweep relays what a
-kick missed.
-"""
+"""Events committed with the movement they describe (SPEC 8); each kicks the relay once
+its transaction commits (payments.relaykick)."""
 
 from __future__ import annotations
 
@@ -41,10 +39,9 @@ def outbox_event_new(
 
 
 def _event_new(*, topic: str, payload: Mapping[str, Any], created: datetime | None, sequence: int | None) -> OutboxEvent:
-    """The event's `sequence` among its object's events (`payload["id"]`) is the object's
-    last one plus one, read here: the caller holds the object's row lock, or the object
-    is new, so its events are numbered in the order its changes commit. A caller that
-    knows the number (1 for an event about a new object) passes it and saves the read."""
+    """The event's `sequence` among its object's events (`payload["id"]`) is the last one
+    plus one: the caller holds the object's row lock, or the object is new, so events are
+    numbered in commit order. A caller that knows it (1 for a new object) saves the read."""
     object_id = str(payload.get("id") or "")
     if sequence is None and not object_id:
         sequence = 0  # about no object: nothing to order it among

@@ -22,12 +22,9 @@ from wallets.transactions import atomic_service
 
 @atomic_service(operation="refund_create")
 def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refund:
-    """Refund part or all of a payment, never more than is left; repeatable.
-
-    Points and carbon go back in proportion: cumulative floor(earned x refunded / amount),
-    so a full refund returns exactly what was earned; rewards the customer has already
-    spent are not clawed below zero (read under the lock). Refused (CapExceeded) if the
-    customer's wallet would exceed the asset's cap, (WalletFrozen) if frozen.
+    """Refund part or all of a payment, never more than is left; repeatable. Rewards go
+    back in proportion (cumulative floor, so a full refund returns exactly what was
+    earned), never below what the customer still holds.
     Locks: the payment row, then the balance rows in one statement (customer rows, every
     shard of the merchant's asset, the system shards).
     """
@@ -84,13 +81,9 @@ def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refu
 
 
 def terminal_refund_create(*, terminal: Terminal, payment_id: str, amount: object, reason: str = "") -> Refund:
-    """A terminal's refund: only of a payment of its own store, only on the day it was taken.
-
-    NotFound (param "payment") for an unknown payment or another store's, so the two are
-    indistinguishable (SPEC 4); RefundWindowClosed for one not taken today, in the current
-    time zone (`timezone.localdate`): older ones are refunded from the merchant account.
-    Then exactly `refund_create`.
-    """
+    """A terminal's refund: only of a payment of its own store (another store's is
+    NotFound, SPEC 4), only on the day it was taken (RefundWindowClosed). Locks: as
+    `refund_create`."""
     payment = payment_selectors.payment_get(payment_id=payment_id, store_id=terminal.store_id)
     if timezone.localdate(payment.created) != timezone.localdate():
         raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")

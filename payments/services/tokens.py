@@ -25,12 +25,11 @@ def payment_token_create(*, customer: Customer) -> tuple[PaymentToken, str]:
 
 
 def payment_token_consume(*, token: object) -> str:
-    """Use a live, unused token: mark it used and return its customer id, in the caller's
+    """Mark a live, unused token used and return its customer id, in the caller's
     transaction; else NotFound(param="customer_token").
 
     Locks: the token row. One conditional `UPDATE .. RETURNING` (the ORM's update() cannot
-    return the row), so of two payments racing one token the second waits for the first
-    and then finds it used.
+    return the row): of two payments racing one token, the second finds it used.
     """
     if not payment_token_is_well_formed(token):
         raise NotFound("invalid or expired payment token", param="customer_token")

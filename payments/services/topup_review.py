@@ -1,11 +1,6 @@
-"""The operator queue of card top-ups: pending top-ups the recovery may no longer ask the
-PSP to charge (past its idempotency-key window, where asking again could charge twice),
-held by `card_topups.topup_review_hold`. A staff member settles one from the back office
-(payments/admin.py; permission `payments.settle_topup`, audited) with
-`topup_review_settle`, which reads what the PSP holds for the top-up (a search by the
-top-up id in the charge's metadata: a read, safe however old the key) and settles by
-that, never by what a person typed. Only a top-up still pending in the queue can be
-settled here: any other is being settled by the saga, a webhook or the recovery."""
+"""The operator queue of card top-ups (`card_topups.topup_review_hold`): a staff member
+settles one from the back office by what the PSP holds for it (a search by the top-up id
+in the charge's metadata, safe however old the key), never by what a person typed."""
 
 from __future__ import annotations
 
@@ -34,14 +29,11 @@ def _queued(topup_id: str) -> TopUp:
 
 
 def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessRefusal | None]:
-    """Settle a queued top-up by what its PSP holds for it: one successful charge of the
-    top-up's amount and currency is recorded and credited (amount + bonus; a credit the
-    wallet can no longer take fails the top-up and the recovery refunds the card); no
-    successful charge fails it as `not_charged` (a charge that surfaces later is recorded
-    and refunded). More than one successful charge, or one that does not match, settles
-    nothing: a person sorts it out at the PSP first. The PSP is asked outside any
-    transaction. Raises PspUnavailable when it does not answer. Locks: the top-up row,
-    then (when credited) the balance rows (`topup_settle`)."""
+    """Settle a queued top-up by what its PSP holds: one matching successful charge is
+    recorded and credited (as `topup_settle`); none fails it as `not_charged`. More than
+    one, or one that does not match, settles nothing: a person sorts it out at the PSP
+    first. The PSP is asked outside any transaction (PspUnavailable when it does not
+    answer). Locks: the top-up row, then (when credited) the balance rows."""
     queued = topup_get(topup_id=topup_id)
     if queued.status != TopUpStatus.PENDING or queued.operator_review_at is None:
         raise InvalidState(f"top-up {queued.pk} is {queued.status} and not waiting for an operator", param=None)

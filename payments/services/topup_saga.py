@@ -1,8 +1,6 @@
-"""The card top-up saga (SPEC 6, external effect), on the idempotency engine's external
-path, and its recovery: the orchestration of card_topups' business steps. The inline
-request and the recovery task store the same answer for the same outcome, rendered by the
-customer API (`topup_answer_render`, wired in settings): the saga calls it and does not
-import the API layer.
+"""The card top-up saga (SPEC 6, external effect) on the idempotency engine's external
+path, and its recovery: the orchestration of card_topups' business steps. The request and
+the recovery store the same answer for the same outcome.
 
 1. Claim (the view's `idempotency_on_claim`, one transaction): the idempotency record
    (in flight, lease, fence), the pre-registered top-up under the id minted at claim time,
@@ -32,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -58,6 +56,7 @@ from payments.models import TopUp, TopUpStatus
 from payments.selectors import TopUpCursor, topup_get, topups_pending_stale
 from payments.services import card_topups
 from payments.services.topup_due import topup_due_settle
+from payments.services.topups import topup_refusal_check
 from wallets.errors import BusinessRefusal, NotFound, TallyError
 from wallets.transactions import is_connection_failure, run_atomic
 
@@ -67,24 +66,27 @@ T = TypeVar("T")
 MINT_NAME = "topup"
 
 
-class TopUpAnswerRender(Protocol):
-    """Renders the stored answer of a settled top-up (its status, headers and bytes)."""
-
-    def __call__(self, *, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse: ...
-
-
 @functools.cache
-def _answer_render() -> TopUpAnswerRender:
-    """The API's renderer of a settled top-up's answer, named by the composition root
-    (`settings.TALLY_TOPUP_ANSWER_RENDER`, as DRF's EXCEPTION_HANDLER is): an answer's
-    bytes are the API's, so the API renders them, and the saga does not import it."""
-    render: TopUpAnswerRender = import_string(settings.TALLY_TOPUP_ANSWER_RENDER)
+def _answer_render() -> Callable[..., HttpResponse]:
+    """The API's renderer of a settled top-up's answer (201, or 402 in the envelope), named
+    by `settings.TALLY_TOPUP_ANSWER_RENDER`: the bytes are the API's, and the saga does not
+    import the API layer."""
+    render: Callable[..., HttpResponse] = import_string(settings.TALLY_TOPUP_ANSWER_RENDER)
     return render
 
 
-def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse:
-    """The stored answer of a settled top-up: 201 with the top-up, or 402 with the envelope."""
-    return _answer_render()(topup=topup, refusal=refusal, request_id=request_id)
+def _answer_then(settle: Callable[[], tuple[TopUp, BusinessRefusal | None]], *, request_id: str) -> Callable[[], HttpResponse]:
+    """Step 3/4 as a completion: settle the top-up, then render the answer to store."""
+
+    def finish() -> HttpResponse:
+        topup, refusal = settle()
+        return _answer_render()(topup=topup, refusal=refusal, request_id=request_id)
+
+    return finish
+
+
+def _outcome_then(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
+    return _answer_then(functools.partial(card_topups.topup_outcome, topup_id=topup_id), request_id=request_id)
 
 
 def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = True) -> Callable[[], HttpResponse]:
@@ -98,9 +100,9 @@ def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = T
     topup = topup_get(topup_id=topup_id)
     if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
         return _outcome_then(topup_id=topup_id, request_id=request_id)
-    refusal = card_topups.topup_refusal_check(topup=topup) if first_attempt else None
+    refusal = topup_refusal_check(topup=topup) if first_attempt else None
     if refusal is not None:
-        return _refuse_then(topup_id=topup_id, refusal=refusal, request_id=request_id)
+        return _answer_then(functools.partial(card_topups.topup_refuse, topup_id=topup_id, refusal=refusal), request_id=request_id)
     finish = _charge_then(topup=topup, request_id=request_id)
     pause = float(getattr(settings, "TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", 0.0))
     if pause > 0:  # tests only: a window to kill the process between the charge and the completion
@@ -110,31 +112,18 @@ def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = T
 
 def _charge_then(*, topup: TopUp, request_id: str) -> Callable[[], HttpResponse]:
     """Ask the PSP (same key, same parameters) and return the completion that applies its
-    answer: the credit or the decline, or the failure of a request the PSP refused (nothing
-    was charged, so the top-up fails now: a 402 like a decline, not a 503 to retry)."""
+    answer. A request the PSP refused charged nothing, so the top-up fails now: a 402 like
+    a decline, not a 503 to retry."""
     try:
         result = card_topups.topup_charge(topup=topup)
     except PspRefused as refused:
-        return _refuse_then(topup_id=topup.pk, refusal=refused, request_id=request_id)
-    return lambda: topup_answer(**_as_kwargs(card_topups.topup_settle(topup_id=topup.pk, result=result)), request_id=request_id)
-
-
-def _refuse_then(*, topup_id: str, refusal: BusinessRefusal, request_id: str) -> Callable[[], HttpResponse]:
-    return lambda: topup_answer(**_as_kwargs(card_topups.topup_refuse(topup_id=topup_id, refusal=refusal)), request_id=request_id)
-
-
-def _outcome_then(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
-    return lambda: topup_answer(**_as_kwargs(card_topups.topup_outcome(topup_id=topup_id)), request_id=request_id)
-
-
-def _as_kwargs(settled: tuple[TopUp, BusinessRefusal | None]) -> dict[str, Any]:
-    return {"topup": settled[0], "refusal": settled[1]}
+        return _answer_then(functools.partial(card_topups.topup_refuse, topup_id=topup.pk, refusal=refused), request_id=request_id)
+    return _answer_then(functools.partial(card_topups.topup_settle, topup_id=topup.pk, result=result), request_id=request_id)
 
 
 # --- Recovery -------------------------------------------------------------------------------
 
-# Rows read per page. Not a cap: a run reads page after page until none is left.
-RECOVERY_PAGE_SIZE = 100
+RECOVERY_PAGE_SIZE = 100  # rows per page, not a cap: a run reads pages until none is left
 
 
 def _call_of(record: IdempotencyRecord) -> IdempotentCall:
@@ -145,9 +134,9 @@ def _call_of(record: IdempotencyRecord) -> IdempotentCall:
 
 
 def _resolve(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) -> str:
-    """Ask the PSP again with the same key and complete the record. Returns the outcome.
-    If anything raises, the record is handed back (failed_retryable) before the error goes
-    on, as the engine does for a failed attempt: the client's retry is not kept waiting."""
+    """Ask the PSP again with the same key and complete the record. If anything raises,
+    the record is handed back (failed_retryable) first, so the client's retry is not kept
+    waiting."""
     try:
         return _resolve_taken(ctx=ctx, call=call, topup_id=topup_id)
     except Exception:
@@ -217,16 +206,10 @@ def _pending_resolve(topup: TopUp, lease_seconds: int) -> str:
 
 
 def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int]:
-    """One tenant's recovery pass (its schema active). Returns counts by outcome; a pass
-    that finds another one of the tenant still running returns {"skipped": 1}.
-
-    Every in-flight top-up record whose lease expired, then every pending top-up older than
-    the lease (not already waiting for an operator), oldest first, `batch_size` at a time:
-    there is no cap, so stuck ones never keep newer ones from being reached. Each is
-    resolved on its own (`card_topups.recovery_step_isolated`): one that raises is logged,
-    counted as "error", and the pass goes on. One past the PSP's key window goes to the
-    operator queue ("operator_review"). Then the card refunds of charged, uncredited
-    top-ups, the purge of old PSP event markers and the gauges, each isolated likewise.
+    """One tenant's recovery pass (step 5 above). Returns counts by outcome, or
+    {"skipped": 1} when another pass of the tenant is still running. Pages have no cap, so
+    stuck top-ups never keep newer ones from being reached; each item and each later step
+    is isolated, so one that raises is logged and counted and the pass goes on.
 
     Locks: the tenant's recovery lock (session advisory) for the pass; per item, the
     idempotency record (takeover, then the fenced completion), the top-up row and the
@@ -300,8 +283,7 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
 
 
 def _settle_without_record(topup: TopUp) -> str:
-    """A pending top-up whose record is gone (purged after its windows): settle the
-    top-up alone; there is no stored answer left to complete."""
+    """A pending top-up whose record was purged: settle the top-up alone."""
     try:
         finish = _charge_then(topup=topup, request_id="-")
     except PspKeyWindowPassed:
