@@ -12,6 +12,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
 from tenants.models import Domain, Tenant
+from tenants.services import tenant_setup
 
 
 class PlatformAdminSite(admin.AdminSite):
@@ -49,6 +50,16 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_queryset(self, request):  # type: ignore[no-untyped-def]
         return super().get_queryset(request).exclude(schema_name="tenant_template")
+
+    def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
+        # The schema is named once, when the tenant is added; renaming it would orphan it.
+        fields = super().get_readonly_fields(request, obj)
+        return fields if obj is not None else tuple(f for f in fields if f != "schema_name")
+
+    def save_related(self, request, form, formsets, change):  # type: ignore[no-untyped-def]
+        super().save_related(request, form, formsets, change)
+        if not change:  # the schema and the domains exist now; the same setup as tenant_create
+            tenant_setup(tenant=form.instance)
 
 
 @admin.register(Domain, site=platform_site)

@@ -58,9 +58,16 @@ def tenant_create(
         tenant.full_clean(exclude=["schema_name"])
         tenant.save(verbosity=0)
         Domain.objects.create(tenant=tenant, domain=domain, is_primary=True)
-    with schema_context(schema_name):
-        tenant_created.send(sender=Tenant, tenant=tenant)
+    tenant_setup(tenant=tenant)
     return tenant
+
+
+def tenant_setup(*, tenant: Tenant) -> None:
+    """Inside a new tenant's schema, let the apps above set up their part (wallets: the
+    assets and system accounts). tenant_create calls it; so does the platform admin, which
+    saves the tenant and its domains itself."""
+    with schema_context(tenant.schema_name):
+        tenant_created.send(sender=Tenant, tenant=tenant)
 
 
 def platform_ensure(*, public_domain: str) -> Tenant:

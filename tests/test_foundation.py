@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 from django.core.cache import cache
@@ -11,7 +12,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from tenants.models import Tenant
+from tenants.models import Domain, Tenant
 from tests.conftest import in_tenant
 from wallets.models import Account, Asset, Customer
 from wallets.services.principals import customer_create
@@ -205,6 +206,35 @@ def test_platform_admin_lists_tenants_but_a_tenant_admin_does_not(tenant_a: Tena
     assert tenant_admin.get("/admin/").status_code == 200
     assert tenant_admin.get("/admin/tenants/tenant/").status_code == 404
     assert tenant_admin.get("/admin/django_celery_beat/periodictask/").status_code == 404
+
+
+def test_a_tenant_added_in_the_platform_admin_is_set_up_like_one_made_by_tenant_create(
+    django_db_setup: None, django_db_blocker: Any
+) -> None:
+    from django.contrib.auth import get_user_model
+
+    schema = f"adm_{int(time.time() * 1000) % 10_000_000}"
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        get_user_model().objects.filter(username="platform-adder").delete()
+        get_user_model().objects.create_superuser(username="platform-adder", password="pw-123456")
+        public = Client(HTTP_HOST="public.test.localhost")
+        assert public.login(username="platform-adder", password="pw-123456")
+        r = public.post("/admin/tenants/tenant/add/", {
+            "schema_name": schema, "name": "Added", "is_active": "on", "main_currency": "EUR",
+            "currency_exponent": 2, "points_earn_rate": "0", "topup_bonus_rate": "0", "carbon_grams_per_unit": "0",
+            "idempotency_replay_window_seconds": 86400, "idempotency_tombstone_window_seconds": 604800,
+            "idempotency_wait_ms": 0, "extra_settings": "{}",
+            "domains-TOTAL_FORMS": 1, "domains-INITIAL_FORMS": 0,
+            "domains-0-domain": f"{schema}.localhost", "domains-0-is_primary": "on",
+        })
+        assert r.status_code == 302, r.content.decode()[:3000]
+        tenant = Tenant.objects.get(schema_name=schema)
+        assert Domain.objects.filter(tenant=tenant, domain=f"{schema}.localhost").exists()
+        with in_tenant(tenant):
+            assert Asset.objects.get(is_main=True).code == "EUR"
+            assert Account.objects.filter(kind="system").count() == 5
+        connection.set_schema_to_public()
 
 
 @pytest.mark.django_db
