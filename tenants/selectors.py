@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import cast
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection
@@ -20,6 +20,16 @@ def tenant_current() -> Tenant:
         return tenant
     schema_name: str = getattr(connection, "schema_name")  # noqa: B009 - set by django-tenants' backend
     return cast(Tenant, Tenant.objects.get(schema_name=schema_name))
+
+
+def tenant_extra_settings_fresh() -> dict[str, Any]:
+    """The current tenant's `extra_settings`, read from its row now. For controls (the
+    maker-checker threshold): the tenant a request carries may be up to
+    TENANT_CACHE_SECONDS old in this process, and an operator who lowers a limit must not
+    wait for every other process's cache to expire."""
+    schema_name: str = getattr(connection, "schema_name")  # noqa: B009 - set by django-tenants' backend
+    extra = Tenant.objects.filter(schema_name=schema_name).values_list("extra_settings", flat=True).first()
+    return dict(extra or {})
 
 
 def tenant_rate(tenant: Tenant, name: str) -> Decimal:

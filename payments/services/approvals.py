@@ -14,7 +14,7 @@ from payments.locks import pending_adjustment_lock
 from payments.models import Adjustment, PendingAdjustment, PendingAdjustmentStatus
 from payments.selectors import adjustments_posted_alone_total
 from payments.services.adjustments import adjustment_create, adjustment_request_check
-from tenants.selectors import tenant_current
+from tenants.selectors import tenant_extra_settings_fresh
 from wallets.errors import InvalidState, NotFound
 from wallets.locks import staff_member_lock
 from wallets.models import Customer, Merchant, StaffMember
@@ -33,14 +33,14 @@ ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT = 24
 def adjustment_approval_threshold(*, asset_code: str) -> int:
     """Most (minor units of `asset_code`) one staff member may post alone to one party
     within the approval window."""
-    extra = tenant_current().extra_settings or {}
+    extra = tenant_extra_settings_fresh()
     per_asset = extra.get("adjustment_approval_thresholds") or {}
     value = per_asset.get(asset_code, extra.get("adjustment_approval_threshold", ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT))
     return int(value)
 
 
 def adjustment_approval_window() -> timedelta:
-    extra = tenant_current().extra_settings or {}
+    extra = tenant_extra_settings_fresh()
     return timedelta(hours=int(extra.get("adjustment_approval_window_hours", ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT)))
 
 

@@ -433,3 +433,19 @@ def test_an_api_key_cannot_bypass_maker_checker(api: Api, world: World, tenant: 
     assert r.json()["object"] == "pending_adjustment" and r.json()["status"] == "pending" and r.json()["adjustment"] is None
     assert not LedgerEntry.objects.filter(account__customer_id=world.customer.id).exists()
     assert api.post("/v1/admin/adjustments", world.staff.key, {**body, "amount": 1000}).status_code == 201
+
+
+def test_a_lowered_maker_checker_threshold_holds_at_once_in_a_process_whose_tenant_is_cached(
+    api: Api, world: World, tenant: Tenant, settings: Any
+) -> None:
+    from tenants.middleware import tenant_cache_clear
+
+    settings.TENANT_CACHE_SECONDS = 60.0  # as in production: this process keeps the tenant it resolved
+    tenant_cache_clear()
+    body = {"customer": world.customer.id, "asset": "JPY", "amount": 1001, "direction": "credit", "reason": "goodwill"}
+    assert api.post("/v1/admin/adjustments", world.staff.key, body).status_code == 201  # default threshold: alone
+    # Another process lowers the threshold: this process's tenant cache is not told.
+    Tenant.objects.filter(pk=tenant.pk).update(extra_settings={"adjustment_approval_threshold": 1000})
+    r = api.post("/v1/admin/adjustments", world.staff.key, {**body, "amount": 5})
+    assert r.status_code == 202, r.content  # 1001 + 5 posted alone in the window: over the new threshold
+    tenant_cache_clear()
