@@ -8,6 +8,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import Q
+from django.db.models.functions import Now
 
 from payments.idempotency.models import IdempotencyRecord, RecordState
 
@@ -60,12 +62,11 @@ class RecordSnapshot:
         return self.created + timedelta(seconds=policy.replay_window_seconds)
 
 
-def _json_field(value: Any) -> Any:
-    if value is None:
-        return None
+def str_dict_of(value: Any) -> dict[str, str]:
+    """A jsonb object read by a raw cursor (Django's psycopg loader leaves jsonb as text)."""
     if isinstance(value, str | bytes):
-        return json.loads(value)
-    return value
+        value = json.loads(value)
+    return {str(k): str(v) for k, v in dict(value or {}).items()}
 
 
 _FETCH_SQL = """
@@ -82,7 +83,6 @@ def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapsho
         row = cursor.fetchone()
     if row is None:
         return None
-    headers = _json_field(row[6]) or {}
     body = row[7]
     return RecordSnapshot(
         id=int(row[0]),
@@ -91,12 +91,12 @@ def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapsho
         fence=int(row[3]),
         request_id=str(row[4]),
         response_status=None if row[5] is None else int(row[5]),
-        response_headers={str(k): str(v) for k, v in dict(headers).items()},
+        response_headers=str_dict_of(row[6]),
         response_body=None if body is None else bytes(body),
         created=row[8],
         completed_at=row[9],
         lease_expires_at=row[10],
-        minted={str(k): str(v) for k, v in dict(_json_field(row[11]) or {}).items()},
+        minted=str_dict_of(row[11]),
         transaction_started=row[12],
         now=row[13],
     )
@@ -129,26 +129,17 @@ def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
 def idempotency_orphans_list(
     *, limit: int = 100, after: tuple[datetime, int] | None = None, expired_by: datetime | None = None
 ) -> list[IdempotencyRecord]:
-    """In-flight records whose lease expired: a recovery worker takes them over (fence + 1).
-    One page in (lease_expires_at, id) order; `after` is the previous page's last record's
-    (lease_expires_at, id), so a worker can read them all without skipping one.
+    """In-flight records whose lease expired, for a recovery worker to take over: one page
+    in (lease_expires_at, id) order, after `after` (the previous page's last record's).
     `expired_by`: only leases that had run out by then (a pass's start), so a record the
-    pass itself took over, and whose new lease ran out while the pass was still going,
-    is not met again on a later page of the same pass."""
-    cutoff = "LEAST(clock_timestamp(), %s)" if expired_by is not None else "clock_timestamp()"
-    params: list[Any] = [expired_by] if expired_by is not None else []
-    where = f"state = 'in_flight' AND lease_expires_at <= {cutoff}"
+    pass took over itself and whose new lease ran out meanwhile is not met again."""
+    records = IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=Now())
+    if expired_by is not None:
+        records = records.filter(lease_expires_at__lte=expired_by)
     if after is not None:
-        where += " AND (lease_expires_at, id) > (%s, %s)"
-        params += [after[0], after[1]]
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id FROM idempotency_record WHERE {where} ORDER BY lease_expires_at, id LIMIT %s", [*params, limit])  # noqa: S608 - no client input in `where`
-        record_ids = [int(r[0]) for r in cursor.fetchall()]
-    return list(IdempotencyRecord.objects.filter(id__in=record_ids).order_by("lease_expires_at", "id"))
+        records = records.filter(Q(lease_expires_at__gt=after[0]) | Q(lease_expires_at=after[0], id__gt=after[1]))
+    return list(records.order_by("lease_expires_at", "id")[:limit])
 
 
 def idempotency_stuck_count() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp()")
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
+    return IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=Now()).count()
