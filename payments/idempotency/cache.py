@@ -84,13 +84,9 @@ def replay_cache_redis_key(*, principal_id: str, key: str) -> str | None:
     caller that sends the GET in its own Redis call and decodes the answer with
     `replay_cache_entry_decode`; None when that is not possible (breaker open, or the
     cache is not the Redis at settings.REDIS_URL)."""
-    if _breaker_open() or cache_location() != getattr(settings, "REDIS_URL", None):
+    if _breaker_open() or settings.CACHES.get("default", {}).get("LOCATION") != getattr(settings, "REDIS_URL", None):
         return None
     return str(cache.make_and_validate_key(_cache_key(principal_id, key)))
-
-
-def cache_location() -> Any:
-    return settings.CACHES.get("default", {}).get("LOCATION")
 
 
 _serializer = RedisSerializer()
@@ -152,14 +148,5 @@ def replay_cache_set(*, principal_id: str, key: str, entry: CachedResponse) -> N
     }
     try:
         cache.set(_cache_key(principal_id, key), value, ttl)
-    except Exception as exc:  # noqa: BLE001
-        _breaker_trip(exc)
-
-
-def replay_cache_delete(*, principal_id: str, key: str) -> None:
-    if _breaker_open():
-        return
-    try:
-        cache.delete(_cache_key(principal_id, key))
     except Exception as exc:  # noqa: BLE001
         _breaker_trip(exc)

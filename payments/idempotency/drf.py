@@ -1,11 +1,9 @@
 """DRF integration: every POST of a view that includes `IdempotencyMixin` goes through
-the one idempotency mechanism, with no per-view code.
-
-Contract for the view (see `IdempotencyMixin`'s docstring).
-"""
+the one idempotency mechanism, with no per-view code."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
@@ -24,7 +22,7 @@ from payments.idempotency.cache import ReplayPrefetch
 from payments.idempotency.canonical import fingerprint_compute, idempotency_key_is_valid
 from payments.idempotency.errors import IdempotencyError, IdempotencyKeyInvalid, IdempotencyKeyMissing
 from payments.idempotency.sealing import response_body_seal, response_body_unseal
-from payments.idempotency.selectors import IdempotencyPolicy, idempotency_policy_get
+from payments.idempotency.selectors import idempotency_policy_get
 from payments.idempotency.services import (
     Executed,
     IdempotencyContext,
@@ -56,41 +54,21 @@ def request_id_of(request: Any) -> str:
 class IdempotencyMixin(APIView):
     """Makes every POST of the view idempotent (SPEC 6). Put it before APIView.
 
-    The view supplies:
-      - ``face`` ("customer" | "terminal" | "merchant" | "admin"): picks the tenant's
-        mode (``Tenant.idempotency_<face>``: ``mandatory`` -> 400
-        ``idempotency_key_missing`` without a key; ``optional`` -> executed without the
-        mechanism, counted in ``tally_idempotency_missing_keys_total``);
-      - ``request.user``: a ``Principal``; ``.id`` is the principal of the key scope;
-      - optionally ``idempotency_effect = "external"`` (default ``"internal"``),
-        ``idempotency_mint`` ({"topup": "top"}: ids minted at claim, external only),
-        ``idempotency_lease_seconds`` and an ``idempotency_on_claim(ctx)`` method
-        (external only: runs in the claim's transaction; write the pending object and its
-        outbox row there);
-      - ``idempotency_response_contains_secret = True`` on views that answer a secret
-        shown once (API keys, webhook secrets, payment tokens): the stored body is sealed
-        (payments/idempotency/sealing.py) and unsealed for the replay.
+    The view supplies ``face`` (picks the tenant's mode: ``mandatory`` -> 400
+    ``idempotency_key_missing`` without a key, ``optional`` -> run unprotected and counted)
+    and a ``Principal`` as ``request.user`` (its ``.id`` scopes the key). Optionally:
+    ``idempotency_effect = "external"`` with ``idempotency_mint``, ``idempotency_lease_seconds``
+    and the ``idempotency_on_claim``/``idempotency_on_release`` hooks; and
+    ``idempotency_response_contains_secret = True`` on views that answer a secret shown
+    once, so the stored body is sealed (sealing.py).
 
-    The view's ``post()`` just does its work and returns a Response or raises. During
-    it, ``self.idempotency`` is the ``IdempotencyContext`` (``.key`` None when unkeyed;
-    ``.mint(name, prefix)`` gives ids stable across re-executions of the key).
-
-    Internal effect: ``post()`` runs inside the transaction that holds the claim and
-    will hold the stored response (one commit). If it raises or answers >= 400, that
-    whole transaction is rolled back (its writes and the claim); a 402 is then stored
-    under a fresh claim in a second short transaction, without running ``post()`` again.
-    It may run more than once (database conflicts are retried whole), so it must not
-    touch anything outside the database.
-    Exceptions become responses through ``self.handle_exception``, i.e. the faces' one
-    exception handler (apikit/errors.py), which renders the SPEC envelope.
-
-    Then: 2xx and 402 are stored (exact rendered bytes, status, headers) and replayed;
-    other 4xx are not stored (the next request with the key executes); 5xx and crashes
-    leave the record ``failed_retryable``. Replays carry ``Idempotent-Replayed: true`` and
-    ``Original-Request``. Answers of the layer itself: 400 ``idempotency_key_missing`` /
-    ``idempotency_key_invalid``, 409 ``idempotency_key_in_use`` (+Retry-After), 410
-    ``idempotency_key_expired``, 422 ``idempotency_key_reused``, 503 ``unavailable``
-    (+Retry-After) when PostgreSQL is down.
+    ``post()`` does its work and returns a Response or raises; ``self.idempotency`` is the
+    context (``.key`` None when unkeyed; ``.mint(name, prefix)``). Internal effects run
+    ``post()`` inside the claim's transaction, possibly more than once (conflicts are
+    retried whole), so it must touch nothing outside the database; an answer >= 400 rolls
+    its writes back, and a 402 is then stored alone. Exceptions become responses through
+    ``self.handle_exception`` (apikit/errors.py). Storage and replay by status: see
+    `payments.idempotency.services`.
     """
 
     face: ClassVar[str]
@@ -111,38 +89,33 @@ class IdempotencyMixin(APIView):
             setattr(self, "post", functools.partial(self._idempotent_post, handler))  # noqa: B010
 
     def idempotency_on_claim(self, ctx: IdempotencyContext) -> None:
-        """External effects: extra writes committed together with the claim. Runs again on
-        every takeover of the key (same minted ids): make it get-or-create. Raising here
-        (validation) rolls the claim back: nothing is stored, the error is the answer."""
+        """External effects: writes committed with the claim, again on every takeover (make
+        it get-or-create). Raising here rolls the claim back: the error is the answer."""
 
     def idempotency_on_release(self, ctx: IdempotencyContext) -> None:
-        """External effects: undo `idempotency_on_claim`'s writes when the answer is a
-        discarded 4xx (runs in the transaction that releases the claim)."""
+        """External effects: undo `idempotency_on_claim`'s writes when a 4xx is discarded."""
 
     def idempotency_lease_for(self) -> int | None:
         """The lease of an external claim (seconds), None for the tenant's default."""
         return self.idempotency_lease_seconds
 
     def idempotency_finish(self, produce: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-        """External effects: finish inside the fenced completion. `produce()` does the
-        final writes and returns the response; it runs in the transaction that checks our
-        fence and stores that response (payments.idempotency.services.
-        idempotency_complete_produced), so a holder whose lease was taken over writes
-        nothing. Returns a placeholder: the produced response is what the client gets."""
-        request = self.request
-
-        def complete() -> Executed:
-            response = produce()
-            if isinstance(response, Response):
-                response = self.finalize_response(request, response)
-                response.render()
-            body = bytes(response.content)  # type: ignore[attr-defined]
-            return Executed(response=StoredResponse(status=response.status_code, headers=_storable_headers(response), body=body), value=response)
-
-        self.idempotency.complete_with = complete
+        """External effects: `produce()` does the final writes and returns the response, in
+        the transaction that checks our fence and stores it (`idempotency_complete_produced`),
+        so a holder whose lease was taken over writes nothing. Returns a placeholder: the
+        produced response is what the client gets."""
+        self.idempotency.complete_with = lambda: self._executed(produce(), seal=False)
         return HttpResponse(status=204)
 
-    # --- internals ------------------------------------------------------------------
+    def _executed(self, response: HttpResponseBase, *, seal: bool) -> Executed:
+        """The rendered response, and what to store of it (sealed when it holds a secret)."""
+        if isinstance(response, Response):
+            response = self.finalize_response(self.request, response)
+            response.render()
+        body = bytes(response.content)  # type: ignore[attr-defined]
+        if seal:
+            body = response_body_seal(body=body, principal_id=self.idempotency.principal_id, key=str(self.idempotency.key))
+        return Executed(response=StoredResponse(status=response.status_code, headers=_storable_headers(response), body=body), value=response)
 
     def _idempotent_post(self, handler: Callable[..., HttpResponseBase], request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
@@ -181,25 +154,13 @@ class IdempotencyMixin(APIView):
         policy = idempotency_policy_get(tenant=tenant)
         lease_seconds = self.idempotency_lease_for()
         if lease_seconds is not None:
-            policy = IdempotencyPolicy(
-                wait_ms=policy.wait_ms, replay_window_seconds=policy.replay_window_seconds,
-                tombstone_window_seconds=policy.tombstone_window_seconds, lease_seconds=lease_seconds,
-            )
-        external = self.idempotency_effect == "external"
+            policy = dataclasses.replace(policy, lease_seconds=lease_seconds)
 
         def execute(ctx: IdempotencyContext) -> Executed:
             self.idempotency = ctx
-            response = self._run_handler(handler, request, args, kwargs)
-            if isinstance(response, Response):
-                response = self.finalize_response(request, response, *args, **kwargs)
-                response.render()
-            body = bytes(response.content)  # type: ignore[attr-defined]
-            if self.idempotency_response_contains_secret:
-                body = response_body_seal(body=body, principal_id=call.principal_id, key=call.key)
-            stored = StoredResponse(status=response.status_code, headers=_storable_headers(response), body=body)
-            return Executed(response=stored, value=response)
+            return self._executed(self._run_handler(handler, request, args, kwargs), seal=self.idempotency_response_contains_secret)
 
-        if external:
+        if self.idempotency_effect == "external":
             outcome = idempotency_execute_external(
                 call=call, policy=policy, execute=execute, mint=dict(self.idempotency_mint), on_claim=self.idempotency_on_claim,
                 on_release=self.idempotency_on_release,
@@ -225,7 +186,6 @@ class IdempotencyMixin(APIView):
         except Exception as exc:  # noqa: BLE001 - every failure of the view becomes its response
             return self.handle_exception(exc)
 
-
     @staticmethod
     def _raw_body(request: Request) -> bytes:
         try:
@@ -233,7 +193,6 @@ class IdempotencyMixin(APIView):
         except RawPostDataException:
             # A parser consumed the stream first: fall back to what it parsed.
             return json.dumps(request.data, default=str).encode("utf-8")
-
 
 
 def _storable_headers(response: HttpResponseBase) -> dict[str, str]:
