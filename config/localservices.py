@@ -52,12 +52,7 @@ def embedded_postgres_url(database: str) -> str:
     VAR.mkdir(exist_ok=True)
     server = pgserver.get_server(VAR / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]  # keeps running for later runs; pgserver does not re-export it
     uri: str = server.get_uri(database)
-    if database != "postgres":
-        import psycopg
-
-        with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
-                conn.execute(f'CREATE DATABASE "{database}"')
+    database_ensure(uri)
     return uri
 
 

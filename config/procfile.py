@@ -1,22 +1,15 @@
 """Run the Procfile's processes for `make run` under supervisord (Supervisor, from PyPI): a
 process that exits is started again, and the others keep serving.
 
-Supervisor restarts a process that exits after it was up `startsecs` at once; one that
-exits sooner counts as a failed start and is tried again after 1 s, then 2 s, 3 s, ...
-(its backoff), up to `startretries` times. It logs each exit and each start ("exited:
-worker (exit status 1; not expected)", "spawned: 'worker' with pid ..."), and starts each
-process in a process group of its own, so a stop reaches what it forked too (gunicorn's and
-Celery's workers): SIGTERM to the group, SIGKILL after `stopwaitsecs`. Its children's output
-goes straight to this process's standard output, as they write it.
+A process that exits within `startsecs` of a start counts as a failed start and is tried
+again after 1 s, 2 s, 3 s, ... up to `startretries` times; each runs in a process group of
+its own, so a stop reaches what it forked too (SIGTERM, then SIGKILL after `stopwaitsecs`).
 
-This module writes supervisord's configuration from the Procfile and runs it in the
-foreground. It stays in front of supervisord because supervisord takes SIGHUP as "reload
-the configuration", and SIGHUP is what a closed terminal sends: here every stop signal
-(Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) becomes one SIGTERM to supervisord, which stops every
-process, waiting the grace; a second signal, a second or more after the first, kills them
-at once. As with honcho, `PORT` goes up by 100 per process type from the caller's (the
-first, `web`, gets it unchanged), and the run exits 128 + the signal's number, as a shell
-reports it (130 for Ctrl-C).
+This module stays in front of supervisord because supervisord takes SIGHUP, which a closed
+terminal sends, as "reload": every stop signal here becomes one SIGTERM to supervisord, and
+a second signal a second or more later kills the processes at once. As with honcho, `PORT`
+goes up by 100 per process type (`web` gets it unchanged), and the run exits 128 + the
+signal's number, as a shell reports it (130 for Ctrl-C).
 """
 
 from __future__ import annotations

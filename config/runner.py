@@ -54,14 +54,13 @@ def main() -> int:
     from payments.demo import demo_psp_ensure
 
     psp_port = os.environ.setdefault("TALLY_PSP_PORT", "8766")
-    web_port = os.environ.get("PORT", "8000")
+    port = os.environ.setdefault("PORT", "8000")
+    demo = settings.TALLY_DEMO_DOMAIN
     psp = demo_psp_ensure(
-        psp_url=f"http://127.0.0.1:{psp_port}", webhook_url=f"http://{settings.TALLY_DEMO_DOMAIN}:{web_port}/v1/psp/webhooks/simulator",
+        psp_url=f"http://127.0.0.1:{psp_port}", webhook_url=f"http://{demo}:{port}/v1/psp/webhooks/simulator",
         state_file=VAR / "psp_simulator.json",
     )
 
-    port = os.environ.get("PORT", "8000")
-    demo = settings.TALLY_DEMO_DOMAIN
     lines = [
         "",
         "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver, the PSP simulator)"
@@ -83,7 +82,6 @@ def main() -> int:
     print("\n".join(lines), flush=True)
 
     os.environ["VENV_BIN"] = str(Path(sys.executable).parent)
-    os.environ.setdefault("PORT", port)
     return processes_run(procfile_read(ROOT / "Procfile"), cwd=ROOT, env=dict(os.environ))
 
 
