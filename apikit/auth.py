@@ -65,20 +65,12 @@ class ApiKeyAuthentication(BaseAuthentication):
         return 'Bearer realm="tally"'
 
 
-def api_key_cache_pending(request: Request) -> ApiKeyCacheHit | None:
-    """The cache hit this request was authenticated with, if not confirmed yet."""
-    hit = getattr(request._request, "api_key_cache_hit", None)
-    return hit if isinstance(hit, ApiKeyCacheHit) else None
-
-
 def api_key_cache_confirm(request: Request, *, epoch_now: bytes | None) -> None:
-    """Trust a cached key only if the tenant's key epoch is still the one it was cached
-    under (`epoch_now`, read before this call; None: Redis did not answer). Otherwise the
-    key is read again from PostgreSQL and replaces the principal, or the request is
-    refused 401 if the key is now dead. A no-op for a request not authenticated from the
-    cache."""
-    hit = api_key_cache_pending(request)
-    if hit is None:
+    """Trust a key from the cache only if the tenant's key epoch is still the one it was
+    cached under (`epoch_now`; None: Redis did not answer). Otherwise the key is read again
+    from PostgreSQL and replaces the principal, or the request is refused 401."""
+    hit = getattr(request._request, "api_key_cache_hit", None)
+    if not isinstance(hit, ApiKeyCacheHit):
         return
     del request._request.api_key_cache_hit  # type: ignore[attr-defined]
     api_key = api_key_cache_keys_confirm(hit=hit, epoch_now=epoch_now)
@@ -110,11 +102,10 @@ class FacePermission(BasePermission):
 
 
 class StaffRolePermission(BasePermission):
-    """The admin face: a staff key acts with its login's roles, read from PostgreSQL at
-    each request (never from the key cache), so a change of role or a deactivation holds
-    from the next request on. Each action names the permission its back-office twin needs
-    (`AdminViewSet.action_permissions`); an action with none is refused. Runs after
-    FacePermission, so the principal is a staff member."""
+    """The admin face, after FacePermission: a staff key acts with its login's roles, read
+    from PostgreSQL at each request (never cached), so a role change holds from the next
+    request on. Each action names the permission it needs (`AdminViewSet.action_permissions`);
+    an action with none is refused."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         staff = request.user.obj  # type: ignore[union-attr]

@@ -1,16 +1,11 @@
 """Per-key and per-tenant rate limits, counted in Redis (SPEC 5: 429 with Retry-After).
 
-Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE per
-scope, all in one Redis script call per request. A keyed POST to an internal-effect view also
-carries the idempotency layer's replay-cache GET in that call, so the first execution
-of a key costs one Redis round trip before the effect, not two; a request authenticated
-from the per-process key cache carries the GET of its tenant's API key epoch, which the
-view checks the cached key against (apikit.auth.api_key_cache_confirm). Counters live in Redis
-so every gunicorn worker and host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
-overridden per tenant in `Tenant.extra_settings["throttle_rates"]`.
-
-Redis down: throttling fails open (a rate limit protects capacity, not money) and stops
-trying for a few seconds, so an outage does not add a timeout to every request.
+Fixed windows, one INCR + EXPIRE per scope, all in one Redis script call per request; that
+call also carries the replay-cache GET of a keyed internal-effect POST and the GET of the
+tenant's API key epoch for a key from the per-process cache, so neither costs a round trip
+of its own. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], overridden per tenant
+in `Tenant.extra_settings["throttle_rates"]`. Redis down: fail open (a rate limit protects
+capacity, not money) and stop trying for a few seconds.
 """
 
 from __future__ import annotations
