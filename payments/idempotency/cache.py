@@ -1,14 +1,7 @@
-"""Redis read-through cache of completed responses, for fast replays.
-
-It never decides a claim: only `completed` responses are cached, each entry carries its
-fingerprint and the end of its replay window, and its TTL never outlives that window,
-so an entry can only ever say what PostgreSQL would say. Keys go through the default
-cache's per-tenant key function (django_tenants.cache.make_key) and the schema name is
-also stored in the entry and checked on read.
-
-Redis down: every call degrades to a miss (replays come from PostgreSQL) and a short
-circuit breaker stops paying the connect timeout on every request.
-"""
+"""Redis read-through cache of completed responses, for fast replays. It never decides a
+claim: an entry carries its fingerprint, its tenant's schema and the end of its replay
+window, and its TTL never outlives that window, so it only ever says what PostgreSQL would.
+Redis down: a miss, and a short circuit breaker stops paying the connect timeout."""
 
 from __future__ import annotations
 
@@ -71,8 +64,7 @@ def replay_cache_breaker_reset() -> None:
 
 @dataclass(frozen=True)
 class ReplayPrefetch:
-    """The replay-cache lookup of (principal, key), already made by a caller that sent
-    its GET with other Redis commands (the throttles: one round trip for both)."""
+    """The replay-cache lookup of (principal, key), made in the throttles' Redis call."""
 
     principal_id: str
     key: str
@@ -80,10 +72,9 @@ class ReplayPrefetch:
 
 
 def replay_cache_redis_key(*, principal_id: str, key: str) -> str | None:
-    """The Redis key holding the entry of (principal, key) in the default cache, for a
-    caller that sends the GET in its own Redis call and decodes the answer with
-    `replay_cache_entry_decode`; None when that is not possible (breaker open, or the
-    cache is not the Redis at settings.REDIS_URL)."""
+    """The Redis key of (principal, key)'s entry, for a caller that sends the GET itself and
+    decodes it with `replay_cache_entry_decode`; None with the breaker open, or when the
+    cache is not the Redis at settings.REDIS_URL."""
     if _breaker_open() or settings.CACHES.get("default", {}).get("LOCATION") != getattr(settings, "REDIS_URL", None):
         return None
     return str(cache.make_and_validate_key(_cache_key(principal_id, key)))

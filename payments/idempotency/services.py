@@ -1,16 +1,8 @@
-"""The one idempotency mechanism (SPEC 6). Call inside the tenant's schema.
-
-- `idempotency_execute` (internal effects): claim, effect, outbox row and stored response
-  commit in one transaction. A concurrent duplicate's INSERT blocks on the unique index
-  until the winner commits (it then reads the finished record) or rolls back (it then
-  claims), at most the tenant's wait budget (`lock_timeout`): it never sees a half-done effect.
-- `idempotency_execute_external` (external effects, e.g. a PSP call): the claim (lease,
-  fence) commits first, the call runs outside any transaction, and completion is a
-  compare-and-set on the fence. A takeover bumps the fence, so a late writer with the old
-  fence changes nothing (`StaleFence`).
-
-2xx/3xx and 402 are stored and replayed; other 4xx (refused before execution) are not
-stored; 5xx and crashes leave `failed_retryable`, so a retry executes again.
+"""The one idempotency mechanism (SPEC 6; docs/ARCHITECTURE.md). Call inside the tenant's
+schema. `idempotency_execute`: claim, effect and stored response in one transaction; a
+duplicate's INSERT waits on the winner's uncommitted row, bounded by `lock_timeout`.
+`idempotency_execute_external`: the claim (lease, fence) commits first, the call runs
+outside any transaction, and completion is a compare-and-set on the fence (`StaleFence`).
 """
 
 from __future__ import annotations
@@ -185,13 +177,10 @@ def _fetchone_waiting(sql: str, params: list[Any]) -> Any:
 
 
 def _claim(*, call: IdempotentCall, effect: str, policy: IdempotencyPolicy, remaining_seconds: float) -> IdempotencyContext | RecordSnapshot:
-    """Claim (principal, key) with fence 1, else read the record holding it (`_Again` if it
-    is gone meanwhile). Needs: an open transaction.
-
-    Waits on another uncommitted claim of the key at most `remaining_seconds`. The rest of
-    the transaction keeps that lock_timeout: an effect stuck on a lock longer than a
-    duplicate may wait gets 55P03 (retried whole) instead of holding the key hostage, and
-    resetting it would cost a round trip on every keyed request."""
+    """Claim (principal, key) with fence 1 in the open transaction, else read the record that
+    holds it (`_Again` if gone). Waits on an uncommitted claim at most `remaining_seconds`;
+    the transaction keeps that lock_timeout, so an effect stuck on a lock longer than a
+    duplicate may wait gets 55P03 (retried whole), and no round trip resets it."""
     row = _fetchone_waiting(
         CLAIM_SQL,
         [
@@ -218,12 +207,9 @@ def _taken_over(*, principal_id: str, key: str, record_id: int, row: Any) -> Ide
 def _takeover(
     *, call: IdempotentCall, effect: str, snapshot: RecordSnapshot, policy: IdempotencyPolicy, renew: bool, remaining_seconds: float
 ) -> IdempotencyContext:
-    """Fenced takeover of an existing record (fence + 1). Needs: an open transaction.
-
-    `renew` makes it a brand-new claim (the old record was past both windows): new claim
-    time, no minted ids. Raises `_Again` when someone else moved the fence first, or the
-    record left the state the decision was made on (a late holder completed it under the
-    same fence while this statement waited on its row lock: it must be replayed, not reopened)."""
+    """Fenced takeover (fence + 1) in the open transaction; `renew`: a brand-new claim (past
+    both windows). `_Again` when the fence or the state moved since `snapshot` (a late
+    holder that completed it meanwhile must be replayed, not reopened)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_ms(remaining_seconds)])
     row = _fetchone_waiting(
@@ -349,19 +335,11 @@ def idempotency_execute(
     prefetched: ReplayPrefetch | None = None,
 ) -> Outcome:
     """Run `execute` at most once per (principal, key): claim, effect and stored response
-    in one transaction, which this function owns (retried whole on conflicts).
-
-    `prefetched`: the replay-cache lookup, when the caller already made it (the API
-    reads it in the throttles' Redis call).
-
-    Locks: inserts the claim row (unique index: a duplicate waits for us); `execute` runs
-    inside the transaction and takes its own locks after it. `execute` may run more than
-    once (conflict retries), so it must have no effect outside the database; it should
-    raise only for database errors (retried) or bugs (the record is left failed_retryable).
-
-    Answers: IdempotencyKeyReused (422), IdempotencyKeyExpired (410), IdempotencyKeyInUse
-    (409, after waiting up to `policy.wait_ms`), Unavailable (503, database down).
-    """
+    in one transaction, owned here and retried whole on conflicts, so `execute` must have no
+    effect outside the database. `prefetched`: the replay-cache lookup the throttles made.
+    Locks: the claim row (a duplicate waits on it), then whatever `execute` takes.
+    Raises IdempotencyKeyReused (422), IdempotencyKeyExpired (410), IdempotencyKeyInUse
+    (409, after waiting up to `policy.wait_ms`), Unavailable (503)."""
     cached = _cached_replay(call, prefetched)
     if cached is not None:
         return cached
@@ -441,10 +419,9 @@ def idempotency_execute(
 
 
 def _store_refusal(*, call: IdempotentCall, policy: IdempotencyPolicy, refused: _RolledBack, deadline: float) -> Outcome | None:
-    """Second, short transaction after a refusal rolled back the view's writes: claim
-    again and store the refusal without executing anything. None if someone else holds
-    or finished the key meanwhile (the caller's next round replays or waits for it).
-    Locks: the claim row (insert or fenced takeover)."""
+    """After a refusal rolled back the view's writes: claim again and store the refusal
+    alone. None if someone else holds or finished the key meanwhile (the next round replays
+    or waits for it). Locks: the claim row."""
 
     def write() -> Outcome | None:
         claimed = _claim(call=call, effect=Effect.INTERNAL, policy=policy, remaining_seconds=deadline - time.monotonic())
@@ -480,9 +457,8 @@ def _in_use_or_replay(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Out
 
 
 def _record_failed(*, call: IdempotentCall) -> None:
-    """Best effort, after the failed transaction rolled back: leave a failed_retryable
-    record so the key stays bound to its fingerprint and operators see the failure. An
-    existing record (someone else's claim, or the one we took over) is left as it is."""
+    """Best effort, after the rollback: a failed_retryable record keeps the key bound to its
+    fingerprint and shows operators the failure; an existing record is left as it is."""
 
     def write() -> None:
         with connection.cursor() as cursor:
@@ -517,14 +493,10 @@ def idempotency_claim(
     mint: dict[str, str] | None = None,
     on_claim: Callable[[IdempotencyContext], None] | None = None,
 ) -> Claim | Outcome | Busy:
-    """Claim (principal, key) for an external effect and COMMIT the claim.
-
-    In one transaction: the in-flight record (fence 1, or fence + 1 when taking over a
-    failed or lease-expired claim), the ids in `mint` ({"topup": "top"}) minted once, and
-    `on_claim(ctx)` (write the pending object and its outbox row there). Returns the Claim,
-    a replay Outcome, or Busy (someone holds a live lease). Raises 410/422 answers.
-    Locks: the record row (insert or fenced update).
-    """
+    """Claim (principal, key) for an external effect and COMMIT, in one transaction, the
+    in-flight record (fence 1, or + 1 over a failed or lease-expired claim), the ids in
+    `mint` ({"topup": "top"}) and what `on_claim(ctx)` writes. Returns the Claim, a replay
+    Outcome, or Busy (a live lease). Raises 410/422. Locks: the record row."""
 
     def round_() -> Claim | Outcome | Busy:
         claimed = _claim(call=call, effect=Effect.EXTERNAL, policy=policy, remaining_seconds=policy.wait_ms / 1000.0)
@@ -600,11 +572,10 @@ def idempotency_complete(
 
 
 def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCall, produce: Callable[[], Executed]) -> Executed | None:
-    """Fenced completion whose final writes and response (2xx or 402) come from `produce`,
-    in ONE transaction: lock the record while in flight under our fence, run `produce()`,
-    store its response. Returns what `produce` returned, or None if the fence moved: then
-    nothing `produce` wrote is kept. `produce` may run more than once (conflict retries),
-    so it must only touch the database. Locks: the record row, then whatever `produce` takes."""
+    """In ONE transaction: lock the record if in flight under our fence, run `produce()` (the
+    final writes; it may run again on a conflict, so database only) and store the response
+    it returns (2xx or 402). None if the fence moved: nothing `produce` wrote is kept.
+    Locks: the record row, then whatever `produce` takes."""
     record_id = ctx.record_id
     assert record_id is not None
 
@@ -650,11 +621,10 @@ def idempotency_release(*, record_id: int, fence: int, effect: Callable[[], None
 def idempotency_lease_takeover(
     *, principal_id: str, key: str, lease_seconds: int, include_failed: bool = False
 ) -> IdempotencyContext | None:
-    """Take over an in-flight record whose lease expired (recovery worker): fence + 1 and a
-    new lease, committed. With `include_failed`, a failed_retryable record is taken too
-    (back in flight): a recovery that must finish what a failed attempt left unknown.
-    Returns the new context, or None if the lease is live or the record gone or finished.
-    The previous holder's fence is dead from the commit on. Locks: the record row."""
+    """A recovery's takeover, committed: fence + 1 and a new lease on an in-flight record
+    whose lease expired (or, with `include_failed`, a failed_retryable one, whose outcome a
+    recovery must still learn). None if the lease is live or the record gone or finished.
+    Locks: the record row."""
 
     def write() -> IdempotencyContext | None:
         with connection.cursor() as cursor:
@@ -684,16 +654,11 @@ def idempotency_execute_external(
     on_claim: Callable[[IdempotencyContext], None] | None = None,
     on_release: Callable[[IdempotencyContext], None] | None = None,
 ) -> Outcome:
-    """Claim (committed, with `on_claim`'s outbox row), run `execute` outside any
-    transaction (give the provider `ctx.key` or the minted ids as its idempotency key), then
-    complete with a fenced compare-and-set. If our lease was taken over meanwhile, our
-    completion changes nothing and we answer what the record holds (or 409).
-
-    `on_claim` runs again on every takeover of the key (same minted ids): it must be
-    idempotent (get-or-create its pending object). If it raises, nothing is stored. If
-    `execute` sets `ctx.complete_with`, the final writes and the stored response come from
-    it, inside the fenced completion. A discarded answer (4xx other than 402) releases the
-    claim and runs `on_release(ctx)` in that transaction, to undo what `on_claim` wrote."""
+    """Claim (committed with what `on_claim` writes; it runs again on every takeover, so it
+    must get-or-create), run `execute` outside any transaction, then complete with a fenced
+    compare-and-set, or inside `ctx.complete_with` when `execute` sets it. If our lease was
+    taken over meanwhile, we answer what the record holds (or 409). A discarded 4xx releases
+    the claim and runs `on_release(ctx)` in that transaction."""
     cached = _cached_replay(call)
     if cached is not None:
         return cached
@@ -778,17 +743,12 @@ def idempotency_run(
     policy: IdempotencyPolicy | None = None,
     request_id: str | None = None,
 ) -> RunResult:
-    """Run `fn(ctx)` at most once for (principal_id, key) in the current tenant, for Celery
-    tasks and management commands with their own keys (principal_id e.g. "task:relay").
-
-    The fingerprint is `fingerprint`, else computed from (scope, principal_id, payload).
-    `fn` returns a JSON-serialisable value (Decimal and datetime become strings); it is
-    stored, and every call (first or replay) returns the same decoded JSON value.
-    Internal: `fn` runs in the claim's transaction (locks: the claim row, then whatever
-    `fn` takes). External: the claim commits first and `fn` runs outside a transaction.
-    If `fn` raises, nothing is stored, the record is left failed_retryable and the
-    exception propagates. Raises IdempotencyKeyReused / Expired / InUse, Unavailable.
-    """
+    """Run `fn(ctx)` at most once for (principal_id, key) in the current tenant, for tasks
+    and commands with their own keys (principal_id e.g. "task:relay"); the fingerprint is
+    `fingerprint`, else that of (scope, principal_id, payload). `fn`'s JSON-serialisable
+    value is stored, and every call returns it decoded. Internal: `fn` runs in the claim's
+    transaction (locks: the claim row, then `fn`'s); external: outside one. If `fn` raises,
+    the record is left failed_retryable and the exception propagates."""
     resolved_policy = policy or idempotency_policy_get()
     call = IdempotentCall(
         principal_id=principal_id, key=key, scope=scope[:64],
@@ -814,9 +774,8 @@ PURGE_BATCH = 1000
 
 
 def idempotency_records_purge(*, policy: IdempotencyPolicy, batch_size: int = PURGE_BATCH, max_batches: int = 1000) -> int:
-    """Delete records past their replay and tombstone windows, in batches (each its own
-    short transaction, `FOR UPDATE SKIP LOCKED`, so live traffic is never blocked). In
-    flight records are kept: the orphan recovery owns them. Returns how many went."""
+    """Delete records past both windows in short batches (SKIP LOCKED: live traffic is never
+    blocked); in-flight records belong to the orphan recovery. Returns how many went."""
     horizon = policy.replay_window_seconds + policy.tombstone_window_seconds
     total = 0
 
@@ -834,9 +793,8 @@ def idempotency_records_purge(*, policy: IdempotencyPolicy, batch_size: int = PU
 
 
 def idempotency_maintenance_run(*, batch_size: int = PURGE_BATCH) -> int:
-    """One tenant's housekeeping (its schema must be active): purge records past both
-    windows, then publish how many in-flight records are past their lease. Returns the
-    number purged. Locks: rows of each purge batch (SKIP LOCKED)."""
+    """One tenant's housekeeping: purge, then publish how many in-flight records are past
+    their lease. Returns the number purged. Locks: each purge batch's rows (SKIP LOCKED)."""
     purged = idempotency_records_purge(policy=idempotency_policy_get(), batch_size=batch_size)
     schema_name = str(getattr(connection, "schema_name", "public"))
     metrics.IDEMPOTENCY_STUCK_INFLIGHT.labels(tenant=schema_name).set(idempotency_stuck_count())
