@@ -24,10 +24,6 @@ def new_request_id() -> str:
     return "req_" + secrets.token_urlsafe(18)
 
 
-def current_request_id() -> str:
-    return request_id_var.get()
-
-
 class LogContextFilter(logging.Filter):
     """Adds the request id and tenant schema to every log record."""
 
@@ -39,14 +35,9 @@ class LogContextFilter(logging.Filter):
 
 
 class RequestIdMiddleware:
-    """Gives every request an id of ours, always: a client's `X-Request-Id` never becomes
-    it (a request id must be trustworthy when tracing an incident). A sane client id is
-    kept beside it, logged and echoed as `Client-Request-Id`.
-
-    Every /v1/ response is also marked `Cache-Control: no-store` (as Stripe does): some
-    carry a secret shown once (API keys, payment tokens, webhook secrets), and none is
-    anything a shared cache should keep.
-    """
+    """Every request gets an id of ours: a client's `X-Request-Id` is only kept beside it
+    (logged, echoed as `Client-Request-Id`), so an id can be trusted in an incident. /v1/
+    answers are `Cache-Control: no-store`: some carry a secret shown once."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
