@@ -35,7 +35,7 @@ REDIS_BACKOFF_SECONDS = 5.0
 _redis_down_until = 0.0
 
 
-def parse_rate(rate: str | None) -> tuple[int, int] | None:
+def parse_rate(rate: object) -> tuple[int, int] | None:
     """"600/min" -> (600, 60); None or "" -> no limit."""
     if not rate:
         return None
@@ -49,7 +49,7 @@ def _rate_for(request: Request, scope: str) -> tuple[int, int] | None:
     if tenant is not None and isinstance(getattr(tenant, "extra_settings", None), dict):
         overrides = tenant.extra_settings.get("throttle_rates") or {}
     rate = overrides.get(scope) if scope in overrides else api_settings.DEFAULT_THROTTLE_RATES.get(scope)
-    return parse_rate(None if rate is None else str(rate))
+    return parse_rate(rate)
 
 
 class KeyAndTenantThrottle(BaseThrottle):
@@ -57,26 +57,18 @@ class KeyAndTenantThrottle(BaseThrottle):
     trip per request). A request refused by either limit is refused; Retry-After is the
     longer wait."""
 
-    SCOPES = ("api_key", "tenant")
-
     def __init__(self) -> None:
         self._wait: float | None = None
-
-    @staticmethod
-    def _ident(request: Request, scope: str) -> str | None:
-        if scope == "tenant":
-            return "all"
-        principal = request.user
-        return principal.api_key.id if isinstance(principal, Principal) else None
 
     def allow_request(self, request: Request, view: Any) -> bool:
         now = time.time()
         if now < _redis_down_until:
             return True
         schema = getattr(connection, "schema_name", "public")
+        principal = request.user
+        idents = {"api_key": principal.api_key.id if isinstance(principal, Principal) else None, "tenant": "all"}
         checks: list[tuple[str, int, int, int]] = []  # (key, limit, period, window)
-        for scope in self.SCOPES:
-            ident = self._ident(request, scope)
+        for scope, ident in idents.items():
             rate = _rate_for(request, scope)
             if ident is None or rate is None:
                 continue
@@ -93,12 +85,9 @@ class KeyAndTenantThrottle(BaseThrottle):
         if answer is None:
             return True
         counts, got = answer
-        if epoch_key is not None:
-            # The tenant's API key epoch, for the view's check of a cached key
-            # (apikit.auth.api_key_cache_confirm), in this same round trip.
+        if epoch_key is not None:  # for apikit.auth.api_key_cache_confirm
             request._request.api_key_epoch_now = got.pop(0)  # type: ignore[attr-defined]
-        if prefetch is not None:
-            # The idempotency layer's replay-cache lookup, made in this same round trip.
+        if prefetch is not None:  # for the idempotency layer's first look
             request._request.idempotency_replay_prefetch = ReplayPrefetch(  # type: ignore[attr-defined]
                 principal_id=prefetch[0], key=prefetch[1], entry=replay_cache_entry_decode(got.pop(0))
             )
@@ -192,8 +181,7 @@ def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | N
     "auth_failure", fixed windows, one Redis call); the seconds to wait when either is
     over its rate, else None. Only failures pay for this round trip, and a flood of bad
     keys stops reaching the database. Redis down: fails open, like the other limits."""
-    setting = api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure")
-    rate = parse_rate(None if setting is None else str(setting))
+    rate = parse_rate(api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure"))
     now = time.time()
     if rate is None or now < _redis_down_until:
         return None
