@@ -17,6 +17,8 @@ from typing import Any, Literal, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection, transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
 
 from payments.idempotency import metrics
 from payments.idempotency.cache import CachedResponse, ReplayPrefetch, replay_cache_get, replay_cache_set
@@ -29,7 +31,7 @@ from payments.idempotency.errors import (
     StaleFence,
 )
 from payments.idempotency.locks import idempotency_record_fence_lock
-from payments.idempotency.models import Effect, RecordState
+from payments.idempotency.models import Effect, IdempotencyRecord, RecordState
 from payments.idempotency.selectors import (
     IdempotencyPolicy,
     RecordSnapshot,
@@ -41,11 +43,9 @@ from payments.idempotency.selectors import (
 from payments.idempotency.statements import (
     CLAIM_SQL,
     COMPLETE_SQL,
-    FAIL_SQL,
     FAILED_INSERT_SQL,
     LEASE_TAKEOVER_SQL,
     PURGE_SQL,
-    RELEASE_SQL,
     TAKEOVER_SQL,
 )
 from wallets import ids
@@ -516,11 +516,7 @@ def idempotency_claim(
             claimed.mint(name, prefix)
         if on_claim is not None:
             on_claim(claimed)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE idempotency_record SET minted = %s::jsonb WHERE id = %s AND fence = %s",
-                [json.dumps(claimed.minted, sort_keys=True), claimed.record_id, claimed.fence],
-            )
+        _in_flight(claimed.record_id or 0, claimed.fence).update(minted=claimed.minted)
         return Claim(context=claimed, lease_seconds=policy.lease_seconds)
 
     try:
@@ -594,28 +590,27 @@ def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCa
         return None
 
 
-def _fenced_update(sql: str, params: list[Any], operation: str, effect: Callable[[], None] | None = None) -> bool:
-    def write() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            done = bool(cursor.rowcount == 1)
-        if done and effect is not None:
-            effect()
-        return done
-
-    return bool(run_atomic(write, operation=operation))
+def _in_flight(record_id: int, fence: int) -> QuerySet[IdempotencyRecord]:
+    return IdempotencyRecord.objects.filter(id=record_id, fence=fence, state=RecordState.IN_FLIGHT)
 
 
 def idempotency_fail(*, record_id: int, fence: int) -> bool:
     """in_flight -> failed_retryable if `fence` is current (the next retry executes again)."""
-    return _fenced_update(FAIL_SQL, [record_id, fence], "idempotency.fail")
+    return _in_flight(record_id, fence).update(state=RecordState.FAILED_RETRYABLE, lease_expires_at=None, updated=Now()) == 1
 
 
 def idempotency_release(*, record_id: int, fence: int, effect: Callable[[], None] | None = None) -> bool:
     """Drop an in-flight claim whose request failed validation (nothing stored). `effect`
     (the holder's undo of what its `on_claim` wrote) runs in the same transaction, only if
     the fence was still ours."""
-    return _fenced_update(RELEASE_SQL, [record_id, fence], "idempotency.release", effect)
+
+    def write() -> bool:
+        deleted, _ = _in_flight(record_id, fence).delete()
+        if deleted and effect is not None:
+            effect()
+        return deleted == 1
+
+    return run_atomic(write, operation="idempotency.release")
 
 
 def idempotency_lease_takeover(

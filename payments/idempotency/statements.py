@@ -64,13 +64,6 @@ FROM cfg
 ON CONFLICT (principal_id, "key") DO NOTHING
 """
 
-FAIL_SQL = """
-UPDATE idempotency_record SET state = 'failed_retryable', lease_expires_at = NULL, updated = clock_timestamp()
-WHERE id = %s AND fence = %s AND state = 'in_flight'
-"""
-
-RELEASE_SQL = "DELETE FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight'"
-
 PURGE_SQL = """
 DELETE FROM idempotency_record WHERE id IN (
     SELECT id FROM idempotency_record
