@@ -81,9 +81,6 @@ class FaceMetadata(SimpleMetadata):
 # No docstring on the viewset classes: drf-spectacular documents an operation with the
 # first docstring of the view's MRO, and the published schema must stay as it is.
 class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
-    # Every POST action (create, update, @action) is bound as `self.post` by
-    # ViewSetMixin.as_view before dispatch, so IdempotencyMixin.initial wraps it: one
-    # mechanism for every POST of every face, no per-action code.
     face: ClassVar[str]
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [FacePermission]
@@ -92,8 +89,7 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
     renderer_classes = [JSONRenderer]
     metadata_class = FaceMetadata
 
-    # ApiKeyAuthentication may answer from its per-process cache: check_throttles below
-    # confirms such a key before anything acts on it.
+    # Keys may come from the per-process cache: check_throttles confirms them.
     api_key_cache_confirmed: ClassVar[bool] = True
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +21,7 @@ logger = logging.getLogger("tally.idempotency")
 MAX_TTL_SECONDS = 3600
 BREAKER_SECONDS = 5.0
 
-_breaker_lock = threading.Lock()
-_breaker_open_until = 0.0
+_breaker_open_until = 0.0  # one float, assigned whole: threads need no lock
 
 
 @dataclass(frozen=True)
@@ -51,15 +49,13 @@ def _breaker_open() -> bool:
 
 def _breaker_trip(exc: BaseException) -> None:
     global _breaker_open_until
-    with _breaker_lock:
-        _breaker_open_until = time.monotonic() + BREAKER_SECONDS
+    _breaker_open_until = time.monotonic() + BREAKER_SECONDS
     logger.warning("idempotency replay cache unavailable, bypassing for %ss: %s", BREAKER_SECONDS, type(exc).__name__)
 
 
 def replay_cache_breaker_reset() -> None:
     global _breaker_open_until
-    with _breaker_lock:
-        _breaker_open_until = 0.0
+    _breaker_open_until = 0.0
 
 
 @dataclass(frozen=True)

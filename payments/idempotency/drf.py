@@ -141,7 +141,7 @@ class IdempotencyMixin(APIView):
             metrics.IDEMPOTENCY_MISSING_KEYS.labels(face=face, mode=mode).inc()
             if mode != "optional":
                 raise IdempotencyKeyMissing(f"{HEADER} header is required on this endpoint")
-            self.idempotency = IdempotencyContext(principal_id=principal_id, key=None, record_id=None, fence=0, claimed_at=None)
+            self.idempotency = IdempotencyContext(principal_id=principal_id, key=None, record_id=None, fence=0)
             return handler(request, *args, **kwargs)
         if not idempotency_key_is_valid(raw_key):
             raise IdempotencyKeyInvalid(f"{HEADER} must be 1 to 255 printable ASCII characters")

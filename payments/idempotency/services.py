@@ -82,13 +82,12 @@ class IdempotentCall:
 @dataclass
 class IdempotencyContext:
     """Given to the executor. `mint` returns ids that stay the same across re-executions
-    of the same key (external retries, takeovers); `claimed_at` is the claim time."""
+    of the same key (external retries, takeovers)."""
 
     principal_id: str
     key: str | None
     record_id: int | None
     fence: int
-    claimed_at: datetime | None
     minted: dict[str, str] = field(default_factory=dict)
     takeover: bool = False
     # External effects: set by the executor when its final writes must commit with the
@@ -114,7 +113,6 @@ class Executed:
 class Outcome:
     response: StoredResponse
     replayed: bool
-    source: Literal["executed", "postgres", "redis"]
     original_request_id: str
     stored: bool
     value: Any = None  # the executor's value when executed now, else None
@@ -189,7 +187,7 @@ def _claim(*, call: IdempotentCall, effect: str, policy: IdempotencyPolicy, rema
         ],
     )
     if row is not None:
-        return IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=int(row[0]), fence=1, claimed_at=row[1])
+        return IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=int(row[0]), fence=1)
     snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
     if snapshot is None:
         raise _Again()
@@ -197,11 +195,8 @@ def _claim(*, call: IdempotentCall, effect: str, policy: IdempotencyPolicy, rema
 
 
 def _taken_over(*, principal_id: str, key: str, record_id: int, row: Any) -> IdempotencyContext:
-    """The context of a takeover from its RETURNING fence, created, minted."""
-    return IdempotencyContext(
-        principal_id=principal_id, key=key, record_id=record_id, fence=int(row[0]), claimed_at=row[1],
-        minted=str_dict_of(row[2]), takeover=True,
-    )
+    """The context of a takeover from its RETURNING fence, minted."""
+    return IdempotencyContext(principal_id=principal_id, key=key, record_id=record_id, fence=int(row[0]), minted=str_dict_of(row[1]), takeover=True)
 
 
 def _takeover(
@@ -244,7 +239,7 @@ def _store_completed(*, ctx: IdempotencyContext, call: IdempotentCall, response:
 
 def _executed_outcome(*, call: IdempotentCall, executed: Executed, stored: bool) -> Outcome:
     return Outcome(
-        response=executed.response, replayed=False, source="executed", original_request_id=call.request_id, stored=stored, value=executed.value
+        response=executed.response, replayed=False, original_request_id=call.request_id, stored=stored, value=executed.value
     )
 
 
@@ -252,7 +247,7 @@ def _replay_outcome(*, snapshot: RecordSnapshot, policy: IdempotencyPolicy) -> O
     assert snapshot.response_status is not None and snapshot.response_body is not None
     response = StoredResponse(status=snapshot.response_status, headers=snapshot.response_headers, body=snapshot.response_body)
     return Outcome(
-        response=response, replayed=True, source="postgres", original_request_id=snapshot.request_id, stored=True,
+        response=response, replayed=True, original_request_id=snapshot.request_id, stored=True,
         replay_until=snapshot.replay_until(policy),
     )
 
@@ -268,7 +263,7 @@ def _cached_replay(call: IdempotentCall, prefetched: ReplayPrefetch | None = Non
         raise _reused()
     metrics.IDEMPOTENCY_REPLAYS.labels(source="redis").inc()
     response = StoredResponse(status=cached.status, headers=cached.headers, body=cached.body)
-    return Outcome(response=response, replayed=True, source="redis", original_request_id=cached.request_id, stored=True)
+    return Outcome(response=response, replayed=True, original_request_id=cached.request_id, stored=True)
 
 
 def _reused() -> IdempotencyKeyReused:
@@ -478,7 +473,6 @@ class Claim:
     """A committed in-flight claim: the holder must finish with the same fence."""
 
     context: IdempotencyContext
-    lease_seconds: int
 
 
 @dataclass(frozen=True)
@@ -517,7 +511,7 @@ def idempotency_claim(
         if on_claim is not None:
             on_claim(claimed)
         _in_flight(claimed.record_id or 0, claimed.fence).update(minted=claimed.minted)
-        return Claim(context=claimed, lease_seconds=policy.lease_seconds)
+        return Claim(context=claimed)
 
     try:
         for _ in range(MAX_ROUNDS):
@@ -549,7 +543,7 @@ def idempotency_complete(
     """Fenced completion: store `response`, then run `effect()` (the holder's own final
     writes), in one transaction, only if our fence is still current. False if it moved
     (our lease was taken over): a stale writer changes nothing. Locks: the record row."""
-    context = ctx or IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=record_id, fence=fence, claimed_at=None)
+    context = ctx or IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=record_id, fence=fence)
     if ctx is None:
         existing = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
         if existing is not None and existing.id == record_id:
@@ -625,7 +619,7 @@ def idempotency_lease_takeover(
         with connection.cursor() as cursor:
             cursor.execute(LEASE_TAKEOVER_SQL, [lease_seconds, principal_id, key, include_failed])
             row = cursor.fetchone()
-        return None if row is None else _taken_over(principal_id=principal_id, key=key, record_id=int(row[3]), row=row)
+        return None if row is None else _taken_over(principal_id=principal_id, key=key, record_id=int(row[2]), row=row)
 
     ctx = run_atomic(write, operation="idempotency.takeover")
     if ctx is not None:

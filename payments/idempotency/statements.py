@@ -17,7 +17,7 @@ SELECT %s, %s, %s, %s, %s, 'in_flight', 1, clock_timestamp() + make_interval(sec
        %s, %s, %s, '{}'::jsonb, clock_timestamp(), clock_timestamp()
 FROM cfg
 ON CONFLICT (principal_id, "key") DO NOTHING
-RETURNING id, created
+RETURNING id
 """)
 
 COMPLETE_SQL = prepared_statement_register("""
@@ -40,7 +40,7 @@ UPDATE idempotency_record SET
     minted = CASE WHEN %s THEN '{}'::jsonb ELSE minted END,
     updated = clock_timestamp()
 WHERE id = %s AND fence = %s AND state = %s
-RETURNING fence, created, minted
+RETURNING fence, minted
 """
 
 # A recovery's takeover of an expired lease (or, with the flag, of a failed_retryable record).
@@ -50,7 +50,7 @@ UPDATE idempotency_record SET
     lease_expires_at = clock_timestamp() + make_interval(secs => %s::double precision), updated = clock_timestamp()
 WHERE principal_id = %s AND "key" = %s
   AND ((state = 'in_flight' AND lease_expires_at <= clock_timestamp()) OR (%s AND state = 'failed_retryable'))
-RETURNING fence, created, minted, id
+RETURNING fence, minted, id
 """
 
 # Left by a failed execution; the short lock_timeout keeps it from waiting on a live claim.
