@@ -121,10 +121,7 @@ _DRF_CODES: dict[type[drf.APIException], tuple[str, str]] = {
     drf.NotAcceptable: ("invalid_request_error", "not_acceptable"),
     drf.UnsupportedMediaType: ("invalid_request_error", "unsupported_media_type"),
     drf.Throttled: ("rate_limit_error", "rate_limited"),
-    PayloadTooLarge: ("invalid_request_error", "request_too_large"),
-    LengthRequired: ("invalid_request_error", "length_required"),
-    BodyIncomplete: ("invalid_request_error", "request_body_incomplete"),
-}
+}  # any other: ("invalid_request_error", its default_code)
 
 
 def _describe(exc: BaseException) -> tuple[int, str, str, str, str | None, dict[str, str]]:

@@ -1,11 +1,7 @@
-"""Cursor pagination: `{object: "list", data, next_cursor}`, newest first.
-
-The cursor is a position after the last row's (created, id): stable under inserts
-(new rows land before the first page, never inside a later one) and O(limit) per page
-at any depth, unlike offsets. It is written `<created, microseconds since 1970>.<id>` and
-clients treat it as opaque; every string of that form is a position, so the schema's
-pattern is the whole rule: anything else is 400 `cursor_invalid`.
-"""
+"""Cursor pagination: `{object: "list", data, next_cursor}`, newest first. The cursor,
+`<created, microseconds since 1970>.<id>`, is a position after the last row: stable under
+inserts and O(limit) at any depth. Every string of that form is a position, so the schema's
+pattern is the whole rule: anything else is 400 `cursor_invalid`."""
 
 from __future__ import annotations
 

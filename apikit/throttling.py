@@ -1,12 +1,9 @@
-"""Per-key and per-tenant rate limits, counted in Redis (SPEC 5: 429 with Retry-After).
-
-Fixed windows, one INCR + EXPIRE per scope, all in one Redis script call per request; that
-call also carries the replay-cache GET of a keyed internal-effect POST and the GET of the
-tenant's API key epoch for a key from the per-process cache, so neither costs a round trip
-of its own. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], overridden per tenant
-in `Tenant.extra_settings["throttle_rates"]`. Redis down: fail open (a rate limit protects
-capacity, not money) and stop trying for a few seconds.
-"""
+"""Per-key and per-tenant rate limits in Redis (SPEC 5: 429 with Retry-After): fixed
+windows, all counted in one Redis script call per request, which also carries the replay
+cache's GET of a keyed POST and the GET of the key epoch for a key from the per-process
+cache. Rates: REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], or per tenant
+`Tenant.extra_settings["throttle_rates"]`. Redis down: fail open for a few seconds (a rate
+limit protects capacity, not money)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The HTTP request metrics and the /metrics exposition. Each app declares the metrics it
-emits in its own `metrics` module (wallets, payments.idempotency, webhooks); they register on import.
-
-Under gunicorn set PROMETHEUS_MULTIPROC_DIR so each worker writes its samples to
-files that /metrics aggregates (prometheus-client multiprocess mode).
-"""
+"""The HTTP request metrics and the /metrics exposition; under gunicorn, PROMETHEUS_MULTIPROC_DIR
+lets /metrics aggregate every worker's samples (prometheus-client multiprocess mode)."""
 
 from __future__ import annotations
 

@@ -54,21 +54,13 @@ def request_id_of(request: Any) -> str:
 class IdempotencyMixin(APIView):
     """Makes every POST of the view idempotent (SPEC 6). Put it before APIView.
 
-    The view supplies ``face`` (picks the tenant's mode: ``mandatory`` -> 400
-    ``idempotency_key_missing`` without a key, ``optional`` -> run unprotected and counted)
-    and a ``Principal`` as ``request.user`` (its ``.id`` scopes the key). Optionally:
-    ``idempotency_effect = "external"`` with ``idempotency_mint``, ``idempotency_lease_seconds``
-    and the ``idempotency_on_claim``/``idempotency_on_release`` hooks; and
-    ``idempotency_response_contains_secret = True`` on views that answer a secret shown
-    once, so the stored body is sealed (sealing.py).
-
-    ``post()`` does its work and returns a Response or raises; ``self.idempotency`` is the
-    context (``.key`` None when unkeyed; ``.mint(name, prefix)``). Internal effects run
-    ``post()`` inside the claim's transaction, possibly more than once (conflicts are
-    retried whole), so it must touch nothing outside the database; an answer >= 400 rolls
-    its writes back, and a 402 is then stored alone. Exceptions become responses through
-    ``self.handle_exception`` (apikit/errors.py). Storage and replay by status: see
-    `payments.idempotency.services`.
+    The view sets ``face`` (the tenant's mode for it: a key mandatory or optional) and has a
+    ``Principal`` as ``request.user``; optionally ``idempotency_effect = "external"`` with the
+    mint, lease and claim/release hooks below, and ``idempotency_response_contains_secret``
+    (the stored body is sealed). ``post()`` sees the context as ``self.idempotency``. An
+    internal effect's ``post()`` runs in the claim's transaction, perhaps more than once
+    (conflicts are retried whole), so it touches nothing outside the database; an answer
+    >= 400 rolls its writes back (a 402 is then stored alone).
     """
 
     face: ClassVar[str]

@@ -58,10 +58,6 @@ class RecordSnapshot:
     def lease_expired(self) -> bool:
         return self.state == RecordState.IN_FLIGHT and self.lease_expires_at is not None and self.lease_expires_at <= self.now
 
-    def replay_until(self, policy: IdempotencyPolicy) -> datetime:
-        return self.created + timedelta(seconds=policy.replay_window_seconds)
-
-
 def str_dict_of(value: Any) -> dict[str, str]:
     """A jsonb object read by a raw cursor (Django's psycopg loader leaves jsonb as text)."""
     if isinstance(value, str | bytes):
@@ -107,11 +103,8 @@ def idempotency_record_get(*, principal_id: str, key: str) -> IdempotencyRecord 
 
 
 def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
-    """The policy of `tenant`, else of the tenant whose schema the connection is in.
-
-    Inside a task or `schema_context` the connection's tenant is a stand-in without the
-    settings columns, so the row is read from the public table then.
-    """
+    """The policy of `tenant`, else of the connection's; in a task or `schema_context` that
+    is a stand-in without the settings columns, so the row is read from the public table."""
     candidate = tenant if tenant is not None else getattr(connection, "tenant", None)
     if candidate is None or not hasattr(candidate, "idempotency_wait_ms"):
         from tenants.models import Tenant

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any, Literal, TypeVar
 
@@ -248,7 +248,7 @@ def _replay_outcome(*, snapshot: RecordSnapshot, policy: IdempotencyPolicy) -> O
     response = StoredResponse(status=snapshot.response_status, headers=snapshot.response_headers, body=snapshot.response_body)
     return Outcome(
         response=response, replayed=True, original_request_id=snapshot.request_id, stored=True,
-        replay_until=snapshot.replay_until(policy),
+        replay_until=snapshot.created + timedelta(seconds=policy.replay_window_seconds),
     )
 
 
@@ -760,31 +760,28 @@ def idempotency_run(
 # --- Retention ----------------------------------------------------------------------------
 
 PURGE_BATCH = 1000
+PURGE_MAX_BATCHES = 1000
 
 
-def idempotency_records_purge(*, policy: IdempotencyPolicy, batch_size: int = PURGE_BATCH, max_batches: int = 1000) -> int:
-    """Delete records past both windows in short batches (SKIP LOCKED: live traffic is never
-    blocked); in-flight records belong to the orphan recovery. Returns how many went."""
+def idempotency_maintenance_run(*, batch_size: int = PURGE_BATCH) -> int:
+    """One tenant's housekeeping: delete records past both windows in short batches (SKIP
+    LOCKED: live traffic is never blocked; in-flight records belong to the orphan recovery),
+    then publish how many in-flight records are past their lease. Returns the number
+    purged. Locks: each purge batch's rows."""
+    policy = idempotency_policy_get()
     horizon = policy.replay_window_seconds + policy.tombstone_window_seconds
-    total = 0
+    purged = 0
 
     def batch() -> int:
         with connection.cursor() as cursor:
             cursor.execute(PURGE_SQL, [horizon, batch_size])
             return int(cursor.rowcount)
 
-    for _ in range(max_batches):
+    for _ in range(PURGE_MAX_BATCHES):
         deleted = run_atomic(batch, operation="idempotency.purge")
-        total += deleted
+        purged += deleted
         if deleted < batch_size:
             break
-    return total
-
-
-def idempotency_maintenance_run(*, batch_size: int = PURGE_BATCH) -> int:
-    """One tenant's housekeeping: purge, then publish how many in-flight records are past
-    their lease. Returns the number purged. Locks: each purge batch's rows (SKIP LOCKED)."""
-    purged = idempotency_records_purge(policy=idempotency_policy_get(), batch_size=batch_size)
     schema_name = str(getattr(connection, "schema_name", "public"))
     metrics.IDEMPOTENCY_STUCK_INFLIGHT.labels(tenant=schema_name).set(idempotency_stuck_count())
     return purged
