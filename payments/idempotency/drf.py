@@ -150,7 +150,13 @@ class IdempotencyMixin(APIView):
 
         def execute(ctx: IdempotencyContext) -> Executed:
             self.idempotency = ctx
-            return self._executed(self._run_handler(handler, request, args, kwargs), seal=self.idempotency_response_contains_secret)
+            try:
+                response = handler(request, *args, **kwargs)
+            except DatabaseError:
+                raise  # conflicts are retried whole by the layer; connection loss answers 503
+            except Exception as exc:  # noqa: BLE001 - every failure of the view becomes its response
+                response = self.handle_exception(exc)
+            return self._executed(response, seal=self.idempotency_response_contains_secret)
 
         if self.idempotency_effect == "external":
             outcome = idempotency_execute_external(
@@ -167,16 +173,6 @@ class IdempotencyMixin(APIView):
             assert isinstance(value, HttpResponseBase)
             return value
         return _replay_response(outcome, call)
-
-    def _run_handler(
-        self, handler: Callable[..., HttpResponseBase], request: Request, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> HttpResponseBase:
-        try:
-            return handler(request, *args, **kwargs)
-        except DatabaseError:
-            raise  # conflicts are retried whole by the layer; connection loss answers 503
-        except Exception as exc:  # noqa: BLE001 - every failure of the view becomes its response
-            return self.handle_exception(exc)
 
     @staticmethod
     def _raw_body(request: Request) -> bytes:
