@@ -25,10 +25,8 @@ MAX_KEY_LENGTH = 128
 
 
 class ApiKeyAuthentication(BaseAuthentication):
-    """A key from the per-process cache (wallets.keycache) is returned unconfirmed: the
-    view must call `api_key_cache_confirm` before anything acts on the principal (the
-    faces do, right after the throttles, whose Redis call reads the tenant's key epoch).
-    Views that do not declare `api_key_cache_confirmed = True` never get cache hits."""
+    """A key from the per-process cache (wallets.keycache) comes unconfirmed: only views that
+    declare `api_key_cache_confirmed` get one, and they call `api_key_cache_confirm` first."""
 
     keyword = "Bearer"
 

@@ -1,15 +1,11 @@
 """Run the Procfile's processes for `make run` under supervisord (Supervisor, from PyPI): a
-process that exits is started again, and the others keep serving.
+process that exits is started again (after 1 s, 2 s, 3 s, ... when it keeps failing within
+`startsecs`), each in its own process group, so a stop reaches what it forked too.
 
-A process that exits within `startsecs` of a start counts as a failed start and is tried
-again after 1 s, 2 s, 3 s, ... up to `startretries` times; each runs in a process group of
-its own, so a stop reaches what it forked too (SIGTERM, then SIGKILL after `stopwaitsecs`).
-
-This module stays in front of supervisord because supervisord takes SIGHUP, which a closed
-terminal sends, as "reload": every stop signal here becomes one SIGTERM to supervisord, and
-a second signal a second or more later kills the processes at once. As with honcho, `PORT`
-goes up by 100 per process type (`web` gets it unchanged), and the run exits 128 + the
-signal's number, as a shell reports it (130 for Ctrl-C).
+This module stays in front of supervisord, which takes SIGHUP (a closed terminal) as
+"reload": every stop signal becomes one SIGTERM to supervisord, and a second signal a second
+or more later kills the processes at once. As with honcho, `PORT` goes up by 100 per process
+type (`web` keeps it), and the run exits 128 + the signal's number (130 for Ctrl-C).
 """
 
 from __future__ import annotations
@@ -63,10 +59,8 @@ def _ini(value: str) -> str:
 
 def supervisord_conf(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], state_dir: Path, grace_seconds: float = GRACE_SECONDS,
                      start_seconds: int = START_SECONDS) -> str:
-    """supervisord's configuration for `entries`: one program each, run by /bin/sh as the
-    Procfile's line says; the stop signals go to its whole process group. A line that is one
-    simple command is exec'd by the shell, so the program is the process supervisord watches
-    (and reports: "exited: worker (terminated by SIGKILL)")."""
+    """supervisord's configuration: one program per entry, run by /bin/sh (a simple command
+    is exec'd, so supervisord watches and reports the program itself), stopped as a group."""
     base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
     sections = [
         "[supervisord]\nnodaemon=true\nlogfile=/dev/null\nlogfile_maxbytes=0\nloglevel=info\n"

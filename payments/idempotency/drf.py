@@ -74,10 +74,8 @@ class IdempotencyMixin(APIView):
         super().initial(request, *args, **kwargs)
         handler = getattr(self, "post", None)
         if request.method == "POST" and handler is not None:
-            # DRF's dispatch looks the handler up by name after initial(): an instance
-            # attribute wraps this one request's post() without any per-view code. On a
-            # viewset, `post` is the action the router maps to POST on that route (create,
-            # update or an @action), bound by ViewSetMixin.as_view before dispatch.
+            # DRF's dispatch looks the handler up by name after initial(), so an instance
+            # attribute wraps this request's post() (on a viewset, the action bound to POST).
             setattr(self, "post", functools.partial(self._idempotent_post, handler))  # noqa: B010
 
     def idempotency_on_claim(self, ctx: IdempotencyContext) -> None:

@@ -90,9 +90,8 @@ class IdempotencyContext:
     fence: int
     minted: dict[str, str] = field(default_factory=dict)
     takeover: bool = False
-    # External effects: set by the executor when its final writes must commit with the
-    # stored response; the engine then calls it inside the fenced completion
-    # (`idempotency_complete_produced`) and stores the response it returns.
+    # External effects: the executor's final writes, run in the fenced completion that
+    # stores the response it returns (`idempotency_complete_produced`).
     complete_with: Callable[[], Executed] | None = None
 
     def mint(self, name: str, prefix: str) -> str:
@@ -540,25 +539,21 @@ def idempotency_complete(
     effect: Callable[[], None] | None = None,
     ctx: IdempotencyContext | None = None,
 ) -> bool:
-    """Fenced completion: store `response`, then run `effect()` (the holder's own final
-    writes), in one transaction, only if our fence is still current. False if it moved
-    (our lease was taken over): a stale writer changes nothing. Locks: the record row."""
+    """Fenced completion: run `effect()` (the holder's own final writes) and store `response`
+    in one transaction, only if our fence is still current. False if it moved (our lease
+    was taken over): a stale writer changes nothing. Locks: the record row."""
     context = ctx or IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=record_id, fence=fence)
     if ctx is None:
         existing = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
         if existing is not None and existing.id == record_id:
             context.minted = dict(existing.minted)
 
-    def write() -> None:
-        _store_completed(ctx=context, call=call, response=response)
+    def produce() -> Executed:
         if effect is not None:
             effect()
+        return Executed(response=response)
 
-    try:
-        run_atomic(write, operation="idempotency.complete")
-    except StaleFence:
-        return False
-    return True
+    return idempotency_complete_produced(ctx=context, call=call, produce=produce) is not None
 
 
 def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCall, produce: Callable[[], Executed]) -> Executed | None:
