@@ -17,6 +17,7 @@ from config import metrics
 request_logger = logging.getLogger("tally.request")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 client_request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("client_request_id", default="-")
+FACES = {"customer", "terminal", "merchant", "admin"}
 _INCOMING_ID = re.compile(r"^[A-Za-z0-9_\-]{8,64}$")
 
 
@@ -73,9 +74,7 @@ class MetricsMiddleware:
         started = time.perf_counter()
         response = self.get_response(request)
         parts = request.path.split("/")
-        face = parts[2] if len(parts) > 2 and parts[1] == "v1" else "other"
-        if face not in {"customer", "terminal", "merchant", "admin"}:
-            face = "other"
+        face = parts[2] if len(parts) > 2 and parts[1] == "v1" and parts[2] in FACES else "other"
         elapsed = time.perf_counter() - started
         metrics.REQUESTS.labels(face=face, method=request.method, status=str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(face=face).observe(elapsed)

@@ -13,8 +13,6 @@ from django.db.models.functions import Now
 
 from payments.idempotency.models import IdempotencyRecord, RecordState
 
-DEFAULT_LEASE_SECONDS = 60
-
 
 @dataclass(frozen=True)
 class IdempotencyPolicy:
@@ -23,7 +21,7 @@ class IdempotencyPolicy:
     wait_ms: int = 5000
     replay_window_seconds: int = 24 * 3600
     tombstone_window_seconds: int = 24 * 3600
-    lease_seconds: int = DEFAULT_LEASE_SECONDS
+    lease_seconds: int = 60
 
 
 @dataclass(frozen=True)

@@ -295,11 +295,9 @@ def _retry_after(snapshot: RecordSnapshot | None) -> int:
     return max(1, int((snapshot.lease_expires_at - snapshot.now).total_seconds() + 0.999))
 
 
-def _fail_closed(exc: BaseException) -> Unavailable:
+def _fail_closed() -> Unavailable:
     wallet_metrics.FAIL_CLOSED.labels(store="postgres").inc()
-    error = Unavailable("idempotency store unavailable: retry later")
-    error.__cause__ = exc
-    return error
+    return Unavailable("idempotency store unavailable: retry later")
 
 
 def _in_a_transaction(fn: Callable[[], T], *, operation: str) -> T:
@@ -401,7 +399,7 @@ def idempotency_execute(
         raise
     except DatabaseError as exc:
         if is_connection_failure(exc):
-            raise _fail_closed(exc) from exc
+            raise _fail_closed() from exc
         _record_failed(call=call)
         raise
     except Exception:
@@ -441,7 +439,7 @@ def _in_use_or_replay(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Out
         snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
     except DatabaseError as exc:
         if is_connection_failure(exc):
-            raise _fail_closed(exc) from exc
+            raise _fail_closed() from exc
         raise
     if snapshot is not None and _check_existing(call=call, snapshot=snapshot, policy=policy) == "replay":
         metrics.IDEMPOTENCY_REPLAYS.labels(source="postgres").inc()
@@ -526,7 +524,7 @@ def idempotency_claim(
         return Busy(retry_after=1)
     except DatabaseError as exc:
         if is_connection_failure(exc):
-            raise _fail_closed(exc) from exc
+            raise _fail_closed() from exc
         raise
 
 
