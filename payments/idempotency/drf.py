@@ -33,7 +33,6 @@ from payments.idempotency.services import (
     idempotency_execute_external,
 )
 from wallets import ids
-from wallets import metrics as wallet_metrics
 from wallets.errors import Unavailable
 from wallets.transactions import is_connection_failure
 
@@ -115,8 +114,7 @@ class IdempotencyMixin(APIView):
         except DatabaseError as exc:
             if not is_connection_failure(exc):
                 raise
-            wallet_metrics.FAIL_CLOSED.labels(store="postgres").inc()
-            return self.handle_exception(Unavailable("database unavailable: retry later"))
+            return self.handle_exception(exc)  # 503, fail closed (apikit/errors.py)
 
     def _idempotency_dispatch(
         self, handler: Callable[..., HttpResponseBase], request: Request, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -187,9 +185,5 @@ def _storable_headers(response: HttpResponseBase) -> dict[str, str]:
 
 def _replay_response(outcome: Outcome, call: IdempotentCall) -> HttpResponse:
     body = response_body_unseal(stored=outcome.response.body, principal_id=call.principal_id, key=call.key)
-    response = HttpResponse(content=body, status=outcome.response.status)
-    for name, value in outcome.response.headers.items():
-        response[name] = value
-    response["Idempotent-Replayed"] = "true"
-    response["Original-Request"] = outcome.original_request_id
-    return response
+    headers = {**outcome.response.headers, "Idempotent-Replayed": "true", "Original-Request": outcome.original_request_id}
+    return HttpResponse(content=body, status=outcome.response.status, headers=headers)

@@ -237,9 +237,7 @@ def _store_completed(*, ctx: IdempotencyContext, call: IdempotentCall, response:
 
 
 def _executed_outcome(*, call: IdempotentCall, executed: Executed, stored: bool) -> Outcome:
-    return Outcome(
-        response=executed.response, replayed=False, original_request_id=call.request_id, stored=stored, value=executed.value
-    )
+    return Outcome(response=executed.response, replayed=False, original_request_id=call.request_id, stored=stored, value=executed.value)
 
 
 def _replay_outcome(*, snapshot: RecordSnapshot, policy: IdempotencyPolicy) -> Outcome:
