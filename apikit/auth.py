@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
@@ -37,8 +37,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         scheme, _, raw_key = header.partition(" ")
         raw_key = raw_key.strip()
         if scheme.lower() != "bearer" or not raw_key or len(raw_key) > MAX_KEY_LENGTH or not raw_key.isascii():
-            self._failed(request, raw_key)
-            raise exceptions.AuthenticationFailed("invalid API key")
+            _refuse(request, raw_key, "invalid API key")
         view = (request.parser_context or {}).get("view")
         hit = api_key_cache_get(raw_key=raw_key) if getattr(view, "api_key_cache_confirmed", False) else None
         if hit is not None:
@@ -46,21 +45,21 @@ class ApiKeyAuthentication(BaseAuthentication):
             return principal_from_api_key(hit.api_key), hit.api_key
         api_key = api_key_cache_fill(raw_key=raw_key)
         if api_key is None:
-            self._failed(request, raw_key)
-            raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
+            _refuse(request, raw_key, "invalid, revoked or expired API key")
         api_key_last_used_touch(api_key=api_key)
         return principal_from_api_key(api_key), api_key
-
-    @staticmethod
-    def _failed(request: Request, raw_key: str) -> None:
-        """Throttle failed authentication per IP and key prefix: 429 once over the limit."""
-        wait = auth_failure_wait_seconds(request, key_prefix=raw_key[:7] if raw_key.isascii() else "?")
-        if wait is not None:
-            raise exceptions.Throttled(wait=wait)
 
     def authenticate_header(self, request: Request) -> str:
         # A value here makes DRF answer 401 (not 403) to a missing or bad key.
         return 'Bearer realm="tally"'
+
+
+def _refuse(request: Request, raw_key: str, message: str) -> NoReturn:
+    """401, or 429 once failed authentications from this IP or with this key prefix are over their limit."""
+    wait = auth_failure_wait_seconds(request, key_prefix=raw_key[:7] if raw_key.isascii() else "?")
+    if wait is not None:
+        raise exceptions.Throttled(wait=wait)
+    raise exceptions.AuthenticationFailed(message)
 
 
 def api_key_cache_confirm(request: Request, *, epoch_now: bytes | None) -> None:
@@ -74,9 +73,7 @@ def api_key_cache_confirm(request: Request, *, epoch_now: bytes | None) -> None:
     api_key = api_key_cache_keys_confirm(hit=hit, epoch_now=epoch_now)
     if api_key is None:
         request.user, request.auth = None, None  # type: ignore[assignment]
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        ApiKeyAuthentication._failed(request, header.partition(" ")[2].strip())
-        raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
+        _refuse(request, request.META.get("HTTP_AUTHORIZATION", "").partition(" ")[2].strip(), "invalid, revoked or expired API key")
     if api_key is not hit.api_key:
         request.user, request.auth = principal_from_api_key(api_key), api_key  # type: ignore[assignment]
     api_key_last_used_touch(api_key=api_key)

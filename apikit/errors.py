@@ -48,9 +48,7 @@ class BodyIncomplete(drf.APIException):
 
 
 def _request_id(request: Any) -> str:
-    rid = getattr(request, "request_id", None)
-    if rid is None and request is not None:
-        rid = getattr(getattr(request, "_request", None), "request_id", None)
+    rid = getattr(request, "request_id", None) or getattr(getattr(request, "_request", None), "request_id", None)
     return str(rid or "-")
 
 

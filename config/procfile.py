@@ -135,24 +135,14 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
 
 
 def _kill_children_of(parent: int) -> None:
-    """SIGKILL to the process group of each process supervisord started."""
-    for pid in _children(parent):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _children(parent: int) -> list[int]:
-    children = []
+    """SIGKILL to the process group of each process supervisord started (its children in /proc)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(") ", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
+                parent_pid = int(stat.read().rsplit(") ", 1)[1].split()[1])
+            if parent_pid == parent:
+                os.killpg(int(entry), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
-        if int(fields[1]) == parent:
-            children.append(int(entry))
-    return children
