@@ -97,10 +97,9 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
         super().initial(request, *args, **kwargs)
 
     def check_throttles(self, request: Request) -> None:
-        # After authentication and the face gate, before the idempotency layer: a key from
-        # the cache is confirmed here against the key epoch the throttles' Redis call read
-        # (PostgreSQL decides when Redis is down). In `finally`: a dead key is told 401
-        # even when a limit refused it.
+        # Before the idempotency layer, a key from the cache is confirmed against the key
+        # epoch the throttles read (PostgreSQL decides when Redis is down); in `finally`, so
+        # a dead key is told 401 even when a limit refused it.
         try:
             super().check_throttles(request)
         finally:

@@ -50,9 +50,8 @@ def _rate_for(request: Request, scope: str) -> tuple[int, int] | None:
 
 
 class KeyAndTenantThrottle(BaseThrottle):
-    """Both limits, per API key and per tenant, counted in ONE Redis script call (one round
-    trip per request). A request refused by either limit is refused; Retry-After is the
-    longer wait."""
+    """Both limits, per API key and per tenant, in ONE Redis script call; a request over
+    either is refused, and Retry-After is the longer wait."""
 
     def __init__(self) -> None:
         self._wait: float | None = None
@@ -111,10 +110,8 @@ def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str]
     return None if redis_key is None else (principal.id, raw_key, redis_key)
 
 
-# KEYS: the window counters, then the keys to read. ARGV: how many counters, then each
-# counter's TTL (s). INCR each counter (its TTL set when it has none) and GET each key to
-# read, in one command: a pipeline of the same commands cost the request's Python a
-# command object, packing and a reply callback per command.
+# KEYS: the window counters, then the keys to GET; ARGV: how many counters, then their TTLs.
+# One script, not a pipeline: that cost a command object, packing and a callback per command.
 _WINDOWS_COUNT_LUA = b"""
 local counters = tonumber(ARGV[1])
 local out = {}
@@ -134,9 +131,8 @@ _WINDOWS_COUNT = Script(None, _WINDOWS_COUNT_LUA)  # type: ignore[arg-type]
 def _windows_count(
     windows: list[tuple[str, int]], *, now_seconds: float, get_keys: list[str] | None = None
 ) -> tuple[list[int], list[bytes | None]] | None:
-    """INCR each (key, period) window counter in ONE round trip and return the counts (and,
-    in the same round trip, the values at `get_keys`, in order); None when Redis is down
-    (fail open, and stop trying for a few seconds)."""
+    """The counts of the (key, period) windows, INCR'd, and the values at `get_keys`, in ONE
+    round trip; None when Redis is down (fail open, and stop trying for a few seconds)."""
     global _redis_down_until
     get_keys = get_keys or []
     try:
@@ -174,10 +170,9 @@ def client_address(request: Request) -> str:
 
 
 def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | None:
-    """Count a failed authentication per client IP and per presented key prefix (scope
-    "auth_failure", fixed windows, one Redis call); the seconds to wait when either is
-    over its rate, else None. Only failures pay for this round trip, and a flood of bad
-    keys stops reaching the database. Redis down: fails open, like the other limits."""
+    """Count a failed authentication per client IP and per key prefix (rate "auth_failure",
+    one Redis call only failures pay, so a flood of bad keys stops reaching the database);
+    the seconds to wait when either is over, else None. Redis down: fails open."""
     rate = parse_rate(api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure"))
     now = time.time()
     if rate is None or now < _redis_down_until:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.conf import settings
@@ -124,16 +124,7 @@ def replay_cache_set(*, principal_id: str, key: str, entry: CachedResponse) -> N
     ttl = min(MAX_TTL_SECONDS, int(entry.replay_until - time.time()))
     if ttl <= 0 or _breaker_open():
         return
-    value = {
-        "schema": _schema_name(),
-        "fingerprint": entry.fingerprint,
-        "status": entry.status,
-        "headers": entry.headers,
-        "body": entry.body,
-        "request_id": entry.request_id,
-        "replay_until": entry.replay_until,
-    }
     try:
-        cache.set(_cache_key(principal_id, key), value, ttl)
+        cache.set(_cache_key(principal_id, key), {"schema": _schema_name(), **asdict(entry)}, ttl)
     except Exception as exc:  # noqa: BLE001
         _breaker_trip(exc)

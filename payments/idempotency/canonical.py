@@ -89,13 +89,11 @@ def _canonical(value: Any, out: list[str]) -> None:
     elif isinstance(value, str):
         out.append(json.dumps(value, ensure_ascii=False))
     else:
-        raise TypeError(f"not a JSON value: {type(value).__name__}")
+        raise TypeError(f"not a JSON value: {type(value).__name__} (parse JSON numbers as Decimal, never float)")
 
 
 def canonical_json(value: Any) -> str:
     """Canonical text of an already-parsed JSON value (floats are refused: parse with Decimal)."""
-    if isinstance(value, float):
-        raise TypeError("floats are not canonical: parse JSON numbers as Decimal")
     out: list[str] = []
     _canonical(value, out)
     return "".join(out)

@@ -1,7 +1,6 @@
-"""The SQL of the idempotency records' writes. The claim and the completion, one each per
-keyed request, are sent as server-side prepared statements (fastpath.prepared), parsed and
-planned once per connection; the rest need what the ORM cannot say (RETURNING, ON CONFLICT
-with a lock_timeout, SKIP LOCKED) and run rarely."""
+"""The SQL of the idempotency records' writes that the ORM cannot say (RETURNING, ON
+CONFLICT, SKIP LOCKED). The claim and the completion, one each per keyed request, are
+server-side prepared statements (fastpath.prepared), planned once per connection."""
 
 from fastpath.prepared import prepared_statement_register
 
