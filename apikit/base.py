@@ -165,8 +165,7 @@ class MerchantViewSet(FaceViewSet):
 class AdminViewSet(FaceViewSet):
     face = "admin"
     permission_classes = [FacePermission, StaffRolePermission]
-    # action -> the Django permission its back-office twin needs ("app_label.codename");
-    # an action left out is refused to everyone (tests.api.test_staff_roles checks each).
+    # action -> the permission its back-office twin needs ("app_label.codename"); any other is refused.
     action_permissions: ClassVar[dict[str, str]] = {}
 
     @property

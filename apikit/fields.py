@@ -52,9 +52,8 @@ class AssetField(serializers.RegexField):
 
 
 class AssetFilterField(AssetField):
-    """An asset filter on a list: a code this tenant does not have is 400 `asset_unknown`,
-    as on a write, not an empty page (lists are not the hot path; writes look the asset up
-    in the ledger's own query)."""
+    """An asset filter on a list: a code this tenant lacks is 400 `asset_unknown`, as on a
+    write, not an empty page (writes, the hot path, look the asset up in the ledger's query)."""
 
     def run_validation(self, data: Any = serializers.empty) -> Any:
         code = super().run_validation(data)  # the code's pattern first: it may hold any byte

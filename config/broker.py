@@ -1,14 +1,13 @@
 """A kombu Redis channel whose connection is already torn down raises a connection error
 instead of an AttributeError that kills the worker.
 
-A Redis outage while tasks are delivered but not acknowledged (acks_late) made the consumer
-close a channel after `connection.collect()` had set `transport.client = None`; restoring
-its unacknowledged messages then asked for a pool built from `connection.client.hostname`,
-and the AttributeError escaped the close path, which ignores only connection errors
-(celery 5.7.0, kombu 5.7.0, redis-py 8.1.0; same symptom: celery/kombu#582). As a
-redis-py ConnectionError it is ignored there and the consumer reconnects; messages it could
-not restore are delivered again after the visibility timeout, and every Tally task is safe
-to run twice (docs/RELIABILITY.md).
+On a Redis outage with tasks delivered but not acknowledged (acks_late), the consumer's
+close of a channel after `connection.collect()` (which sets `transport.client = None`) built
+a pool from `connection.client.hostname`, and the AttributeError escaped the close path,
+which ignores only connection errors (celery 5.7.0, kombu 5.7.0, redis-py 8.1.0; same
+symptom: celery/kombu#582). As a ConnectionError it is ignored and the consumer reconnects;
+unrestored messages come again after the visibility timeout, and every task is safe to run
+twice (docs/RELIABILITY.md).
 """
 
 from __future__ import annotations

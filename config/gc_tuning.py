@@ -16,8 +16,7 @@ from django.urls import get_resolver
 
 
 def gc_freeze_after_load() -> int:
-    """Load every URL configuration, collect once, then freeze what is left alive;
-    returns how many objects were frozen."""
+    """Load every URL configuration (and the views behind it), collect once, freeze; returns how many objects were frozen."""
     for urlconf in {settings.ROOT_URLCONF, getattr(settings, "PUBLIC_SCHEMA_URLCONF", None)}:
         if urlconf:
             get_resolver(urlconf).url_patterns  # noqa: B018 - imports the views behind it

@@ -53,8 +53,7 @@ class EnvelopeSyncWorker(SyncWorker):  # type: ignore[misc]  # gunicorn is untyp
     """gunicorn's sync worker, answering its own errors in the envelope."""
 
     def init_process(self) -> None:
-        # `Worker.handle_error` calls `util.write_error` by module attribute; this process
-        # only ever runs this worker, so the replacement stays within it.
+        # `Worker.handle_error` calls `util.write_error` by module attribute; this process runs only this worker.
         util.write_error = _write_envelope_error
         super().init_process()
 

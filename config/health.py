@@ -70,10 +70,9 @@ class HealthMiddleware:
 
 
 def metrics_allowed(request: HttpRequest) -> bool:
-    """/metrics carries platform-wide counters and every tenant's schema name: to the bearer
-    token of TALLY_METRICS_TOKEN, or (outside production, TALLY_METRICS_ON_PLATFORM_HOST) on
-    the platform host. Every tenant shares the server, so anyone can send the platform's
-    Host header: in production only the token opens it. Elsewhere it does not exist (404)."""
+    """/metrics (platform-wide counters, every tenant's schema name) opens to the bearer token
+    TALLY_METRICS_TOKEN, or outside production (TALLY_METRICS_ON_PLATFORM_HOST) on the platform
+    host: anyone can send its Host header. Elsewhere it does not exist (404)."""
     token = getattr(settings, "TALLY_METRICS_TOKEN", "")
     header = request.META.get("HTTP_AUTHORIZATION", "")
     if token and hmac.compare_digest(header.encode(), f"Bearer {token}".encode()):

@@ -28,8 +28,7 @@ SECOND_SIGNAL_SECONDS = 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # A process that dies sooner than this after a start counts as a failed start (backoff).
 START_SECONDS = 5
-# Failed starts in a row before supervisor gives up on a process (its state FATAL): with the
-# backoff growing a second per try, about 80 minutes of a process that cannot start.
+# Failed starts in a row before supervisor gives up (FATAL): about 80 minutes of backoff.
 START_RETRIES = 100
 
 

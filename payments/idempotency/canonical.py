@@ -2,15 +2,14 @@
 
 Fingerprint: SHA-256 over ``("tally-idempotency-v1", METHOD, path, principal id, canonical
 body)``, each part UTF-8 and prefixed by its byte length (8 bytes, big-endian), so no part
-can bleed into the next. Canonical body: ``b""`` for an empty or whitespace-only body,
-``b"json:"`` + canonical JSON for a JSON document, else ``b"raw:"`` + the bytes.
-
-Canonical JSON: keys sorted by code point, no whitespace, strings as
-``json.dumps(ensure_ascii=False)`` writes them (no Unicode normalisation), duplicate keys
-keep the last value (as the view's parser does). Numbers by exact decimal value (``100``,
-``1e2`` and ``100.00`` are ``100``; ``-0`` is ``0``), never rounded: positional when it fits
-in 64 digits either side of the point, else ``<mantissa>e<exponent>``, so a hostile
-``1e999999999`` costs a few bytes. ``NaN``/``Infinity`` make the body ``raw:``.
+can bleed into the next. Canonical body: ``b""`` if empty or whitespace, ``b"json:"`` +
+canonical JSON for a JSON document, else ``b"raw:"`` + the bytes. Canonical JSON: keys
+sorted by code point, no whitespace, strings as ``json.dumps(ensure_ascii=False)`` writes
+them (no Unicode normalisation), duplicate keys keep the last value (as the view's parser
+does). Numbers by exact decimal value (``100``, ``1e2`` and ``100.00`` are ``100``; ``-0`` is
+``0``), never rounded: positional when it fits in 64 digits either side of the point, else
+``<mantissa>e<exponent>``, so a hostile ``1e999999999`` costs a few bytes. ``NaN`` and
+``Infinity`` make the body ``raw:``.
 """
 
 from __future__ import annotations

@@ -37,8 +37,7 @@ from wallets.errors import Unavailable
 from wallets.transactions import is_connection_failure
 
 HEADER = "Idempotency-Key"
-# Headers that belong to the transport or to this particular request, never to the
-# stored answer (each response gets its own Request-Id).
+# Headers of the transport or of this one request (each gets its own Request-Id), never stored.
 _UNSTORED_HEADERS = {
     "vary", "allow", "request-id", "set-cookie", "date", "content-length", "connection",
     "idempotent-replayed", "original-request", "retry-after",
@@ -134,9 +133,13 @@ class IdempotencyMixin(APIView):
         if not idempotency_key_is_valid(raw_key):
             raise IdempotencyKeyInvalid(f"{HEADER} must be 1 to 255 printable ASCII characters")
 
+        try:
+            body = bytes(request._request.body)
+        except RawPostDataException:  # a parser consumed the stream first: use what it parsed
+            body = json.dumps(request.data, default=str).encode("utf-8")
         call = IdempotentCall(
             principal_id=principal_id, key=raw_key, scope=face,
-            fingerprint=fingerprint_compute(method=str(request.method), path=request.path, principal_id=principal_id, body=self._raw_body(request)),
+            fingerprint=fingerprint_compute(method=str(request.method), path=request.path, principal_id=principal_id, body=body),
             request_id=request_id_of(request), method=str(request.method), path=request.path,
         )
         policy = idempotency_policy_get(tenant=tenant)
@@ -169,14 +172,6 @@ class IdempotencyMixin(APIView):
             assert isinstance(value, HttpResponseBase)
             return value
         return _replay_response(outcome, call)
-
-    @staticmethod
-    def _raw_body(request: Request) -> bytes:
-        try:
-            return bytes(request._request.body)
-        except RawPostDataException:
-            # A parser consumed the stream first: fall back to what it parsed.
-            return json.dumps(request.data, default=str).encode("utf-8")
 
 
 def _storable_headers(response: HttpResponseBase) -> dict[str, str]:

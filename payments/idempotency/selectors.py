@@ -120,10 +120,9 @@ def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
 def idempotency_orphans_list(
     *, limit: int = 100, after: tuple[datetime, int] | None = None, expired_by: datetime | None = None
 ) -> list[IdempotencyRecord]:
-    """In-flight records whose lease expired, for a recovery worker to take over: one page
-    in (lease_expires_at, id) order, after `after` (the previous page's last record's).
-    `expired_by`: only leases that had run out by then (a pass's start), so a record the
-    pass took over itself and whose new lease ran out meanwhile is not met again."""
+    """One page of in-flight records whose lease expired, in (lease_expires_at, id) order after
+    `after` (the previous page's last). `expired_by` (a pass's start): a record the pass took
+    over itself, whose new lease ran out meanwhile, is not met again."""
     records = IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=Now())
     if expired_by is not None:
         records = records.filter(lease_expires_at__lte=expired_by)

@@ -76,9 +76,7 @@ def staff_action_run(
         scope=f"admin:{label}:{action}", principal_id=principal_id, key=idempotency_key,
         payload={"target": str(target.pk), "data": data}, fn=run,
     )
-    sealed_value = result.value.get("secret_sealed")
-    secret_value = (
-        response_body_unseal(stored=base64.b64decode(sealed_value), principal_id=principal_id, key=idempotency_key).decode()
-        if sealed_value else None
-    )
-    return StaffActionResult(message=str(result.value["message"]), replayed=result.replayed, secret=secret_value)
+    secret = None
+    if sealed := result.value.get("secret_sealed"):
+        secret = response_body_unseal(stored=base64.b64decode(sealed), principal_id=principal_id, key=idempotency_key).decode()
+    return StaffActionResult(message=str(result.value["message"]), replayed=result.replayed, secret=secret)

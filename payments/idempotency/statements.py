@@ -4,9 +4,8 @@ server-side prepared statements (fastpath.prepared), planned once per connection
 
 from fastpath.prepared import prepared_statement_register
 
-# set_config in a MATERIALIZED CTE runs before the INSERT tries its row, so the wait on
-# a concurrent uncommitted claim of the same key is bounded by lock_timeout, in one
-# round trip.
+# set_config in a MATERIALIZED CTE runs before the INSERT tries its row: the wait on a
+# concurrent uncommitted claim of the key is bounded by lock_timeout, in one round trip.
 CLAIM_SQL = prepared_statement_register("""
 WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', %s, true) AS lock_timeout)
 INSERT INTO idempotency_record
