@@ -68,9 +68,8 @@ class ReplayPrefetch:
 
 
 def replay_cache_redis_key(*, principal_id: str, key: str) -> str | None:
-    """The Redis key of (principal, key)'s entry, for a caller that sends the GET itself and
-    decodes it with `replay_cache_entry_decode`; None with the breaker open, or when the
-    cache is not the Redis at settings.REDIS_URL."""
+    """The Redis key of (principal, key)'s entry, for a caller that GETs it itself (decode with
+    `replay_cache_entry_decode`); None with the breaker open or another Redis than REDIS_URL."""
     if _breaker_open() or settings.CACHES.get("default", {}).get("LOCATION") != getattr(settings, "REDIS_URL", None):
         return None
     return str(cache.make_and_validate_key(_cache_key(principal_id, key)))

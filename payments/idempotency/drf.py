@@ -88,10 +88,9 @@ class IdempotencyMixin(APIView):
         return self.idempotency_lease_seconds
 
     def idempotency_finish(self, produce: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-        """External effects: `produce()` does the final writes and returns the response, in
-        the transaction that checks our fence and stores it (`idempotency_complete_produced`),
-        so a holder whose lease was taken over writes nothing. Returns a placeholder: the
-        produced response is what the client gets."""
+        """External effects: `produce()` does the final writes and returns the response inside
+        the fenced completion, so a holder whose lease was taken over writes nothing. Returns
+        a placeholder: the produced response is what the client gets."""
         self.idempotency.complete_with = lambda: self._executed(produce(), seal=False)
         return HttpResponse(status=204)
 

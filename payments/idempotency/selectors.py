@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from payments.idempotency.models import IdempotencyRecord, RecordState
+from payments.idempotency.statements import SNAPSHOT_SQL
 
 
 @dataclass(frozen=True)
@@ -63,17 +64,10 @@ def str_dict_of(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in dict(value or {}).items()}
 
 
-_FETCH_SQL = """
-SELECT id, fingerprint, state, fence, request_id, response_status, response_headers, response_body,
-       created, completed_at, lease_expires_at, minted, now(), clock_timestamp()
-FROM idempotency_record WHERE principal_id = %s AND "key" = %s
-"""
-
-
 def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapshot | None:
     """The record for (principal, key) with the database clock, or None."""
     with connection.cursor() as cursor:
-        cursor.execute(_FETCH_SQL, [principal_id, key])
+        cursor.execute(SNAPSHOT_SQL, [principal_id, key])
         row = cursor.fetchone()
     if row is None:
         return None

@@ -269,9 +269,8 @@ def _reused() -> IdempotencyKeyReused:
 
 
 def _check_existing(*, call: IdempotentCall, snapshot: RecordSnapshot, policy: IdempotencyPolicy) -> str:
-    """What an existing record means for this call: "replay", "renew" (past both windows:
-    a new key), "retry" (failed_retryable: execute again) or "busy" (in flight); raises
-    the 410 and 422 answers."""
+    """What an existing record means for this call: "replay", "renew" (past both windows),
+    "retry" (failed_retryable) or "busy" (in flight); raises the 410 and 422 answers."""
     phase = snapshot.phase(policy)
     if snapshot.state != RecordState.IN_FLIGHT and phase == "expired":
         return "renew"

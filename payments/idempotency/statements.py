@@ -1,5 +1,5 @@
-"""The SQL of the idempotency records' writes that the ORM cannot say (RETURNING, ON
-CONFLICT, SKIP LOCKED). The claim and the completion, one each per keyed request, are
+"""The idempotency records' SQL that the ORM cannot say (RETURNING, ON CONFLICT, SKIP LOCKED,
+the database clock). The claim and the completion, one each per keyed request, are
 server-side prepared statements (fastpath.prepared), planned once per connection."""
 
 from fastpath.prepared import prepared_statement_register
@@ -67,4 +67,11 @@ DELETE FROM idempotency_record WHERE id IN (
     SELECT id FROM idempotency_record
     WHERE created < clock_timestamp() - make_interval(secs => %s::double precision) AND state <> 'in_flight'
     ORDER BY created LIMIT %s FOR UPDATE SKIP LOCKED)
+"""
+
+# A record with the database's clock: its transaction's start and now, for window decisions.
+SNAPSHOT_SQL = """
+SELECT id, fingerprint, state, fence, request_id, response_status, response_headers, response_body,
+       created, completed_at, lease_expires_at, minted, now(), clock_timestamp()
+FROM idempotency_record WHERE principal_id = %s AND "key" = %s
 """
