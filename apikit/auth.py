@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
@@ -25,10 +25,8 @@ MAX_KEY_LENGTH = 128
 
 
 class ApiKeyAuthentication(BaseAuthentication):
-    """A key from the per-process cache (wallets.keycache) is returned unconfirmed: the
-    view must call `api_key_cache_confirm` before anything acts on the principal (the
-    faces do, right after the throttles, whose Redis call reads the tenant's key epoch).
-    Views that do not declare `api_key_cache_confirmed = True` never get cache hits."""
+    """A key from the per-process cache (wallets.keycache) comes unconfirmed: only views that
+    declare `api_key_cache_confirmed` get one, and they call `api_key_cache_confirm` first."""
 
     keyword = "Bearer"
 
@@ -39,8 +37,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         scheme, _, raw_key = header.partition(" ")
         raw_key = raw_key.strip()
         if scheme.lower() != "bearer" or not raw_key or len(raw_key) > MAX_KEY_LENGTH or not raw_key.isascii():
-            self._failed(request, raw_key)
-            raise exceptions.AuthenticationFailed("invalid API key")
+            _refuse(request, raw_key, "invalid API key")
         view = (request.parser_context or {}).get("view")
         hit = api_key_cache_get(raw_key=raw_key) if getattr(view, "api_key_cache_confirmed", False) else None
         if hit is not None:
@@ -48,45 +45,35 @@ class ApiKeyAuthentication(BaseAuthentication):
             return principal_from_api_key(hit.api_key), hit.api_key
         api_key = api_key_cache_fill(raw_key=raw_key)
         if api_key is None:
-            self._failed(request, raw_key)
-            raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
+            _refuse(request, raw_key, "invalid, revoked or expired API key")
         api_key_last_used_touch(api_key=api_key)
         return principal_from_api_key(api_key), api_key
-
-    @staticmethod
-    def _failed(request: Request, raw_key: str) -> None:
-        """Throttle failed authentication per IP and key prefix: 429 once over the limit."""
-        wait = auth_failure_wait_seconds(request, key_prefix=raw_key[:7] if raw_key.isascii() else "?")
-        if wait is not None:
-            raise exceptions.Throttled(wait=wait)
 
     def authenticate_header(self, request: Request) -> str:
         # A value here makes DRF answer 401 (not 403) to a missing or bad key.
         return 'Bearer realm="tally"'
 
 
-def api_key_cache_pending(request: Request) -> ApiKeyCacheHit | None:
-    """The cache hit this request was authenticated with, if not confirmed yet."""
-    hit = getattr(request._request, "api_key_cache_hit", None)
-    return hit if isinstance(hit, ApiKeyCacheHit) else None
+def _refuse(request: Request, raw_key: str, message: str) -> NoReturn:
+    """401, or 429 once failed authentications from this IP or with this key prefix are over their limit."""
+    wait = auth_failure_wait_seconds(request, key_prefix=raw_key[:7] if raw_key.isascii() else "?")
+    if wait is not None:
+        raise exceptions.Throttled(wait=wait)
+    raise exceptions.AuthenticationFailed(message)
 
 
 def api_key_cache_confirm(request: Request, *, epoch_now: bytes | None) -> None:
-    """Trust a cached key only if the tenant's key epoch is still the one it was cached
-    under (`epoch_now`, read before this call; None: Redis did not answer). Otherwise the
-    key is read again from PostgreSQL and replaces the principal, or the request is
-    refused 401 if the key is now dead. A no-op for a request not authenticated from the
-    cache."""
-    hit = api_key_cache_pending(request)
-    if hit is None:
+    """Trust a key from the cache only if the tenant's key epoch is still the one it was
+    cached under (`epoch_now`; None: Redis did not answer). Otherwise the key is read again
+    from PostgreSQL and replaces the principal, or the request is refused 401."""
+    hit = getattr(request._request, "api_key_cache_hit", None)
+    if not isinstance(hit, ApiKeyCacheHit):
         return
     del request._request.api_key_cache_hit  # type: ignore[attr-defined]
     api_key = api_key_cache_keys_confirm(hit=hit, epoch_now=epoch_now)
     if api_key is None:
         request.user, request.auth = None, None  # type: ignore[assignment]
-        header = request.META.get("HTTP_AUTHORIZATION", "")
-        ApiKeyAuthentication._failed(request, header.partition(" ")[2].strip())
-        raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
+        _refuse(request, request.META.get("HTTP_AUTHORIZATION", "").partition(" ")[2].strip(), "invalid, revoked or expired API key")
     if api_key is not hit.api_key:
         request.user, request.auth = principal_from_api_key(api_key), api_key  # type: ignore[assignment]
     api_key_last_used_touch(api_key=api_key)
@@ -110,11 +97,10 @@ class FacePermission(BasePermission):
 
 
 class StaffRolePermission(BasePermission):
-    """The admin face: a staff key acts with its login's roles, read from PostgreSQL at
-    each request (never from the key cache), so a change of role or a deactivation holds
-    from the next request on. Each action names the permission its back-office twin needs
-    (`AdminViewSet.action_permissions`); an action with none is refused. Runs after
-    FacePermission, so the principal is a staff member."""
+    """The admin face, after FacePermission: a staff key acts with its login's roles, read
+    from PostgreSQL at each request (never cached), so a role change holds from the next
+    request on. Each action names the permission it needs (`AdminViewSet.action_permissions`);
+    an action with none is refused."""
 
     def has_permission(self, request: Request, view: Any) -> bool:
         staff = request.user.obj  # type: ignore[union-attr]

@@ -1,10 +1,5 @@
 """The base viewset every face inherits: auth, face gate, throttles, strict JSON, body
-limit, and the single plug-in point of the idempotency mechanism (SPEC 6).
-
-Viewsets stay thin: validate input with a serializer, call `payments.services` /
-`wallets.services` (writes) or selectors (reads), render the result. Their routes are
-built by the composition root (config/api_urls.py) with `apikit.routers.FaceRouter`.
-"""
+limit, and the single plug-in point of the idempotency mechanism (SPEC 6)."""
 
 from __future__ import annotations
 
@@ -54,16 +49,10 @@ class StrictSerializer(Serializer):
 
 def body_limit_enforce(request: Request) -> None:
     """Read the whole body before anything runs, or refuse the request (SPEC 1: no money
-    moves on a request we did not read).
-
-    - 411 for a body without a Content-Length (`Transfer-Encoding: chunked`): WSGI hands
-      Django such a body as empty, so a view would run on `{}` (a capture of 50 would
-      capture everything, a key reused with another body would replay).
-    - 413 for bodies over DATA_UPLOAD_MAX_MEMORY_SIZE. DRF's parsers read the raw stream,
-      which skips Django's own size check; reading `HttpRequest.body` first applies it
-      (and the parsers then reuse the buffered body).
-    - 400 for a body shorter than its Content-Length (the client stopped sending).
-    """
+    moves on a request we did not read). 411 without a Content-Length: WSGI hands a chunked
+    body to Django as empty, and a view would run on `{}`. 413 over
+    DATA_UPLOAD_MAX_MEMORY_SIZE: reading `HttpRequest.body` applies the check DRF's parsers
+    skip. 400 for a body shorter than its Content-Length."""
     if request.META.get("HTTP_TRANSFER_ENCODING"):
         raise LengthRequired()
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -82,10 +71,8 @@ def body_limit_enforce(request: Request) -> None:
 
 
 class FaceMetadata(SimpleMetadata):
-    """OPTIONS answers name, description, renders and parses, as it did for the faces'
-    former APIViews. The request bodies are documented in the OpenAPI schema; GenericAPIView's
-    serializer introspection does not apply (the viewsets have no `serializer_class`: it
-    would fail)."""
+    """OPTIONS without serializer introspection (the viewsets have no `serializer_class`);
+    the request bodies are documented in the OpenAPI schema."""
 
     def determine_actions(self, request: Request, view: Any) -> dict[str, Any]:
         return {}
@@ -94,9 +81,6 @@ class FaceMetadata(SimpleMetadata):
 # No docstring on the viewset classes: drf-spectacular documents an operation with the
 # first docstring of the view's MRO, and the published schema must stay as it is.
 class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
-    # Every POST action (create, update, @action) is bound as `self.post` by
-    # ViewSetMixin.as_view before dispatch, so IdempotencyMixin.initial wraps it: one
-    # mechanism for every POST of every face, no per-action code.
     face: ClassVar[str]
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [FacePermission]
@@ -105,8 +89,7 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
     renderer_classes = [JSONRenderer]
     metadata_class = FaceMetadata
 
-    # ApiKeyAuthentication may answer from its per-process cache: check_throttles below
-    # confirms such a key before anything acts on it.
+    # Keys may come from the per-process cache: check_throttles confirms them.
     api_key_cache_confirmed: ClassVar[bool] = True
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
@@ -114,11 +97,9 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
         super().initial(request, *args, **kwargs)
 
     def check_throttles(self, request: Request) -> None:
-        # DRF runs this after authentication and the face gate, before the handler and so
-        # before the idempotency layer (which wraps the handler after initial()). A key
-        # from the cache is trusted only here, against the tenant's key epoch the throttles'
-        # Redis call has just read; when that did not happen (Redis down), PostgreSQL
-        # decides. In `finally`: a dead key is told 401 even when a limit refused it.
+        # Before the idempotency layer, a key from the cache is confirmed against the key
+        # epoch the throttles read (PostgreSQL decides when Redis is down); in `finally`, so
+        # a dead key is told 401 even when a limit refused it.
         try:
             super().check_throttles(request)
         finally:
@@ -184,8 +165,7 @@ class MerchantViewSet(FaceViewSet):
 class AdminViewSet(FaceViewSet):
     face = "admin"
     permission_classes = [FacePermission, StaffRolePermission]
-    # action -> the Django permission its back-office twin needs ("app_label.codename");
-    # an action left out is refused to everyone (tests.api.test_staff_roles checks each).
+    # action -> the permission its back-office twin needs ("app_label.codename"); any other is refused.
     action_permissions: ClassVar[dict[str, str]] = {}
 
     @property

@@ -1,14 +1,8 @@
-"""The one place that turns a failure into the SPEC's error envelope (SPEC 5), and the
-one place that decides the HTTP status of a domain error.
-
-    {"error": {"type", "code", "message", "param", "request_id"}}
-
-Every face's DRF view routes exceptions here (REST_FRAMEWORK["EXCEPTION_HANDLER"]); the
-Django-level 404/500 handlers answer the same envelope for /v1/ paths that never reach
-a view (unknown route, unknown tenant host, a crash outside DRF). Domain errors carry a
-code and no HTTP (wallets.errors and the apps' own `errors` modules); `http_status_of`
-maps them.
-"""
+"""The one place that turns a failure into the SPEC 5 error envelope,
+`{"error": {"type", "code", "message", "param", "request_id"}}`, and that decides the HTTP
+status of a domain error (`http_status_of`): domain errors carry a code and no HTTP.
+Every face's view routes exceptions here (REST_FRAMEWORK["EXCEPTION_HANDLER"]); the Django
+error handlers answer the same envelope for /v1/ paths that never reach a view."""
 
 from __future__ import annotations
 
@@ -54,9 +48,7 @@ class BodyIncomplete(drf.APIException):
 
 
 def _request_id(request: Any) -> str:
-    rid = getattr(request, "request_id", None)
-    if rid is None and request is not None:
-        rid = getattr(getattr(request, "_request", None), "request_id", None)
+    rid = getattr(request, "request_id", None) or getattr(getattr(request, "_request", None), "request_id", None)
     return str(rid or "-")
 
 
@@ -94,11 +86,8 @@ def http_status_of(exc: TallyError) -> tuple[int, str]:
 
 
 def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, str, str]:
-    """(param, message, code) of the first leaf of a DRF validation tree.
-
-    Clients fix one field at a time; naming the first one in `param` keeps the envelope flat
-    like Stripe's. Nested fields are dotted (`metadata.key`), list items indexed (`items.0`).
-    """
+    """(param, message, code) of the first leaf of a DRF validation tree: a flat envelope
+    like Stripe's. Nested fields are dotted (`metadata.key`), list items indexed (`items.0`)."""
     if isinstance(detail, Mapping):
         for key, value in detail.items():
             if key in ("non_field_errors", "__all__"):
@@ -112,16 +101,12 @@ def _first_validation_error(detail: Any, path: str = "") -> tuple[str | None, st
                 return _first_validation_error(value, f"{path}.{index}" if path else str(index))
             return _first_validation_error(value, path)
         return (path or None), "invalid request", "parameter_invalid"
-    code = getattr(detail, "code", None) or "invalid"
-    return (path or None), str(detail), _validation_code(str(code))
-
-
-def _validation_code(drf_code: str) -> str:
-    if drf_code == "required":
-        return "parameter_missing"
-    if drf_code in {"amount_invalid", "asset_unknown", "cursor_invalid", "parameter_unknown"}:
-        return drf_code
-    return "parameter_invalid"
+    code = str(getattr(detail, "code", None) or "invalid")
+    if code == "required":
+        code = "parameter_missing"
+    elif code not in {"amount_invalid", "asset_unknown", "cursor_invalid", "parameter_unknown"}:
+        code = "parameter_invalid"
+    return (path or None), str(detail), code
 
 
 _DRF_CODES: dict[type[drf.APIException], tuple[str, str]] = {
@@ -134,10 +119,7 @@ _DRF_CODES: dict[type[drf.APIException], tuple[str, str]] = {
     drf.NotAcceptable: ("invalid_request_error", "not_acceptable"),
     drf.UnsupportedMediaType: ("invalid_request_error", "unsupported_media_type"),
     drf.Throttled: ("rate_limit_error", "rate_limited"),
-    PayloadTooLarge: ("invalid_request_error", "request_too_large"),
-    LengthRequired: ("invalid_request_error", "length_required"),
-    BodyIncomplete: ("invalid_request_error", "request_body_incomplete"),
-}
+}  # any other: ("invalid_request_error", its default_code)
 
 
 def _describe(exc: BaseException) -> tuple[int, str, str, str, str | None, dict[str, str]]:
@@ -179,29 +161,26 @@ def _describe(exc: BaseException) -> tuple[int, str, str, str, str | None, dict[
     raise exc
 
 
-def api_exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | None:
-    """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error of every face, one envelope."""
-    request = context.get("request")
+def _answer(request: Any, exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """(status, envelope, headers) of `exc`; an unexpected crash still answers the envelope, never a stack."""
     try:
         status, error_type, code, message, param, headers = _describe(exc)
-    except Exception:  # an unexpected crash still answers the envelope, never a stack
+    except Exception:
         logger.exception("unhandled error in API view")
         status, error_type, code, message, param, headers = 500, "api_error", "internal_error", "internal error", None, {}
-    body = envelope(error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
+    return status, envelope(error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request)), headers
+
+
+def api_exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response | None:
+    """REST_FRAMEWORK["EXCEPTION_HANDLER"]: every error of every face, one envelope."""
+    status, body, headers = _answer(context.get("request"), exc)
     return Response(body, status=status, headers=headers)
 
 
 def error_response(request: HttpRequest, exc: BaseException) -> HttpResponse:
     """A plain Django response in the envelope, for code that runs outside DRF views."""
-    try:
-        status, error_type, code, message, param, headers = _describe(exc)
-    except Exception:  # noqa: BLE001
-        status, error_type, code, message, param, headers = 500, "api_error", "internal_error", "internal error", None, {}
-    body = envelope(error_type=error_type, code=code, message=message, param=param, request_id=_request_id(request))
-    response = JsonResponse(body, status=status)
-    for key, value in headers.items():
-        response[key] = value
-    return response
+    status, body, headers = _answer(request, exc)
+    return JsonResponse(body, status=status, headers=headers)
 
 
 def is_api_path(request: HttpRequest) -> bool:

@@ -17,11 +17,8 @@ OBJECT_ID_PATTERN = r"[a-z]{2,4}_[A-Za-z0-9]{1,40}"
 
 
 class AmountField(serializers.Field[int, int, int, Any]):
-    """A positive integer in the asset's minor unit (SPEC 2).
-
-    Floats (even 10.0), numeric strings, booleans, zero and negatives are refused: an API
-    that guesses what "10.5" or "1e3" means is an API that moves the wrong amount.
-    """
+    """A positive integer in the asset's minor unit (SPEC 2). Floats (even 10.0), numeric
+    strings, booleans, zero and negatives are refused: guessing moves the wrong amount."""
 
     default_error_messages = {
         "invalid": "must be a positive integer in the asset's minor unit (no fraction, no string)",
@@ -33,9 +30,7 @@ class AmountField(serializers.Field[int, int, int, Any]):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> int:
-        # JSON gives int, float, str, bool, None, list or dict; only a plain int may pass. The
-        # float check comes first: amount_to_minor treats a float as a bug (TypeError), but
-        # here it is client input and deserves a 400.
+        # Floats first: amount_to_minor treats one as a bug (TypeError); here it is client input.
         if isinstance(data, float | bool) or not isinstance(data, int):
             raise serializers.ValidationError(self.error_messages["invalid"], code="amount_invalid")
         if data > MAX_AMOUNT:
@@ -57,9 +52,8 @@ class AssetField(serializers.RegexField):
 
 
 class AssetFilterField(AssetField):
-    """An asset filter on a list: a code this tenant does not have is 400 `asset_unknown`,
-    as on a write, not an empty page (lists are not the hot path; writes look the asset up
-    in the ledger's own query)."""
+    """An asset filter on a list: a code this tenant lacks is 400 `asset_unknown`, as on a
+    write, not an empty page (writes, the hot path, look the asset up in the ledger's query)."""
 
     def run_validation(self, data: Any = serializers.empty) -> Any:
         code = super().run_validation(data)  # the code's pattern first: it may hold any byte

@@ -1,11 +1,7 @@
-"""Cursor pagination: `{object: "list", data, next_cursor}`, newest first.
-
-The cursor is a position after the last row's (created, id): stable under inserts
-(new rows land before the first page, never inside a later one) and O(limit) per page
-at any depth, unlike offsets. It is written `<created, microseconds since 1970>.<id>` and
-clients treat it as opaque; every string of that form is a position, so the schema's
-pattern is the whole rule: anything else is 400 `cursor_invalid`.
-"""
+"""Cursor pagination: `{object: "list", data, next_cursor}`, newest first. The cursor,
+`<created, microseconds since 1970>.<id>`, is a position after the last row: stable under
+inserts and O(limit) at any depth. Every string of that form is a position, so the schema's
+pattern is the whole rule: anything else is 400 `cursor_invalid`."""
 
 from __future__ import annotations
 
@@ -31,18 +27,6 @@ DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 
 M = TypeVar("M", bound=Model)
-
-
-def _encode(created: datetime, pk: str | int) -> str:
-    return f"{(created - _EPOCH) // timedelta(microseconds=1)}.{pk}"
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, str | int]:
-    match = _CURSOR_RE.fullmatch(cursor)
-    if match is None:
-        raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]})
-    micros, pk = match.groups()
-    return _EPOCH + timedelta(microseconds=int(micros)), int(pk) if _INT_PK_RE.fullmatch(pk) else pk
 
 
 class ListParamsSerializer(Serializer):
@@ -77,7 +61,12 @@ def page(
     if params.get("created_lt") is not None:
         qs = qs.filter(created__lt=params["created_lt"])
     if params.get("cursor"):
-        created, pk = decode_cursor(params["cursor"])
+        match = _CURSOR_RE.fullmatch(params["cursor"])
+        if match is None:
+            raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]})
+        micros, raw_pk = match.groups()
+        created = _EPOCH + timedelta(microseconds=int(micros))
+        pk: str | int = int(raw_pk) if _INT_PK_RE.fullmatch(raw_pk) else raw_pk
         pk_field = queryset.model._meta.pk
         int_pk = pk_field is not None and pk_field.get_internal_type() in {"AutoField", "BigAutoField"}
         if isinstance(pk, int) == int_pk:
@@ -87,7 +76,9 @@ def page(
     rows = list(qs.order_by("-created", "-pk")[: limit + 1])
     more = len(rows) > limit
     rows = rows[:limit]
-    next_cursor = _encode(rows[-1].created, rows[-1].pk) if more and rows else None  # type: ignore[attr-defined]
+    next_cursor = None
+    if more and rows:
+        next_cursor = f"{(rows[-1].created - _EPOCH) // timedelta(microseconds=1)}.{rows[-1].pk}"  # type: ignore[attr-defined]
     return {"object": "list", "data": render(rows), "next_cursor": next_cursor}
 
 

@@ -1,11 +1,6 @@
-"""The JSON parser of every face: DRF's, plus the inputs it lets through as 500s.
-
-- Deep nesting makes Python's json module raise RecursionError (not ValueError); the
-  client gets 400 like any other malformed body.
-- JSON may escape a lone UTF-16 surrogate ("\\ud800"); Python keeps it in the str, and
-  neither the JSON renderer nor PostgreSQL can encode it. A body holding one anywhere,
-  key or value, is refused with 400.
-"""
+"""The JSON parser of every face: DRF's, plus a 400 for inputs that became 500s: nesting
+deep enough for RecursionError, and lone UTF-16 surrogates ("\\ud800") that neither the
+renderer nor PostgreSQL can encode, in any key or value."""
 
 from __future__ import annotations
 

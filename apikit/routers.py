@@ -1,17 +1,7 @@
-"""The router of one face. The composition root (config/api_urls.py) builds one per face
-and registers that face's viewsets on it (from payments.api.* and webhooks.api).
-
-Routes, Stripe-style and without trailing slashes:
-
-    {prefix}                    GET list       POST create
-    {prefix}/{id}               GET retrieve   POST update (POST-to-update, no PUT/PATCH)
-    {prefix}/{url_path}         @action(detail=False)
-    {prefix}/{id}/{url_path}    @action(detail=True)
-
-Only the actions a viewset defines are routed; any other method answers 405. The id is
-matched by OBJECT_ID_PATTERN under the viewset's `lookup_url_kwarg`: a malformed id (NUL
-bytes, 10 kB of junk) matches no route and is answered the 404 envelope.
-"""
+"""The router of one face (built per face by config/api_urls.py). Stripe-style routes
+without trailing slashes: `{prefix}` (GET list, POST create), `{prefix}/{id}` (GET retrieve,
+POST update; no PUT/PATCH), and `@action`s under either. A malformed id (not
+OBJECT_ID_PATTERN) matches no route: the 404 envelope."""
 
 from __future__ import annotations
 

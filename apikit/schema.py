@@ -59,8 +59,11 @@ _WRITE_ERRORS = (400, 401, 402, 403, 404, 406, 409, 410, 411, 413, 414, 415, 422
 FACES = ("customer", "terminal", "merchant", "admin")
 
 
-def idempotency_key_parameter(*, required: bool) -> OpenApiParameter:
-    """The Idempotency-Key header as this tenant's face takes it (SPEC 6: mandatory or optional)."""
+def idempotency_key_parameter(face: str) -> OpenApiParameter:
+    """The Idempotency-Key header as the tenant being served takes it on `face` (SPEC 6).
+    Generated anywhere but a tenant's host (the platform host, the tests), it is mandatory."""
+    tenant = getattr(connection, "tenant", None)
+    required = getattr(tenant, f"idempotency_{face}", IdempotencyMode.MANDATORY) != IdempotencyMode.OPTIONAL
     mode = "Mandatory on this face: 400 `idempotency_key_missing` without it." if required else (
         "Optional on this face for now (staged rollout): without it the request runs unprotected."
     )
@@ -76,36 +79,24 @@ def idempotency_key_parameter(*, required: bool) -> OpenApiParameter:
     )
 
 
-def face_key_required(face: str) -> bool:
-    """Whether the tenant being served makes the key mandatory on `face`.
-
-    The schema served on a tenant's host tells that tenant's truth; generated anywhere
-    else (the platform host, the test suite) it shows the default, mandatory.
-    """
-    tenant = getattr(connection, "tenant", None)
-    return getattr(tenant, f"idempotency_{face}", IdempotencyMode.MANDATORY) != IdempotencyMode.OPTIONAL
-
-
 class TallyAutoSchema(AutoSchema):
     def get_override_parameters(self) -> list[Any]:
         params = list(super().get_override_parameters())
         parts = self.path.split("/")
         if self.method == "POST" and len(parts) > 2 and parts[1] == "v1" and parts[2] in FACES:
-            params.append(idempotency_key_parameter(required=face_key_required(parts[2])))
+            params.append(idempotency_key_parameter(parts[2]))
         return params
 
     def _is_list_view(self, serializer: Any = None) -> bool:
-        # A face's `list` action answers its own documented envelope ({object, data,
-        # next_cursor}: the *List serializers), never a bare array: drf-spectacular must not
-        # wrap it in one, add DRF pagination or filter parameters, nor rename the operation.
+        # A face's `list` answers its own documented envelope (the *List serializers): no
+        # array wrapping, DRF pagination or filter parameters, nor renaming.
         if self.path.startswith("/v1/") and getattr(self.view, "action", None) == "list":
             return False
         return bool(super()._is_list_view(serializer))
 
     def get_operation_id(self) -> str:
-        # `<face>_<resource>_<action>` from the viewset action: unique without numeral
-        # suffixes (a face's list and retrieve are both GETs, which drf-spectacular's
-        # method-based naming cannot tell apart once lists are not arrays).
+        # `<face>_<resource>_<action>`: unique without numeral suffixes (method-based naming
+        # cannot tell a list from a retrieve once lists are not arrays).
         action = getattr(self.view, "action", None)
         if self.path.startswith("/v1/") and isinstance(action, str):
             tokens = [t.replace("-", "_") for t in self._tokenize_path()]
@@ -113,9 +104,7 @@ class TallyAutoSchema(AutoSchema):
         return str(super().get_operation_id())
 
     def get_description(self) -> str:  # type: ignore[override]  # drf-spectacular's signature, not DRF's
-        # drf-spectacular falls back to the view's docstring, which is written for Tally's
-        # developers (mixins, locks, SPEC sections), not for API clients: a face operation
-        # is described only by what its `extend_schema` says.
+        # Not the view's docstring, written for developers: only what `extend_schema` says.
         if self.path.startswith("/v1/"):
             return ""
         return str(super().get_description())

@@ -1,10 +1,8 @@
-"""The base of every request and response shape of the faces: DRF's Serializer, its
-declared fields copied per instance the fast way (fastpath.shapes)."""
+"""The base of every request and response shape of the faces: DRF's Serializer, its declared
+fields copied per instance the fast way (fastpath.shapes)."""
 
 from __future__ import annotations
 
 from fastpath.shapes import Serializer as FieldCopyingSerializer
 
-
-class Serializer(FieldCopyingSerializer):
-    """DRF's Serializer; only the copying of the declared fields differs (fastpath.shapes)."""
+Serializer = FieldCopyingSerializer

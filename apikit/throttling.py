@@ -1,17 +1,9 @@
-"""Per-key and per-tenant rate limits, counted in Redis (SPEC 5: 429 with Retry-After).
-
-Fixed one-second-resolution windows of a configurable length: one INCR + EXPIRE per
-scope, all in one Redis script call per request. A keyed POST to an internal-effect view also
-carries the idempotency layer's replay-cache GET in that call, so the first execution
-of a key costs one Redis round trip before the effect, not two; a request authenticated
-from the per-process key cache carries the GET of its tenant's API key epoch, which the
-view checks the cached key against (apikit.auth.api_key_cache_confirm). Counters live in Redis
-so every gunicorn worker and host shares them. Rates come from REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"] and may be
-overridden per tenant in `Tenant.extra_settings["throttle_rates"]`.
-
-Redis down: throttling fails open (a rate limit protects capacity, not money) and stops
-trying for a few seconds, so an outage does not add a timeout to every request.
-"""
+"""Per-key and per-tenant rate limits in Redis (SPEC 5: 429 with Retry-After): fixed
+windows, all counted in one Redis script call per request, which also carries the replay
+cache's GET of a keyed POST and the GET of the key epoch for a key from the per-process
+cache. Rates: REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], or per tenant
+`Tenant.extra_settings["throttle_rates"]`. Redis down: fail open for a few seconds (a rate
+limit protects capacity, not money)."""
 
 from __future__ import annotations
 
@@ -40,7 +32,7 @@ REDIS_BACKOFF_SECONDS = 5.0
 _redis_down_until = 0.0
 
 
-def parse_rate(rate: str | None) -> tuple[int, int] | None:
+def parse_rate(rate: object) -> tuple[int, int] | None:
     """"600/min" -> (600, 60); None or "" -> no limit."""
     if not rate:
         return None
@@ -54,34 +46,25 @@ def _rate_for(request: Request, scope: str) -> tuple[int, int] | None:
     if tenant is not None and isinstance(getattr(tenant, "extra_settings", None), dict):
         overrides = tenant.extra_settings.get("throttle_rates") or {}
     rate = overrides.get(scope) if scope in overrides else api_settings.DEFAULT_THROTTLE_RATES.get(scope)
-    return parse_rate(None if rate is None else str(rate))
+    return parse_rate(rate)
 
 
 class KeyAndTenantThrottle(BaseThrottle):
-    """Both limits, per API key and per tenant, counted in ONE Redis script call (one round
-    trip per request). A request refused by either limit is refused; Retry-After is the
-    longer wait."""
-
-    SCOPES = ("api_key", "tenant")
+    """Both limits, per API key and per tenant, in ONE Redis script call; a request over
+    either is refused, and Retry-After is the longer wait."""
 
     def __init__(self) -> None:
         self._wait: float | None = None
-
-    @staticmethod
-    def _ident(request: Request, scope: str) -> str | None:
-        if scope == "tenant":
-            return "all"
-        principal = request.user
-        return principal.api_key.id if isinstance(principal, Principal) else None
 
     def allow_request(self, request: Request, view: Any) -> bool:
         now = time.time()
         if now < _redis_down_until:
             return True
         schema = getattr(connection, "schema_name", "public")
+        principal = request.user
+        idents = {"api_key": principal.api_key.id if isinstance(principal, Principal) else None, "tenant": "all"}
         checks: list[tuple[str, int, int, int]] = []  # (key, limit, period, window)
-        for scope in self.SCOPES:
-            ident = self._ident(request, scope)
+        for scope, ident in idents.items():
             rate = _rate_for(request, scope)
             if ident is None or rate is None:
                 continue
@@ -98,12 +81,9 @@ class KeyAndTenantThrottle(BaseThrottle):
         if answer is None:
             return True
         counts, got = answer
-        if epoch_key is not None:
-            # The tenant's API key epoch, for the view's check of a cached key
-            # (apikit.auth.api_key_cache_confirm), in this same round trip.
+        if epoch_key is not None:  # for apikit.auth.api_key_cache_confirm
             request._request.api_key_epoch_now = got.pop(0)  # type: ignore[attr-defined]
-        if prefetch is not None:
-            # The idempotency layer's replay-cache lookup, made in this same round trip.
+        if prefetch is not None:  # for the idempotency layer's first look
             request._request.idempotency_replay_prefetch = ReplayPrefetch(  # type: ignore[attr-defined]
                 principal_id=prefetch[0], key=prefetch[1], entry=replay_cache_entry_decode(got.pop(0))
             )
@@ -130,10 +110,8 @@ def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str]
     return None if redis_key is None else (principal.id, raw_key, redis_key)
 
 
-# KEYS: the window counters, then the keys to read. ARGV: how many counters, then each
-# counter's TTL (s). INCR each counter (its TTL set when it has none) and GET each key to
-# read, in one command: a pipeline of the same commands cost the request's Python a
-# command object, packing and a reply callback per command.
+# KEYS: the window counters, then the keys to GET; ARGV: how many counters, then their TTLs.
+# One script, not a pipeline: that cost a command object, packing and a callback per command.
 _WINDOWS_COUNT_LUA = b"""
 local counters = tonumber(ARGV[1])
 local out = {}
@@ -153,9 +131,8 @@ _WINDOWS_COUNT = Script(None, _WINDOWS_COUNT_LUA)  # type: ignore[arg-type]
 def _windows_count(
     windows: list[tuple[str, int]], *, now_seconds: float, get_keys: list[str] | None = None
 ) -> tuple[list[int], list[bytes | None]] | None:
-    """INCR each (key, period) window counter in ONE round trip and return the counts (and,
-    in the same round trip, the values at `get_keys`, in order); None when Redis is down
-    (fail open, and stop trying for a few seconds)."""
+    """The counts of the (key, period) windows, INCR'd, and the values at `get_keys`, in ONE
+    round trip; None when Redis is down (fail open, and stop trying for a few seconds)."""
     global _redis_down_until
     get_keys = get_keys or []
     try:
@@ -193,12 +170,10 @@ def client_address(request: Request) -> str:
 
 
 def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | None:
-    """Count a failed authentication per client IP and per presented key prefix (scope
-    "auth_failure", fixed windows, one Redis call); the seconds to wait when either is
-    over its rate, else None. Only failures pay for this round trip, and a flood of bad
-    keys stops reaching the database. Redis down: fails open, like the other limits."""
-    setting = api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure")
-    rate = parse_rate(None if setting is None else str(setting))
+    """Count a failed authentication per client IP and per key prefix (rate "auth_failure",
+    one Redis call only failures pay, so a flood of bad keys stops reaching the database);
+    the seconds to wait when either is over, else None. Redis down: fails open."""
+    rate = parse_rate(api_settings.DEFAULT_THROTTLE_RATES.get("auth_failure"))
     now = time.time()
     if rate is None or now < _redis_down_until:
         return None

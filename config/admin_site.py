@@ -1,9 +1,5 @@
-"""The tenant admin site: Django's, plus the reconciliation dashboard (charts) as the first
-row of the Reconciliation app, so it is one click from the admin index and the sidebar.
-
-`TallyAdminConfig` replaces `django.contrib.admin` in INSTALLED_APPS to make this the
-default site (`admin.site`); everything else about the admin is Django's.
-"""
+"""The tenant admin site (`admin.site`, made default by `TallyAdminConfig`): Django's, with
+the reconciliation dashboard listed first in the Reconciliation app."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Routes of the four API faces under /v1/ (included by config/urls.py).
-
-The composition root builds one FaceRouter per face and registers that face's viewsets on
-it: from payments.api (the money, parties and keys) and from webhooks.api (the merchant's
-webhook endpoints). The router generates the paths (SPEC 10) from each prefix, the actions
-a viewset defines and its `lookup_url_kwarg`; see apikit/routers.py.
-"""
+"""Routes of the four API faces under /v1/: one FaceRouter per face (apikit/routers.py),
+with that face's viewsets from payments.api and webhooks.api."""
 
 from __future__ import annotations
 

@@ -9,9 +9,8 @@ from django.http import HttpRequest
 
 
 class LoginThrottleBackend(AxesStandaloneBackend):  # type: ignore[misc]  # django-axes is untyped
-    """django-axes' lockout check for every login that comes with a request (the admin's
-    login form, on every host). An authentication without a request (a shell, a test
-    client's `login()`) has no address to throttle and is left to the next backend."""
+    """django-axes' lockout check for every login with a request (the admin's form, on every
+    host); one without (a shell, a test client's `login()`) has no address to throttle."""
 
     def authenticate(self, request: HttpRequest | None, username: str | None = None, password: str | None = None, **kwargs: Any) -> None:
         if request is None:

@@ -1,11 +1,5 @@
-"""A gunicorn worker whose own error answers are the SPEC 5 envelope, not HTML.
-
-gunicorn answers some requests before Django sees them: a request line over
-`limit_request_line` (414), too many or too large headers (431), bad header bytes,
-`Content-Length` together with `Transfer-Encoding`, a malformed chunk (400), an unknown
-transfer coding (501). Stock gunicorn writes those as an HTML page with no `Request-Id`.
-This worker keeps gunicorn's choice of status and replaces only the bytes it writes.
-"""
+"""A gunicorn worker whose own error answers (414, 431, malformed requests, ...) are the
+SPEC 5 envelope with a `Request-Id`, not gunicorn's HTML page; gunicorn's status stays."""
 
 from __future__ import annotations
 
@@ -59,19 +53,15 @@ class EnvelopeSyncWorker(SyncWorker):  # type: ignore[misc]  # gunicorn is untyp
     """gunicorn's sync worker, answering its own errors in the envelope."""
 
     def init_process(self) -> None:
-        # `Worker.handle_error` calls `util.write_error` by module attribute; this process
-        # only ever runs this worker, so the replacement stays within it.
+        # `Worker.handle_error` calls `util.write_error` by module attribute; this process runs only this worker.
         util.write_error = _write_envelope_error
         super().init_process()
 
 
 class NoAccessLogger(Logger):  # type: ignore[misc]
-    """gunicorn's logger without its access log unless one is asked for. Django already
-    logs one JSON line per request (config.observability.MetricsMiddleware); gunicorn
-    counts its access log as on whenever `logconfig_dict` is set, as ours is for JSON error
-    lines, and then worked out every access-log field of every request only for the record
-    to go nowhere: about 1% of a worker's CPU.
-    An access log named explicitly (`--access-logfile`) is still written."""
+    """gunicorn's logger without its access log unless one is named (`--access-logfile`).
+    Django logs one JSON line per request; with `logconfig_dict` set, gunicorn built every
+    access-log record only for it to go nowhere (about 1% of a worker's CPU)."""
 
     def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
         if self.cfg.accesslog:

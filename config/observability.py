@@ -17,15 +17,12 @@ from config import metrics
 request_logger = logging.getLogger("tally.request")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 client_request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("client_request_id", default="-")
+FACES = {"customer", "terminal", "merchant", "admin"}
 _INCOMING_ID = re.compile(r"^[A-Za-z0-9_\-]{8,64}$")
 
 
 def new_request_id() -> str:
     return "req_" + secrets.token_urlsafe(18)
-
-
-def current_request_id() -> str:
-    return request_id_var.get()
 
 
 class LogContextFilter(logging.Filter):
@@ -39,14 +36,9 @@ class LogContextFilter(logging.Filter):
 
 
 class RequestIdMiddleware:
-    """Gives every request an id of ours, always: a client's `X-Request-Id` never becomes
-    it (a request id must be trustworthy when tracing an incident). A sane client id is
-    kept beside it, logged and echoed as `Client-Request-Id`.
-
-    Every /v1/ response is also marked `Cache-Control: no-store` (as Stripe does): some
-    carry a secret shown once (API keys, payment tokens, webhook secrets), and none is
-    anything a shared cache should keep.
-    """
+    """Every request gets an id of ours: a client's `X-Request-Id` is only kept beside it
+    (logged, echoed as `Client-Request-Id`), so an id can be trusted in an incident. /v1/
+    answers are `Cache-Control: no-store`: some carry a secret shown once."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -82,9 +74,7 @@ class MetricsMiddleware:
         started = time.perf_counter()
         response = self.get_response(request)
         parts = request.path.split("/")
-        face = parts[2] if len(parts) > 2 and parts[1] == "v1" else "other"
-        if face not in {"customer", "terminal", "merchant", "admin"}:
-            face = "other"
+        face = parts[2] if len(parts) > 2 and parts[1] == "v1" and parts[2] in FACES else "other"
         elapsed = time.perf_counter() - started
         metrics.REQUESTS.labels(face=face, method=request.method, status=str(response.status_code)).inc()
         metrics.REQUEST_SECONDS.labels(face=face).observe(elapsed)

@@ -1,22 +1,11 @@
 """Run the Procfile's processes for `make run` under supervisord (Supervisor, from PyPI): a
-process that exits is started again, and the others keep serving.
+process that exits is started again (after 1 s, 2 s, 3 s, ... when it keeps failing within
+`startsecs`), each in its own process group, so a stop reaches what it forked too.
 
-Supervisor restarts a process that exits after it was up `startsecs` at once; one that
-exits sooner counts as a failed start and is tried again after 1 s, then 2 s, 3 s, ...
-(its backoff), up to `startretries` times. It logs each exit and each start ("exited:
-worker (exit status 1; not expected)", "spawned: 'worker' with pid ..."), and starts each
-process in a process group of its own, so a stop reaches what it forked too (gunicorn's and
-Celery's workers): SIGTERM to the group, SIGKILL after `stopwaitsecs`. Its children's output
-goes straight to this process's standard output, as they write it.
-
-This module writes supervisord's configuration from the Procfile and runs it in the
-foreground. It stays in front of supervisord because supervisord takes SIGHUP as "reload
-the configuration", and SIGHUP is what a closed terminal sends: here every stop signal
-(Ctrl-C, SIGTERM, SIGHUP, SIGQUIT) becomes one SIGTERM to supervisord, which stops every
-process, waiting the grace; a second signal, a second or more after the first, kills them
-at once. As with honcho, `PORT` goes up by 100 per process type from the caller's (the
-first, `web`, gets it unchanged), and the run exits 128 + the signal's number, as a shell
-reports it (130 for Ctrl-C).
+This module stays in front of supervisord, which takes SIGHUP (a closed terminal) as
+"reload": every stop signal becomes one SIGTERM to supervisord, and a second signal a second
+or more later kills the processes at once. As with honcho, `PORT` goes up by 100 per process
+type (`web` keeps it), and the run exits 128 + the signal's number (130 for Ctrl-C).
 """
 
 from __future__ import annotations
@@ -39,8 +28,7 @@ SECOND_SIGNAL_SECONDS = 1.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 # A process that dies sooner than this after a start counts as a failed start (backoff).
 START_SECONDS = 5
-# Failed starts in a row before supervisor gives up on a process (its state FATAL): with the
-# backoff growing a second per try, about 80 minutes of a process that cannot start.
+# Failed starts in a row before supervisor gives up (FATAL): about 80 minutes of backoff.
 START_RETRIES = 100
 
 
@@ -70,10 +58,8 @@ def _ini(value: str) -> str:
 
 def supervisord_conf(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], state_dir: Path, grace_seconds: float = GRACE_SECONDS,
                      start_seconds: int = START_SECONDS) -> str:
-    """supervisord's configuration for `entries`: one program each, run by /bin/sh as the
-    Procfile's line says; the stop signals go to its whole process group. A line that is one
-    simple command is exec'd by the shell, so the program is the process supervisord watches
-    (and reports: "exited: worker (terminated by SIGKILL)")."""
+    """supervisord's configuration: one program per entry, run by /bin/sh (a simple command
+    is exec'd, so supervisord watches and reports the program itself), stopped as a group."""
     base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
     sections = [
         "[supervisord]\nnodaemon=true\nlogfile=/dev/null\nlogfile_maxbytes=0\nloglevel=info\n"
@@ -148,24 +134,14 @@ def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], o
 
 
 def _kill_children_of(parent: int) -> None:
-    """SIGKILL to the process group of each process supervisord started."""
-    for pid in _children(parent):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _children(parent: int) -> list[int]:
-    children = []
+    """SIGKILL to the process group of each process supervisord started (its children in /proc)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(") ", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
+                parent_pid = int(stat.read().rsplit(") ", 1)[1].split()[1])
+            if parent_pid == parent:
+                os.killpg(int(entry), signal.SIGKILL)
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
             continue
-        if int(fields[1]) == parent:
-            children.append(int(entry))
-    return children

@@ -32,8 +32,9 @@ def main() -> int:
     from django.conf import settings
     from django.core.management import call_command
 
-    from payments.demo import demo_seed
+    from payments.demo import demo_psp_ensure, demo_seed
     from tenants.services import platform_ensure
+    from webhooks.demo import demo_webhook_endpoint_ensure
 
     print(f"database: {_redact(env['DATABASE_URL'])}\nredis:    {env['REDIS_URL']}", flush=True)
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
@@ -43,25 +44,20 @@ def main() -> int:
     # The admin's CSS and the API docs' assets, served by whitenoise under gunicorn.
     call_command("collectstatic", interactive=False, verbosity=0)
     # The demo merchant's webhook endpoint -> the receiver the Procfile starts (docs/WEBHOOKS.md).
-    from webhooks.demo import demo_webhook_endpoint_ensure
-
     receiver_port = os.environ.setdefault("TALLY_WEBHOOK_RECEIVER_PORT", "8765")
     hook = demo_webhook_endpoint_ensure(
         merchant_id=seeded["ids"]["merchant"], url=f"http://127.0.0.1:{receiver_port}/webhooks", state_file=VAR / "demo_webhook.json"
     )
     os.environ["TALLY_WEBHOOK_SECRET"] = hook["secret"]  # for the receiver process only
     # Card top-ups: the PSP simulator the Procfile starts is the demo tenant's gateway.
-    from payments.demo import demo_psp_ensure
-
     psp_port = os.environ.setdefault("TALLY_PSP_PORT", "8766")
-    web_port = os.environ.get("PORT", "8000")
+    port = os.environ.setdefault("PORT", "8000")
+    demo = settings.TALLY_DEMO_DOMAIN
     psp = demo_psp_ensure(
-        psp_url=f"http://127.0.0.1:{psp_port}", webhook_url=f"http://{settings.TALLY_DEMO_DOMAIN}:{web_port}/v1/psp/webhooks/simulator",
+        psp_url=f"http://127.0.0.1:{psp_port}", webhook_url=f"http://{demo}:{port}/v1/psp/webhooks/simulator",
         state_file=VAR / "psp_simulator.json",
     )
 
-    port = os.environ.get("PORT", "8000")
-    demo = settings.TALLY_DEMO_DOMAIN
     lines = [
         "",
         "Tally is starting (web, Celery worker, Celery beat, the demo merchant's webhook receiver, the PSP simulator)"
@@ -83,7 +79,6 @@ def main() -> int:
     print("\n".join(lines), flush=True)
 
     os.environ["VENV_BIN"] = str(Path(sys.executable).parent)
-    os.environ.setdefault("PORT", port)
     return processes_run(procfile_read(ROOT / "Procfile"), cwd=ROOT, env=dict(os.environ))
 
 

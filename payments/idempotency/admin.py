@@ -1,8 +1,5 @@
-"""Idempotency records in the tenant admin: read-only (SPEC 9). Records change only
-through the mechanism; a stuck in-flight key is recovered by lease takeover, not by hand.
-
-The page also switches a face's idempotency mode (SPEC 6 rollout) from a confirmation
-page with its own idempotency key, through `idempotency_mode_set` (audited)."""
+"""Idempotency records in the tenant admin, read-only (SPEC 9): a stuck key is recovered by
+lease takeover, not by hand. Also the switch of a face's idempotency mode (audited)."""
 
 from __future__ import annotations
 

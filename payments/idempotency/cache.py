@@ -1,22 +1,14 @@
-"""Redis read-through cache of completed responses, for fast replays.
-
-It never decides a claim: only `completed` responses are cached, each entry carries its
-fingerprint and the end of its replay window, and its TTL never outlives that window,
-so an entry can only ever say what PostgreSQL would say. Keys go through the default
-cache's per-tenant key function (django_tenants.cache.make_key) and the schema name is
-also stored in the entry and checked on read.
-
-Redis down: every call degrades to a miss (replays come from PostgreSQL) and a short
-circuit breaker stops paying the connect timeout on every request.
-"""
+"""Redis read-through cache of completed responses, for fast replays. It never decides a
+claim: an entry carries its fingerprint, its tenant's schema and the end of its replay
+window, and its TTL never outlives that window, so it only ever says what PostgreSQL would.
+Redis down: a miss, and a short circuit breaker stops paying the connect timeout."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.conf import settings
@@ -29,8 +21,7 @@ logger = logging.getLogger("tally.idempotency")
 MAX_TTL_SECONDS = 3600
 BREAKER_SECONDS = 5.0
 
-_breaker_lock = threading.Lock()
-_breaker_open_until = 0.0
+_breaker_open_until = 0.0  # one float, assigned whole: threads need no lock
 
 
 @dataclass(frozen=True)
@@ -58,21 +49,18 @@ def _breaker_open() -> bool:
 
 def _breaker_trip(exc: BaseException) -> None:
     global _breaker_open_until
-    with _breaker_lock:
-        _breaker_open_until = time.monotonic() + BREAKER_SECONDS
+    _breaker_open_until = time.monotonic() + BREAKER_SECONDS
     logger.warning("idempotency replay cache unavailable, bypassing for %ss: %s", BREAKER_SECONDS, type(exc).__name__)
 
 
 def replay_cache_breaker_reset() -> None:
     global _breaker_open_until
-    with _breaker_lock:
-        _breaker_open_until = 0.0
+    _breaker_open_until = 0.0
 
 
 @dataclass(frozen=True)
 class ReplayPrefetch:
-    """The replay-cache lookup of (principal, key), already made by a caller that sent
-    its GET with other Redis commands (the throttles: one round trip for both)."""
+    """The replay-cache lookup of (principal, key), made in the throttles' Redis call."""
 
     principal_id: str
     key: str
@@ -80,17 +68,11 @@ class ReplayPrefetch:
 
 
 def replay_cache_redis_key(*, principal_id: str, key: str) -> str | None:
-    """The Redis key holding the entry of (principal, key) in the default cache, for a
-    caller that sends the GET in its own Redis call and decodes the answer with
-    `replay_cache_entry_decode`; None when that is not possible (breaker open, or the
-    cache is not the Redis at settings.REDIS_URL)."""
-    if _breaker_open() or cache_location() != getattr(settings, "REDIS_URL", None):
+    """The Redis key of (principal, key)'s entry, for a caller that GETs it itself (decode with
+    `replay_cache_entry_decode`); None with the breaker open or another Redis than REDIS_URL."""
+    if _breaker_open() or settings.CACHES.get("default", {}).get("LOCATION") != getattr(settings, "REDIS_URL", None):
         return None
     return str(cache.make_and_validate_key(_cache_key(principal_id, key)))
-
-
-def cache_location() -> Any:
-    return settings.CACHES.get("default", {}).get("LOCATION")
 
 
 _serializer = RedisSerializer()
@@ -141,25 +123,7 @@ def replay_cache_set(*, principal_id: str, key: str, entry: CachedResponse) -> N
     ttl = min(MAX_TTL_SECONDS, int(entry.replay_until - time.time()))
     if ttl <= 0 or _breaker_open():
         return
-    value = {
-        "schema": _schema_name(),
-        "fingerprint": entry.fingerprint,
-        "status": entry.status,
-        "headers": entry.headers,
-        "body": entry.body,
-        "request_id": entry.request_id,
-        "replay_until": entry.replay_until,
-    }
     try:
-        cache.set(_cache_key(principal_id, key), value, ttl)
-    except Exception as exc:  # noqa: BLE001
-        _breaker_trip(exc)
-
-
-def replay_cache_delete(*, principal_id: str, key: str) -> None:
-    if _breaker_open():
-        return
-    try:
-        cache.delete(_cache_key(principal_id, key))
+        cache.set(_cache_key(principal_id, key), {"schema": _schema_name(), **asdict(entry)}, ttl)
     except Exception as exc:  # noqa: BLE001
         _breaker_trip(exc)

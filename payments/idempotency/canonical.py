@@ -1,30 +1,15 @@
 """Idempotency-Key validation and the request fingerprint (SPEC 6).
 
-Fingerprint = SHA-256 over a length-prefixed frame of
-``("tally-idempotency-v1", METHOD, path, principal id, canonical body)``; each part is
-UTF-8, prefixed by its byte length as 8 big-endian bytes, so no part can bleed into the
-next (a path ending in the principal's first letters is still a different frame).
-
-Canonical body (what "the same request" means):
-
-- empty or whitespace-only body: ``b""``;
-- a JSON document: ``b"json:"`` + canonical JSON (below);
-- anything that is not JSON (the view will answer 400 anyway): ``b"raw:"`` + the bytes.
-
-Canonical JSON: objects with keys sorted by Unicode code point, no whitespace,
-separators ``,`` and ``:``; strings as Python's ``json.dumps(ensure_ascii=False)``
-writes them (so ``"\\u00e9"`` and ``"é"`` are the same; no Unicode normalisation: NFC
-and NFD spellings differ); ``true``/``false``/``null`` as is; duplicate keys keep the
-last value (what the JSON parser of the view sees too).
-
-Numbers are compared by exact decimal value: ``100``, ``100.0``, ``1e2``, ``1E+2`` and
-``100.00`` are all ``100``; ``-0`` and ``0.0`` are ``0``; ``1.50`` is ``1.5``. A value
-whose positional form fits in 64 digits either side of the point is written
-positionally (``0.001``, ``-12.5``); anything larger or smaller is written as
-``<mantissa>e<exponent>`` with a normalised mantissa (``1e100``, ``1.5e-70``), so a
-hostile ``1e999999999`` costs a few bytes, not a gigabyte. Values are never rounded
-(no float, no Decimal context precision is involved). ``NaN``/``Infinity`` are not
-JSON and make the body ``raw:``.
+Fingerprint: SHA-256 over ``("tally-idempotency-v1", METHOD, path, principal id, canonical
+body)``, each part UTF-8 and prefixed by its byte length (8 bytes, big-endian), so no part
+can bleed into the next. Canonical body: ``b""`` if empty or whitespace, ``b"json:"`` +
+canonical JSON for a JSON document, else ``b"raw:"`` + the bytes. Canonical JSON: keys
+sorted by code point, no whitespace, strings as ``json.dumps(ensure_ascii=False)`` writes
+them (no Unicode normalisation), duplicate keys keep the last value (as the view's parser
+does). Numbers by exact decimal value (``100``, ``1e2`` and ``100.00`` are ``100``; ``-0`` is
+``0``), never rounded: positional when it fits in 64 digits either side of the point, else
+``<mantissa>e<exponent>``, so a hostile ``1e999999999`` costs a few bytes. ``NaN`` and
+``Infinity`` make the body ``raw:``.
 """
 
 from __future__ import annotations
@@ -103,13 +88,11 @@ def _canonical(value: Any, out: list[str]) -> None:
     elif isinstance(value, str):
         out.append(json.dumps(value, ensure_ascii=False))
     else:
-        raise TypeError(f"not a JSON value: {type(value).__name__}")
+        raise TypeError(f"not a JSON value: {type(value).__name__} (parse JSON numbers as Decimal, never float)")
 
 
 def canonical_json(value: Any) -> str:
     """Canonical text of an already-parsed JSON value (floats are refused: parse with Decimal)."""
-    if isinstance(value, float):
-        raise TypeError("floats are not canonical: parse JSON numbers as Decimal")
     out: list[str] = []
     _canonical(value, out)
     return "".join(out)

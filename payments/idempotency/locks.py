@@ -1,7 +1,5 @@
-"""Row locks of the idempotency engine. Lock order (wallets/locks.py): an idempotency
-record is locked first, by the fenced completion of an external effect, before the
-business and balance rows its effect takes; a tenant row (public schema) is taken alone,
-by a switch of a face's idempotency mode."""
+"""Row locks of the idempotency engine (order: wallets/locks.py). A fenced completion locks
+its record first, before the rows its effect takes; a mode switch takes a tenant row alone."""
 
 from __future__ import annotations
 

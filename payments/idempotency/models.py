@@ -1,8 +1,5 @@
-"""Idempotency records (tenant schema): one row per (principal, key).
-
-The hot path writes these rows with raw SQL in `services` (INSERT .. ON CONFLICT, fenced
-compare-and-set updates); the model is the schema, the admin view and the selectors.
-"""
+"""Idempotency records (tenant schema): one row per (principal, key). The hot path writes
+them with the SQL in `statements`; the model is the schema, the admin view and the selectors."""
 
 from __future__ import annotations
 

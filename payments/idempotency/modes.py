@@ -14,9 +14,8 @@ FACES = ("customer", "terminal", "merchant", "admin")
 
 
 def idempotency_mode_set(*, tenant: Tenant, face: str, mode: str, reason: str = "") -> Tenant:
-    """Set `face`'s idempotency mode on `tenant` and write the audit entry (in the tenant's
-    own audit log) in the same transaction. Setting the current mode changes nothing and
-    writes nothing. Locks: the tenant row (public schema)."""
+    """Set `face`'s idempotency mode on `tenant`, audited in the tenant's own log in the same
+    transaction; the current mode changes nothing. Locks: the tenant row (public schema)."""
     if face not in FACES:
         raise InvalidRequest(f"face must be one of {', '.join(FACES)}", param="face")
     if mode not in IdempotencyMode.values:

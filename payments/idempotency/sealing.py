@@ -1,11 +1,6 @@
-"""Encryption at rest for stored responses that carry a secret shown once.
-
-Creating an API key, a webhook signing secret or a payment token answers with the
-secret itself, and a byte-identical replay needs those bytes later. They are stored
-sealed (payments/sealing.py, under their own derived key), bound to the record's
-(principal, key) as associated data so a sealed body cannot be replayed under another
-record. A database dump alone reveals no secret.
-"""
+"""Stored responses that carry a secret shown once (an API key, a webhook signing secret, a
+payment token) are sealed (payments/sealing.py), bound to the record's (principal, key),
+so a database dump reveals no secret and a sealed body replays under no other record."""
 
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import Min
+from django.db.models import Min, Q
+from django.db.models.functions import Now
 
 from payments.idempotency.models import Effect, IdempotencyRecord, RecordState
-
-DEFAULT_LEASE_SECONDS = 60
+from payments.idempotency.statements import SNAPSHOT_SQL
 
 
 @dataclass(frozen=True)
@@ -22,7 +22,7 @@ class IdempotencyPolicy:
     wait_ms: int = 5000
     replay_window_seconds: int = 24 * 3600
     tombstone_window_seconds: int = 24 * 3600
-    lease_seconds: int = DEFAULT_LEASE_SECONDS
+    lease_seconds: int = 60
 
 
 @dataclass(frozen=True)
@@ -57,33 +57,20 @@ class RecordSnapshot:
     def lease_expired(self) -> bool:
         return self.state == RecordState.IN_FLIGHT and self.lease_expires_at is not None and self.lease_expires_at <= self.now
 
-    def replay_until(self, policy: IdempotencyPolicy) -> datetime:
-        return self.created + timedelta(seconds=policy.replay_window_seconds)
-
-
-def _json_field(value: Any) -> Any:
-    if value is None:
-        return None
+def str_dict_of(value: Any) -> dict[str, str]:
+    """A jsonb object read by a raw cursor (Django's psycopg loader leaves jsonb as text)."""
     if isinstance(value, str | bytes):
-        return json.loads(value)
-    return value
-
-
-_FETCH_SQL = """
-SELECT id, fingerprint, state, fence, request_id, response_status, response_headers, response_body,
-       created, completed_at, lease_expires_at, minted, now(), clock_timestamp()
-FROM idempotency_record WHERE principal_id = %s AND "key" = %s
-"""
+        value = json.loads(value)
+    return {str(k): str(v) for k, v in dict(value or {}).items()}
 
 
 def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapshot | None:
     """The record for (principal, key) with the database clock, or None."""
     with connection.cursor() as cursor:
-        cursor.execute(_FETCH_SQL, [principal_id, key])
+        cursor.execute(SNAPSHOT_SQL, [principal_id, key])
         row = cursor.fetchone()
     if row is None:
         return None
-    headers = _json_field(row[6]) or {}
     body = row[7]
     return RecordSnapshot(
         id=int(row[0]),
@@ -92,12 +79,12 @@ def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapsho
         fence=int(row[3]),
         request_id=str(row[4]),
         response_status=None if row[5] is None else int(row[5]),
-        response_headers={str(k): str(v) for k, v in dict(headers).items()},
+        response_headers=str_dict_of(row[6]),
         response_body=None if body is None else bytes(body),
         created=row[8],
         completed_at=row[9],
         lease_expires_at=row[10],
-        minted={str(k): str(v) for k, v in dict(_json_field(row[11]) or {}).items()},
+        minted=str_dict_of(row[11]),
         transaction_started=row[12],
         now=row[13],
     )
@@ -108,11 +95,8 @@ def idempotency_record_get(*, principal_id: str, key: str) -> IdempotencyRecord 
 
 
 def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
-    """The policy of `tenant`, else of the tenant whose schema the connection is in.
-
-    Inside a task or `schema_context` the connection's tenant is a stand-in without the
-    settings columns, so the row is read from the public table then.
-    """
+    """The policy of `tenant`, else of the connection's; in a task or `schema_context` that
+    is a stand-in without the settings columns, so the row is read from the public table."""
     candidate = tenant if tenant is not None else getattr(connection, "tenant", None)
     if candidate is None or not hasattr(candidate, "idempotency_wait_ms"):
         from tenants.models import Tenant
@@ -130,22 +114,15 @@ def idempotency_policy_get(*, tenant: Any | None = None) -> IdempotencyPolicy:
 def idempotency_orphans_list(
     *, limit: int = 100, after: tuple[datetime, int] | None = None, expired_by: datetime | None = None
 ) -> list[IdempotencyRecord]:
-    """In-flight records whose lease expired: a recovery worker takes them over (fence + 1).
-    One page in (lease_expires_at, id) order; `after` is the previous page's last record's
-    (lease_expires_at, id), so a worker can read them all without skipping one.
-    `expired_by`: only leases that had run out by then (a pass's start), so a record the
-    pass itself took over, and whose new lease ran out while the pass was still going,
-    is not met again on a later page of the same pass."""
-    cutoff = "LEAST(clock_timestamp(), %s)" if expired_by is not None else "clock_timestamp()"
-    params: list[Any] = [expired_by] if expired_by is not None else []
-    where = f"state = 'in_flight' AND lease_expires_at <= {cutoff}"
+    """One page of in-flight records whose lease expired, in (lease_expires_at, id) order after
+    `after` (the previous page's last). `expired_by` (a pass's start): a record the pass took
+    over itself, whose new lease ran out meanwhile, is not met again."""
+    records = IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=Now())
+    if expired_by is not None:
+        records = records.filter(lease_expires_at__lte=expired_by)
     if after is not None:
-        where += " AND (lease_expires_at, id) > (%s, %s)"
-        params += [after[0], after[1]]
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT id FROM idempotency_record WHERE {where} ORDER BY lease_expires_at, id LIMIT %s", [*params, limit])  # noqa: S608 - no client input in `where`
-        record_ids = [int(r[0]) for r in cursor.fetchall()]
-    return list(IdempotencyRecord.objects.filter(id__in=record_ids).order_by("lease_expires_at", "id"))
+        records = records.filter(Q(lease_expires_at__gt=after[0]) | Q(lease_expires_at=after[0], id__gt=after[1]))
+    return list(records.order_by("lease_expires_at", "id")[:limit])
 
 
 def idempotency_external_lease_next_end() -> datetime | None:
@@ -158,7 +135,4 @@ def idempotency_external_lease_next_end() -> datetime | None:
 
 
 def idempotency_stuck_count() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM idempotency_record WHERE state = 'in_flight' AND lease_expires_at <= clock_timestamp()")
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
+    return IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=Now()).count()

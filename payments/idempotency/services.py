@@ -1,24 +1,8 @@
-"""The one idempotency mechanism (SPEC 6). Call inside the tenant's schema.
-
-Two engines share the records, the windows, the replay cache and the metrics:
-
-- `idempotency_execute` (internal effects). One transaction, owned here (through
-  `payments.db.run_atomic`, retried whole on conflicts): INSERT of the claim with ON
-  CONFLICT DO NOTHING, the effect, the outbox row and the stored response. Under READ
-  COMMITTED a concurrent duplicate's INSERT blocks on the unique index until the winner
-  commits (then it conflicts and reads the finished record) or rolls back (then it
-  claims); it can never see a half-done effect. The wait is bounded by setting
-  `lock_timeout` (the tenant's wait budget) for that one INSERT.
-- `idempotency_execute_external` (external effects, e.g. a PSP call). The claim (state
-  in_flight, lease, fence) and the caller's outbox row commit first; the call happens
-  outside any transaction; completion is a compare-and-set on the fence. An expired
-  lease is taken over by bumping the fence; a late writer with the old fence fails and
-  changes nothing (`StaleFence`).
-
-Outcomes by status of the executed response: 2xx/3xx and 402 are stored and replayed;
-other 4xx (validation before execution) are not stored (the claim is rolled back or
-released); 5xx and unexpected exceptions leave `failed_retryable` so a retry executes
-again. Replays are served from Redis when cached, else from PostgreSQL.
+"""The one idempotency mechanism (SPEC 6; docs/ARCHITECTURE.md). Call inside the tenant's
+schema. `idempotency_execute`: claim, effect and stored response in one transaction; a
+duplicate's INSERT waits on the winner's uncommitted row, bounded by `lock_timeout`.
+`idempotency_execute_external`: the claim (lease, fence) commits first, the call runs
+outside any transaction, and completion is a compare-and-set on the fence (`StaleFence`).
 """
 
 from __future__ import annotations
@@ -27,12 +11,14 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection, transaction
+from django.db.models import QuerySet
+from django.db.models.functions import Now
 
 from payments.idempotency import metrics
 from payments.idempotency.cache import CachedResponse, ReplayPrefetch, replay_cache_get, replay_cache_set
@@ -45,15 +31,23 @@ from payments.idempotency.errors import (
     StaleFence,
 )
 from payments.idempotency.locks import idempotency_record_fence_lock
-from payments.idempotency.models import Effect, RecordState
+from payments.idempotency.models import Effect, IdempotencyRecord, RecordState
 from payments.idempotency.selectors import (
     IdempotencyPolicy,
     RecordSnapshot,
     idempotency_policy_get,
     idempotency_record_snapshot,
     idempotency_stuck_count,
+    str_dict_of,
 )
-from payments.idempotency.statements import CLAIM_SQL, COMPLETE_SQL
+from payments.idempotency.statements import (
+    CLAIM_SQL,
+    COMPLETE_SQL,
+    FAILED_INSERT_SQL,
+    LEASE_TAKEOVER_SQL,
+    PURGE_SQL,
+    TAKEOVER_SQL,
+)
 from wallets import ids
 from wallets import metrics as wallet_metrics
 from wallets.errors import TallyError, Unavailable
@@ -62,8 +56,7 @@ from wallets.transactions import is_connection_failure, run_atomic, sqlstate_of
 POLL_INTERVAL_SECONDS = 0.02
 MAX_ROUNDS = 20  # a round ends early only when the record changed under us; 20 is generous
 LOCK_NOT_AVAILABLE = "55P03"
-
-# --- Public value types ------------------------------------------------------------------
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -89,27 +82,22 @@ class IdempotentCall:
 @dataclass
 class IdempotencyContext:
     """Given to the executor. `mint` returns ids that stay the same across re-executions
-    of the same key (external retries, takeovers); `claimed_at` is the claim time."""
+    of the same key (external retries, takeovers)."""
 
     principal_id: str
     key: str | None
     record_id: int | None
     fence: int
-    claimed_at: datetime | None
     minted: dict[str, str] = field(default_factory=dict)
     takeover: bool = False
-    # External effects: set by the executor when its final writes must commit together
-    # with the stored response. The engine then completes by calling it inside the fenced
-    # completion's transaction (after locking the record and checking the fence), and
+    # External effects: the executor's final writes, run in the fenced completion that
     # stores the response it returns (`idempotency_complete_produced`).
     complete_with: Callable[[], Executed] | None = None
 
     def mint(self, name: str, prefix: str) -> str:
-        existing = self.minted.get(name)
-        if existing is None:
-            existing = ids.new_id(prefix)
-            self.minted[name] = existing
-        return existing
+        if name not in self.minted:
+            self.minted[name] = ids.new_id(prefix)
+        return self.minted[name]
 
 
 @dataclass(frozen=True)
@@ -124,7 +112,6 @@ class Executed:
 class Outcome:
     response: StoredResponse
     replayed: bool
-    source: Literal["executed", "postgres", "redis"]
     original_request_id: str
     stored: bool
     value: Any = None  # the executor's value when executed now, else None
@@ -148,21 +135,13 @@ def disposition_for_status(status: int) -> Disposition:
 # --- Control flow inside a round (never escape this module) ------------------------------
 
 
-class _Discard(Exception):
-    def __init__(self, executed: Executed) -> None:
+class _RolledBack(Exception):
+    """The answer is not stored with the view's writes: roll them back, then act on the
+    disposition (a STORE here is a 402 refusal, stored alone in a second transaction)."""
+
+    def __init__(self, executed: Executed, disposition: Disposition, minted: dict[str, str]) -> None:
         self.executed = executed
-
-
-class _Failed(Exception):
-    def __init__(self, executed: Executed) -> None:
-        self.executed = executed
-
-
-class _Refused(Exception):
-    """A business refusal (402): roll back everything the view wrote, then store the answer."""
-
-    def __init__(self, executed: Executed, minted: dict[str, str]) -> None:
-        self.executed = executed
+        self.disposition = disposition
         self.minted = minted
 
 
@@ -173,105 +152,78 @@ class _Again(Exception):
 class _Busy(Exception):
     """Another holder's in-flight claim is committed: poll until it resolves or we give up."""
 
-    def __init__(self, snapshot: RecordSnapshot) -> None:
-        self.snapshot = snapshot
-
 
 class _WaitTimedOut(Exception):
     pass
-
-
-# --- SQL ---------------------------------------------------------------------------------
-
-_TAKEOVER_SQL = """
-UPDATE idempotency_record SET
-    state = 'in_flight', fence = fence + 1,
-    lease_expires_at = clock_timestamp() + make_interval(secs => %s::double precision),
-    fingerprint = %s, request_id = %s, scope = %s, effect = %s, method = %s, path = %s,
-    response_status = NULL, response_headers = NULL, response_body = NULL, completed_at = NULL,
-    created = CASE WHEN %s THEN clock_timestamp() ELSE created END,
-    minted = CASE WHEN %s THEN '{}'::jsonb ELSE minted END,
-    updated = clock_timestamp()
-WHERE id = %s AND fence = %s AND state = %s
-RETURNING fence, created, minted
-"""
 
 
 def _ms(seconds: float) -> str:
     return f"{max(1, int(seconds * 1000))}ms"
 
 
-def _lock_timeout_set(remaining_seconds: float) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_ms(remaining_seconds)])
-
-
-def _is_lock_timeout(exc: BaseException) -> bool:
-    return sqlstate_of(exc) == LOCK_NOT_AVAILABLE
-
-
-def _claim_insert(*, call: IdempotentCall, effect: str, lease_seconds: int, remaining_seconds: float) -> tuple[int, datetime] | None:
-    """Claim (principal, key) in the current transaction. Needs: an open transaction.
-
-    Blocks while another uncommitted transaction holds the same key, at most
-    `remaining_seconds` (then `_WaitTimedOut`). The rest of the transaction keeps that
-    lock_timeout: an effect stuck on a lock longer than a duplicate may wait for it gets
-    55P03 (retried whole as a conflict) instead of holding the key hostage; and resetting
-    it would cost a round trip on every keyed request."""
+def _fetchone_waiting(sql: str, params: list[Any]) -> Any:
+    """The first row of `sql`, or None; a row lock waited on past lock_timeout raises `_WaitTimedOut`."""
     try:
         with connection.cursor() as cursor:
-            cursor.execute(
-                CLAIM_SQL,
-                [
-                    _ms(remaining_seconds), call.principal_id, call.key, call.scope, effect, call.fingerprint,
-                    lease_seconds, call.request_id, call.method[:10], call.path[:512],
-                ],
-            )
-            row = cursor.fetchone()
+            cursor.execute(sql, params)
+            return cursor.fetchone()
     except DatabaseError as exc:
-        if _is_lock_timeout(exc):
+        if sqlstate_of(exc) == LOCK_NOT_AVAILABLE:
             raise _WaitTimedOut() from exc
         raise
-    return None if row is None else (int(row[0]), row[1])
+
+
+def _claim(*, call: IdempotentCall, effect: str, policy: IdempotencyPolicy, remaining_seconds: float) -> IdempotencyContext | RecordSnapshot:
+    """Claim (principal, key) with fence 1 in the open transaction, else read the record that
+    holds it (`_Again` if gone). Waits on an uncommitted claim at most `remaining_seconds`;
+    the transaction keeps that lock_timeout, so an effect stuck on a lock longer than a
+    duplicate may wait gets 55P03 (retried whole), and no round trip resets it."""
+    row = _fetchone_waiting(
+        CLAIM_SQL,
+        [
+            _ms(remaining_seconds), call.principal_id, call.key, call.scope, effect, call.fingerprint,
+            policy.lease_seconds, call.request_id, call.method[:10], call.path[:512],
+        ],
+    )
+    if row is not None:
+        return IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=int(row[0]), fence=1)
+    snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
+    if snapshot is None:
+        raise _Again()
+    return snapshot
+
+
+def _taken_over(*, principal_id: str, key: str, record_id: int, row: Any) -> IdempotencyContext:
+    """The context of a takeover from its RETURNING fence, minted."""
+    return IdempotencyContext(principal_id=principal_id, key=key, record_id=record_id, fence=int(row[0]), minted=str_dict_of(row[1]), takeover=True)
 
 
 def _takeover(
-    *, call: IdempotentCall, effect: str, snapshot: RecordSnapshot, lease_seconds: int, renew: bool, remaining_seconds: float
+    *, call: IdempotentCall, effect: str, snapshot: RecordSnapshot, policy: IdempotencyPolicy, renew: bool, remaining_seconds: float
 ) -> IdempotencyContext:
-    """Fenced takeover of an existing record (fence + 1). Needs: an open transaction.
-
-    `renew` makes it a brand-new claim (the old record was past both windows): new claim
-    time, no minted ids. Raises `_Again` when someone else moved the fence first, or the
-    record left the state the decision was made on (a late holder completed it under the
-    same fence while this statement waited on its row lock: it must be replayed, not reopened)."""
-    _lock_timeout_set(remaining_seconds)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                _TAKEOVER_SQL,
-                [
-                    lease_seconds, call.fingerprint, call.request_id, call.scope, effect, call.method[:10], call.path[:512],
-                    renew, renew, snapshot.id, snapshot.fence, snapshot.state,
-                ],
-            )
-            row = cursor.fetchone()
-    except DatabaseError as exc:
-        if _is_lock_timeout(exc):
-            raise _WaitTimedOut() from exc
-        raise
+    """Fenced takeover (fence + 1) in the open transaction; `renew`: a brand-new claim (past
+    both windows). `_Again` when the fence or the state moved since `snapshot` (a late
+    holder that completed it meanwhile must be replayed, not reopened)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_ms(remaining_seconds)])
+    row = _fetchone_waiting(
+        TAKEOVER_SQL,
+        [
+            policy.lease_seconds, call.fingerprint, call.request_id, call.scope, effect, call.method[:10], call.path[:512],
+            renew, renew, snapshot.id, snapshot.fence, snapshot.state,
+        ],
+    )
     if row is None:
         raise _Again()
-    minted = row[2] if not isinstance(row[2], str) else json.loads(row[2])
-    return IdempotencyContext(
-        principal_id=call.principal_id, key=call.key, record_id=snapshot.id, fence=int(row[0]), claimed_at=row[1],
-        minted={str(k): str(v) for k, v in dict(minted or {}).items()}, takeover=True,
-    )
+    return _taken_over(principal_id=call.principal_id, key=call.key, record_id=snapshot.id, row=row)
 
 
-def _store_completed(*, ctx: IdempotencyContext, call: IdempotentCall, response: StoredResponse) -> datetime | None:
-    """Fenced completion. Needs: the record's fence still equal to `ctx.fence`.
+def _stale(record_id: int | None, fence: int) -> StaleFence:
+    return StaleFence(f"record {record_id}: fence {fence} is no longer current")
 
-    Takes the record's row lock. Returns the claim time, or None if the fence moved."""
+
+def _store_completed(*, ctx: IdempotencyContext, call: IdempotentCall, response: StoredResponse) -> None:
+    """Fenced completion; takes the record's row lock. Raises StaleFence if the fence moved."""
     with connection.cursor() as cursor:
         cursor.execute(
             COMPLETE_SQL,
@@ -280,32 +232,20 @@ def _store_completed(*, ctx: IdempotencyContext, call: IdempotentCall, response:
                 call.request_id, ctx.record_id, ctx.fence,
             ],
         )
-        row = cursor.fetchone()
-    return None if row is None else row[0]
+        if cursor.fetchone() is None:
+            raise _stale(ctx.record_id, ctx.fence)
 
 
 def _executed_outcome(*, call: IdempotentCall, executed: Executed, stored: bool) -> Outcome:
-    return Outcome(
-        response=executed.response, replayed=False, source="executed", original_request_id=call.request_id, stored=stored, value=executed.value
-    )
+    return Outcome(response=executed.response, replayed=False, original_request_id=call.request_id, stored=stored, value=executed.value)
 
 
-def _replay_outcome(*, snapshot: RecordSnapshot, policy: IdempotencyPolicy, call: IdempotentCall) -> Outcome:
+def _replay_outcome(*, snapshot: RecordSnapshot, policy: IdempotencyPolicy) -> Outcome:
     assert snapshot.response_status is not None and snapshot.response_body is not None
     response = StoredResponse(status=snapshot.response_status, headers=snapshot.response_headers, body=snapshot.response_body)
     return Outcome(
-        response=response, replayed=True, source="postgres", original_request_id=snapshot.request_id, stored=True,
-        replay_until=snapshot.replay_until(policy),
-    )
-
-
-def _cache_after_replay(*, call: IdempotentCall, outcome: Outcome, replay_until: datetime) -> None:
-    replay_cache_set(
-        principal_id=call.principal_id, key=call.key,
-        entry=CachedResponse(
-            fingerprint=call.fingerprint, status=outcome.response.status, headers=outcome.response.headers,
-            body=outcome.response.body, request_id=outcome.original_request_id, replay_until=replay_until.timestamp(),
-        ),
+        response=response, replayed=True, original_request_id=snapshot.request_id, stored=True,
+        replay_until=snapshot.created + timedelta(seconds=policy.replay_window_seconds),
     )
 
 
@@ -317,29 +257,27 @@ def _cached_replay(call: IdempotentCall, prefetched: ReplayPrefetch | None = Non
     if cached is None:
         return None
     if cached.fingerprint != call.fingerprint:
-        metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES.inc()
-        raise IdempotencyKeyReused()
+        raise _reused()
     metrics.IDEMPOTENCY_REPLAYS.labels(source="redis").inc()
     response = StoredResponse(status=cached.status, headers=cached.headers, body=cached.body)
-    return Outcome(response=response, replayed=True, source="redis", original_request_id=cached.request_id, stored=True)
+    return Outcome(response=response, replayed=True, original_request_id=cached.request_id, stored=True)
+
+
+def _reused() -> IdempotencyKeyReused:
+    metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES.inc()
+    return IdempotencyKeyReused()
 
 
 def _check_existing(*, call: IdempotentCall, snapshot: RecordSnapshot, policy: IdempotencyPolicy) -> str:
-    """Decide what an existing record means for this call.
-
-    Returns "replay", "renew" (past both windows: a new key), "retry" (failed_retryable:
-    execute again) or "busy" (in flight); raises 410/422 answers."""
+    """What an existing record means for this call: "replay", "renew" (past both windows),
+    "retry" (failed_retryable) or "busy" (in flight); raises the 410 and 422 answers."""
     phase = snapshot.phase(policy)
-    if snapshot.state == RecordState.IN_FLIGHT:
-        if snapshot.fingerprint != call.fingerprint:
-            metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES.inc()
-            raise IdempotencyKeyReused()
-        return "busy"
-    if phase == "expired":
+    if snapshot.state != RecordState.IN_FLIGHT and phase == "expired":
         return "renew"
     if snapshot.fingerprint != call.fingerprint:
-        metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES.inc()
-        raise IdempotencyKeyReused()
+        raise _reused()
+    if snapshot.state == RecordState.IN_FLIGHT:
+        return "busy"
     if snapshot.state == RecordState.COMPLETED:
         if phase == "tombstone":
             raise IdempotencyKeyExpired()
@@ -347,11 +285,32 @@ def _check_existing(*, call: IdempotentCall, snapshot: RecordSnapshot, policy: I
     return "retry"
 
 
-def _fail_closed(exc: BaseException) -> Unavailable:
+def _retry_after(snapshot: RecordSnapshot | None) -> int:
+    """Seconds until an in-flight holder's lease runs out; 1 when there is no such lease."""
+    if snapshot is None or snapshot.state != RecordState.IN_FLIGHT or snapshot.lease_expires_at is None:
+        return 1
+    return max(1, int((snapshot.lease_expires_at - snapshot.now).total_seconds() + 0.999))
+
+
+def _fail_closed() -> Unavailable:
     wallet_metrics.FAIL_CLOSED.labels(store="postgres").inc()
-    error = Unavailable("idempotency store unavailable: retry later")
-    error.__cause__ = exc
-    return error
+    return Unavailable("idempotency store unavailable: retry later")
+
+
+def _in_a_transaction(fn: Callable[[], T], *, operation: str) -> T:
+    """`fn` in a transaction of its own (retried whole on conflicts), or in a savepoint of the
+    caller's: inside the caller's transaction a savepoint is all we can roll back."""
+    if connection.in_atomic_block:
+        with transaction.atomic():
+            return fn()
+    return run_atomic(fn, operation=operation)
+
+
+def _best_effort(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except (DatabaseError, TallyError):
+        return
 
 
 # --- Internal effects -------------------------------------------------------------------
@@ -365,196 +324,139 @@ def idempotency_execute(
     prefetched: ReplayPrefetch | None = None,
 ) -> Outcome:
     """Run `execute` at most once per (principal, key): claim, effect and stored response
-    in one transaction, which this function owns (retried whole on conflicts).
-
-    `prefetched`: the replay-cache lookup, when the caller already made it (the API
-    reads it in the throttles' Redis call); else this function makes it.
-
-    Locks: inserts the claim row (unique index: a duplicate waits for us); `execute` runs
-    inside the transaction and takes its own locks after it. `execute` may run more than
-    once (conflict retries), always in a fresh transaction, so it must have no effect
-    outside the database. It returns the response; it should raise only for database
-    errors (propagated for retry) or bugs (the record is left failed_retryable).
-
-    Answers: IdempotencyKeyReused (422), IdempotencyKeyExpired (410), IdempotencyKeyInUse
-    (409, after waiting up to `policy.wait_ms`), Unavailable (503, database down).
-    """
+    in one transaction, owned here and retried whole on conflicts, so `execute` must have no
+    effect outside the database. `prefetched`: the replay-cache lookup the throttles made.
+    Locks: the claim row (a duplicate waits on it), then whatever `execute` takes.
+    Raises IdempotencyKeyReused (422), IdempotencyKeyExpired (410), IdempotencyKeyInUse
+    (409, after waiting up to `policy.wait_ms`), Unavailable (503)."""
     cached = _cached_replay(call, prefetched)
     if cached is not None:
         return cached
     started = time.monotonic()
     deadline = started + policy.wait_ms / 1000.0
     waited = False
-    nested = connection.in_atomic_block
 
     def round_() -> Outcome:
         nonlocal waited
-        claimed = _claim_insert(call=call, effect=Effect.INTERNAL, lease_seconds=policy.lease_seconds, remaining_seconds=deadline - time.monotonic())
-        if claimed is not None:
-            ctx = IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=claimed[0], fence=1, claimed_at=claimed[1])
-            return _execute_in_transaction(call=call, ctx=ctx, execute=execute)
-        waited = True
-        snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
-        if snapshot is None:
-            raise _Again()
-        verdict = _check_existing(call=call, snapshot=snapshot, policy=policy)
-        if verdict == "replay":
-            if snapshot.completed_at is not None and snapshot.completed_at >= snapshot.transaction_started:
-                metrics.IDEMPOTENCY_CLAIM_CONFLICTS.inc()  # it finished while we waited: we lost a race
-            return _replay_outcome(snapshot=snapshot, policy=policy, call=call)
-        if verdict == "busy":
-            raise _Busy(snapshot)
-        ctx = _takeover(
-            call=call, effect=Effect.INTERNAL, snapshot=snapshot, lease_seconds=policy.lease_seconds,
-            renew=True, remaining_seconds=deadline - time.monotonic(),
-        )
-        return _execute_in_transaction(call=call, ctx=ctx, execute=execute)
-
-    def atomic_round() -> Outcome:
-        if nested:  # inside a caller's transaction: a savepoint is all we can roll back
-            with transaction.atomic():
-                return round_()
-        return round_()
+        claimed = _claim(call=call, effect=Effect.INTERNAL, policy=policy, remaining_seconds=deadline - time.monotonic())
+        if isinstance(claimed, RecordSnapshot):
+            waited = True
+            verdict = _check_existing(call=call, snapshot=claimed, policy=policy)
+            if verdict == "replay":
+                if claimed.completed_at is not None and claimed.completed_at >= claimed.transaction_started:
+                    metrics.IDEMPOTENCY_CLAIM_CONFLICTS.inc()  # it finished while we waited: we lost a race
+                return _replay_outcome(snapshot=claimed, policy=policy)
+            if verdict == "busy":
+                raise _Busy()
+            claimed = _takeover(
+                call=call, effect=Effect.INTERNAL, snapshot=claimed, policy=policy, renew=True, remaining_seconds=deadline - time.monotonic()
+            )
+        executed = execute(claimed)
+        disposition = disposition_for_status(executed.response.status)
+        if disposition is not Disposition.STORE or executed.response.status >= 400:
+            raise _RolledBack(executed, disposition, dict(claimed.minted))
+        _store_completed(ctx=claimed, call=call, response=executed.response)
+        return _executed_outcome(call=call, executed=executed, stored=True)
 
     try:
         for _ in range(MAX_ROUNDS):
             try:
-                outcome = run_atomic(atomic_round, operation=f"idempotency.{call.scope}")
+                outcome = _in_a_transaction(round_, operation=f"idempotency.{call.scope}")
             except _Again:
                 continue
-            except _Busy as busy:
+            except _Busy:
                 if time.monotonic() >= deadline:
                     raise _WaitTimedOut() from None
-                del busy
                 time.sleep(min(POLL_INTERVAL_SECONDS, max(0.0, deadline - time.monotonic())))
                 continue
-            except _Discard as discard:
-                return _executed_outcome(call=call, executed=discard.executed, stored=False)
-            except _Refused as refused:
-                try:
-                    stored = _store_refusal(call=call, policy=policy, refused=refused, deadline=deadline)
-                except _Again:
-                    continue
+            except _RolledBack as rolled_back:
+                if rolled_back.disposition is Disposition.FAIL:
+                    _record_failed(call=call)
+                if rolled_back.disposition is not Disposition.STORE:
+                    return _executed_outcome(call=call, executed=rolled_back.executed, stored=False)
+                stored = _store_refusal(call=call, policy=policy, refused=rolled_back, deadline=deadline)
                 if stored is None:
                     continue
                 return stored
-            except _Failed as failed:
-                _record_failed(call=call, effect=Effect.INTERNAL)
-                return _executed_outcome(call=call, executed=failed.executed, stored=False)
             if outcome.replayed:
                 metrics.IDEMPOTENCY_REPLAYS.labels(source="postgres").inc()
                 if outcome.replay_until is not None:
-                    _cache_after_replay(call=call, outcome=outcome, replay_until=outcome.replay_until)
+                    replay_cache_set(
+                        principal_id=call.principal_id, key=call.key,
+                        entry=CachedResponse(
+                            fingerprint=call.fingerprint, status=outcome.response.status, headers=outcome.response.headers,
+                            body=outcome.response.body, request_id=outcome.original_request_id, replay_until=outcome.replay_until.timestamp(),
+                        ),
+                    )
             return outcome
         raise _WaitTimedOut()
     except _WaitTimedOut:
-        return _in_use_or_replay(call=call, policy=policy, started=started)
+        return _in_use_or_replay(call=call, policy=policy)
     except (IdempotencyError, Unavailable):
         raise
     except DatabaseError as exc:
         if is_connection_failure(exc):
-            raise _fail_closed(exc) from exc
-        _record_failed(call=call, effect=Effect.INTERNAL)
+            raise _fail_closed() from exc
+        _record_failed(call=call)
         raise
     except Exception:
-        _record_failed(call=call, effect=Effect.INTERNAL)
+        _record_failed(call=call)
         raise
     finally:
         if waited:
             metrics.IDEMPOTENCY_INFLIGHT_WAIT_SECONDS.observe(time.monotonic() - started)
 
 
-def _execute_in_transaction(*, call: IdempotentCall, ctx: IdempotencyContext, execute: Callable[[IdempotencyContext], Executed]) -> Outcome:
-    executed = execute(ctx)
-    disposition = disposition_for_status(executed.response.status)
-    if disposition is Disposition.DISCARD:
-        raise _Discard(executed)
-    if disposition is Disposition.FAIL:
-        raise _Failed(executed)
-    if executed.response.status >= 400:
-        raise _Refused(executed, dict(ctx.minted))
-    if _store_completed(ctx=ctx, call=call, response=executed.response) is None:
-        raise StaleFence(f"record {ctx.record_id} fence {ctx.fence} moved inside its own transaction")
-    return _executed_outcome(call=call, executed=executed, stored=True)
-
-
-def _store_refusal(*, call: IdempotentCall, policy: IdempotencyPolicy, refused: _Refused, deadline: float) -> Outcome | None:
-    """Second, short transaction after a refusal rolled back the view's writes: claim
-    again and store the refusal without executing anything. None if someone else holds
-    or finished the key meanwhile (the caller's next round replays or waits for it).
-    Locks: the claim row (insert or fenced takeover)."""
+def _store_refusal(*, call: IdempotentCall, policy: IdempotencyPolicy, refused: _RolledBack, deadline: float) -> Outcome | None:
+    """After a refusal rolled back the view's writes: claim again and store the refusal
+    alone. None if someone else holds or finished the key meanwhile (the next round replays
+    or waits for it). Locks: the claim row."""
 
     def write() -> Outcome | None:
-        claimed = _claim_insert(call=call, effect=Effect.INTERNAL, lease_seconds=policy.lease_seconds, remaining_seconds=deadline - time.monotonic())
-        if claimed is not None:
-            ctx = IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=claimed[0], fence=1, claimed_at=claimed[1])
-        else:
-            snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
-            if snapshot is None:
-                raise _Again()
-            if _check_existing(call=call, snapshot=snapshot, policy=policy) in ("replay", "busy"):
+        claimed = _claim(call=call, effect=Effect.INTERNAL, policy=policy, remaining_seconds=deadline - time.monotonic())
+        if isinstance(claimed, RecordSnapshot):
+            if _check_existing(call=call, snapshot=claimed, policy=policy) in ("replay", "busy"):
                 return None
-            ctx = _takeover(
-                call=call, effect=Effect.INTERNAL, snapshot=snapshot, lease_seconds=policy.lease_seconds,
-                renew=True, remaining_seconds=deadline - time.monotonic(),
+            claimed = _takeover(
+                call=call, effect=Effect.INTERNAL, snapshot=claimed, policy=policy, renew=True, remaining_seconds=deadline - time.monotonic()
             )
-        ctx.minted = dict(refused.minted)
-        if _store_completed(ctx=ctx, call=call, response=refused.executed.response) is None:
-            raise StaleFence(f"record {ctx.record_id} fence {ctx.fence} moved inside its own transaction")
+        claimed.minted = dict(refused.minted)
+        _store_completed(ctx=claimed, call=call, response=refused.executed.response)
         return _executed_outcome(call=call, executed=refused.executed, stored=True)
 
-    return run_atomic(write, operation=f"idempotency.{call.scope}.refusal")
+    try:
+        return run_atomic(write, operation=f"idempotency.{call.scope}.refusal")
+    except _Again:
+        return None
 
 
-def _in_use_or_replay(*, call: IdempotentCall, policy: IdempotencyPolicy, started: float) -> Outcome:
+def _in_use_or_replay(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Outcome:
     """After the wait budget: one last look (it may have just finished), else 409."""
     try:
         snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
     except DatabaseError as exc:
         if is_connection_failure(exc):
-            raise _fail_closed(exc) from exc
+            raise _fail_closed() from exc
         raise
     if snapshot is not None and _check_existing(call=call, snapshot=snapshot, policy=policy) == "replay":
         metrics.IDEMPOTENCY_REPLAYS.labels(source="postgres").inc()
-        return _replay_outcome(snapshot=snapshot, policy=policy, call=call)
+        return _replay_outcome(snapshot=snapshot, policy=policy)
     metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS.inc()
-    retry_after = 1
-    if snapshot is not None and snapshot.state == RecordState.IN_FLIGHT and snapshot.lease_expires_at is not None:
-        retry_after = max(1, int((snapshot.lease_expires_at - snapshot.now).total_seconds() + 0.999))
-    raise IdempotencyKeyInUse(retry_after=min(retry_after, 60))
+    raise IdempotencyKeyInUse(retry_after=min(_retry_after(snapshot), 60))
 
 
-_FAILED_SQL = """
-WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', '1000ms', true) AS lock_timeout)
-INSERT INTO idempotency_record
-    (principal_id, "key", scope, effect, fingerprint, state, fence, lease_expires_at,
-     request_id, method, path, minted, created, updated)
-SELECT %s, %s, %s, %s, %s, 'failed_retryable', 1, NULL, %s, %s, %s, '{}'::jsonb, clock_timestamp(), clock_timestamp()
-FROM cfg
-ON CONFLICT (principal_id, "key") DO NOTHING
-"""
-
-
-def _record_failed(*, call: IdempotentCall, effect: str) -> None:
-    """Best effort, after the failed transaction rolled back: leave a failed_retryable
-    record so the key stays bound to its fingerprint and operators see the failure. An
-    existing record (someone else's claim, or the one we took over) is left as it is."""
+def _record_failed(*, call: IdempotentCall) -> None:
+    """Best effort, after the rollback: a failed_retryable record keeps the key bound to its
+    fingerprint and shows operators the failure; an existing record is left as it is."""
 
     def write() -> None:
         with connection.cursor() as cursor:
             cursor.execute(
-                _FAILED_SQL,
-                [call.principal_id, call.key, call.scope, effect, call.fingerprint, call.request_id, call.method[:10], call.path[:512]],
+                FAILED_INSERT_SQL,
+                [call.principal_id, call.key, call.scope, Effect.INTERNAL, call.fingerprint, call.request_id, call.method[:10], call.path[:512]],
             )
 
-    def in_a_transaction() -> None:
-        if connection.in_atomic_block:
-            with transaction.atomic():
-                write()
-        else:
-            run_atomic(write, operation="idempotency.record_failed")
-
-    _best_effort(in_a_transaction)
+    _best_effort(lambda: _in_a_transaction(write, operation="idempotency.record_failed"))
 
 
 # --- External effects -------------------------------------------------------------------
@@ -565,7 +467,6 @@ class Claim:
     """A committed in-flight claim: the holder must finish with the same fence."""
 
     context: IdempotencyContext
-    lease_seconds: int
 
 
 @dataclass(frozen=True)
@@ -580,45 +481,31 @@ def idempotency_claim(
     mint: dict[str, str] | None = None,
     on_claim: Callable[[IdempotencyContext], None] | None = None,
 ) -> Claim | Outcome | Busy:
-    """Claim (principal, key) for an external effect and COMMIT the claim.
-
-    In one transaction: the in-flight record (lease `policy.lease_seconds`, fence 1, or
-    fence + 1 when taking over a failed or lease-expired claim), the ids in `mint`
-    ({"topup": "top"}) minted once, and `on_claim(ctx)` (write the pending object and its
-    outbox row there). Returns the Claim, a replay Outcome, or Busy (someone holds a live
-    lease). Raises 410/422 answers. Locks: the record row (insert or fenced update).
-    """
+    """Claim (principal, key) for an external effect and COMMIT, in one transaction, the
+    in-flight record (fence 1, or + 1 over a failed or lease-expired claim), the ids in
+    `mint` ({"topup": "top"}) and what `on_claim(ctx)` writes. Returns the Claim, a replay
+    Outcome, or Busy (a live lease). Raises 410/422. Locks: the record row."""
 
     def round_() -> Claim | Outcome | Busy:
-        claimed = _claim_insert(call=call, effect=Effect.EXTERNAL, lease_seconds=policy.lease_seconds, remaining_seconds=policy.wait_ms / 1000.0)
-        if claimed is not None:
-            ctx = IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=claimed[0], fence=1, claimed_at=claimed[1])
-        else:
-            snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
-            if snapshot is None:
-                raise _Again()
-            verdict = _check_existing(call=call, snapshot=snapshot, policy=policy)
+        claimed = _claim(call=call, effect=Effect.EXTERNAL, policy=policy, remaining_seconds=policy.wait_ms / 1000.0)
+        if isinstance(claimed, RecordSnapshot):
+            verdict = _check_existing(call=call, snapshot=claimed, policy=policy)
             if verdict == "replay":
-                return _replay_outcome(snapshot=snapshot, policy=policy, call=call)
-            if verdict == "busy" and not snapshot.lease_expired:
-                remaining = (snapshot.lease_expires_at - snapshot.now).total_seconds() if snapshot.lease_expires_at else 1.0
-                return Busy(retry_after=max(1, int(remaining + 0.999)))
-            ctx = _takeover(
-                call=call, effect=Effect.EXTERNAL, snapshot=snapshot, lease_seconds=policy.lease_seconds,
-                renew=verdict == "renew", remaining_seconds=policy.wait_ms / 1000.0,
+                return _replay_outcome(snapshot=claimed, policy=policy)
+            if verdict == "busy" and not claimed.lease_expired:
+                return Busy(retry_after=_retry_after(claimed))
+            claimed = _takeover(
+                call=call, effect=Effect.EXTERNAL, snapshot=claimed, policy=policy, renew=verdict == "renew",
+                remaining_seconds=policy.wait_ms / 1000.0,
             )
             if verdict == "busy":
                 metrics.IDEMPOTENCY_LEASE_TAKEOVERS.inc()
         for name, prefix in (mint or {}).items():
-            ctx.mint(name, prefix)
+            claimed.mint(name, prefix)
         if on_claim is not None:
-            on_claim(ctx)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE idempotency_record SET minted = %s::jsonb WHERE id = %s AND fence = %s",
-                [json.dumps(ctx.minted, sort_keys=True), ctx.record_id, ctx.fence],
-            )
-        return Claim(context=ctx, lease_seconds=policy.lease_seconds)
+            on_claim(claimed)
+        _in_flight(claimed.record_id or 0, claimed.fence).update(minted=claimed.minted)
+        return Claim(context=claimed)
 
     try:
         for _ in range(MAX_ROUNDS):
@@ -634,7 +521,7 @@ def idempotency_claim(
         return Busy(retry_after=1)
     except DatabaseError as exc:
         if is_connection_failure(exc):
-            raise _fail_closed(exc) from exc
+            raise _fail_closed() from exc
         raise
 
 
@@ -647,52 +534,38 @@ def idempotency_complete(
     effect: Callable[[], None] | None = None,
     ctx: IdempotencyContext | None = None,
 ) -> bool:
-    """Fenced completion: store `response` only if our fence is still current.
-
-    In one transaction: the compare-and-set on (id, fence, in_flight), which takes the
-    record's row lock, then `effect()` (the holder's own final writes). If the fence
-    moved (our lease was taken over) nothing is written, `effect` does not run, and the
-    result is False: a stale writer changes nothing."""
-    context = ctx or IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=record_id, fence=fence, claimed_at=None)
+    """Fenced completion: run `effect()` (the holder's own final writes) and store `response`
+    in one transaction, only if our fence is still current. False if it moved (our lease
+    was taken over): a stale writer changes nothing. Locks: the record row."""
+    context = ctx or IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=record_id, fence=fence)
     if ctx is None:
         existing = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
         if existing is not None and existing.id == record_id:
             context.minted = dict(existing.minted)
 
-    def write() -> None:
-        if _store_completed(ctx=context, call=call, response=response) is None:
-            raise StaleFence(f"record {record_id}: fence {fence} is no longer current")
+    def produce() -> Executed:
         if effect is not None:
             effect()
+        return Executed(response=response)
 
-    try:
-        run_atomic(write, operation="idempotency.complete")
-    except StaleFence:
-        return False
-    return True
+    return idempotency_complete_produced(ctx=context, call=call, produce=produce) is not None
 
 
 def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCall, produce: Callable[[], Executed]) -> Executed | None:
-    """Fenced completion whose final writes and response come from `produce`, all in ONE
-    transaction: lock the record and check our fence (and that it is still in flight), run
-    `produce()` (the holder's final writes; it returns the response to store: 2xx or 402),
-    then the compare-and-set that stores it. Returns what `produce` returned, or None if the
-    fence moved (our lease was taken over): then nothing `produce` wrote is kept.
-
-    `produce` may run more than once (conflict retries, each in a fresh transaction), so
-    it must only touch the database. Locks: the record row, then whatever `produce` takes."""
+    """In ONE transaction: lock the record if in flight under our fence, run `produce()` (the
+    final writes; it may run again on a conflict, so database only) and store the response
+    it returns (2xx or 402). None if the fence moved: nothing `produce` wrote is kept.
+    Locks: the record row, then whatever `produce` takes."""
     record_id = ctx.record_id
     assert record_id is not None
 
     def write() -> Executed:
-        # Lock the record: ours only while in flight under our fence.
         if not idempotency_record_fence_lock(record_id=record_id, fence=ctx.fence, in_flight=True):
-            raise StaleFence(f"record {ctx.record_id}: fence {ctx.fence} is no longer current")
+            raise _stale(record_id, ctx.fence)
         executed = produce()
         if disposition_for_status(executed.response.status) is not Disposition.STORE:
             raise ValueError(f"a produced completion must be stored (2xx or 402), not {executed.response.status}")
-        if _store_completed(ctx=ctx, call=call, response=executed.response) is None:
-            raise StaleFence(f"record {ctx.record_id}: fence {ctx.fence} is no longer current")
+        _store_completed(ctx=ctx, call=call, response=executed.response)
         return executed
 
     try:
@@ -701,73 +574,42 @@ def idempotency_complete_produced(*, ctx: IdempotencyContext, call: IdempotentCa
         return None
 
 
-def _fenced_update(sql: str, params: list[Any], operation: str, effect: Callable[[], None] | None = None) -> bool:
-    def write() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            done = bool(cursor.rowcount == 1)
-        if done and effect is not None:
-            effect()
-        return done
-
-    return bool(run_atomic(write, operation=operation))
+def _in_flight(record_id: int, fence: int) -> QuerySet[IdempotencyRecord]:
+    return IdempotencyRecord.objects.filter(id=record_id, fence=fence, state=RecordState.IN_FLIGHT)
 
 
 def idempotency_fail(*, record_id: int, fence: int) -> bool:
     """in_flight -> failed_retryable if `fence` is current (the next retry executes again)."""
-    return _fenced_update(
-        "UPDATE idempotency_record SET state = 'failed_retryable', lease_expires_at = NULL, updated = clock_timestamp() "
-        "WHERE id = %s AND fence = %s AND state = 'in_flight'",
-        [record_id, fence], "idempotency.fail",
-    )
+    return _in_flight(record_id, fence).update(state=RecordState.FAILED_RETRYABLE, lease_expires_at=None, updated=Now()) == 1
 
 
 def idempotency_release(*, record_id: int, fence: int, effect: Callable[[], None] | None = None) -> bool:
     """Drop an in-flight claim whose request failed validation (nothing stored). `effect`
     (the holder's undo of what its `on_claim` wrote) runs in the same transaction, only if
     the fence was still ours."""
-    return _fenced_update(
-        "DELETE FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight'", [record_id, fence], "idempotency.release",
-        effect,
-    )
 
+    def write() -> bool:
+        deleted, _ = _in_flight(record_id, fence).delete()
+        if deleted and effect is not None:
+            effect()
+        return deleted == 1
 
-def idempotency_lease_extend(*, record_id: int, fence: int, lease_seconds: int) -> bool:
-    """Heartbeat of a long external call: push the lease out if we still hold the fence."""
-    return _fenced_update(
-        "UPDATE idempotency_record SET lease_expires_at = clock_timestamp() + make_interval(secs => %s::double precision), "
-        "updated = clock_timestamp() WHERE id = %s AND fence = %s AND state = 'in_flight'",
-        [lease_seconds, record_id, fence], "idempotency.lease_extend",
-    )
+    return run_atomic(write, operation="idempotency.release")
 
 
 def idempotency_lease_takeover(
     *, principal_id: str, key: str, lease_seconds: int, include_failed: bool = False
 ) -> IdempotencyContext | None:
-    """Take over an in-flight record whose lease expired (recovery worker): fence + 1 and a
-    new lease, committed. With `include_failed`, a failed_retryable record is taken too
-    (back in flight): a recovery that must finish what a failed attempt left unknown.
-    Returns the new context, or None if the lease is live or the record gone or finished.
-    The previous holder's fence is dead from the commit on. Locks: the record row."""
+    """A recovery's takeover, committed: fence + 1 and a new lease on an in-flight record
+    whose lease expired (or, with `include_failed`, a failed_retryable one, whose outcome a
+    recovery must still learn). None if the lease is live or the record gone or finished.
+    Locks: the record row."""
 
     def write() -> IdempotencyContext | None:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE idempotency_record SET fence = fence + 1, state = 'in_flight', "
-                "lease_expires_at = clock_timestamp() + make_interval(secs => %s::double precision), updated = clock_timestamp() "
-                'WHERE principal_id = %s AND "key" = %s AND ((state = \'in_flight\' AND lease_expires_at <= clock_timestamp()) '
-                "OR (%s AND state = 'failed_retryable')) "
-                "RETURNING id, fence, created, minted",
-                [lease_seconds, principal_id, key, include_failed],
-            )
+            cursor.execute(LEASE_TAKEOVER_SQL, [lease_seconds, principal_id, key, include_failed])
             row = cursor.fetchone()
-        if row is None:
-            return None
-        minted = row[3] if not isinstance(row[3], str) else json.loads(row[3])
-        return IdempotencyContext(
-            principal_id=principal_id, key=key, record_id=int(row[0]), fence=int(row[1]), claimed_at=row[2],
-            minted={str(k): str(v) for k, v in dict(minted or {}).items()}, takeover=True,
-        )
+        return None if row is None else _taken_over(principal_id=principal_id, key=key, record_id=int(row[2]), row=row)
 
     ctx = run_atomic(write, operation="idempotency.takeover")
     if ctx is not None:
@@ -779,7 +621,7 @@ def idempotency_fence_assert(*, record_id: int, fence: int) -> None:
     """Lock the record and check we still hold `fence`. Needs: an open transaction (the
     holder's own). Raises StaleFence, so the holder's writes in that transaction roll back."""
     if not idempotency_record_fence_lock(record_id=record_id, fence=fence):
-        raise StaleFence(f"record {record_id}: fence {fence} is no longer current")
+        raise _stale(record_id, fence)
 
 
 def idempotency_execute_external(
@@ -791,18 +633,11 @@ def idempotency_execute_external(
     on_claim: Callable[[IdempotencyContext], None] | None = None,
     on_release: Callable[[IdempotencyContext], None] | None = None,
 ) -> Outcome:
-    """Claim (committed, with `on_claim`'s outbox row), run `execute` outside any
-    transaction (pass `ctx.key`/minted ids to the provider as its idempotency key), then
-    complete with a fenced compare-and-set. If our lease was taken over meanwhile, our
-    completion changes nothing and we answer what the record holds (or 409).
-
-    `on_claim` runs again on every takeover of the key (same minted ids): it must be
-    idempotent (get-or-create its pending object). If it raises, the claim's transaction
-    rolls back and the exception propagates: nothing is stored. If `execute` sets
-    `ctx.complete_with`, the final writes and the stored response come from it, inside the
-    fenced completion (`idempotency_complete_produced`). A discarded answer (4xx other than
-    402) releases the claim and runs `on_release(ctx)` in that transaction, to undo what
-    `on_claim` wrote."""
+    """Claim (committed with what `on_claim` writes; it runs again on every takeover, so it
+    must get-or-create), run `execute` outside any transaction, then complete with a fenced
+    compare-and-set, or inside `ctx.complete_with` when `execute` sets it. If our lease was
+    taken over meanwhile, we answer what the record holds (or 409). A discarded 4xx releases
+    the claim and runs `on_release(ctx)` in that transaction."""
     cached = _cached_replay(call)
     if cached is not None:
         return cached
@@ -826,31 +661,31 @@ def idempotency_execute_external(
             metrics.IDEMPOTENCY_INFLIGHT_WAIT_SECONDS.observe(time.monotonic() - started)
 
     ctx = claimed.context
-    assert ctx.record_id is not None
+    record_id = ctx.record_id
+    assert record_id is not None
+
+    def fail() -> None:
+        _best_effort(lambda: idempotency_fail(record_id=record_id, fence=ctx.fence))
+
     try:
         executed = execute(ctx)
+        produced = None if ctx.complete_with is None else idempotency_complete_produced(ctx=ctx, call=call, produce=ctx.complete_with)
     except Exception:
-        _best_effort(lambda: idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence))
+        fail()
         raise
     if ctx.complete_with is not None:
-        produce = ctx.complete_with
-        try:
-            produced = idempotency_complete_produced(ctx=ctx, call=call, produce=produce)
-        except Exception:
-            _best_effort(lambda: idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence))
-            raise
-        if produced is not None:
-            return _executed_outcome(call=call, executed=produced, stored=True)
-        return _superseded_answer(call=call, policy=policy)
+        if produced is None:
+            return _superseded_answer(call=call, policy=policy)
+        return _executed_outcome(call=call, executed=produced, stored=True)
     disposition = disposition_for_status(executed.response.status)
     if disposition is Disposition.DISCARD:
         undo = None if on_release is None else (lambda: on_release(ctx))
-        _best_effort(lambda: idempotency_release(record_id=ctx.record_id or 0, fence=ctx.fence, effect=undo))
+        _best_effort(lambda: idempotency_release(record_id=record_id, fence=ctx.fence, effect=undo))
         return _executed_outcome(call=call, executed=executed, stored=False)
     if disposition is Disposition.FAIL:
-        _best_effort(lambda: idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence))
+        fail()
         return _executed_outcome(call=call, executed=executed, stored=False)
-    if idempotency_complete(record_id=ctx.record_id, fence=ctx.fence, call=call, response=executed.response, ctx=ctx):
+    if idempotency_complete(record_id=record_id, fence=ctx.fence, call=call, response=executed.response, ctx=ctx):
         return _executed_outcome(call=call, executed=executed, stored=True)
     return _superseded_answer(call=call, policy=policy)
 
@@ -860,16 +695,9 @@ def _superseded_answer(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Ou
     snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
     if snapshot is not None and snapshot.state == RecordState.COMPLETED and snapshot.fingerprint == call.fingerprint:
         metrics.IDEMPOTENCY_REPLAYS.labels(source="postgres").inc()
-        return _replay_outcome(snapshot=snapshot, policy=policy, call=call)
+        return _replay_outcome(snapshot=snapshot, policy=policy)
     metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS.inc()
     raise IdempotencyKeyInUse()
-
-
-def _best_effort(fn: Callable[[], object]) -> None:
-    try:
-        fn()
-    except (DatabaseError, TallyError):
-        return
 
 
 # --- Plain API for tasks and management commands -----------------------------------------
@@ -894,17 +722,12 @@ def idempotency_run(
     policy: IdempotencyPolicy | None = None,
     request_id: str | None = None,
 ) -> RunResult:
-    """Run `fn(ctx)` at most once for (principal_id, key) in the current tenant, for Celery
-    tasks and management commands with their own keys (principal_id e.g. "task:relay").
-
-    The fingerprint is `fingerprint`, else computed from (scope, principal_id, payload).
-    `fn` returns a JSON-serialisable value (Decimal and datetime become strings); it is
-    stored, and every call (first or replay) returns the same decoded JSON value.
-    Internal: `fn` runs in the claim's transaction (locks: the claim row, then whatever
-    `fn` takes). External: the claim commits first and `fn` runs outside a transaction.
-    If `fn` raises, nothing is stored, the record is left failed_retryable and the
-    exception propagates. Raises IdempotencyKeyReused / Expired / InUse, Unavailable.
-    """
+    """Run `fn(ctx)` at most once for (principal_id, key) in the current tenant, for tasks
+    and commands with their own keys (principal_id e.g. "task:relay"); the fingerprint is
+    `fingerprint`, else that of (scope, principal_id, payload). `fn`'s JSON-serialisable
+    value is stored, and every call returns it decoded. Internal: `fn` runs in the claim's
+    transaction (locks: the claim row, then `fn`'s); external: outside one. If `fn` raises,
+    the record is left failed_retryable and the exception propagates."""
     resolved_policy = policy or idempotency_policy_get()
     call = IdempotentCall(
         principal_id=principal_id, key=key, scope=scope[:64],
@@ -927,38 +750,28 @@ def idempotency_run(
 # --- Retention ----------------------------------------------------------------------------
 
 PURGE_BATCH = 1000
-
-
-def idempotency_records_purge(*, policy: IdempotencyPolicy, batch_size: int = PURGE_BATCH, max_batches: int = 1000) -> int:
-    """Delete records past their replay and tombstone windows, in batches (each its own
-    short transaction, `FOR UPDATE SKIP LOCKED`, so live traffic is never blocked). In
-    flight records are kept: the orphan recovery owns them. Returns how many went."""
-    horizon = policy.replay_window_seconds + policy.tombstone_window_seconds
-    total = 0
-
-    def batch() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "DELETE FROM idempotency_record WHERE id IN ("
-                " SELECT id FROM idempotency_record WHERE created < clock_timestamp() - make_interval(secs => %s::double precision)"
-                " AND state <> 'in_flight' ORDER BY created LIMIT %s FOR UPDATE SKIP LOCKED)",
-                [horizon, batch_size],
-            )
-            return int(cursor.rowcount)
-
-    for _ in range(max_batches):
-        deleted = run_atomic(batch, operation="idempotency.purge")
-        total += deleted
-        if deleted < batch_size:
-            break
-    return total
+PURGE_MAX_BATCHES = 1000
 
 
 def idempotency_maintenance_run(*, batch_size: int = PURGE_BATCH) -> int:
-    """One tenant's housekeeping (its schema must be active): purge records past both
-    windows, then publish how many in-flight records are past their lease. Returns the
-    number purged. Locks: rows of each purge batch (SKIP LOCKED)."""
-    purged = idempotency_records_purge(policy=idempotency_policy_get(), batch_size=batch_size)
+    """One tenant's housekeeping: delete records past both windows in short batches (SKIP
+    LOCKED: live traffic is never blocked; in-flight records belong to the orphan recovery),
+    then publish how many in-flight records are past their lease. Returns the number
+    purged. Locks: each purge batch's rows."""
+    policy = idempotency_policy_get()
+    horizon = policy.replay_window_seconds + policy.tombstone_window_seconds
+    purged = 0
+
+    def batch() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(PURGE_SQL, [horizon, batch_size])
+            return int(cursor.rowcount)
+
+    for _ in range(PURGE_MAX_BATCHES):
+        deleted = run_atomic(batch, operation="idempotency.purge")
+        purged += deleted
+        if deleted < batch_size:
+            break
     schema_name = str(getattr(connection, "schema_name", "public"))
     metrics.IDEMPOTENCY_STUCK_INFLIGHT.labels(tenant=schema_name).set(idempotency_stuck_count())
     return purged

@@ -1,12 +1,6 @@
-"""Back-office staff actions: at most once per confirmation, and audited.
-
-Every confirmation page carries an idempotency key of its own (generated when the page
-is shown); the action runs through the one idempotency mechanism (`idempotency_run`)
-under that key and the staff member's login, so a double-clicked button, a resubmitted
-form or a retried request acts once and the second submission answers the first one's
-result. Who did what to which object, before and after, is written to the audit log in
-the same transaction as the action.
-"""
+"""Back-office staff actions: at most once per confirmation page (each carries its own
+idempotency key, run through `idempotency_run` under the staff member's login), audited in
+the same transaction: a double-clicked button or resubmitted form acts once."""
 
 from __future__ import annotations
 
@@ -55,14 +49,11 @@ def staff_action_run(
     fn: Callable[[], str | tuple[str, str]],
     audit: bool = True,
 ) -> StaffActionResult:
-    """Run `fn` (one service call, returning a message for the staff member) at most once
-    for (this staff login, `idempotency_key`), in one transaction with the audit entry
-    `admin.<action>` (the target's row before and after, the form's data). `audit=False`
-    for actions whose service writes its own entry (freezes, keys, adjustments, modes).
-    Locks: the idempotency claim, then whatever `fn` takes. Raises what `fn` raises
-    (nothing is done then) and the idempotency errors (the key reused for other data)."""
+    """Run `fn` (one service call returning a message, or a message and a secret) at most
+    once for (this staff login, `idempotency_key`), in one transaction with the audit entry
+    `admin.<action>`; `audit=False` when the service writes its own. Locks: the
+    idempotency claim, then whatever `fn` takes. Raises what `fn` raises."""
     label = target._meta.label_lower
-
     principal_id = f"user:{user_id}"
 
     def run(_ctx: object) -> dict[str, str]:
@@ -85,9 +76,7 @@ def staff_action_run(
         scope=f"admin:{label}:{action}", principal_id=principal_id, key=idempotency_key,
         payload={"target": str(target.pk), "data": data}, fn=run,
     )
-    sealed_value = result.value.get("secret_sealed")
-    secret_value = (
-        response_body_unseal(stored=base64.b64decode(sealed_value), principal_id=principal_id, key=idempotency_key).decode()
-        if sealed_value else None
-    )
-    return StaffActionResult(message=str(result.value["message"]), replayed=result.replayed, secret=secret_value)
+    secret = None
+    if sealed := result.value.get("secret_sealed"):
+        secret = response_body_unseal(stored=base64.b64decode(sealed), principal_id=principal_id, key=idempotency_key).decode()
+    return StaffActionResult(message=str(result.value["message"]), replayed=result.replayed, secret=secret)
