@@ -129,18 +129,15 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return None
 
 
-def address_is_global(ip: IPAddress) -> bool:
-    """True only for an address on the allow-list (IPv4 carried in IPv6: its IPv4 address)."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        inner = _embedded_ipv4(ip)
-        if inner is not None:
-            return address_is_global(inner)
-        return any(ip in net for net in GLOBAL_V6)
-    return any(ip in net for net in GLOBAL_V4)
-
-
-def _kind(ip: IPAddress) -> str:
-    """A word for the operator on why an address is off the list (the decision is not made here)."""
+def address_refusal(ip: IPAddress, *, allow_loopback: bool) -> str | None:
+    """Why `ip` must not be reached (words for the operator), or None if it is on the
+    allow-list (IPv4 carried in IPv6: judged as its IPv4 address)."""
+    inner = _embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    if inner is not None:
+        return address_refusal(inner, allow_loopback=allow_loopback)
+    allowed = GLOBAL_V6 if isinstance(ip, ipaddress.IPv6Address) else GLOBAL_V4
+    if any(ip in net for net in allowed) or (ip.is_loopback and allow_loopback):
+        return None
     if ip.is_unspecified:
         return "an unspecified address"
     if ip.is_loopback:
@@ -150,18 +147,6 @@ def _kind(ip: IPAddress) -> str:
     if ip.is_link_local:
         return "a link-local address (cloud metadata lives there)"
     return "a private or special-purpose address, not globally routable"
-
-
-def address_refusal(ip: IPAddress, *, allow_loopback: bool) -> str | None:
-    """Why `ip` must not be reached, or None if it may."""
-    inner = _embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
-    if inner is not None:
-        return address_refusal(inner, allow_loopback=allow_loopback)
-    if address_is_global(ip):
-        return None
-    if ip.is_loopback and allow_loopback:
-        return None
-    return _kind(ip)
 
 
 def _url_parts(url: str) -> tuple[str, str, int, str]:
