@@ -1,16 +1,11 @@
 """Epochs: one opaque Redis value per key that changes after every committed write that
 must end trust in what other processes cached under the old value.
 
-A cache records, with each entry, the epoch it read BEFORE the entry's database read, and
-trusts an entry only while the current epoch is still that value. A write commits, then
-bumps: a process that read the old row read the epoch before the commit, so before the
-bump, and its entry stops being trusted as soon as the bump is visible.
-
-A missing key (Redis restarted, flushed, evicted) is created with a random 62-bit value
-before it is read or incremented, never from 0: a counter restarted from 0 could come
-back to a value an old entry recorded (ABA) and make it trusted again. Redis down: reads
-answer None (the caller trusts nothing) and back off for READ_BACKOFF_SECONDS, so an
-outage does not add a timeout to every cache miss; a failed bump answers False.
+A cache records with each entry the epoch it read BEFORE its database read, and trusts
+the entry only while the epoch is unchanged; a write commits, then bumps. A missing key
+is created with a random 62-bit value, never 0, so a restarted counter cannot come back
+to a value an old entry recorded (ABA). Redis down: reads answer None (trust nothing)
+and back off for READ_BACKOFF_SECONDS; a failed bump answers False.
 """
 
 from __future__ import annotations
