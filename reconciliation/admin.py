@@ -1,10 +1,6 @@
 """Reconciliation in the tenant admin: runs (read-only, "Run now"), findings with links to
-the rows they concern, the dashboard (charts rendered server-side as SVG) and the
-streamed CSV exports of a run's report and of the ledger for a date range.
-
-Views call one service or selector and render; the data comes from
-`reconciliation.selectors`.
-"""
+the rows they concern, the dashboard (server-side SVG charts) and the streamed CSV
+exports of a run's report and of the ledger for a date range."""
 
 from __future__ import annotations
 
@@ -81,7 +77,7 @@ def csv_streaming_response(rows: Iterable[list[Any]], filename: str) -> Streamin
 
 
 class _ReadOnly(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    """Runs and findings are written by the reconciliation service only."""
+    pass
 
 
 @admin.register(ReconciliationRun)

@@ -74,15 +74,10 @@ def reconciliation_run_execute(
     """Run every registered check (or `checks`) in the current tenant and store the report,
     the per-run metrics and the findings.
 
-    All checks read one snapshot: outside a transaction the run opens one at REPEATABLE
-    READ (read-only work plus the findings it inserts), so a payment committing mid-run
-    cannot look like a discrepancy between two checks. Every check streams (server-side
-    cursors, SQL aggregates), so memory stays flat as the ledger grows.
-
-    A run is executed once: one already finished, or running for less than
-    RUN_TIME_LIMIT_SECONDS, is returned as is (a duplicate delivery of its task). A run
-    left "running" longer than that died with its process (nothing of it committed: the
-    findings are written in the run's transaction) and is executed again.
+    All checks read one REPEATABLE READ snapshot, so a payment committing mid-run cannot
+    look like a discrepancy between two checks. A run finished, or running for less than
+    RUN_TIME_LIMIT_SECONDS (a duplicate delivery of its task), is returned as is; one
+    running longer died with its process (nothing of it committed) and runs again.
 
     Locks: the run row (FOR UPDATE) while it is marked running, so two workers given the
     same run do not both execute it; no lock on business rows.
@@ -130,10 +125,9 @@ def reconciliation_run_execute(
 
 
 def reconciliation_schedule_ensure(*, hours: int = SCHEDULE_DEFAULT_HOURS) -> Any:
-    """The beat entry that fans reconciliation out to every tenant, as a django-celery-beat
-    PeriodicTask (public schema) staff edit in the platform admin. Created if missing,
-    never overwritten: an edited interval, crontab or `enabled` flag is kept (an entry in
-    CELERY_BEAT_SCHEDULE would be reset each time beat starts)."""
+    """The beat entry that fans reconciliation out to every tenant, a django-celery-beat
+    PeriodicTask staff edit in the platform admin: created if missing, never overwritten
+    (an entry in CELERY_BEAT_SCHEDULE would be reset each time beat starts)."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     existing = PeriodicTask.objects.filter(name=SCHEDULE_NAME).first()

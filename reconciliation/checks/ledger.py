@@ -1,7 +1,5 @@
-"""Checks on the ledger's data: balances (shards summed) and held amounts against the
-ledger entries and active holds, conservation per transaction and per asset, orphaned
-references, and merchant daily totals against the ledger once a tenant reads them.
-"""
+"""Checks on the ledger's data (balances, holds, conservation, orphaned references,
+merchant daily totals)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Checks on the payments app's data (see reconciliation.checks.base for the contract):
-duplicate-charge suspects, stuck in-flight idempotency keys, outbox lag and dead letters,
-our card top-ups against the PSP's settlement report; and the per-run metrics the
-dashboard charts across runs."""
+"""Checks on the payments app's data, and the per-run metrics the dashboard charts."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, F, Min, Window
+from django.db.models import Count, F, Min, QuerySet, Window
 from django.db.models.functions import Lag
 from prometheus_client import CollectorRegistry, Counter, multiprocess
 
@@ -80,22 +77,30 @@ def idempotency_stuck_check(ctx: CheckContext) -> Iterator[Discrepancy]:
         )
 
 
+def _outbox_live() -> QuerySet[OutboxEvent]:
+    return OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
+
+
+def _outbox_backlog(ctx: CheckContext) -> tuple[int, float]:
+    """How many live events are unpublished, and the oldest one's age in seconds."""
+    backlog = _outbox_live().aggregate(count=Count("id"), oldest=Min("created"))
+    oldest = backlog["oldest"]
+    return int(backlog["count"]), max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0
+
+
 def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """Outbox lag (the oldest live unpublished event older than the threshold: one finding
     with the backlog) and dead letters (one finding each)."""
-    live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
-    backlog = live.aggregate(count=Count("id"), oldest=Min("created"))
-    oldest = backlog["oldest"]
-    lag = max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0
-    ctx.stats.update(unpublished=int(backlog["count"]), lag_seconds=lag)
-    if oldest is not None and lag > ctx.outbox_lag_threshold_seconds:
-        first = live.order_by("created", "id").values_list("id", "topic", "attempts", "last_error").first()
+    unpublished, lag = _outbox_backlog(ctx)
+    ctx.stats.update(unpublished=unpublished, lag_seconds=lag)
+    if unpublished and lag > ctx.outbox_lag_threshold_seconds:
+        first = _outbox_live().order_by("created", "id").values_list("id", "topic", "attempts", "last_error").first()
         assert first is not None
         yield Discrepancy(
             kind="outbox_lag",
             severity=Severity.WARNING,
-            summary=f"{backlog['count']} outbox event(s) unpublished, the oldest ({first[0]}) for {lag:.0f} s",
-            details={"unpublished": int(backlog["count"]), "lag_seconds": lag, "threshold_seconds": ctx.outbox_lag_threshold_seconds,
+            summary=f"{unpublished} outbox event(s) unpublished, the oldest ({first[0]}) for {lag:.0f} s",
+            details={"unpublished": unpublished, "lag_seconds": lag, "threshold_seconds": ctx.outbox_lag_threshold_seconds,
                      "oldest_event": first[0], "oldest_topic": first[1], "oldest_attempts": first[2], "oldest_last_error": first[3][:500]},
             refs=(ObjectRef("payments", "outboxevent", str(first[0])),),
         )
@@ -113,9 +118,8 @@ def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 
 
 def _counter_totals(counters: list[Counter]) -> int:
-    """The sum of these counters' `_total` samples, a count of events (prometheus-client
-    keeps every sample as a float): across every process writing to PROMETHEUS_MULTIPROC_DIR
-    when it is set (`make run`: web, worker and beat share one), else this process's own."""
+    """The sum of these counters' `_total` samples, across every process writing to
+    PROMETHEUS_MULTIPROC_DIR when it is set, else this process's own."""
     names = {f"{family.name}_total" for c in counters for family in c.describe()}
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
@@ -127,17 +131,15 @@ def _counter_totals(counters: list[Counter]) -> int:
 
 
 def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
-    """What the dashboard charts across runs and nothing else stores over time: the
-    outbox backlog and lag, the idempotency records by state, and the idempotency replay
-    and conflict (409 in flight, 422 reused) counters. Those are Prometheus counters,
-    read host-wide (see `_counter_totals`) and without a tenant label: the chart shows
-    their increase between runs, for the whole host, not per tenant."""
-    live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).aggregate(count=Count("id"), oldest=Min("created"))
-    oldest = live["oldest"]
+    """What the dashboard charts across runs and nothing else stores over time: the outbox
+    backlog, the idempotency records by state, and the idempotency replay and conflict
+    counters (Prometheus counters, read host-wide: their increase is for the whole host,
+    not per tenant)."""
+    unpublished, lag = _outbox_backlog(ctx)
     states = dict(IdempotencyRecord.objects.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     return {
-        "outbox_unpublished": int(live["count"]),
-        "outbox_lag_seconds": max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0,
+        "outbox_unpublished": unpublished,
+        "outbox_lag_seconds": lag,
         "outbox_dead_letters": OutboxEvent.objects.filter(dead_at__isnull=False, published_at__isnull=True).count(),
         "idempotency_in_flight": int(states.get(RecordState.IN_FLIGHT, 0)),
         "idempotency_completed": int(states.get(RecordState.COMPLETED, 0)),
