@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
-from reconciliation.checks.base import CheckContext, Discrepancy
+from reconciliation.checks.base import CheckContext
 from reconciliation.locks import reconciliation_run_lock
 from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
 from reconciliation.registry import CHECKS, METRICS, Check
@@ -42,13 +42,6 @@ def reconciliation_run_request(*, trigger: RunTrigger, requested_by: str = "") -
     return ReconciliationRun.objects.create(trigger=trigger, requested_by=requested_by[:150])
 
 
-def _finding(run: ReconciliationRun, check: Check, found: Discrepancy) -> ReconciliationFinding:
-    return ReconciliationFinding(
-        run=run, check_name=check.name, kind=found.kind, severity=str(found.severity), summary=found.summary[:500],
-        details=found.details, refs=[ref.as_dict() for ref in found.refs],
-    )
-
-
 def _check_run(run: ReconciliationRun, check: Check, ctx: CheckContext, by_kind: Tally[str]) -> dict[str, Any]:
     started = time.monotonic()
     ctx.stats = {}
@@ -58,7 +51,10 @@ def _check_run(run: ReconciliationRun, check: Check, ctx: CheckContext, by_kind:
         found += 1
         by_kind[discrepancy.kind] += 1
         if stored < MAX_FINDINGS_STORED_PER_CHECK:
-            batch.append(_finding(run, check, discrepancy))
+            batch.append(ReconciliationFinding(
+                run=run, check_name=check.name, kind=discrepancy.kind, severity=str(discrepancy.severity),
+                summary=discrepancy.summary[:500], details=discrepancy.details, refs=[ref.as_dict() for ref in discrepancy.refs],
+            ))
             stored += 1
             if len(batch) >= FINDINGS_BATCH:
                 ReconciliationFinding.objects.bulk_create(batch)

@@ -47,17 +47,6 @@ def _merchant_of(event: OutboxEvent) -> str | None:
     return merchant if isinstance(merchant, str) else None
 
 
-def _event_deliveries(*, event: OutboxEvent, endpoints: list[WebhookEndpoint], now: datetime) -> list[WebhookDelivery]:
-    return [
-        WebhookDelivery(
-            endpoint=e, event=event, topic=event.topic, event_created=event.created, next_attempt_at=now,
-            give_up_at=now + RETRY_WINDOW, created=now,
-        )
-        for e in endpoints
-        if "*" in e.enabled_events or event.topic in e.enabled_events
-    ]
-
-
 def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | None = None) -> tuple[int, int]:
     """Claim and publish one batch; return (claimed, published). The batch's deliveries go
     in one INSERT; if it fails, each event tries again under its own savepoint, so one that
@@ -79,8 +68,14 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
         published: list[str] = []
         making: list[tuple[OutboxEvent, list[WebhookDelivery]]] = []
         for event in batch:
-            merchant_id = _merchant_of(event)
-            deliveries = _event_deliveries(event=event, endpoints=by_merchant.get(merchant_id, []) if merchant_id else [], now=moment)
+            deliveries = [
+                WebhookDelivery(
+                    endpoint=e, event=event, topic=event.topic, event_created=event.created, next_attempt_at=moment,
+                    give_up_at=moment + RETRY_WINDOW, created=moment,
+                )
+                for e in by_merchant.get(_merchant_of(event) or "", [])
+                if "*" in e.enabled_events or event.topic in e.enabled_events
+            ]
             if deliveries:
                 making.append((event, deliveries))
             else:
