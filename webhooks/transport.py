@@ -66,19 +66,14 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
         self.sock = _socket_open(self.pinned_address, self.port)
 
 
-def _tls_context() -> ssl.SSLContext:
-    """The process's TLS client context (system CA bundle, certificates and names verified),
-    built once under a lock, as loading the bundle costs 29 ms of CPU. Shared by every
-    delivery and thread, so it must never be changed after it is built."""
-    with _TLS_CONTEXT_LOCK:
-        return _tls_context_built()
-
-
 _TLS_CONTEXT_LOCK = threading.Lock()
 
 
 @functools.cache
 def _tls_context_built() -> ssl.SSLContext:
+    """The process's TLS client context (system CA bundle, certificates and names verified),
+    built once under _TLS_CONTEXT_LOCK, as loading the bundle costs 29 ms of CPU. Shared by
+    every delivery and thread, so it must never be changed after it is built."""
     return ssl.create_default_context()
 
 
@@ -87,7 +82,8 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     to the checked address."""
 
     def __init__(self, target: Target) -> None:
-        self.tls_context = _tls_context()
+        with _TLS_CONTEXT_LOCK:
+            self.tls_context = _tls_context_built()
         super().__init__(target.host, target.port, timeout=READ_TIMEOUT_SECONDS, context=self.tls_context)
         self.pinned_address = target.address
 
