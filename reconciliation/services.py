@@ -7,6 +7,7 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
@@ -53,7 +54,7 @@ def _check_run(run: ReconciliationRun, check: Check, ctx: CheckContext, by_kind:
         if stored < MAX_FINDINGS_STORED_PER_CHECK:
             batch.append(ReconciliationFinding(
                 run=run, check_name=check.name, kind=discrepancy.kind, severity=str(discrepancy.severity),
-                summary=discrepancy.summary[:500], details=discrepancy.details, refs=[ref.as_dict() for ref in discrepancy.refs],
+                summary=discrepancy.summary[:500], details=discrepancy.details, refs=[asdict(ref) for ref in discrepancy.refs],
             ))
             stored += 1
             if len(batch) >= FINDINGS_BATCH:

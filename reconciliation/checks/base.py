@@ -27,9 +27,6 @@ class ObjectRef:
     model: str
     pk: str
 
-    def as_dict(self) -> dict[str, str]:
-        return {"app_label": self.app_label, "model": self.model, "pk": self.pk}
-
 
 @dataclass(frozen=True)
 class Discrepancy:
