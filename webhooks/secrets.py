@@ -92,20 +92,21 @@ def webhook_endpoint_secrets_assign(*, endpoint: WebhookEndpoint, current: str, 
     old = writes_old(phase)
     endpoint.secret_plaintext = current if old else ""
     endpoint.previous_secret_plaintext = previous if old else ""
-    endpoint.secret_sealed = endpoint.previous_secret_sealed = None
-    if writes_new(phase):
-        endpoint.secret_sealed = webhook_secret_seal(secret=current, endpoint_id=endpoint.pk, field=CURRENT)
-        if previous:
-            endpoint.previous_secret_sealed = webhook_secret_seal(secret=previous, endpoint_id=endpoint.pk, field=PREVIOUS)
+    sealed = _sealed_fields(endpoint_id=endpoint.pk, current=current, previous=previous) if writes_new(phase) else {}
+    endpoint.secret_sealed = sealed.get("secret_sealed")
+    endpoint.previous_secret_sealed = sealed.get("previous_secret_sealed")
     return list(SECRET_FIELDS)
 
 
-def _seal_from_plaintext(endpoint: WebhookEndpoint) -> dict[str, Any]:
-    previous = endpoint.previous_secret_plaintext
+def _sealed_fields(*, endpoint_id: str, current: str, previous: str) -> dict[str, Any]:
     return {
-        "secret_sealed": webhook_secret_seal(secret=endpoint.secret_plaintext, endpoint_id=endpoint.pk, field=CURRENT),
-        "previous_secret_sealed": webhook_secret_seal(secret=previous, endpoint_id=endpoint.pk, field=PREVIOUS) if previous else None,
+        "secret_sealed": webhook_secret_seal(secret=current, endpoint_id=endpoint_id, field=CURRENT),
+        "previous_secret_sealed": webhook_secret_seal(secret=previous, endpoint_id=endpoint_id, field=PREVIOUS) if previous else None,
     }
+
+
+def _seal_from_plaintext(endpoint: WebhookEndpoint) -> dict[str, Any]:
+    return _sealed_fields(endpoint_id=endpoint.pk, current=endpoint.secret_plaintext, previous=endpoint.previous_secret_plaintext)
 
 
 class WebhookSecretsMigration(StagedMigration):
