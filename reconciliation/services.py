@@ -77,8 +77,7 @@ def reconciliation_run_execute(
     running longer died with its process (nothing of it committed) and runs again.
 
     Locks: the run row (FOR UPDATE) while it is marked running, so two workers given the
-    same run do not both execute it; no lock on business rows.
-    """
+    same run do not both execute it; no lock on business rows."""
     checks = list(CHECKS if checks is None else checks)
     with transaction.atomic():
         run = reconciliation_run_lock(run_id=run_id)

@@ -187,13 +187,10 @@ def _resolve(host: str, port: int) -> list[IPAddress]:
 
 
 def webhook_target_resolve(*, url: str, unresolvable_ok: bool = False) -> Target | None:
-    """Check `url` and the addresses its host resolves to now; return the target to connect to.
-
-    Every resolved address must be allowed (a name with one private answer among public
-    ones is refused: the resolver may hand out either). Raises WebhookEndpointInvalid
-    for a malformed URL, WebhookTargetRefused for a forbidden target. A name that does not
-    resolve returns None if `unresolvable_ok` (registration: it may not be published yet;
-    every delivery checks again), else is refused.
+    """Check `url` and every address its host resolves to now (one private answer among
+    public ones is refused: the resolver may hand out either); return the target to
+    connect to. Raises WebhookEndpointInvalid (malformed) or WebhookTargetRefused. A name
+    that does not resolve is None with `unresolvable_ok` (registration), else refused.
     """
     scheme, host, port, path = _url_parts(url)
     try:

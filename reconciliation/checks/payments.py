@@ -22,9 +22,8 @@ from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Sev
 
 def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """Duplicate-charge suspects: a payment by the same customer to the same merchant for the
-    same amount (and asset) within `duplicate_window_seconds` of the previous one, unless
-    either has been refunded in full (the duplicate is already undone). One window
-    function over the payments, streamed; each suspect names both payments."""
+    same amount and asset within `duplicate_window_seconds` of the previous one, unless
+    either was refunded in full. One window function, streamed."""
     window: dict[str, Any] = {
         "partition_by": [F("customer_id"), F("merchant_id"), F("asset_id"), F("amount")],
         "order_by": [F("created").asc(), F("id").asc()],
@@ -153,14 +152,10 @@ def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
 
 
 def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Our charged card top-ups against the PSP's settlement report, for each of the last
-    `settlement_days` days (UTC; yesterday's report is complete, today's is so far). A line
-    of ours the PSP does not have, a PSP charge we have no top-up for (charged, not yet
-    credited: recovery should converge it within a lease), and amounts that differ. No
-    active gateway: nothing to compare. The PSP unreachable: one warning, the rest runs.
-
-    First, from our rows alone: every top-up the PSP charged that ended without a credit
-    and whose card refund is still not recorded a recovery window after it failed."""
+    """Our charged card top-ups against the PSP's settlement report for each of the last
+    `settlement_days` UTC days: lines missing on either side, and amounts that differ (the
+    PSP unreachable: one warning). First, from our rows alone: top-ups the PSP charged that
+    ended without a credit and with no card refund a recovery window after they failed."""
     yield from _charged_uncredited(ctx)
     if gateway_account_active() is None:
         ctx.stats["psp_settlement"] = "no active card gateway"

@@ -1,17 +1,12 @@
 """Sending webhook deliveries: signed POSTs, retries with backoff, the attempt log,
 disabling an endpoint that keeps failing, and redelivery (SPEC 8, docs/WEBHOOKS.md).
 
-Each delivery stands alone (its own schedule and retries, in no order among the
-endpoint's others), so one event a receiver cannot take, or one slow request, holds back
-nothing else. An endpoint gets up to its cap of requests at once across every worker
-(`max_concurrency`, else TALLY_WEBHOOK_ENDPOINT_CONCURRENCY); a worker process sends up
-to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once, from a thread pool.
-
-A dispatch repeats three steps, and no lock lives across the HTTP call: claim (one
-transaction: lease each endpoint's oldest due deliveries up to its free slots), send (in
-the pool, outside any transaction), record (one transaction). A worker that dies
-mid-send leaves its leased deliveries due again when the lease runs out: at least once.
-Only the dispatching thread touches the database.
+Each delivery stands alone (its own schedule and retries), so one event a receiver cannot
+take holds back nothing else. An endpoint gets up to its cap of requests at once across
+every worker; a process sends up to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once from a
+thread pool. A dispatch repeats claim (lease due deliveries, one transaction), send (no
+transaction, no lock) and record; a worker that dies mid-send leaves its leases to run
+out, so the deliveries go again: at least once.
 """
 
 from __future__ import annotations
@@ -379,12 +374,10 @@ _Counted = list[tuple["_Outcome", tuple[str, bool]]]
 
 
 def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
-    """Write sent attempts in the caller's transaction: their attempt rows (one INSERT),
-    the delivered deliveries (one UPDATE) and each failure's retry; return what
-    `_outcomes_count` counts after the commit.
+    """Write sent attempts in the caller's transaction (attempt rows, delivered rows, each
+    failure's retry); return what `_outcomes_count` counts after the commit.
 
-    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's
-    row; the order of `webhook_delivery_lock`. None across an HTTP call."""
+    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's row."""
     if not outcomes:
         return []
     WebhookDeliveryAttempt.objects.bulk_create(
@@ -453,13 +446,11 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
 
 @transaction.atomic
 def webhook_delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
-    """Send a delivery again: pending, due now, with a fresh 3-day retry window. Its
-    endpoint must be enabled. One being sent right now is sent again as well (its lease is
-    dropped; the first 2xx marks it delivered).
+    """Send a delivery again: pending, due now, with a fresh 3-day retry window (its
+    endpoint must be enabled). One being sent right now goes again too (lease dropped).
 
     Locks: the delivery row and its endpoint's row (`webhook_delivery_lock`). The relay is
-    kicked after commit.
-    """
+    kicked after commit."""
     locked = webhook_delivery_lock(delivery_id=delivery.pk)
     if locked.endpoint.status != WebhookEndpointStatus.ENABLED:
         raise WebhookDeliveryNotRedeliverable("the webhook endpoint is disabled; enable it first", param="delivery")

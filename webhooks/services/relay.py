@@ -53,8 +53,7 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
     fails is recorded without holding back the others.
 
     Locks: the batch's outbox rows (`outbox_events_claim`, FOR UPDATE SKIP LOCKED), for this
-    one transaction.
-    """
+    one transaction."""
     with transaction.atomic():
         moment = now or timezone.now()
         batch = list(outbox_events_claim(now=moment, limit=batch_size))
@@ -136,8 +135,7 @@ def outbox_relay_run(
     deleted and written again at every commit.
 
     Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once;
-    then, settling, the tenant's relay due-work lock (tried).
-    """
+    then, settling, the tenant's relay due-work lock (tried)."""
     # Before the first read: a commit that sees no kick pending after this point sends one.
     outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")), kick_token=kick_token)
     published = 0
@@ -168,9 +166,7 @@ def outbox_relay_run(
 @transaction.atomic
 def outbox_event_requeue(*, event: OutboxEvent) -> OutboxEvent:
     """Give a dead letter (or a row waiting for its next attempt) another round now.
-
-    Locks: the outbox row (FOR UPDATE). The relay is kicked after commit.
-    """
+    Locks: the outbox row (FOR UPDATE). The relay is kicked after commit."""
     locked = outbox_event_lock(event_id=event.pk)
     if locked.published_at is None:
         locked.dead_at, locked.next_attempt_at, locked.attempts = None, None, 0
