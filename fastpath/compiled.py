@@ -245,17 +245,9 @@ class CompiledInsert(Generic[M]):
         return obj
 
     def insert_many(self, objs: Sequence[M]) -> None:
-        if not objs:
-            return
-        alias = self._alias()
-        statement = self._statement(alias, objs)
-        if statement is None:
-            self._insert_with_save(alias, objs)
-            return
-        connection = connections[alias]
-        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:  # as save() does
-            cursor.execute(*statement)
-        self._mark_saved(alias, objs)
+        batch = InsertBatch()
+        batch.add(self, objs)
+        batch.execute()
 
     def _alias(self) -> str:
         return str(router.db_for_write(self._model))
