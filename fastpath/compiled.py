@@ -53,8 +53,7 @@ class _Slot:
 
 
 class Param(Expression):
-    """A named placeholder for a value in a compiled statement's QuerySet (a filter's
-    right-hand side, an `F()` increment, a `When`'s condition or result)."""
+    """A named placeholder for a value in a compiled statement's QuerySet."""
 
     def __init__(self, name: str, output_field: Field[Any, Any] | None = None) -> None:
         super().__init__(output_field=output_field)
@@ -218,8 +217,8 @@ class CompiledInsert(Generic[M]):
         self._lock = threading.Lock()
 
     def _compile(self, alias: str, objs: Sequence[M]) -> tuple[str, bool] | None:
-        """(SQL, whether it takes one array per column) or None when Django's form for
-        these rows is not one placeholder per value or per column."""
+        """(SQL, whether it takes one array per column), or None when Django's form does not
+        fit either."""
         key = (alias, len(objs))
         compiled = self._sql.get(key)
         if compiled is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from typing import Any
 
 import redis
 
@@ -25,8 +26,11 @@ READ_BACKOFF_SECONDS = 5.0
 _read_down_until = 0.0
 
 
-def _initial_value() -> int:
-    return 1 + secrets.randbits(62)
+def _pipeline(key: str) -> Any:
+    """A pipeline that first creates `key`, if missing, with a random 62-bit value."""
+    pipe = fast_redis().pipeline(transaction=False)
+    pipe.set(key, 1 + secrets.randbits(62), nx=True)
+    return pipe
 
 
 def epoch_read(*, key: str) -> bytes | None:
@@ -36,8 +40,7 @@ def epoch_read(*, key: str) -> bytes | None:
     if now < _read_down_until:
         return None
     try:
-        pipe = fast_redis().pipeline(transaction=False)
-        pipe.set(key, _initial_value(), nx=True)
+        pipe = _pipeline(key)
         pipe.get(key)
         value = pipe.execute()[-1]
     except redis.RedisError:
@@ -51,8 +54,7 @@ def epoch_bump(*, key: str) -> bool:
     """Change the epoch under `key` (call after the write has committed); False when Redis
     cannot take it."""
     try:
-        pipe = fast_redis().pipeline(transaction=False)
-        pipe.set(key, _initial_value(), nx=True)
+        pipe = _pipeline(key)
         pipe.incr(key)
         pipe.execute()
     except redis.RedisError:

@@ -6,9 +6,9 @@ A kick is a Celery publish (~1 ms of Python), mostly redundant under load. So a 
 first sets a "kick pending" mark for its schema holding a token it sends its task, and
 sends nothing if the mark is there. Only the relay holding that token clears the mark,
 when it starts and BEFORE it reads the outbox (`kick_started`): a commit that found the
-mark committed before that relay reads, so no event waits. (When any relay's start
-cleared it, a beat relay let a second kicked relay in, and two alternated.) A mark whose
-publish failed is dropped at once; one whose relay never runs expires after `pending_ms`.
+mark committed before that relay reads, so no event waits; and a beat relay starting
+cannot let a second kicked relay in. A mark whose publish failed is dropped at once; one
+whose relay never runs expires after `pending_ms`.
 
 A kick sooner than `interval_ms` after the last relay started gets a countdown for the
 rest: a relay run costs ~4 ms of CPU whatever it finds, and a run per commit took that

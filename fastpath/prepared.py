@@ -1,15 +1,11 @@
 """Server-side prepared statements for a few registered hot statements, under Django's
 client-side binding.
 
-PostgreSQL parses and plans every statement it is sent; for the payment path's wide
-statements that was about 40% of the backend's CPU per payment (docs/BENCHMARKS.md).
-psycopg's own prepared statements need server-side binding, which would send the batch
-of inserts (`fastpath.compiled.InsertBatch`) one by one. So only the statements
-registered here are prepared: on its first use on a connection one is sent as `PREPARE
-tally_<hash> (...) AS <its SQL with $1..$n>`, then as `EXECUTE tally_<hash> (<values>)`,
-bound client-side. The name hashes the SQL and its parameter types, so it means one
-statement on every session. The query log shows the SQL with its values
-(`prepared_query_logged`); `prepared_statements_of` says what a connection prepared.
+Parsing and planning the payment path's wide statements was about 40% of the backend's
+CPU per payment (docs/BENCHMARKS.md), and psycopg's own prepared statements need
+server-side binding, which would split the batch of inserts. So a registered statement
+is sent once per connection as `PREPARE tally_<hash of SQL and parameter types> (...)
+AS <SQL with $1..$n>`, then as `EXECUTE tally_<hash> (<values>)`, bound client-side.
 
 Why it is safe:
 - **Tenants.** PostgreSQL parses a prepared statement again whenever the search_path
