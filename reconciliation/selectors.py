@@ -129,8 +129,6 @@ def dashboard_run_charts(*, runs: int = DASHBOARD_RUNS) -> list[Chart]:
     ]
 
 
-# --- CSV exports ------------------------------------------------------------------------
-
 FINDINGS_CSV_HEADER = ["run", "finding", "check", "kind", "severity", "summary", "refs", "details"]
 LEDGER_CSV_HEADER = ["entry", "created", "transaction", "transaction_kind", "reference", "account", "asset", "amount"]
 

@@ -50,7 +50,6 @@ def merchant_lock(*, merchant_id: str) -> Merchant | None:
 
 
 def webhook_endpoint_lock(*, endpoint_id: str) -> WebhookEndpoint:
-    """The endpoint's row, locked."""
     return WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint_id)
 
 

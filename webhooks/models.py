@@ -38,15 +38,13 @@ class WebhookEndpoint(models.Model):
     status = models.CharField(max_length=10, choices=WebhookEndpointStatus.choices, default=WebhookEndpointStatus.ENABLED)
     secret_plaintext = models.CharField(max_length=80, blank=True, default="", db_column="secret", editable=False)
     previous_secret_plaintext = models.CharField(max_length=80, blank=True, default="", db_column="previous_secret", editable=False)
-    # NULL: not sealed yet (the backfill fills it). Written together; a NULL previous with
-    # a sealed current is "no previous secret".
+    # NULL: not sealed yet (webhooks.secrets).
     secret_sealed = models.BinaryField(null=True, blank=True, editable=False)
     previous_secret_sealed = models.BinaryField(null=True, blank=True, editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     # Why the endpoint was disabled, shown to the merchant ("" when enabled, or disabled by hand).
     disabled_reason = models.CharField(max_length=500, blank=True, default="")
-    # Requests in flight to this endpoint at once, across every worker (null: the setting
-    # TALLY_WEBHOOK_ENDPOINT_CONCURRENCY). Lower it for a receiver that cannot take many.
+    # Requests in flight at once across every worker (null: TALLY_WEBHOOK_ENDPOINT_CONCURRENCY).
     max_concurrency = models.PositiveSmallIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)

@@ -1,18 +1,14 @@
 """Where a webhook may be sent: no SSRF (SPEC 8, docs/WEBHOOKS.md "Where deliveries go").
 
-A URL is checked at registration and again before every delivery, against the addresses
-its host resolves to at that moment; the delivery then connects to the very address that
-was checked (webhooks.transport), so a name that changes its answer between the check
-and the connection (DNS rebinding) cannot reach an internal service.
+A URL is checked at registration and before every delivery against what its host
+resolves to then, and the delivery connects to the checked address (webhooks.transport),
+so a name that changes its answer (DNS rebinding) cannot reach an internal service.
 
-Allowed: only the global unicast space, as an allow-list (`GLOBAL_V4`, `GLOBAL_V6`): IPv4
-unicast and IPv6 2000::/3, minus every block of the IANA special-purpose address
-registries that is not globally reachable. Anything not on the list is refused, so a
-range the standard library's `is_global` misjudges (Python 3.11 passes fec0::/10 and
-192.0.0.8) or a block registered later is refused until it is listed. An IPv4 address
-carried inside IPv6 (IPv4-mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96, 6to4 2002::/16) is
-judged as that IPv4 address; other IPv4-in-IPv6 forms (IPv4-compatible ::a.b.c.d,
-Teredo, local-use NAT64) are outside the list. Loopback is allowed only when
+Allowed: an allow-list (`GLOBAL_V4`, `GLOBAL_V6`): IPv4 unicast and IPv6 2000::/3 minus
+every IANA special-purpose block not globally reachable, so a range `is_global` misjudges
+(Python 3.11 passes fec0::/10 and 192.0.0.8) or one registered later is refused. IPv4
+carried in IPv6 (mapped, NAT64 64:ff9b::/96, 6to4) is judged as that IPv4 address; other
+forms (IPv4-compatible, Teredo, local-use NAT64) are off the list. Loopback only when
 settings.TALLY_WEBHOOK_ALLOW_LOOPBACK is true (`make run`, tests).
 """
 
