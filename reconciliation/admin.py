@@ -5,7 +5,7 @@ exports of a run's report and of the ledger for a date range."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import date, timedelta
 from typing import Any
 
@@ -65,12 +65,8 @@ def _cell(value: Any) -> Any:
 
 def csv_streaming_response(rows: Iterable[list[Any]], filename: str) -> StreamingHttpResponse:
     writer = csv.writer(_Echo())
-
-    def lines() -> Iterator[str]:
-        for row in rows:
-            yield writer.writerow([_cell(v) for v in row])
-
-    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    lines = (writer.writerow([_cell(v) for v in row]) for row in rows)
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "no-store"
     return response

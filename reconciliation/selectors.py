@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -30,17 +29,12 @@ def reconciliation_run_latest(*, finished: bool = True) -> ReconciliationRun | N
     return runs.order_by("-created", "-id").first()
 
 
-@dataclass(frozen=True)
-class KindCount:
-    kind: str
-    severity: str
-    count: int
-
-
-def reconciliation_findings_by_kind(*, run: ReconciliationRun) -> list[KindCount]:
-    """Findings per kind of one run: found (the report counts past the storage cap too)."""
+def reconciliation_findings_by_kind(*, run: ReconciliationRun) -> list[dict[str, Any]]:
+    """Findings per kind of one run: kind, severity and count found (the report counts past
+    the storage cap too)."""
     severities = dict(run.findings.order_by().values_list("kind", "severity").distinct())
-    return [KindCount(kind=kind, severity=severities.get(kind, ""), count=int(n)) for kind, n in sorted(run.report.get("by_kind", {}).items())]
+    by_kind = sorted(run.report.get("by_kind", {}).items())
+    return [{"kind": kind, "severity": severities.get(kind, ""), "count": int(n)} for kind, n in by_kind]
 
 
 def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOARD_DAYS) -> list[Chart]:

@@ -69,9 +69,7 @@ def reconciliation_run_execute(
     *, run_id: int, checks: Sequence[Check] | None = None, progress: Progress | None = None, chunk_size: int = 2000
 ) -> ReconciliationRun:
     """Run every registered check (or `checks`) in the current tenant and store the report,
-    the per-run metrics and the findings.
-
-    All checks read one REPEATABLE READ snapshot, so a payment committing mid-run cannot
+    the per-run metrics and the findings. All checks read one REPEATABLE READ snapshot, so a payment committing mid-run cannot
     look like a discrepancy between two checks. A run finished, or running for less than
     RUN_TIME_LIMIT_SECONDS (a duplicate delivery of its task), is returned as is; one
     running longer died with its process (nothing of it committed) and runs again.
