@@ -1,11 +1,9 @@
 """Compiled statements: the ORM's own SQL for a hot statement, compiled once per shape.
 
-Django compiles a QuerySet to SQL on every execution; on the payment path that cost more
-Python than everything else the payment does (docs/BENCHMARKS.md). A compiled statement
-is a QuerySet built once with `Param` placeholders; its first execution compiles it
-through Django's compiler, later ones reuse that SQL with new values through the same
-machinery (rows come back as model instances through `ModelIterable`, updates run
-through `SQLUpdateCompiler.execute_sql`, in the caller's transaction).
+Django compiles a QuerySet to SQL on every execution, which cost more Python than the
+rest of a payment (docs/BENCHMARKS.md). A compiled statement is a QuerySet built once
+with `Param` placeholders, compiled by Django on first use; later executions reuse that
+SQL through the same machinery (`ModelIterable`, `SQLUpdateCompiler.execute_sql`).
 
 The cache holds SQL text per database alias, never per tenant: the tables are
 unqualified, resolved by the connection's search_path. A `Param` skips the field's
@@ -281,15 +279,11 @@ class CompiledInsert(Generic[M]):
 
 
 class InsertBatch:
-    """Compiled inserts sent together, in order, as one statement string in one round trip
-    (a payment's savepoint and four inserts went as five). `add` prepares each insert's
-    values at once, so an instance changed afterwards is inserted as it was.
-
-    One string needs client-side binding (Django's default); with server-side binding
-    each goes on its own (`sends_statements_together`), and so does an insert that must go
-    through `save()`. A failed `execute` marks the transaction for rollback, as a failed
-    insert does; `execute_in_savepoint` rolls back to its savepoint instead. One database
-    per batch.
+    """Compiled inserts sent in order as one statement string, one round trip (a payment's
+    savepoint and four inserts went as five); `add` prepares values at once. With
+    server-side binding, or an insert that must go through `save()`, statements go one by
+    one. A failed `execute` marks the transaction for rollback, as a failed insert does;
+    `execute_in_savepoint` rolls back to its savepoint instead. One database per batch.
     """
 
     def __init__(self) -> None:

@@ -1,11 +1,10 @@
 """Serializers whose per-instance fields are a shallow copy of the declared ones where
 that is safe (the faces' shapes stand on it through apikit.shapes).
 
-DRF deep-copies each declared field per serializer instance, running its `__init__` again
-on deep copies of its arguments: per payment 0.6-0.9 ms of CPU (docs/BENCHMARKS.md). A
-declared field is only a template: `bind()` and validation only assign attributes on the
-copy, so a copy of its `__dict__` serves, with its containers (error messages, style,
-validators, choices) copied one level down so an edit never reaches the template.
+DRF deep-copies each declared field per serializer instance: 0.6-0.9 ms of CPU a payment
+(docs/BENCHMARKS.md). A declared field is only a template that `bind()` and validation
+assign attributes on, so a copy of its `__dict__` serves, its containers copied one
+level down so an edit never reaches the template.
 
 A field is deep-copied as DRF does when it holds other fields (a nested serializer,
 `child`, `child_relation`), has its own `__deepcopy__`, or has a mutable default or

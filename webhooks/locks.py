@@ -1,12 +1,10 @@
 """Every lock the webhooks app takes, named (see wallets/locks.py for the money locks).
 
-Order: a relay takes at most one of these at a time, never while holding a money lock;
-staff actions and endpoint registration take theirs alone. None is held across an HTTP
-call. Endpoint rows are locked FOR NO KEY UPDATE, so a delivery's insert (which only
-needs the key) is not blocked. A claim locks the endpoints with due work and a free slot,
-then their due deliveries, all SKIP LOCKED (two claims never wait on each other), in one
-short transaction: the endpoint row makes "count what is in flight, then lease up to the
-cap" one step across workers.
+Order: a relay takes at most one of these at a time, never with a money lock; staff
+actions and endpoint registration take theirs alone; none is held across an HTTP call.
+Endpoint rows are locked FOR NO KEY UPDATE (a delivery's insert is not blocked). A claim
+locks the endpoints with due work and a free slot, then their due deliveries, SKIP
+LOCKED: the endpoint row makes "count in flight, then lease up to the cap" one step.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""POSTs to a checked webhook target (webhooks.targets) with http.client, connected to the
-checked address, never following redirects (a 3xx is a failure), with short timeouts and
-a bounded read.
+"""POSTs with http.client to the address webhooks.targets checked, never following
+redirects (a 3xx is a failure), with short timeouts and a bounded read.
 
 `WebhookConnections` keeps one connection alive between requests (HTTP/1.1 keep-alive),
 reused only for the same scheme, address, port and host, while the receiver keeps it

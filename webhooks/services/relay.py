@@ -1,12 +1,10 @@
 """The outbox relay (SPEC 8): publish committed `OutboxEvent` rows, then send the webhook
 deliveries they made. At least once; each delivery on its own, in no particular order.
 
-Publishing an event makes one `WebhookDelivery` per enabled endpoint of the event's
-merchant that wants its type (`enabled_events`, "*" = all) and sets `published_at`, one
-short transaction per batch claimed with SKIP LOCKED. A relay that dies mid-batch rolls
-it back; deliveries are unique per endpoint and event, so publishing twice delivers once.
-A publication that fails is retried with backoff, and after OUTBOX_MAX_ATTEMPTS becomes
-a dead letter (`dead_at`), requeued from the admin.
+Publishing an event makes a `WebhookDelivery` per enabled endpoint of its merchant that
+wants its type, in one short transaction per batch claimed with SKIP LOCKED; deliveries
+are unique per endpoint and event, so publishing twice delivers once. A publication that
+fails is retried with backoff, then becomes a dead letter (`dead_at`), requeued by staff.
 """
 
 from __future__ import annotations
