@@ -17,6 +17,8 @@ from the web workers. The interval adds at most itself to an event's lag.
 
 from __future__ import annotations
 
+import contextlib
+
 import redis
 from redis.commands.core import Script
 
@@ -67,17 +69,13 @@ def kick_claim(*, pending_key: str, started_key: str, token: str, pending_ms: in
 def kick_drop(*, pending_key: str, token: str) -> None:
     """A kick's send failed: drop its mark, so the next one kicks again (no run started, so
     no interval). Redis down: the mark lapses by itself."""
-    try:
+    with contextlib.suppress(redis.RedisError):
         _KICK_DROP(keys=[pending_key], args=[token], client=fast_redis())
-    except redis.RedisError:
-        pass
 
 
 def kick_started(*, pending_key: str, started_key: str, token: str) -> None:
     """A run starts: record when, and if it is the run the pending mark's kick sent
     (`token`), clear the mark. A run no kick sent ('') leaves the mark alone: the kicked
     run it stands for has still to start. Redis down: the mark lapses by itself."""
-    try:
+    with contextlib.suppress(redis.RedisError):
         _RELAY_STARTED(keys=[pending_key, started_key], args=[token], client=fast_redis())
-    except redis.RedisError:
-        pass
