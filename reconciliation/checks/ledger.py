@@ -34,7 +34,7 @@ SELECT d.account_id, d.asset_id, d.balance, d.entries_sum, d.shards, d.entries, 
 """
 
 
-def _owner_refs(kind: str | None, customer: str | None, merchant: str | None) -> tuple[ObjectRef, ...]:
+def _owner_refs(customer: str | None, merchant: str | None) -> tuple[ObjectRef, ...]:
     if customer:
         return (ObjectRef("wallets", "customer", customer),)
     if merchant:
@@ -58,7 +58,7 @@ def ledger_balance_check(ctx: CheckContext) -> Iterator[Discrepancy]:
             f"(difference {balance - entries_sum:+d})",
             details={"account": account_id, "owner": owner, "asset": asset, "balance": balance, "entries_sum": entries_sum,
                      "difference": balance - entries_sum, "shards": int(shards), "entries": int(entries)},
-            refs=(account_ref(str(account_id)), *_owner_refs(kind, customer, merchant)),
+            refs=(account_ref(str(account_id)), *_owner_refs(customer, merchant)),
         )
     held = (
         Balance.objects.values("account_id", "asset_id").annotate(held=Sum("held")).order_by("account_id", "asset_id")
