@@ -171,26 +171,21 @@ def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
             )
             continue
         ctx.stats[f"psp_settlement_{day.isoformat()}"] = {"matched": comparison.matched, "ours": comparison.ours_total, "psp": comparison.psp_total}
-        for topup_id in comparison.missing_at_psp:
-            yield Discrepancy(
-                kind="psp_settlement_missing_line", severity=Severity.CRITICAL,
-                summary=f"top-up {topup_id} was credited as charged on {day}, but the PSP's settlement report has no such charge",
-                details={"day": day.isoformat(), "topup": topup_id, "gateway": comparison.gateway},
-                refs=(ObjectRef("payments", "topup", topup_id),),
-            )
-        for reference in comparison.missing_here:
-            yield Discrepancy(
-                kind="psp_settlement_unknown_charge", severity=Severity.CRITICAL,
-                summary=f"the PSP settled charge {reference} on {day}, and no top-up of ours records it",
-                details={"day": day.isoformat(), "psp_reference": reference, "gateway": comparison.gateway},
-            )
-        for topup_id in comparison.amount_mismatches:
-            yield Discrepancy(
-                kind="psp_settlement_amount_mismatch", severity=Severity.CRITICAL,
-                summary=f"top-up {topup_id}: our amount and the PSP's settled amount for {day} differ",
-                details={"day": day.isoformat(), "topup": topup_id, "gateway": comparison.gateway},
-                refs=(ObjectRef("payments", "topup", topup_id),),
-            )
+        differences = (
+            ("psp_settlement_missing_line", "topup", comparison.missing_at_psp,
+             "top-up {} was credited as charged on {}, but the PSP's settlement report has no such charge"),
+            ("psp_settlement_unknown_charge", "psp_reference", comparison.missing_here,
+             "the PSP settled charge {} on {}, and no top-up of ours records it"),
+            ("psp_settlement_amount_mismatch", "topup", comparison.amount_mismatches,
+             "top-up {}: our amount and the PSP's settled amount for {} differ"),
+        )
+        for kind, key, values, summary in differences:
+            for value in values:
+                yield Discrepancy(
+                    kind=kind, severity=Severity.CRITICAL, summary=summary.format(value, day),
+                    details={"day": day.isoformat(), key: value, "gateway": comparison.gateway},
+                    refs=(ObjectRef("payments", "topup", value),) if key == "topup" else (),
+                )
 
 
 def _charged_uncredited(ctx: CheckContext) -> Iterator[Discrepancy]:
