@@ -12,8 +12,6 @@ behaviour for speed, kept because it saves at least 5 % of a keyed payment's CPU
 - fastredis.py: the Redis client of the request path's own calls (short timeouts);
 - shapes.py: a serializer's declared fields copied shallowly where that is safe.
 
-Business code (services, selectors, views) never imports this package: it calls plainly
-named functions in a few door modules whose bodies may (wallets.locks, wallets.rows,
-wallets.keycache, payments.relaykick, payments.idempotency.statements, apikit.throttling,
-apikit.shapes). An import-linter contract in pyproject.toml keeps it so.
+Business code never imports this package: it calls plainly named functions in the door
+modules that the import-linter contract in pyproject.toml lists.
 """

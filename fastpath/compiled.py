@@ -1,22 +1,13 @@
 """Compiled statements: the ORM's own SQL for a hot statement, compiled once per shape.
 
-Django compiles a QuerySet to SQL on every execution: resolving lookups through joins,
-quoting, building `CASE` expressions. On the payment path that compilation cost more
-Python than everything else the payment does (docs/BENCHMARKS.md). A compiled
-statement is an ordinary QuerySet built once with `Param` placeholders where its values
-go; its first execution compiles it through Django's compiler, and later executions reuse
-that SQL with new values, through the same compiler machinery: rows still come back as
-model instances (`select_related` included) through Django's `ModelIterable`, updates
-still run through `SQLUpdateCompiler.execute_sql`, inside the caller's transaction.
+Django compiles a QuerySet to SQL on every execution, which cost more Python than the
+rest of a payment (docs/BENCHMARKS.md). A compiled statement is a QuerySet built once
+with `Param` placeholders, compiled by Django on first use; later executions reuse that
+SQL through the same machinery (`ModelIterable`, `SQLUpdateCompiler.execute_sql`).
 
-What is cached is SQL text and the positions of the placeholders, per database alias and
-never per tenant: the statements name unqualified tables, which the connection's
-search_path resolves to the tenant's schema, as any ORM statement does.
-
-Values go to the database as given: a `Param` is not passed through a field's
+The cache holds SQL text per database alias, never per tenant: the tables are
+unqualified, resolved by the connection's search_path. A `Param` skips the field's
 `get_db_prep_value`, so callers bind values that need no conversion (ids, codes, ints).
-tests/test_compiled_statements.py checks each hot statement's cached SQL and bound
-parameters against what the ORM compiles for the same QuerySet built with real values.
 """
 
 from __future__ import annotations
@@ -41,14 +32,9 @@ from django.db.transaction import TransactionManagementError
 from fastpath.prepared import prepared_statement_register
 
 M = TypeVar("M", bound=Model)
-# Up to this many rows, a compiled insert sends one VALUES row of scalars per object, which
-# psycopg dumps for less than one array per column; past it, Django's one array per column.
-# The bound is psycopg's, not the planner's: psycopg converts a statement string once and
-# caches it only while it has at most 50 parameters (MAX_CACHED_STATEMENT_PARAMS), and
-# parses the whole string again on every execute past that. A payment's batch has 28
-# parameters besides its entries' 5 each: 38 with two entries, 48 with four (one reward),
-# and with six as VALUES rows it would have 58, so six go as arrays (33)
-# (tests/test_ledger.py).
+# Up to this many rows a compiled insert sends VALUES rows of scalars (cheaper for psycopg
+# to dump), past it one array per column: psycopg caches a statement's conversion only up
+# to 50 parameters, and a payment's batch has 28 besides 5 per entry (48 with four).
 VALUES_ROWS_MAX = 4
 
 
@@ -65,8 +51,7 @@ class _Slot:
 
 
 class Param(Expression):
-    """A named placeholder for a value in a compiled statement's QuerySet (a filter's
-    right-hand side, an `F()` increment, a `When`'s condition or result)."""
+    """A named placeholder for a value in a compiled statement's QuerySet."""
 
     def __init__(self, name: str, output_field: Field[Any, Any] | None = None) -> None:
         super().__init__(output_field=output_field)
@@ -95,10 +80,8 @@ class _Compiled:
         return tuple(params)
 
     def compiler_for(self, alias: str, values: Mapping[str, Any]) -> SQLCompiler:
-        """A copy of the prepared compiler (its select, klass_info and converters are
-        read-only after preparation) that answers `as_sql` with the cached SQL, on this
-        thread's connection: Django's connections are per thread, and the prepared
-        compiler holds the one of the thread that compiled it."""
+        """A copy of the prepared compiler that answers `as_sql` with the cached SQL, on this
+        thread's connection (Django's connections are per thread)."""
         compiler = copy.copy(self.compiler)
         compiler.connection = connections[alias]
         sql, params = self.sql, self.bind(values)
@@ -107,8 +90,7 @@ class _Compiled:
 
 
 class _BoundQuery:
-    """Stands in for a QuerySet's `query` for one execution: `ModelIterable` asks it for
-    a compiler and gets the cached one. Everything else is read from the real query."""
+    """A QuerySet's `query` for one execution: `ModelIterable` gets the cached compiler."""
 
     def __init__(self, query: Any, compiler: SQLCompiler) -> None:
         self._query = query
@@ -122,13 +104,10 @@ class _BoundQuery:
 
 
 class CompiledQuery(Generic[M]):
-    """A QuerySet compiled once per database alias and run many times with new values.
-
-    `select(**values)` returns the rows as model instances, as `list(queryset)` would;
-    `update(**values)` runs `queryset.update(**update)` for the `update` mapping given at
-    construction and returns the row count. Every `Param` name must be given a value.
-    With `prepared`, its SQL goes to PostgreSQL as a server-side prepared statement,
-    parsed and planned once per connection (fastpath.prepared).
+    """A QuerySet compiled once per database alias and run many times with new values:
+    `select(**values)` as `list(queryset)`, `update(**values)` as
+    `queryset.update(**update)` (the mapping given at construction). With `prepared`, its
+    SQL goes as a server-side prepared statement (fastpath.prepared).
     """
 
     def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None, prepared: bool = False) -> None:
@@ -166,8 +145,7 @@ class CompiledQuery(Generic[M]):
         return str(router.db_for_write(self._queryset.model))
 
     def sql_with_params(self, **values: Any) -> tuple[str, tuple[Any, ...]]:
-        """The SQL and parameters an execution with `values` sends (tests compare them with
-        the ORM's own)."""
+        """The SQL and parameters an execution with `values` sends (for the tests)."""
         compiled = self._compile(self._alias())
         return compiled.sql, compiled.bind(values)
 
@@ -197,10 +175,8 @@ class CompiledQuery(Generic[M]):
 
 
 class CompiledShapes(Generic[M]):
-    """Compiled statements of one kind keyed by shape (how many rows, which columns, which
-    constants): `get(shape)` builds the statement for a new shape once with `build(shape)`.
-    At most `max_shapes` are kept (then it starts over), so odd shapes cannot grow a
-    process without bound."""
+    """Compiled statements keyed by shape, each built once with `build(shape)`; at most
+    `max_shapes` kept (then it starts over), so odd shapes cannot grow a process."""
 
     def __init__(self, build: Callable[[Any], CompiledQuery[M]], *, max_shapes: int = 256) -> None:
         self._build = build
@@ -222,19 +198,12 @@ class CompiledShapes(Generic[M]):
 
 
 class CompiledInsert(Generic[M]):
-    """`INSERT INTO <table> (<columns>) ..` of instances of one model, compiled by Django's
-    SQLInsertCompiler once per alias and row count: Django's VALUES form up to
-    VALUES_ROWS_MAX rows, its UNNEST form (one array per column) for more. Each insert
-    prepares its values as Django does (`field.pre_save(obj, add=True)`, then
-    `get_db_prep_save`) and marks the instances saved, like `save(force_insert=True)` /
-    `bulk_create` without the machinery around them.
-
-    A model whose primary key is set in Python (an id default) inserts every concrete
-    column; one with an auto primary key leaves it to the database and, as this is for
-    append-only rows nobody reads back in the same transaction, does not read it back.
-    `save()` also sends pre_save and post_save; while any receiver listens for the model,
-    `insert` falls back to `save(force_insert=True)` / `bulk_create`, so no signal is
-    ever skipped.
+    """The INSERT of instances of one model, compiled by Django's SQLInsertCompiler once
+    per alias and row count (VALUES up to VALUES_ROWS_MAX rows, else UNNEST). Values are
+    prepared as `save(force_insert=True)` / `bulk_create` prepare them. An auto primary
+    key is not read back (append-only rows). While a pre_save or post_save receiver
+    listens for the model, it falls back to `save()` / `bulk_create`, so no signal is
+    skipped.
     """
 
     def __init__(self, model: type[M]) -> None:
@@ -246,8 +215,8 @@ class CompiledInsert(Generic[M]):
         self._lock = threading.Lock()
 
     def _compile(self, alias: str, objs: Sequence[M]) -> tuple[str, bool] | None:
-        """(SQL, whether it takes one array per column) or None when Django's form for
-        these rows is not one placeholder per value or per column."""
+        """(SQL, whether it takes one array per column), or None when Django's form does not
+        fit either."""
         key = (alias, len(objs))
         compiled = self._sql.get(key)
         if compiled is None:
@@ -273,17 +242,9 @@ class CompiledInsert(Generic[M]):
         return obj
 
     def insert_many(self, objs: Sequence[M]) -> None:
-        if not objs:
-            return
-        alias = self._alias()
-        statement = self._statement(alias, objs)
-        if statement is None:
-            self._insert_with_save(alias, objs)
-            return
-        connection = connections[alias]
-        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:  # as save() does
-            cursor.execute(*statement)
-        self._mark_saved(alias, objs)
+        batch = InsertBatch()
+        batch.add(self, objs)
+        batch.execute()
 
     def _alias(self) -> str:
         return str(router.db_for_write(self._model))
@@ -318,21 +279,11 @@ class CompiledInsert(Generic[M]):
 
 
 class InsertBatch:
-    """Compiled inserts of new rows sent to the database together: `add` prepares each
-    insert's SQL and values at once (so an instance changed afterwards is inserted as it
-    was), `execute` sends them in order, as one statement string in one round trip.
-
-    A statement costs Python whatever it does (a Django cursor, psycopg's query
-    conversion, the round trip); the savepoint and four inserts a payment makes before it
-    locks its rows went as five.
-    Several statements in one string need psycopg's client-side binding, Django's default;
-    on a connection with server-side binding (`OPTIONS["server_side_binding"]`) each goes
-    on its own (`sends_statements_together`). An insert that must go through `save()` (a
-    signal receiver listens) is sent on its own, in its place in the order. A failure of
-    `execute` leaves the transaction as a failed single insert does (marked for
-    rollback); `execute_in_savepoint` rolls a failure back to its savepoint and leaves the
-    transaction usable. Everything added goes to the database `add`'s model routes to for
-    writes, which must be one database per batch.
+    """Compiled inserts sent in order as one statement string, one round trip (a payment's
+    savepoint and four inserts went as five); `add` prepares values at once. With
+    server-side binding, or an insert that must go through `save()`, statements go one by
+    one. A failed `execute` marks the transaction for rollback, as a failed insert does;
+    `execute_in_savepoint` rolls back to its savepoint instead. One database per batch.
     """
 
     def __init__(self) -> None:
@@ -354,10 +305,9 @@ class InsertBatch:
         self._send(savepoint=False)
 
     def execute_in_savepoint(self) -> str:
-        """`execute`, after opening a savepoint in the same round trip; returns its id for
-        `transaction.savepoint_rollback`, as `transaction.savepoint()` would, one round
-        trip fewer. If sending fails, this rolls back to it before raising: a failed
-        execute leaves none of its rows. Locks: none (new rows)."""
+        """`execute` after a savepoint opened in the same round trip; returns its id, as
+        `transaction.savepoint()` would. A failure rolls back to it before raising.
+        Locks: none (new rows)."""
         sid = self._send(savepoint=True)
         assert sid is not None
         return sid
@@ -414,11 +364,9 @@ class InsertBatch:
 
     @staticmethod
     def _rollback_to(alias: str, sid: str, *, doomed_before: bool) -> None:
-        """Back to the batch's savepoint, as an inner `atomic` block that fails goes back to
-        its own: the transaction carries on as it was before the batch. A save() among the
-        inserts may have marked it for rollback; that mark is lifted for the rollback and
-        put back only if it was there before, or if the rollback itself fails (the
-        savepoint never opened, or the connection is gone)."""
+        """Back to the batch's savepoint, as a failed inner `atomic` does. A rollback mark a
+        save() among the inserts set is lifted, and put back only if it was there before
+        or the rollback itself fails."""
         connection = connections[alias]
         if connection.in_atomic_block:
             transaction.set_rollback(False, using=alias)
@@ -433,19 +381,14 @@ class InsertBatch:
 
 
 def sends_statements_together(connection: Any) -> bool:
-    """Whether this connection's cursors bind values client-side (psycopg's ClientCursor,
-    Django's default), which lets one execute carry several statements; a server-side
-    binding cursor prepares each execute as one statement. Asked of the open connection,
-    not the settings: its cursor class was fixed when it connected."""
+    """Whether this open connection's cursors bind client-side (psycopg's ClientCursor),
+    which lets one execute carry several statements."""
     connection.ensure_connection()
     return issubclass(connection.connection.cursor_factory, psycopg.ClientCursor)
 
 
 def _batch_savepoint_name(connection: Any) -> str:
-    """A name no earlier savepoint of this transaction has. One name shared by every batch
-    would let a batch that fails before its SAVEPOINT ran go back to an earlier batch's
-    savepoint of the same name, undoing that batch. The project's backend
-    (fastpath.backend, the only ENGINE) counts
-    them per transaction, so the payment's batch string is the same on every payment and
-    psycopg converts it once."""
+    """A name no earlier savepoint of this transaction has (a shared name would let a batch
+    that failed before its SAVEPOINT roll back an earlier batch), and the same on every
+    payment, so psycopg converts the batch string once (fastpath.backend)."""
     return str(connection.savepoint_name_in_transaction("tally_batch"))

@@ -1,16 +1,11 @@
 """Epochs: one opaque Redis value per key that changes after every committed write that
 must end trust in what other processes cached under the old value.
 
-A cache records, with each entry, the epoch it read BEFORE the entry's database read, and
-trusts an entry only while the current epoch is still that value. A write commits, then
-bumps: a process that read the old row read the epoch before the commit, so before the
-bump, and its entry stops being trusted as soon as the bump is visible.
-
-A missing key (Redis restarted, flushed, evicted) is created with a random 62-bit value
-before it is read or incremented, never from 0: a counter restarted from 0 could come
-back to a value an old entry recorded (ABA) and make it trusted again. Redis down: reads
-answer None (the caller trusts nothing) and back off for READ_BACKOFF_SECONDS, so an
-outage does not add a timeout to every cache miss; a failed bump answers False.
+A cache records with each entry the epoch it read BEFORE its database read, and trusts
+the entry only while the epoch is unchanged; a write commits, then bumps. A missing key
+is created with a random 62-bit value, never 0, so a restarted counter cannot come back
+to a value an old entry recorded (ABA). Redis down: reads answer None (trust nothing)
+and back off for READ_BACKOFF_SECONDS; a failed bump answers False.
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from typing import Any
 
 import redis
 
@@ -30,8 +26,11 @@ READ_BACKOFF_SECONDS = 5.0
 _read_down_until = 0.0
 
 
-def _initial_value() -> int:
-    return 1 + secrets.randbits(62)
+def _pipeline(key: str) -> Any:
+    """A pipeline that first creates `key`, if missing, with a random 62-bit value."""
+    pipe = fast_redis().pipeline(transaction=False)
+    pipe.set(key, 1 + secrets.randbits(62), nx=True)
+    return pipe
 
 
 def epoch_read(*, key: str) -> bytes | None:
@@ -41,8 +40,7 @@ def epoch_read(*, key: str) -> bytes | None:
     if now < _read_down_until:
         return None
     try:
-        pipe = fast_redis().pipeline(transaction=False)
-        pipe.set(key, _initial_value(), nx=True)
+        pipe = _pipeline(key)
         pipe.get(key)
         value = pipe.execute()[-1]
     except redis.RedisError:
@@ -56,8 +54,7 @@ def epoch_bump(*, key: str) -> bool:
     """Change the epoch under `key` (call after the write has committed); False when Redis
     cannot take it."""
     try:
-        pipe = fast_redis().pipeline(transaction=False)
-        pipe.set(key, _initial_value(), nx=True)
+        pipe = _pipeline(key)
         pipe.incr(key)
         pipe.execute()
     except redis.RedisError:

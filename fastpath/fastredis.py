@@ -1,10 +1,7 @@
-"""The process's Redis client for the request path's own calls (the throttles' script,
-API key epochs, relay kicks): short timeouts, so a slow or dead Redis costs a request at
-most a quarter of a second before its caller falls back. No retries: each caller has its
-own fallback, and redis-py's retries with backoff would turn a quarter of a second into
-seconds (its `Redis(host=...)` constructor retries with backoff by default: a refused
-port took 3.9 s). One client per process and `REDIS_URL` (a changed URL, as in tests with
-a private redis-server, gets a new one)."""
+"""The process's Redis client for the request path's own calls (throttles, API key epochs,
+relay kicks): short timeouts, so a dead Redis costs a request at most a quarter of a
+second before its caller falls back, and no retries (redis-py's retries with backoff
+turned a refused port into 3.9 s). One client per process and `REDIS_URL`."""
 
 from __future__ import annotations
 

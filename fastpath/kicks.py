@@ -1,33 +1,23 @@
 """Coalesced kicks: at most one pending kick of a worker per name, and its runs at most
-every `interval_ms`, decided in Redis by one Lua script a step.
+every `interval_ms`, decided in Redis by one Lua script a step (one round trip, Redis's
+clock).
 
-A kick is a Celery publish (~1 ms of Python). Under load most of them are redundant: a
-relay kicked earlier has not started yet. So a kick first marks "a kick is pending" for
-its schema in Redis, the mark holding a token the kick sends its task; if the mark is
-already there, it sends nothing. That relay, and only that one, clears the mark when it
-starts, BEFORE it reads the outbox (`kick_started` with the task's token:
-payments.relaykick). Why no event waits: a commit that finds the mark
-committed before it looked, and the relay holding that token has not cleared it yet, so
-that relay's reads come after this commit and see its event. A mark whose publish failed
-is cleared at once; one whose relay never runs (a lost message) expires after
-its `pending_ms`, and the beat sweep relays meanwhile.
+A kick is a Celery publish (~1 ms of Python), mostly redundant under load. So a kick
+first sets a "kick pending" mark for its schema holding a token it sends its task, and
+sends nothing if the mark is there. Only the relay holding that token clears the mark,
+when it starts and BEFORE it reads the outbox (`kick_started`): a commit that found the
+mark committed before that relay reads, so no event waits; and a beat relay starting
+cannot let a second kicked relay in. A mark whose publish failed is dropped at once; one
+whose relay never runs expires after `pending_ms`.
 
-Why only the kicked relay clears it: when any relay's start cleared the mark, a beat
-sweep's relay starting while a kicked one waited out its countdown let the next commit
-kick a second one, and from then on two kicked relays alternated, each re-kicked after
-its own start: relays every 50 ms, not 100, with half the events a run. With the token at most one kicked relay is pending at a time.
-
-Relays of one schema also start at most every `interval_ms`: a kick that comes
-sooner after the last relay started sends its task with a countdown for the rest of the
-interval. A relay run costs ~4 ms of CPU and 9 statements whatever it finds
-(5.6 ms per event at one event a run, 2.6 at twenty), and
-under steady payments a run per commit took that from the web workers on the same
-cores. The interval adds at most itself to an event's lag; the first event after a
-quiet spell waits for nothing. Each step is one Lua script, one round trip, timed by
-Redis's own clock.
+A kick sooner than `interval_ms` after the last relay started gets a countdown for the
+rest: a relay run costs ~4 ms of CPU whatever it finds, and a run per commit took that
+from the web workers. The interval adds at most itself to an event's lag.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import redis
 from redis.commands.core import Script
@@ -35,10 +25,8 @@ from redis.commands.core import Script
 from fastpath.fastredis import fast_redis
 
 # KEYS: the pending mark, the last relay start (ms). ARGV: the mark's TTL (ms), the interval
-# (ms), the kick's token. Returns -1 when another kick is pending already, else the ms to
-# wait before the relay. A mark holding this kick's own token is its own: redis-py resends
-# a command whose answer timed out, and the resent claim must not take the first one's
-# mark for another kick's (no relay would be sent).
+# (ms), the kick's token. Returns -1 when another kick is pending, else the ms to wait. A
+# mark holding this kick's own token is its own (redis-py may resend a timed-out claim).
 _KICK_CLAIM_LUA = b"""
 if not redis.call('SET', KEYS[1], ARGV[3], 'NX', 'PX', ARGV[1]) and redis.call('GET', KEYS[1]) ~= ARGV[3] then return -1 end
 local last = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -81,17 +69,13 @@ def kick_claim(*, pending_key: str, started_key: str, token: str, pending_ms: in
 def kick_drop(*, pending_key: str, token: str) -> None:
     """A kick's send failed: drop its mark, so the next one kicks again (no run started, so
     no interval). Redis down: the mark lapses by itself."""
-    try:
+    with contextlib.suppress(redis.RedisError):
         _KICK_DROP(keys=[pending_key], args=[token], client=fast_redis())
-    except redis.RedisError:
-        pass
 
 
 def kick_started(*, pending_key: str, started_key: str, token: str) -> None:
     """A run starts: record when, and if it is the run the pending mark's kick sent
     (`token`), clear the mark. A run no kick sent ('') leaves the mark alone: the kicked
     run it stands for has still to start. Redis down: the mark lapses by itself."""
-    try:
+    with contextlib.suppress(redis.RedisError):
         _RELAY_STARTED(keys=[pending_key, started_key], args=[token], client=fast_redis())
-    except redis.RedisError:
-        pass

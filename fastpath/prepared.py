@@ -1,53 +1,28 @@
 """Server-side prepared statements for a few registered hot statements, under Django's
 client-side binding.
 
-PostgreSQL parses, analyses and plans every statement it is sent; for the payment path's
-wide statements (the locking select of the balance rows joins three tables) that was
-about 40% of the backend's CPU per payment (docs/BENCHMARKS.md).
-psycopg's own prepared statements need server-side binding, which would send the
-payment's batch of inserts (`fastpath.compiled.InsertBatch`) statement by statement and
-costs more Python than it saves. So Django keeps its client-side binding,
-and only the statements registered here go as prepared statements: on its first use on a
-connection a registered statement is sent once as `PREPARE tally_<hash> (...) AS <its SQL
-with $1..$n>`, and from then on as `EXECUTE tally_<hash> (<values>)`, the values bound
-client-side as for any statement. The name is a hash of the SQL and its parameter types,
-so a name means one statement on every server session, whichever process prepared it.
-The SQL is unchanged, and still the ORM's own where the ORM compiled it
-(`fastpath.compiled.CompiledQuery(..., prepared=True)`): Django's execute wrappers see the
-registered SQL, and its query log shows it with its values, as it would unprepared
-(`prepared_query_logged`). What a connection has prepared is in
-`prepared_statements_of` and in PostgreSQL's `pg_prepared_statements`.
+Parsing and planning the payment path's wide statements was about 40% of the backend's
+CPU per payment (docs/BENCHMARKS.md), and psycopg's own prepared statements need
+server-side binding, which would split the batch of inserts. So a registered statement
+is sent once per connection as `PREPARE tally_<hash of SQL and parameter types> (...)
+AS <SQL with $1..$n>`, then as `EXECUTE tally_<hash> (<values>)`, bound client-side.
 
 Why it is safe:
-- **Tenants.** The registered SQL names unqualified tables that exist only in tenant
-  schemas. A prepared statement keeps the search_path it was prepared under and is parsed
-  again, by PostgreSQL, whenever the connection's search_path differs at EXECUTE, so it
-  reads the current tenant's schema (tests/test_prepared_statements.py). (PostgreSQL does
-  not re-parse when a table appears earlier on an unchanged path: hence tenant-only
-  tables.) A connection that switches tenants re-plans at each switch, so the saving
-  holds while a connection serves one tenant at a time.
-- **Transactions.** A PREPARE outlives a rollback of the transaction it ran in (it is
-  session state, not transactional), so a rolled-back request leaves the statement
-  usable. Inside a transaction (psycopg begins one lazily: autocommit off counts) the
-  PREPARE runs in its own savepoint. If PostgreSQL refuses the statement (class 42: a
-  parameter whose type it cannot infer), the savepoint is rolled back, the transaction
-  carries on, and the statement goes unprepared on this connection. Any other failure
-  (a lock timeout, a cancel, a deadlock) is rolled back to the savepoint and raised as
-  it is, as the statement itself would have failed, and the next use tries again.
-- **Types.** An int parameter is declared `bigint` (PostgreSQL widens and compares
-  across integer types, and cannot infer a type for a value in a CASE branch), anything
-  else `unknown`, which PostgreSQL infers from where the value goes, as it does for an
-  unprepared statement's literal. The same SQL called with another pattern of ints and
-  non-ints is another prepared statement, so a Decimal is never rounded into a `bigint`
-  declared for an earlier call's int.
-- **Connections.** What is prepared is remembered per psycopg connection; a new
-  connection prepares again. If the server forgets a statement (`DEALLOCATE`, `DISCARD
-  ALL`: a pooler such as pgbouncer in transaction mode does that), the EXECUTE fails like
-  any failed statement and this connection forgets everything it prepared. After a
-  migration that changes a column's type under a prepared statement (its result type,
-  or a type it compares with), the EXECUTE fails once (class 42 or 0A000) and the
-  statement is prepared afresh at its next use. Behind a pooler that does not keep a
-  server session per client, set TALLY_DB_PREPARED_STATEMENTS=false.
+- **Tenants.** PostgreSQL parses a prepared statement again whenever the search_path
+  differs at EXECUTE, so it reads the current tenant's schema. It does not when a table
+  appears earlier on an unchanged path: hence unqualified, tenant-only tables.
+- **Transactions.** A PREPARE outlives a rollback (it is session state). Inside a
+  transaction it runs in its own savepoint: if PostgreSQL refuses the statement (class
+  42), it goes unprepared on this connection; any other failure is rolled back to the
+  savepoint and raised, as the statement itself would have failed.
+- **Types.** An int parameter is declared `bigint` (PostgreSQL cannot infer a type in a
+  CASE branch), anything else `unknown`, inferred as for a literal. Another pattern of
+  ints is another statement, so a Decimal is never rounded into a `bigint`.
+- **Connections.** Remembered per psycopg connection. If the server forgets a statement
+  (`DISCARD ALL` behind a pooler) the EXECUTE fails and the connection forgets all it
+  prepared; after a migration changes a type under one (class 42 or 0A000) it is
+  prepared afresh at its next use. Behind a pooler without session affinity, set
+  TALLY_DB_PREPARED_STATEMENTS=false.
 """
 
 from __future__ import annotations
@@ -69,15 +44,11 @@ else:
     _DjangoCursor = Cursor
 
 _PLACEHOLDER = re.compile(r"%s")
-# Registered SQL -> its placeholder count. Registered statements are the compiled ones
-# (fastpath.compiled.CompiledShapes bounds their shapes) and a few constants; past the cap,
-# more are sent unprepared.
+# Registered SQL -> its placeholder count; past the cap, more are sent unprepared.
 _REGISTERED: dict[str, int] = {}
 _REGISTERED_MAX = 2048
-# Per psycopg connection: (registered SQL, which parameters are ints) -> the EXECUTE that
-# runs it there, None when PostgreSQL refused to prepare it there (it is then sent as it
-# is), or _STALE when its EXECUTE failed for a type a migration changed (it is
-# deallocated and prepared again at its next use).
+# Per psycopg connection: (SQL, which parameters are ints) -> its EXECUTE there, None when
+# PostgreSQL refused to prepare it, or _STALE when a type changed under it.
 _PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple[str, tuple[bool, ...]], str | None]] = weakref.WeakKeyDictionary()
 _STALE = "stale"
 _SAVEPOINT = "SAVEPOINT tally_prepare;\n{};\nRELEASE SAVEPOINT tally_prepare"
@@ -85,9 +56,8 @@ _SAVEPOINT_UNDO = "ROLLBACK TO SAVEPOINT tally_prepare;\nRELEASE SAVEPOINT tally
 
 
 def prepared_statement_register(sql: str) -> str:
-    """Send `sql` as a prepared statement from now on (on connections whose cursors are
-    `PreparingCursor`). `sql` is Django's form: `%s` placeholders, no literal `%`; its
-    tables must exist only in tenant schemas (see the module's docstring)."""
+    """Send `sql` (`%s` placeholders, no literal `%`, tenant-only tables) prepared from now
+    on, on connections whose cursors are `PreparingCursor`."""
     if "%%" in sql or "%(" in sql:
         raise ValueError("a prepared statement takes %s placeholders only, and no literal %")
     if sql not in _REGISTERED and len(_REGISTERED) < _REGISTERED_MAX:
@@ -134,9 +104,9 @@ class PreparingCursor(_DjangoCursor):
             raise
 
     def _prepare(self, key: tuple[str, tuple[bool, ...]], *, again: bool) -> str | None:
-        """PREPARE the statement on this connection (deallocating its old version first
-        when `again`); the EXECUTE that runs it, or None if PostgreSQL refuses it. Raises
-        any other failure, with the caller's transaction as it was before."""
+        """PREPARE the statement here (after deallocating it when `again`); return its
+        EXECUTE, or None if PostgreSQL refuses it. Other failures are raised, the caller's
+        transaction as it was."""
         query, ints = key
         name = prepared_statement_name(query, ints)
         positions = iter(range(1, len(ints) + 1))
@@ -165,10 +135,8 @@ class PreparingCursor(_DjangoCursor):
 
 
 def prepared_query_logged(cursor: Any, sql: Any, params: Any) -> str | None:
-    """For Django's query log (`last_executed_query`): a registered statement that just
-    went as EXECUTE is logged as its own SQL with its values, as it would be unprepared,
-    so query logs and the tests reading them show the statement, not `EXECUTE tally_...`.
-    None for anything else."""
+    """For Django's query log: a registered statement that went as EXECUTE, as its own SQL
+    with its values (None for anything else)."""
     sent = getattr(getattr(cursor, "_query", None), "query", None)
     if not sent or not sent.startswith(b"EXECUTE tally_") or sql not in _REGISTERED:
         return None
@@ -178,6 +146,5 @@ def prepared_query_logged(cursor: Any, sql: Any, params: Any) -> str | None:
 
 
 def prepared_statements_of(connection: Any) -> dict[str, str | None]:
-    """What this psycopg connection has prepared (tests, benchmarks): SQL -> its EXECUTE
-    (the last type pattern's, where the SQL went with several)."""
+    """What this psycopg connection has prepared (tests, benchmarks): SQL -> its EXECUTE."""
     return {query: execute for (query, _), execute in _PREPARED.get(connection, {}).items()}

@@ -1,26 +1,14 @@
 """Serializers whose per-instance fields are a shallow copy of the declared ones where
 that is safe (the faces' shapes stand on it through apikit.shapes).
 
-DRF gives each serializer instance its own fields by deep-copying the declared ones, and
-a field deep-copies by running its `__init__` again on deep copies of its arguments
-(validators, error messages, regexes). Per payment that was 17 fields rebuilt twice over
-(the request's shape and the response's): 0.6-0.9 ms of CPU, the largest cost in DRF's
-share of a request (docs/BENCHMARKS.md).
+DRF deep-copies each declared field per serializer instance: 0.6-0.9 ms of CPU a payment
+(docs/BENCHMARKS.md). A declared field is only a template that `bind()` and validation
+assign attributes on, so a copy of its `__dict__` serves, its containers copied one
+level down so an edit never reaches the template.
 
-A declared field is never bound or used: it is a template. `bind()` and validation only
-*assign* attributes on the instance's copy (`field_name`, `parent`, `label`, `source`,
-`source_attrs`, a lazily built validator list), so a copy of the template's `__dict__`
-serves as well as a rebuilt field. Its containers (error messages, style, the validator
-list, a choice field's choice maps) are copied one level down, so code that edits a
-copy's (`self.fields["x"].error_messages[...] = ...` in a serializer's `__init__`) never
-reaches the template or the next request. The validator objects are shared, as DRF's
-deep copy shares the ones passed in `validators=`.
-
-Where that does not hold, a field is deep-copied as DRF does: a field holding other fields
-(a nested serializer, `ListField.child`, a relation's `child_relation`: the child's
-`parent` points at the template), a field class with its own `__deepcopy__`, and a default
-or initial value that is neither immutable nor a function or class (a list, or an
-instance such as `CreateOnlyDefault`)."""
+A field is deep-copied as DRF does when it holds other fields (a nested serializer,
+`child`, `child_relation`), has its own `__deepcopy__`, or has a mutable default or
+initial value (a list, `CreateOnlyDefault`)."""
 
 from __future__ import annotations
 
@@ -93,11 +81,9 @@ class Serializer(serializers.Serializer[Any]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # The copies share their template's validators. DRF's length and value validators
-        # carry a `lazy_format` message, which formats and caches itself on first use in a
-        # way two threads can trip over (one can read the format string after the other
-        # cleared it). Formatting them here, once, at import, leaves nothing to race on.
-        # (USE_I18N is off: there is no per-request language to format them in.)
+        # The copies share their template's validators, whose `lazy_format` messages format
+        # and cache themselves on first use in a way two threads can trip over: formatted
+        # here, once, at import (USE_I18N is off: no per-request language).
         for field in cls._declared_fields.values():
             for validator in field.__dict__.get("_validators", ()):
                 message = getattr(validator, "message", None)

@@ -1,15 +1,11 @@
 """Reconciliation in the tenant admin: runs (read-only, "Run now"), findings with links to
-the rows they concern, the dashboard (charts rendered server-side as SVG) and the
-streamed CSV exports of a run's report and of the ledger for a date range.
-
-Views call one service or selector and render; the data comes from
-`reconciliation.selectors`.
-"""
+the rows they concern, the dashboard (server-side SVG charts) and the streamed CSV
+exports of a run's report and of the ledger for a date range."""
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from datetime import date, timedelta
 from typing import Any
 
@@ -69,19 +65,15 @@ def _cell(value: Any) -> Any:
 
 def csv_streaming_response(rows: Iterable[list[Any]], filename: str) -> StreamingHttpResponse:
     writer = csv.writer(_Echo())
-
-    def lines() -> Iterator[str]:
-        for row in rows:
-            yield writer.writerow([_cell(v) for v in row])
-
-    response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    lines = (writer.writerow([_cell(v) for v in row]) for row in rows)
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     response["Cache-Control"] = "no-store"
     return response
 
 
 class _ReadOnly(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    """Runs and findings are written by the reconciliation service only."""
+    pass
 
 
 @admin.register(ReconciliationRun)

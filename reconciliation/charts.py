@@ -1,10 +1,6 @@
-"""Server-side SVG charts for the reconciliation dashboard: small, pure Python, no
-dependency and nothing loaded from a CDN.
-
-Values come in as ints or Decimals (money stays exact in the labels); only the pixel
-coordinates are floats. Every chart is `<svg class="tally-chart" id="chart-<slug>">` so
-browser tests and CSS can find it; an empty series still renders (with "no data yet").
-"""
+"""Server-side SVG charts for the reconciliation dashboard, pure Python (nothing from a
+CDN). Values stay ints or Decimals, so money is exact in the labels; every chart is
+`<svg class="tally-chart" id="chart-<slug>">`, and an empty one says "no data yet"."""
 
 from __future__ import annotations
 

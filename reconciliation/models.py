@@ -1,9 +1,5 @@
-"""Reconciliation runs and their findings (tenant schema).
-
-A run is made by `reconciliation_run_request` (beat, the admin or `manage.py reconcile`)
-and filled in by `reconciliation_run_execute`: the report (counts and timings per check),
-the metrics the dashboard charts across runs, and one finding per discrepancy.
-"""
+"""Reconciliation runs and their findings (tenant schema), made by
+`reconciliation_run_request` and filled in by `reconciliation_run_execute`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The one list of reconciliation checks (`CHECKS`) and of the per-run metric collectors
-(`METRICS`).
-
-Each check is registered once, below, with its name: a function `(ctx) -> Iterator[Discrepancy]`
-that streams (see reconciliation.checks.base for the contract). The checks live in
-`reconciliation/checks/`, one module per app whose data they read: ledger (balances,
-conservation, orphaned references, merchant daily totals), payments (duplicate charges,
-idempotency, outbox, the PSP's settlement report) and webhooks (deliveries).
-
-Adding a check: write it in the module of the data it reads and append one `Check(...)` to
-`CHECKS`.
+"""The one list of reconciliation checks (`CHECKS`) and per-run metric collectors
+(`METRICS`). Adding a check: write it in the `reconciliation/checks/` module of the app
+whose data it reads (contract: reconciliation.checks.base) and append a `Check` here.
 """
 
 from __future__ import annotations
@@ -54,7 +46,4 @@ METRICS: list[Callable[..., dict[str, Any]]] = [payments_run_metrics, webhooks_r
 
 
 def check_get(name: str) -> Check:
-    for check in CHECKS:
-        if check.name == name:
-            return check
-    raise KeyError(name)
+    return {check.name: check for check in CHECKS}[name]

@@ -1,21 +1,15 @@
-"""Reads for the reconciliation dashboard and its CSV exports (current tenant).
-
-The dashboard's data comes from here, never from templates or views: the latest run,
-findings by kind, daily payment volume and refunds per asset (SQL aggregates), and the
-series stored on the runs (outbox lag, idempotency) across the last runs. The CSV rows are
-generators over `.iterator()`, so an export streams with flat memory.
-"""
+"""Reads for the reconciliation dashboard and its CSV exports (current tenant). The CSV
+rows are generators over `.iterator()`, so an export streams with flat memory."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -35,79 +29,57 @@ def reconciliation_run_latest(*, finished: bool = True) -> ReconciliationRun | N
     return runs.order_by("-created", "-id").first()
 
 
-@dataclass(frozen=True)
-class KindCount:
-    kind: str
-    severity: str
-    count: int
-
-
-def reconciliation_findings_by_kind(*, run: ReconciliationRun) -> list[KindCount]:
-    """Findings per kind of one run: found (the report counts past the storage cap too)."""
+def reconciliation_findings_by_kind(*, run: ReconciliationRun) -> list[dict[str, Any]]:
+    """Findings per kind of one run: kind, severity and count found (the report counts past
+    the storage cap too)."""
     severities = dict(run.findings.order_by().values_list("kind", "severity").distinct())
-    return [KindCount(kind=kind, severity=severities.get(kind, ""), count=int(n)) for kind, n in sorted(run.report.get("by_kind", {}).items())]
-
-
-def _days(now: datetime, days: int) -> list[date]:
-    today = timezone.localdate(now)
-    return [today - timedelta(days=days - 1 - i) for i in range(days)]
-
-
-def _major(minor: int, exponent: int) -> Decimal:
-    return Decimal(minor).scaleb(-exponent)
-
-
-def _daily_by_asset(rows: Any, value: str) -> dict[str, dict[date, int]]:
-    by_asset: dict[str, dict[date, int]] = {}
-    for row in rows:
-        by_asset.setdefault(row["asset_code"], {})[row["day"]] = int(row[value] or 0)
-    return by_asset
+    by_kind = sorted(run.report.get("by_kind", {}).items())
+    return [{"kind": kind, "severity": severities.get(kind, ""), "count": int(n)} for kind, n in by_kind]
 
 
 def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOARD_DAYS) -> list[Chart]:
     """Daily payment volume per asset (major units), and daily refunds, over `days`."""
-    now = now or timezone.now()
-    axis = _days(now, days)
+    today = timezone.localdate(now or timezone.now())
+    axis = [today - timedelta(days=days - 1 - i) for i in range(days)]
     since = timezone.make_aware(datetime.combine(axis[0], datetime.min.time()))
     exponents = dict(Asset.objects.values_list("code", "exponent"))
     labels = [d.strftime("%m-%d") for d in axis]
-    payments = (
-        Payment.objects.filter(created__gte=since).annotate(day=TruncDate("created")).order_by()
-        .values("day", asset_code=F("asset_id"))
-        .annotate(total=Sum("amount"), n=Count("id"))
-    )
-    charts: list[Chart] = []
-    volume = _daily_by_asset(payments, "total")
-    counts = _daily_by_asset(payments, "n")
-    for asset in sorted(volume):
+
+    def daily(rows: QuerySet[Any], asset_field: str) -> tuple[dict[str, dict[date, int]], dict[str, dict[date, int]]]:
+        """Amounts and counts, by asset and day (one SQL aggregate)."""
+        totals: dict[str, dict[date, int]] = {}
+        counts: dict[str, dict[date, int]] = {}
+        for row in (
+            rows.filter(created__gte=since).annotate(day=TruncDate("created")).order_by()
+            .values("day", asset_code=F(asset_field)).annotate(total=Sum("amount"), n=Count("id"))
+        ):
+            totals.setdefault(row["asset_code"], {})[row["day"]] = int(row["total"] or 0)
+            counts.setdefault(row["asset_code"], {})[row["day"]] = int(row["n"])
+        return totals, counts
+
+    def amount_chart(slug: str, title: str, name: str, asset: str, by_day: dict[date, int]) -> Chart:
         exponent = int(exponents.get(asset, 0))
-        charts.append(Chart(
-            slug=f"volume-{asset.lower()}", title=f"Daily payment volume, {asset}", labels=labels, kind="bar", unit=asset,
-            series=[Series(name=f"{asset} paid", values=[_major(volume[asset].get(d, 0), exponent) for d in axis])],
-        ))
+        return Chart(
+            slug=f"{slug}-{asset.lower()}", title=f"{title}, {asset}", labels=labels, kind="bar", unit=asset,
+            series=[Series(name=f"{asset} {name}", values=[Decimal(by_day.get(d, 0)).scaleb(-exponent) for d in axis])],
+        )
+
+    volume, counts = daily(Payment.objects.all(), "asset_id")
+    charts: list[Chart] = []
+    for asset in sorted(volume):
+        charts.append(amount_chart("volume", "Daily payment volume", "paid", asset, volume[asset]))
         charts.append(Chart(
             slug=f"payments-{asset.lower()}", title=f"Daily payments, {asset}", labels=labels, kind="line", unit="count",
             series=[Series(name="payments", values=[counts[asset].get(d, 0) for d in axis])],
         ))
     if not volume:
         charts.append(Chart(slug="volume", title="Daily payment volume", labels=labels, kind="bar", series=[]))
-    refunds = (
-        Refund.objects.filter(created__gte=since).annotate(day=TruncDate("created")).order_by()
-        .values("day", asset_code=F("payment__asset_id"))
-        .annotate(total=Sum("amount"), n=Count("id"))
-    )
-    refunded = _daily_by_asset(refunds, "total")
-    refund_counts = _daily_by_asset(refunds, "n")
+    refunded, refund_counts = daily(Refund.objects.all(), "payment__asset_id")
     charts.append(Chart(
         slug="refunds", title="Daily refunds", labels=labels, kind="bar", unit="count",
         series=[Series(name=f"{asset} refunds", values=[refund_counts[asset].get(d, 0) for d in axis]) for asset in sorted(refund_counts)],
     ))
-    for asset in sorted(refunded):
-        exponent = int(exponents.get(asset, 0))
-        charts.append(Chart(
-            slug=f"refunds-{asset.lower()}", title=f"Daily refunded amount, {asset}", labels=labels, kind="bar", unit=asset,
-            series=[Series(name=f"{asset} refunded", values=[_major(refunded[asset].get(d, 0), exponent) for d in axis])],
-        ))
+    charts += [amount_chart("refunds", "Daily refunded amount", "refunded", asset, refunded[asset]) for asset in sorted(refunded)]
     return charts
 
 
@@ -150,8 +122,6 @@ def dashboard_run_charts(*, runs: int = DASHBOARD_RUNS) -> list[Chart]:
               series=[Series(name="findings", values=[float(r["findings_count"]) for r in recent])]),
     ]
 
-
-# --- CSV exports ------------------------------------------------------------------------
 
 FINDINGS_CSV_HEADER = ["run", "finding", "check", "kind", "severity", "summary", "refs", "details"]
 LEDGER_CSV_HEADER = ["entry", "created", "transaction", "transaction_kind", "reference", "account", "asset", "amount"]

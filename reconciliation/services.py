@@ -7,6 +7,7 @@ import logging
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import get_public_schema_name
 
-from reconciliation.checks.base import CheckContext, Discrepancy
+from reconciliation.checks.base import CheckContext
 from reconciliation.locks import reconciliation_run_lock
 from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
 from reconciliation.registry import CHECKS, METRICS, Check
@@ -42,13 +43,6 @@ def reconciliation_run_request(*, trigger: RunTrigger, requested_by: str = "") -
     return ReconciliationRun.objects.create(trigger=trigger, requested_by=requested_by[:150])
 
 
-def _finding(run: ReconciliationRun, check: Check, found: Discrepancy) -> ReconciliationFinding:
-    return ReconciliationFinding(
-        run=run, check_name=check.name, kind=found.kind, severity=str(found.severity), summary=found.summary[:500],
-        details=found.details, refs=[ref.as_dict() for ref in found.refs],
-    )
-
-
 def _check_run(run: ReconciliationRun, check: Check, ctx: CheckContext, by_kind: Tally[str]) -> dict[str, Any]:
     started = time.monotonic()
     ctx.stats = {}
@@ -58,7 +52,10 @@ def _check_run(run: ReconciliationRun, check: Check, ctx: CheckContext, by_kind:
         found += 1
         by_kind[discrepancy.kind] += 1
         if stored < MAX_FINDINGS_STORED_PER_CHECK:
-            batch.append(_finding(run, check, discrepancy))
+            batch.append(ReconciliationFinding(
+                run=run, check_name=check.name, kind=discrepancy.kind, severity=str(discrepancy.severity),
+                summary=discrepancy.summary[:500], details=discrepancy.details, refs=[asdict(ref) for ref in discrepancy.refs],
+            ))
             stored += 1
             if len(batch) >= FINDINGS_BATCH:
                 ReconciliationFinding.objects.bulk_create(batch)
@@ -72,21 +69,13 @@ def reconciliation_run_execute(
     *, run_id: int, checks: Sequence[Check] | None = None, progress: Progress | None = None, chunk_size: int = 2000
 ) -> ReconciliationRun:
     """Run every registered check (or `checks`) in the current tenant and store the report,
-    the per-run metrics and the findings.
-
-    All checks read one snapshot: outside a transaction the run opens one at REPEATABLE
-    READ (read-only work plus the findings it inserts), so a payment committing mid-run
-    cannot look like a discrepancy between two checks. Every check streams (server-side
-    cursors, SQL aggregates), so memory stays flat as the ledger grows.
-
-    A run is executed once: one already finished, or running for less than
-    RUN_TIME_LIMIT_SECONDS, is returned as is (a duplicate delivery of its task). A run
-    left "running" longer than that died with its process (nothing of it committed: the
-    findings are written in the run's transaction) and is executed again.
+    the per-run metrics and the findings. All checks read one REPEATABLE READ snapshot, so a payment committing mid-run cannot
+    look like a discrepancy between two checks. A run finished, or running for less than
+    RUN_TIME_LIMIT_SECONDS (a duplicate delivery of its task), is returned as is; one
+    running longer died with its process (nothing of it committed) and runs again.
 
     Locks: the run row (FOR UPDATE) while it is marked running, so two workers given the
-    same run do not both execute it; no lock on business rows.
-    """
+    same run do not both execute it; no lock on business rows."""
     checks = list(CHECKS if checks is None else checks)
     with transaction.atomic():
         run = reconciliation_run_lock(run_id=run_id)
@@ -130,10 +119,9 @@ def reconciliation_run_execute(
 
 
 def reconciliation_schedule_ensure(*, hours: int = SCHEDULE_DEFAULT_HOURS) -> Any:
-    """The beat entry that fans reconciliation out to every tenant, as a django-celery-beat
-    PeriodicTask (public schema) staff edit in the platform admin. Created if missing,
-    never overwritten: an edited interval, crontab or `enabled` flag is kept (an entry in
-    CELERY_BEAT_SCHEDULE would be reset each time beat starts)."""
+    """The beat entry that fans reconciliation out to every tenant, a django-celery-beat
+    PeriodicTask staff edit in the platform admin: created if missing, never overwritten
+    (an entry in CELERY_BEAT_SCHEDULE would be reset each time beat starts)."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     existing = PeriodicTask.objects.filter(name=SCHEDULE_NAME).first()

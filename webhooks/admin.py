@@ -1,7 +1,5 @@
 """The outbox and merchant webhooks in the tenant admin (SPEC 8-9): read-only rows; staff
-act through the same services as the API (redeliver a delivery, requeue an event or a
-dead letter, enable or disable an endpoint), each from a confirmation page with its own
-idempotency key, audited (payments/admin_actions.py). Signing secrets are never shown."""
+act through the API's services, audited (payments/admin_actions.py). Secrets never show."""
 
 from __future__ import annotations
 

@@ -9,12 +9,10 @@ class WebhooksConfig(AppConfig):
         from tenants.signals import tenant_created
         from wallets.staged.spec import staged_migration_register
 
-        # Register the relay tasks in every process (web included), so the after-commit
-        # kick can run "webhooks.outbox_relay" in eager mode (tests) by name.
+        # Registered in every process, so an eager after-commit kick finds the task by name.
         from webhooks import tasks  # noqa: F401
         from webhooks.secrets import WebhookSecretsMigration, webhook_secrets_new_tenant
 
-        # The re-seal of signing secrets is a staged migration like wallets' own; a new
-        # tenant has nothing to re-seal and starts sealed.
+        # A new tenant has no plaintext secrets to re-seal: it starts sealed.
         staged_migration_register(WebhookSecretsMigration())
         tenant_created.connect(webhook_secrets_new_tenant, dispatch_uid="webhooks-secrets-new-tenant")

@@ -1,9 +1,6 @@
 """`make run`: the demo merchant's webhook endpoint, pointed at the local receiver the
-Procfile starts (docs/webhook_receiver.py), so a demo payment shows up there.
-
-The signing secret is shown once, so it is kept in var/ (local, git-ignored) for the
-receiver; a second run reuses the endpoint and the saved secret (or rotates it when the
-saved one is gone or belongs to another database)."""
+Procfile starts (docs/webhook_receiver.py). The secret, shown once, is kept in var/ for
+the receiver; a later run reuses it, or rotates it when it is gone or another database's."""
 
 from __future__ import annotations
 

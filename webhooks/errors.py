@@ -20,16 +20,14 @@ class WebhookEndpointInvalid(InvalidRequest):
 
 
 class WebhookEndpointLimitReached(InvalidState):
-    """The merchant already has as many endpoints as it may: a state of its account, not a
-    fault in the request (409, like Stripe's resource limits; the same body succeeds once
-    an endpoint is deleted)."""
+    """The merchant has as many endpoints as it may: a state of its account, not a fault in
+    the request (the same body succeeds once an endpoint is deleted)."""
 
     code: ClassVar[StrEnum] = WebhookErrorCode.ENDPOINT_LIMIT_REACHED
 
 
 class WebhookTargetRefused(WebhookEndpointInvalid):
-    """The URL's host is, or resolves to, an address deliveries must never reach
-    (loopback, private, link-local/metadata, multicast, unspecified, reserved)."""
+    """The URL's host is, or resolves to, an address deliveries must never reach."""
 
     code: ClassVar[StrEnum] = WebhookErrorCode.TARGET_REFUSED
 

@@ -1,24 +1,10 @@
 """Every lock the webhooks app takes, named (see wallets/locks.py for the money locks).
 
-Order: a relay takes at most one of these at a time, and never while holding a money lock;
-the staff actions and the endpoint registration below take theirs alone.
-- `outbox_events_claim`: a batch of unpublished outbox rows, FOR UPDATE SKIP LOCKED, in
-  (created, id) order; held for the batch's short publication transaction only.
-- `outbox_event_lock`: one outbox row (a dead letter requeued by staff).
-- `webhook_delivery_lock`: one delivery row and its endpoint's row (a redelivery).
-- `merchant_lock`: a merchant's row while an endpoint is registered (the per-merchant limit).
-- `webhook_endpoint_lock` / `webhook_endpoint_rows_lock`: endpoint rows, FOR NO KEY UPDATE
-  (a delivery's insert, which only needs the key, is not blocked), one row (secret
-  rotation) or a batch in id order (the secret re-seal's backfill and contract); never
-  held across an HTTP call.
-- `webhook_endpoints_due_lock` / `webhook_endpoints_lock`: the enabled endpoints that
-  have a due delivery and a free slot (or given ones, whose answers just came back), FOR
-  NO KEY UPDATE SKIP LOCKED, in one statement, then `webhook_deliveries_due_lock`: each one's due
-  deliveries, FOR UPDATE SKIP LOCKED, in that order, for a claim's short transaction only.
-  The endpoint row makes "count what is in flight, then lease up to the cap" one step
-  across workers; SKIP LOCKED means two claims never wait on each other (one takes an
-  endpoint, the other the rest). A claim leases what it takes (`leased_until`) and
-  commits before any request goes: no row or advisory lock is held across an HTTP call.
+Order: a relay takes at most one of these at a time, never with a money lock; staff
+actions and endpoint registration take theirs alone; none is held across an HTTP call.
+Endpoint rows are locked FOR NO KEY UPDATE (a delivery's insert is not blocked). A claim
+locks the endpoints with due work and a free slot, then their due deliveries, SKIP
+LOCKED: the endpoint row makes "count in flight, then lease up to the cap" one step.
 """
 
 from __future__ import annotations
@@ -62,7 +48,6 @@ def merchant_lock(*, merchant_id: str) -> Merchant | None:
 
 
 def webhook_endpoint_lock(*, endpoint_id: str) -> WebhookEndpoint:
-    """The endpoint's row, locked."""
     return WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint_id)
 
 
@@ -79,9 +64,8 @@ def _pending() -> QuerySet[WebhookDelivery]:
 
 
 def _with_in_flight(endpoints: QuerySet[WebhookEndpoint], *, now: datetime) -> QuerySet[WebhookEndpoint]:
-    """`endpoints`, enabled, locked (FOR NO KEY UPDATE SKIP LOCKED: an endpoint another claim
-    holds is skipped; a delivery's insert, which only needs the key, is not blocked), each
-    with `in_flight` (its deliveries leased past `now`) and `cap`, and only those below it."""
+    """`endpoints`, enabled, locked FOR NO KEY UPDATE SKIP LOCKED, each with `in_flight` (its
+    deliveries leased past `now`) and `cap`, and only those below it."""
     in_flight = _pending().filter(leased_until__gt=now).order_by().values("endpoint").annotate(n=Count("pk")).values("n")
     return (
         endpoints.select_for_update(no_key=True, skip_locked=True, of=("self",))
@@ -94,13 +78,13 @@ def _with_in_flight(endpoints: QuerySet[WebhookEndpoint], *, now: datetime) -> Q
     )
 
 
-def webhook_endpoints_due_lock(*, now: datetime, limit: int, exclude: Sequence[str] = ()) -> list[WebhookEndpoint]:
-    """Up to `limit` enabled endpoints (but `exclude`) with a delivery due at `now` and
-    fewer requests in flight than their cap, the one whose oldest due delivery is oldest
-    first, locked; see `_with_in_flight`."""
+def webhook_endpoints_due_lock(*, now: datetime, limit: int) -> list[WebhookEndpoint]:
+    """Up to `limit` enabled endpoints with a delivery due at `now` and fewer requests in
+    flight than their cap, the one whose oldest due delivery is oldest first, locked; see
+    `_with_in_flight`."""
     due = _pending().filter(next_attempt_at__lte=now).order_by("next_attempt_at").values("next_attempt_at")[:1]
     return list(
-        _with_in_flight(WebhookEndpoint.objects.exclude(pk__in=list(exclude)), now=now)
+        _with_in_flight(WebhookEndpoint.objects.all(), now=now)
         .annotate(oldest_due=Subquery(due))
         .filter(oldest_due__isnull=False)
         .order_by("oldest_due", "pk")[:limit]

@@ -23,17 +23,10 @@ class WebhookEndpointStatus(models.TextChoices):
 class WebhookEndpoint(models.Model):
     """Where a merchant wants its events POSTed, signed with its secret (SPEC 8).
 
-    The secret signs deliveries (HMAC-SHA256), so it must be usable, not just
-    verifiable: it is stored sealed (webhooks.secrets, AES-256-GCM bound to the tenant,
-    the endpoint and the field), and the API shows it only in the responses that create
-    or rotate it. After a rotation the previous secret still signs (a second `v1=` in the
-    signature header) until `previous_secret_expires_at`, so the merchant can deploy the
-    new one without dropping events.
-
-    Only webhooks.secrets reads or writes the four secret fields: the plaintext columns
-    (`secret`, `previous_secret`) are the representation the staged migration
-    `webhook_secrets` moves away from, written and read only while the tenant's phase says
-    so, and emptied by its contract.
+    The secret is stored sealed and shown only by the responses that create or rotate it.
+    After a rotation the previous secret still signs (a second `v1=`) until
+    `previous_secret_expires_at`, so the merchant can deploy the new one without dropping
+    events. Only webhooks.secrets reads or writes the four secret fields.
     """
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_webhook_endpoint_id, editable=False)
@@ -45,15 +38,13 @@ class WebhookEndpoint(models.Model):
     status = models.CharField(max_length=10, choices=WebhookEndpointStatus.choices, default=WebhookEndpointStatus.ENABLED)
     secret_plaintext = models.CharField(max_length=80, blank=True, default="", db_column="secret", editable=False)
     previous_secret_plaintext = models.CharField(max_length=80, blank=True, default="", db_column="previous_secret", editable=False)
-    # NULL: not sealed yet (the backfill fills it). Written together; a NULL previous with
-    # a sealed current is "no previous secret".
+    # NULL: not sealed yet (webhooks.secrets).
     secret_sealed = models.BinaryField(null=True, blank=True, editable=False)
     previous_secret_sealed = models.BinaryField(null=True, blank=True, editable=False)
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     # Why the endpoint was disabled, shown to the merchant ("" when enabled, or disabled by hand).
     disabled_reason = models.CharField(max_length=500, blank=True, default="")
-    # Requests in flight to this endpoint at once, across every worker (null: the setting
-    # TALLY_WEBHOOK_ENDPOINT_CONCURRENCY). Lower it for a receiver that cannot take many.
+    # Requests in flight at once across every worker (null: TALLY_WEBHOOK_ENDPOINT_CONCURRENCY).
     max_concurrency = models.PositiveSmallIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -74,14 +65,10 @@ class WebhookDeliveryStatus(models.TextChoices):
 
 
 class WebhookDelivery(models.Model):
-    """One event for one endpoint: made once by the relay (unique per endpoint and event),
-    sent until a 2xx answers or the retry window closes, and redeliverable after.
-
-    Each delivery stands alone: its own schedule (`next_attempt_at`), its own retries, in
-    no order relative to the endpoint's others. A worker that claims it leases it: it sets
-    `leased_until` and pushes `next_attempt_at` to the same moment, so no other worker
-    claims it meanwhile, and a worker that dies mid-send leaves it due again when the
-    lease runs out.
+    """One event for one endpoint (unique per endpoint and event), sent until a 2xx answers
+    or the retry window closes, and redeliverable after. A worker that claims it sets
+    `leased_until` and `next_attempt_at` to the same moment, so no other worker claims it
+    meanwhile, and it is due again if the worker dies mid-send.
     """
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_webhook_delivery_id, editable=False)

@@ -1,33 +1,20 @@
 """Merchant webhook signing secrets, sealed at rest; and the staged migration
 `webhook_secrets` that moves existing endpoints there from the plaintext columns.
 
-A signing secret must be usable (it signs every delivery), so it cannot be hashed like an
-API key; it is sealed like a PSP credential (payments.sealing: AES-256-GCM under a key
-derived from SECRET_KEY for this purpose), bound by associated data to the tenant schema,
-the endpoint and the field, so a sealed secret copied to another endpoint, tenant or
-field (the previous secret's column) does not open.
+A signing secret must be usable (it signs every delivery), so it is sealed, not hashed
+(payments.sealing: AES-256-GCM), bound by associated data to the tenant schema, the
+endpoint and the field, so a sealed secret copied elsewhere does not open.
 
-Representations:
-  old  webhooks_webhookendpoint.secret / .previous_secret, plaintext
-       (`WebhookEndpoint.secret_plaintext` / `.previous_secret_plaintext`);
-  new  `.secret_sealed` / `.previous_secret_sealed`: NULL until the row is sealed (the
-       backfill fills it); written together, a NULL previous beside a sealed current
-       meaning "no previous secret".
-
-What writes and reads which, by the tenant's phase (wallets.staged.phases):
+Old: the plaintext columns `secret` / `previous_secret`. New: `secret_sealed` /
+`previous_secret_sealed`, NULL until sealed (a NULL previous beside a sealed current:
+no previous secret). By the tenant's phase (wallets.staged.phases):
   absent                  write old; read old
-  expanded .. verified    write both (same row, same statement); read old
+  expanded .. verified    write both (same statement); read old
   reads_switched          write both; read new (old for a row not sealed yet)
   contracting/contracted  write new; read new; contract seals any row left and empties
-                          the plaintext columns (they stay, empty, so every tenant's
-                          table has the same columns)
-
-A tenant created after this migration exists has no plaintext to move: it starts at
-`contracted` (`webhook_secrets_new_tenant`, on tenants.signals.tenant_created).
-
-Everything that needs an endpoint's secrets (signing, rotation, the `make run` demo) reads
-them through `webhook_endpoint_secrets`, and every write goes through
-`webhook_endpoint_secrets_assign`.
+                          the plaintext columns (they stay, empty)
+A new tenant starts at `contracted` (`webhook_secrets_new_tenant`). Every read goes
+through `webhook_endpoint_secrets`, every write through `webhook_endpoint_secrets_assign`.
 """
 
 from __future__ import annotations
@@ -56,8 +43,7 @@ SECRET_FIELDS: Final = ("secret_plaintext", "previous_secret_plaintext", "secret
 
 
 class WebhookSecretUnavailable(RuntimeError):
-    """An endpoint has no secret in the representation its tenant's phase reads (a row
-    written behind the services' back); a server fault, never a client's."""
+    """An endpoint has no secret where its tenant's phase reads (a server fault)."""
 
 
 @dataclass(frozen=True)
@@ -99,37 +85,28 @@ def webhook_endpoint_secrets(*, endpoint: WebhookEndpoint) -> EndpointSecrets:
 
 
 def webhook_endpoint_secrets_assign(*, endpoint: WebhookEndpoint, current: str, previous: str) -> list[str]:
-    """Set both secrets on `endpoint` (not saved) in every representation the phase writes,
-    the other one emptied; returns the fields to save. The endpoint's id must be final
-    (it is sealed into the values); the caller holds its row lock, or is inserting it."""
+    """Set both secrets on `endpoint` (not saved) where the phase writes, the other
+    representation emptied; returns the fields to save. The id must be final (it is sealed
+    in); the caller holds the row lock, or is inserting the row."""
     phase = staged_phase(MIGRATION)
     old = writes_old(phase)
     endpoint.secret_plaintext = current if old else ""
     endpoint.previous_secret_plaintext = previous if old else ""
-    endpoint.secret_sealed = endpoint.previous_secret_sealed = None
-    if writes_new(phase):
-        endpoint.secret_sealed = webhook_secret_seal(secret=current, endpoint_id=endpoint.pk, field=CURRENT)
-        if previous:
-            endpoint.previous_secret_sealed = webhook_secret_seal(secret=previous, endpoint_id=endpoint.pk, field=PREVIOUS)
+    sealed = _sealed_fields(endpoint_id=endpoint.pk, current=current, previous=previous) if writes_new(phase) else {}
+    endpoint.secret_sealed = sealed.get("secret_sealed")
+    endpoint.previous_secret_sealed = sealed.get("previous_secret_sealed")
     return list(SECRET_FIELDS)
 
 
-def _seal_from_plaintext(endpoint: WebhookEndpoint) -> dict[str, Any]:
-    previous = endpoint.previous_secret_plaintext
+def _sealed_fields(*, endpoint_id: str, current: str, previous: str) -> dict[str, Any]:
     return {
-        "secret_sealed": webhook_secret_seal(secret=endpoint.secret_plaintext, endpoint_id=endpoint.pk, field=CURRENT),
-        "previous_secret_sealed": webhook_secret_seal(secret=previous, endpoint_id=endpoint.pk, field=PREVIOUS) if previous else None,
+        "secret_sealed": webhook_secret_seal(secret=current, endpoint_id=endpoint_id, field=CURRENT),
+        "previous_secret_sealed": webhook_secret_seal(secret=previous, endpoint_id=endpoint_id, field=PREVIOUS) if previous else None,
     }
 
 
-def _columns_present(columns: list[str]) -> set[str]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = %s AND column_name = ANY(%s)",
-            [WebhookEndpoint._meta.db_table, columns],
-        )
-        return {str(row[0]) for row in cursor.fetchall()}
+def _seal_from_plaintext(endpoint: WebhookEndpoint) -> dict[str, Any]:
+    return _sealed_fields(endpoint_id=endpoint.pk, current=endpoint.secret_plaintext, previous=endpoint.previous_secret_plaintext)
 
 
 class WebhookSecretsMigration(StagedMigration):
@@ -139,16 +116,18 @@ class WebhookSecretsMigration(StagedMigration):
     description = "webhook signing secrets: plaintext columns -> AES-256-GCM sealed columns"
 
     def expand(self) -> None:
-        if len(_columns_present(["secret_sealed", "previous_secret_sealed"])) != 2:
+        with connection.cursor() as cursor:
+            columns = {c.name for c in connection.introspection.get_table_description(cursor, WebhookEndpoint._meta.db_table)}
+        if not {"secret_sealed", "previous_secret_sealed"} <= columns:
             raise StagedMigrationRefused("the sealed columns are missing: run `manage.py migrate_schemas` (webhooks 0004) first")
 
     def backfill_total(self) -> int:
         return WebhookEndpoint.objects.count()
 
     def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
-        """Locks: the batch's endpoint rows in id order (webhook_endpoint_rows_lock), not
-        with `dry_run`. Seals each row not sealed yet from its plaintext; a row the new
-        path wrote (a creation or rotation since expand) is never overwritten."""
+        """Seal each row not sealed yet from its plaintext (never overwriting one the new
+        path wrote). Locks: the batch's rows in id order (webhook_endpoint_rows_lock), not
+        with `dry_run`."""
         if dry_run:
             rows = list(WebhookEndpoint.objects.filter(pk__gt=after).order_by("pk")[:limit])
         else:
@@ -163,9 +142,8 @@ class WebhookSecretsMigration(StagedMigration):
 
     def verify(self) -> VerifyReport:
         """Every endpoint, in one REPEATABLE READ snapshot: the unsealed secrets equal the
-        plaintext ones. Counts, a checksum of each side (keyed by a random key of this run,
-        so the report holds nothing derived from a secret that outlives it) and the
-        endpoint id, never a secret, of every difference."""
+        plaintext ones. Reports counts, a checksum of each side (keyed by this run's random
+        key, so nothing derived from a secret outlives it) and the id of every difference."""
         report = VerifyReport()
         run_key = os.urandom(32)
         old_sum, new_sum = hmac.new(run_key, digestmod=hashlib.sha256), hmac.new(run_key, digestmod=hashlib.sha256)
@@ -196,8 +174,8 @@ class WebhookSecretsMigration(StagedMigration):
         return report
 
     def contract(self) -> None:
-        """Empty the plaintext columns, in locked batches (webhook_endpoint_rows_lock),
-        sealing first any row still not sealed, so no secret is lost. Idempotent."""
+        """Empty the plaintext columns, sealing first any row not sealed yet. Idempotent.
+        Locks: batches of endpoint rows (webhook_endpoint_rows_lock)."""
         has_plaintext = ~Q(secret_plaintext="") | ~Q(previous_secret_plaintext="")
         after = ""
         while True:

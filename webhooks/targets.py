@@ -1,18 +1,14 @@
 """Where a webhook may be sent: no SSRF (SPEC 8, docs/WEBHOOKS.md "Where deliveries go").
 
-A URL is checked at registration and again before every delivery, against the addresses
-its host resolves to at that moment; the delivery then connects to the very address that
-was checked (webhooks.transport), so a name that changes its answer between the check
-and the connection (DNS rebinding) cannot reach an internal service.
+A URL is checked at registration and before every delivery against what its host
+resolves to then, and the delivery connects to the checked address (webhooks.transport),
+so a name that changes its answer (DNS rebinding) cannot reach an internal service.
 
-Allowed: only the global unicast space, as an allow-list (`GLOBAL_V4`, `GLOBAL_V6`): IPv4
-unicast and IPv6 2000::/3, minus every block of the IANA special-purpose address
-registries that is not globally reachable. Anything not on the list is refused, so a
-range the standard library's `is_global` misjudges (Python 3.11 passes fec0::/10 and
-192.0.0.8) or a block registered later is refused until it is listed. An IPv4 address
-carried inside IPv6 (IPv4-mapped ::ffff:a.b.c.d, NAT64 64:ff9b::/96, 6to4 2002::/16) is
-judged as that IPv4 address; other IPv4-in-IPv6 forms (IPv4-compatible ::a.b.c.d,
-Teredo, local-use NAT64) are outside the list. Loopback is allowed only when
+Allowed: an allow-list (`GLOBAL_V4`, `GLOBAL_V6`): IPv4 unicast and IPv6 2000::/3 minus
+every IANA special-purpose block not globally reachable, so a range `is_global` misjudges
+(Python 3.11 passes fec0::/10 and 192.0.0.8) or one registered later is refused. IPv4
+carried in IPv6 (mapped, NAT64 64:ff9b::/96, 6to4) is judged as that IPv4 address; other
+forms (IPv4-compatible, Teredo, local-use NAT64) are off the list. Loopback only when
 settings.TALLY_WEBHOOK_ALLOW_LOOPBACK is true (`make run`, tests).
 """
 
@@ -129,18 +125,15 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
     return None
 
 
-def address_is_global(ip: IPAddress) -> bool:
-    """True only for an address on the allow-list (IPv4 carried in IPv6: its IPv4 address)."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        inner = _embedded_ipv4(ip)
-        if inner is not None:
-            return address_is_global(inner)
-        return any(ip in net for net in GLOBAL_V6)
-    return any(ip in net for net in GLOBAL_V4)
-
-
-def _kind(ip: IPAddress) -> str:
-    """A word for the operator on why an address is off the list (the decision is not made here)."""
+def address_refusal(ip: IPAddress, *, allow_loopback: bool) -> str | None:
+    """Why `ip` must not be reached (words for the operator), or None if it is on the
+    allow-list (IPv4 carried in IPv6: judged as its IPv4 address)."""
+    inner = _embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    if inner is not None:
+        return address_refusal(inner, allow_loopback=allow_loopback)
+    allowed = GLOBAL_V6 if isinstance(ip, ipaddress.IPv6Address) else GLOBAL_V4
+    if any(ip in net for net in allowed) or (ip.is_loopback and allow_loopback):
+        return None
     if ip.is_unspecified:
         return "an unspecified address"
     if ip.is_loopback:
@@ -150,18 +143,6 @@ def _kind(ip: IPAddress) -> str:
     if ip.is_link_local:
         return "a link-local address (cloud metadata lives there)"
     return "a private or special-purpose address, not globally routable"
-
-
-def address_refusal(ip: IPAddress, *, allow_loopback: bool) -> str | None:
-    """Why `ip` must not be reached, or None if it may."""
-    inner = _embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
-    if inner is not None:
-        return address_refusal(inner, allow_loopback=allow_loopback)
-    if address_is_global(ip):
-        return None
-    if ip.is_loopback and allow_loopback:
-        return None
-    return _kind(ip)
 
 
 def _url_parts(url: str) -> tuple[str, str, int, str]:
@@ -202,13 +183,10 @@ def _resolve(host: str, port: int) -> list[IPAddress]:
 
 
 def webhook_target_resolve(*, url: str, unresolvable_ok: bool = False) -> Target | None:
-    """Check `url` and the addresses its host resolves to now; return the target to connect to.
-
-    Every resolved address must be allowed (a name with one private answer among public
-    ones is refused: the resolver may hand out either). Raises WebhookEndpointInvalid
-    for a malformed URL, WebhookTargetRefused for a forbidden target. A name that does not
-    resolve returns None if `unresolvable_ok` (registration: it may not be published yet;
-    every delivery checks again), else is refused.
+    """Check `url` and every address its host resolves to now (one private answer among
+    public ones is refused: the resolver may hand out either); return the target to
+    connect to. Raises WebhookEndpointInvalid (malformed) or WebhookTargetRefused. A name
+    that does not resolve is None with `unresolvable_ok` (registration), else refused.
     """
     scheme, host, port, path = _url_parts(url)
     try:

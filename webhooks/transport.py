@@ -1,13 +1,9 @@
-"""POSTs to a checked webhook target (webhooks.targets): the standard library's
-http.client, connected to the address that was checked, never following redirects (a
-3xx is an answer, and a failure), with short timeouts and a bounded read.
+"""POSTs with http.client to the address webhooks.targets checked, never following
+redirects (a 3xx is a failure), with short timeouts and a bounded read.
 
-A relay run's deliveries to one endpoint reuse connections (`WebhookConnections`, one per
-request in flight): HTTP/1.1 keep-alive, as a browser or urllib3 does, instead of a TCP
-(and for https a TLS) handshake per event on both sides. A connection is reused only for
-the same scheme, checked address, port and host, only while the receiver keeps it open,
-only when its last answer was read whole and nothing readable has come since, and never
-beyond the run that opened it."""
+`WebhookConnections` keeps one connection alive between requests (HTTP/1.1 keep-alive),
+reused only for the same scheme, address, port and host, while the receiver keeps it
+open, its last answer was read whole and nothing readable has come since."""
 
 from __future__ import annotations
 
@@ -36,11 +32,9 @@ class Answer:
 
 
 def _socket_open(address: str, port: int) -> socket.socket:
-    """A TCP connection with the timeouts, and without Nagle's algorithm, as http.client's
-    own `connect` sets: http.client sends a request's headers and body in two writes, and
-    on a kept connection Nagle holds the body back until the receiver's delayed ACK of the
-    headers, 40 ms a delivery on Linux (85 ms an event without this
-    and `_ack_promptly`, 43 ms without this alone)."""
+    """A TCP connection without Nagle's algorithm, as http.client's own `connect` sets: it
+    sends headers and body in two writes, and on a kept connection Nagle holds the body
+    back for the receiver's delayed ACK, 40 ms a delivery on Linux."""
     sock = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_SECONDS)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -52,11 +46,9 @@ def _socket_open(address: str, port: int) -> socket.socket:
 
 
 def _ack_promptly(sock: socket.socket | None) -> None:
-    """ACK the answer's first segments at once (Linux's TCP_QUICKACK, which lapses by
-    itself, so it is set for each answer). A receiver that writes its headers and body in
-    two sends with Nagle's algorithm on (Python's http.server does) holds the body back
-    until the headers are ACKed; on a kept connection, with delayed ACKs, that is 40 ms a
-    delivery (43 ms an event, 0.8 ms with this)."""
+    """ACK the answer's first segments at once (TCP_QUICKACK lapses, so it is set for each
+    answer): a receiver that sends headers and body apart with Nagle on (Python's
+    http.server) holds the body until the headers are ACKed, 40 ms a delivery."""
     if sock is not None and hasattr(socket, "TCP_QUICKACK"):
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
@@ -73,23 +65,14 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
         self.sock = _socket_open(self.pinned_address, self.port)
 
 
-def _tls_context() -> ssl.SSLContext:
-    """The process's TLS client context: the system's CA bundle, certificates and names
-    verified (`ssl.create_default_context`). One per process: building it loads the CA
-    bundle, 29 ms of CPU on the benchmark machine, which every HTTPS delivery would pay.
-    An SSLContext serves any number of connections, from any thread; shared by every
-    delivery, it must never be changed after it is built (verify mode, trust, ALPN).
-    A changed CA bundle on disk is read when the worker restarts. Built under a lock:
-    the first deliveries of a process start together, from several sending threads."""
-    with _TLS_CONTEXT_LOCK:
-        return _tls_context_built()
-
-
 _TLS_CONTEXT_LOCK = threading.Lock()
 
 
 @functools.cache
 def _tls_context_built() -> ssl.SSLContext:
+    """The process's TLS client context (system CA bundle, certificates and names verified),
+    built once under _TLS_CONTEXT_LOCK, as loading the bundle costs 29 ms of CPU. Shared by
+    every delivery and thread, so it must never be changed after it is built."""
     return ssl.create_default_context()
 
 
@@ -98,7 +81,8 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     to the checked address."""
 
     def __init__(self, target: Target) -> None:
-        self.tls_context = _tls_context()
+        with _TLS_CONTEXT_LOCK:
+            self.tls_context = _tls_context_built()
         super().__init__(target.host, target.port, timeout=READ_TIMEOUT_SECONDS, context=self.tls_context)
         self.pinned_address = target.address
 
@@ -112,8 +96,8 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
 
 
 def _connect(target: Target) -> http.client.HTTPConnection:
-    """A new connection, opened now. http.client never reopens it by itself (`auto_open`
-    off): every socket goes to the checked address through the pinned `connect`."""
+    """A new connection, opened now; never reopened by http.client itself (`auto_open` off),
+    so every socket goes to the checked address."""
     conn: http.client.HTTPConnection = _PinnedHTTPSConnection(target) if target.scheme == "https" else _PinnedHTTPConnection(target)
     conn.auto_open = 0
     try:
@@ -125,10 +109,9 @@ def _connect(target: Target) -> http.client.HTTPConnection:
 
 
 def _idle_and_clean(conn: http.client.HTTPConnection) -> bool:
-    """Whether a kept connection may carry the next request: the receiver sent nothing
-    since its last answer. Anything readable is either the connection's end (FIN, RST, a
-    TLS close) or stray bytes (a 408 before closing) that would be read as the next
-    delivery's answer. urllib3 checks a pooled connection the same way."""
+    """Whether a kept connection may carry the next request: nothing readable since its
+    last answer (a close, or stray bytes that would read as the next answer), as urllib3
+    checks a pooled connection."""
     sock = conn.sock
     if sock is None:
         return False
@@ -137,10 +120,6 @@ def _idle_and_clean(conn: http.client.HTTPConnection) -> bool:
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     return not poller.poll(0)
-
-
-def _send(conn: http.client.HTTPConnection, target: Target, body: bytes, headers: dict[str, str]) -> None:
-    conn.request("POST", target.path, body=body, headers={**headers, "Content-Length": str(len(body))})
 
 
 def _answer_read(conn: http.client.HTTPConnection) -> tuple[Answer, bool]:
@@ -152,18 +131,14 @@ def _answer_read(conn: http.client.HTTPConnection) -> tuple[Answer, bool]:
         data = _read_until_close(response, sock)
         return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500]), False
     data = response.read(MAX_RESPONSE_BYTES)
-    # isclosed(): the whole answer was read (a longer one is left unread, and its connection
-    # with it); will_close: the receiver said `Connection: close`, or answered in HTTP/1.0
-    # without asking for keep-alive.
+    # isclosed(): the whole answer was read; will_close: `Connection: close` or HTTP/1.0.
     reusable = not response.will_close and response.isclosed()
     return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500]), reusable
 
 
 def _read_until_close(response: http.client.HTTPResponse, sock: socket.socket | None) -> bytes:
-    """An answer with no length: it ends where the receiver closes the connection. A
-    receiver that never closes it (it answered in HTTP/1.1 with no length, and used to
-    close only because every request said `Connection: close`) is given up on after
-    UNFRAMED_IDLE_SECONDS of silence, with what it sent; its status stands."""
+    """An answer with no length ends where the receiver closes the connection, or after
+    UNFRAMED_IDLE_SECONDS of silence (one that never closes it); its status stands."""
     if sock is not None:
         sock.settimeout(UNFRAMED_IDLE_SECONDS)
     deadline = time.monotonic() + READ_TIMEOUT_SECONDS  # a trickle ends too
@@ -181,13 +156,10 @@ def _read_until_close(response: http.client.HTTPResponse, sock: socket.socket | 
     return b"".join(chunks)
 
 
-# What a kept connection that the receiver closed just after the idle check looks like
-# while the request is being sent: the write fails. A receiver cannot act on a request it
-# never got whole, so that one request goes on a new connection. Anything that fails once
-# the request went (a reset, a close with no answer, a timeout) is the attempt's failure,
-# retried by the schedule: the receiver may have taken the request, and nothing on the
-# wire tells (a reset can follow a request it processed; over TLS a reset reads as a
-# clean close).
+# A kept connection the receiver closed just after the idle check fails the write: the
+# receiver never got the request, so it goes again on a new connection. Anything failing
+# once the request went is the attempt's failure, retried by the schedule: the receiver
+# may have taken it (a reset can follow a processed request).
 _UNSENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
@@ -195,20 +167,8 @@ class _NotSent(Exception):
     """A request a kept connection failed to send (see _UNSENT)."""
 
 
-def _exchange(conn: http.client.HTTPConnection, target: Target, body: bytes, headers: dict[str, str], *, kept: bool) -> tuple[Answer, bool]:
-    try:
-        _send(conn, target, body, headers)
-    except _UNSENT as exc:
-        if kept:
-            raise _NotSent from exc
-        raise
-    return _answer_read(conn)
-
-
 class WebhookConnections:
-    """One kept connection, for one sending thread at a time (a run keeps one of these per
-    request in flight to an endpoint). Use as a context manager; closing it closes the
-    connection."""
+    """One kept connection, for one sending thread at a time. Use as a context manager."""
 
     def __init__(self) -> None:
         self._open: tuple[tuple[str, str, int, str], http.client.HTTPConnection] | None = None
@@ -250,10 +210,15 @@ class WebhookConnections:
         self, conn: http.client.HTTPConnection, key: tuple[str, str, int, str], target: Target, body: bytes, headers: dict[str, str],
         *, kept: bool,
     ) -> Answer:
+        sent = False
         try:
-            answer, reusable = _exchange(conn, target, body, headers, kept=kept)
-        except BaseException:
+            conn.request("POST", target.path, body=body, headers={**headers, "Content-Length": str(len(body))})
+            sent = True
+            answer, reusable = _answer_read(conn)
+        except BaseException as exc:
             conn.close()
+            if kept and not sent and isinstance(exc, _UNSENT):
+                raise _NotSent from exc
             raise
         if reusable:
             self._open = (key, conn)

@@ -58,13 +58,10 @@ class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
         self._savepoints_in_transaction = 0
 
     def savepoint_name_in_transaction(self, prefix: str) -> str:
-        """A savepoint name not used before in the current transaction. The count starts
-        again only once a transaction has ended (a commit or rollback that reached the
-        server), so within one transaction no two names are alike, while the same
-        statement in the next transaction has the same text again: psycopg converts a
-        statement's text once per process, not once per distinct text. Anything that ends
-        a transaction without these hooks (a new connection, a raw COMMIT) only leaves the
-        count running: names stay unique, the text merely changes."""
+        """A savepoint name not used before in the current transaction. The count restarts
+        when a transaction ends, so the next one sends the same text again (psycopg
+        converts a text once); a transaction ended without these hooks only leaves the
+        count running."""
         self._savepoints_in_transaction += 1
         return f"{prefix}_{self._savepoints_in_transaction}"
 

@@ -1,11 +1,7 @@
-"""What every reconciliation check reads and yields, and how it streams.
-
-A check is a function `(ctx) -> Iterator[Discrepancy]`: it reads (never writes), streams
-its rows (a server-side cursor or an SQL aggregate through the ORM, `chunk_size` rows at a
-time) so its memory does not grow with the ledger, and yields one `Discrepancy` per thing
-to act on. The checks live beside this module, one module per app whose data they read
-(ledger, payments, webhooks); `reconciliation.registry` lists them once.
-"""
+"""What every reconciliation check reads and yields. A check is a function
+`(ctx) -> Iterator[Discrepancy]`: it only reads, streams its rows (`chunk_size` at a time)
+so its memory does not grow with the ledger, and yields one `Discrepancy` per thing to
+act on."""
 
 from __future__ import annotations
 
@@ -30,9 +26,6 @@ class ObjectRef:
     app_label: str
     model: str
     pk: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"app_label": self.app_label, "model": self.model, "pk": self.pk}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,5 @@
-"""Checks on the ledger's data: balances (shards summed) and held amounts against the
-ledger entries and active holds, conservation per transaction and per asset, orphaned
-references, and merchant daily totals against the ledger once a tenant reads them.
-"""
+"""Checks on the ledger's data (balances, holds, conservation, orphaned references,
+merchant daily totals)."""
 
 from __future__ import annotations
 
@@ -36,7 +34,7 @@ SELECT d.account_id, d.asset_id, d.balance, d.entries_sum, d.shards, d.entries, 
 """
 
 
-def _owner_refs(kind: str | None, customer: str | None, merchant: str | None) -> tuple[ObjectRef, ...]:
+def _owner_refs(customer: str | None, merchant: str | None) -> tuple[ObjectRef, ...]:
     if customer:
         return (ObjectRef("wallets", "customer", customer),)
     if merchant:
@@ -60,7 +58,7 @@ def ledger_balance_check(ctx: CheckContext) -> Iterator[Discrepancy]:
             f"(difference {balance - entries_sum:+d})",
             details={"account": account_id, "owner": owner, "asset": asset, "balance": balance, "entries_sum": entries_sum,
                      "difference": balance - entries_sum, "shards": int(shards), "entries": int(entries)},
-            refs=(account_ref(str(account_id)), *_owner_refs(kind, customer, merchant)),
+            refs=(account_ref(str(account_id)), *_owner_refs(customer, merchant)),
         )
     held = (
         Balance.objects.values("account_id", "asset_id").annotate(held=Sum("held")).order_by("account_id", "asset_id")

@@ -1,7 +1,4 @@
-"""Checks on the payments app's data (see reconciliation.checks.base for the contract):
-duplicate-charge suspects, stuck in-flight idempotency keys, outbox lag and dead letters,
-our card top-ups against the PSP's settlement report; and the per-run metrics the
-dashboard charts across runs."""
+"""Checks on the payments app's data, and the per-run metrics the dashboard charts."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, F, Min, Window
+from django.db.models import Count, F, Min, QuerySet, Window
 from django.db.models.functions import Lag
 from prometheus_client import CollectorRegistry, Counter, multiprocess
 
@@ -25,9 +22,8 @@ from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Sev
 
 def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """Duplicate-charge suspects: a payment by the same customer to the same merchant for the
-    same amount (and asset) within `duplicate_window_seconds` of the previous one, unless
-    either has been refunded in full (the duplicate is already undone). One window
-    function over the payments, streamed; each suspect names both payments."""
+    same amount and asset within `duplicate_window_seconds` of the previous one, unless
+    either was refunded in full. One window function, streamed."""
     window: dict[str, Any] = {
         "partition_by": [F("customer_id"), F("merchant_id"), F("asset_id"), F("amount")],
         "order_by": [F("created").asc(), F("id").asc()],
@@ -80,22 +76,30 @@ def idempotency_stuck_check(ctx: CheckContext) -> Iterator[Discrepancy]:
         )
 
 
+def _outbox_live() -> QuerySet[OutboxEvent]:
+    return OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
+
+
+def _outbox_backlog(ctx: CheckContext) -> tuple[int, float]:
+    """How many live events are unpublished, and the oldest one's age in seconds."""
+    backlog = _outbox_live().aggregate(count=Count("id"), oldest=Min("created"))
+    oldest = backlog["oldest"]
+    return int(backlog["count"]), max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0
+
+
 def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """Outbox lag (the oldest live unpublished event older than the threshold: one finding
     with the backlog) and dead letters (one finding each)."""
-    live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
-    backlog = live.aggregate(count=Count("id"), oldest=Min("created"))
-    oldest = backlog["oldest"]
-    lag = max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0
-    ctx.stats.update(unpublished=int(backlog["count"]), lag_seconds=lag)
-    if oldest is not None and lag > ctx.outbox_lag_threshold_seconds:
-        first = live.order_by("created", "id").values_list("id", "topic", "attempts", "last_error").first()
+    unpublished, lag = _outbox_backlog(ctx)
+    ctx.stats.update(unpublished=unpublished, lag_seconds=lag)
+    if unpublished and lag > ctx.outbox_lag_threshold_seconds:
+        first = _outbox_live().order_by("created", "id").values_list("id", "topic", "attempts", "last_error").first()
         assert first is not None
         yield Discrepancy(
             kind="outbox_lag",
             severity=Severity.WARNING,
-            summary=f"{backlog['count']} outbox event(s) unpublished, the oldest ({first[0]}) for {lag:.0f} s",
-            details={"unpublished": int(backlog["count"]), "lag_seconds": lag, "threshold_seconds": ctx.outbox_lag_threshold_seconds,
+            summary=f"{unpublished} outbox event(s) unpublished, the oldest ({first[0]}) for {lag:.0f} s",
+            details={"unpublished": unpublished, "lag_seconds": lag, "threshold_seconds": ctx.outbox_lag_threshold_seconds,
                      "oldest_event": first[0], "oldest_topic": first[1], "oldest_attempts": first[2], "oldest_last_error": first[3][:500]},
             refs=(ObjectRef("payments", "outboxevent", str(first[0])),),
         )
@@ -113,9 +117,8 @@ def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 
 
 def _counter_totals(counters: list[Counter]) -> int:
-    """The sum of these counters' `_total` samples, a count of events (prometheus-client
-    keeps every sample as a float): across every process writing to PROMETHEUS_MULTIPROC_DIR
-    when it is set (`make run`: web, worker and beat share one), else this process's own."""
+    """The sum of these counters' `_total` samples, across every process writing to
+    PROMETHEUS_MULTIPROC_DIR when it is set, else this process's own."""
     names = {f"{family.name}_total" for c in counters for family in c.describe()}
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
@@ -127,17 +130,15 @@ def _counter_totals(counters: list[Counter]) -> int:
 
 
 def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
-    """What the dashboard charts across runs and nothing else stores over time: the
-    outbox backlog and lag, the idempotency records by state, and the idempotency replay
-    and conflict (409 in flight, 422 reused) counters. Those are Prometheus counters,
-    read host-wide (see `_counter_totals`) and without a tenant label: the chart shows
-    their increase between runs, for the whole host, not per tenant."""
-    live = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).aggregate(count=Count("id"), oldest=Min("created"))
-    oldest = live["oldest"]
+    """What the dashboard charts across runs and nothing else stores over time: the outbox
+    backlog, the idempotency records by state, and the idempotency replay and conflict
+    counters (Prometheus counters, read host-wide: their increase is for the whole host,
+    not per tenant)."""
+    unpublished, lag = _outbox_backlog(ctx)
     states = dict(IdempotencyRecord.objects.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     return {
-        "outbox_unpublished": int(live["count"]),
-        "outbox_lag_seconds": max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0,
+        "outbox_unpublished": unpublished,
+        "outbox_lag_seconds": lag,
         "outbox_dead_letters": OutboxEvent.objects.filter(dead_at__isnull=False, published_at__isnull=True).count(),
         "idempotency_in_flight": int(states.get(RecordState.IN_FLIGHT, 0)),
         "idempotency_completed": int(states.get(RecordState.COMPLETED, 0)),
@@ -151,14 +152,10 @@ def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
 
 
 def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Our charged card top-ups against the PSP's settlement report, for each of the last
-    `settlement_days` days (UTC; yesterday's report is complete, today's is so far). A line
-    of ours the PSP does not have, a PSP charge we have no top-up for (charged, not yet
-    credited: recovery should converge it within a lease), and amounts that differ. No
-    active gateway: nothing to compare. The PSP unreachable: one warning, the rest runs.
-
-    First, from our rows alone: every top-up the PSP charged that ended without a credit
-    and whose card refund is still not recorded a recovery window after it failed."""
+    """Our charged card top-ups against the PSP's settlement report for each of the last
+    `settlement_days` UTC days: lines missing on either side, and amounts that differ (the
+    PSP unreachable: one warning). First, from our rows alone: top-ups the PSP charged that
+    ended without a credit and with no card refund a recovery window after they failed."""
     yield from _charged_uncredited(ctx)
     if gateway_account_active() is None:
         ctx.stats["psp_settlement"] = "no active card gateway"
@@ -174,26 +171,21 @@ def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
             )
             continue
         ctx.stats[f"psp_settlement_{day.isoformat()}"] = {"matched": comparison.matched, "ours": comparison.ours_total, "psp": comparison.psp_total}
-        for topup_id in comparison.missing_at_psp:
-            yield Discrepancy(
-                kind="psp_settlement_missing_line", severity=Severity.CRITICAL,
-                summary=f"top-up {topup_id} was credited as charged on {day}, but the PSP's settlement report has no such charge",
-                details={"day": day.isoformat(), "topup": topup_id, "gateway": comparison.gateway},
-                refs=(ObjectRef("payments", "topup", topup_id),),
-            )
-        for reference in comparison.missing_here:
-            yield Discrepancy(
-                kind="psp_settlement_unknown_charge", severity=Severity.CRITICAL,
-                summary=f"the PSP settled charge {reference} on {day}, and no top-up of ours records it",
-                details={"day": day.isoformat(), "psp_reference": reference, "gateway": comparison.gateway},
-            )
-        for topup_id in comparison.amount_mismatches:
-            yield Discrepancy(
-                kind="psp_settlement_amount_mismatch", severity=Severity.CRITICAL,
-                summary=f"top-up {topup_id}: our amount and the PSP's settled amount for {day} differ",
-                details={"day": day.isoformat(), "topup": topup_id, "gateway": comparison.gateway},
-                refs=(ObjectRef("payments", "topup", topup_id),),
-            )
+        differences = (
+            ("psp_settlement_missing_line", "topup", comparison.missing_at_psp,
+             "top-up {} was credited as charged on {}, but the PSP's settlement report has no such charge"),
+            ("psp_settlement_unknown_charge", "psp_reference", comparison.missing_here,
+             "the PSP settled charge {} on {}, and no top-up of ours records it"),
+            ("psp_settlement_amount_mismatch", "topup", comparison.amount_mismatches,
+             "top-up {}: our amount and the PSP's settled amount for {} differ"),
+        )
+        for kind, key, values, summary in differences:
+            for value in values:
+                yield Discrepancy(
+                    kind=kind, severity=Severity.CRITICAL, summary=summary.format(value, day),
+                    details={"day": day.isoformat(), key: value, "gateway": comparison.gateway},
+                    refs=(ObjectRef("payments", "topup", value),) if key == "topup" else (),
+                )
 
 
 def _charged_uncredited(ctx: CheckContext) -> Iterator[Discrepancy]:

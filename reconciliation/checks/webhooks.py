@@ -1,5 +1,4 @@
-"""Checks on the webhooks app's data (see reconciliation.checks.base for the contract):
-deliveries that failed for good; and the per-run metrics of the deliveries."""
+"""Checks on the webhooks app's data, and the per-run metrics of the deliveries."""
 
 from __future__ import annotations
 

@@ -1,23 +1,12 @@
 """Sending webhook deliveries: signed POSTs, retries with backoff, the attempt log,
 disabling an endpoint that keeps failing, and redelivery (SPEC 8, docs/WEBHOOKS.md).
 
-Each delivery stands alone: its own schedule, its own retries, in no order relative to
-the endpoint's other deliveries, so one event a receiver cannot take, or one slow
-request, holds back nothing else. An endpoint gets up to its cap of requests at once
-(`max_concurrency`, else TALLY_WEBHOOK_ENDPOINT_CONCURRENCY) across every worker, and a
-worker process sends up to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once, from a thread pool
-over the keep-alive transport (webhooks.transport).
-
-A dispatch is three short steps, over and over, and no lock lives across the HTTP call:
-- claim (one transaction): lock the endpoints with due work and a free slot (skipping
-  those another worker is claiming for), count what each has in flight, lease up to its
-  free slots of its oldest due deliveries (`leased_until` = `next_attempt_at` = now +
-  lease), commit;
-- send, in the pool, outside any transaction;
-- record (one transaction): the attempts, the delivered, the retries.
-A worker that dies mid-send (even SIGKILL) leaves its leased deliveries due again when
-the lease runs out: at least once. Only the database decides who sends what; the threads
-never touch it (the dispatching thread claims, signs and records).
+Each delivery stands alone (its own schedule and retries), so one event a receiver cannot
+take holds back nothing else. An endpoint gets up to its cap of requests at once across
+every worker; a process sends up to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once from a
+thread pool. A dispatch repeats claim (lease due deliveries, one transaction), send (no
+transaction, no lock) and record; a worker that dies mid-send leaves its leases to run
+out, so the deliveries go again: at least once.
 """
 
 from __future__ import annotations
@@ -29,7 +18,7 @@ import os
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -38,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, DateTimeField, F, PositiveSmallIntegerField, QuerySet, When
+from django.db.models import Case, DateTimeField, F, PositiveSmallIntegerField, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -61,13 +50,10 @@ from webhooks.transport import WebhookConnections
 
 logger = logging.getLogger(__name__)
 
-# Retries: the first failure waits 2 s, attempt n >= 2 failing waits min(30 s x 2^(n-2),
-# 6 h), each jittered to 50-100 % of it, until 3 days after the delivery was made (or
-# redelivered); then the delivery fails. That is ~21 attempts: 2 s, 30 s, 1, 2, 4 ... 256
-# min, then every 6 h. The quick first retry is for blips (a receiver that reset a kept
-# connection under load, a restart): a failure once the request went is never resent at
-# once (the receiver may have taken it), so without it a blip costs 15-30 s. The endpoint
-# is disabled only when nothing got through to it for those 3 days.
+# Retries: 2 s after the first failure, then min(30 s x 2^(n-2), 6 h) after the n-th, each
+# jittered to 50-100 %, until 3 days after the delivery was made or redelivered. The quick
+# first retry is for blips (a reset kept connection, a restart): a request that went is
+# never resent at once (the receiver may have taken it), so without it a blip costs 15-30 s.
 RETRY_WINDOW = timedelta(days=3)
 RETRY_FIRST_SECONDS = 2.0
 RETRY_BASE_SECONDS = 30.0
@@ -81,8 +67,7 @@ POLL_SECONDS = 0.1
 
 
 def retry_delay(*, attempts: int) -> timedelta:
-    """The wait after the `attempts`-th failed attempt: a quick first retry, then
-    exponential, capped, jittered."""
+    """The wait after the `attempts`-th failed attempt."""
     delay = RETRY_FIRST_SECONDS if attempts <= 1 else min(RETRY_BASE_SECONDS * 2 ** (attempts - 2), RETRY_CAP_SECONDS)
     return timedelta(seconds=delay * random.uniform(0.5, 1.0))
 
@@ -96,9 +81,6 @@ def webhook_event_body(*, event: OutboxEvent) -> bytes:
         "sequence": event.sequence, "data": {"object": event.payload},
     }
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-# --- the worker process's sending capacity ------------------------------------------------
 
 
 class _Slots:
@@ -140,8 +122,8 @@ def _pool() -> ThreadPoolExecutor:
 
 class _ConnectionShelf:
     """A dispatch's kept connections, per endpoint: a sending thread takes one (or a new
-    one), sends, and puts it back, so an endpoint's requests reuse up to its cap of
-    connections instead of a handshake per event. Closed when the dispatch ends."""
+    one) and puts it back, so an endpoint's requests reuse connections instead of a
+    handshake per event."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -167,19 +149,10 @@ class _ConnectionShelf:
             self._every.clear()
             self._idle.clear()
 
-    @property
-    def opened(self) -> int:
-        with self._lock:
-            return sum(c.opened for c in self._every)
-
-
-# --- claim, send, record -------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class _Claim:
-    """A leased delivery, ready to send: its body and headers were made by the dispatching
-    thread (unsealing the secret reads the tenant's connection)."""
+    """A leased delivery, signed by the dispatching thread (unsealing reads the database)."""
 
     delivery: WebhookDelivery
     endpoint: WebhookEndpoint
@@ -214,26 +187,19 @@ class _Outcome:
         return not self.error
 
 
-def _lease_seconds() -> float:
-    return float(settings.TALLY_WEBHOOK_LEASE_SECONDS)
-
-
 def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | None = None) -> tuple[list[_Claim], bool]:
     """Lease up to `limit` due deliveries, at most each endpoint's free slots; return them
-    signed and ready to send, and whether endpoints with due work were left waiting for
-    want of `limit` (then the caller scans every round, so the order below decides).
-
-    With `refill` (endpoint id -> answers that just came back from it), those endpoints
-    get up to that many again, found by id: the slots their answers freed are filled
-    without the scan of every endpoint. Without it, the scan: the endpoints whose oldest
-    due delivery has waited longest first.
+    signed, and whether endpoints with due work were left waiting for want of `limit`.
+    With `refill` (endpoint id -> answers just back from it), only those endpoints get up
+    to that many again, found by id; without it, every endpoint is scanned, the one whose
+    oldest due delivery waited longest first.
 
     Locks: `webhook_endpoints_lock` or `webhook_endpoints_due_lock`, then
     `webhook_deliveries_due_lock` (all SKIP LOCKED), for the caller's transaction.
     """
     if limit <= 0:
         return [], False
-    lease = now + timedelta(seconds=_lease_seconds())
+    lease = now + timedelta(seconds=float(settings.TALLY_WEBHOOK_LEASE_SECONDS))
     taken: list[tuple[WebhookDelivery, WebhookEndpoint]] = []
     contended = False
     with transaction.atomic():
@@ -269,9 +235,8 @@ def _claim_prepare(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint, leas
 
 
 def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
-    """POST one claimed delivery (in a sending thread; never touches the database). The
-    target is checked again (SSRF) against what the host resolves to now, and the
-    connection goes to the checked address (a kept one only if it goes there too)."""
+    """POST one claimed delivery (in a sending thread; never touches the database), to the
+    address the SSRF check passed for what the host resolves to now."""
     endpoint = claim.endpoint
     if claim.unsendable:  # recorded as a failed attempt, retried on its own schedule
         metrics.WEBHOOK_FAILURES.labels(reason="unsendable").inc()
@@ -319,12 +284,10 @@ def webhook_deliveries_dispatch(
     *, now: datetime | None = None, time_budget_seconds: float | None = None, publish: Callable[[], object] | None = None
 ) -> int:
     """Send due deliveries of this tenant until none is due (or the budget is spent: then
-    claim no more, let what is in flight finish and record it); return the attempts made.
-    `now` (tests) says which retries are due. `publish` (the relay's) is called between
-    claims, so a long dispatch also publishes events committed meanwhile.
+    claim no more, and record what is in flight); return the attempts made. `now` (tests)
+    says which retries are due. `publish` (the relay's) is called between claims.
 
-    Each round is one short transaction: record the answers that came back, then claim
-    their replacements (`_round`). Locks: see `_deliveries_claim`; none across an HTTP call.
+    Locks: see `_round`; none across an HTTP call.
     """
     budget = float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS) if time_budget_seconds is None else time_budget_seconds
     deadline = time.monotonic() + budget
@@ -340,15 +303,14 @@ def webhook_deliveries_dispatch(
                 publish()
             granted = _SLOTS.take(_process_concurrency()) if claiming else 0
             claimed: list[_Claim] = []
-            # Refill the slots answers freed, by endpoint id, and scan every endpoint for
-            # new due work only every POLL_SECONDS: the scan is most of a round's cost, and
-            # a round's length is what a freed slot waits. While endpoints wait for want of
+            # Scan every endpoint only every POLL_SECONDS (the scan is most of a round's
+            # cost), else refill the slots answers freed; while endpoints wait for want of
             # slots, every round scans, so the longest waiting goes first.
             scan = contended or not answered or time.monotonic() >= scan_at
-            refill = None if scan else _answers_by_endpoint(answered)
+            refill = None if scan else dict(Counter(o.claim.endpoint.pk for o in answered))
             try:
-                # Handed over before the round: if the round fails once its record has
-                # committed, the `finally` must not record the same answers again.
+                # Handed over first: a round failing after its record committed must not
+                # have the `finally` record the same answers again.
                 batch, answered = answered, []
                 claimed, round_contended = _round(answered=batch, now=now or timezone.now(), limit=granted, refill=refill)
                 if scan:
@@ -364,14 +326,14 @@ def webhook_deliveries_dispatch(
             answered = _collected(done, in_flight)
             attempts += len(answered)
     finally:
-        # Also when cut short (a soft time limit): what is in flight is waited for and
-        # recorded, so none of it is sent again. A process killed outright records
-        # nothing: its leases run out and the deliveries go again (at least once).
+        # Also when cut short (a soft time limit): what is in flight is recorded, so none
+        # of it is sent again. A process killed outright leaves its leases to run out.
         try:
             if in_flight:
                 done, _ = wait(list(in_flight))
                 answered += _collected(done, in_flight)
-            _outcomes_record(answered)
+            if answered:
+                _round(answered=answered)
         finally:
             shelf.close()
 
@@ -384,19 +346,12 @@ def _collected(done: set[Future[_Outcome]], in_flight: dict[Future[_Outcome], _C
     return outcomes
 
 
-def _answers_by_endpoint(answered: Sequence[_Outcome]) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for outcome in answered:
-        counts[outcome.claim.endpoint.pk] += 1
-    return dict(counts)
-
-
 def _round(
-    *, answered: Sequence[_Outcome], now: datetime, limit: int, refill: Mapping[str, int] | None = None
+    *, answered: Sequence[_Outcome], now: datetime | None = None, limit: int = 0, refill: Mapping[str, int] | None = None
 ) -> tuple[list[_Claim], bool]:
-    """Record `answered` and claim up to `limit` deliveries, in one transaction: a slot an
-    answer frees is filled by the same commit that frees it. The claim runs under a
-    savepoint, so a claim that fails still lets the record commit.
+    """Record `answered` and claim up to `limit` deliveries at `now`, in one transaction,
+    so a slot an answer frees is filled by the commit that frees it; a claim that fails
+    still lets the record commit. Metrics and logs follow the commit.
 
     Locks: see `_outcomes_write`, then `_deliveries_claim`."""
     failed: BaseException | None = None
@@ -404,7 +359,7 @@ def _round(
     contended = False
     with transaction.atomic():
         counted = _outcomes_write(answered)
-        if limit > 0:
+        if limit > 0 and now is not None:
             try:
                 claimed, contended = _deliveries_claim(now=now, limit=limit, refill=refill)
             except Exception as exc:  # noqa: BLE001  # re-raised once the record has committed
@@ -415,45 +370,14 @@ def _round(
     return claimed, contended
 
 
-def _delivered_rows(
-    pks: Sequence[Any], times: Sequence[Any], codes: Sequence[Any]
-) -> tuple[QuerySet[WebhookDelivery], dict[str, Any]]:
-    """The UPDATE of delivered deliveries (as a queryset and its update values): each row
-    gets its own attempt's time and status code. Only rows still pending: a delivery sent
-    twice (its lease ran out mid-send) is delivered once."""
-
-    def per_row(values: Sequence[Any], output_field: Any) -> Cast:
-        # Cast, as Django's bulk_update does on PostgreSQL: a CASE of bound parameters has
-        # no type of its own under server-side binding.
-        return Cast(Case(*[When(pk=pk, then=value) for pk, value in zip(pks, values, strict=True)], output_field=output_field), output_field)
-
-    return WebhookDelivery.objects.filter(pk__in=list(pks), status=WebhookDeliveryStatus.PENDING), {
-        "attempts": F("attempts") + 1, "last_attempt_at": per_row(times, DateTimeField()), "delivered_at": per_row(times, DateTimeField()),
-        "last_status_code": per_row(codes, PositiveSmallIntegerField()), "last_error": "", "status": WebhookDeliveryStatus.SUCCEEDED,
-        "leased_until": None,
-    }
-
-
-def _outcomes_record(outcomes: Sequence[_Outcome]) -> None:
-    """Record sent attempts in one transaction (`_outcomes_write`) and count them once it
-    has committed. Locks: see `_outcomes_write`."""
-    if not outcomes:
-        return
-    with transaction.atomic():
-        counted = _outcomes_write(outcomes)
-    _outcomes_count(counted)
-
-
 _Counted = list[tuple["_Outcome", tuple[str, bool]]]
 
 
 def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
-    """Write sent attempts, in the caller's transaction: their attempt rows (one INSERT),
-    the delivered deliveries (one UPDATE), and what follows each failure. Returns what
-    `_outcomes_count` counts after the commit.
+    """Write sent attempts in the caller's transaction (attempt rows, delivered rows, each
+    failure's retry); return what `_outcomes_count` counts after the commit.
 
-    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's
-    row; the order of `webhook_delivery_lock`. None across an HTTP call."""
+    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's row."""
     if not outcomes:
         return []
     WebhookDeliveryAttempt.objects.bulk_create(
@@ -466,11 +390,19 @@ def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
         ]
     )
     delivered = [o for o in outcomes if o.succeeded]
-    if delivered:
-        rows, values = _delivered_rows(
-            [o.delivery.pk for o in delivered], [o.attempted_at for o in delivered], [o.status_code for o in delivered]
+
+    def per_row(attribute: str, output_field: Any) -> Cast:
+        # Each row its own attempt's value. Cast, as Django's bulk_update does on
+        # PostgreSQL: a CASE of bound parameters has no type under server-side binding.
+        whens = [When(pk=o.delivery.pk, then=getattr(o, attribute)) for o in delivered]
+        return Cast(Case(*whens, output_field=output_field), output_field)
+
+    if delivered:  # only rows still pending: a delivery sent twice (lease ran out) is delivered once
+        WebhookDelivery.objects.filter(pk__in=[o.delivery.pk for o in delivered], status=WebhookDeliveryStatus.PENDING).update(
+            attempts=F("attempts") + 1, last_attempt_at=per_row("attempted_at", DateTimeField()),
+            delivered_at=per_row("attempted_at", DateTimeField()), last_status_code=per_row("status_code", PositiveSmallIntegerField()),
+            last_error="", status=WebhookDeliveryStatus.SUCCEEDED, leased_until=None,
         )
-        rows.update(**values)
     return [(o, ("succeeded", False)) for o in delivered] + [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
 
 
@@ -484,10 +416,9 @@ def _outcomes_count(counted: _Counted) -> None:
 
 def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
     """Schedule the retry of a failed attempt, or give up on the delivery (and disable the
-    endpoint if nothing got through to it for the whole window); return the outcome's
-    metric label and whether the endpoint was disabled. Only the claim that still holds
-    the lease schedules: a delivery redelivered, or claimed again after its lease ran out,
-    keeps the schedule its new owner gave it (the attempt is logged all the same)."""
+    endpoint if nothing got through to it for the window); return the metric label and
+    whether the endpoint was disabled. Only the claim still holding the lease schedules: a
+    delivery redelivered or claimed again keeps its new owner's schedule."""
     delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.error
     fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": outcome.status_code, "last_error": error}
     held = WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDeliveryStatus.PENDING, leased_until=outcome.claim.lease)
@@ -497,8 +428,7 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
         return "retrying", False
     if not held.update(**fields, status=WebhookDeliveryStatus.FAILED, leased_until=None):
         return "retrying", False
-    # One event the receiver cannot take is that delivery's failure, not the endpoint's:
-    # the endpoint goes off only when nothing at all got through to it for the window.
+    # One event the receiver cannot take fails that delivery, not the endpoint.
     if WebhookDelivery.objects.filter(
         endpoint_id=delivery.endpoint_id, status=WebhookDeliveryStatus.SUCCEEDED, delivered_at__gt=now - RETRY_WINDOW
     ).exists():
@@ -516,14 +446,11 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
 
 @transaction.atomic
 def webhook_delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
-    """Send a delivery again: it becomes pending, due now, with a fresh 3-day retry window.
+    """Send a delivery again: pending, due now, with a fresh 3-day retry window (its
+    endpoint must be enabled). One being sent right now goes again too (lease dropped).
 
-    Its endpoint must be enabled (re-enable it first). It goes on its own, whatever the
-    endpoint's other deliveries are doing. One being sent right now is sent again as well
-    (its lease is dropped; the first answer that is a 2xx marks it delivered).
     Locks: the delivery row and its endpoint's row (`webhook_delivery_lock`). The relay is
-    kicked after commit.
-    """
+    kicked after commit."""
     locked = webhook_delivery_lock(delivery_id=delivery.pk)
     if locked.endpoint.status != WebhookEndpointStatus.ENABLED:
         raise WebhookDeliveryNotRedeliverable("the webhook endpoint is disabled; enable it first", param="delivery")

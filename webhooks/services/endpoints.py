@@ -31,10 +31,7 @@ def _new_secret() -> str:
 
 
 def _url_check(url: str) -> str:
-    """Refuse a URL deliveries must never reach (webhooks.targets: https only unless
-    settings allow http; only globally routable addresses, so no loopback, private,
-    link-local/metadata or multicast target, whether written as an address or a name
-    that resolves to one). A name that does not
+    """Refuse a URL deliveries must never reach (webhooks.targets). A name that does not
     resolve yet is accepted: every delivery checks again."""
     webhook_target_resolve(url=url, unresolvable_ok=True)
     return url
@@ -53,8 +50,7 @@ def webhook_endpoint_create(
     """Register an endpoint. Returns it and its signing secret (shown to the merchant once;
     stored sealed, webhooks.secrets).
 
-    Locks: the merchant's row (the per-merchant limit)."""
-    # Lock the merchant row so two concurrent registrations cannot both pass the limit.
+    Locks: the merchant's row, so two registrations cannot both pass the limit."""
     merchant_lock(merchant_id=merchant.pk)
     if WebhookEndpoint.objects.filter(merchant=merchant).count() >= MAX_ENDPOINTS_PER_MERCHANT:
         raise WebhookEndpointLimitReached(f"at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints per merchant", param=None)

@@ -1,14 +1,10 @@
 """The outbox relay (SPEC 8): publish committed `OutboxEvent` rows, then send the webhook
 deliveries they made. At least once; each delivery on its own, in no particular order.
 
-Publishing an event = making one `WebhookDelivery` per enabled endpoint of the event's
-merchant that wants its type (`enabled_events`, "*" = all), and setting `published_at`,
-in one short transaction per batch. A batch is claimed with FOR UPDATE SKIP LOCKED, so
-relays share the work; a relay that dies mid-batch (even SIGKILL) rolls its batch back
-with its session, and the next relay publishes it. Making a delivery twice is a no-op
-(unique per endpoint and event), so an event published twice is still delivered once per
-endpoint. A publication that fails is retried with backoff and after OUTBOX_MAX_ATTEMPTS
-the row becomes a dead letter (`dead_at`): visible in the admin, requeued from there.
+Publishing an event makes a `WebhookDelivery` per enabled endpoint of its merchant that
+wants its type, in one short transaction per batch claimed with SKIP LOCKED; deliveries
+are unique per endpoint and event, so publishing twice delivers once. A publication that
+fails is retried with backoff, then becomes a dead letter (`dead_at`), requeued by staff.
 """
 
 from __future__ import annotations
@@ -44,40 +40,18 @@ OUTBOX_RETRY_CAP_SECONDS = 600.0
 PUBLISH_EVERY_SECONDS = 0.05
 
 
-def endpoint_wants(*, endpoint: WebhookEndpoint, topic: str) -> bool:
-    return "*" in endpoint.enabled_events or topic in endpoint.enabled_events
-
-
 def _merchant_of(event: OutboxEvent) -> str | None:
     merchant = event.payload.get("merchant") if isinstance(event.payload, dict) else None
     return merchant if isinstance(merchant, str) else None
 
 
-def _event_deliveries(*, event: OutboxEvent, endpoints: list[WebhookEndpoint], now: datetime) -> list[WebhookDelivery]:
-    return [
-        WebhookDelivery(
-            endpoint=e, event=event, topic=event.topic, event_created=event.created, next_attempt_at=now,
-            give_up_at=now + RETRY_WINDOW, created=now,
-        )
-        for e in endpoints
-        if endpoint_wants(endpoint=e, topic=event.topic)
-    ]
-
-
-def _deliveries_create(deliveries: list[WebhookDelivery]) -> None:
-    # ignore_conflicts: made already by a relay that died after its commit (at least once).
-    WebhookDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
-
-
 def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | None = None) -> tuple[int, int]:
-    """Claim and publish one batch; return (claimed, published).
+    """Claim and publish one batch; return (claimed, published). The batch's deliveries go
+    in one INSERT; if it fails, each event tries again under its own savepoint, so one that
+    fails is recorded without holding back the others.
 
     Locks: the batch's outbox rows (`outbox_events_claim`, FOR UPDATE SKIP LOCKED), for this
-    one transaction. The batch's deliveries are made with one INSERT under a savepoint; if
-    it fails, each event tries again under its own savepoint, so one that fails is recorded
-    (attempts, last_error, next_attempt_at, dead_at) without holding back the others. The
-    published ones are marked with one UPDATE.
-    """
+    one transaction."""
     with transaction.atomic():
         moment = now or timezone.now()
         batch = list(outbox_events_claim(now=moment, limit=batch_size))
@@ -91,32 +65,34 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
         published: list[str] = []
         making: list[tuple[OutboxEvent, list[WebhookDelivery]]] = []
         for event in batch:
-            merchant_id = _merchant_of(event)
-            deliveries = _event_deliveries(event=event, endpoints=by_merchant.get(merchant_id, []) if merchant_id else [], now=moment)
+            deliveries = [
+                WebhookDelivery(
+                    endpoint=e, event=event, topic=event.topic, event_created=event.created, next_attempt_at=moment,
+                    give_up_at=moment + RETRY_WINDOW, created=moment,
+                )
+                for e in by_merchant.get(_merchant_of(event) or "", [])
+                if "*" in e.enabled_events or event.topic in e.enabled_events
+            ]
             if deliveries:
                 making.append((event, deliveries))
             else:
                 published.append(event.pk)  # no delivery to make: nothing that could fail
+        # ignore_conflicts: made already by a relay that died after its commit.
         try:
-            # The batch's deliveries in one INSERT under one savepoint: the usual case.
             if making:
                 with transaction.atomic():
-                    _deliveries_create([d for _, deliveries in making for d in deliveries])
+                    WebhookDelivery.objects.bulk_create([d for _, deliveries in making for d in deliveries], ignore_conflicts=True)
             published.extend(event.pk for event, _ in making)
         except DatabaseError:
-            # Something in the batch failed: one savepoint per event, so one event's failure
-            # is recorded without holding back the others.
             for event, deliveries in making:
                 try:
                     with transaction.atomic():
-                        _deliveries_create(deliveries)
+                        WebhookDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
                     published.append(event.pk)
                 except DatabaseError as exc:
                     event.attempts += 1
                     _publication_failed(event=event, error=f"{type(exc).__name__}: {exc}", now=moment)
                     event.save(update_fields=["attempts", "last_error", "next_attempt_at", "dead_at"])
-        # The batch's published events in one UPDATE (an UPDATE and a savepoint per event
-        # were most of the relay's cost under steady payments).
         OutboxEvent.objects.filter(pk__in=published).update(
             published_at=moment, attempts=F("attempts") + 1, last_error="", next_attempt_at=None
         )
@@ -149,17 +125,15 @@ def outbox_relay_run(
     *, now: datetime | None = None, batch_size: int = RELAY_BATCH_SIZE, max_batches: int = RELAY_MAX_BATCHES, kick_token: str = "",
     settle: bool = False,
 ) -> int:
-    """The relay, in the current tenant: publish due events batch by batch, refresh the lag
-    gauge, then send due deliveries (publishing what commits meanwhile) until none is due
-    or the dispatch budget is spent. Returns the number of events published. `kick_token`:
-    the token of the commit's kick that sent this relay ('' for the beat sweep and by hand).
+    """The relay, in the current tenant: publish due events, refresh the lag gauge, then
+    send due deliveries (publishing what commits meanwhile) until none is due or the budget
+    is spent. Returns the events published. `kick_token`: the kick that sent this relay.
     `settle` (the runs beat sends): then record when this tenant's relay work is next due
     (tenants.duework); kicked runs leave that to beat's, so a busy tenant's row is not
     deleted and written again at every commit.
 
     Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once;
-    then, settling, the tenant's relay due-work lock (tried).
-    """
+    then, settling, the tenant's relay due-work lock (tried)."""
     # Before the first read: a commit that sees no kick pending after this point sends one.
     outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")), kick_token=kick_token)
     published = 0
@@ -173,8 +147,7 @@ def outbox_relay_run(
     next_publish = time.monotonic() + PUBLISH_EVERY_SECONDS
 
     def publish_meanwhile() -> None:
-        # A dispatch can last seconds under load: events committed meanwhile are published
-        # by it, not left to wait for it to end (their kicks coalesce into this run).
+        # A dispatch can last seconds: events committed meanwhile do not wait for its end.
         nonlocal published_meanwhile, next_publish
         if time.monotonic() >= next_publish:
             next_publish = time.monotonic() + PUBLISH_EVERY_SECONDS
@@ -191,9 +164,7 @@ def outbox_relay_run(
 @transaction.atomic
 def outbox_event_requeue(*, event: OutboxEvent) -> OutboxEvent:
     """Give a dead letter (or a row waiting for its next attempt) another round now.
-
-    Locks: the outbox row (FOR UPDATE). The relay is kicked after commit.
-    """
+    Locks: the outbox row (FOR UPDATE). The relay is kicked after commit."""
     locked = outbox_event_lock(event_id=event.pk)
     if locked.published_at is None:
         locked.dead_at, locked.next_attempt_at, locked.attempts = None, None, 0

@@ -28,13 +28,11 @@ class Command(BaseCommand):
         parser.add_argument("--chunk-size", type=int, default=2000, help="rows fetched per round trip by the streaming checks")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        active = tenant_schemas_active()
+        schemas = tenant_schemas_active()
         if options["tenant"]:
-            if options["tenant"] not in active:
+            if options["tenant"] not in schemas:
                 raise CommandError(f"no active tenant with schema {options['tenant']!r}", returncode=2)
             schemas = [options["tenant"]]
-        else:
-            schemas = active
         checks = [check_get(name) for name in options["check"]] if options["check"] else None
         with_findings = 0
         for schema_name in schemas:
