@@ -173,3 +173,38 @@ def test_tenant_creation_migrates_a_template_behind_the_code_before_cloning_it(
             _drop("shape_tenant")
         assert schemas_missing_migrations(schemas=[TEMPLATE]) == {TEMPLATE: 0}
 
+
+
+def test_the_template_is_read_once_per_migration_state(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The catalog read grows with the tenant count; clones reuse it until a migration
+    row of the template changes."""
+    from tenants import schemas
+
+    captured: list[str] = []
+    real_capture = schemas.schema_script_capture
+
+    def counting_capture(*, source: str) -> schemas.SchemaScript:
+        captured.append(source)
+        return real_capture(source=source)
+
+    with django_db_blocker.unblock():
+        _drop("shape_once_a", "shape_once_b", "shape_once_c")
+        schemas._script_cache.clear()
+        schemas.schema_script_capture = counting_capture  # type: ignore[assignment]
+        try:
+            schema_clone(source=TEMPLATE, target="shape_once_a")
+            schema_clone(source=TEMPLATE, target="shape_once_b")
+            assert captured == [TEMPLATE]
+            with connection.cursor() as cursor:  # as a migration run on the template would
+                cursor.execute(f"INSERT INTO {TEMPLATE}.django_migrations (app, name, applied) VALUES ('shape', 'probe', now())")
+            try:
+                schema_clone(source=TEMPLATE, target="shape_once_c")
+                assert captured == [TEMPLATE, TEMPLATE]
+            finally:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"DELETE FROM {TEMPLATE}.django_migrations WHERE app = 'shape'")
+        finally:
+            schemas.schema_script_capture = real_capture  # type: ignore[assignment]
+            schemas._script_cache.clear()
+            _drop("shape_once_a", "shape_once_b", "shape_once_c")
+    connection.set_schema_to_public()
