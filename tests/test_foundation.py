@@ -111,7 +111,7 @@ def test_create_tenant_and_staff_key_commands(django_db_setup: None, django_db_b
         call_command("list_tenants")
         assert schema in capsys.readouterr().out
         connection.set_schema_to_public()
-    # How fast tenant creation is, is measured by bench/bench_tenant.py, not asserted here:
+    # How fast tenant creation is, is measured by bench/bench_tenants.py, not asserted here:
     # a timed test fails on a busy machine and proves nothing on an idle one.
 
 
