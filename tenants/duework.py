@@ -3,9 +3,12 @@ the 10 s beat tasks enqueue work for the tenants that have some instead of visit
 
 - **Mark** (`due_work_mark`): the transaction that makes work due (an outbox event, a
   pending card top-up) inserts its tenant's row in that same transaction, or does nothing
-  when the row is there. On the hot path that is one statement that writes nothing while
-  the row exists: `INSERT ... ON CONFLICT DO NOTHING` never locks the existing row, so the
-  payments of one tenant never queue behind each other on it.
+  when a committed row is there. On the hot path that is two statements (the lock, then
+  the insert) that write nothing while the row exists and lock no row. The table has no unique key on (tenant,
+  kind): after a settle deleted the row, writers that find none each insert their own,
+  instead of waiting for the first one's commit (which would queue a tenant's payments
+  behind each other, and could deadlock a payment that marked before it locked its
+  balance rows against one that locks them first).
 - **Settle** (`due_work_settle`): a worker that has done a tenant's work reads what is
   still due and deletes the row (nothing left) or moves its `due_at` (the next retry).
 - **The race between them**: a commit that found the row and wrote nothing, while a
@@ -16,9 +19,8 @@ the 10 s beat tasks enqueue work for the tenants that have some instead of visit
   there is work); one that takes it knows every writer that saw the row has committed, so
   its reads, which start after the lock, see their work. A writer that comes while a settle
   holds it waits for that short transaction; its insert then finds the row gone and writes
-  it again. The marking INSERT takes the lock in its own row source, so the row's presence
-  is checked after the lock is held (a separate SELECT taken before it could read a row
-  the settle deletes next).
+  it again. The mark looks for the row in a statement that starts after the lock is
+  held, so it never trusts a row the settle has just deleted.
 - **The safety sweep**: every tenant is still visited, every 10 minutes, by the old
   fan-outs (settings.CELERY_BEAT_SCHEDULE), so work whose row went missing (a bug, a row
   deleted by hand) waits at most that long, never for ever.
@@ -30,10 +32,13 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from tenants.models import DueWork, DueWorkKind
+
+# How long a settle's reads may run while its tenant's marking writers wait for it.
+SETTLE_STATEMENT_TIMEOUT = "500ms"
 
 # Kinds that share one lock: the relay's "now" row and its "later" row are settled together.
 _LOCK_GROUP = {DueWorkKind.RELAY: "relay", DueWorkKind.RELAY_LATER: "relay", DueWorkKind.TOPUPS: "topups"}
@@ -57,12 +62,16 @@ def due_work_mark(*, kind: DueWorkKind, due_at: datetime) -> None:
     schema_name = _schema()
     if schema_name in ("public", str(settings.TENANT_BASE_SCHEMA)):
         return  # no tenant: nothing a beat task could be sent to
+    table = DueWork._meta.db_table
     with connection.cursor() as cursor:
+        # Two statements: the second's snapshot is taken once the lock is held, so it sees
+        # the deletion of a settle that held the lock before us. (In one statement the
+        # snapshot predates the lock, and PostgreSQL may test NOT EXISTS before the lock.)
+        cursor.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))", [_lock_name(schema_name=schema_name, kind=kind)])
         cursor.execute(
-            f"INSERT INTO {DueWork._meta.db_table} (tenant_id, kind, due_at)"  # noqa: S608 - the model's table name
-            " SELECT %s, %s, %s FROM (SELECT pg_advisory_xact_lock_shared(hashtext(%s))) AS held"
-            " ON CONFLICT (tenant_id, kind) DO NOTHING",
-            [schema_name, str(kind), due_at, _lock_name(schema_name=schema_name, kind=kind)],
+            f"INSERT INTO {table} (tenant_id, kind, due_at) SELECT %s, %s, %s"  # noqa: S608 - the model's table name
+            f" WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE tenant_id = %s AND kind = %s)",
+            [schema_name, str(kind), due_at, schema_name, str(kind)],
         )
 
 
@@ -78,21 +87,37 @@ def due_work_settle(
 
     Locks: the (tenant, concern) advisory lock, EXCLUSIVE, tried, for one short transaction."""
     schema_name = _schema()
+    try:
+        return _settle(schema_name=schema_name, kind=kind, next_due=next_due, later_kind=later_kind)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "57014":  # query_canceled: our timeout
+            raise
+        return False  # rolled back, the rows as they were: the next visit settles
+
+
+def _settle(
+    *, schema_name: str, kind: DueWorkKind, next_due: Callable[[], datetime | None], later_kind: DueWorkKind | None
+) -> bool:
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [_lock_name(schema_name=schema_name, kind=kind)])
         row = cursor.fetchone()
         if not (row and row[0]):
             return False
+        # While the lock is held, the tenant's writers that mark wait: the reads get a short
+        # budget, and a settle that overruns it gives up (the lock goes with its savepoint
+        # or transaction, and so does this setting).
+        cursor.execute(
+            "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)", [SETTLE_STATEMENT_TIMEOUT]
+        )
+        (outside, _) = cursor.fetchone()
         due = next_due()
         now = timezone.now()
         kinds = [kind, *([later_kind] if later_kind else [])]
         keep = None if due is None else (later_kind if later_kind and due > now else kind)
-        DueWork.objects.filter(tenant_id=schema_name, kind__in=[k for k in kinds if k != keep]).delete()
+        DueWork.objects.filter(tenant_id=schema_name, kind__in=kinds).delete()
         if keep is not None and due is not None:
-            DueWork.objects.bulk_create(
-                [DueWork(tenant_id=schema_name, kind=keep, due_at=due)],
-                update_conflicts=True, unique_fields=["tenant", "kind"], update_fields=["due_at"],
-            )
+            DueWork.objects.create(tenant_id=schema_name, kind=keep, due_at=due)
+        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [outside])
     return True
 
 

@@ -102,16 +102,21 @@ class DueWorkKind(models.TextChoices):
 
 
 class DueWork(models.Model):
-    """One row per tenant and kind of work that is due at `due_at` (public schema): the
-    10 s beat tasks read this table, not every tenant (tenants/duework.py)."""
+    """A tenant's work of a kind that is due at `due_at` (public schema): the 10 s beat
+    tasks read this table, not every tenant (tenants/duework.py). Usually one row per
+    tenant and kind; not unique on purpose: writers that find none each insert their own
+    rather than wait for another's uncommitted insert, and the settle removes them all."""
 
-    pk = models.CompositePrimaryKey("tenant", "kind")
-    tenant = models.ForeignKey(Tenant, to_field="schema_name", on_delete=models.CASCADE, related_name="+")
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, to_field="schema_name", on_delete=models.CASCADE, related_name="+", db_index=False)
     kind = models.CharField(max_length=16, choices=DueWorkKind.choices)
     due_at = models.DateTimeField()
 
     class Meta:
-        indexes = [models.Index(fields=["due_at"], name="duework_due_at")]
+        indexes = [
+            models.Index(fields=["tenant", "kind"], name="duework_tenant_kind"),
+            models.Index(fields=["due_at"], name="duework_due_at"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant_id} {self.kind} due {self.due_at:%Y-%m-%d %H:%M:%S}"

@@ -164,6 +164,58 @@ def test_commits_of_one_tenant_mark_without_waiting_for_each_other_or_writing(li
         assert cursor.fetchone() == version  # the same row version: nothing was written
 
 
+def test_commits_that_find_no_row_do_not_wait_for_each_others_insert(live_tenant: Tenant, race_events: Any) -> None:
+    """Right after a settle deleted the row, two commits mark. With a unique key on (tenant,
+    kind) the second insert would wait for the first's commit, queueing the tenant's
+    payments and, for a payment that marked before locking its balance rows, risking a
+    deadlock. Each inserts its own row instead; the settle removes them all."""
+    schema = live_tenant.schema_name
+    DueWork.objects.filter(tenant_id=schema).delete()
+    marked, release = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with transaction.atomic():
+            _race_event()  # marks: inserts a row this open transaction holds
+            marked.set()
+            assert release.wait(10)
+
+    thread, box = _in_thread(live_tenant, first)
+    try:
+        assert marked.wait(10), box
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '1s'")
+            _race_event()
+    finally:
+        release.set()
+        thread.join(10)
+    assert "error" not in box, box
+    assert DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.RELAY).count() == 2
+    assert schema in due_work_schemas(kinds=RELAY_KINDS)
+    OutboxEvent.objects.filter(topic=RACE_TOPIC).update(published_at=timezone.now())
+    assert due_work_settle(kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=race_events) is True
+    assert not DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.RELAY).exists()
+
+
+def test_a_settle_whose_reads_overrun_gives_up_and_leaves_the_rows(live_tenant: Tenant) -> None:
+    """While a settle holds the exclusive lock, the tenant's marking writers wait: its reads
+    have a budget, and one that overruns it changes nothing."""
+    schema = live_tenant.schema_name
+    due_work_mark(kind=DueWorkKind.RELAY, due_at=timezone.now())
+    before = due_rows(schema)
+
+    def slow_next_due() -> datetime | None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(2)")
+        return None
+
+    assert due_work_settle(kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=slow_next_due) is False
+    assert due_rows(schema) == before
+    with connection.cursor() as cursor:  # the budget ended with the settle
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] == "0"
+
+
 def test_a_settle_while_a_commit_is_in_flight_keeps_the_row(live_tenant: Tenant, race_events: Callable[[], datetime | None]) -> None:
     """A commit found the row and wrote nothing; a settle then sees no work (the commit's
     event is not visible yet). It must not delete the row: it cannot take the lock."""
