@@ -12,7 +12,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
 from tenants.models import Domain, Tenant
-from tenants.services import tenant_setup
+from tenants.services import tenant_setup, tenant_template_ensure
 
 
 class PlatformAdminSite(admin.AdminSite):
@@ -55,6 +55,13 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         # The schema is named once, when the tenant is added; renaming it would orphan it.
         fields = super().get_readonly_fields(request, obj)
         return fields if obj is not None else tuple(f for f in fields if f != "schema_name")
+
+    def add_view(self, request, form_url="", extra_context=None):  # type: ignore[no-untyped-def]
+        if request.method == "POST":
+            # Outside the admin's transaction: a template behind the code is migrated first
+            # (a migration may build an index concurrently); the clone refuses it otherwise.
+            tenant_template_ensure()
+        return super().add_view(request, form_url, extra_context)
 
     def save_related(self, request, form, formsets, change):  # type: ignore[no-untyped-def]
         super().save_related(request, form, formsets, change)
