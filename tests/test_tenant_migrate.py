@@ -84,3 +84,24 @@ def test_a_schema_without_django_migrations_counts_every_migration_missing(djang
             assert schemas_missing_migrations(schemas=["mig_empty"]) == {"mig_empty": len(migration_leaves())}
         finally:
             _remove("mig_empty")
+
+
+def test_the_table_list_read_by_index_equals_djangos_in_every_kind_of_schema(
+    django_db_setup: None, django_db_blocker: Any, tenant_a: Tenant
+) -> None:
+    """fastpath.backend reads a tenant's table list through pg_depend (Django scans every
+    relation of the database); the answer must be Django's, table for table."""
+    from django.conf import settings
+    from django_tenants.postgresql_backend.introspection import DatabaseSchemaIntrospection
+    from django_tenants.utils import schema_context
+
+    djangos = DatabaseSchemaIntrospection(connection)
+    with django_db_blocker.unblock():
+        for schema in (tenant_a.schema_name, str(settings.TENANT_BASE_SCHEMA), "public"):
+            with schema_context(schema), connection.cursor() as cursor:
+                ours = sorted(connection.introspection.get_table_list(cursor))
+                assert ours == sorted(djangos.get_table_list(cursor)), schema
+                assert "django_migrations" in {t.name for t in ours}
+                if schema != "public":  # tenant tables only: public's are not on its path
+                    assert "wallets_balance" in {t.name for t in ours} and "tenants_tenant" not in {t.name for t in ours}
+        connection.set_schema_to_public()

@@ -1,7 +1,8 @@
 """The database ENGINE ("fastpath.backend"): django-tenants' PostgreSQL backend, whose
 cursors send a few registered hot statements as server-side prepared statements
 (fastpath.prepared), and which names savepoints per transaction
-(`savepoint_name_in_transaction`, for fastpath.compiled's batches of inserts), and whose
+(`savepoint_name_in_transaction`, for fastpath.compiled's batches of inserts), whose
+list of a tenant's tables is read by an index (`Introspection`), and whose
 test database is dropped even while a pooler holds idle sessions on it (`Creation`).
 """
 
@@ -12,8 +13,11 @@ from typing import Any
 from django.conf import settings
 from django.db.backends.postgresql.base import Cursor
 from django.db.backends.postgresql.creation import DatabaseCreation
+from django.db.backends.postgresql.introspection import TableInfo
 from django.db.backends.postgresql.operations import DatabaseOperations
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
+from django_tenants.postgresql_backend.introspection import DatabaseSchemaIntrospection, DatabaseSchemaIntrospectionSearchPathContext
+from django_tenants.utils import get_public_schema_name
 from psycopg import errors as pg_errors
 from psycopg.pq import TransactionStatus
 
@@ -49,12 +53,40 @@ class Creation(DatabaseCreation):
             cursor.execute(f"DROP DATABASE {self.connection.ops.quote_name(test_database_name)} WITH (FORCE)")
 
 
+class Introspection(DatabaseSchemaIntrospection):  # type: ignore[misc]  # django-tenants is untyped
+    """Django's table list scans every relation of the database (pg_class has no index by
+    schema) and django-tenants' migrate asks for it several times a tenant (through
+    MigrationRecorder's has_table): 210 ms a call at 1,000 tenants, most of a no-op tenant
+    migration. In a tenant's schema the same list is read through the schema's entries in
+    pg_depend, which are indexed by the object depended on: 1 ms. The public schema is
+    pinned (PostgreSQL records no dependency on it), so it keeps Django's query."""
+
+    def get_table_list(self, cursor: Any) -> list[TableInfo]:
+        if self.connection.schema_name == get_public_schema_name():
+            return list(super().get_table_list(cursor))
+        with DatabaseSchemaIntrospectionSearchPathContext(cursor=cursor, connection=self.connection):
+            cursor.execute(
+                """
+                SELECT c.relname, CASE WHEN c.relispartition THEN 'p' WHEN c.relkind IN ('m', 'v') THEN 'v' ELSE 't' END,
+                       obj_description(c.oid, 'pg_class')
+                  FROM pg_catalog.pg_namespace n
+                  JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::regclass AND d.refobjid = n.oid
+                       AND d.classid = 'pg_catalog.pg_class'::regclass
+                  JOIN pg_catalog.pg_class c ON c.oid = d.objid
+                 WHERE n.nspname = ANY(current_schemas(false)) AND c.relkind IN ('f', 'm', 'p', 'r', 'v')
+                   AND pg_catalog.pg_table_is_visible(c.oid)
+                """
+            )
+            return [TableInfo(*row) for row in cursor.fetchall() if row[0] not in self.ignored_tables]
+
+
 class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
     ops_class = Operations
     creation_class = Creation
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.introspection = Introspection(self)  # django-tenants sets its own here, not by class
         self._savepoints_in_transaction = 0
 
     def savepoint_name_in_transaction(self, prefix: str) -> str:
