@@ -14,13 +14,13 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name='DueWork',
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
+                ('pk', models.CompositePrimaryKey('tenant', 'kind', blank=True, editable=False, primary_key=True, serialize=False)),
                 ('kind', models.CharField(choices=[('relay', 'Relay: events or deliveries due now'), ('relay_later', 'Relay: next retry'), ('topups', 'Top-up recovery')], max_length=16)),
                 ('due_at', models.DateTimeField()),
-                ('tenant', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.tenant', to_field='schema_name')),
+                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='tenants.tenant', to_field='schema_name')),
             ],
             options={
-                'indexes': [models.Index(fields=['tenant', 'kind'], name='duework_tenant_kind'), models.Index(fields=['due_at'], name='duework_due_at')],
+                'indexes': [models.Index(fields=['due_at'], name='duework_due_at')],
             },
         ),
     ]
