@@ -359,8 +359,13 @@ def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(
 
     # The first attempt stalls after the charge until the takeover has completed the record,
     # however slow the machine (a timed pause let a loaded machine wake it first).
-    released = threading.Event()
-    monkeypatch.setattr(topup_saga, "time", SimpleNamespace(sleep=lambda _seconds: released.wait(timeout=60)))
+    paused, released = threading.Event(), threading.Event()
+
+    def pause(_seconds: float) -> None:
+        paused.set()
+        released.wait(timeout=60)
+
+    monkeypatch.setattr(topup_saga, "time", SimpleNamespace(sleep=pause))
     settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 1.0
     idem = uuid.uuid4().hex
     box: dict[str, Any] = {}
@@ -370,10 +375,10 @@ def test_a_stalled_first_attempt_wakes_after_a_takeover_and_cannot_overwrite(
 
     stalled = threading.Thread(target=first, daemon=True)
     stalled.start()
-    deadline = time.monotonic() + 20
-    while not live.charges():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    # Paused, not merely charged: the setting is read after the PSP answers, so turning it
+    # off once the charge shows could let a slow thread skip the pause and finish itself.
+    assert paused.wait(20)
+    assert len(live.charges()) == 1
     settings.TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = 0.0
     time.sleep(2.2)  # its lease runs out while it sleeps
     recover(until=lambda: IdempotencyRecord.objects.get(principal_id=live.customer.pk, key=idem).state == "completed")
