@@ -194,3 +194,21 @@ def test_a_late_holders_completion_is_replayed_not_reopened_by_a_waiting_takeove
     assert isinstance(retried, Outcome) and retried.replayed and retried.response.body == b'{"late":"holder"}', retried
     record = IdempotencyRecord.objects.get(principal_id=customer.pk, key=key)
     assert record.state == "completed" and record.fence == first.context.fence and bytes(record.response_body) == b'{"late":"holder"}'
+
+
+def test_releasing_a_claim_is_one_fenced_delete(customer: Any) -> None:
+    """A release must never delete a claim that a takeover has made its own: it is one
+    DELETE filtered on the fence. Django's delete() sends exactly that only while nothing
+    listens for the record's deletion and nothing points at it; a receiver or a foreign key
+    would turn it into a read, then a delete by id, with a takeover possible in between."""
+    from payments.idempotency.services import idempotency_release
+    from tests.conftest import statements_sent
+
+    claim = idempotency_claim(call=call_for(customer, uuid.uuid4().hex), policy=POLICY, mint={"topup": "top"})
+    assert isinstance(claim, Claim)
+    record_id, fence = claim.context.record_id or 0, claim.context.fence
+    assert idempotency_release(record_id=record_id, fence=fence + 1) is False  # another holder's fence: kept
+    sent = statements_sent(lambda: idempotency_release(record_id=record_id, fence=fence))
+    touching = [sql for sql, _ in sent if "idempotency_record" in sql]
+    assert len(touching) == 1 and touching[0].lstrip().upper().startswith("DELETE") and "fence" in touching[0], touching
+    assert not IdempotencyRecord.objects.filter(pk=record_id).exists()

@@ -46,6 +46,7 @@ from payments.idempotency.statements import (
     FAILED_INSERT_SQL,
     LEASE_TAKEOVER_SQL,
     PURGE_SQL,
+    RELEASE_SQL,
     TAKEOVER_SQL,
 )
 from wallets import ids
@@ -589,7 +590,9 @@ def idempotency_release(*, record_id: int, fence: int, effect: Callable[[], None
     the fence was still ours."""
 
     def write() -> bool:
-        deleted, _ = _in_flight(record_id, fence).delete()
+        with connection.cursor() as cursor:
+            cursor.execute(RELEASE_SQL, [record_id, fence])
+            deleted: int = cursor.rowcount
         if deleted and effect is not None:
             effect()
         return deleted == 1

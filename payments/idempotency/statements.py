@@ -27,6 +27,10 @@ WHERE id = %s AND fence = %s AND state = 'in_flight'
 RETURNING created
 """)
 
+# A fenced release: one statement, so a takeover that bumps the fence between a read and a
+# delete (Django's delete() reads first, since the record has relations) cannot lose its claim.
+RELEASE_SQL = "DELETE FROM idempotency_record WHERE id = %s AND fence = %s AND state = 'in_flight'"
+
 # A fenced takeover; with the renew flags set, a brand-new claim (new claim time, no minted ids).
 TAKEOVER_SQL = """
 UPDATE idempotency_record SET
