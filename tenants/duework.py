@@ -1,16 +1,16 @@
-"""Which tenants have due work: a row per (tenant, kind) in the public table `DueWork`, so
+"""Which tenants have due work: rows per (tenant, kind) in the public table `DueWork`, so
 the 10 s beat tasks enqueue work for the tenants that have some instead of visiting them all.
 
 - **Mark** (`due_work_mark`): the transaction that makes work due (an outbox event, a
   pending card top-up) inserts its tenant's row in that same transaction, or does nothing
   when a committed row is there. On the hot path that is two statements (the lock, then
-  the insert) that write nothing while the row exists and lock no row. The table has no unique key on (tenant,
-  kind): after a settle deleted the row, writers that find none each insert their own,
-  instead of waiting for the first one's commit (which would queue a tenant's payments
-  behind each other, and could deadlock a payment that marked before it locked its
-  balance rows against one that locks them first).
+  the insert) that write nothing while the row exists and lock no row. The table has no
+  unique key on (tenant, kind): after a settle deleted the row, writers that find none
+  each insert their own, instead of waiting for the first one's commit (which would queue
+  a tenant's payments behind each other, and could deadlock a payment that marked before
+  it locked its balance rows against one that locks them first).
 - **Settle** (`due_work_settle`): a worker that has done a tenant's work reads what is
-  still due and deletes the row (nothing left) or moves its `due_at` (the next retry).
+  still due and deletes the rows, then writes one back if something is still due.
 - **The race between them**: a commit that found the row and wrote nothing, while a
   worker, which cannot see that uncommitted work yet, deletes the row. Both hold one
   advisory lock per (tenant, concern), taken in the transaction: a marking writer in
