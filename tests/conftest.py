@@ -9,6 +9,7 @@ throwaway test database.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -157,6 +158,22 @@ def run_in_thread_tenant(tenant: Tenant, fn: Callable[[], T]) -> T:
         return fn()
     finally:
         connections.close_all()
+
+
+def in_background(tenant: Tenant, fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `fn` in `tenant` on a started daemon thread; its result or exception lands in the
+    returned box ("result" or "error") for the test's asserts."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            box["result"] = run_in_thread_tenant(tenant, fn)
+        except BaseException as exc:  # surfaced by the test's asserts
+            box["error"] = exc
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, box
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ from payments.tasks import topups_recover_due_tenants, topups_recover_tenant
 from reconciliation.tasks import reconciliation_run_tenant
 from tenants.duework import due_work_mark, due_work_schemas, due_work_settle
 from tenants.models import DueWork, DueWorkKind, Tenant
-from tests.conftest import run_in_thread_tenant
+from tests.conftest import in_background
 from tests.factories import MerchantFactory
 from wallets.transactions import run_atomic
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpointStatus
@@ -114,18 +114,24 @@ def _race_event() -> OutboxEvent:
     return outbox_event_create(topic=RACE_TOPIC, payload={"id": "", "object": "test"})
 
 
-def _in_thread(tenant: Tenant, fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
 
-    def body() -> None:
-        try:
-            box["result"] = run_in_thread_tenant(tenant, fn)
-        except BaseException as exc:  # surfaced by the test's asserts
-            box["error"] = exc
 
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread, box
+def _mark_while_a_commit_is_open(
+    tenant: Tenant, first: Callable[[], None], *, marked: threading.Event, release: threading.Event
+) -> None:
+    """Commit an event that marks while `first` (on its own connection) holds a commit open
+    after it marked; the mark must not wait for it (lock_timeout 1 s)."""
+    thread, box = in_background(tenant, first)
+    try:
+        assert marked.wait(10), box
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '1s'")
+            _race_event()
+    finally:
+        release.set()
+        thread.join(10)
+    assert "error" not in box, box
 
 
 def test_commits_of_one_tenant_mark_without_waiting_for_each_other_or_writing(live_tenant: Tenant, race_events: Any) -> None:
@@ -148,17 +154,7 @@ def test_commits_of_one_tenant_mark_without_waiting_for_each_other_or_writing(li
             marked.set()
             assert release.wait(10)
 
-    thread, box = _in_thread(live_tenant, first)
-    try:
-        assert marked.wait(10), box
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '1s'")
-            _race_event()
-    finally:
-        release.set()
-        thread.join(10)
-    assert "error" not in box, box
+    _mark_while_a_commit_is_open(live_tenant, first, marked=marked, release=release)
     with connection.cursor() as cursor:
         cursor.execute("SELECT xmin::text FROM tenants_duework WHERE tenant_id = %s AND kind = 'relay'", [schema])
         assert cursor.fetchone() == version  # the same row version: nothing was written
@@ -179,17 +175,7 @@ def test_commits_that_find_no_row_do_not_wait_for_each_others_insert(live_tenant
             marked.set()
             assert release.wait(10)
 
-    thread, box = _in_thread(live_tenant, first)
-    try:
-        assert marked.wait(10), box
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '1s'")
-            _race_event()
-    finally:
-        release.set()
-        thread.join(10)
-    assert "error" not in box, box
+    _mark_while_a_commit_is_open(live_tenant, first, marked=marked, release=release)
     assert DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.RELAY).count() == 2
     assert schema in due_work_schemas(kinds=RELAY_KINDS)
     OutboxEvent.objects.filter(topic=RACE_TOPIC).update(published_at=timezone.now())
@@ -229,7 +215,7 @@ def test_a_settle_while_a_commit_is_in_flight_keeps_the_row(live_tenant: Tenant,
             marked.set()
             assert release.wait(10)
 
-    thread, box = _in_thread(live_tenant, writer)
+    thread, box = in_background(live_tenant, writer)
     try:
         assert marked.wait(10), box
         assert race_events() is None  # the settle cannot see the event...
@@ -272,11 +258,11 @@ def test_a_commit_that_marks_while_a_settle_deletes_the_row_writes_it_again(
             _race_event()
             writer_marked.set()
 
-    settling, settled = _in_thread(live_tenant, settle)
+    settling, settled = in_background(live_tenant, settle)
     writing: threading.Thread | None = None
     try:
         assert read.wait(10), settled
-        writing, written = _in_thread(live_tenant, writer)
+        writing, written = in_background(live_tenant, writer)
         assert not writer_marked.wait(0.5)  # the mark waits for the settle's transaction
     finally:
         proceed.set()

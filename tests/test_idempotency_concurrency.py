@@ -26,7 +26,7 @@ from payments.models import Payment
 from payments.services.adjustments import adjustment_create
 from tenants.models import Tenant
 from tests import idempotency_urls
-from tests.conftest import TENANT_A, run_in_thread_tenant
+from tests.conftest import TENANT_A, in_background, run_in_thread_tenant
 from tests.test_idempotency import customers_named, post, sample, tenant_settings_set, uid
 from wallets import metrics as wallet_metrics
 from wallets.models import Account, LedgerTransaction
@@ -55,18 +55,6 @@ def in_threads(tenant: Tenant, count: int, fn: Callable[[int], Any]) -> list[Any
         return list(pool.map(lambda i: run_in_thread_tenant(tenant, lambda: fn(i)), range(count)))
 
 
-def in_background(tenant: Tenant, fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    box: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            box["result"] = run_in_thread_tenant(tenant, fn)
-        except BaseException as exc:  # surfaced by the test's asserts
-            box["error"] = exc
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread, box
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
