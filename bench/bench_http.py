@@ -394,10 +394,11 @@ def wrk_keyed(url: str, *, lua: Path, body: str, clients: int, seconds: int, aut
     return result
 
 
-def _stop(server: subprocess.Popen[bytes]) -> None:
+def _stop(server: subprocess.Popen[bytes], *, timeout: float = 20) -> None:
+    """SIGTERM to the process group, SIGKILL if it is still there after `timeout`."""
     os.killpg(server.pid, signal.SIGTERM)
     try:
-        server.wait(timeout=20)
+        server.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
@@ -724,11 +725,7 @@ def main() -> None:
         result["http_spread"] = run(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
         result["http_hot"] = run(args.port, fixtures["hot"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
+        _stop(server)
     if not args.skip_rawsql:
         from bench.rawsql import run_ceiling
 

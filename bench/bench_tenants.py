@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -252,7 +251,7 @@ def phase_beat(args: argparse.Namespace) -> None:
 
 
 def phase_idle(args: argparse.Namespace) -> None:
-    from bench.bench_http import _RUNNER, _port_free, _wait_ready
+    from bench.bench_http import _RUNNER, _port_free, _stop, _wait_ready
     from bench.cpu_by_process import is_postgres, postgres_database, processes
 
     if not _port_free(PORT):
@@ -296,12 +295,7 @@ def phase_idle(args: argparse.Namespace) -> None:
              platform=round(100 * platform / 1000 / seconds, 2),
              **{k: round(100 * v / 1000 / seconds, 2) for k, v in sorted(spent.items())})
     finally:
-        os.killpg(runner.pid, signal.SIGTERM)
-        try:
-            runner.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            os.killpg(runner.pid, signal.SIGKILL)
-            runner.wait()
+        _stop(runner, timeout=40)
 
 
 def _session_of(pid: str) -> int:

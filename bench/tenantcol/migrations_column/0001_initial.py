@@ -1,16 +1,6 @@
-from django.db import migrations, models
+"""The same first migration as bench/tenantcol/migrations (this module replaces that one
+through MIGRATION_MODULES and adds 0002)."""
 
+import importlib
 
-class Migration(migrations.Migration):
-    initial = True
-    dependencies: list[tuple[str, str]] = []
-
-    operations = [
-        migrations.CreateModel(
-            name="BenchNote",
-            fields=[
-                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
-                ("text", models.CharField(default="", max_length=50)),
-            ],
-        ),
-    ]
+Migration = importlib.import_module("bench.tenantcol.migrations.0001_initial").Migration
