@@ -30,18 +30,15 @@ ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT = 100_000
 ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT = 24
 
 
-def adjustment_approval_threshold(*, asset_code: str) -> int:
+def adjustment_approval_limits(*, asset_code: str) -> tuple[int, timedelta]:
     """Most (minor units of `asset_code`) one staff member may post alone to one party
-    within the approval window."""
+    within the approval window, and that window: the tenant's settings read from its row
+    now (tenant_extra_settings_fresh), in one query."""
     extra = tenant_extra_settings_fresh()
     per_asset = extra.get("adjustment_approval_thresholds") or {}
-    value = per_asset.get(asset_code, extra.get("adjustment_approval_threshold", ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT))
-    return int(value)
-
-
-def adjustment_approval_window() -> timedelta:
-    extra = tenant_extra_settings_fresh()
-    return timedelta(hours=int(extra.get("adjustment_approval_window_hours", ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT)))
+    threshold = per_asset.get(asset_code, extra.get("adjustment_approval_threshold", ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT))
+    hours = extra.get("adjustment_approval_window_hours", ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT)
+    return int(threshold), timedelta(hours=int(hours))
 
 
 @atomic_service(operation="adjustment_request")
@@ -64,9 +61,10 @@ def adjustment_request(
     party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)
     staff_member_lock(staff_id=maker.pk)
-    since = timezone.now() - adjustment_approval_window()
+    threshold, window = adjustment_approval_limits(asset_code=asset.code)
+    since = timezone.now() - window
     already = adjustments_posted_alone_total(staff=maker, customer=customer, merchant=merchant, asset_code=asset.code, since=since)
-    if already + minor <= adjustment_approval_threshold(asset_code=asset.code):
+    if already + minor <= threshold:
         return adjustment_create(
             staff=maker, customer=customer, merchant=merchant, asset_code=asset.code, amount=minor, direction=direction, reason=reason
         )
