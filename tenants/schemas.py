@@ -301,24 +301,25 @@ def schema_clone(*, source: str, target: str) -> None:
     connection.search_path_set_schemas = None  # type: ignore[attr-defined]  # django-tenants' database wrapper
 
 
-_leaf_cache: dict[str, frozenset[tuple[str, str]]] = {}
+_graph_cache: dict[str, frozenset[tuple[str, str]]] = {}
 
 
-def migration_leaves() -> frozenset[tuple[str, str]]:
-    """The last migration of every app on disk (read once per process: the files do not
-    change under a running process)."""
-    if "leaves" not in _leaf_cache:
+def migrations_on_disk() -> frozenset[tuple[str, str]]:
+    """Every migration of the graph on disk, a squash standing for what it replaces (read
+    once per process: the files do not change under a running process)."""
+    if "nodes" not in _graph_cache:
         loader = MigrationLoader(None, ignore_no_migrations=True)
-        _leaf_cache["leaves"] = frozenset(loader.graph.leaf_nodes())
-    return _leaf_cache["leaves"]
+        _graph_cache["nodes"] = frozenset(loader.graph.nodes)
+    return _graph_cache["nodes"]
 
 
 def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
-    """For each schema, how many of the on-disk apps' last migrations its
-    django_migrations does not hold (0: nothing to migrate), in one query over all of
-    them (no connection or search_path set per schema). A schema without the table
-    counts every leaf as missing."""
-    leaves = sorted(migration_leaves())
+    """For each schema, how many migrations on disk its django_migrations does not hold
+    (0: nothing to migrate), in one query over all of them (no connection or search_path
+    set per schema). Every migration counts, not only each app's last: a schema that holds
+    the last but misses an earlier one (a --fake, a migration merged into history) is
+    behind. A schema without the table counts every migration as missing."""
+    known = sorted(migrations_on_disk())
     if not schemas:
         return {}
     with connection.cursor() as cursor:
@@ -330,19 +331,19 @@ def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
                 [list(schemas)],
             )
         }
-        missing = {schema: len(leaves) for schema in schemas if schema not in present}
+        missing = {schema: len(known) for schema in schemas if schema not in present}
         ordered = [s for s in schemas if s in present]
         if not ordered:
             return missing
         cursor.execute("SELECT quote_ident(s) FROM unnest(%s::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i", [ordered])
         quoted = [q for (q,) in cursor.fetchall()]
-        # One statement: a count per schema of the leaves it holds.
+        # One statement: a count per schema of the migrations on disk it holds.
         union = " UNION ALL ".join(
             f"SELECT {i} AS i, count(*) AS held FROM {q}.django_migrations m"  # noqa: S608 - quoted by PostgreSQL
-            f" JOIN leaves l ON l.app = m.app AND l.name = m.name"
+            f" JOIN known k ON k.app = m.app AND k.name = m.name"
             for i, q in enumerate(quoted)
         )
-        sql = f"WITH leaves AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS l(app, name)) {union}"  # noqa: S608 - see above
-        for i, held in _fetch(cursor, sql, [[app for app, _ in leaves], [name for _, name in leaves]]):
-            missing[ordered[i]] = len(leaves) - int(held)
+        sql = f"WITH known AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS k(app, name)) {union}"  # noqa: S608 - see above
+        for i, held in _fetch(cursor, sql, [[app for app, _ in known], [name for _, name in known]]):
+            missing[ordered[i]] = len(known) - int(held)
     return missing

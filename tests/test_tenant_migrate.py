@@ -14,7 +14,7 @@ from django.db import connection
 from django_tenants.migration_executors import standard
 
 from tenants.models import Tenant
-from tenants.schemas import migration_leaves, schemas_missing_migrations
+from tenants.schemas import migrations_on_disk, schemas_missing_migrations
 from tenants.services import tenant_create
 from tests.tools.schema_shape import schema_shape, shape_differences
 
@@ -81,9 +81,33 @@ def test_a_schema_without_django_migrations_counts_every_migration_missing(djang
         with connection.cursor() as cursor:
             cursor.execute('CREATE SCHEMA "mig_empty"')
         try:
-            assert schemas_missing_migrations(schemas=["mig_empty"]) == {"mig_empty": len(migration_leaves())}
+            assert schemas_missing_migrations(schemas=["mig_empty"]) == {"mig_empty": len(migrations_on_disk())}
         finally:
             _remove("mig_empty")
+
+
+def test_a_tenant_missing_an_earlier_migration_is_behind_even_with_every_last_one(
+    django_db_setup: None, django_db_blocker: Any, tenant_a: Tenant
+) -> None:
+    """Holding each app's last migration is not enough (a --fake, a migration merged into
+    history): a missing earlier one could be a guard the tenant never got."""
+    from django.db.migrations.loader import MigrationLoader
+
+    leaves = set(MigrationLoader(None, ignore_no_migrations=True).graph.leaf_nodes())
+    app, name = sorted(migrations_on_disk() - leaves)[0]
+    schema = tenant_a.schema_name
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        assert schemas_missing_migrations(schemas=[schema]) == {schema: 0}
+        with connection.cursor() as cursor:
+            cursor.execute(f'SELECT applied FROM "{schema}".django_migrations WHERE app = %s AND name = %s', [app, name])
+            (applied,) = cursor.fetchone()
+            cursor.execute(f'DELETE FROM "{schema}".django_migrations WHERE app = %s AND name = %s', [app, name])
+        try:
+            assert schemas_missing_migrations(schemas=[schema]) == {schema: 1}
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f'INSERT INTO "{schema}".django_migrations (app, name, applied) VALUES (%s, %s, %s)', [app, name, applied])
 
 
 def test_the_table_list_read_by_index_equals_djangos_in_every_kind_of_schema(

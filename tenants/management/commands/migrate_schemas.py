@@ -3,10 +3,10 @@
 A no-op run over every tenant costs one connection setup, one migration loader and one
 post_migrate pass per tenant (0.1-0.17 s each: minutes at 1,000 tenants). Here one query
 over all tenant schemas (tenants.schemas.schemas_missing_migrations) finds those whose
-django_migrations lack the last migration of some app on disk, and only they go to the
+django_migrations lack a migration on disk, and only they go to the
 executor (standard or multiprocessing). `--all-tenants` visits every tenant as
 django-tenants does; so does any run that names an app or a target migration, fakes,
-prunes, checks or plans, since "holds the last migrations" is not its question.
+prunes, checks or plans, since "holds every migration" is not its question.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ _FULL_RUN_OPTIONS = ("app_label", "migration_name", "fake", "fake_initial", "pru
 
 
 class Command(MigrateSchemasCommand):  # type: ignore[misc]  # django-tenants is untyped
-    help = MigrateSchemasCommand.help + " Tenants whose django_migrations hold every app's last migration are skipped."
+    help = MigrateSchemasCommand.help + " Tenants whose django_migrations hold every migration on disk are skipped."
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
