@@ -12,7 +12,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 
 from tenants.models import Domain, Tenant
-from tenants.services import tenant_setup, tenant_template_ensure
+from tenants.services import tenant_creation_prepare, tenant_setup
 
 
 class PlatformAdminSite(admin.AdminSite):
@@ -59,8 +59,9 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def add_view(self, request, form_url="", extra_context=None):  # type: ignore[no-untyped-def]
         if request.method == "POST":
             # Outside the admin's transaction: a template behind the code is migrated first
-            # (a migration may build an index concurrently); the clone refuses it otherwise.
-            tenant_template_ensure()
+            # (a migration may build an index concurrently; the clone refuses it otherwise),
+            # and the clone gets a new database session.
+            tenant_creation_prepare()
         return super().add_view(request, form_url, extra_context)
 
     def save_related(self, request, form, formsets, change):  # type: ignore[no-untyped-def]

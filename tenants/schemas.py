@@ -284,6 +284,24 @@ def _script_for(cursor: Any, source: str) -> SchemaScript:
     return script
 
 
+def clone_session_renew() -> bool:
+    """Start a new database session for a clone, unless a transaction holds this one (then
+    the clone runs on it, only slower). Returns whether it did.
+
+    Every relcache invalidation the clone's DDL sends (several thousand in one clone) makes
+    PostgreSQL walk every plan the session has saved (plancache's PlanCacheRelCallback):
+    among them one foreign-key check plan per constraint of every tenant the session has
+    written to. A session that had written to 1,000 tenants cloned in 2.1 s, a new one in
+    0.25 s (docs/BENCHMARKS.md, "A thousand tenants"). The next query opens the session
+    again, with the schema django-tenants had set; nothing else is kept on a session here
+    outside a transaction but `advisory_lock_try`'s locks, which are never held across a
+    tenant's creation."""
+    if connection.in_atomic_block:
+        return False
+    connection.close()
+    return True
+
+
 def schema_clone(*, source: str, target: str) -> None:
     """Create schema `target` as a copy of `source` (structure and rows), in one
     transaction: a failure leaves no schema behind.

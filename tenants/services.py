@@ -8,7 +8,7 @@ from django.db import connection, transaction
 from django_tenants.utils import schema_context, schema_exists
 
 from tenants.models import Domain, Tenant
-from tenants.schemas import schemas_missing_migrations
+from tenants.schemas import clone_session_renew, schemas_missing_migrations
 from tenants.signals import tenant_created
 
 TEMPLATE_SCHEMA = settings.TENANT_BASE_SCHEMA
@@ -35,6 +35,14 @@ def tenant_template_ensure() -> Tenant:
     return template
 
 
+def tenant_creation_prepare() -> None:
+    """What creating a tenant needs before its transaction opens: the template migrated
+    (`tenant_template_ensure`) and, outside any transaction, a new database session for the
+    clone (`clone_session_renew`: the clone's cost grows with the plans a session holds)."""
+    tenant_template_ensure()
+    clone_session_renew()
+
+
 def tenant_create(
     *,
     schema_name: str,
@@ -46,7 +54,7 @@ def tenant_create(
     """Create a tenant: schema (cloned from the template) and domain; then, inside the new
     schema, `tenant_created` lets the apps above set up their part (wallets: the assets
     and system accounts)."""
-    tenant_template_ensure()
+    tenant_creation_prepare()
     connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     with transaction.atomic():
         tenant = Tenant(

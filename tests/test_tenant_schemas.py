@@ -175,6 +175,54 @@ def test_tenant_creation_migrates_a_template_behind_the_code_before_cloning_it(
 
 
 
+def test_a_tenant_is_cloned_on_a_new_session_unless_a_transaction_holds_the_old_one(
+    django_db_setup: None, django_db_blocker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each invalidation the clone's DDL sends walks every plan the session has saved; a
+    session that has served many tenants holds thousands. A plan the caller prepared must
+    not be in the session that clones; inside the caller's transaction, the session (and
+    the transaction) is kept."""
+    from tenants import models
+    from tenants.services import tenant_create
+
+    seen: list[tuple[int, int]] = []
+    real_clone = models.schema_clone
+
+    def observed_clone(*, source: str, target: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid(), count(*) FROM pg_prepared_statements WHERE name = 'tally_probe'")
+            seen.append(cursor.fetchone())
+        real_clone(source=source, target=target)
+
+    def backend() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            return int(cursor.fetchone()[0])
+
+    monkeypatch.setattr(models, "schema_clone", observed_clone)
+    with django_db_blocker.unblock():
+        _drop("shape_session_a", "shape_session_b")
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("PREPARE tally_probe AS SELECT 1")
+            caller = backend()
+            tenant_create(schema_name="shape_session_a", domain="shape-a.test.localhost", name="A", main_currency="JPY")
+            assert seen[-1][0] != caller and seen[-1][1] == 0
+
+            with connection.cursor() as cursor:
+                cursor.execute("PREPARE tally_probe AS SELECT 1")
+            with transaction.atomic():
+                caller = backend()
+                tenant_create(schema_name="shape_session_b", domain="shape-b.test.localhost", name="B", main_currency="JPY")
+                assert seen[-1] == (caller, 1)
+                assert backend() == caller
+        finally:
+            connection.set_schema_to_public()
+            Tenant.objects.filter(schema_name__in=["shape_session_a", "shape_session_b"]).delete()
+            _drop("shape_session_a", "shape_session_b")
+            connection.close()  # the probe statement goes with the session
+
+
 def test_the_template_is_read_once_per_migration_state(django_db_setup: None, django_db_blocker: Any) -> None:
     """The catalog read grows with the tenant count; clones reuse it until a migration
     row of the template changes."""
