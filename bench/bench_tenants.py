@@ -25,7 +25,8 @@ still missing. Phases (--phase, comma-separated; default all), one JSON line per
 - column: one real migration adding a NOT NULL column with a default to every tenant
   (bench/tenantcol/migrations_column/0002), with each executor, each run followed by its
   rollback (timed too), so the database ends as it started.
-- beat: every entry of settings.CELERY_BEAT_SCHEDULE run once, in this process, with
+- beat: every entry of settings.CELERY_BEAT_SCHEDULE, and every enabled django-celery-beat
+  entry (reconciliation's hourly run in every tenant), run once, in this process, with
   CELERY_TASK_ALWAYS_EAGER: the per-tenant fan-out runs inline. Wall time, this process's
   CPU and the CPU of PostgreSQL's backends for the bench database, per entry and in all.
 - idle: web, worker and beat started as `make run` does (config.procfile's runner and the
@@ -230,23 +231,34 @@ def _postgres_ms(database: str) -> float:
 def phase_beat(args: argparse.Namespace) -> None:
     from django.conf import settings
     from django.db import connection
+    from django_celery_beat.models import PeriodicTask
 
     from config.celery import app
 
     app.loader.import_default_modules()
+    connection.set_schema_to_public()
+    entries: dict[str, dict[str, Any]] = {
+        **{name: {"task": e["task"], "args": e.get("args", ()), "kwargs": e.get("kwargs", {}), "schedule_s": float(str(e.get("schedule", 0) or 0))}
+           for name, e in settings.CELERY_BEAT_SCHEDULE.items()},
+        # Staff-edited entries (reconciliation's hourly fan-out); with eager tasks, each
+        # tenant's run executes inline when its request commits.
+        **{p.name: {"task": p.task, "args": json.loads(p.args or "[]"), "kwargs": json.loads(p.kwargs or "{}"),
+                    "schedule_s": p.schedule.run_every.total_seconds() if p.interval_id else 0.0}
+           for p in PeriodicTask.objects.filter(enabled=True).exclude(task="celery.backend_cleanup")},
+    }
     total_wall = total_cpu = total_pg = 0.0
-    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+    for name, entry in entries.items():
         task = app.tasks[str(entry["task"])]
         connection.set_schema_to_public()
         pg0, cpu0, t0 = _postgres_ms(args.db), time.process_time(), time.perf_counter()
-        result = task.apply(args=entry.get("args", ()), kwargs=entry.get("kwargs", {}))
+        result = task.apply(args=entry["args"], kwargs=entry["kwargs"])
         wall, cpu, pg = time.perf_counter() - t0, time.process_time() - cpu0, _postgres_ms(args.db) - pg0
         if result.failed():
             raise SystemExit(f"beat entry {name} failed: {result.result!r}")
         total_wall, total_cpu, total_pg = total_wall + wall, total_cpu + cpu, total_pg + pg
-        emit(phase="beat", figure="entry", entry=name, task=entry["task"], schedule_s=float(str(entry.get("schedule", 0) or 0)),
+        emit(phase="beat", figure="entry", entry=name, task=entry["task"], schedule_s=entry["schedule_s"],
              wall_s=round(wall, 3), python_cpu_s=round(cpu, 3), postgres_cpu_s=round(pg / 1000, 3))
-    emit(phase="beat", figure="cycle", tenants=_tenant_count(), entries=len(settings.CELERY_BEAT_SCHEDULE),
+    emit(phase="beat", figure="cycle", tenants=_tenant_count(), entries=len(entries),
          wall_s=round(total_wall, 3), python_cpu_s=round(total_cpu, 3), postgres_cpu_s=round(total_pg / 1000, 3))
 
 
