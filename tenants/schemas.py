@@ -104,6 +104,10 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
         qualified = f" {qsource}."
         if header.count(qualified) != 1:
             raise SchemaCloneRefused(f"function {name}: unexpected header {header!r}")
+        # A body (or a SET search_path clause) is copied as written: one naming the template
+        # would make every tenant's copy act on the template's tables.
+        if source in rest or qsource in rest:
+            raise SchemaCloneRefused(f"function {name} names the template schema {source!r}: a copy would act on it")
         before.append(header.replace(qualified, " ", 1) + "\n" + rest)
 
     # Sequences not made by an identity column (serial and free-standing), before the
@@ -286,17 +290,20 @@ def _script_for(cursor: Any, source: str) -> SchemaScript:
 
 def clone_session_renew() -> bool:
     """Start a new database session for a clone, unless a transaction holds this one (then
-    the clone runs on it, only slower). Returns whether it did.
+    the clone runs on it, only slower). Returns whether it closed the old one.
 
     Every relcache invalidation the clone's DDL sends (several thousand in one clone) makes
     PostgreSQL walk every plan the session has saved (plancache's PlanCacheRelCallback):
     among them one foreign-key check plan per constraint of every tenant the session has
     written to. A session that had written to 1,000 tenants cloned in 2.1 s, a new one in
-    0.25 s (docs/BENCHMARKS.md, "A thousand tenants"). The next query opens the session
-    again, with the schema django-tenants had set; nothing else is kept on a session here
-    outside a transaction but `advisory_lock_try`'s locks, which are never held across a
-    tenant's creation."""
-    if connection.in_atomic_block:
+    0.25 s (docs/BENCHMARKS.md, "A thousand tenants"); DISCARD PLANS does not help.
+
+    The next query opens the session again, with the schema django-tenants had set. What a
+    caller keeps on a session outside a transaction goes with it: a held cursor (an
+    `.iterator()` loop around tenant creation) or a session advisory lock. Behind PgBouncer
+    the pooler may hand back the same server session, plans and all (its DISCARD ALL does
+    not free them)."""
+    if connection.in_atomic_block or (connection.connection is not None and not connection.get_autocommit()):
         return False
     connection.close()
     return True

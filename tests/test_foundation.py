@@ -220,6 +220,8 @@ def test_a_tenant_added_in_the_platform_admin_is_set_up_like_one_made_by_tenant_
         get_user_model().objects.create_superuser(username="platform-adder", password="pw-123456")
         public = Client(HTTP_HOST="public.test.localhost")
         assert public.login(username="platform-adder", password="pw-123456")
+        with connection.cursor() as cursor:  # gone with the session the clone must not run on
+            cursor.execute("PREPARE tally_probe AS SELECT 1")
         r = public.post("/admin/tenants/tenant/add/", {
             "schema_name": schema, "name": "Added", "is_active": "on", "main_currency": "EUR",
             "currency_exponent": 2, "points_earn_rate": "0", "topup_bonus_rate": "0", "carbon_grams_per_unit": "0",
@@ -229,6 +231,9 @@ def test_a_tenant_added_in_the_platform_admin_is_set_up_like_one_made_by_tenant_
             "domains-0-domain": f"{schema}.localhost", "domains-0-is_primary": "on",
         })
         assert r.status_code == 302, r.content.decode()[:3000]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = 'tally_probe'")
+            assert cursor.fetchone()[0] == 0
         tenant = Tenant.objects.get(schema_name=schema)
         assert Domain.objects.filter(tenant=tenant, domain=f"{schema}.localhost").exists()
         with in_tenant(tenant):
