@@ -28,7 +28,8 @@ still missing. Phases (--phase, comma-separated; default all), one JSON line per
 - beat: every entry of settings.CELERY_BEAT_SCHEDULE, and every enabled django-celery-beat
   entry (reconciliation's hourly run in every tenant), run once, in this process, with
   CELERY_TASK_ALWAYS_EAGER: the per-tenant fan-out runs inline. Wall time, this process's
-  CPU and the CPU of PostgreSQL's backends for the bench database, per entry and in all.
+  CPU and the CPU of PostgreSQL's backends for the bench database, per entry and in all,
+  and that CPU spread over each entry's period (% of one core).
 - idle: web, worker and beat started as `make run` does (config.procfile's runner and the
   Procfile, port 6450), left --idle-seconds with no traffic after --idle-warmup seconds;
   CPU per process group, PostgreSQL backends of the bench database, and redis-server (a
@@ -238,15 +239,15 @@ def phase_beat(args: argparse.Namespace) -> None:
     app.loader.import_default_modules()
     connection.set_schema_to_public()
     entries: dict[str, dict[str, Any]] = {
-        **{name: {"task": e["task"], "args": e.get("args", ()), "kwargs": e.get("kwargs", {}), "schedule_s": float(str(e.get("schedule", 0) or 0))}
+        **{name: {"task": e["task"], "args": e.get("args", ()), "kwargs": e.get("kwargs", {}), "schedule_s": float(str(e["schedule"]))}
            for name, e in settings.CELERY_BEAT_SCHEDULE.items()},
         # Staff-edited entries (reconciliation's hourly fan-out); with eager tasks, each
         # tenant's run executes inline when its request commits.
         **{p.name: {"task": p.task, "args": json.loads(p.args or "[]"), "kwargs": json.loads(p.kwargs or "{}"),
-                    "schedule_s": p.schedule.run_every.total_seconds() if p.interval_id else 0.0}
+                    "schedule_s": p.schedule.run_every.total_seconds() if p.interval_id else None}
            for p in PeriodicTask.objects.filter(enabled=True).exclude(task="celery.backend_cleanup")},
     }
-    total_wall = total_cpu = total_pg = 0.0
+    total_wall = total_cpu = total_pg = averaged = 0.0
     for name, entry in entries.items():
         task = app.tasks[str(entry["task"])]
         connection.set_schema_to_public()
@@ -256,10 +257,15 @@ def phase_beat(args: argparse.Namespace) -> None:
         if result.failed():
             raise SystemExit(f"beat entry {name} failed: {result.result!r}")
         total_wall, total_cpu, total_pg = total_wall + wall, total_cpu + cpu, total_pg + pg
+        # Python and PostgreSQL CPU spread over the entry's period, as % of one core.
+        share = 100 * (cpu + pg / 1000) / entry["schedule_s"] if entry["schedule_s"] else None
+        averaged += share or 0.0
         emit(phase="beat", figure="entry", entry=name, task=entry["task"], schedule_s=entry["schedule_s"],
-             wall_s=round(wall, 3), python_cpu_s=round(cpu, 3), postgres_cpu_s=round(pg / 1000, 3))
+             wall_s=round(wall, 3), python_cpu_s=round(cpu, 3), postgres_cpu_s=round(pg / 1000, 3),
+             cpu_percent_averaged=None if share is None else round(share, 2))
     emit(phase="beat", figure="cycle", tenants=_tenant_count(), entries=len(entries),
-         wall_s=round(total_wall, 3), python_cpu_s=round(total_cpu, 3), postgres_cpu_s=round(total_pg / 1000, 3))
+         wall_s=round(total_wall, 3), python_cpu_s=round(total_cpu, 3), postgres_cpu_s=round(total_pg / 1000, 3),
+         cpu_percent_averaged=round(averaged, 2))
 
 
 def phase_idle(args: argparse.Namespace) -> None:

@@ -11,3 +11,6 @@ MIGRATION_MODULES = {"tenantcol": os.environ.get("TALLY_BENCH_COLUMN_MIGRATIONS"
 # The beat phase runs each beat entry inline, its per-tenant fan-out included; tasks the
 # creation phase enqueues (relay kicks) run inline too, leaving no backlog for the idle phase.
 CELERY_TASK_ALWAYS_EAGER = True
+# A failing task (one tenant's reconciliation run, sent after its request commits) fails
+# the entry instead of being timed as a quick success.
+CELERY_TASK_EAGER_PROPAGATES = True
