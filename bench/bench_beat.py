@@ -1,6 +1,6 @@
 """One beat cycle with N tenants of which K have due work: the relay and the top-up
 recovery fanned out to every tenant (before tenants.duework) against the tasks that read
-the due-work table (after); the 10-minute jobs that still visit every tenant (idempotency
+the due-work table (after); the jobs that still visit every tenant (the idempotency
 purge, the safety sweep); and what marking costs a transaction that writes an event.
 
     .venv/bin/python bench/bench_beat.py --tenants 200 --due 5 --rounds 5
@@ -117,7 +117,7 @@ def main() -> None:
     after = measured(cycle_after)
     left = DueWork.objects.count()
 
-    # The 10-minute jobs that still visit every tenant: the idempotency purge, and the sweep.
+    # The jobs that still visit every tenant: the idempotency purge, and the sweep.
     from payments.idempotency.tasks import idempotency_purge_all_tenants
     from webhooks.tasks import webhooks_relay_all_tenants
 

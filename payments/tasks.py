@@ -1,8 +1,8 @@
 """Recovery of card top-ups (payments/services/topup_saga.py): beat tasks in the public
 schema fan out one task per tenant (tenant-schemas-celery carries the schema), each one
 service call. Every 10 s only the tenants whose recovery work is due (tenants.duework);
-every 10 minutes all of them, the safety sweep (it also purges old PSP event markers and
-refreshes the top-up gauges)."""
+every 30 minutes (TALLY_SAFETY_SWEEP_SECONDS) all of them, the safety sweep (it also
+purges old PSP event markers and refreshes the top-up gauges)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def topups_recover_due_tenants() -> int:
 
 @shared_task(base=TenantTask, name="payments.topups_recover_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_all_tenants() -> int:
-    """Beat's safety sweep, every 10 minutes: enqueue `topups_recover_tenant` inside every
+    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue `topups_recover_tenant` inside every
     active tenant."""
     schemas = tenant_schemas_active()
     for schema_name in schemas:

@@ -14,7 +14,7 @@ from tenants.selectors import tenant_schemas_active
 
 @shared_task(  # type: ignore[untyped-decorator]  # celery is untyped
     base=TenantTask, name="reconciliation.run_tenant", ignore_result=True,
-    # A run reads the whole ledger (6-8 s at 1M entries, docs/BENCHMARKS.md): its own limits,
+    # A run reads the whole ledger (6-9 s at 1M entries, docs/BENCHMARKS.md): its own limits,
     # not the relay's 120/180 s, and under the broker's visibility timeout (3600 s).
     soft_time_limit=RUN_TIME_LIMIT_SECONDS - 60, time_limit=RUN_TIME_LIMIT_SECONDS,
 )

@@ -21,9 +21,9 @@ the 10 s beat tasks enqueue work for the tenants that have some instead of visit
   holds it waits for that short transaction; its insert then finds the row gone and writes
   it again. The mark looks for the row in a statement that starts after the lock is
   held, so it never trusts a row the settle has just deleted.
-- **The safety sweep**: every tenant is still visited, every 10 minutes, by the old
-  fan-outs (settings.CELERY_BEAT_SCHEDULE), so work whose row went missing (a bug, a row
-  deleted by hand) waits at most that long, never for ever.
+- **The safety sweep**: every tenant is still visited, every TALLY_SAFETY_SWEEP_SECONDS
+  (30 minutes), by the old fan-outs (settings.CELERY_BEAT_SCHEDULE), so work whose row
+  went missing (a bug, a row deleted by hand) waits at most that long, never for ever.
 """
 
 from __future__ import annotations

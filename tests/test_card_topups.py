@@ -542,7 +542,7 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
 
 def test_a_claim_marks_its_tenant_for_recovery_and_beats_due_task_alone_recovers_it(live: Live) -> None:
     """The claim commits its tenant's recovery row (tenants.duework) with the top-up, due
-    when the lease ends; beat's 10 s task, which reads only that table (not the 10-minute
+    when the lease ends; beat's 10 s task, which reads only that table (not the safety
     sweep of every tenant), then recovers the top-up a crash left behind."""
     from django.utils import timezone
 

@@ -2,7 +2,7 @@
 (payments.services.outbox sends "webhooks.outbox_relay" by name with the tenant schema),
 and sent by beat to the tenants with relay work due (tenants.duework): that catches any
 kick that was lost and sends the webhook retries that come due. Every tenant is swept
-besides, every 10 minutes. Queues: settings.CELERY_TASK_ROUTES."""
+besides, every 30 minutes (TALLY_SAFETY_SWEEP_SECONDS). Queues: settings.CELERY_TASK_ROUTES."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def webhooks_relay_due_tenants() -> int:
 
 @shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def webhooks_relay_all_tenants() -> int:
-    """Beat's safety sweep, every 10 minutes: enqueue `webhooks_relay_scheduled` inside
+    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue `webhooks_relay_scheduled` inside
     every active tenant, marked or not, so work whose due-work row went missing waits at
     most that long."""
     schemas = tenant_schemas_active()

@@ -276,7 +276,11 @@ CELERY_BEAT_SCHEDULE["idempotency-purge"] = {"task": "idempotency.purge_all_tena
 # after-commit kick missed and the webhook retries that have come due (SPEC 8). Then the
 # safety sweep of every tenant, which bounds what a missing due-work row can delay.
 CELERY_BEAT_SCHEDULE["webhooks-relay"] = {"task": "webhooks.relay_due_tenants", "schedule": 10.0}
-CELERY_BEAT_SCHEDULE["webhooks-relay-sweep"] = {"task": "webhooks.relay_all_tenants", "schedule": 600.0}
+# Every writer marks its due work in its own transaction, so the sweeps only catch a row
+# lost to a bug or deleted by hand. Each visits every tenant, so their period is what
+# they cost at many tenants (docs/BENCHMARKS.md, "A thousand tenants").
+TALLY_SAFETY_SWEEP_SECONDS = env.float("TALLY_SAFETY_SWEEP_SECONDS", default=1800.0)
+CELERY_BEAT_SCHEDULE["webhooks-relay-sweep"] = {"task": "webhooks.relay_all_tenants", "schedule": TALLY_SAFETY_SWEEP_SECONDS}
 
 # --- Observability ----------------------------------------------------------------
 LOG_LEVEL = env("TALLY_LOG_LEVEL", default="INFO")
@@ -331,7 +335,7 @@ TALLY_TOPUP_ANSWER_RENDER = "payments.api.customer.topup_answer_render"
 # Recovery of card top-ups left unknown (crash, timeout), in the tenants with recovery
 # work due (tenants.duework), then the safety sweep of every tenant.
 CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_due_tenants", "schedule": 10.0}
-CELERY_BEAT_SCHEDULE["topups-recover-sweep"] = {"task": "payments.topups_recover_all_tenants", "schedule": 600.0}
+CELERY_BEAT_SCHEDULE["topups-recover-sweep"] = {"task": "payments.topups_recover_all_tenants", "schedule": TALLY_SAFETY_SWEEP_SECONDS}
 
 # Contact data encrypted at rest (wallets.contacts): Fernet keys, newest first. MultiFernet
 # encrypts with the first and decrypts with any, so a key is rotated by putting a new one in

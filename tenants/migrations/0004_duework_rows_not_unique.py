@@ -3,7 +3,7 @@ their own instead of waiting for another's uncommitted insert (tenants/duework.p
 
 The table holds only markers of work that is due, rebuilt by the work itself: it is
 dropped and made again rather than altered (its primary key changes). Markers lost this
-way are found by the 10-minute safety sweep, which visits every tenant."""
+way are found by the safety sweep, which visits every tenant."""
 
 import django.db.models.deletion
 from django.db import migrations, models
