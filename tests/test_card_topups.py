@@ -684,12 +684,14 @@ def test_a_late_charge_on_a_top_up_failed_with_any_code_is_refunded_once(quiet: 
     topup = _pending(customer, created=timezone.now() - timedelta(hours=1), amount=900)[0]
     with transaction.atomic():
         topup_fail(topup=topup_lock(topup_id=topup.pk), failure_code="not_charged")
+    assert _topups_due() == []  # failed uncharged: nothing for the recovery
     adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
     charge = adapter.charge(ChargeRequest(amount=900, currency="JPY", payment_method="pm_card_visa", idempotency_key=topup.pk,
                                           reference=topup.pk))
     with transaction.atomic():
         settled, _ = topup_settle(topup_id=topup.pk, result=charge)  # the late webhook's effect
     assert settled.status == "failed" and settled.failure_code == "not_charged" and settled.psp_charged
+    assert len(_topups_due(by=timezone.now())) == 1  # the refund is due now: beat's 10 s task will send it
     assert topup_refunds_run()["refunded"] == 1
     assert topup_refunds_run().get("refunded", 0) == 0
     refunds = quiet.state()["accounts"][psp_key]["refunds"]
@@ -763,6 +765,40 @@ def _frozen_customer(name: str) -> Any:
 
 def _balance(customer: Any) -> int:
     return account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0]
+
+
+def _topups_due(*, by: datetime | None = None) -> list[DueWork]:
+    """This tenant's top-up recovery rows (tenants.duework), due by `by` if given."""
+    rows = DueWork.objects.filter(tenant_id=connection.schema_name, kind=DueWorkKind.TOPUPS)
+    return list(rows.filter(due_at__lte=by) if by is not None else rows)
+
+
+def test_what_makes_top_up_recovery_work_marks_its_tenant(quiet: Simulator) -> None:
+    """A failed top-up the PSP charged (a refund is owed) and a client's retry of a top-up's
+    key (a new lease on its record) are the recovery's work: each marks the tenant in its own
+    transaction, so beat's 10 s task finds it without the safety sweep."""
+    from django.utils import timezone
+
+    from payments.locks import topup_lock
+    from payments.services.card_topups import topup_fail, topup_pending_ensure
+
+    psp_account_configure(quiet)
+    customer = customer_create(name=f"Marks {uuid.uuid4().hex[:6]}")
+    topup = _pending(customer, created=timezone.now() - timedelta(hours=1), amount=600)[0]
+    DueWork.objects.filter(tenant_id=connection.schema_name).delete()
+    with transaction.atomic():
+        charged = topup_lock(topup_id=topup.pk)
+        assert charged is not None
+        charged.psp_reference, charged.psp_charged = "ch_marks", True
+        charged.save(update_fields=["psp_reference", "psp_charged"])
+        topup_fail(topup=charged, failure_code="cap_exceeded")  # charged, then the credit refused
+    assert len(_topups_due(by=timezone.now())) == 1
+
+    DueWork.objects.filter(tenant_id=connection.schema_name).delete()
+    with transaction.atomic():
+        topup_pending_ensure(topup_id=topup.pk, customer=customer, asset_code="JPY", amount=600, payment_method="pm_card_visa",
+                             claim_principal_id=customer.pk, claim_key=topup.claim_key)
+    assert len(_topups_due()) == 1
 
 
 def _sample(name: str, **labels: str) -> float:
@@ -932,8 +968,10 @@ def test_a_top_up_past_the_key_window_waits_for_an_operator_who_settles_it_in_th
     assert viewer.get(act).status_code == 403
     assert b"act/settle/" not in viewer.get(f"/admin/payments/topup/{quote(charged.pk)}/change/").content
 
+    DueWork.objects.filter(tenant_id=RECOVERY_TENANT["schema_name"]).delete()
     done = finance.post(act, {"idempotency_key": _confirmation_key(finance.get(act)), "reason": "customer called"})
     assert done.status_code == 302, done.content[:2000]
+    assert len(_topups_due(by=timezone.now())) == 1  # the queue shrank: the next pass refreshes its gauges
     charged.refresh_from_db()
     assert charged.status == "succeeded" and charged.psp_reference == psp_charge.psp_reference and charged.psp_charged
     assert _balance(customer) == 1500 + charged.bonus_amount

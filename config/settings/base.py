@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 env = environ.Env()
@@ -278,8 +279,11 @@ CELERY_BEAT_SCHEDULE["idempotency-purge"] = {"task": "idempotency.purge_all_tena
 CELERY_BEAT_SCHEDULE["webhooks-relay"] = {"task": "webhooks.relay_due_tenants", "schedule": 10.0}
 # Every writer marks its due work in its own transaction, so the sweeps only catch a row
 # lost to a bug or deleted by hand. Each visits every tenant, so their period is what
-# they cost at many tenants (docs/BENCHMARKS.md, "A thousand tenants").
-TALLY_SAFETY_SWEEP_SECONDS = env.float("TALLY_SAFETY_SWEEP_SECONDS", default=1800.0)
+# they cost at many tenants (docs/BENCHMARKS.md, "A thousand tenants"). At most an hour:
+# reconciliation reports a card charge not given back within an hour.
+TALLY_SAFETY_SWEEP_SECONDS = env.int("TALLY_SAFETY_SWEEP_SECONDS", default=1800)
+if not 60 <= TALLY_SAFETY_SWEEP_SECONDS <= 3600:
+    raise ImproperlyConfigured("TALLY_SAFETY_SWEEP_SECONDS must be whole seconds from 60 to 3600")
 CELERY_BEAT_SCHEDULE["webhooks-relay-sweep"] = {"task": "webhooks.relay_all_tenants", "schedule": TALLY_SAFETY_SWEEP_SECONDS}
 
 # --- Observability ----------------------------------------------------------------

@@ -48,7 +48,7 @@ from payments.selectors import (
     topups_refund_due,
 )
 from payments.services.outbox import outbox_event_create
-from payments.services.topup_due import topup_due_mark
+from payments.services.topup_due import topup_due_mark, topup_recovery_due_now
 from payments.services.topups import topup_credit, topup_pending_new, topup_pending_save
 from wallets.errors import BusinessRefusal, CapExceeded, InvalidRequest, NotFound, WalletFrozen
 from wallets.models import AssetKind, Customer
@@ -104,6 +104,7 @@ def topup_pending_ensure(
     (`topup_due_mark`: top-up recovery is due in this tenant)."""
     existing = TopUp.objects.filter(pk=topup_id).first()
     if existing is not None:
+        topup_due_mark()  # this claim's lease is recovery work, whatever became of the top-up
         return existing
     minor = amount_to_minor(amount)
     asset = asset_get(asset_code=asset_code)
@@ -177,8 +178,9 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     apply the PSP's answer. Succeeded: credit amount + bonus; a credit refused now (cap,
     frozen) fails the top-up with that code, and the recovery refunds the card, as it does
     a charge that arrives after the top-up failed. Declined: the top-up fails with the
-    PSP's code. Already settled: unchanged.
-    Locks: the top-up row, then the balance rows (ledger_post)."""
+    PSP's code. Already settled: unchanged. A charge owed back marks the recovery due now.
+    Locks: the top-up row, then the balance rows (ledger_post); the tenant's top-up
+    due-work lock, SHARED, when a charge is owed back."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
@@ -188,6 +190,7 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
         logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
         topup.psp_reference, topup.psp_charged_at, topup.psp_charged = result.psp_reference[:200], result.created, True
         topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "updated"])
+        topup_recovery_due_now()
         return topup, _refusal_of(topup)
     if topup.status != TopUpStatus.PENDING:
         return topup, _refusal_of(topup)
@@ -233,10 +236,14 @@ def topup_abandon(*, topup_id: str) -> None:
 
 
 def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
-    """Fail a pending top-up and write its `topup.failed` event. Needs: the top-up row
-    locked (`topup_lock`) in the caller's transaction."""
+    """Fail a pending top-up and write its `topup.failed` event; one the PSP charged is
+    marked for the recovery, which refunds the card. Needs: the top-up row locked
+    (`topup_lock`) in the caller's transaction. Locks: then the tenant's top-up due-work
+    lock, SHARED, if charged."""
     topup.status, topup.failure_code = TopUpStatus.FAILED, failure_code[:50]
     topup.save(update_fields=["status", "failure_code", "updated"])
+    if topup.psp_charged:
+        topup_recovery_due_now()
     outbox_event_create(topic="topup.failed", payload={"id": topup.id, "object": "topup", "failure_code": topup.failure_code})
     return topup
 

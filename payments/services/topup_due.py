@@ -21,6 +21,14 @@ def topup_due_mark() -> None:
     due_work_mark(kind=DueWorkKind.TOPUPS, due_at=timezone.now() + timedelta(seconds=int(settings.TALLY_TOPUP_LEASE_SECONDS)))
 
 
+def topup_recovery_due_now() -> None:
+    """In the caller's transaction: the recovery has work in this tenant at once (a card
+    refund owed, or an operator-queue change its gauges must show). A row already there is
+    left alone; it is due by the end of a lease at the latest.
+    Locks: the tenant's top-up due-work lock, SHARED (tenants.duework)."""
+    due_work_mark(kind=DueWorkKind.TOPUPS, due_at=timezone.now())
+
+
 def _next_due() -> datetime | None:
     # Records before top-ups: a completion settles both in one transaction.
     now = timezone.now()

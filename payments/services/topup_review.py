@@ -13,6 +13,7 @@ from payments.locks import topup_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import gateway_account_get, topup_get
 from payments.services.card_topups import topup_fail, topup_settle
+from payments.services.topup_due import topup_recovery_due_now
 from wallets.errors import BusinessRefusal, InvalidState, NotFound
 from wallets.transactions import run_atomic
 
@@ -33,7 +34,8 @@ def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessR
     recorded and credited (as `topup_settle`); none fails it as `not_charged`. More than
     one, or one that does not match, settles nothing: a person sorts it out at the PSP
     first. The PSP is asked outside any transaction (PspUnavailable when it does not
-    answer). Locks: the top-up row, then (when credited) the balance rows."""
+    answer). Locks: the top-up row, the tenant's top-up due-work lock (SHARED), then (when
+    credited) the balance rows."""
     queued = topup_get(topup_id=topup_id)
     if queued.status != TopUpStatus.PENDING or queued.operator_review_at is None:
         raise InvalidState(f"top-up {queued.pk} is {queued.status} and not waiting for an operator", param=None)
@@ -51,11 +53,12 @@ def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessR
         "queued top-up settled by an operator from the PSP's records",
         extra={"topup": queued.pk, "psp_reference": succeeded[0].psp_reference if succeeded else "", "reason": reason},
     )
-    if succeeded:
-        return run_atomic(lambda: _settle(queued.pk, succeeded[0]), operation="topup_review_settle")
-    return run_atomic(lambda: (topup_fail(topup=_queued(queued.pk), failure_code="not_charged"), None), operation="topup_review_settle")
+    return run_atomic(lambda: _settle(queued.pk, succeeded[0] if succeeded else None), operation="topup_review_settle")
 
 
-def _settle(topup_id: str, charge: ChargeResult) -> tuple[TopUp, BusinessRefusal | None]:
-    _queued(topup_id)
+def _settle(topup_id: str, charge: ChargeResult | None) -> tuple[TopUp, BusinessRefusal | None]:
+    topup = _queued(topup_id)
+    topup_recovery_due_now()  # the queue shrinks: the next pass shows it in the gauges
+    if charge is None:
+        return topup_fail(topup=topup, failure_code="not_charged"), None
     return topup_settle(topup_id=topup_id, result=charge)

@@ -61,6 +61,7 @@ def webhook_endpoint_create(
     return endpoint, secret
 
 
+@transaction.atomic
 def webhook_endpoint_update(
     *,
     endpoint: WebhookEndpoint,

@@ -23,5 +23,5 @@ class Command(BaseCommand):
         schemas = [options["schema"]] if options["schema"] else tenant_schemas_active()
         for schema_name in schemas:
             with schema_context(schema_name):
-                published = outbox_relay_run()
+                published = outbox_relay_run(settle=True)  # as beat's runs: the due-work row says what is left
             self.stdout.write(f"{schema_name}: {published} event(s) published")
