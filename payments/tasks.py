@@ -29,8 +29,8 @@ def topups_recover_due_tenants() -> int:
 
 @shared_task(base=TenantTask, name="payments.topups_recover_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_all_tenants() -> int:
-    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue `topups_recover_tenant` inside every
-    active tenant."""
+    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue
+    `topups_recover_tenant` inside every active tenant."""
     schemas = tenant_schemas_active()
     for schema_name in schemas:
         with schema_context(schema_name):

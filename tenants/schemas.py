@@ -295,8 +295,9 @@ def clone_session_renew() -> bool:
     Every relcache invalidation the clone's DDL sends (several thousand in one clone) makes
     PostgreSQL walk every plan the session has saved (plancache's PlanCacheRelCallback):
     among them one foreign-key check plan per constraint of every tenant the session has
-    written to. A session that had written to 1,000 tenants cloned in 2.1 s, a new one in
-    0.25 s (docs/BENCHMARKS.md, "A thousand tenants"); DISCARD PLANS does not help.
+    written to. The bench's session that had filled 999 tenants took 2.1 s to create the
+    next one; on a new session it takes 0.28 s (docs/BENCHMARKS.md, "A thousand tenants").
+    DISCARD PLANS does not help.
 
     The next query opens the session again, with the schema django-tenants had set. What a
     caller keeps on a session outside a transaction goes with it: a held cursor (an

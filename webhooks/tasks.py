@@ -60,9 +60,9 @@ def webhooks_relay_due_tenants() -> int:
 
 @shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def webhooks_relay_all_tenants() -> int:
-    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue `webhooks_relay_scheduled` inside
-    every active tenant, marked or not, so work whose due-work row went missing waits at
-    most that long."""
+    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue
+    `webhooks_relay_scheduled` inside every active tenant, marked or not, so work whose
+    due-work row went missing waits at most that long."""
     schemas = tenant_schemas_active()
     for schema_name in schemas:
         with schema_context(schema_name):
