@@ -56,6 +56,14 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         fields = super().get_readonly_fields(request, obj)
         return fields if obj is not None else tuple(f for f in fields if f != "schema_name")
 
+    def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
+        form = super().get_form(request, obj, change, **kwargs)
+        form.base_fields["is_active"].help_text = (
+            "Unchecked: the operator is switched off. Its hosts answer 404 (API and admin), and beat does no work in it"
+            " (webhook relay, top-up recovery, reconciliation) until it is switched on again."
+        )
+        return form
+
     def add_view(self, request, form_url="", extra_context=None):  # type: ignore[no-untyped-def]
         if request.method == "POST":
             # Outside the admin's transaction: a template behind the code is migrated first

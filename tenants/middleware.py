@@ -6,6 +6,11 @@ is emptied in this process whenever a Tenant or Domain is saved or deleted, so a
 process sees a settings change (e.g. an idempotency mode switched in the admin) within
 TENANT_CACHE_SECONDS at most. An unknown host is never cached.
 
+A switched-off tenant (`is_active` unchecked in the platform admin) is served as an unknown
+host: beat does no work in it either (tenants.selectors.tenant_schemas_active,
+tenants.duework), so it must not take payments whose webhooks and recovery would wait for
+it to be switched on again.
+
 config.middleware wraps it to fail closed (503 in the error envelope) when the database
 is unreachable.
 """
@@ -55,6 +60,12 @@ class CachedTenantMiddleware(TenantMainMiddleware):  # type: ignore[misc]  # dja
         return str(remove_www(request.get_host().split(":")[0])).lower()
 
     def get_tenant(self, domain_model: Any, hostname: str) -> Tenant:
+        tenant = self._tenant_of(domain_model, hostname)
+        if not tenant.is_active:
+            raise domain_model.DoesNotExist(hostname)  # answered as an unknown host (DEFAULT_NOT_FOUND_TENANT_VIEW)
+        return tenant
+
+    def _tenant_of(self, domain_model: Any, hostname: str) -> Tenant:
         ttl = float(getattr(settings, "TENANT_CACHE_SECONDS", 10))
         now = time.monotonic()
         hit = _cache.get(hostname)

@@ -273,6 +273,27 @@ def test_tenant_lookup_is_cached_but_a_settings_change_is_seen_at_once(tenant_a:
     assert seen[-1].idempotency_wait_ms == 1234
 
 
+@pytest.mark.django_db
+def test_a_switched_off_tenant_answers_as_an_unknown_host_until_switched_on(tenant_a: Tenant) -> None:
+    """Beat does no work in an inactive tenant, so its hosts must take no payments either:
+    the API answers the 404 envelope and the admin a plain 404, as for a host nobody has."""
+    client = Client(HTTP_HOST=tenant_a.domains.get().domain)
+    assert client.get("/v1/customer/wallet").status_code == 401  # switched on: found, asks for a key
+    assert client.get("/admin/login/").status_code == 200
+    connection.set_schema_to_public()
+    tenant = Tenant.objects.get(pk=tenant_a.pk)
+    tenant.is_active = False
+    tenant.save(update_fields=["is_active"])  # as the platform admin saves it (the tenant cache is cleared)
+    r = client.get("/v1/customer/wallet")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "resource_missing"
+    assert client.post("/v1/terminal/payments", data="{}", content_type="application/json").status_code == 404
+    assert client.get("/admin/login/").status_code == 404
+    connection.set_schema_to_public()
+    tenant.is_active = True
+    tenant.save(update_fields=["is_active"])
+    assert client.get("/v1/customer/wallet").status_code == 401
+
+
 def test_database_down_before_tenant_resolution_answers_503_envelope(live_tenant: Tenant) -> None:
     import threading
 
