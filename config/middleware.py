@@ -20,7 +20,7 @@ class FailClosedTenantMiddleware(CachedTenantMiddleware):
 
     def process_request(self, request: HttpRequest) -> HttpResponse | None:
         try:
-            return super().process_request(request)  # type: ignore[no-any-return]
+            return super().process_request(request)
         except DatabaseError as exc:
             if not is_connection_failure(exc):
                 raise

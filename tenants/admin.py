@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
+from django_tenants.utils import get_public_schema_name
 
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_creation_prepare, tenant_setup
@@ -53,15 +54,20 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_readonly_fields(self, request, obj=None):  # type: ignore[no-untyped-def]
         # The schema is named once, when the tenant is added; renaming it would orphan it.
+        # The platform's own row is never switched off: this admin would go with it.
         fields = super().get_readonly_fields(request, obj)
-        return fields if obj is not None else tuple(f for f in fields if f != "schema_name")
+        if obj is None:
+            return tuple(f for f in fields if f != "schema_name")
+        return (*fields, "is_active") if obj.schema_name == get_public_schema_name() else fields
 
     def get_form(self, request, obj=None, change=False, **kwargs):  # type: ignore[no-untyped-def]
         form = super().get_form(request, obj, change, **kwargs)
-        form.base_fields["is_active"].help_text = (
-            "Unchecked: the operator is switched off. Its hosts answer 404 (API and admin), and beat does no work in it"
-            " (webhook relay, top-up recovery, reconciliation) until it is switched on again."
-        )
+        if "is_active" in form.base_fields:
+            form.base_fields["is_active"].help_text = (
+                "Unchecked: the operator is switched off. Its hosts answer 404 (API and admin; the PSP's webhooks still"
+                " land), and beat does no work in it (webhook relay, top-up recovery and card refunds, reconciliation)"
+                " until it is switched on again."
+            )
         return form
 
     def add_view(self, request, form_url="", extra_context=None):  # type: ignore[no-untyped-def]

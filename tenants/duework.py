@@ -54,9 +54,9 @@ def _lock_name(*, schema_name: str, kind: str) -> str:
 
 def due_work_mark(*, kind: DueWorkKind, due_at: datetime) -> None:
     """Record in the caller's transaction (or at once, outside one) that the current
-    tenant has work of `kind` due at `due_at`. A row already there is left alone, so the
-    caller's `due_at` must not be earlier than any the row can hold (the relay's "now" row
-    is only ever now; a top-up's lease end is later than any earlier top-up's).
+    tenant has work of `kind` due at `due_at`. A row already there is left alone, so work
+    marked earlier than that row's `due_at` waits for it: the relay's "now" row is only
+    ever now, and a top-up row is due by the end of a lease at the latest.
 
     Locks: the (tenant, concern) advisory lock, SHARED, until the transaction ends."""
     schema_name = _schema()

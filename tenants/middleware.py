@@ -9,7 +9,9 @@ TENANT_CACHE_SECONDS at most. An unknown host is never cached.
 A switched-off tenant (`is_active` unchecked in the platform admin) is served as an unknown
 host: beat does no work in it either (tenants.selectors.tenant_schemas_active,
 tenants.duework), so it must not take payments whose webhooks and recovery would wait for
-it to be switched on again.
+it to be switched on again. Two exceptions: the public tenant (the platform admin, where a
+tenant is switched on again) and the PSP's webhooks, which settle top-ups whose card was
+charged before the switch.
 
 config.middleware wraps it to fail closed (503 in the error envelope) when the database
 is unreachable.
@@ -22,13 +24,16 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_save
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django_tenants.middleware.main import TenantMainMiddleware
-from django_tenants.utils import remove_www
+from django_tenants.utils import get_public_schema_name, remove_www
 
 from tenants.models import Domain, Tenant
+
+# What a switched-off tenant's host still serves: the PSP's answers about charges it made.
+SERVED_WHEN_SWITCHED_OFF = ("/v1/psp/webhooks/",)
 
 _cache: dict[str, tuple[Tenant, float]] = {}
 _lock = threading.Lock()
@@ -59,16 +64,20 @@ class CachedTenantMiddleware(TenantMainMiddleware):  # type: ignore[misc]  # dja
     def hostname_from_request(request: HttpRequest) -> str:
         return str(remove_www(request.get_host().split(":")[0])).lower()
 
-    def get_tenant(self, domain_model: Any, hostname: str) -> Tenant:
-        tenant = self._tenant_of(domain_model, hostname)
-        if not tenant.is_active:
-            raise domain_model.DoesNotExist(hostname)  # answered as an unknown host (DEFAULT_NOT_FOUND_TENANT_VIEW)
-        return tenant
+    def process_request(self, request: HttpRequest) -> HttpResponse | None:
+        response: HttpResponse | None = super().process_request(request)
+        tenant = getattr(request, "tenant", None)
+        if response is not None or tenant is None or tenant.is_active or tenant.schema_name == get_public_schema_name():
+            return response
+        if request.path.startswith(SERVED_WHEN_SWITCHED_OFF):
+            return None
+        connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
+        return self.no_tenant_found(request, self.hostname_from_request(request))  # type: ignore[no-any-return]
 
-    def _tenant_of(self, domain_model: Any, hostname: str) -> Tenant:
+    def get_tenant(self, domain_model: Any, hostname: str) -> Tenant:
         ttl = float(getattr(settings, "TENANT_CACHE_SECONDS", 10))
         now = time.monotonic()
-        hit = _cache.get(hostname)
+        hit = _cache.get(hostname) if ttl > 0 else None
         if hit is not None and hit[1] > now:
             return hit[0]
         tenant: Tenant = super().get_tenant(domain_model, hostname)

@@ -276,21 +276,35 @@ def test_tenant_lookup_is_cached_but_a_settings_change_is_seen_at_once(tenant_a:
 @pytest.mark.django_db
 def test_a_switched_off_tenant_answers_as_an_unknown_host_until_switched_on(tenant_a: Tenant) -> None:
     """Beat does no work in an inactive tenant, so its hosts must take no payments either:
-    the API answers the 404 envelope and the admin a plain 404, as for a host nobody has."""
+    the API answers the 404 envelope and the admin a plain 404, as for a host nobody has.
+    The PSP's webhooks still land (they settle top-ups charged before the switch), and the
+    platform's own tenant cannot be switched off."""
+    from tenants.middleware import tenant_cache_clear
+
     client = Client(HTTP_HOST=tenant_a.domains.get().domain)
+    psp = "/v1/psp/webhooks/simulator"
     assert client.get("/v1/customer/wallet").status_code == 401  # switched on: found, asks for a key
     assert client.get("/admin/login/").status_code == 200
     connection.set_schema_to_public()
     tenant = Tenant.objects.get(pk=tenant_a.pk)
     tenant.is_active = False
     tenant.save(update_fields=["is_active"])  # as the platform admin saves it (the tenant cache is cleared)
-    r = client.get("/v1/customer/wallet")
-    assert r.status_code == 404 and r.json()["error"]["code"] == "resource_missing"
-    assert client.post("/v1/terminal/payments", data="{}", content_type="application/json").status_code == 404
-    assert client.get("/admin/login/").status_code == 404
-    connection.set_schema_to_public()
-    tenant.is_active = True
-    tenant.save(update_fields=["is_active"])
+    try:
+        r = client.get("/v1/customer/wallet")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "resource_missing"
+        assert client.post("/v1/terminal/payments", data="{}", content_type="application/json").status_code == 404
+        assert client.get("/admin/login/").status_code == 404
+        landed = client.post(psp, data="{}", content_type="application/json")
+        assert landed.json()["error"]["param"] == "gateway", landed.content  # the webhook view answered: no gateway set up here
+        connection.set_schema_to_public()
+        public = Tenant.objects.get(schema_name="public")
+        public.is_active = False
+        public.save(update_fields=["is_active"])
+        assert Client(HTTP_HOST="public.test.localhost").get("/admin/login/").status_code == 200
+    finally:
+        connection.set_schema_to_public()
+        Tenant.objects.filter(schema_name__in=[tenant_a.schema_name, "public"]).update(is_active=True)
+        tenant_cache_clear()
     assert client.get("/v1/customer/wallet").status_code == 401
 
 
