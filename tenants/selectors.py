@@ -7,6 +7,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import QuerySet
 
 from tenants.models import Tenant
 
@@ -43,6 +44,17 @@ def tenant_rate(tenant: Tenant, name: str) -> Decimal:
 
 def tenant_schemas_active() -> list[str]:
     """Schemas of the active tenants (not public, not the clone template), for the
-    per-tenant fan-out of periodic tasks and commands."""
+    per-tenant fan-out of periodic tasks and the commands that do business work."""
+    return _tenant_schemas(Tenant.objects.filter(is_active=True))
+
+
+def tenant_schemas_all() -> list[str]:
+    """Schemas of every tenant, switched on or off (not public, not the clone template),
+    for the commands that keep data right (staged migrations, key rotation, backfills): a
+    switched-off tenant is switched on again with the data the code expects."""
+    return _tenant_schemas(Tenant.objects.all())
+
+
+def _tenant_schemas(tenants: QuerySet[Tenant]) -> list[str]:
     excluded = ["public", str(settings.TENANT_BASE_SCHEMA)]
-    return [str(s) for s in Tenant.objects.filter(is_active=True).exclude(schema_name__in=excluded).values_list("schema_name", flat=True)]
+    return [str(s) for s in tenants.exclude(schema_name__in=excluded).values_list("schema_name", flat=True)]

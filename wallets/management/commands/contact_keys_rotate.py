@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_tenants.utils import schema_context
 
-from tenants.selectors import tenant_schemas_active
+from tenants.selectors import tenant_schemas_all
 from wallets.services.contacts import customer_contacts_reencrypt
 
 
@@ -17,13 +17,15 @@ class Command(BaseCommand):
     help = "Re-encrypt customer contact data under the newest key (batched, idempotent, resumable)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
+        parser.add_argument("--tenant", help="one tenant schema (default: every tenant, switched off or not)")
         parser.add_argument("--batch", type=int, default=500, help="customers per transaction")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        schemas = sorted(tenant_schemas_active())
+        schemas = sorted(tenant_schemas_all())
         if options["tenant"]:
-            schemas = [schema for schema in schemas if schema == options["tenant"]]
+            if options["tenant"] not in schemas:
+                raise CommandError(f"no tenant with schema {options['tenant']!r}")
+            schemas = [options["tenant"]]
         for schema in schemas:
             with schema_context(schema):
                 cursor: str | None = ""

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser, DjangoHelpFormatter
 from django_tenants.utils import schema_context
 
-from tenants.selectors import tenant_schemas_active
+from tenants.selectors import tenant_schemas_all
 from wallets.locks import staged_run_lock
 from wallets.staged import runner
 from wallets.staged.spec import StagedMigration, StagedMigrationRefused, staged_migrations
@@ -60,7 +60,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs="+", metavar="status [NAME] | NAME PHASE")
-        parser.add_argument("--tenant", help="one tenant schema (default: every active tenant)")
+        parser.add_argument("--tenant", help="one tenant schema (default: every tenant, switched off or not)")
         parser.add_argument(
             "--batch", type=int, default=None,
             help="backfill: rows per batch, one transaction each (default: the migration's, listed below)",
@@ -71,10 +71,10 @@ class Command(BaseCommand):
 
     def handle(self, *args: str, **options: Any) -> None:
         known = staged_migrations()
-        schemas = sorted(tenant_schemas_active())
+        schemas = sorted(tenant_schemas_all())
         if options["tenant"]:
             if options["tenant"] not in schemas:
-                raise CommandError(f"no active tenant with schema {options['tenant']!r}")
+                raise CommandError(f"no tenant with schema {options['tenant']!r}")
             schemas = [options["tenant"]]
         if args[0] == "status":
             names = list(args[1:]) or list(known)
