@@ -35,8 +35,9 @@ def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessR
     one, or one that does not match, settles nothing: a person sorts it out at the PSP
     first. The PSP is asked before the settlement's own transaction (PspUnavailable when
     it does not answer); the admin's staff action runs all of this inside its idempotency
-    claim's transaction, so that read holds the claim row for up to the PSP timeout. Locks: the top-up row, the tenant's top-up due-work lock (SHARED), then (when
-    credited) the balance rows."""
+    claim's transaction, so that read holds the claim row for up to the PSP timeout.
+    Locks: the top-up row, the tenant's top-up due-work lock (SHARED), then (when credited)
+    the balance rows."""
     queued = topup_get(topup_id=topup_id)
     if queued.status != TopUpStatus.PENDING or queued.operator_review_at is None:
         raise InvalidState(f"top-up {queued.pk} is {queued.status} and not waiting for an operator", param=None)
