@@ -37,6 +37,11 @@ still missing. Phases (--phase, comma-separated; default all), one JSON line per
 - latency: --latency-requests keyed `POST /v1/terminal/payments` in tenant 1 and in the
   last tenant, in this process through the WSGI application (middleware, tenant lookup,
   API key, idempotency, payment: no socket), alternating tenants; p50 and p99 of each.
+- session: what a session's history costs a clone of the template (`schema_clone`, into a
+  probe schema dropped after each): on a new session; on the same session after it wrote a
+  merchant, store, terminal and customer into each of --session-tenants tenants (foreign
+  keys checked at once, every write rolled back); the same after DISCARD PLANS; and after
+  the connection is closed, as `tenant_create` does. With the backend's memory.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PHASES = ("create", "migrate", "column", "beat", "idle", "latency")
+PHASES = ("create", "migrate", "column", "beat", "idle", "latency", "session")
 PREFIX = "bt"
 PORT = 6450
 MILESTONES = (1, 10, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -338,6 +343,47 @@ def _descends_from(pid: str, ancestor: int) -> bool:
     return False
 
 
+def phase_session(args: argparse.Namespace) -> None:
+    from django.db import connection, transaction
+
+    from tenants.schemas import schema_clone
+    from tenants.services import TEMPLATE_SCHEMA
+
+    probe = f"{PREFIX}_session_probe"
+
+    def clones(label: str, before: str = "") -> None:
+        seconds = []
+        for _ in range(2):
+            connection.set_schema_to_public()
+            with connection.cursor() as cursor:
+                cursor.execute(f'DROP SCHEMA IF EXISTS "{probe}" CASCADE')
+                if before:
+                    cursor.execute(before)
+            t0 = time.perf_counter()
+            schema_clone(source=TEMPLATE_SCHEMA, target=probe)
+            seconds.append(round(time.perf_counter() - t0, 3))
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP SCHEMA IF EXISTS "{probe}" CASCADE')
+            cursor.execute("SELECT sum(total_bytes) / 1048576.0 FROM pg_backend_memory_contexts")
+            (megabytes,) = cursor.fetchone()
+        emit(phase="session", figure="clone_s", session=label, values=seconds, backend_mb=round(float(megabytes)))
+
+    connection.close()
+    clones("new")
+    started = time.perf_counter()
+    for i in range(min(args.session_tenants, _tenant_count())):
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the foreign-key checks run now, then roll back
+            tenant_content(schema=schema_of(i), terminals=1, customers=1, payments=0)
+            transaction.set_rollback(True)
+    emit(phase="session", figure="filled", tenants=args.session_tenants, seconds=round(time.perf_counter() - started, 1))
+    clones(f"after writing to {args.session_tenants} tenants")
+    clones("the same, DISCARD PLANS first", before="DISCARD PLANS")
+    connection.close()
+    clones("closed and opened again")
+
+
 def phase_latency(args: argparse.Namespace) -> None:
     from django.core.handlers.wsgi import WSGIHandler
     from django.db import connection
@@ -407,6 +453,7 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--idle-warmup", type=float, default=15)
     parser.add_argument("--latency-requests", type=int, default=300)
+    parser.add_argument("--session-tenants", type=int, default=600, help="session: tenants the session writes to")
     args = parser.parse_args()
     if not args.db.startswith("tally_bench_tenants"):
         raise SystemExit("--db must start with tally_bench_tenants")
