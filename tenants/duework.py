@@ -40,6 +40,12 @@ from tenants.models import DueWork, DueWorkKind
 # How long a settle's reads may run while its tenant's marking writers wait for it.
 SETTLE_STATEMENT_TIMEOUT = "500ms"
 
+# The due-work locks' own key space: PostgreSQL's two-int advisory keys never meet its
+# one-bigint keys, where wallets.locks.advisory_lock_try holds session locks (a tenant's
+# whole recovery pass). In one space, a 32-bit hash collision between two tenants' names
+# would make one tenant's payments wait for the other's recovery pass.
+LOCK_SPACE = 0x64756577  # "duew"
+
 # Kinds that share one lock: the relay's "now" row and its "later" row are settled together.
 _LOCK_GROUP = {DueWorkKind.RELAY: "relay", DueWorkKind.RELAY_LATER: "relay", DueWorkKind.TOPUPS: "topups"}
 
@@ -67,7 +73,7 @@ def due_work_mark(*, kind: DueWorkKind, due_at: datetime) -> None:
         # Two statements: the second's snapshot is taken once the lock is held, so it sees
         # the deletion of a settle that held the lock before us. (In one statement the
         # snapshot predates the lock, and PostgreSQL may test NOT EXISTS before the lock.)
-        cursor.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))", [_lock_name(schema_name=schema_name, kind=kind)])
+        cursor.execute("SELECT pg_advisory_xact_lock_shared(%s, hashtext(%s))", [LOCK_SPACE, _lock_name(schema_name=schema_name, kind=kind)])
         cursor.execute(
             f"INSERT INTO {table} (tenant_id, kind, due_at) SELECT %s, %s, %s"  # noqa: S608 - the model's table name
             f" WHERE NOT EXISTS (SELECT 1 FROM {table} WHERE tenant_id = %s AND kind = %s)",
@@ -99,7 +105,7 @@ def _settle(
     *, schema_name: str, kind: DueWorkKind, next_due: Callable[[], datetime | None], later_kind: DueWorkKind | None
 ) -> bool:
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [_lock_name(schema_name=schema_name, kind=kind)])
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", [LOCK_SPACE, _lock_name(schema_name=schema_name, kind=kind)])
         row = cursor.fetchone()
         if not (row and row[0]):
             return False

@@ -202,6 +202,23 @@ def test_a_settle_whose_reads_overrun_gives_up_and_leaves_the_rows(live_tenant: 
         assert cursor.fetchone()[0] == "0"
 
 
+def test_a_session_lock_with_the_same_hash_does_not_hold_up_a_mark(live_tenant: Tenant) -> None:
+    """Due-work locks live in their own key space: a session advisory lock elsewhere (a
+    recovery pass holds one for its whole run) on the same 32-bit hash never makes a
+    tenant's writers wait."""
+    import psycopg
+
+    from tenants.duework import _lock_name
+
+    name = _lock_name(schema_name=live_tenant.schema_name, kind=DueWorkKind.RELAY)
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(hashtext(%s))", [name])  # the one-key space, same hash
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '500ms'")
+            due_work_mark(kind=DueWorkKind.RELAY, due_at=timezone.now())  # waited, it would fail here
+
+
 def test_a_settle_while_a_commit_is_in_flight_keeps_the_row(live_tenant: Tenant, race_events: Callable[[], datetime | None]) -> None:
     """A commit found the row and wrote nothing; a settle then sees no work (the commit's
     event is not visible yet). It must not delete the row: it cannot take the lock."""
