@@ -146,8 +146,9 @@ def test_the_clone_refuses_a_template_holding_an_unknown_kind_of_object(django_d
 
 
 @pytest.mark.parametrize("function", [
-    "CREATE FUNCTION shape_odd.f() RETURNS bigint LANGUAGE sql AS 'SELECT count(*) FROM shape_odd.t'",
-    "CREATE FUNCTION shape_odd.f() RETURNS bigint LANGUAGE sql SET search_path = shape_odd AS 'SELECT count(*) FROM t'",
+    # Guards, as the template's own functions are: a trigger function that reads a table.
+    "CREATE FUNCTION shape_odd.f() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN PERFORM 1 FROM shape_odd.t; RETURN NEW; END'",
+    "CREATE FUNCTION shape_odd.f() RETURNS trigger LANGUAGE plpgsql SET search_path = shape_odd AS 'BEGIN PERFORM 1 FROM t; RETURN NEW; END'",
 ])
 def test_the_clone_refuses_a_function_that_names_the_template(function: str, django_db_setup: None, django_db_blocker: Any) -> None:
     """A function's body and settings are copied as written: naming the template there
