@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.receivers import free_port
+from tests.receivers import free_port, process_stop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,9 +80,4 @@ def simulator_running() -> Iterator[Simulator]:
                 time.sleep(0.05)
         yield sim
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process_stop(process, timeout=5)

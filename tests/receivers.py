@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -58,6 +61,23 @@ class Receiver:
     def event_ids(self, path: str | None = None) -> list[str]:
         with self.lock:
             return [json.loads(r.body)["id"] for r in self.requests if path is None or r.path == path]
+
+
+def process_stop(process: subprocess.Popen[Any], *, timeout: float, group: bool = False) -> None:
+    """SIGTERM, then SIGKILL if it is still there after `timeout`; to its whole process
+    group when `group` (a process started with start_new_session, and what it forked)."""
+    def send(sig: signal.Signals) -> None:
+        if group:
+            os.killpg(process.pid, sig)
+        else:
+            process.send_signal(sig)
+
+    send(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        process.wait()
 
 
 def free_port() -> int:

@@ -5,7 +5,6 @@ the next task still runs, on a new one."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from payments.services.outbox import outbox_event_create
 from tenants.models import Tenant
 from tests.factories import MerchantFactory
 from tests.pooler import behind_a_pooler
+from tests.receivers import process_stop
 from wallets.transactions import run_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,12 +49,7 @@ def worker(live_tenant: Tenant, settings: Any, tmp_path: Path) -> Iterator[subpr
     try:
         yield process
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        process_stop(process, timeout=20, group=True)
 
 
 _WORKER_LOGS: dict[int, Path] = {}

@@ -30,6 +30,7 @@ from psycopg.rows import dict_row
 
 from config.pgbouncer import pgbouncer_argv, pgbouncer_config_write
 from tests.faults import ROOT, free_port_in, until
+from tests.receivers import process_stop
 
 SUITES = [
     "tests/test_idempotency.py",
@@ -68,12 +69,7 @@ def bouncer_running(*, pool_mode: str = "session", pool_size: int = 60) -> Itera
               why=lambda: (directory / "pgbouncer.log").read_text() if (directory / "pgbouncer.log").exists() else "no log")
         yield port
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        process_stop(process, timeout=10)
         shutil.rmtree(directory, ignore_errors=True)
 
 
