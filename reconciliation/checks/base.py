@@ -53,6 +53,9 @@ class CheckContext:
     # could not credit before that charge is a finding.
     topup_recovery_window_seconds: int = 3600
     stats: dict[str, Any] = field(default_factory=dict)
+    # The outbox backlog (count, oldest age in seconds), read once per run: the outbox check
+    # and the run's metrics both report it, from the same snapshot.
+    outbox_backlog: tuple[int, float] | None = None
 
 
 def rows_stream(sql: str, params: list[Any] | None = None, *, chunk_size: int) -> Iterator[tuple[Any, ...]]:

@@ -81,10 +81,12 @@ def _outbox_live() -> QuerySet[OutboxEvent]:
 
 
 def _outbox_backlog(ctx: CheckContext) -> tuple[int, float]:
-    """How many live events are unpublished, and the oldest one's age in seconds."""
-    backlog = _outbox_live().aggregate(count=Count("id"), oldest=Min("created"))
-    oldest = backlog["oldest"]
-    return int(backlog["count"]), max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0
+    """How many live events are unpublished, and the oldest one's age in seconds (read once a run)."""
+    if ctx.outbox_backlog is None:
+        backlog = _outbox_live().aggregate(count=Count("id"), oldest=Min("created"))
+        oldest = backlog["oldest"]
+        ctx.outbox_backlog = int(backlog["count"]), max((ctx.now - oldest).total_seconds(), 0.0) if oldest else 0.0
+    return ctx.outbox_backlog
 
 
 def outbox_check(ctx: CheckContext) -> Iterator[Discrepancy]:
