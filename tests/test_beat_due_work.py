@@ -33,8 +33,8 @@ from tests.conftest import in_background
 from tests.factories import MerchantFactory
 from wallets.transactions import run_atomic
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpointStatus
-from webhooks.selectors import relay_work_next_due_at
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_update
+from webhooks.services.relay import relay_due_settle
 from webhooks.tasks import webhooks_outbox_relay, webhooks_relay_due_tenants, webhooks_relay_scheduled
 
 RELAY_KINDS = [DueWorkKind.RELAY, DueWorkKind.RELAY_LATER]
@@ -50,10 +50,6 @@ def relay_quiet() -> None:
     now = timezone.now()
     OutboxEvent.objects.filter(published_at__isnull=True).update(published_at=now, dead_at=None)
     WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.PENDING).update(status=WebhookDeliveryStatus.FAILED)
-
-
-def relay_settle() -> bool:
-    return due_work_settle(kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=lambda: relay_work_next_due_at(now=timezone.now()))
 
 
 # --- Marking, in the transaction that makes the work due ---------------------------------------
@@ -301,7 +297,7 @@ def test_a_settle_moves_the_row_to_the_next_retry_and_drops_it_when_nothing_is_l
     endpoint, _ = webhook_endpoint_create(merchant=MerchantFactory(), url="https://93.184.215.14/h", enabled_events=["*"])
     event = outbox_event_create(topic="payment.succeeded", payload={"id": "pay_due2", "object": "payment", "merchant": endpoint.merchant_id})
     assert set(due_rows(schema)) == {"relay"}
-    assert relay_settle() and set(due_rows(schema)) == {"relay"}  # the event is still to publish
+    assert relay_due_settle() and set(due_rows(schema)) == {"relay"}  # the event is still to publish
 
     now = timezone.now()
     retry_at = now + timedelta(hours=1)
@@ -310,7 +306,7 @@ def test_a_settle_moves_the_row_to_the_next_retry_and_drops_it_when_nothing_is_l
         endpoint=endpoint, event=event, topic=event.topic, event_created=event.created, next_attempt_at=retry_at,
         give_up_at=now + timedelta(days=3), created=now,
     )
-    assert relay_settle()
+    assert relay_due_settle()
     assert due_rows(schema) == {"relay_later": retry_at}  # the retry, not now
     assert schema not in due_work_schemas(kinds=RELAY_KINDS, now=now)
     assert schema in due_work_schemas(kinds=RELAY_KINDS, now=retry_at)
@@ -326,12 +322,12 @@ def test_a_settle_moves_the_row_to_the_next_retry_and_drops_it_when_nothing_is_l
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
         status=WebhookDeliveryStatus.PENDING, leased_until=now + timedelta(minutes=1), next_attempt_at=now + timedelta(minutes=1)
     )
-    assert relay_settle() and set(due_rows(schema)) == {"relay"}
+    assert relay_due_settle() and set(due_rows(schema)) == {"relay"}
 
     # A disabled endpoint's deliveries are nobody's work until it is enabled again.
     WebhookDelivery.objects.filter(pk=delivery.pk).update(leased_until=None, next_attempt_at=now)
     webhook_endpoint_update(endpoint=endpoint, status=WebhookEndpointStatus.DISABLED)
-    assert relay_settle() and due_rows(schema) == {}
+    assert relay_due_settle() and due_rows(schema) == {}
 
 
 def test_the_relay_beat_sends_settle_and_kicked_ones_do_not(tenant: Tenant, monkeypatch: Any) -> None:

@@ -155,10 +155,16 @@ def outbox_relay_run(
 
     webhook_deliveries_dispatch(now=now, publish=publish_meanwhile)
     if settle:
-        due_work_settle(
-            kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=lambda: relay_work_next_due_at(now=timezone.now())
-        )
+        relay_due_settle()
     return published + published_meanwhile
+
+
+def relay_due_settle() -> bool:
+    """After a relay run: the tenant's relay rows say when it next has work, or go.
+    Locks: the tenant's relay due-work lock, EXCLUSIVE, tried (tenants.duework)."""
+    return due_work_settle(
+        kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=lambda: relay_work_next_due_at(now=timezone.now())
+    )
 
 
 @transaction.atomic
