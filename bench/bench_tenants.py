@@ -328,14 +328,11 @@ def _session_of(pid: str) -> int:
 
 
 def _descends_from(pid: str, ancestor: int) -> bool:
-    from bench.cpu_by_process import _stat_fields
+    from bench.bench_http import _parent_of
 
     current = int(pid)
     for _ in range(10):
-        try:
-            current = int(_stat_fields(current)[1])
-        except OSError:
-            return False
+        current = _parent_of(str(current))
         if current == ancestor:
             return True
         if current <= 1:

@@ -15,7 +15,7 @@ from django.db import connection, transaction
 
 from tenants.models import Tenant
 from tenants.schemas import SchemaCloneRefused, migrations_on_disk, schema_clone, schemas_missing_migrations
-from tests.pooler import behind_a_pooler
+from tests.pooler import behind_a_pooler, server_pid
 from tests.tools.schema_shape import schema_shape, shape_differences
 
 TEMPLATE = settings.TENANT_BASE_SCHEMA
@@ -214,11 +214,6 @@ def test_a_tenant_is_cloned_on_a_new_session_unless_a_transaction_holds_the_old_
             seen.append(cursor.fetchone())
         real_clone(source=source, target=target)
 
-    def backend() -> int:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            return int(cursor.fetchone()[0])
-
     monkeypatch.setattr(models, "schema_clone", observed_clone)
     with django_db_blocker.unblock():
         if behind_a_pooler():
@@ -227,17 +222,17 @@ def test_a_tenant_is_cloned_on_a_new_session_unless_a_transaction_holds_the_old_
         try:
             with connection.cursor() as cursor:
                 cursor.execute("PREPARE tally_probe AS SELECT 1")
-            caller = backend()
+            caller = server_pid()
             tenant_create(schema_name="shape_session_a", domain="shape-a.test.localhost", name="A", main_currency="JPY")
             assert seen[-1][0] != caller and seen[-1][1] == 0
 
             with connection.cursor() as cursor:
                 cursor.execute("PREPARE tally_probe AS SELECT 1")
             with transaction.atomic():
-                caller = backend()
+                caller = server_pid()
                 tenant_create(schema_name="shape_session_b", domain="shape-b.test.localhost", name="B", main_currency="JPY")
                 assert seen[-1] == (caller, 1)
-                assert backend() == caller
+                assert server_pid() == caller
         finally:
             connection.set_schema_to_public()
             Tenant.objects.filter(schema_name__in=["shape_session_a", "shape_session_b"]).delete()
