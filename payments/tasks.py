@@ -7,11 +7,11 @@ purges old PSP event markers and refreshes the top-up gauges)."""
 from __future__ import annotations
 
 from celery import shared_task
-from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
 from payments.services.topup_saga import topup_recovery_run
 from tenants.duework import due_work_schemas
+from tenants.fanout import task_send_in_each
 from tenants.models import DueWorkKind
 from tenants.selectors import tenant_schemas_active
 
@@ -20,22 +20,14 @@ from tenants.selectors import tenant_schemas_active
 def topups_recover_due_tenants() -> int:
     """Beat entry point, every 10 s: enqueue `topups_recover_tenant` in each tenant whose
     recovery work is due (one query of the public table)."""
-    schemas = due_work_schemas(kinds=[DueWorkKind.TOPUPS])
-    for schema_name in schemas:
-        with schema_context(schema_name):
-            topups_recover_tenant.delay()
-    return len(schemas)
+    return task_send_in_each(topups_recover_tenant, schemas=due_work_schemas(kinds=[DueWorkKind.TOPUPS]))
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_all_tenants() -> int:
     """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue
     `topups_recover_tenant` inside every active tenant."""
-    schemas = tenant_schemas_active()
-    for schema_name in schemas:
-        with schema_context(schema_name):
-            topups_recover_tenant.delay()
-    return len(schemas)
+    return task_send_in_each(topups_recover_tenant, schemas=tenant_schemas_active())
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped

@@ -11,10 +11,10 @@ import time
 from celery import current_app, shared_task
 from django.conf import settings
 from django.utils import timezone
-from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
 from tenants.duework import due_work_schemas
+from tenants.fanout import task_send_in_each
 from tenants.models import DueWorkKind
 from tenants.selectors import tenant_schemas_active
 from webhooks.selectors import webhook_deliveries_due_exist
@@ -51,11 +51,7 @@ def webhooks_relay_scheduled() -> int:
 def webhooks_relay_due_tenants() -> int:
     """Beat entry point, every 10 s: enqueue `webhooks_relay_scheduled` in each tenant whose
     relay work is due (one query of the public table)."""
-    schemas = due_work_schemas(kinds=[DueWorkKind.RELAY, DueWorkKind.RELAY_LATER])
-    for schema_name in schemas:
-        with schema_context(schema_name):
-            webhooks_relay_scheduled.delay()
-    return len(schemas)
+    return task_send_in_each(webhooks_relay_scheduled, schemas=due_work_schemas(kinds=[DueWorkKind.RELAY, DueWorkKind.RELAY_LATER]))
 
 
 @shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
@@ -63,8 +59,4 @@ def webhooks_relay_all_tenants() -> int:
     """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue
     `webhooks_relay_scheduled` inside every active tenant, marked or not, so work whose
     due-work row went missing waits at most that long."""
-    schemas = tenant_schemas_active()
-    for schema_name in schemas:
-        with schema_context(schema_name):
-            webhooks_relay_scheduled.delay()
-    return len(schemas)
+    return task_send_in_each(webhooks_relay_scheduled, schemas=tenant_schemas_active())

@@ -4,21 +4,17 @@ task per tenant (tenant-schemas-celery carries the schema), each one service cal
 from __future__ import annotations
 
 from celery import shared_task
-from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
 from payments.idempotency.services import idempotency_maintenance_run
+from tenants.fanout import task_send_in_each
 from tenants.selectors import tenant_schemas_active
 
 
 @shared_task(base=TenantTask, name="idempotency.purge_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def idempotency_purge_all_tenants() -> int:
     """Beat entry point: enqueue `idempotency_purge_tenant` inside every active tenant."""
-    schemas = tenant_schemas_active()
-    for schema_name in schemas:
-        with schema_context(schema_name):
-            idempotency_purge_tenant.delay()
-    return len(schemas)
+    return task_send_in_each(idempotency_purge_tenant, schemas=tenant_schemas_active())
 
 
 @shared_task(base=TenantTask, name="idempotency.purge_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
