@@ -123,8 +123,10 @@ def _contacts(customers: list[Customer]) -> list[Contact]:
     plaintext, while it is written, in one query for the list)."""
     phase = staged_phase(MIGRATION)
     legacy: dict[str, Contact] = {}
-    if writes_old(phase):
-        rows = CustomerLegacyContact.objects.filter(pk__in=[c.pk for c in customers]).values_list("pk", "email", "phone")
+    # Reading the new representation, the plaintext is only wanted where a ciphertext is missing.
+    wanted = [c.pk for c in customers if not reads_new(phase) or c.email_ciphertext is None or c.phone_ciphertext is None]
+    if writes_old(phase) and wanted:
+        rows = CustomerLegacyContact.objects.filter(pk__in=wanted).values_list("pk", "email", "phone")
         legacy = {pk: Contact(email, phone) for pk, email, phone in rows}
     contacts = []
     for customer in customers:
