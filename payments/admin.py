@@ -70,7 +70,7 @@ def _adjust_action(field: str) -> StaffAction:
             reason=data["reason"], **{field: party},
         )
         if isinstance(result, PendingAdjustment):
-            return (f"Adjustment {result.pk} would take what you adjusted alone for this party over the approval threshold:"
+            return (f"Adjustment {result.pk} would take what you posted alone in this asset over the approval threshold:"
                     " waiting for a second staff member's approval")
         return f"Adjustment {result.pk} posted ({result.direction} {money(result.amount, result.asset)})"
 

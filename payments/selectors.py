@@ -306,12 +306,24 @@ def topup_settlement_lines(*, day: date, gateway: str | None = None) -> list[Top
     ]
 
 
-def adjustments_posted_alone_total(
-    *, staff: StaffMember, customer: Customer | None, merchant: Merchant | None, asset_code: str, since: datetime
-) -> int:
-    """What `staff` posted alone (no second approver) to this party in this asset since
-    `since`, credits and debits alike: a debit undoes no credit's risk."""
-    total = Adjustment.objects.filter(
-        staff=staff, customer=customer, merchant=merchant, asset_id=asset_code, created__gte=since, approval__isnull=True,
-    ).aggregate(total=Sum("amount"))["total"]
-    return int(total or 0)
+@dataclass(frozen=True)
+class SoloPostings:
+    """What one staff member posted alone (no second approver) in one asset within a window:
+    in all (`total`, across every party) and to one party (`to_party`)."""
+
+    total: int
+    to_party: int
+
+
+def staff_solo_postings_total(
+    *, staff: StaffMember, asset_code: str, since: datetime, customer: Customer | None = None, merchant: Merchant | None = None
+) -> SoloPostings:
+    """What `staff` posted alone in `asset_code` since `since`, across every party and to the
+    given one, credits and debits alike (a debit undoes no credit's risk), in one query.
+    Solo postings are adjustments posted without an approval; a new kind of staff posting
+    (manual payouts) adds its own sum here, so the maker-checker counts them together."""
+    party = Q(customer=customer, merchant=merchant) if customer is not None or merchant is not None else Q(pk__in=[])
+    sums = Adjustment.objects.filter(staff=staff, asset_id=asset_code, created__gte=since, approval__isnull=True).aggregate(
+        total=Sum("amount"), to_party=Sum("amount", filter=party)
+    )
+    return SoloPostings(total=int(sums["total"] or 0), to_party=int(sums["to_party"] or 0))

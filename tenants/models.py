@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import connection, models
 from django_tenants.models import DomainMixin, TenantMixin
 from django_tenants.utils import get_creation_fakes_migrations, schema_exists
 
+from tenants.approvals import ApprovalSettingInvalid, approval_settings_validate
 from tenants.schemas import SchemaCloneRefused, schema_clone, schemas_missing_migrations
 
 
@@ -60,6 +62,12 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
 
     def __str__(self) -> str:
         return f"{self.name} ({self.schema_name})"
+
+    def clean(self) -> None:
+        try:
+            approval_settings_validate(extra=self.extra_settings)
+        except ApprovalSettingInvalid as exc:
+            raise ValidationError({"extra_settings": str(exc)}) from exc
 
     def create_schema(self, check_if_exists: bool = False, sync_schema: bool = True, verbosity: int = 1) -> bool:
         """django-tenants' hook, called by save(): a new tenant's schema is cloned from the

@@ -2,8 +2,9 @@
 
 Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
-  1. business rows (payments/locks.py; a staff member's row, `staff_member_lock`, before
-     them; a fenced completion's idempotency record, payments/idempotency/locks.py, too);
+  1. business rows (payments/locks.py; a staff member's solo postings in one asset,
+     `staff_solo_postings_lock`, before them; a fenced completion's idempotency record,
+     payments/idempotency/locks.py, too);
   2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`,
      `balance_rows_lock_by_owner`), ORDER BY `LOCK_ORDER`: PostgreSQL locks rows as the
      sort emits them, so two transactions meet their common rows in the same order. No
@@ -27,7 +28,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from fastpath.compiled import CompiledQuery, CompiledShapes, Param
-from wallets.models import BALANCE_SHARDS, Account, AccountKind, Balance, Customer, Hold, StaffMember, StagedMigrationState
+from wallets.models import BALANCE_SHARDS, Account, AccountKind, ApiKey, Balance, Customer, Hold, StagedMigrationState
 
 ALL_SHARDS = -1
 LOCK_ORDER = ("account_id", "asset_id", "shard")
@@ -208,10 +209,24 @@ def hold_lock(*, hold_id: str) -> Hold:
     return Hold.objects.filter(pk=hold_id).order_by("pk").select_for_update().get()
 
 
-def staff_member_lock(*, staff_id: str) -> StaffMember:
-    """A staff member's row, held while their adjustment is counted against the approval
-    threshold and posted: two requests of one member cannot both see room under it."""
-    return StaffMember.objects.filter(pk=staff_id).order_by("pk").select_for_update(no_key=True).get()
+def staff_solo_postings_lock(*, staff_id: str, asset_code: str) -> None:
+    """What one staff member posts alone (no second approver) in one asset, serialized: a
+    transaction-level advisory lock on (tenant schema, staff member, asset), held until
+    commit while their posting is counted against the maker-checker threshold and made, so
+    two postings of one member in one asset (to any parties) cannot both see room under it.
+    Taken before any business or balance row; a hash collision only makes two unrelated
+    pairs wait for each other."""
+    if not connection.in_atomic_block:
+        raise RuntimeError("staff_solo_postings_lock outside a transaction would be released at once")
+    key = f"{getattr(connection, 'schema_name', 'public')}:tally.solo:{staff_id}:{asset_code}"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [key])
+
+
+def staff_api_keys_live_lock(*, staff_id: str) -> list[ApiKey]:
+    """Lock a staff member's unrevoked API key rows, in id order (revoking them all when
+    the login is deactivated). Takes no balance row."""
+    return list(ApiKey.objects.filter(staff_id=staff_id, revoked_at__isnull=True).order_by("pk").select_for_update())
 
 
 # Customer rows are locked FOR NO KEY UPDATE, so inserts that reference a customer (KEY

@@ -214,8 +214,8 @@ class AdjustmentViewSet(AdminViewSet):
     @extend_schema(
         tags=TAG,
         summary="Credit or debit a customer or merchant, with a reason (audited). Posted (201) while what this staff member"
-        " posted alone to this party and asset within the tenant's window stays within its approval threshold; otherwise"
-        " held (202) until a second staff member approves it",
+        " posted alone in this asset within the tenant's window, to every party together, stays within its approval threshold;"
+        " otherwise held (202) until a second staff member approves it",
         request=s.AdjustmentCreateIn, responses={201: s.AdjustmentOut, 202: s.PendingAdjustmentOut},
     )
     def create(self, request: Request) -> Response:

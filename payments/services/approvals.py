@@ -1,10 +1,14 @@
-"""Maker-checker for staff adjustments: one staff member may post alone what keeps the sum
-of their adjustments to one party in one asset, over a rolling window, within the tenant's
-threshold. Whatever would cross it is a proposal (PendingAdjustment) until a second staff
-member approves it. The admin and the admin API go through `adjustment_request`."""
+"""Maker-checker for staff postings: what one staff member posts alone (no second approver)
+in one asset, over the tenant's rolling window, summed across every party, stays within the
+tenant's threshold (and so does what they post alone to any one party). Whatever would cross
+it is a proposal (PendingAdjustment) until a different staff member approves it. The admin
+and the admin API go through `adjustment_request`; every kind of solo posting asks
+`staff_solo_posting_decide`, so they all count into one sum."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.utils import timezone
@@ -12,33 +16,62 @@ from django.utils import timezone
 from payments.errors import ApproverIsMaker
 from payments.locks import pending_adjustment_lock
 from payments.models import Adjustment, PendingAdjustment, PendingAdjustmentStatus
-from payments.selectors import adjustments_posted_alone_total
+from payments.selectors import staff_solo_postings_total
 from payments.services.adjustments import adjustment_create, adjustment_request_check
+from tenants.approvals import ApprovalLimits, ApprovalSettingInvalid, approval_limits
 from tenants.selectors import tenant_extra_settings_fresh
 from wallets.errors import InvalidState, NotFound
-from wallets.locks import staff_member_lock
+from wallets.locks import staff_solo_postings_lock
 from wallets.models import Customer, Merchant, StaffMember
 from wallets.money import amount_to_minor
 from wallets.selectors import asset_get
 from wallets.services.audit import audit_record
 from wallets.transactions import atomic_service
 
-# Minor units of any asset, and hours; a tenant sets its own in Tenant.extra_settings:
-# {"adjustment_approval_threshold": 100000, "adjustment_approval_thresholds": {"EUR": 50000},
-#  "adjustment_approval_window_hours": 24}
-ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT = 100_000
-ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT = 24
+logger = logging.getLogger("tally.payments")
 
 
-def adjustment_approval_limits(*, asset_code: str) -> tuple[int, timedelta]:
-    """Most (minor units of `asset_code`) one staff member may post alone to one party
-    within the approval window, and that window: the tenant's settings read from its row
-    now (tenant_extra_settings_fresh), in one query."""
-    extra = tenant_extra_settings_fresh()
-    per_asset = extra.get("adjustment_approval_thresholds") or {}
-    threshold = per_asset.get(asset_code, extra.get("adjustment_approval_threshold", ADJUSTMENT_APPROVAL_THRESHOLD_DEFAULT))
-    hours = extra.get("adjustment_approval_window_hours", ADJUSTMENT_APPROVAL_WINDOW_HOURS_DEFAULT)
-    return int(threshold), timedelta(hours=int(hours))
+def adjustment_approval_limits(*, asset_code: str) -> ApprovalLimits:
+    """The tenant's threshold for `asset_code` and its window (tenants.approvals), read from
+    its row now (tenant_extra_settings_fresh), in one query. A stored setting not of the
+    documented form (written around `Tenant.clean()`) fails closed: a threshold of 0, so
+    every solo posting waits for a second staff member, logged."""
+    try:
+        return approval_limits(extra=tenant_extra_settings_fresh(), asset_code=asset_code)
+    except ApprovalSettingInvalid as exc:
+        logger.error("maker-checker setting invalid: every staff posting waits for approval", extra={"error": str(exc)})
+        return ApprovalLimits(threshold=0, window=timedelta(0))
+
+
+@dataclass(frozen=True)
+class SoloPostingDecision:
+    """Whether a staff member may post `amount` alone now, with what they already posted
+    alone in the window (across every party, and to this party) and the limits used."""
+
+    alone: bool
+    posted_alone_in_window: int
+    posted_alone_to_party_in_window: int
+    limits: ApprovalLimits
+
+
+def staff_solo_posting_decide(
+    *, staff: StaffMember, asset_code: str, amount: int, customer: Customer | None = None, merchant: Merchant | None = None
+) -> SoloPostingDecision:
+    """May `staff` post `amount` of `asset_code` to this party alone (no second approver)?
+    Only if what they posted alone in this asset within the window, plus `amount`, stays
+    within the threshold, both across every party and to this one. Call it inside the
+    transaction that posts (or proposes): the lock is held until that commits.
+
+    Locks: `staff_solo_postings_lock` (staff member, asset) first, so two concurrent
+    postings of one staff member in one asset, to any parties, are counted one after the
+    other; no row."""
+    staff_solo_postings_lock(staff_id=staff.pk, asset_code=asset_code)
+    limits = adjustment_approval_limits(asset_code=asset_code)
+    posted = staff_solo_postings_total(
+        staff=staff, asset_code=asset_code, since=timezone.now() - limits.window, customer=customer, merchant=merchant
+    )
+    alone = posted.total + amount <= limits.threshold and posted.to_party + amount <= limits.threshold
+    return SoloPostingDecision(alone=alone, posted_alone_in_window=posted.total, posted_alone_to_party_in_window=posted.to_party, limits=limits)
 
 
 @atomic_service(operation="adjustment_request")
@@ -52,19 +85,16 @@ def adjustment_request(
     direction: str,
     reason: str,
 ) -> Adjustment | PendingAdjustment:
-    """Posted now if it keeps what `maker` posted alone to this party and asset within the
-    window at or under the threshold, else held for a second staff member (audited).
+    """Posted now if `staff_solo_posting_decide` lets `maker` post it alone, else held for a
+    second staff member (audited).
 
-    Locks: the maker's StaffMember row first, so two concurrent requests of one staff
-    member are counted one after the other; then, when posted, as adjustment_create."""
+    Locks: as staff_solo_posting_decide (the maker's solo postings in this asset) first;
+    then, when posted, as adjustment_create."""
     minor = amount_to_minor(amount)
     party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)
-    staff_member_lock(staff_id=maker.pk)
-    threshold, window = adjustment_approval_limits(asset_code=asset.code)
-    since = timezone.now() - window
-    already = adjustments_posted_alone_total(staff=maker, customer=customer, merchant=merchant, asset_code=asset.code, since=since)
-    if already + minor <= threshold:
+    decision = staff_solo_posting_decide(staff=maker, asset_code=asset.code, amount=minor, customer=customer, merchant=merchant)
+    if decision.alone:
         return adjustment_create(
             staff=maker, customer=customer, merchant=merchant, asset_code=asset.code, amount=minor, direction=direction, reason=reason
         )
@@ -74,7 +104,9 @@ def adjustment_request(
     audit_record(
         action="adjustment.propose", target_type="pending_adjustment", target_id=pending.pk, reason=pending.reason,
         after={"party": party.pk, "asset": asset.code, "amount": minor, "direction": direction, "maker": maker.pk,
-               "status": pending.status, "posted_alone_in_window": already},
+               "status": pending.status, "posted_alone_in_window": decision.posted_alone_in_window,
+               "posted_alone_to_party_in_window": decision.posted_alone_to_party_in_window,
+               "threshold": decision.limits.threshold, "window_seconds": decision.limits.window.total_seconds()},
     )
     return pending
 
