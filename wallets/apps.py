@@ -13,6 +13,11 @@ class WalletsConfig(AppConfig):
         tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
         tenant_created.connect(_tenant_roles_ensure, dispatch_uid="wallets-roles-ensure")
 
+        from django.conf import settings
+        from django.db.models.signals import pre_save
+
+        pre_save.connect(_staff_login_saving, sender=settings.AUTH_USER_MODEL, dispatch_uid="wallets-staff-login-deactivation")
+
         from wallets.contacts import CustomerContactsMigration
         from wallets.daily_totals import MerchantDailyTotalsMigration
         from wallets.staged.spec import staged_migration_register
@@ -32,3 +37,9 @@ def _tenant_roles_ensure(**_: Any) -> None:
     from wallets.services.roles import staff_roles_ensure
 
     staff_roles_ensure()
+
+
+def _staff_login_saving(*, instance: Any, update_fields: Any = None, raw: bool = False, **_: Any) -> None:
+    from wallets.services.roles import staff_login_deactivation_apply
+
+    staff_login_deactivation_apply(user=instance, update_fields=update_fields, raw=raw)

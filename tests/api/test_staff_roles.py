@@ -11,11 +11,17 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.forms import MultiWidget
 
+from fastpath import epochs
 from payments.models import PendingAdjustment
 from payments.services.approvals import adjustment_request
+from tenants.models import Tenant
 from tests.api.conftest import Api, World, error_of
+from tests.api.test_backoffice import _login
 from tests.api.test_matrix import ENDPOINTS
+from wallets.keycache import api_key_epoch_redis_key
 from wallets.models import Account, ApiKey, AuditEntry, Customer, LedgerEntry, StaffMember
 from wallets.services.principals import api_key_create
 from wallets.services.roles import staff_login_ensure
@@ -207,3 +213,92 @@ def test_unticking_staff_status_stops_the_keys_too(api: Api, world: World) -> No
     staff, key = _staff("operator")
     User.objects.filter(pk=staff.user_id).update(is_staff=False)  # locked out of the admin
     assert api.get("/v1/admin/customers", key).status_code == 401
+
+
+# --- deactivation revokes ---------------------------------------------------------------
+
+
+def _epoch(schema: str) -> bytes | None:
+    return epochs.epoch_read(key=api_key_epoch_redis_key(schema=schema))
+
+
+def test_deactivating_a_login_revokes_its_keys_for_good(
+    api: Api, world: World, settings: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    """The report: reactivating a login brought back every key it had. A save of the user
+    (a shell, a script) revokes them, audited, and bumps the tenant's key epoch."""
+    settings.TALLY_API_KEY_CACHE_SECONDS = 60
+    staff, key = _staff("operator")
+    other_key = api_key_create(principal=staff)[1]
+    assert api.get("/v1/admin/customers", key).status_code == 200  # the key is cached now
+    schema = connection.schema_name
+    before = _epoch(schema)
+    user = User.objects.get(pk=staff.user_id)
+    user.is_active = False
+    with django_capture_on_commit_callbacks(execute=True):
+        user.save()
+    assert _epoch(schema) != before
+    assert api.get("/v1/admin/customers", key).status_code == 401
+    revoked = ApiKey.objects.filter(staff=staff)
+    assert revoked.count() == 2 and not revoked.filter(revoked_at__isnull=True).exists()
+    entries = AuditEntry.objects.filter(action="api_key.revoke", target_id__in=[k.pk for k in revoked], reason="staff login deactivated")
+    assert entries.count() == 2
+    assert AuditEntry.objects.get(action="staff.deactivate", target_id=staff.pk).after["api_keys_revoked"] == sorted(k.pk for k in revoked)
+    user.is_active = True
+    user.save()
+    for raw in (key, other_key):
+        assert api.get("/v1/admin/customers", raw).status_code == 401  # reactivated, the old keys stay dead
+    assert api.get("/v1/admin/customers", api_key_create(principal=staff)[1]).status_code == 200  # a new key works
+
+
+def test_deactivating_a_login_in_the_back_office_revokes_its_keys(api: Api, world: World) -> None:
+    staff, key = _staff("operator")
+    admin = _login(f"root-{uuid.uuid4().hex[:6]}", superuser=True)
+    url = f"/admin/auth/user/{staff.user_id}/change/"
+    form = admin.get(url).context["adminform"].form
+    data: dict[str, Any] = {}
+    for name, bound in ((n, form[n]) for n in form.fields):
+        value = bound.value()
+        if bound.field.disabled or value in (None, False, [], ""):
+            continue
+        if isinstance(bound.field.widget, MultiWidget):  # the date-and-time fields
+            data.update({f"{name}_{i}": str(part) for i, part in enumerate(bound.field.widget.decompress(value))})
+        else:
+            data[name] = "on" if value is True else value
+    data.pop("is_active")  # unticked
+    r = admin.post(url, data)
+    assert r.status_code == 302, r.content[:3000]
+    assert not User.objects.get(pk=staff.user_id).is_active
+    assert ApiKey.objects.get(staff=staff).revoked_at is not None
+    assert AuditEntry.objects.get(action="staff.deactivate", target_id=staff.pk).actor.startswith("user:root-")
+    User.objects.filter(pk=staff.user_id).update(is_active=True)
+    assert api.get("/v1/admin/customers", key).status_code == 401
+
+
+def test_a_login_deactivated_without_a_save_loses_its_keys_when_saved_again(api: Api, world: World) -> None:
+    """A QuerySet.update() sends no signal: the keys answer 401 while the login is
+    inactive, and the next save of the login (its reactivation) revokes them."""
+    staff, key = _staff("operator")
+    User.objects.filter(pk=staff.user_id).update(is_active=False)
+    assert api.get("/v1/admin/customers", key).status_code == 401
+    user = User.objects.get(pk=staff.user_id)
+    user.is_active = True
+    user.save(update_fields=["is_active"])
+    assert api.get("/v1/admin/customers", key).status_code == 401
+    assert AuditEntry.objects.filter(action="api_key.revoke", reason="staff login was inactive").count() == 1
+
+
+def test_other_saves_of_a_login_and_platform_logins_revoke_nothing(api: Api, world: World, tenant: Tenant) -> None:
+    staff, key = _staff("operator")
+    user = User.objects.get(pk=staff.user_id)
+    user.first_name = "Renamed"
+    user.save()
+    user.save(update_fields=["last_login"])
+    assert api.get("/v1/admin/customers", key).status_code == 200
+    connection.set_schema_to_public()
+    try:
+        platform = User.objects.create_superuser(username=f"platform-{uuid.uuid4().hex[:6]}", password="pw-123456")
+        platform.is_active = False
+        platform.save()  # the public schema has no staff keys: nothing to do, nothing fails
+    finally:
+        connection.set_tenant(tenant)

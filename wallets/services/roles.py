@@ -5,12 +5,19 @@ change. The admin API face asks for the same permissions, read at each request.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
+from django.utils import timezone
+from django_tenants.utils import get_public_schema_name
 
-from wallets.models import StaffMember
+from wallets.keycache import api_key_cache_invalidate
+from wallets.locks import staff_api_keys_live_lock
+from wallets.models import ApiKey, StaffMember
 from wallets.services.audit import audit_record
 
 TENANT_APP_LABELS = ("wallets", "payments", "idempotency", "webhooks")
@@ -77,3 +84,48 @@ def staff_role_set(*, staff: StaffMember, role: str) -> None:
     before = sorted(staff.user.groups.values_list("name", flat=True))
     staff.user.groups.set([staff_roles_ensure()[role]])
     audit_record(action="staff.role_set", target_type="staff_member", target_id=staff.pk, before={"roles": before}, after={"roles": [role]})
+
+
+def staff_login_deactivation_apply(*, user: Any, update_fields: Iterable[str] | None = None, raw: bool = False) -> list[str]:
+    """Deactivating a staff login revokes its API keys for good: called (pre_save of the
+    user, wallets.apps) before ANY save of a login, by the admin, a shell or a script.
+    When the login is being deactivated, or was inactive (a reactivation, or a save of an
+    inactive login), every live key of its staff member is revoked, audited, and the
+    tenant's API key epoch bumped after commit (wallets.keycache), so a reactivated login
+    comes back with no key. Returns the ids of the keys it revoked.
+
+    Runs before the user's row is written: saved inside a transaction (the admin), both
+    commit together; saved in autocommit (a shell), the keys are revoked first, so a failed
+    save leaves a login with fewer keys, never an inactive login with live ones. A
+    QuerySet.update() of `is_active` sends no signal: its keys answer 401 while the login
+    is inactive (read at each request) and die at the login's next save.
+
+    Locks: the staff member's live key rows (`staff_api_keys_live_lock`)."""
+    fields = None if update_fields is None else set(update_fields)
+    if raw or user.pk is None or (fields is not None and "is_active" not in fields):
+        return []
+    if getattr(connection, "schema_name", None) == get_public_schema_name():
+        return []  # platform logins: staff keys live in the tenant schemas
+    stored = get_user_model().objects.filter(pk=user.pk).values_list("is_active", flat=True).first()
+    if stored is None or (stored and user.is_active):
+        return []
+    staff = StaffMember.objects.filter(user_id=user.pk).first()
+    if staff is None:
+        return []
+    with transaction.atomic():
+        live = staff_api_keys_live_lock(staff_id=staff.pk)
+        now = timezone.now()
+        ApiKey.objects.filter(pk__in=[k.pk for k in live]).update(revoked_at=now)
+        why = "staff login deactivated" if stored else "staff login was inactive"
+        for key in live:
+            audit_record(
+                action="api_key.revoke", target_type="api_key", target_id=key.pk, reason=why,
+                before={"prefix": key.prefix, "principal": staff.pk, "revoked_at": None}, after={"revoked_at": now},
+            )
+        if stored:
+            audit_record(
+                action="staff.deactivate", target_type="staff_member", target_id=staff.pk,
+                before={"is_active": True}, after={"is_active": False, "api_keys_revoked": [k.pk for k in live]},
+            )
+        api_key_cache_invalidate()
+    return [k.pk for k in live]
