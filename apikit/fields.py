@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from rest_framework import serializers
@@ -44,6 +45,25 @@ class AmountField(serializers.Field[int, int, int, Any]):
         return int(value)
 
 
+class InstantFilterField(serializers.DateTimeField):
+    """A bound of a time filter (`created_gte`, `created_lt`): any ISO 8601 date-time, as the
+    schema's `date-time` says, returned in UTC. An instant that falls outside the years 1 to
+    9999 once in UTC (year 1 with a positive offset, 9999 with a negative one) is clamped to
+    the first or last representable instant: every row lies between them, so the filter
+    selects the same rows (none before the first, all before the last)."""
+
+    FIRST = datetime.min.replace(tzinfo=UTC)
+    LAST = datetime.max.replace(tzinfo=UTC)
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        if value.tzinfo is not None and value.utcoffset() is not None:
+            try:
+                return value.astimezone(UTC)
+            except OverflowError:
+                return self.FIRST if value.year == 1 else self.LAST
+        return super().enforce_timezone(value)
+
+
 class AssetField(serializers.RegexField):
     def __init__(self, *, kinds: tuple[str, ...] | None = None, **kwargs: Any) -> None:
         self.kinds = kinds  # the asset kinds this field takes (None: any); the schema lists their codes
@@ -74,9 +94,14 @@ class ObjectIdField(serializers.RegexField):
 
 
 # Free text as the schema states it: no NUL character (DRF refuses them), and, unless blank
-# is allowed, something besides whitespace (DRF trims it, then refuses an empty value).
+# is allowed, something besides whitespace (DRF trims it with str.strip(), then refuses an
+# empty value). The whitespace is spelled out, not `\s`: engines disagree on `\s` (Python's
+# takes U+001C..U+001F, which str.strip() trims and ECMA 262's, the schema's, does not; ECMA's
+# takes U+FEFF, which str.strip() keeps), so " \u001d" read as valid by a client was refused.
+# Every character str.isspace() holds (tests/api/test_schema_constraints.py checks the list).
+WHITESPACE_CLASS = "\\t\\n\\x0b\\x0c\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
 TEXT_PATTERN = r"^[^\x00]*$"
-NON_BLANK_TEXT_PATTERN = r"^\s*[^\s\x00][^\x00]*$"
+NON_BLANK_TEXT_PATTERN = rf"^[{WHITESPACE_CLASS}]*[^{WHITESPACE_CLASS}\x00][^\x00]*$"
 
 
 class TextField(serializers.CharField):

@@ -14,6 +14,7 @@ from django.core.validators import RegexValidator
 from django.db.models import Model, Q, QuerySet
 from rest_framework import serializers
 
+from apikit.fields import InstantFilterField
 from apikit.shapes import Serializer
 
 # Microseconds since 1970 (16 digits reach the year 2286), a dot, the row's id: digits for
@@ -44,8 +45,8 @@ class ListParamsSerializer(Serializer):
             "A value not of the documented form is refused (400 `cursor_invalid`)."
         ),
     )
-    created_gte = serializers.DateTimeField(required=False, help_text="Only objects created at or after this time (ISO 8601).")
-    created_lt = serializers.DateTimeField(required=False, help_text="Only objects created before this time (ISO 8601).")
+    created_gte = InstantFilterField(required=False, help_text="Only objects created at or after this time (ISO 8601).")
+    created_lt = InstantFilterField(required=False, help_text="Only objects created before this time (ISO 8601).")
 
 
 def page(

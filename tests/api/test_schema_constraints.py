@@ -9,11 +9,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonschema
+import jsonschema_rs
 import pytest
 import schemathesis
 import yaml  # type: ignore[import-untyped]
 from django.test import Client
 
+from apikit.fields import WHITESPACE_CLASS
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from webhooks.services import endpoints as endpoint_services
@@ -143,3 +145,41 @@ def test_free_text_states_its_rules_as_sent(doc: dict[str, Any], api: Api, world
     assert _valid(merchant, {"name": "  Shop  "})
     r = api.post("/v1/admin/merchants", world.staff.key, {"name": "  Shop  "})
     assert r.status_code == 201 and r.json()["name"] == "Shop"  # trimmed, as before
+
+
+def test_non_blank_text_states_the_whitespace_the_server_trims(doc: dict[str, Any], api: Api, world: World) -> None:
+    """The report: a terminal name of " \\u001d" matched the schema's pattern (where `\\s`
+    is ECMA 262's, as schemathesis reads it) and was refused as blank, since the server
+    trims what Python's str.strip() trims. The pattern now spells that set out, so every
+    engine reads it alike."""
+    name = _body_schema(doc, "/v1/admin/terminals")["properties"]["name"]
+    ecma = jsonschema_rs.validator_for({"type": "string", "pattern": name["pattern"]})
+    python = re.compile(name["pattern"])
+    assert "".join(c for c in map(chr, range(0x110000)) if re.fullmatch(f"[{WHITESPACE_CLASS}]", c)) == "".join(
+        c for c in map(chr, range(0x110000)) if c.isspace()
+    )
+    for text in (" \x1d", "\x1c\x1d\x1e\x1f", " \x85", "\u3000", "\ufeff", " \x01", "a", " a\x1d", "\t"):
+        accepted = bool(text.strip())
+        assert ecma.is_valid(text) == accepted and bool(python.search(text)) == accepted, repr(text)
+        r = api.post("/v1/admin/terminals", world.staff.key, {"store": world.store.pk, "name": text})
+        assert r.status_code == (201 if accepted else 400), (repr(text), r.content)
+
+
+@pytest.mark.parametrize("path", ["/v1/customer/transactions", "/v1/customer/payments", "/v1/admin/adjustments"])
+def test_created_filters_take_every_schema_valid_date_time(doc: dict[str, Any], api: Api, world: World, path: str) -> None:
+    """The report: `created_lt=0001-01-01T12:55:55.730+14:25` is a valid date-time and was
+    answered 400 "Datetime value out of range" (it is before the year 1 in UTC). A bound
+    past either end of the representable range selects what the end would."""
+    adjustment_create(staff=world.staff.obj, customer=world.customer.obj, asset_code="JPY", amount=100, direction="credit", reason="a")
+    key = world.staff.key if path.startswith("/v1/admin") else world.customer.key
+    everything = api.get(path, key).json()["data"]
+    early, late = "0001-01-01T12:55:55.730+14:25", "9999-12-31T23:00:00-05:00"
+    assert _valid(_param(doc, path, "created_lt"), early)
+    for params, rows in (
+        ({"created_lt": early}, []), ({"created_gte": early}, everything),
+        ({"created_lt": late}, everything), ({"created_gte": late}, []),
+    ):
+        r = api.get(path, key, params)
+        assert r.status_code == 200, (params, r.content)
+        assert r.json()["data"] == rows, params
+    assert api.get(path, key, {"created_lt": "0001-13-01T00:00:00Z"}).status_code == 400  # not a date-time at all
