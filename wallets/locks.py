@@ -213,7 +213,8 @@ def staff_solo_postings_lock(*, staff_id: str, asset_code: str) -> None:
     """What one staff member posts alone (no second approver) in one asset, serialized: a
     transaction-level advisory lock on (tenant schema, staff member, asset), held until
     commit while their posting is counted against the maker-checker threshold and made, so
-    two postings of one member in one asset (to any parties) cannot both see room under it.
+    two postings of one member in one asset (to any parties) cannot both see room under it
+    (READ COMMITTED: the sum read after the lock sees what the previous holder committed).
     Taken before any business or balance row; a hash collision only makes two unrelated
     pairs wait for each other."""
     if not connection.in_atomic_block:
