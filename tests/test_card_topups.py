@@ -1238,3 +1238,62 @@ def test_refunds_are_made_every_pass_while_the_psp_takes_10_s_to_answer_charges(
         quiet.faults(charge_latency_ms=0)
         cache.delete_many([f"topups:recovery:resume:{loop}" for loop in ("refunds", "pending")])
 
+
+# --- A switched-off tenant keeps card money safe ------------------------------------------------
+
+
+def test_a_switched_off_tenants_refused_credit_is_refunded_by_beat(quiet: Simulator) -> None:
+    """The operator is switched off; a PSP webhook (still served) brings a charge whose credit
+    is refused (the wallet frozen). Beat's 10 s task still visits the tenant and refunds the
+    card; its safety sweep too. Both used to select active tenants only: charged, never
+    credited, never refunded, and nobody could settle it."""
+    from django.utils import timezone
+
+    tenant = Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"])
+    psp_key = psp_account_configure(quiet)
+    Tenant.objects.filter(pk=tenant.pk).update(is_active=False)  # rolled back with the test
+    first = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 700)
+    assert _topups_due(by=timezone.now())
+    topups_recover_due_tenants.apply()
+    connection.set_tenant(tenant)
+    first.refresh_from_db()
+    assert first.psp_refund_reference, "beat's due task skipped the switched-off tenant"
+    second = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 800)
+    DueWork.objects.filter(tenant_id=tenant.schema_name).delete()  # a lost due row: the sweep's work
+    topups_recover_all_tenants.apply()
+    connection.set_tenant(tenant)
+    second.refresh_from_db()
+    assert second.psp_refund_reference, "the safety sweep skipped the switched-off tenant"
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert sorted(rf["amount"] for rf in refunds) == [700, 800]
+
+
+
+def test_the_platform_admin_lists_a_switched_off_tenants_top_up_queue(quiet: Simulator) -> None:
+    """A switched-off tenant's own admin answers 404, so the platform admin shows its card
+    money still in flight on the tenant's page: pending top-ups (the operator queue among
+    them) and card refunds owed, counted and listed. It showed nothing of them."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    tenant = Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"])
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Queue {uuid.uuid4().hex[:6]}")
+    waiting = _pending(customer, created=timezone.now() - timedelta(hours=1), amount=1234)[0]
+    queued = _pending(customer, created=timezone.now() - timedelta(hours=21), amount=4321)[0]
+    TopUp.objects.filter(pk=queued.pk).update(operator_review_at=timezone.now())
+    owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 555)
+    Tenant.objects.filter(pk=tenant.pk).update(is_active=False)
+
+    connection.set_schema_to_public()
+    get_user_model().objects.create_superuser(username=f"platform-{uuid.uuid4().hex[:6]}", password="pw-123456")
+    platform = Client(HTTP_HOST="public.test.localhost")
+    assert platform.login(username=get_user_model().objects.latest("id").username, password="pw-123456")
+    page = platform.get(f"/admin/tenants/tenant/{tenant.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "2 pending (1 waiting for an operator), 1 card refunds owed" in html, html[html.find("Money still"):][:3000]
+    for topup in (waiting, queued, owed):
+        assert topup.pk in html
+    assert "refund owed (wallet_frozen)" in html and "operator queue since" in html and owed.psp_reference in html
+    connection.set_tenant(tenant)
