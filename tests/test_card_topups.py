@@ -837,8 +837,9 @@ def test_recovery_reaches_a_resolvable_top_up_behind_more_than_a_page_of_stuck_o
 def test_one_top_up_that_cannot_be_resolved_does_not_stop_the_recovery_run(quiet: Simulator) -> None:
     """The oldest pending top-up's gateway credentials do not unseal (an exception that is
     not the PSP's). It is logged, counted as an error and noted on the top-up; the pass
-    still settles the others, refunds the charge it could not credit, and purges old PSP
-    event markers. An exception used to end the tenant's whole run there."""
+    still settles the others and purges old PSP event markers, and the charge it could not
+    credit is refunded (by the next pass, which makes refunds first; the tenant stays due
+    now). An exception used to end the tenant's whole run there."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -858,8 +859,10 @@ def test_one_top_up_that_cannot_be_resolved_does_not_stop_the_recovery_run(quiet
 
     counts = topup_recovery_run()
 
-    assert counts["error"] == 1 and counts["succeeded"] == 1 and counts["failed"] == 1 and counts["refunded"] == 1, counts
+    assert counts["error"] == 1 and counts["succeeded"] == 1 and counts["failed"] == 1 and counts["refunded"] == 0, counts
     assert _sample("tally_topup_orphans_recovered_total", outcome="error") == errors_before + 1
+    assert _topups_due(by=timezone.now())
+    assert topup_recovery_run()["refunded"] == 1
     broken.refresh_from_db()
     assert broken.status == "pending" and "InvalidTag" in broken.last_error
     fine.refresh_from_db()
