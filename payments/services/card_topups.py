@@ -202,6 +202,8 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     frozen) fails the top-up with that code, and the recovery refunds the card, as it does
     a charge that arrives after the top-up failed. Declined: the top-up fails with the
     PSP's code. Already settled: unchanged. A charge owed back marks the recovery due now.
+    A successful charge is recorded only with the top-up's amount and currency (the one it
+    gives back if never credited): another raises PspChargeMismatch, nothing written.
     Locks: the top-up row, then the balance rows (ledger_post); the tenant's top-up
     due-work lock, SHARED, when a charge is owed back."""
     topup = topup_lock(topup_id=topup_id)
