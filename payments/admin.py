@@ -12,7 +12,8 @@ from django.contrib import admin
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionForm, StaffActionsMixin, staff_of
 from payments.idempotency.models import IdempotencyRecord
@@ -33,10 +34,12 @@ from payments.models import (
     TopUpStatus,
     Transfer,
 )
+from payments.selectors import topup_queue
 from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_settle
+from tenants.admin import tenant_panel_register
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
@@ -351,7 +354,8 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
     date_hierarchy = "created"
     list_select_related = ("asset", "customer", "ledger_transaction")
     fields = ("id", "status", "failure_code", "review", "created", "updated", "amount_display", "customer_link", "payment_method",
-              "gateway", "psp_lookup", "psp_reference", "psp_charged", "psp_charged_at", "psp_refund_reference", "last_error", "claim",
+              "gateway", "psp_lookup", "psp_reference", "psp_charged", "psp_charged_amount", "psp_charged_currency",
+              "psp_charged_at", "psp_refund_reference", "last_error", "claim",
               "ledger", "events", "audit")
     readonly_fields = fields
     customer_link = staticmethod(link_column("customer"))
@@ -492,3 +496,38 @@ class PspWebhookEventAdmin(ReadOnlyAdmin):
     list_filter = ("gateway", "outcome", "type")
     search_fields = ("=event_id",)
     date_hierarchy = "received"
+
+
+def _topup_queue_panel() -> SafeString:
+    """The platform admin's view of a tenant's card money still in flight (the tenant's
+    own admin may be unreachable: a switched-off tenant's hosts answer 404)."""
+    queue = topup_queue(limit=TOPUP_QUEUE_SHOWN)
+    if not (queue.pending or queue.refunds_owed):
+        return format_html("<p>{}</p>", "No card top-up pending, no card refund owed.")
+    rows = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (
+            (t.pk, f"{t.created:%Y-%m-%d %H:%M}", money(t.amount, t.asset), _queue_state(t), t.gateway, t.psp_reference or "-",
+             t.last_error or "-")
+            for t in queue.oldest
+        ),
+    )
+    shown = len(queue.oldest)
+    return format_html(
+        "<p>{} pending ({} waiting for an operator), {} card refunds owed; the oldest {} below. Recovery and refunds run"
+        " whether or not the tenant is switched on.</p><table><thead><tr><th>top-up</th><th>created (UTC)</th><th>amount</th>"
+        "<th>state</th><th>gateway</th><th>PSP charge</th><th>last error</th></tr></thead><tbody>{}</tbody></table>",
+        queue.pending, queue.operator_review, queue.refunds_owed, shown, rows,
+    )
+
+
+def _queue_state(topup: TopUp) -> str:
+    if topup.status == TopUpStatus.FAILED:
+        return f"refund owed ({topup.failure_code})"
+    if topup.operator_review_at is not None:
+        return f"operator queue since {topup.operator_review_at:%Y-%m-%d %H:%M}"
+    return "pending"
+
+
+TOPUP_QUEUE_SHOWN = 50
+tenant_panel_register(title="Card top-ups", render=_topup_queue_panel)

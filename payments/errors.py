@@ -80,6 +80,12 @@ class PspKeyWindowPassed(PspUnavailable):
     twice, so an operator settles it. The client sees an ordinary `psp_unavailable`."""
 
 
+class PspChargeMismatch(PspUnavailable):
+    """The PSP holds a successful charge under the top-up's id whose amount or currency is
+    not the top-up's: nothing is credited, the top-up waits for an operator. The client
+    sees an ordinary `psp_unavailable`."""
+
+
 class PspNotConfigured(NotPermitted):
     """The tenant has no active card gateway: card top-ups are not offered here (a 403, not
     a 503: retrying will not help until the operator sets one up)."""

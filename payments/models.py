@@ -159,6 +159,10 @@ class TopUp(models.Model):
     # The PSP holds a successful charge for this top-up. A declined charge has a reference
     # too, so the reference alone cannot say whether there is money to credit or give back.
     psp_charged = models.BooleanField(default=False)
+    # What the PSP says it charged, as recorded (it matched the top-up then): a card refund
+    # gives back this, never what we asked for. Empty on rows recorded before it was kept.
+    psp_charged_amount = models.BigIntegerField(null=True, blank=True)
+    psp_charged_currency = models.CharField(max_length=10, blank=True, default="", db_default="")
     # Still pending past the PSP's idempotency-key window: asking again could charge
     # twice, so it waits for an operator.
     operator_review_at = models.DateTimeField(null=True, blank=True)

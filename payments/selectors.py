@@ -274,6 +274,26 @@ def topups_charged_uncredited() -> QuerySet[TopUp]:
     return TopUp.objects.filter(status=TopUpStatus.FAILED, psp_charged=True, psp_refund_reference="")
 
 
+@dataclass(frozen=True)
+class TopUpQueue:
+    """A tenant's card top-ups that still hold or owe card money, for the platform admin."""
+
+    pending: int  # the operator queue among them
+    operator_review: int
+    refunds_owed: int
+    oldest: list[TopUp]  # pending or refund owed, oldest first, at most the limit asked for
+
+
+def topup_queue(*, limit: int = 50) -> TopUpQueue:
+    """The current tenant's pending top-ups and card refunds owed, counted, and the oldest
+    `limit` of them. Reads only."""
+    waiting = TopUp.objects.filter(Q(status=TopUpStatus.PENDING) | Q(status=TopUpStatus.FAILED, psp_charged=True, psp_refund_reference=""))
+    return TopUpQueue(
+        pending=topups_pending_count(), operator_review=topups_operator_review_count(), refunds_owed=topups_charged_uncredited().count(),
+        oldest=list(waiting.select_related("asset").order_by("created", "id")[:limit]),
+    )
+
+
 def topups_refund_due(*, after: TopUpCursor | None = None, limit: int = 100) -> list[TopUp]:
     """One page (oldest first, after `after`) of the top-ups whose card money is to be given
     back (`topups_charged_uncredited`)."""

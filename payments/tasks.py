@@ -2,7 +2,10 @@
 schema fan out one task per tenant (tenant-schemas-celery carries the schema), each one
 service call. Every 10 s only the tenants whose recovery work is due (tenants.duework);
 every 30 minutes (TALLY_SAFETY_SWEEP_SECONDS) all of them, the safety sweep (it also
-purges old PSP event markers and refreshes the top-up gauges)."""
+purges old PSP event markers and refreshes the top-up gauges).
+
+Switched-off tenants included: their PSP webhooks still land, and a charge taken for one
+of their top-ups is settled or given back to the card whatever became of the operator."""
 
 from __future__ import annotations
 
@@ -13,21 +16,21 @@ from payments.services.topup_saga import topup_recovery_run
 from tenants.duework import due_work_schemas
 from tenants.fanout import task_send_in_each
 from tenants.models import DueWorkKind
-from tenants.selectors import tenant_schemas_active
+from tenants.selectors import tenant_schemas_all
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_due_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_due_tenants() -> int:
-    """Beat entry point, every 10 s: enqueue `topups_recover_tenant` in each tenant whose
-    recovery work is due (one query of the public table)."""
-    return task_send_in_each(topups_recover_tenant, schemas=due_work_schemas(kinds=[DueWorkKind.TOPUPS]))
+    """Beat entry point, every 10 s: enqueue `topups_recover_tenant` in each tenant, switched
+    on or off, whose recovery work is due (one query of the public table)."""
+    return task_send_in_each(topups_recover_tenant, schemas=due_work_schemas(kinds=[DueWorkKind.TOPUPS], switched_off_too=True))
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_all_tenants() -> int:
     """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue
-    `topups_recover_tenant` inside every active tenant."""
-    return task_send_in_each(topups_recover_tenant, schemas=tenant_schemas_active())
+    `topups_recover_tenant` inside every tenant, switched on or off."""
+    return task_send_in_each(topups_recover_tenant, schemas=tenant_schemas_all())
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped

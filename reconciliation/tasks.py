@@ -8,8 +8,9 @@ from django_tenants.utils import schema_context
 from tenant_schemas_celery.task import TenantTask
 
 from reconciliation.models import RunTrigger
+from reconciliation.registry import CHECKS
 from reconciliation.services import RUN_TIME_LIMIT_SECONDS, reconciliation_run_execute, reconciliation_run_request
-from tenants.selectors import tenant_schemas_active
+from tenants.selectors import tenant_schemas_active, tenant_schemas_all
 
 
 @shared_task(  # type: ignore[untyped-decorator]  # celery is untyped
@@ -18,33 +19,47 @@ from tenants.selectors import tenant_schemas_active
     # not the relay's 120/180 s, and under the broker's visibility timeout (3600 s).
     soft_time_limit=RUN_TIME_LIMIT_SECONDS - 60, time_limit=RUN_TIME_LIMIT_SECONDS,
 )
-def reconciliation_run_tenant(*, run_id: int) -> int:
-    """Runs in one tenant's schema: execute one requested run. Returns its findings count."""
-    return int(reconciliation_run_execute(run_id=run_id).findings_count)
+def reconciliation_run_tenant(*, run_id: int, check_names: list[str] | None = None) -> int:
+    """Runs in one tenant's schema: execute one requested run (every check, or the named
+    ones). Returns its findings count."""
+    checks = None if check_names is None else [check for check in CHECKS if check.name in check_names]
+    return int(reconciliation_run_execute(run_id=run_id, checks=checks).findings_count)
 
 
 class _Enqueue:
     """The on-commit callback: sends the run's task with the schema it was requested in."""
 
-    def __init__(self, run_id: int) -> None:
+    def __init__(self, run_id: int, check_names: list[str] | None) -> None:
         self.run_id, self.schema_name = run_id, str(getattr(connection, "schema_name"))  # noqa: B009 - set by django-tenants
+        self.check_names = check_names
 
     def __call__(self) -> None:
         with schema_context(self.schema_name):
-            reconciliation_run_tenant.delay(run_id=self.run_id)
+            if self.check_names is None:
+                reconciliation_run_tenant.delay(run_id=self.run_id)
+            else:
+                reconciliation_run_tenant.delay(run_id=self.run_id, check_names=self.check_names)
 
 
-def reconciliation_run_enqueue_on_commit(*, run_id: int) -> None:
-    transaction.on_commit(_Enqueue(run_id))
+def reconciliation_run_enqueue_on_commit(*, run_id: int, check_names: list[str] | None = None) -> None:
+    transaction.on_commit(_Enqueue(run_id, check_names))
+
+
+# What a switched-off tenant is still checked for: card charges neither credited nor given
+# back, and the PSP's settlement (its webhooks and top-up recovery still run).
+SWITCHED_OFF_CHECKS = ["psp_settlement"]
 
 
 @shared_task(base=TenantTask, name="reconciliation.run_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def reconciliation_run_all_tenants() -> int:
     """Beat entry point (django-celery-beat PeriodicTask, see reconciliation_schedule_ensure):
-    request a run in every active tenant and enqueue it after commit."""
-    schemas = tenant_schemas_active()
+    request a run in every tenant and enqueue it after commit: every check in an active
+    tenant, the PSP settlement check alone in a switched-off one."""
+    active = set(tenant_schemas_active())
+    schemas = tenant_schemas_all()
     for schema_name in schemas:
+        check_names = None if schema_name in active else SWITCHED_OFF_CHECKS
         with schema_context(schema_name), transaction.atomic():
             run = reconciliation_run_request(trigger=RunTrigger.BEAT)
-            reconciliation_run_enqueue_on_commit(run_id=run.pk)
+            reconciliation_run_enqueue_on_commit(run_id=run.pk, check_names=check_names)
     return len(schemas)

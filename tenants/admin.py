@@ -7,10 +7,14 @@ tenant's staff every other tenant.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
-from django_tenants.utils import get_public_schema_name
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django_tenants.utils import get_public_schema_name, schema_context
 
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_creation_prepare, tenant_setup
@@ -23,6 +27,16 @@ class PlatformAdminSite(admin.AdminSite):
 
 
 platform_site = PlatformAdminSite(name="platform")
+
+
+# Read-only panels the apps above add to a tenant's page (tenants imports none of them):
+# each renders HTML from inside the tenant's schema, switched on or off, so the platform
+# admin shows what a switched-off operator still holds (its hosts answer 404).
+TENANT_PANELS: dict[str, Callable[[], SafeString]] = {}
+
+
+def tenant_panel_register(*, title: str, render: Callable[[], SafeString]) -> None:
+    TENANT_PANELS[title] = render
 
 
 class DomainInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -39,15 +53,25 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     inlines = [DomainInline]
     # A face's idempotency mode is switched from the tenant's own admin (Idempotency records ->
     # "Idempotency mode per face"), audited in that tenant's log; here it is shown only.
-    readonly_fields = ("schema_name", "created", "idempotency_customer", "idempotency_terminal", "idempotency_merchant", "idempotency_admin")
+    readonly_fields = ("schema_name", "created", "idempotency_customer", "idempotency_terminal", "idempotency_merchant", "idempotency_admin",
+                       "panels")
     fieldsets = (
         (None, {"fields": ("schema_name", "name", "is_active", "created")}),
+        ("Money still in flight (read in the tenant's schema, switched on or off)", {"fields": ("panels",)}),
         ("Money", {"fields": ("main_currency", "currency_exponent", "points_earn_rate", "topup_bonus_rate", "carbon_grams_per_unit")}),
         ("Charging", {"fields": ("charge_by_customer_id",)}),
         ("Idempotency rollout (per face)", {"fields": ("idempotency_customer", "idempotency_terminal", "idempotency_merchant", "idempotency_admin")}),
         ("Idempotency retention", {"fields": ("idempotency_replay_window_seconds", "idempotency_tombstone_window_seconds", "idempotency_wait_ms")}),
         ("Other", {"fields": ("extra_settings",)}),
     )
+
+    @admin.display(description="in the tenant")
+    def panels(self, obj: Tenant) -> SafeString:
+        if obj.pk is None or obj.schema_name == get_public_schema_name() or not TENANT_PANELS:
+            return format_html("{}", "-")
+        with schema_context(obj.schema_name):
+            rendered = [(title, render()) for title, render in TENANT_PANELS.items()]
+        return format_html_join("", "<h3>{}</h3>{}", rendered)
 
     def get_queryset(self, request):  # type: ignore[no-untyped-def]
         return super().get_queryset(request).exclude(schema_name="tenant_template")
@@ -65,8 +89,9 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         if "is_active" in form.base_fields:
             form.base_fields["is_active"].help_text = (
                 "Unchecked: the operator is switched off. Its hosts answer 404 (API and admin; the PSP's webhooks still"
-                " land), and beat does no work in it (webhook relay, top-up recovery and card refunds, reconciliation)"
-                " until it is switched on again."
+                " land), and beat stops its webhook relay and full reconciliation until it is switched on again. Card"
+                " money stays safe: top-up recovery, card refunds and the PSP settlement check go on (its top-up queue"
+                " is shown on this page)."
             )
         return form
 

@@ -127,7 +127,10 @@ def _settle(
     return True
 
 
-def due_work_schemas(*, kinds: Iterable[DueWorkKind], now: datetime | None = None) -> list[str]:
-    """The active tenants with work of one of `kinds` due by `now`, in one query."""
-    due = DueWork.objects.filter(kind__in=[str(k) for k in kinds], due_at__lte=now or timezone.now(), tenant__is_active=True)
+def due_work_schemas(*, kinds: Iterable[DueWorkKind], now: datetime | None = None, switched_off_too: bool = False) -> list[str]:
+    """The active tenants (`switched_off_too`: every tenant) with work of one of `kinds`
+    due by `now`, in one query."""
+    due = DueWork.objects.filter(kind__in=[str(k) for k in kinds], due_at__lte=now or timezone.now())
+    if not switched_off_too:
+        due = due.filter(tenant__is_active=True)
     return [str(s) for s in due.order_by("tenant_id").values_list("tenant_id", flat=True).distinct()]

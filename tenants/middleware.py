@@ -7,11 +7,12 @@ process sees a settings change (e.g. an idempotency mode switched in the admin) 
 TENANT_CACHE_SECONDS at most. An unknown host is never cached.
 
 A switched-off tenant (`is_active` unchecked in the platform admin) is served as an unknown
-host: beat does no work in it either (tenants.selectors.tenant_schemas_active,
-tenants.duework), so it must not take payments whose webhooks and recovery would wait for
-it to be switched on again. Two exceptions: the public tenant (the platform admin, where a
-tenant is switched on again) and the PSP's webhooks, which settle top-ups whose card was
-charged before the switch.
+host, and beat's business work in it stops (the webhook relay, the full reconciliation:
+tenants.selectors.tenant_schemas_active, tenants.duework), so it must not take payments
+whose webhooks would wait for it to be switched on again. What keeps card money safe goes
+on (top-up recovery and card refunds, the PSP settlement check). Two exceptions here: the
+public tenant (the platform admin, where a tenant is switched on again) and the PSP's
+webhooks, which settle top-ups whose card was charged before the switch.
 
 config.middleware wraps it to fail closed (503 in the error envelope) when the database
 is unreachable.

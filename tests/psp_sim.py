@@ -37,7 +37,7 @@ class Simulator:
         return dict(self._call("POST", "/_control/faults", faults))
 
     def faults_clear(self) -> None:
-        self.faults(latency_ms=0, fail_5xx=0, hang_after_charge=0, hang_seconds=30.0, duplicate_webhooks=False,
+        self.faults(latency_ms=0, charge_latency_ms=0, fail_5xx=0, hang_after_charge=0, hang_seconds=30.0, duplicate_webhooks=False,
                     out_of_order_webhooks=False, webhook_before_response=False, min_charge_amount=0)
 
     def flush_webhooks(self) -> int:

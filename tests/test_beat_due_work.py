@@ -7,6 +7,7 @@ on its own Celery queue (real Redis)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -397,6 +398,39 @@ def test_each_kind_of_task_lands_on_its_own_queue(broker: redis.Redis, tenant: T
         "reconciliation": [("reconciliation.run_tenant", schema)],
         "celery": [("idempotency.purge_tenant", schema)],
     }
+
+
+@pytest.mark.filterwarnings("ignore::celery.exceptions.AlwaysEagerIgnored")
+def test_a_switched_off_tenant_still_gets_top_up_recovery_and_the_settlement_check(
+    broker: redis.Redis, tenant: Tenant, tenant_b: Tenant, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Card money is settled or given back whatever became of the operator: beat still sends
+    a switched-off tenant its top-up recovery (the due task and the sweep) and a
+    reconciliation run of the PSP settlement check alone; its webhook relay stays paused.
+    The fan-outs used to select active tenants for all of them."""
+    from payments.tasks import topups_recover_all_tenants
+    from reconciliation.tasks import reconciliation_run_all_tenants
+
+    DueWork.objects.all().delete()
+    Tenant.objects.filter(pk=tenant_b.pk).update(is_active=False)
+    for kind in (DueWorkKind.TOPUPS, DueWorkKind.RELAY):
+        DueWork.objects.create(tenant_id=tenant_b.schema_name, kind=kind, due_at=timezone.now() - timedelta(seconds=1))
+    assert topups_recover_due_tenants() == 1 and webhooks_relay_due_tenants() == 0
+    assert queued(broker) == {"recovery": [("payments.topups_recover_tenant", tenant_b.schema_name)]}
+    broker.delete(*QUEUES)
+
+    topups_recover_all_tenants()
+    assert ("payments.topups_recover_tenant", tenant_b.schema_name) in queued(broker)["recovery"]
+    broker.delete(*QUEUES)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        reconciliation_run_all_tenants()
+    runs = {
+        headers["_schema_name"]: json.loads(base64.b64decode(body))[1]
+        for headers, body in ((m["headers"], m["body"]) for m in map(json.loads, broker.lrange("reconciliation", 0, -1)))
+    }
+    assert runs[tenant_b.schema_name].get("check_names") == ["psp_settlement"], runs
+    assert "check_names" not in runs[tenant.schema_name], runs  # an active tenant: every check
 
 
 def test_every_tally_task_is_routed_to_a_declared_queue() -> None:

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -836,8 +837,9 @@ def test_recovery_reaches_a_resolvable_top_up_behind_more_than_a_page_of_stuck_o
 def test_one_top_up_that_cannot_be_resolved_does_not_stop_the_recovery_run(quiet: Simulator) -> None:
     """The oldest pending top-up's gateway credentials do not unseal (an exception that is
     not the PSP's). It is logged, counted as an error and noted on the top-up; the pass
-    still settles the others, refunds the charge it could not credit, and purges old PSP
-    event markers. An exception used to end the tenant's whole run there."""
+    still settles the others and purges old PSP event markers, and the charge it could not
+    credit is refunded (by the next pass, which makes refunds first; the tenant stays due
+    now). An exception used to end the tenant's whole run there."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -857,8 +859,10 @@ def test_one_top_up_that_cannot_be_resolved_does_not_stop_the_recovery_run(quiet
 
     counts = topup_recovery_run()
 
-    assert counts["error"] == 1 and counts["succeeded"] == 1 and counts["failed"] == 1 and counts["refunded"] == 1, counts
+    assert counts["error"] == 1 and counts["succeeded"] == 1 and counts["failed"] == 1 and counts["refunded"] == 0, counts
     assert _sample("tally_topup_orphans_recovered_total", outcome="error") == errors_before + 1
+    assert _topups_due(by=timezone.now())
+    assert topup_recovery_run()["refunded"] == 1
     broken.refresh_from_db()
     assert broken.status == "pending" and "InvalidTag" in broken.last_error
     fine.refresh_from_db()
@@ -1070,3 +1074,229 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
     counts = topup_saga.topup_recovery_run(batch_size=2)
     assert counts.get("unavailable") == 3, counts
     assert len(asked) == len(set(asked)) == 3, asked
+
+
+# --- What the PSP charged: recorded, matched, and what a refund gives back -----------------------
+
+
+def _owed_refund(quiet: Simulator, psp_key: str, frozen: Any, amount: int) -> TopUp:
+    """A top-up the PSP charged whose credit was refused (a frozen wallet): a card refund owed."""
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from payments.services.card_topups import topup_settle
+
+    topup = TopUp.objects.create(customer=frozen, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway="simulator")
+    result = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0).charge(
+        ChargeRequest(amount=amount, currency="JPY", payment_method="pm_card_visa", idempotency_key=topup.pk, reference=topup.pk)
+    )
+    with transaction.atomic():
+        settled, refusal = topup_settle(topup_id=topup.pk, result=result)
+    assert settled.status == "failed" and refusal is not None and settled.psp_charged
+    return settled
+
+
+def test_a_card_refund_gives_back_what_the_psp_charged(quiet: Simulator) -> None:
+    """The charge's amount and currency are kept when it is recorded, and the refund sends
+    that back, not the top-up's own amount (here edited after the charge, as a bug or a
+    hand might): the PSP refuses a refund above its charge, and the card would wait for ever.
+    The refund used to send `topup.amount`."""
+    from payments.services.card_topups import topup_refunds_run
+
+    psp_key = psp_account_configure(quiet)
+    owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 900)
+    assert (owed.psp_charged_amount, owed.psp_charged_currency) == (900, "JPY")
+    TopUp.objects.filter(pk=owed.pk).update(amount=1000)
+    assert topup_refunds_run()["refunded"] == 1
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(owed.psp_reference, 900)]
+
+
+def test_a_recovery_read_of_a_charge_of_another_amount_credits_nothing_and_queues_it(quiet: Simulator, monkeypatch: Any) -> None:
+    """The PSP answers the recovery's question with a successful charge of another amount
+    under the top-up's key: never credited, the top-up in the operator queue with the PSP's
+    figures. It used to fail in the completion, counted as an error on every pass, asking
+    the PSP again each time and never reaching a person."""
+    from dataclasses import replace
+
+    from django.utils import timezone
+
+    from payments.services import card_topups
+    from payments.services.topup_saga import topup_recovery_run
+
+    psp_account_configure(quiet)
+    customer = customer_create(name=f"Odd charge {uuid.uuid4().hex[:6]}")
+    topup = _pending(customer, created=timezone.now() - timedelta(minutes=5), amount=500)[0]
+    real_charge = card_topups.topup_charge
+    monkeypatch.setattr(card_topups, "topup_charge", lambda *, topup: replace(real_charge(topup=topup), amount=5_000))
+
+    counts = topup_recovery_run()
+
+    assert counts.get("operator_review") == 1 and "error" not in counts, counts
+    topup.refresh_from_db()
+    assert topup.status == "pending" and topup.operator_review_at is not None and "5000 JPY" in topup.last_error
+    assert not topup.psp_charged and _balance(customer) == 0 and LedgerTransaction.objects.filter(reference=topup.pk).count() == 0
+    assert "operator_review" not in topup_recovery_run()  # queued: no longer asked about
+
+
+# --- Recovery within the task's time: refunds every pass, the soft limit never swallowed ---------
+
+
+@pytest.mark.parametrize("where", ["resolve", "refund"])
+def test_a_soft_time_limit_inside_one_record_ends_the_pass(quiet: Simulator, monkeypatch: Any, where: str) -> None:
+    """Celery's SoftTimeLimitExceeded is an Exception: the per-record isolation used to
+    swallow it as one record's error, and the pass went on until the hard limit killed it
+    (before its refunds and its settle). It must end the pass, so the task unwinds."""
+    from celery.exceptions import SoftTimeLimitExceeded
+    from django.utils import timezone
+
+    from payments.services import card_topups
+    from payments.services.topup_saga import topup_recovery_run
+
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Soft {uuid.uuid4().hex[:6]}")
+    if where == "resolve":
+        _pending(customer, created=timezone.now() - timedelta(minutes=5))
+
+        def out_of_time(*, topup: TopUp) -> Any:
+            raise SoftTimeLimitExceeded()
+
+        monkeypatch.setattr(card_topups, "topup_charge", out_of_time)
+    else:
+        _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 300)
+
+        def build_out_of_time(**kwargs: Any) -> Any:
+            raise SoftTimeLimitExceeded()
+
+        monkeypatch.setattr(card_topups, "gateway_build", build_out_of_time)
+    with pytest.raises(SoftTimeLimitExceeded):
+        topup_recovery_run()
+
+
+class _HardKilled(BaseException):
+    """The task's hard time limit: the process is gone, nothing after it runs."""
+
+
+@contextmanager
+def _celery_time_limits(*, soft: float, hard: float) -> Iterator[None]:
+    """Celery's time limits on this thread, as the worker applies them: SoftTimeLimitExceeded
+    raised into the running task at `soft` seconds, then (standing in for the kill) a
+    BaseException at `hard`. Cancelled on leaving."""
+    import ctypes
+
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    target = threading.get_ident()
+    done = threading.Event()
+
+    def strike() -> None:
+        for at, exc in ((soft, SoftTimeLimitExceeded), (hard - soft, _HardKilled)):
+            if done.wait(at):
+                return
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(exc))
+
+    watchdog = threading.Thread(target=strike, daemon=True)
+    watchdog.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watchdog.join()
+
+
+def test_refunds_are_made_every_pass_while_the_psp_takes_10_s_to_answer_charges(quiet: Simulator, settings: Any) -> None:
+    """A backlog of pending top-ups and a PSP that takes 10 s to answer a charge (each ask
+    times out): every pass still makes the card refund owed, within the task's time limits
+    (8 s soft, 10 s hard here; each loop's budget 0.5 s). The pass used to ask about every
+    pending top-up before any refund, and was killed first. Work left over keeps the
+    tenant due, and the next pass goes on from where the last one stopped."""
+    from django.core.cache import cache
+    from django.utils import timezone
+
+    from payments.services.topup_saga import topup_recovery_run
+
+    settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS = 0.5
+    psp_key = psp_account_configure(quiet)
+    customer, frozen = customer_create(name=f"Backlog {uuid.uuid4().hex[:6]}"), _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}")
+    backlog = _pending(customer, created=timezone.now() - timedelta(minutes=10), n=12)
+    asked: list[set[str]] = []
+    try:
+        for turn in range(2):
+            quiet.faults(charge_latency_ms=0)
+            owed = _owed_refund(quiet, psp_key, frozen, 300 + turn)  # a credit refused since the last pass
+            quiet.faults(charge_latency_ms=10_000)
+            DueWork.objects.filter(tenant_id=connection.schema_name).delete()
+            started = time.monotonic()
+            with _celery_time_limits(soft=8.0, hard=10.0):
+                counts = topup_recovery_run()
+            assert time.monotonic() - started < 8.0, counts
+            owed.refresh_from_db()
+            assert owed.psp_refund_reference and counts["refunded"] == 1, counts
+            assert counts.get("budget_exhausted") and counts.get("unavailable", 0) >= 1, counts
+            assert _topups_due(by=timezone.now()), "work left over must keep the tenant due"
+            asked.append({t.pk for t in TopUp.objects.filter(pk__in=[b.pk for b in backlog]).exclude(last_error="")})
+        refunds = quiet.state()["accounts"][psp_key]["refunds"]
+        assert sorted(rf["amount"] for rf in refunds) == [300, 301]
+        assert asked[1] > asked[0], asked  # the second pass asked about top-ups the first did not reach
+    finally:
+        quiet.faults(charge_latency_ms=0)
+        cache.delete_many([f"topups:recovery:resume:{loop}" for loop in ("refunds", "pending")])
+
+
+# --- A switched-off tenant keeps card money safe ------------------------------------------------
+
+
+def test_a_switched_off_tenants_refused_credit_is_refunded_by_beat(quiet: Simulator) -> None:
+    """The operator is switched off; a PSP webhook (still served) brings a charge whose credit
+    is refused (the wallet frozen). Beat's 10 s task still visits the tenant and refunds the
+    card; its safety sweep too. Both used to select active tenants only: charged, never
+    credited, never refunded, and nobody could settle it."""
+    from django.utils import timezone
+
+    tenant = Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"])
+    psp_key = psp_account_configure(quiet)
+    Tenant.objects.filter(pk=tenant.pk).update(is_active=False)  # rolled back with the test
+    first = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 700)
+    assert _topups_due(by=timezone.now())
+    topups_recover_due_tenants.apply()
+    connection.set_tenant(tenant)
+    first.refresh_from_db()
+    assert first.psp_refund_reference, "beat's due task skipped the switched-off tenant"
+    second = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 800)
+    DueWork.objects.filter(tenant_id=tenant.schema_name).delete()  # a lost due row: the sweep's work
+    topups_recover_all_tenants.apply()
+    connection.set_tenant(tenant)
+    second.refresh_from_db()
+    assert second.psp_refund_reference, "the safety sweep skipped the switched-off tenant"
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert sorted(rf["amount"] for rf in refunds) == [700, 800]
+
+
+
+def test_the_platform_admin_lists_a_switched_off_tenants_top_up_queue(quiet: Simulator) -> None:
+    """A switched-off tenant's own admin answers 404, so the platform admin shows its card
+    money still in flight on the tenant's page: pending top-ups (the operator queue among
+    them) and card refunds owed, counted and listed. It showed nothing of them."""
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    tenant = Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"])
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Queue {uuid.uuid4().hex[:6]}")
+    waiting = _pending(customer, created=timezone.now() - timedelta(hours=1), amount=1234)[0]
+    queued = _pending(customer, created=timezone.now() - timedelta(hours=21), amount=4321)[0]
+    TopUp.objects.filter(pk=queued.pk).update(operator_review_at=timezone.now())
+    owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 555)
+    Tenant.objects.filter(pk=tenant.pk).update(is_active=False)
+
+    connection.set_schema_to_public()
+    get_user_model().objects.create_superuser(username=f"platform-{uuid.uuid4().hex[:6]}", password="pw-123456")
+    platform = Client(HTTP_HOST="public.test.localhost")
+    assert platform.login(username=get_user_model().objects.latest("id").username, password="pw-123456")
+    page = platform.get(f"/admin/tenants/tenant/{tenant.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "2 pending (1 waiting for an operator), 1 card refunds owed" in html, html[html.find("Money still"):][:3000]
+    for topup in (waiting, queued, owed):
+        assert topup.pk in html
+    assert "refund owed (wallet_frozen)" in html and "operator queue since" in html and owed.psp_reference in html
+    connection.set_tenant(tenant)

@@ -156,13 +156,61 @@ def test_a_failing_handler_records_nothing_and_the_retry_is_processed(pending: T
     assert pending.status == "succeeded" and credited(pending) == 1
 
 
-def test_an_event_whose_amount_differs_from_the_top_up_is_refused(pending: TopUp) -> None:
+@pytest.mark.parametrize("field", ["amount", "currency"])
+def test_a_charge_whose_amount_or_currency_differs_is_never_credited_and_waits_for_an_operator(pending: TopUp, field: str) -> None:
+    """The event is authentic (signed by the top-up's gateway) but its charge is not the
+    top-up's: acknowledged (a 4xx would be retried for days with nothing to gain), nothing
+    credited, the top-up in the operator queue with the PSP's figures, the event recorded."""
+    body = json.loads(event(pending))
+    body["data"]["object"][field] = 999_999 if field == "amount" else "eur"
+    response = send(json.dumps(body).encode())
+    assert response.status_code == 200 and response.json()["outcome"] == "mismatch", response.content
+    pending.refresh_from_db()
+    assert pending.status == "pending" and credited(pending) == 0 and not pending.psp_charged
+    assert pending.operator_review_at is not None and "not the top-up's" in pending.last_error
+    assert PspWebhookEvent.objects.get(event_id=body["id"]).outcome == "mismatch"
+    assert send(json.dumps(body).encode()).json()["outcome"] == "duplicate"
+
+
+def test_a_late_charge_of_another_amount_on_a_failed_top_up_is_not_recorded_as_its_money(pending: TopUp) -> None:
+    """A top-up refused before its charge was known (frozen wallet), then an event about a
+    charge of another amount under its id. The branch that records a late charge for a
+    refund used to skip the amount check: it recorded 999999 as this top-up's charge and
+    refunded 1000 of it. Now nothing is recorded; the PSP's charge is the reconciliation's
+    (its settlement check reports a charge no top-up records)."""
+    TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code="wallet_frozen")
     body = json.loads(event(pending))
     body["data"]["object"]["amount"] = 999_999
     response = send(json.dumps(body).encode())
-    assert response.status_code == 400 and response.json()["error"]["code"] == "event_invalid"
+    assert response.status_code == 200 and response.json()["outcome"] == "mismatch"
     pending.refresh_from_db()
-    assert pending.status == "pending" and not PspWebhookEvent.objects.exists()
+    assert pending.status == "failed" and not pending.psp_charged and pending.psp_reference == ""
+    from payments.selectors import topups_charged_uncredited
+
+    assert not topups_charged_uncredited().filter(pk=pending.pk).exists()  # no refund of the wrong amount is owed
+
+
+def test_an_event_signed_for_another_gateway_never_settles_the_top_up(pending: TopUp, caplog: Any) -> None:
+    """The tenant's Stripe top-up, and a correctly signed event from its simulator account
+    (whose secret sits in var/ on a development box) naming that top-up: acknowledged,
+    recorded and logged as `wrong_gateway`, and the top-up is left as it was. It used to be
+    credited, and a charge.failed one failed it."""
+    gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_test_x", webhook_secrets=["whsec_stripe"])
+    customer = CustomerFactory()
+    stripe_topup = topup_pending_ensure(
+        topup_id=f"top_{uuid.uuid4().hex[:20]}", customer=customer, asset_code="JPY", amount=1000, payment_method="pm_card_visa",
+        claim_principal_id=customer.pk, claim_key="k2",
+    )
+    assert stripe_topup.gateway == "stripe"
+    for kind in ("charge.succeeded", "charge.failed"):
+        body = event(stripe_topup, kind=kind)
+        response = send(body)  # the simulator's endpoint, the simulator's secret: a valid signature
+        assert response.status_code == 200 and response.json()["outcome"] == "wrong_gateway", response.content
+        assert PspWebhookEvent.objects.get(event_id=json.loads(body)["id"]).outcome == "wrong_gateway"
+    stripe_topup.refresh_from_db()
+    assert stripe_topup.status == "pending" and credited(stripe_topup) == 0 and stripe_topup.psp_reference == ""
+    assert any("another gateway" in r.message for r in caplog.records)
+    assert send(event(pending)).json()["outcome"] == "applied"  # the simulator's own top-up: applied as ever
 
 
 def test_unknown_gateway_and_unconfigured_gateway_are_404(tenant: Tenant) -> None:

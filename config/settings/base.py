@@ -330,6 +330,25 @@ TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS = env.float("TALLY_RELAY_TEST_PAUSE_A
 # must outlast the call, so only a crashed or stalled holder's claim is ever taken over.
 TALLY_PSP_TIMEOUT_SECONDS = env.float("TALLY_PSP_TIMEOUT_SECONDS", default=10.0)
 TALLY_TOPUP_LEASE_SECONDS = env.int("TALLY_TOPUP_LEASE_SECONDS", default=30)
+# Each of the three loops of a top-up recovery pass (refunds, orphaned claims, pending
+# top-ups) takes records for at most this many seconds, then leaves the rest to the next
+# pass (payments/services/topup_budget.py). Each loop may overrun its budget by the one PSP
+# call in hand, and the purge and settle come after: all of it must end inside the task's
+# soft time limit, or the pass is killed before its settle (and, before, its refunds).
+# Unset, it is derived from that limit (25 s at the defaults); set, it is checked against it.
+TOPUP_RECOVERY_LOOPS = 3
+TOPUP_RECOVERY_TAIL_SECONDS = 15  # purge, gauges, the due-work settle
+_topup_loop_fit = (CELERY_TASK_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS) / TOPUP_RECOVERY_LOOPS - TALLY_PSP_TIMEOUT_SECONDS
+_topup_loop_set = env("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", default="")
+if not _topup_loop_set:
+    TALLY_TOPUP_RECOVERY_LOOP_SECONDS = max(1.0, _topup_loop_fit)  # 1 s: a soft limit set too short for a pass still gets one record a loop
+else:
+    TALLY_TOPUP_RECOVERY_LOOP_SECONDS = float(_topup_loop_set)
+    if not 0 < TALLY_TOPUP_RECOVERY_LOOP_SECONDS <= _topup_loop_fit:
+        raise ImproperlyConfigured(
+            "TALLY_TOPUP_RECOVERY_LOOP_SECONDS: 3 x (it + TALLY_PSP_TIMEOUT_SECONDS) + 15 s must fit in CELERY_TASK_SOFT_TIME_LIMIT"
+            f" (at most {_topup_loop_fit:g} s now)"
+        )
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
 # The stored answer of a settled top-up (201 or 402) is the customer API's rendering; the

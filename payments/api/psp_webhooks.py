@@ -33,7 +33,10 @@ class PspWebhookView(APIView):
         description=(
             "The tenant's PSP reports charge outcomes here. `Psp-Signature` (simulator) or `Stripe-Signature` (Stripe): "
             "`t=<unix>,v1=<hex HMAC-SHA256 of \"t.body\">` with one of the tenant's webhook secrets (several may be valid "
-            "during a rotation), at most 300 s old. Each event id is applied once; unknown event types are acknowledged."
+            "during a rotation), at most 300 s old. Each event id is applied once; unknown event types are acknowledged. "
+            "An event about a top-up of another gateway (`outcome: wrong_gateway`), or a successful charge whose amount or "
+            "currency is not the top-up's (`mismatch`: the top-up waits for an operator), is recorded and acknowledged with "
+            "no credit: the provider would retry a 4xx for days with nothing to gain."
         ),
         parameters=[OpenApiParameter("gateway", str, OpenApiParameter.PATH, enum=sorted(SIGNATURE_HEADERS))],
         responses={

@@ -21,6 +21,7 @@ Idempotency-Key with the same parameters returns the first answer; with other
 parameters a 400 `idempotency_error`.
 
 Faults (POST /_control/faults, JSON; any subset): `latency_ms` (every API call),
+`charge_latency_ms` (charges only, before anything is decided: refunds and reads answer at once),
 `fail_5xx` (the next N API calls answer 500 before doing anything), `hang_after_charge`
 (the next N charges are made, then the answer is held `hang_seconds` and the connection
 dropped: a timeout after it has charged), `duplicate_webhooks` (each event sent twice),
@@ -78,6 +79,7 @@ def signature_header_for(*, secret: str, body: bytes, timestamp: int) -> str:
 @dataclass
 class Faults:
     latency_ms: int = 0
+    charge_latency_ms: int = 0
     fail_5xx: int = 0
     hang_after_charge: int = 0
     hang_seconds: float = 30.0
@@ -354,6 +356,10 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 self._send(400, _error("Idempotency-Key header is required"))
                 return
             if path == "/v1/charges":
+                with sim.lock:
+                    charge_latency = sim.faults.charge_latency_ms
+                if charge_latency:
+                    time.sleep(charge_latency / 1000.0)
                 status, body, event = sim.charge_create(acct, key, params)
                 if event is not None:
                     with sim.lock:

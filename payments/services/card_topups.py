@@ -17,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from payments.errors import (
     AssetNotTopUpable,
     CardDeclined,
+    PspChargeMismatch,
     PspEventInvalid,
     PspKeyWindowPassed,
     PspNotConfigured,
@@ -48,6 +50,7 @@ from payments.selectors import (
     topups_refund_due,
 )
 from payments.services.outbox import outbox_event_create
+from payments.services.topup_budget import LoopBudget, topups_in_turn
 from payments.services.topup_due import topup_due_mark, topup_recovery_due_now
 from payments.services.topups import topup_credit, topup_pending_new, topup_pending_save
 from wallets.errors import BusinessRefusal, CapExceeded, InvalidRequest, NotFound, WalletFrozen
@@ -155,6 +158,26 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
 NOT_CHARGED_CODES = ("psp_refused", "not_charged")
 
 
+def topup_charge_matches(*, topup: TopUp, result: ChargeResult) -> bool:
+    """Whether a PSP charge is this top-up's: its amount and currency. Only a matching
+    successful charge is ever recorded, credited or refunded."""
+    return result.amount == topup.amount and result.currency.upper() == topup.asset_id.upper()
+
+
+def topup_charge_mismatch_hold(*, topup_id: str, result: ChargeResult, source: str) -> bool:
+    """A successful PSP charge whose amount or currency is not the top-up's: never credited.
+    A pending top-up goes to the operator queue with the PSP's figures as evidence; one
+    already settled is left as it is (the reconciliation's settlement check reports the
+    PSP's charge). Returns whether the top-up entered the queue now. Locks: the top-up row."""
+    logger.error(
+        "psp charge does not match the top-up: not credited, an operator settles it",
+        extra={"topup": topup_id, "psp_reference": result.psp_reference, "psp_amount": result.amount,
+               "psp_currency": result.currency, "source": source},
+    )
+    reason = f"the PSP's charge {result.psp_reference} is {result.amount} {result.currency.upper()}, not the top-up's ({source})"
+    return topup_review_hold(topup_id=topup_id, reason=reason)
+
+
 def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
     if topup.status != TopUpStatus.FAILED:
         return None
@@ -179,27 +202,30 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     frozen) fails the top-up with that code, and the recovery refunds the card, as it does
     a charge that arrives after the top-up failed. Declined: the top-up fails with the
     PSP's code. Already settled: unchanged. A charge owed back marks the recovery due now.
+    A successful charge is recorded only with the top-up's amount and currency (the one it
+    gives back if never credited): another raises PspChargeMismatch, nothing written.
     Locks: the top-up row, then the balance rows (ledger_post); the tenant's top-up
     due-work lock, SHARED, when a charge is owed back."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
+    recordable = topup.status == TopUpStatus.PENDING or (topup.status == TopUpStatus.FAILED and not topup.psp_reference)
+    if recordable and result.status == "succeeded" and not topup_charge_matches(topup=topup, result=result):
+        # Every branch that records a charge: one of another amount or currency is never
+        # this top-up's money to credit or refund. The callers hold it for an operator
+        # first (topup_charge_mismatch_hold); this is the last defence.
+        logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
+        raise PspChargeMismatch("the card processor's charge does not match this top-up: an operator settles it")
     if topup.status == TopUpStatus.FAILED and not topup.psp_reference and result.status == "succeeded":
         # Refused before we knew an earlier attempt's charge had gone through: record the
         # charge, so the refund task gives the card its money back (a charged, uncredited top-up).
         logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
-        topup.psp_reference, topup.psp_charged_at, topup.psp_charged = result.psp_reference[:200], result.created, True
-        topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "updated"])
+        _charge_record(topup, result)
         topup_recovery_due_now()
         return topup, _refusal_of(topup)
     if topup.status != TopUpStatus.PENDING:
         return topup, _refusal_of(topup)
-    if result.amount != topup.amount or result.currency.upper() != topup.asset_id.upper():
-        logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
-        raise PspEventInvalid("the PSP's charge does not match the top-up's amount and currency", param=None)
-    topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
-    topup.psp_charged = result.status == "succeeded"
-    topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "updated"])
+    _charge_record(topup, result)
     if result.status == "succeeded":
         try:
             with transaction.atomic():  # a refusal is raised before ledger_post writes; the savepoint makes that certain
@@ -210,6 +236,16 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
             return topup_fail(topup=topup, failure_code=code), refusal
     failed = topup_fail(topup=topup, failure_code=result.failure_code or "card_declined")
     return failed, _refusal_of(failed)
+
+
+def _charge_record(topup: TopUp, result: ChargeResult) -> None:
+    """The PSP's answer on the locked top-up: its reference, and for a successful charge
+    what it charged (the refund's amount, if it is never credited)."""
+    topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
+    topup.psp_charged = result.status == "succeeded"
+    if topup.psp_charged:
+        topup.psp_charged_amount, topup.psp_charged_currency = result.amount, result.currency.upper()[:10]
+    topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "psp_charged_amount", "psp_charged_currency", "updated"])
 
 
 def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal | None]:
@@ -248,29 +284,34 @@ def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
     return topup
 
 
-def topup_refunds_run(*, batch_size: int = 100) -> dict[str, int]:
+def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None) -> dict[str, int]:
     """Refund the card of every charged top-up that ended without a credit (key
-    `<top-up id>:refund`), oldest first, page by page. One that fails is logged, counted and
-    tried again next run; the others go on. Returns counts by outcome.
-    Locks: each top-up row, briefly, to record the refund."""
+    `<top-up id>:refund`), page by page, from where the last run cut short by its budget
+    stopped (topup_budget.topups_in_turn). One that fails is logged, counted and tried
+    again next run; the others go on. With `budget`, stops taking refunds once it is
+    spent (`budget.exhausted`: refunds are left for the next run). Returns counts by
+    outcome. Locks: each top-up row, briefly, to record the refund."""
     counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
     names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
-    after: TopUpCursor | None = None
-    while True:
-        page = topups_refund_due(after=after, limit=batch_size)
-        for topup in page:
-            outcome = recovery_step_isolated(step="refund", topup_id=topup.pk, fn=functools.partial(_refund_one, topup))
-            counts[names[outcome]] += 1
-            metrics.TOPUP_CARD_REFUNDS.labels(outcome=outcome).inc()
-        if len(page) < batch_size:
-            return counts
-        after = TopUpCursor.of(page[-1])
+
+    def fetch(after: TopUpCursor | None, limit: int) -> list[TopUp]:
+        return topups_refund_due(after=after, limit=limit)
+
+    owed = topups_in_turn(loop="refunds", fetch=fetch, batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf")))
+    for topup in owed:
+        outcome = recovery_step_isolated(step="refund", topup_id=topup.pk, fn=functools.partial(_refund_one, topup))
+        counts[names[outcome]] += 1
+        metrics.TOPUP_CARD_REFUNDS.labels(outcome=outcome).inc()
+    return counts
 
 
 def _refund_one(topup: TopUp) -> str:
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
-        refund = gateway.refund(psp_reference=topup.psp_reference, amount=topup.amount, idempotency_key=f"{topup.pk}:refund")
+        # What the PSP charged, not what we asked for (rows recorded before it was kept: the
+        # top-up's amount, which the charge matched).
+        amount = topup.psp_charged_amount if topup.psp_charged_amount is not None else topup.amount
+        refund = gateway.refund(psp_reference=topup.psp_reference, amount=amount, idempotency_key=f"{topup.pk}:refund")
     except (GatewayError, NotFound) as exc:
         logger.warning("card refund of an uncredited top-up failed; retried next run", extra={"topup": topup.pk, "error": str(exc)})
         topup_last_error_note(topup_id=topup.pk, error=f"card refund: {exc}")
@@ -291,9 +332,12 @@ def _refund_record(*, topup_id: str, reference: str) -> None:
 def recovery_step_isolated(*, step: str, topup_id: str, fn: Callable[[], str]) -> str:
     """`fn()`'s outcome, or "error" if it raises: logged and kept as the top-up's last
     error, so one bad record never stops a recovery run. A lost database connection is no
-    single record's fault: it propagates."""
+    single record's fault: it propagates; so does Celery's soft time limit, which ends the
+    pass (SoftTimeLimitExceeded is an Exception: named first, so it is never swallowed)."""
     try:
         return fn()
+    except SoftTimeLimitExceeded:
+        raise
     except Exception as exc:
         if isinstance(exc, DatabaseError) and is_connection_failure(exc):
             raise
@@ -341,10 +385,17 @@ def topups_gauges_refresh() -> dict[str, int]:
 
 def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes, now: float | None = None) -> str:
     """Verify and apply one inbound PSP event; returns the outcome (applied, duplicate,
-    ignored). The signature first (PspSignatureInvalid / PspSignatureStale, nothing
-    applied); then the event id is recorded in the same transaction as its effect, so a
-    redelivery is a duplicate and a failing effect leaves the retry to be processed.
-    Locks: see `_event_apply`."""
+    ignored, wrong_gateway, mismatch). The signature first (PspSignatureInvalid /
+    PspSignatureStale, nothing applied); then the event id is recorded in the same
+    transaction as its effect, so a redelivery is a duplicate and a failing effect leaves
+    the retry to be processed.
+
+    An event speaks only for the gateway whose secret signed it: about a top-up of another
+    gateway (`wrong_gateway`) it changes nothing. A successful charge whose amount or
+    currency is not the top-up's (`mismatch`) credits nothing and puts a pending top-up in
+    the operator queue. Both are recorded and logged, and acknowledged (2xx): the event is
+    authentic, and a provider retries a 4xx for days (Stripe: 3) with nothing to gain, so
+    a person looks instead. Locks: see `_event_apply`."""
     try:
         account = gateway_account_get(gateway=gateway_name)
     except NotFound:
@@ -372,6 +423,11 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
     metrics.PSP_WEBHOOKS.labels(gateway=gateway_name, outcome=outcome).inc()
     if outcome == "ignored":
         logger.info("psp webhook acknowledged without effect", extra={"gateway": gateway_name, "event": event.id, "type": event.type})
+    elif outcome == "wrong_gateway":
+        logger.error(
+            "psp webhook about a top-up of another gateway: acknowledged, not applied",
+            extra={"gateway": gateway_name, "event": event.id, "type": event.type, "topup": event.reference},
+        )
     return outcome
 
 
@@ -379,7 +435,8 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
 def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
     """The event marker (unique per gateway and event id: a concurrent duplicate waits on
     it), then the effect, in one transaction or savepoint. Locks: the marker's unique
-    index entry, then the top-up row and balance rows (topup_settle)."""
+    index entry, then the top-up row and balance rows (topup_settle), or the top-up row
+    alone (topup_charge_mismatch_hold)."""
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -389,13 +446,25 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
         except IntegrityError:
             return "duplicate"
         outcome = "ignored"
-        if event.kind in ("charge_succeeded", "charge_failed") and event.reference and TopUp.objects.filter(pk=event.reference).exists():
+        about = (
+            TopUp.objects.filter(pk=event.reference).first()
+            if event.kind in ("charge_succeeded", "charge_failed") and event.reference else None
+        )
+        if about is not None:
             result = ChargeResult(
                 status="succeeded" if event.kind == "charge_succeeded" else "failed", psp_reference=event.psp_reference,
                 amount=event.amount, currency=event.currency, failure_code=event.failure_code, created=event.created,
             )
-            topup_settle(topup_id=event.reference, result=result)
-            outcome = "applied"
+            if about.gateway != gateway_name:
+                # Another gateway's secret (the simulator's sits in var/) must never settle
+                # a Stripe top-up, nor the reverse.
+                outcome = "wrong_gateway"
+            elif result.status == "succeeded" and not topup_charge_matches(topup=about, result=result):
+                topup_charge_mismatch_hold(topup_id=about.pk, result=result, source=f"webhook {event.id}")
+                outcome = "mismatch"
+            else:
+                topup_settle(topup_id=event.reference, result=result)
+                outcome = "applied"
         marker.outcome = outcome
         marker.save(update_fields=["outcome"])
         return outcome

@@ -14,13 +14,21 @@ the recovery store the same answer for the same outcome.
    transaction the record is locked and its fence checked, the top-up credited (201) or
    failed (402 card_declined, psp_refused, cap_exceeded, wallet_frozen), and the answer
    stored by compare-and-set. A holder whose lease was taken over writes nothing.
-5. `topup_recovery_run` (Celery beat, per tenant): in-flight top-up records whose lease
-   expired, and pending top-ups whose last attempt failed or left no record, all of them,
-   page by page, are taken over (fence + 1), the PSP is asked again with the same key, and
-   the outcome is completed as in 3/4; each on its own, so one that raises is counted and
-   the pass goes on. One past the PSP's key window goes to the operator queue instead.
-   Then card refunds of charged-but-uncredited top-ups, and the purge of inbound PSP
-   event markers past their 30-day retention.
+5. `topup_recovery_run` (Celery beat, per tenant, switched off or not): first the card
+   refunds of charged-but-uncredited top-ups; then in-flight top-up records whose lease
+   expired, and pending top-ups whose last attempt failed or left no record, page by
+   page, are taken over (fence + 1), the PSP is asked again with the same key, and the
+   outcome is completed as in 3/4; each on its own, so one that raises is counted and the
+   pass goes on. One past the PSP's key window, or whose PSP charge is not the top-up's
+   amount and currency, goes to the operator queue instead. Then the purge of inbound PSP
+   event markers past their 30-day retention. Each of the three loops has its own time
+   budget inside the task's soft time limit (payments/services/topup_budget.py): work
+   left when one runs out keeps the tenant due, and the next pass resumes after it.
+   Celery's SoftTimeLimitExceeded is never taken for one record's failure: it ends the pass.
+
+A successful charge is credited only if its amount and currency are the top-up's, on
+every path (the inline answer, the recovery, a webhook); the refund of one never credited
+gives back what the PSP charged (`TopUp.psp_charged_amount`).
 """
 
 from __future__ import annotations
@@ -32,13 +40,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from payments.errors import PspKeyWindowPassed, PspRefused
+from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
 from payments.gateways import metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
@@ -55,7 +64,8 @@ from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import TopUpCursor, topup_get, topups_pending_stale
 from payments.services import card_topups
-from payments.services.topup_due import topup_due_settle
+from payments.services.topup_budget import LoopBudget, topups_in_turn
+from payments.services.topup_due import topup_due_settle, topup_recovery_due_now
 from payments.services.topups import topup_refusal_check
 from wallets.errors import BusinessRefusal, NotFound, TallyError
 from wallets.transactions import is_connection_failure, run_atomic
@@ -118,6 +128,11 @@ def _charge_then(*, topup: TopUp, request_id: str) -> Callable[[], HttpResponse]
         result = card_topups.topup_charge(topup=topup)
     except PspRefused as refused:
         return _answer_then(functools.partial(card_topups.topup_refuse, topup_id=topup.pk, refusal=refused), request_id=request_id)
+    if result.status == "succeeded" and not card_topups.topup_charge_matches(topup=topup, result=result):
+        # Not this top-up's charge to credit: held for an operator (its own transaction,
+        # which the completion could not give it: that one is rolled back by the refusal).
+        card_topups.topup_charge_mismatch_hold(topup_id=topup.pk, result=result, source="the PSP's answer to our charge")
+        raise PspChargeMismatch("the card processor's charge does not match this top-up: an operator settles it")
     return _answer_then(functools.partial(card_topups.topup_settle, topup_id=topup.pk, result=result), request_id=request_id)
 
 
@@ -156,7 +171,7 @@ def _resolve_taken(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: s
     if topup.status == TopUpStatus.PENDING:
         try:
             finish = _charge_then(topup=topup, request_id=call.request_id)
-        except PspKeyWindowPassed:
+        except (PspKeyWindowPassed, PspChargeMismatch):
             # Handed back (failed_retryable): the top-up waits for an operator, and the
             # record must not come round again as an orphan every lease.
             idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence)
@@ -207,19 +222,27 @@ def _pending_resolve(topup: TopUp, lease_seconds: int) -> str:
 
 def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int]:
     """One tenant's recovery pass (step 5 above). Returns counts by outcome, or
-    {"skipped": 1} when another pass of the tenant is still running. Pages have no cap, so
-    stuck top-ups never keep newer ones from being reached; each item and each later step
-    is isolated, so one that raises is logged and counted and the pass goes on.
+    {"skipped": 1} when another pass of the tenant is still running. Refunds first, then
+    the orphaned claims, then the pending top-ups, each loop within its own time budget
+    and from where it last stopped, so neither a slow PSP nor a backlog keeps any of them,
+    or the settle, from running; each item and each later step is isolated, so one that
+    raises is logged and counted and the pass goes on. A loop cut short by its budget
+    (`budget_exhausted` in the counts) leaves the tenant due now for the next pass.
 
     Locks: the tenant's recovery lock (session advisory) for the pass; per item, the
     idempotency record (takeover, then the fenced completion), the top-up row and the
     balance rows (in the completion's transaction); then the due-work lock, tried
-    (`topup_due_settle`)."""
+    (`topup_due_settle`), and, when work is left, the due-work lock, SHARED
+    (`topup_recovery_due_now`)."""
     with topup_recovery_lock() as taken:
         if not taken:
             return {"skipped": 1}
         counts = _recovery_pass(batch_size=batch_size)
         topup_due_settle()
+        if counts.get("budget_exhausted"):
+            # After the settle, which reads only what is due by the records (an orphan's
+            # lease may end later): whatever the settle wrote, the work left is due now.
+            topup_recovery_due_now()
         return counts
 
 
@@ -237,6 +260,8 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
     def step(name: str, fn: Callable[[], T], default: T) -> T:
         try:
             return fn()
+        except SoftTimeLimitExceeded:
+            raise  # the task's time is up: the pass ends here, not one step of it
         except Exception as exc:
             if isinstance(exc, DatabaseError) and is_connection_failure(exc):
                 raise
@@ -245,15 +270,30 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
             counts["step_errors"] = counts.get("step_errors", 0) + 1
             return default
 
+    budgets: list[LoopBudget] = []
+
+    def budget() -> LoopBudget:
+        budgets.append(LoopBudget.from_settings())
+        return budgets[-1]
+
+    # Refunds first: a card charged and never credited is money we hold; a backlog of
+    # top-ups to ask about must never keep it waiting for the hard time limit.
+    nothing: dict[str, int] = {}
+    refunds_budget = budget()
+    counts.update(step("refunds", lambda: card_topups.topup_refunds_run(batch_size=batch_size, budget=refunds_budget), nothing))
+
     seen: set[str] = set()
+    orphans_budget = budget()
     after_record: tuple[datetime, int] | None = None
     started = timezone.now()
-    while True:
+    while not orphans_budget.exhausted:
         records = idempotency_orphans_list(limit=batch_size, after=after_record, expired_by=started)
         for record in records:
             topup_id = str((record.minted or {}).get(MINT_NAME) or "")
             if record.effect != "external" or not topup_id or topup_id in seen:
                 continue
+            if orphans_budget.spent():
+                break  # the records taken over got new leases: the next pass starts with the rest
             seen.add(topup_id)
             resolve = functools.partial(_orphan_resolve, record, topup_id, lease_seconds)
             count(card_topups.recovery_step_isolated(step="resolve", topup_id=topup_id, fn=resolve))
@@ -264,21 +304,21 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
         after_record = (last.lease_expires_at, last.pk)
 
     created_before = timezone.now() - timedelta(seconds=lease_seconds)
-    after_topup: TopUpCursor | None = None
-    while True:
-        topups = topups_pending_stale(created_before=created_before, after=after_topup, limit=batch_size)
-        for topup in topups:
-            if topup.pk not in seen:
-                resolve = functools.partial(_pending_resolve, topup, lease_seconds)
-                count(card_topups.recovery_step_isolated(step="resolve", topup_id=topup.pk, fn=resolve))
-        if len(topups) < batch_size:
-            break
-        after_topup = TopUpCursor.of(topups[-1])
 
-    nothing: dict[str, int] = {}
-    counts.update(step("refunds", lambda: card_topups.topup_refunds_run(batch_size=batch_size), nothing))
+    def fetch(after: TopUpCursor | None, limit: int) -> list[TopUp]:
+        return topups_pending_stale(created_before=created_before, after=after, limit=limit)
+
+    for topup in topups_in_turn(loop="pending", fetch=fetch, batch_size=batch_size, budget=budget()):
+        if topup.pk not in seen:
+            resolve = functools.partial(_pending_resolve, topup, lease_seconds)
+            count(card_topups.recovery_step_isolated(step="resolve", topup_id=topup.pk, fn=resolve))
+
     counts["webhook_markers_purged"] = step("purge", card_topups.psp_webhook_events_purge, 0)
     step("gauges", card_topups.topups_gauges_refresh, nothing)
+    exhausted = sum(1 for b in budgets if b.exhausted)
+    if exhausted:
+        counts["budget_exhausted"] = exhausted
+        logger.warning("top-up recovery pass cut short by its time budget: the next pass goes on", extra={"loops": exhausted})
     return counts
 
 
@@ -286,7 +326,7 @@ def _settle_without_record(topup: TopUp) -> str:
     """A pending top-up whose record was purged: settle the top-up alone."""
     try:
         finish = _charge_then(topup=topup, request_id="-")
-    except PspKeyWindowPassed:
+    except (PspKeyWindowPassed, PspChargeMismatch):
         return "operator_review"
     except TallyError as exc:
         card_topups.topup_last_error_note(topup_id=topup.pk, error=exc.message)

@@ -1,0 +1,109 @@
+"""Time budgets of a top-up recovery pass, and where each of its loops resumes.
+
+A pass runs three loops (card refunds first, then orphaned claims, then pending top-ups),
+each taking records only while its own budget lasts (settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS,
+checked against the task's soft time limit in the settings), so a slow PSP or a backlog
+in one loop never keeps the others, or the pass's due-work settle, from running. The
+record in hand when a budget runs out is finished (one PSP call, at most its timeout).
+
+A loop cut short remembers where it stopped, per tenant, in the cache (Redis): the next
+pass starts after that record and comes round to the start, so records that keep failing
+at the head of the list cannot hold back the ones behind them for ever. The position is a
+hint only: lost (Redis down, evicted), the loop starts from the oldest record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import redis
+from django.conf import settings
+from django.core.cache import cache
+
+from payments.models import TopUp
+from payments.selectors import TopUpCursor
+
+logger = logging.getLogger("tally.topups")
+
+_CURSOR_KEY = "topups:recovery:resume:{loop}"
+_CURSOR_TTL_SECONDS = 24 * 3600
+
+
+@dataclass
+class LoopBudget:
+    """One loop's share of a pass: `spent()` once `seconds` have gone since it started."""
+
+    seconds: float
+    started: float = field(default_factory=time.monotonic)
+    exhausted: bool = False
+
+    @classmethod
+    def from_settings(cls) -> LoopBudget:
+        return cls(seconds=float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS))
+
+    def spent(self) -> bool:
+        if not self.exhausted and time.monotonic() - self.started >= self.seconds:
+            self.exhausted = True
+        return self.exhausted
+
+
+def _resume_get(loop: str) -> TopUpCursor | None:
+    try:
+        raw = cache.get(_CURSOR_KEY.format(loop=loop))
+    except (redis.RedisError, OSError):  # the cache is a hint: without it, start from the oldest
+        logger.warning("top-up recovery resume point unreadable: starting from the oldest", extra={"loop": loop})
+        return None
+    if not (isinstance(raw, (list, tuple)) and len(raw) == 2):
+        return None
+    try:
+        return TopUpCursor(created=datetime.fromisoformat(str(raw[0])), id=str(raw[1]))
+    except ValueError:
+        return None
+
+
+def _resume_set(loop: str, cursor: TopUpCursor | None) -> None:
+    key = _CURSOR_KEY.format(loop=loop)
+    try:
+        if cursor is None:
+            cache.delete(key)
+        else:
+            cache.set(key, [cursor.created.isoformat(), cursor.id], _CURSOR_TTL_SECONDS)
+    except (redis.RedisError, OSError):
+        logger.warning("top-up recovery resume point not saved", extra={"loop": loop})
+
+
+def _before(topup: TopUp, cursor: TopUpCursor) -> bool:
+    return (topup.created, topup.pk) < (cursor.created, cursor.id)
+
+
+def topups_in_turn(
+    *, loop: str, fetch: Callable[[TopUpCursor | None, int], list[TopUp]], batch_size: int, budget: LoopBudget
+) -> Iterator[TopUp]:
+    """Every top-up `fetch` lists (keyset pages, oldest first), each at most once: from
+    after where this loop last stopped to the end, then from the oldest up to there. Stops
+    when `budget` is spent, before handing out another record, and remembers the last one
+    handed out (finished by the caller) as where the next pass resumes; a loop that got
+    round leaves no resume point."""
+    start = _resume_get(loop)
+    last: TopUpCursor | None = None
+    for wrapped in ((False, True) if start is not None else (False,)):
+        after = None if wrapped else start
+        while True:
+            page = fetch(after, batch_size)
+            for topup in page:
+                if wrapped and start is not None and not _before(topup, start):
+                    _resume_set(loop, None)
+                    return
+                if budget.spent():
+                    _resume_set(loop, last if last is not None else start)
+                    return
+                last = TopUpCursor.of(topup)
+                yield topup
+            if len(page) < batch_size:
+                break
+            after = TopUpCursor.of(page[-1])
+    _resume_set(loop, None)
