@@ -35,7 +35,7 @@ def objects(api: Api, world: World) -> Objects:
     transfer = api.post("/v1/customer/transfers", world.customer.key, {"to_customer": bystander.pk, "asset": "JPY", "amount": 77}).json()
     topup = api.post("/v1/customer/topups", world.customer.key, {"asset": "JPY", "amount": 555, "payment_method": "pm_card_visa"}).json()
     intent = api.post("/v1/merchant/payment_intents", world.merchant.key, {"customer": world.customer.id, "asset": "JPY", "amount": 99}).json()
-    hook = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": "https://m.example/h", "enabled_events": ["*"]}).json()
+    hook = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": "https://93.184.215.14/h", "enabled_events": ["*"]}).json()
     mandate = api.post("/v1/customer/mandates", world.customer.key, {"merchant": world.merchant.id}).json()
     adj = api.post("/v1/admin/adjustments", world.staff.key,
                    {"customer": world.customer.id, "asset": "POINT", "amount": 5, "direction": "credit", "reason": "x"}).json()

@@ -9,7 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers as S
 
 from apikit.base import StrictSerializer
-from apikit.fields import ConstField, strict_char
+from apikit.fields import ConstField, TextField, strict_char
 from apikit.pagination import list_serializer
 from apikit.shapes import Serializer
 from webhooks.services.endpoints import EVENT_TYPE_RE, MAX_EVENT_TYPES
@@ -32,7 +32,9 @@ class WebhookEndpointWithSecretOut(WebhookEndpointOut):
 
 # What deliveries can reach, as a pattern a client can check: https, a DNS name (letters,
 # digits and hyphens; at most 207 characters, within DNS's 253), an optional port, a path.
-# The server also refuses a name that resolves to a private or loopback address.
+# The server also refuses a name that does not resolve, or resolves to a private or
+# loopback address. Beyond type and length, every rule is the service's: any URL it refuses
+# gets one code and message (webhook_url_not_allowed), malformed or internal alike.
 WEBHOOK_URL_PATTERN = (
     r"^https://(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,58}[A-Za-z0-9])?\.){1,3}[A-Za-z]{2,24}(?::[1-9][0-9]{0,3})?(?:/[A-Za-z0-9._~/-]{0,1000})?$"
 )
@@ -40,7 +42,7 @@ WEBHOOK_URL_PATTERN = (
 
 @extend_schema_field({"type": "string", "maxLength": 2048, "pattern": WEBHOOK_URL_PATTERN,
                       "description": "https URL of a public host that receives the signed events."})
-class WebhookUrlField(S.URLField):
+class WebhookUrlField(TextField):
     pass
 
 

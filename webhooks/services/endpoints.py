@@ -11,7 +11,7 @@ from django.utils import timezone
 from payments.relaykick import outbox_relay_kick_on_commit
 from wallets import ids
 from wallets.models import Merchant
-from webhooks.errors import WebhookEndpointInvalid, WebhookEndpointLimitReached
+from webhooks.errors import WebhookEndpointInvalid, WebhookEndpointLimitReached, WebhookUrlNotAllowed
 from webhooks.locks import merchant_lock, webhook_endpoint_lock
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
 from webhooks.secrets import webhook_endpoint_secrets, webhook_endpoint_secrets_assign
@@ -31,9 +31,14 @@ def _new_secret() -> str:
 
 
 def _url_check(url: str) -> str:
-    """Refuse a URL deliveries must never reach (webhooks.targets). A name that does not
-    resolve yet is accepted: every delivery checks again."""
-    webhook_target_resolve(url=url, unresolvable_ok=True)
+    """Refuse a URL deliveries must never reach (webhooks.targets), and a name that does not
+    resolve now, all with one code and message (WebhookUrlNotAllowed): an answer that told
+    "private" from "unknown" would let a merchant map our internal DNS. Every delivery
+    checks again, and says why in the attempt log."""
+    try:
+        webhook_target_resolve(url=url)
+    except WebhookEndpointInvalid:
+        raise WebhookUrlNotAllowed() from None
     return url
 
 
