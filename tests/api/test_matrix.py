@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.urls import URLResolver, get_resolver
 
+from payments.models import OutboxEvent
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from wallets.services.principals import api_key_create, customer_create
@@ -46,6 +47,7 @@ def objects(api: Api, world: World) -> Objects:
         "payment_id": payment["id"], "refund_id": refund["id"], "transfer_id": transfer["id"], "topup_id": topup["id"],
         "intent_id": intent["id"], "endpoint_id": hook["id"], "adjustment_id": adj["id"], "customer_id": world.customer.id,
         "mandate_id": mandate["id"],
+        "event_id": OutboxEvent.objects.get(topic="payment.succeeded", payload__id=payment["id"]).pk,
         "merchant_id": world.merchant.id, "store_id": world.store.pk, "terminal_id": world.terminal.id,
         # a throwaway key: the matrix rotates and revokes it
         "api_key_id": api_key_create(principal=bystander)[0].pk,

@@ -10,7 +10,7 @@ from rest_framework import serializers as S
 
 from apikit.base import StrictSerializer
 from apikit.fields import ConstField, TextField, strict_char
-from apikit.pagination import list_serializer
+from apikit.pagination import ListParamsSerializer, list_serializer
 from apikit.shapes import Serializer
 from webhooks.services.endpoints import EVENT_TYPE_RE, MAX_EVENT_TYPES
 
@@ -83,7 +83,7 @@ class WebhookDeliveryOut(Serializer):
     endpoint = S.CharField(source="endpoint_id")
     event = S.CharField(source="event_id", help_text="The event's stable id (evt_...): receivers dedupe on it.")
     type = S.CharField(source="topic")
-    status = S.ChoiceField(choices=["pending", "succeeded", "failed"])
+    status = S.ChoiceField(choices=["pending", "succeeded", "failed", "expired"])
     attempts = S.IntegerField()
     next_attempt_at = S.SerializerMethodField(help_text="When a pending delivery is tried next (null unless pending).")
     last_attempt_at = S.DateTimeField(allow_null=True)
@@ -101,4 +101,33 @@ WebhookDeliveryList = list_serializer(WebhookDeliveryOut, "WebhookDeliveryList")
 class WebhookRedeliverIn(StrictSerializer):
     delivery = S.RegexField(
         r"^wh?d_[A-Za-z0-9]{1,40}$", max_length=64, help_text="The delivery (whd_..., or wd_... for older ones) of this endpoint to send again."
+    )
+
+
+class EventOut(Serializer):
+    """An event exactly as its webhook deliveries carry it (the body they sign), so a
+    receiver catching up from the list handles it with the same code."""
+
+    id = S.CharField(help_text="The event's stable id (evt_...): the same in every delivery; dedupe on it.")
+    object = ConstField("event")
+    type = S.CharField(source="topic")
+    created = S.SerializerMethodField(help_text="When the event happened (Unix seconds), as in its deliveries.")
+    sequence = S.IntegerField(help_text="The event's place among its object's events (1, 2, 3...; 0 for events from before sequences).")
+    # DRF's metaclass takes declared fields off the class, so `.data` stays the serializer's.
+    data = S.SerializerMethodField(help_text="`object`: the object as the event left it.")  # type: ignore[assignment]
+
+    def get_created(self, obj: Any) -> int:
+        return int(obj.created.timestamp())
+
+    def get_data(self, obj: Any) -> dict[str, Any]:
+        return {"object": obj.payload}
+
+
+EventList = list_serializer(EventOut, "EventList")
+
+
+class EventListParams(ListParamsSerializer):
+    type = S.RegexField(
+        r"^[a-z][a-z_]{0,40}(\.[a-z][a-z_]{0,40}){0,3}$", required=False, max_length=100,
+        help_text="Only events of this type (payment.succeeded, ...).",
     )
