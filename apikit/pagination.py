@@ -46,6 +46,8 @@ class ListParamsSerializer(Serializer):
         ),
     )
     created_gte = InstantFilterField(required=False, help_text="Only objects created at or after this time (ISO 8601).")
+    created_gt = InstantFilterField(required=False, help_text="Only objects created after this time (ISO 8601).")
+    created_lte = InstantFilterField(required=False, help_text="Only objects created at or before this time (ISO 8601).")
     created_lt = InstantFilterField(required=False, help_text="Only objects created before this time (ISO 8601).")
 
 
@@ -57,10 +59,9 @@ def page(
     """One page of `queryset` (any model with `created` and a string pk), rendered."""
     limit = min(int(params.get("limit") or DEFAULT_PAGE_SIZE), MAX_PAGE_SIZE)
     qs = queryset
-    if params.get("created_gte") is not None:
-        qs = qs.filter(created__gte=params["created_gte"])
-    if params.get("created_lt") is not None:
-        qs = qs.filter(created__lt=params["created_lt"])
+    for bound in ("gte", "gt", "lte", "lt"):
+        if params.get(f"created_{bound}") is not None:
+            qs = qs.filter(**{f"created__{bound}": params[f"created_{bound}"]})
     if params.get("cursor"):
         match = _CURSOR_RE.fullmatch(params["cursor"])
         if match is None:

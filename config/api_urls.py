@@ -33,6 +33,7 @@ merchant_router.register("payment_intents", merchant.PaymentIntentViewSet)
 merchant_router.register("stores", merchant.StoreViewSet)
 merchant_router.register("terminals", merchant.TerminalViewSet)
 merchant_router.register("webhook_endpoints", webhooks.WebhookEndpointViewSet)
+merchant_router.register("events", webhooks.EventViewSet)
 
 admin_router = FaceRouter("admin")
 admin_router.register("customers", admin.CustomerViewSet)

@@ -8,6 +8,7 @@ import hashlib
 
 from django.db import models
 from django.db.models import F, Q
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from wallets import ids
@@ -334,6 +335,8 @@ class OutboxEvent(models.Model):
             ),
             # The next sequence of an object: its last event, one index probe.
             models.Index(fields=["object_id", "-sequence"], condition=~Q(object_id=""), name="outbox_object_sequence"),
+            # A merchant's events, newest first (GET /v1/merchant/events, webhooks.selectors).
+            models.Index(KT("payload__merchant"), F("created").desc(), F("id").desc(), name="outbox_merchant_created"),
         ]
 
     def __str__(self) -> str:

@@ -37,7 +37,7 @@ from tests.receivers import doc_receiver, free_port, receiver_running
 from wallets.models import Merchant
 from wallets.transactions import run_atomic
 from webhooks import metrics
-from webhooks.errors import WebhookEndpointInvalid, WebhookTargetRefused
+from webhooks.errors import WebhookEndpointInvalid, WebhookTargetRefused, WebhookUrlNotAllowed
 from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint
 from webhooks.services.deliveries import RETRY_WINDOW, retry_delay
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate
@@ -681,12 +681,12 @@ REFUSED = [
     "http://127.0.0.1:0/",
     "ftp://93.184.215.14/",
     "https://user:pw@93.184.215.14/",
+    "https://hooks.merchant.example/tally",  # does not resolve: refused like the rest, so no answer tells unknown from internal
 ]
 ACCEPTED = [
     "https://93.184.215.14/hooks",
     "http://93.184.215.14:8080/hooks",  # plain http only because this test's settings allow it
     "https://[2606:4700:4700::1111]/hooks",
-    "https://hooks.merchant.example/tally",  # does not resolve (yet): every delivery checks again
 ]
 
 
@@ -696,7 +696,9 @@ def test_registration_refuses_internal_targets(url: str, tenant: Tenant, setting
     settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
     with pytest.raises(WebhookEndpointInvalid) as refused:
         _endpoint(MerchantFactory(), url)
-    assert refused.value.param == "url"
+    # One code and one message whatever the reason: a merchant cannot probe our DNS.
+    assert type(refused.value) is WebhookUrlNotAllowed
+    assert (refused.value.code, refused.value.message, refused.value.param) == ("webhook_url_not_allowed", WebhookUrlNotAllowed.MESSAGE, "url")
 
 
 @pytest.mark.parametrize("url", ACCEPTED)
@@ -996,3 +998,68 @@ def test_a_relay_run_that_spends_its_budget_queues_its_tenant_again(tenant: Tena
             assert queued == [tenant.schema_name]
         finally:
             current_app.conf.task_always_eager = eager
+
+
+# --- no event dropped while an endpoint is disabled ---------------------------------------
+
+
+def test_a_disabled_endpoints_events_wait_and_go_when_it_is_enabled_again(tenant: Tenant, loopback_http: None) -> None:
+    """While disabled, the endpoint's deliveries are made (its event-type filter still
+    applies) and wait: not sent, not leased, not counted, no relay work due for them.
+    Enabled again, those inside their 3-day window go; one whose window closed meanwhile is
+    kept as `expired`, and is redeliverable."""
+    from webhooks.selectors import relay_work_next_due_at
+    from webhooks.services.deliveries import webhook_delivery_redeliver
+    from webhooks.services.endpoints import webhook_endpoint_update
+
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        endpoint, _ = _endpoint(merchant, rx.url(), ["payment.succeeded"])
+        webhook_endpoint_update(endpoint=endpoint, status="disabled")
+        old = _event(merchant, 0)
+        events = [_event(merchant, n) for n in range(1, 4)]
+        _event(merchant, 9, topic="payment.refunded")  # not a type the endpoint takes
+        outbox_relay_run()
+        outbox_relay_run(now=timezone.now() + timedelta(hours=1))
+        assert rx.requests == []
+        waiting = WebhookDelivery.objects.filter(endpoint=endpoint)
+        assert sorted(d.event_id for d in waiting) == sorted(e.id for e in [old, *events])
+        assert {(d.status, d.attempts, d.leased_until) for d in waiting} == {("pending", 0, None)}
+        assert relay_work_next_due_at(now=timezone.now()) is None  # nothing for beat to wake up for
+        # The oldest waited past its window (published 3 days and a minute ago).
+        long_ago = timezone.now() - RETRY_WINDOW - timedelta(minutes=1)
+        WebhookDelivery.objects.filter(event=old).update(created=long_ago, give_up_at=long_ago + RETRY_WINDOW)
+        webhook_endpoint_update(endpoint=endpoint, status="enabled")  # marks the relay due (test_beat_due_work.py)
+        assert relay_work_next_due_at(now=timezone.now()) is not None
+        outbox_relay_run()
+        assert sorted(rx.event_ids()) == sorted(e.id for e in events)
+        expired = WebhookDelivery.objects.get(event=old)
+        assert (expired.status, expired.attempts) == ("expired", 0) and expired.last_error.startswith("expired:")
+        assert {d.status for d in WebhookDelivery.objects.filter(event__in=events)} == {"succeeded"}
+        webhook_delivery_redeliver(delivery=expired)  # shown, not deleted: staff or the merchant send it again
+        outbox_relay_run()
+        assert WebhookDelivery.objects.get(pk=expired.pk).status == "succeeded" and rx.event_ids().count(old.id) == 1
+
+
+def test_events_after_an_endpoint_is_disabled_for_failing_three_days_wait_for_it(
+    tenant: Tenant, loopback_http: None, first_retry_after_the_run: None
+) -> None:
+    """Disabled automatically after 3 days of failures: the events that follow are not
+    dropped; once the receiver is back and the endpoint enabled, they are delivered."""
+    from webhooks.services.endpoints import webhook_endpoint_update
+
+    merchant, port = MerchantFactory(), free_port()
+    endpoint, _ = _endpoint(merchant, f"http://127.0.0.1:{port}/hook")
+    _event(merchant, 1)
+    outbox_relay_run()
+    outbox_relay_run(now=timezone.now() + RETRY_WINDOW + timedelta(minutes=1))
+    endpoint.refresh_from_db()
+    assert endpoint.status == "disabled"
+    later = [_event(merchant, n) for n in range(2, 5)]
+    outbox_relay_run()
+    assert {(d.status, d.attempts) for d in WebhookDelivery.objects.filter(event__in=later)} == {("pending", 0)}
+    with receiver_running(port=port) as rx:
+        webhook_endpoint_update(endpoint=endpoint, status="enabled")
+        outbox_relay_run()
+    assert sorted(rx.event_ids()) == sorted(e.id for e in later)
+    assert {d.status for d in WebhookDelivery.objects.filter(event__in=later)} == {"succeeded"}

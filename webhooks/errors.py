@@ -12,6 +12,7 @@ class WebhookErrorCode(StrEnum):
     ENDPOINT_INVALID = "webhook_endpoint_invalid"
     ENDPOINT_LIMIT_REACHED = "webhook_endpoint_limit_reached"
     TARGET_REFUSED = "webhook_target_refused"
+    URL_NOT_ALLOWED = "webhook_url_not_allowed"
     DELIVERY_NOT_REDELIVERABLE = "webhook_delivery_not_redeliverable"
 
 
@@ -30,6 +31,20 @@ class WebhookTargetRefused(WebhookEndpointInvalid):
     """The URL's host is, or resolves to, an address deliveries must never reach."""
 
     code: ClassVar[StrEnum] = WebhookErrorCode.TARGET_REFUSED
+
+
+class WebhookUrlNotAllowed(WebhookEndpointInvalid):
+    """A URL registration refuses, whatever the reason (scheme, credentials, port, a host
+    that does not resolve or resolves to an address deliveries must never reach): one code
+    and one message, so a merchant cannot learn how our resolver sees internal names."""
+
+    code: ClassVar[StrEnum] = WebhookErrorCode.URL_NOT_ALLOWED
+    MESSAGE: ClassVar[str] = (
+        "url is not allowed: it must be an https URL without credentials whose host resolves, now, to public addresses only"
+    )
+
+    def __init__(self, message: str = MESSAGE, *, param: str | None = "url") -> None:
+        super().__init__(message, param=param)
 
 
 class WebhookDeliveryNotRedeliverable(InvalidState):

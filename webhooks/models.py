@@ -59,9 +59,13 @@ class WebhookEndpoint(models.Model):
 
 
 class WebhookDeliveryStatus(models.TextChoices):
-    PENDING = "pending", "Pending"  # due at next_attempt_at
+    # Due at next_attempt_at; while its endpoint is disabled it waits (not claimed, not
+    # attempted), and re-enabling the endpoint makes it due at once.
+    PENDING = "pending", "Pending"
     SUCCEEDED = "succeeded", "Succeeded"  # the endpoint answered 2xx
     FAILED = "failed", "Failed"  # retried for the whole window without a 2xx; redeliverable
+    # Its endpoint was re-enabled after its retry window closed: never sent then; redeliverable.
+    EXPIRED = "expired", "Expired"
 
 
 class WebhookDelivery(models.Model):

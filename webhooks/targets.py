@@ -182,18 +182,17 @@ def _resolve(host: str, port: int) -> list[IPAddress]:
     return [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
 
 
-def webhook_target_resolve(*, url: str, unresolvable_ok: bool = False) -> Target | None:
+def webhook_target_resolve(*, url: str) -> Target:
     """Check `url` and every address its host resolves to now (one private answer among
     public ones is refused: the resolver may hand out either); return the target to
-    connect to. Raises WebhookEndpointInvalid (malformed) or WebhookTargetRefused. A name
-    that does not resolve is None with `unresolvable_ok` (registration), else refused.
+    connect to. Raises WebhookEndpointInvalid (malformed) or WebhookTargetRefused (the
+    reason in words for the operator's attempt log; registration shows the merchant one
+    message for every refusal, webhooks.services.endpoints).
     """
     scheme, host, port, path = _url_parts(url)
     try:
         addresses = _resolve(host, port)
-    except (OSError, UnicodeError):
-        if unresolvable_ok:
-            return None
+    except (OSError, UnicodeError, ValueError):  # ValueError: a NUL in the name
         raise WebhookTargetRefused(f"{host} does not resolve", param="url") from None
     allow_loopback = bool(getattr(settings, "TALLY_WEBHOOK_ALLOW_LOOPBACK", False))
     for ip in addresses:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.urls import URLResolver, get_resolver
 
+from payments.models import OutboxEvent
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from wallets.services.principals import api_key_create, customer_create
@@ -35,7 +36,7 @@ def objects(api: Api, world: World) -> Objects:
     transfer = api.post("/v1/customer/transfers", world.customer.key, {"to_customer": bystander.pk, "asset": "JPY", "amount": 77}).json()
     topup = api.post("/v1/customer/topups", world.customer.key, {"asset": "JPY", "amount": 555, "payment_method": "pm_card_visa"}).json()
     intent = api.post("/v1/merchant/payment_intents", world.merchant.key, {"customer": world.customer.id, "asset": "JPY", "amount": 99}).json()
-    hook = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": "https://m.example/h", "enabled_events": ["*"]}).json()
+    hook = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": "https://93.184.215.14/h", "enabled_events": ["*"]}).json()
     mandate = api.post("/v1/customer/mandates", world.customer.key, {"merchant": world.merchant.id}).json()
     adj = api.post("/v1/admin/adjustments", world.staff.key,
                    {"customer": world.customer.id, "asset": "POINT", "amount": 5, "direction": "credit", "reason": "x"}).json()
@@ -46,6 +47,7 @@ def objects(api: Api, world: World) -> Objects:
         "payment_id": payment["id"], "refund_id": refund["id"], "transfer_id": transfer["id"], "topup_id": topup["id"],
         "intent_id": intent["id"], "endpoint_id": hook["id"], "adjustment_id": adj["id"], "customer_id": world.customer.id,
         "mandate_id": mandate["id"],
+        "event_id": OutboxEvent.objects.get(topic="payment.succeeded", payload__id=payment["id"]).pk,
         "merchant_id": world.merchant.id, "store_id": world.store.pk, "terminal_id": world.terminal.id,
         # a throwaway key: the matrix rotates and revokes it
         "api_key_id": api_key_create(principal=bystander)[0].pk,

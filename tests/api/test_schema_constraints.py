@@ -5,6 +5,7 @@ are recorded in docs/SCHEMA_CHECK.md). Cheap versions of the cases it once found
 from __future__ import annotations
 
 import re
+import socket
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -129,6 +130,12 @@ def test_webhook_endpoint_fields_state_what_the_server_takes(doc: dict[str, Any]
     assert not _valid(create, {"url": "https://hooks.example.com/h", "enabled_events": ["0"]})
     body = {"url": "https://hooks.example.invalid/h", "enabled_events": ["payment.succeeded"]}
     assert _valid(create, body)
+    # Registration resolves the name (one that does not resolve is refused): here it
+    # resolves to a public address, as a merchant's real host would.
+    resolve = socket.getaddrinfo
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda host, *a, **k: resolve("93.184.215.14" if host == "hooks.example.invalid" else host, *a, **k)
+    )
     assert api.post("/v1/merchant/webhook_endpoints", world.merchant.key, body).status_code == 201
     # A merchant at its endpoint limit: a state of its account (409), not a malformed request.
     monkeypatch.setattr(endpoint_services, "MAX_ENDPOINTS_PER_MERCHANT", 1)

@@ -70,7 +70,10 @@ def live_world(live_tenant: Any, psp_simulator: Any) -> World:
 def server(live_tenant: Any) -> Iterator[int]:
     # schemathesis sends hundreds of bad keys on purpose; the failed-authentication limit
     # has its own test (test_edges.py) and would otherwise answer 429 for the rest of the run.
-    with gunicorn_running(workers=2, TALLY_THROTTLE_AUTH_FAILURE_RATE="1000000/min") as port:
+    # Webhook registration refuses a name that does not resolve, and schemathesis's names
+    # never do: in this server they resolve to loopback (tests/tools/any_name_resolves).
+    pythonpath = os.pathsep.join([str(ROOT / "tests/tools/any_name_resolves"), str(ROOT)])
+    with gunicorn_running(workers=2, TALLY_THROTTLE_AUTH_FAILURE_RATE="1000000/min", PYTHONPATH=pythonpath) as port:
         yield port
 
 

@@ -110,7 +110,7 @@ def test_create_update_and_actions_are_replayed_not_rerun(api: Api, world: World
     reused = api.post(f"/v1/merchant/payment_intents/{other}/confirm", mk, {"x": 1}, idem=idem)
     assert reused.status_code == 422 and error_of(reused)["code"] == "idempotency_key_reused"
     # webhooks.api: create (secret sealed), update, rotate_secret
-    first, again = _twice(api, "/v1/merchant/webhook_endpoints", mk, {"url": "https://m.example/h", "enabled_events": ["*"]})
+    first, again = _twice(api, "/v1/merchant/webhook_endpoints", mk, {"url": "https://93.184.215.14/h", "enabled_events": ["*"]})
     assert first.status_code == 201 and again["Idempotent-Replayed"] == "true" and again.content == first.content
     endpoint = first.json()["id"]
     first, again = _twice(api, f"/v1/merchant/webhook_endpoints/{endpoint}", mk, {"description": "orders"})

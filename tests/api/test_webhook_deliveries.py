@@ -202,3 +202,59 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _fill_endpoints(api: Api, world: World) -> list[str]:
+    """The merchant registers endpoints up to its limit (as a schemathesis run did)."""
+    from webhooks.services.endpoints import MAX_ENDPOINTS_PER_MERCHANT
+
+    made = []
+    while WebhookEndpoint.objects.filter(merchant_id=world.merchant.id).count() < MAX_ENDPOINTS_PER_MERCHANT:
+        made.append(_register(api, world, f"https://93.184.215.14/h{len(made)}")["id"])
+    r = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": "https://93.184.215.14/one-more", "enabled_events": ["*"]})
+    assert r.status_code == 409 and error_of(r)["code"] == "webhook_endpoint_limit_reached"
+    return made
+
+
+def test_make_run_seeds_its_endpoint_when_the_merchant_is_at_its_endpoint_limit(
+    api: Api, world: World, tenant: Tenant, loopback_http: None, tmp_path: Path
+) -> None:
+    """No endpoint at the receiver's URL and no room for one: the seed repoints the oldest
+    endpoint instead of stopping `make run`, and says so."""
+    made = _fill_endpoints(api, world)
+    url, said = f"http://127.0.0.1:{free_port()}/webhooks", []
+    state = demo_webhook_endpoint_ensure(
+        merchant_id=world.merchant.id, url=url, state_file=tmp_path / "hook.json", schema=tenant.schema_name, say=said.append
+    )
+    endpoint = WebhookEndpoint.objects.get(pk=state["endpoint"])
+    assert (endpoint.pk, endpoint.url, endpoint.status, endpoint.enabled_events) == (made[0], url, "enabled", ["*"])
+    assert webhook_endpoint_secrets(endpoint=endpoint).current == state["secret"]
+    assert len(said) == 1 and made[0] in said[0] and url in said[0]
+    assert WebhookEndpoint.objects.filter(merchant_id=world.merchant.id).count() == len(made)
+    # The next run finds it at its URL: nothing to repair, the same secret.
+    said.clear()
+    again = demo_webhook_endpoint_ensure(
+        merchant_id=world.merchant.id, url=url, state_file=tmp_path / "hook.json", schema=tenant.schema_name, say=said.append
+    )
+    assert again == state and said == []
+
+
+def test_make_run_repoints_its_endpoint_after_an_api_client_changed_its_url(
+    api: Api, world: World, tenant: Tenant, loopback_http: None, tmp_path: Path
+) -> None:
+    """The demo's endpoint repointed elsewhere and disabled through the API, and the rest of
+    the merchant's endpoints filled: the seed takes its own endpoint back (same id)."""
+    url = f"http://127.0.0.1:{free_port()}/webhooks"
+    first = demo_webhook_endpoint_ensure(merchant_id=world.merchant.id, url=url, state_file=tmp_path / "hook.json", schema=tenant.schema_name)
+    r = api.post(f"/v1/merchant/webhook_endpoints/{first['endpoint']}", world.merchant.key,
+                 {"url": "https://93.184.215.14/elsewhere", "status": "disabled", "enabled_events": ["payment.refunded"]})
+    assert r.status_code == 200, r.content
+    _fill_endpoints(api, world)
+    said: list[str] = []
+    state = demo_webhook_endpoint_ensure(
+        merchant_id=world.merchant.id, url=url, state_file=tmp_path / "hook.json", schema=tenant.schema_name, say=said.append
+    )
+    assert state == first  # its own endpoint, its secret unchanged
+    endpoint = WebhookEndpoint.objects.get(pk=first["endpoint"])
+    assert (endpoint.url, endpoint.status, endpoint.enabled_events) == (url, "enabled", ["*"])
+    assert any("pointed at" in line for line in said) and any("enabled again" in line for line in said)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from django.db import connection
 from django.utils import timezone
 
 from tests.api.conftest import Api, World, error_of
+from webhooks.errors import WebhookUrlNotAllowed
 from webhooks.models import WebhookEndpoint
 from webhooks.services.endpoints import webhook_endpoint_signing_secrets
 
 
 def _create(api: Api, world: World, **body: object) -> dict:  # type: ignore[type-arg]
-    payload = {"url": "https://merchant.example/hooks", "enabled_events": ["payment.succeeded"], **body}
+    payload = {"url": "https://93.184.215.14/hooks", "enabled_events": ["payment.succeeded"], **body}
     r = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, payload)
     assert r.status_code == 201, r.content
     return r.json()  # type: ignore[no-any-return]
@@ -80,3 +82,29 @@ def test_another_merchants_endpoint_is_404(api: Api, world: World) -> None:
         assert r.status_code == 404, (path, r.content)
         assert body["secret"] not in r.content.decode()
     assert api.get("/v1/merchant/webhook_endpoints", world.merchant2.key).json()["data"] == []
+
+
+def test_every_refused_url_gets_one_answer_whatever_the_reason(api: Api, world: World, settings: Any) -> None:
+    """A private address, a name that resolves to loopback, one that does not resolve, a
+    bad scheme, credentials, a bad port, not a URL: the same 400, code and message, on
+    register and on update, so the answer says nothing about how our resolver sees a name."""
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = False
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
+    refused = [
+        "https://10.0.0.5/h", "https://169.254.169.254/latest/meta-data/", "https://localhost/h", "https://[::1]/h",
+        "https://hooks.does-not-resolve.invalid/h", "http://93.184.215.14/h", "ftp://93.184.215.14/h",
+        "https://user:pw@93.184.215.14/h", "https://93.184.215.14:0/h", "not a url",
+    ]
+    answers = set()
+    for url in refused:
+        r = api.post("/v1/merchant/webhook_endpoints", world.merchant.key, {"url": url, "enabled_events": ["*"]})
+        assert r.status_code == 400, (url, r.content)
+        answers.add((error_of(r)["code"], error_of(r)["message"], error_of(r)["param"]))
+    assert not WebhookEndpoint.objects.exists()
+    hook = _create(api, world)
+    for url in refused:
+        r = api.post(f"/v1/merchant/webhook_endpoints/{hook['id']}", world.merchant.key, {"url": url})
+        assert r.status_code == 400, (url, r.content)
+        answers.add((error_of(r)["code"], error_of(r)["message"], error_of(r)["param"]))
+    assert answers == {("webhook_url_not_allowed", WebhookUrlNotAllowed.MESSAGE, "url")}
+    assert WebhookEndpoint.objects.get(pk=hook["id"]).url == "https://93.184.215.14/hooks"

@@ -1,4 +1,4 @@
-"""Merchant face (`sk_` keys): the merchant's webhook endpoints. Reads through
+"""Merchant face (`sk_` keys): the merchant's webhook endpoints and events. Reads through
 webhooks.selectors, writes through webhooks.services, always scoped to the key's merchant."""
 
 from __future__ import annotations
@@ -90,3 +90,23 @@ class WebhookEndpointViewSet(MerchantViewSet):
         data = self.validated(s.WebhookRedeliverIn)
         delivery = webhook_selectors.webhook_delivery_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id, delivery_id=data["delivery"])
         return self.render(s.WebhookDeliveryOut, delivery_services.webhook_delivery_redeliver(delivery=delivery))
+
+
+class EventViewSet(MerchantViewSet):
+    """The merchant's events of the last 30 days, as its webhooks carry them: what a
+    receiver catches up from after its endpoint was down or disabled (SPEC 8)."""
+
+    lookup_url_kwarg = "event_id"
+
+    @extend_schema(
+        tags=TAG, summary="List the merchant's events of the last 30 days (newest first)",
+        parameters=[s.EventListParams], responses=s.EventList,
+    )
+    def list(self, request: Request) -> Response:
+        params = self.query(s.EventListParams)
+        events = webhook_selectors.merchant_event_list(merchant_id=self.merchant_id, topic=params.get("type"))
+        return self.list_response(events, s.EventOut, params)
+
+    @extend_schema(tags=TAG, summary="Retrieve one of the merchant's events (last 30 days)", responses=s.EventOut)
+    def retrieve(self, request: Request, event_id: str) -> Response:
+        return self.render(s.EventOut, webhook_selectors.merchant_event_get(merchant_id=self.merchant_id, event_id=event_id))

@@ -248,7 +248,6 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
     connections = shelf.take(endpoint.pk)
     try:
         target = webhook_target_resolve(url=endpoint.url)
-        assert target is not None  # unresolvable names raise here
         address = target.address
         answer = connections.post(target=target, body=claim.body, headers=claim.headers)
         status_code, excerpt = answer.status, answer.excerpt

@@ -6,14 +6,15 @@ import re
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from payments.relaykick import outbox_relay_kick_on_commit
 from wallets import ids
 from wallets.models import Merchant
-from webhooks.errors import WebhookEndpointInvalid, WebhookEndpointLimitReached
+from webhooks.errors import WebhookEndpointInvalid, WebhookEndpointLimitReached, WebhookUrlNotAllowed
 from webhooks.locks import merchant_lock, webhook_endpoint_lock
-from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpoint, WebhookEndpointStatus
 from webhooks.secrets import webhook_endpoint_secrets, webhook_endpoint_secrets_assign
 from webhooks.targets import webhook_target_resolve
 
@@ -31,9 +32,14 @@ def _new_secret() -> str:
 
 
 def _url_check(url: str) -> str:
-    """Refuse a URL deliveries must never reach (webhooks.targets). A name that does not
-    resolve yet is accepted: every delivery checks again."""
-    webhook_target_resolve(url=url, unresolvable_ok=True)
+    """Refuse a URL deliveries must never reach (webhooks.targets), and a name that does not
+    resolve now, all with one code and message (WebhookUrlNotAllowed): an answer that told
+    "private" from "unknown" would let a merchant map our internal DNS. Every delivery
+    checks again, and says why in the attempt log."""
+    try:
+        webhook_target_resolve(url=url)
+    except WebhookEndpointInvalid:
+        raise WebhookUrlNotAllowed() from None
     return url
 
 
@@ -70,7 +76,18 @@ def webhook_endpoint_update(
     description: str | None = None,
     status: str | None = None,
 ) -> WebhookEndpoint:
+    """Change an endpoint. Enabling a disabled one sends what waited meanwhile
+    (`_waiting_deliveries_resume`) and marks the relay due in this transaction.
+
+    Locks: with `status`, the endpoint's row first (webhook_endpoint_lock), so no claim
+    leases its deliveries meanwhile; then its pending delivery rows."""
     fields: list[str] = []
+    resumed = False
+    if status is not None:
+        if status not in WebhookEndpointStatus.values:
+            raise WebhookEndpointInvalid("status must be enabled or disabled", param="status")
+        locked = webhook_endpoint_lock(endpoint_id=endpoint.pk)
+        resumed = locked.status != WebhookEndpointStatus.ENABLED and status == WebhookEndpointStatus.ENABLED
     if url is not None:
         endpoint.url = _url_check(url)
         fields.append("url")
@@ -81,16 +98,34 @@ def webhook_endpoint_update(
         endpoint.description = description
         fields.append("description")
     if status is not None:
-        if status not in WebhookEndpointStatus.values:
-            raise WebhookEndpointInvalid("status must be enabled or disabled", param="status")
         endpoint.status = status
         endpoint.disabled_reason = ""  # enabled again, or disabled by hand: the old reason no longer applies
         fields += ["status", "disabled_reason"]
     if fields:
         endpoint.save(update_fields=[*fields, "updated"])
+    if resumed:
+        _waiting_deliveries_resume(endpoint=endpoint, now=timezone.now())
     if status == WebhookEndpointStatus.ENABLED:
-        outbox_relay_kick_on_commit()  # its pending deliveries are due again
+        outbox_relay_kick_on_commit()  # marks the relay due in this transaction, kicks it after
     return endpoint
+
+
+def _waiting_deliveries_resume(*, endpoint: WebhookEndpoint, now: datetime) -> None:
+    """An endpoint enabled again: its deliveries that waited while it was disabled (pending,
+    not in flight) go now, each on its own as usual, if their retry window is still open;
+    those whose window closed meanwhile are marked `expired`, kept and shown (the admin,
+    the deliveries list) and redeliverable, never deleted. A delivery still leased (sent
+    when the endpoint was disabled) is left to its claim.
+
+    Locks: the endpoint's pending delivery rows (the UPDATEs), after the endpoint's row."""
+    waiting = WebhookDelivery.objects.filter(endpoint=endpoint, status=WebhookDeliveryStatus.PENDING).filter(
+        Q(leased_until__isnull=True) | Q(leased_until__lte=now)
+    )
+    waiting.filter(give_up_at__lte=now).update(
+        status=WebhookDeliveryStatus.EXPIRED, leased_until=None,
+        last_error="expired: the endpoint was disabled until after this delivery's retry window closed",
+    )
+    waiting.filter(give_up_at__gt=now).update(next_attempt_at=now, leased_until=None)
 
 
 @transaction.atomic

@@ -1,9 +1,10 @@
 """The outbox relay (SPEC 8): publish committed `OutboxEvent` rows, then send the webhook
 deliveries they made. At least once; each delivery on its own, in no particular order.
 
-Publishing an event makes a `WebhookDelivery` per enabled endpoint of its merchant that
-wants its type, in one short transaction per batch claimed with SKIP LOCKED; deliveries
-are unique per endpoint and event, so publishing twice delivers once. A publication that
+Publishing an event makes a `WebhookDelivery` per endpoint of its merchant that wants its
+type, enabled or disabled (a disabled endpoint's wait for it to be enabled again), in one
+short transaction per batch claimed with SKIP LOCKED; deliveries are unique per endpoint
+and event, so publishing twice delivers once. A publication that
 fails is retried with backoff, then becomes a dead letter (`dead_at`), requeued by staff.
 """
 
@@ -25,7 +26,7 @@ from tenants.duework import due_work_settle
 from tenants.models import DueWorkKind
 from webhooks import metrics
 from webhooks.locks import outbox_event_lock, outbox_events_claim
-from webhooks.models import WebhookDelivery, WebhookEndpoint, WebhookEndpointStatus
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.selectors import relay_work_next_due_at
 from webhooks.services.deliveries import RETRY_WINDOW, webhook_deliveries_dispatch
 
@@ -60,7 +61,9 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
             time.sleep(pause)
         merchant_ids = {m for m in map(_merchant_of, batch) if m}
         by_merchant: dict[str, list[WebhookEndpoint]] = defaultdict(list)
-        for endpoint in WebhookEndpoint.objects.filter(merchant_id__in=merchant_ids, status=WebhookEndpointStatus.ENABLED):
+        # Disabled endpoints too: their deliveries wait (no claim takes them) until the
+        # endpoint is enabled again, so no event is dropped meanwhile (SPEC 8).
+        for endpoint in WebhookEndpoint.objects.filter(merchant_id__in=merchant_ids):
             by_merchant[endpoint.merchant_id].append(endpoint)
         published: list[str] = []
         making: list[tuple[OutboxEvent, list[WebhookDelivery]]] = []
