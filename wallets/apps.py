@@ -13,11 +13,13 @@ class WalletsConfig(AppConfig):
         tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
         tenant_created.connect(_tenant_roles_ensure, dispatch_uid="wallets-roles-ensure")
 
-        from wallets.contacts import CustomerContactsMigration
+        from wallets.contacts import CustomerContactsMigration, customer_contacts_new_tenant
         from wallets.daily_totals import MerchantDailyTotalsMigration
         from wallets.staged.spec import staged_migration_register
 
         staged_migration_register(CustomerContactsMigration())
+        # A new tenant has no plaintext contacts: it starts encrypted, as webhook secrets start sealed.
+        tenant_created.connect(customer_contacts_new_tenant, dispatch_uid="wallets-contacts-new-tenant")
         staged_migration_register(MerchantDailyTotalsMigration())
         import wallets.staged.admin  # noqa: F401
 
