@@ -325,3 +325,18 @@ def test_the_reseal_is_batched_resumable_and_reaches_a_switched_off_tenant(
                 assert _key_ids_stored() == {"keyB"}
                 assert all(webhook_endpoint_secrets(endpoint=e).current.startswith("whsec_") for e in WebhookEndpoint.objects.all())
                 assert gateway_secret_key(account=GatewayAccount.objects.get(gateway="simulator")).startswith("sk_sim_")
+
+
+def test_make_run_writes_a_ring_under_var_once_and_reuses_it(tmp_path: Any, monkeypatch: Any) -> None:
+    from config import runner
+
+    monkeypatch.setattr(runner, "VAR", tmp_path)
+    monkeypatch.delenv("TALLY_SEALING_KEYS", raising=False)
+    assert runner._sealing_ring_ensure() is True
+    ring_file = tmp_path / "sealing_keys"
+    first = os.environ["TALLY_SEALING_KEYS"]
+    assert ring_file.stat().st_mode & 0o777 == 0o600 and sealing.sealing_ring_parse(first.split(",")).primary == "local1"
+    monkeypatch.delenv("TALLY_SEALING_KEYS")
+    assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"] == first
+    monkeypatch.setenv("TALLY_SEALING_KEYS", "ops1:" + base64.b64encode(os.urandom(32)).decode())
+    assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"].startswith("ops1:")

@@ -8,4 +8,6 @@ TALLY_WEBHOOK_ALLOW_LOOPBACK = env.bool("TALLY_WEBHOOK_ALLOW_LOOPBACK", default=
 
 # `make run` writes a ring here on its first run (config/runner.py) and reuses it.
 _ring_file = BASE_DIR / "var" / "sealing_keys"
-TALLY_SEALING_KEYS = env.list("TALLY_SEALING_KEYS", default=_ring_file.read_text().split(",") if _ring_file.exists() else [])
+TALLY_SEALING_KEYS = [k for k in env.list("TALLY_SEALING_KEYS", default=[]) if k.strip()] or (
+    _ring_file.read_text().strip().split(",") if _ring_file.exists() else []
+)
