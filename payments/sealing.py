@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 
@@ -177,7 +178,8 @@ def secret_unseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) 
 
 
 def secret_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) -> bytes | None:
-    """`sealed` sealed again under the ring's first key, or None if it already is."""
+    """`sealed` sealed again under the ring's first key, or None if it already is. Raises
+    what secret_unseal raises for a value that does not open."""
     if secret_key_id(scheme=scheme, stored=sealed) == sealing_ring().primary:
         return None
     plaintext = secret_unseal(scheme=scheme, sealed=sealed, associated_data=associated_data)
@@ -189,10 +191,16 @@ def secret_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) 
 # so `manage.py secrets_reseal` covers every store without importing the apps above it.
 
 
+# What a value that does not open raises: a key not in the ring, a malformed value (ValueError,
+# binascii.Error, JSONDecodeError), or the wrong key or associated data (InvalidTag).
+UNOPENED: Final = (ValueError, InvalidTag)
+
+
 @dataclass(frozen=True)
 class ResealBatch:
     cursor: str | None  # where the next batch starts; None: this tenant's store is done
     resealed: int  # rows rewritten (a row already under the first key is left as it is)
+    unopened: tuple[str, ...] = ()  # ids of rows holding a value that does not open (left as they are)
 
 
 ResealFn = Callable[[str, int], ResealBatch]  # (after, limit), in the current tenant's schema

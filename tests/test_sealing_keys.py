@@ -327,6 +327,26 @@ def test_the_reseal_is_batched_resumable_and_reaches_a_switched_off_tenant(
                 assert gateway_secret_key(account=GatewayAccount.objects.get(gateway="simulator")).startswith("sk_sim_")
 
 
+def test_a_value_that_does_not_open_is_reported_and_the_rest_is_resealed(tenant: Tenant, ring: Any) -> None:
+    """A sealed value copied into another row (its associated data no longer matches) does
+    not stop the run: every other value is re-sealed, and the command fails naming the row,
+    so the old key is not removed while something still needs it."""
+    from django.core.management.base import CommandError
+
+    key_a, key_b = _key("keyA"), _key("keyB")
+    ring(key_a, *ring.suite)
+    merchant = MerchantFactory()
+    good, _ = webhook_endpoint_create(merchant=merchant, url="https://93.184.215.14/good", enabled_events=["*"])
+    bad, _ = webhook_endpoint_create(merchant=merchant, url="https://93.184.215.14/bad", enabled_events=["*"])
+    WebhookEndpoint.objects.filter(pk=bad.pk).update(secret_sealed=good.secret_sealed)
+    ring(key_b, key_a, *ring.suite)
+    with pytest.raises(CommandError, match=f"{tenant.schema_name} webhook_endpoints {bad.pk}"):
+        _reseal(tenant=tenant.schema_name)
+    stored = dict(WebhookEndpoint.objects.filter(merchant=merchant).values_list("pk", "secret_sealed"))
+    assert sealing.secret_key_id(scheme=WEBHOOK_SCHEME, stored=bytes(stored[good.pk])) == "keyB"
+    assert sealing.secret_key_id(scheme=WEBHOOK_SCHEME, stored=bytes(stored[bad.pk])) == "keyA"
+
+
 def test_make_run_writes_a_ring_under_var_once_and_reuses_it(tmp_path: Any, monkeypatch: Any) -> None:
     from config import runner
 

@@ -29,7 +29,7 @@ from cryptography.exceptions import InvalidTag
 from django.db import connection, transaction
 from django.db.models import Q
 
-from payments.sealing import ResealBatch, SealScheme, sealing_ring, secret_key_id, secret_reseal, secret_seal, secret_unseal
+from payments.sealing import UNOPENED, ResealBatch, SealScheme, sealing_ring, secret_key_id, secret_reseal, secret_seal, secret_unseal
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
 from wallets.staged.runner import staged_start_contracted
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
@@ -202,7 +202,12 @@ class WebhookSecretsMigration(StagedMigration):
 
 
 def _needs_reseal(sealed: bytes | memoryview | None) -> bool:
-    return sealed is not None and secret_key_id(scheme=SCHEME, stored=bytes(sealed)) != sealing_ring().primary
+    if sealed is None:
+        return False
+    try:
+        return secret_key_id(scheme=SCHEME, stored=bytes(sealed)) != sealing_ring().primary
+    except ValueError:
+        return True  # malformed: the batch reports it
 
 
 def webhook_secrets_reseal(after: str = "", limit: int = 500) -> ResealBatch:
@@ -216,23 +221,27 @@ def webhook_secrets_reseal(after: str = "", limit: int = 500) -> ResealBatch:
     )
     candidates = [pk for pk, current, previous in rows if _needs_reseal(current) or _needs_reseal(previous)]
 
-    def batch() -> int:
-        resealed = 0
+    def batch() -> tuple[int, list[str]]:
+        resealed, unopened = 0, []
         for row in webhook_endpoint_rows_lock(after="", limit=len(candidates), query=Q(pk__in=candidates)):
             fields: dict[str, bytes] = {}
-            for name, field in (("secret_sealed", CURRENT), ("previous_secret_sealed", PREVIOUS)):
-                sealed = getattr(row, name)
-                if sealed is not None:
-                    new = secret_reseal(scheme=SCHEME, sealed=bytes(sealed), associated_data=_aad(row.pk, field))
-                    if new is not None:
-                        fields[name] = new
+            try:
+                for name, field in (("secret_sealed", CURRENT), ("previous_secret_sealed", PREVIOUS)):
+                    sealed = getattr(row, name)
+                    if sealed is not None:
+                        new = secret_reseal(scheme=SCHEME, sealed=bytes(sealed), associated_data=_aad(row.pk, field))
+                        if new is not None:
+                            fields[name] = new
+            except UNOPENED:
+                unopened.append(str(row.pk))
+                continue
             if fields:
                 WebhookEndpoint.objects.filter(pk=row.pk).update(**fields)
                 resealed += 1
-        return resealed
+        return resealed, unopened
 
-    resealed = run_atomic(batch, operation="webhook_secrets_reseal") if candidates else 0
-    return ResealBatch(cursor=rows[-1][0] if len(rows) == limit else None, resealed=resealed)
+    resealed, unopened = run_atomic(batch, operation="webhook_secrets_reseal") if candidates else (0, [])
+    return ResealBatch(cursor=rows[-1][0] if len(rows) == limit else None, resealed=resealed, unopened=tuple(unopened))
 
 
 def webhook_secrets_new_tenant(**_: Any) -> None:

@@ -11,7 +11,17 @@ import json
 
 from payments.idempotency.locks import idempotency_records_lock
 from payments.idempotency.models import IdempotencyRecord
-from payments.sealing import ResealBatch, SealScheme, sealing_ring, secret_is_sealed, secret_key_id, secret_reseal, secret_seal, secret_unseal
+from payments.sealing import (
+    UNOPENED,
+    ResealBatch,
+    SealScheme,
+    sealing_ring,
+    secret_is_sealed,
+    secret_key_id,
+    secret_reseal,
+    secret_seal,
+    secret_unseal,
+)
 from wallets.transactions import run_atomic
 
 SCHEME = SealScheme(purpose=b"tally/idempotency/response-seal/v1", tag=b"tally-sealed")
@@ -51,9 +61,11 @@ def _body_resealed(body: bytes, principal_id: str, key: str) -> bytes | None:
 
 
 def _needs_reseal(body: bytes) -> bool:
-    primary = sealing_ring().primary
     if secret_is_sealed(scheme=SCHEME, stored=body):
-        return secret_key_id(scheme=SCHEME, stored=body) != primary
+        try:
+            return secret_key_id(scheme=SCHEME, stored=body) != sealing_ring().primary
+        except ValueError:
+            return True  # malformed: the batch reports it
     return body.startswith(b"{") and _STAFF_FIELD in body
 
 
@@ -69,16 +81,20 @@ def idempotency_records_reseal(after: str = "", limit: int = 500) -> ResealBatch
     )
     candidates = [pk for pk, body in rows if body is not None and _needs_reseal(bytes(body))]
 
-    def batch() -> int:
-        resealed = 0
+    def batch() -> tuple[int, list[str]]:
+        resealed, unopened = 0, []
         for record in idempotency_records_lock(ids=candidates):
             if record.response_body is None:
                 continue
-            new = _body_resealed(bytes(record.response_body), record.principal_id, record.key)
+            try:
+                new = _body_resealed(bytes(record.response_body), record.principal_id, record.key)
+            except UNOPENED:
+                unopened.append(str(record.pk))
+                continue
             if new is not None:
                 IdempotencyRecord.objects.filter(pk=record.pk).update(response_body=new)
                 resealed += 1
-        return resealed
+        return resealed, unopened
 
-    resealed = run_atomic(batch, operation="idempotency_records_reseal") if candidates else 0
-    return ResealBatch(cursor=str(rows[-1][0]) if len(rows) == limit else None, resealed=resealed)
+    resealed, unopened = run_atomic(batch, operation="idempotency_records_reseal") if candidates else (0, [])
+    return ResealBatch(cursor=str(rows[-1][0]) if len(rows) == limit else None, resealed=resealed, unopened=tuple(unopened))

@@ -10,7 +10,7 @@ from payments.gateways.credentials import SCHEME as CREDENTIALS
 from payments.gateways.credentials import credential_aad
 from payments.locks import gateway_account_rows_lock
 from payments.models import GatewayAccount
-from payments.sealing import ResealBatch, secret_reseal
+from payments.sealing import UNOPENED, ResealBatch, secret_reseal
 from wallets.services.contacts import customer_contacts_reencrypt
 from wallets.transactions import run_atomic
 
@@ -21,19 +21,22 @@ def gateway_accounts_reseal(after: str = "", limit: int = 500) -> ResealBatch:
 
     def batch() -> ResealBatch:
         schema = str(getattr(connection, "schema_name", "public"))
-        resealed = 0
-        rows = gateway_account_rows_lock()
-        for account in rows:
+        resealed, unopened = 0, []
+        for account in gateway_account_rows_lock():
             fields: dict[str, bytes] = {}
-            for name, field in (("secret_key_sealed", "secret_key"), ("webhook_secrets_sealed", "webhook_secrets")):
-                aad = credential_aad(schema, account.gateway, field)
-                new = secret_reseal(scheme=CREDENTIALS, sealed=bytes(getattr(account, name)), associated_data=aad)
-                if new is not None:
-                    fields[name] = new
+            try:
+                for name, field in (("secret_key_sealed", "secret_key"), ("webhook_secrets_sealed", "webhook_secrets")):
+                    aad = credential_aad(schema, account.gateway, field)
+                    new = secret_reseal(scheme=CREDENTIALS, sealed=bytes(getattr(account, name)), associated_data=aad)
+                    if new is not None:
+                        fields[name] = new
+            except UNOPENED:
+                unopened.append(str(account.pk))
+                continue
             if fields:
                 GatewayAccount.objects.filter(pk=account.pk).update(**fields)
                 resealed += 1
-        return ResealBatch(cursor=None, resealed=resealed)
+        return ResealBatch(cursor=None, resealed=resealed, unopened=tuple(unopened))
 
     return run_atomic(batch, operation="gateway_accounts_reseal")
 

@@ -32,7 +32,7 @@ class Command(BaseCommand):
                 raise CommandError(f"no tenant with schema {options['tenant']!r}")
             schemas = [options["tenant"]]
         primary = sealing_ring().primary
-        total = 0
+        total, unopened = 0, []
         for schema in schemas:
             with schema_context(schema):
                 counts = []
@@ -42,7 +42,14 @@ class Command(BaseCommand):
                     while cursor is not None:
                         result = store.reseal_batch(cursor, options["batch"])
                         cursor, resealed = result.cursor, resealed + result.resealed
+                        unopened += [f"{schema} {store.name} {row_id}" for row_id in result.unopened]
                     counts.append(f"{store.name} {resealed}")
                     total += resealed
             self.stdout.write(f"{schema}: re-sealed " + ", ".join(counts))
+        if unopened:
+            # The rest is done; these keep their old key, so it must stay in the ring for now.
+            raise CommandError(
+                f"{len(unopened)} stored values do not open with this ring and were left as they are (keep their key until they are"
+                " fixed or re-entered): " + "; ".join(unopened[:50])
+            )
         self.stdout.write(self.style.SUCCESS(f"done: {total} rows re-sealed under key {primary!r} in {len(schemas)} tenants"))
