@@ -80,7 +80,7 @@ class SealingRing:
     primary: str
     keys: dict[str, bytes] = field(hash=False)  # id -> key material (the legacy one: the old SECRET_KEY's bytes)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Short and stable for this set of key ids in this order: it names caches of
         sealed values, so a changed ring never reads one sealed under a key it lost."""
