@@ -8,6 +8,7 @@ next `make run` reuses the same data.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import sys
@@ -25,6 +26,7 @@ def main() -> int:
     shutil.rmtree(prom_dir, ignore_errors=True)
     prom_dir.mkdir(parents=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
+    new_ring = _sealing_ring_ensure()
 
     import django
 
@@ -40,6 +42,8 @@ def main() -> int:
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
     platform_ensure(public_domain=settings.TALLY_PUBLIC_DOMAIN)  # template schema must exist before tenants migrate
     call_command("migrate_schemas", interactive=False, verbosity=0)
+    if new_ring:
+        _legacy_reseal()
     seeded = demo_seed()  # (re)sets the demo logins' password to the one printed below
     # The admin's CSS and the API docs' assets, served by whitenoise under gunicorn.
     call_command("collectstatic", interactive=False, verbosity=0)
@@ -80,6 +84,42 @@ def main() -> int:
 
     os.environ["VENV_BIN"] = str(Path(sys.executable).parent)
     return processes_run(procfile_read(ROOT / "Procfile"), cwd=ROOT, env=dict(os.environ))
+
+
+def _sealing_ring_ensure() -> bool:
+    """TALLY_SEALING_KEYS from the environment, else var/sealing_keys, written with a new
+    random key on the first run (payments/sealing.py). True when it was just written."""
+    if os.environ.get("TALLY_SEALING_KEYS"):
+        return False
+    ring_file = VAR / "sealing_keys"
+    new = not ring_file.exists()
+    if new:
+        VAR.mkdir(parents=True, exist_ok=True)
+        ring_file.write_text("local1:" + base64.urlsafe_b64encode(os.urandom(32)).decode("ascii") + "\n")
+        ring_file.chmod(0o600)
+    os.environ["TALLY_SEALING_KEYS"] = ring_file.read_text().strip()
+    return new
+
+
+def _legacy_reseal() -> None:
+    """A database `make run` used before it had a ring holds values sealed under the local
+    SECRET_KEY (an older release): re-seal them once under the new ring, the documented
+    upgrade (README.md, 'Sealing keys') done for the local database."""
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from payments.sealing import sealing_ring_forget
+
+    settings.TALLY_SEALING_LEGACY_SECRET_KEY = settings.SECRET_KEY
+    sealing_ring_forget()
+    try:
+        call_command("secrets_reseal", verbosity=0)
+    except CommandError as exc:  # values sealed under some other key: the demo setup below replaces its own
+        print(f"secrets_reseal: {exc}", flush=True)
+    finally:
+        settings.TALLY_SEALING_LEGACY_SECRET_KEY = ""
+        sealing_ring_forget()
 
 
 def _redact(url: str) -> str:

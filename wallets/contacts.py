@@ -11,7 +11,8 @@ By the tenant's phase:
   reads_switched          write both; read new (old for a field not written yet)
   contracting/contracted  write new; read new
 
-A NULL ciphertext column is absent (the backfill fills it); the token of "" is an
+A new tenant starts at `contracted` (`customer_contacts_new_tenant`): it never writes the
+plaintext columns (they stay, empty). A NULL ciphertext column is absent (the backfill fills it); the token of "" is an
 explicitly cleared value, which the backfill never overwrites.
 """
 
@@ -24,7 +25,7 @@ import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -34,6 +35,7 @@ from django.db.models import Q, QuerySet
 from wallets.locks import customer_rows_lock
 from wallets.models import Customer, CustomerLegacyContact
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
+from wallets.staged.runner import staged_start_contracted
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
 
 logger = logging.getLogger("tally.contacts")
@@ -337,3 +339,8 @@ class CustomerContactsMigration(StagedMigration):
                 if not ids:
                     return
                 Customer.objects.filter(pk__in=ids).update(email_ciphertext=None, phone_ciphertext=None, email_hash=None)
+
+
+def customer_contacts_new_tenant(**_: Any) -> None:
+    """A new tenant has no plaintext contacts to move: it encrypts from its first customer on."""
+    staged_start_contracted(migration=CustomerContactsMigration())

@@ -29,15 +29,16 @@ from cryptography.exceptions import InvalidTag
 from django.db import connection, transaction
 from django.db.models import Q
 
-from payments.sealing import SealScheme, secret_seal, secret_unseal
+from payments.sealing import UNOPENED, ResealBatch, SealScheme, sealing_ring, secret_key_id, secret_reseal, secret_seal, secret_unseal
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
 from wallets.staged.runner import staged_start_contracted
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
+from wallets.transactions import run_atomic
 from webhooks.locks import webhook_endpoint_rows_lock
 from webhooks.models import WebhookEndpoint
 
 MIGRATION: Final = "webhook_secrets"
-SCHEME: Final = SealScheme(purpose=b"tally/webhooks/signing-secret/v1", prefix=b"tally-whsec:v1:")
+SCHEME: Final = SealScheme(purpose=b"tally/webhooks/signing-secret/v1", tag=b"tally-whsec")
 CURRENT, PREVIOUS = "secret", "previous_secret"
 SECRET_FIELDS: Final = ("secret_plaintext", "previous_secret_plaintext", "secret_sealed", "previous_secret_sealed")
 
@@ -198,6 +199,49 @@ class WebhookSecretsMigration(StagedMigration):
                 if not ids:
                     return
                 WebhookEndpoint.objects.filter(pk__in=ids).update(secret_sealed=None, previous_secret_sealed=None)
+
+
+def _needs_reseal(sealed: bytes | memoryview | None) -> bool:
+    if sealed is None:
+        return False
+    try:
+        return secret_key_id(scheme=SCHEME, stored=bytes(sealed)) != sealing_ring().primary
+    except ValueError:
+        return True  # malformed: the batch reports it
+
+
+def webhook_secrets_reseal(after: str = "", limit: int = 500) -> ResealBatch:
+    """The sealed secrets of the next `limit` endpoints after id `after` re-sealed under the
+    ring's first key. Read unlocked to find the ones to re-seal; then those rows are locked
+    (webhook_endpoint_rows_lock, as every secret write is) and re-read in one transaction."""
+    rows = list(
+        WebhookEndpoint.objects.filter(pk__gt=after, secret_sealed__isnull=False)
+        .order_by("pk")
+        .values_list("pk", "secret_sealed", "previous_secret_sealed")[:limit]
+    )
+    candidates = [pk for pk, current, previous in rows if _needs_reseal(current) or _needs_reseal(previous)]
+
+    def batch() -> tuple[int, list[str]]:
+        resealed, unopened = 0, []
+        for row in webhook_endpoint_rows_lock(after="", limit=len(candidates), query=Q(pk__in=candidates)):
+            fields: dict[str, bytes] = {}
+            try:
+                for name, field in (("secret_sealed", CURRENT), ("previous_secret_sealed", PREVIOUS)):
+                    sealed = getattr(row, name)
+                    if sealed is not None:
+                        new = secret_reseal(scheme=SCHEME, sealed=bytes(sealed), associated_data=_aad(row.pk, field))
+                        if new is not None:
+                            fields[name] = new
+            except UNOPENED:
+                unopened.append(str(row.pk))
+                continue
+            if fields:
+                WebhookEndpoint.objects.filter(pk=row.pk).update(**fields)
+                resealed += 1
+        return resealed, unopened
+
+    resealed, unopened = run_atomic(batch, operation="webhook_secrets_reseal") if candidates else (0, [])
+    return ResealBatch(cursor=rows[-1][0] if len(rows) == limit else None, resealed=resealed, unopened=tuple(unopened))
 
 
 def webhook_secrets_new_tenant(**_: Any) -> None:

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from payments.sealing import SealScheme, secret_seal, secret_unseal
 
-SCHEME = SealScheme(purpose=b"tally/gateways/credentials/v1", prefix=b"tally-gw:v1:")
+SCHEME = SealScheme(purpose=b"tally/gateways/credentials/v1", tag=b"tally-gw")
 
 
-def _aad(schema: str, gateway: str, field: str) -> bytes:
+def credential_aad(schema: str, gateway: str, field: str) -> bytes:
     return f"{schema}\x00{gateway}\x00{field}".encode()
 
 
 def credential_seal(*, value: str, schema: str, gateway: str, field: str) -> bytes:
-    return secret_seal(scheme=SCHEME, plaintext=value.encode("utf-8"), associated_data=_aad(schema, gateway, field))
+    return secret_seal(scheme=SCHEME, plaintext=value.encode("utf-8"), associated_data=credential_aad(schema, gateway, field))
 
 
 def credential_unseal(*, sealed: bytes, schema: str, gateway: str, field: str) -> str:
-    return secret_unseal(scheme=SCHEME, sealed=sealed, associated_data=_aad(schema, gateway, field)).decode("utf-8")
+    return secret_unseal(scheme=SCHEME, sealed=sealed, associated_data=credential_aad(schema, gateway, field)).decode("utf-8")

@@ -16,6 +16,8 @@ from django.core.cache import cache
 from django.core.cache.backends.redis import RedisSerializer
 from django.db import connection
 
+from payments.sealing import sealing_ring
+
 logger = logging.getLogger("tally.idempotency")
 
 MAX_TTL_SECONDS = 3600
@@ -40,7 +42,9 @@ def _schema_name() -> str:
 
 def _cache_key(principal_id: str, key: str) -> str:
     digest = hashlib.sha256(f"{principal_id}\x00{key}".encode("utf-8", "surrogatepass")).hexdigest()
-    return f"idem:v1:{digest}"
+    # An entry may hold a sealed body: a process whose sealing ring differs (a key added or
+    # removed) reads entries of its own ring only, never one sealed under a key it lacks.
+    return f"idem:v1:{sealing_ring().fingerprint}:{digest}"
 
 
 def _breaker_open() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from django.db import connection
 
+from payments.idempotency.models import IdempotencyRecord
 from tenants.models import Tenant
 
 _FENCE_SQL = "SELECT 1 FROM idempotency_record WHERE id = %s AND fence = %s"
@@ -21,3 +22,9 @@ def tenant_lock(*, tenant_id: int) -> Tenant:
     """A tenant's row (public schema, on every tenant's search_path): taken alone, by an idempotency mode switch."""
     locked: Tenant = Tenant.objects.select_for_update().get(pk=tenant_id)
     return locked
+
+
+def idempotency_records_lock(*, ids: list[int]) -> list[IdempotencyRecord]:
+    """These records, in id order, locked (re-sealing their stored answers): taken alone,
+    each waiting at most for the one transaction that holds its record."""
+    return list(IdempotencyRecord.objects.filter(pk__in=ids).order_by("pk").select_for_update())

@@ -1,12 +1,31 @@
 """Stored responses that carry a secret shown once (an API key, a webhook signing secret, a
 payment token) are sealed (payments/sealing.py), bound to the record's (principal, key),
-so a database dump reveals no secret and a sealed body replays under no other record."""
+so a database dump reveals no secret and a sealed body replays under no other record.
+A staff action's stored value ({"message", "secret_sealed"}, payments/idempotency/staff.py)
+holds its sealed secret in base64 inside JSON."""
 
 from __future__ import annotations
 
-from payments.sealing import SealScheme, secret_is_sealed, secret_seal, secret_unseal
+import base64
+import json
 
-SCHEME = SealScheme(purpose=b"tally/idempotency/response-seal/v1", prefix=b"tally-sealed:v1:")
+from payments.idempotency.locks import idempotency_records_lock
+from payments.idempotency.models import IdempotencyRecord
+from payments.sealing import (
+    UNOPENED,
+    ResealBatch,
+    SealScheme,
+    sealing_ring,
+    secret_is_sealed,
+    secret_key_id,
+    secret_reseal,
+    secret_seal,
+    secret_unseal,
+)
+from wallets.transactions import run_atomic
+
+SCHEME = SealScheme(purpose=b"tally/idempotency/response-seal/v1", tag=b"tally-sealed")
+_STAFF_FIELD = b'"secret_sealed"'
 
 
 def _associated_data(principal_id: str, key: str) -> bytes:
@@ -22,3 +41,60 @@ def response_body_unseal(*, stored: bytes, principal_id: str, key: str) -> bytes
     if not secret_is_sealed(scheme=SCHEME, stored=stored):
         return stored
     return secret_unseal(scheme=SCHEME, sealed=stored, associated_data=_associated_data(principal_id, key))
+
+
+def _body_resealed(body: bytes, principal_id: str, key: str) -> bytes | None:
+    """The stored body with its sealed part under the ring's first key; None if nothing changes."""
+    aad = _associated_data(principal_id, key)
+    if secret_is_sealed(scheme=SCHEME, stored=body):
+        return secret_reseal(scheme=SCHEME, sealed=body, associated_data=aad)
+    if not (body.startswith(b"{") and _STAFF_FIELD in body):
+        return None
+    value = json.loads(body)
+    inner = base64.b64decode(value["secret_sealed"])
+    new = secret_reseal(scheme=SCHEME, sealed=inner, associated_data=aad)
+    if new is None:
+        return None
+    value["secret_sealed"] = base64.b64encode(new).decode("ascii")
+    # As idempotency_run stores a value (sorted keys, no spaces).
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def _needs_reseal(body: bytes) -> bool:
+    if secret_is_sealed(scheme=SCHEME, stored=body):
+        try:
+            return secret_key_id(scheme=SCHEME, stored=body) != sealing_ring().primary
+        except ValueError:
+            return True  # malformed: the batch reports it
+    return body.startswith(b"{") and _STAFF_FIELD in body
+
+
+def idempotency_records_reseal(after: str = "", limit: int = 500) -> ResealBatch:
+    """The stored answers of the next `limit` records after id `after` re-sealed under the
+    ring's first key. Read unlocked to find the sealed ones; then, in one transaction, those
+    are locked (idempotency_records_lock) and re-read, so a completion racing this writes
+    what it writes and this one seals what is there."""
+    rows = list(
+        IdempotencyRecord.objects.filter(pk__gt=int(after or 0), response_body__isnull=False)
+        .order_by("pk")
+        .values_list("pk", "response_body")[:limit]
+    )
+    candidates = [pk for pk, body in rows if body is not None and _needs_reseal(bytes(body))]
+
+    def batch() -> tuple[int, list[str]]:
+        resealed, unopened = 0, []
+        for record in idempotency_records_lock(ids=candidates):
+            if record.response_body is None:
+                continue
+            try:
+                new = _body_resealed(bytes(record.response_body), record.principal_id, record.key)
+            except UNOPENED:
+                unopened.append(str(record.pk))
+                continue
+            if new is not None:
+                IdempotencyRecord.objects.filter(pk=record.pk).update(response_body=new)
+                resealed += 1
+        return resealed, unopened
+
+    resealed, unopened = run_atomic(batch, operation="idempotency_records_reseal") if candidates else (0, [])
+    return ResealBatch(cursor=str(rows[-1][0]) if len(rows) == limit else None, resealed=resealed, unopened=tuple(unopened))

@@ -1,0 +1,41 @@
+"""System checks of the payments app: the sealing key ring (payments/sealing.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+
+from payments.sealing import KEY_GENERATE_HINT, SealingRingInvalid, sealing_ring_parse
+
+SEALING_TAG = "tally_sealing"
+
+
+@checks.register(SEALING_TAG)
+def sealing_ring_check(app_configs: Any = None, **_: Any) -> list[checks.CheckMessage]:
+    """A missing or malformed TALLY_SEALING_KEYS is an error: nothing sealed could be opened."""
+    entries = getattr(settings, "TALLY_SEALING_KEYS", None) or []
+    legacy = str(getattr(settings, "TALLY_SEALING_LEGACY_SECRET_KEY", "") or "")
+    try:
+        sealing_ring_parse(list(entries), legacy_secret_key=legacy)
+    except SealingRingInvalid as exc:
+        return [checks.Error(str(exc), hint=KEY_GENERATE_HINT, id="tally.E001")]
+    if legacy:
+        return [
+            checks.Warning(
+                "TALLY_SEALING_LEGACY_SECRET_KEY is set: values sealed by an older release open with it",
+                hint="run `manage.py secrets_reseal`, then unset it",
+                id="tally.W001",
+            )
+        ]
+    return []
+
+
+def sealing_ring_enforce() -> None:
+    """Refuse to serve without a usable ring (gunicorn and Celery do not run system checks)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    errors = [m for m in checks.run_checks(tags=[SEALING_TAG]) if m.is_serious()]
+    if errors:
+        raise ImproperlyConfigured("; ".join(f"{m.msg} ({m.hint})" for m in errors))
