@@ -209,19 +209,23 @@ def hold_lock(*, hold_id: str) -> Hold:
     return Hold.objects.filter(pk=hold_id).order_by("pk").select_for_update().get()
 
 
+SOLO_POSTINGS_LOCK_SPACE = 0x736F6C6F  # "solo"
+
+
 def staff_solo_postings_lock(*, staff_id: str, asset_code: str) -> None:
     """What one staff member posts alone (no second approver) in one asset, serialized: a
     transaction-level advisory lock on (tenant schema, staff member, asset), held until
     commit while their posting is counted against the maker-checker threshold and made, so
     two postings of one member in one asset (to any parties) cannot both see room under it
     (READ COMMITTED: the sum read after the lock sees what the previous holder committed).
-    Taken before any business or balance row; a hash collision only makes two unrelated
-    pairs wait for each other."""
+    Taken before any business or balance row. Its keys live in a space of their own (the
+    two-int form), so a hash collision can only make two staff postings wait for each other,
+    never for a session lock of `advisory_lock_try` (a whole top-up recovery pass)."""
     if not connection.in_atomic_block:
         raise RuntimeError("staff_solo_postings_lock outside a transaction would be released at once")
-    key = f"{getattr(connection, 'schema_name', 'public')}:tally.solo:{staff_id}:{asset_code}"
+    key = f"{getattr(connection, 'schema_name', 'public')}:{staff_id}:{asset_code}"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [key])
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [SOLO_POSTINGS_LOCK_SPACE, key])
 
 
 def staff_api_keys_live_lock(*, staff_id: str) -> list[ApiKey]:

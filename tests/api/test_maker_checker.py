@@ -248,3 +248,22 @@ def test_concurrent_splits_from_two_threads_post_at_most_the_threshold(live_tena
         assert _posted(customer.pk) == 60_000
         Adjustment.objects.filter(staff=staff).update(created=timezone.now() - timedelta(days=2))  # a fresh window per round
 
+
+
+def test_a_session_lock_with_the_same_hash_does_not_hold_up_a_staff_posting(live_tenant: Tenant) -> None:
+    """The solo-postings lock lives in its own key space: a session advisory lock in the
+    one-key space (a top-up recovery pass holds one for its whole run, PSP calls included)
+    on the same 32-bit hash never makes a staff posting wait."""
+    import psycopg
+    from django.db import transaction
+
+    from wallets.locks import staff_solo_postings_lock
+
+    staff = staff_login_ensure(username=f"fin-space-{uuid.uuid4().hex[:8]}", password=PASSWORD, role="finance")
+    key = f"{live_tenant.schema_name}:{staff.pk}:JPY"
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(hashtext(%s))", [key])
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '500ms'")
+            staff_solo_postings_lock(staff_id=staff.pk, asset_code="JPY")  # waited, it would fail here
