@@ -171,7 +171,9 @@ def test_a_duplicate_gives_up_after_the_tenants_wait_with_409(tenant_settings_re
     error = json.loads(loser.content)["error"]
     assert error["code"] == "idempotency_key_in_use" and error["request_id"] == loser["Request-Id"]
     assert int(loser["Retry-After"]) >= 1
-    assert 0.25 < waited < 2.0
+    # It waited the tenant's 0.3 s, not the default 5 s: the upper bound is that default (a
+    # tighter one, 2 s, only measured how busy the machine was), the lower one the product's own.
+    assert 0.3 <= waited < 5.0
     assert sample(metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS) == conflicts_before + 1
     first = box["result"]
     assert first.status_code == 201
