@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from django.conf import settings
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +33,15 @@ def static_collect(*, static_root: Path) -> None:
                    stdout=subprocess.DEVNULL)
 
 
+def live_redis_env() -> dict[str, str]:
+    """REDIS_URL and CELERY_BROKER_URL as this process has them: this xdist worker's own Redis
+    database (config/settings/test.py). A server on config.settings.local would otherwise
+    read the base REDIS_URL from the environment, one database for both workers' servers,
+    under the same schema names (throttle windows, API key epochs), and not the one this
+    process's services bump."""
+    return {"REDIS_URL": str(settings.REDIS_URL), "CELERY_BROKER_URL": str(settings.CELERY_BROKER_URL)}
+
+
 @contextmanager
 def gunicorn_running(*, workers: int = 1, static_root: Path | None = None, log: Path | None = None, **extra_env: str) -> Iterator[int]:
     """gunicorn (config/gunicorn.py) on a free port against the test database; yields the
@@ -44,7 +54,7 @@ def gunicorn_running(*, workers: int = 1, static_root: Path | None = None, log: 
         "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false", "TALLY_LOG_LEVEL": "WARNING",
         "DATABASE_URL": f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
         "PORT": str(port), "WEB_CONCURRENCY": str(workers), "TENANT_CACHE_SECONDS": "0", "TALLY_OUTBOX_RELAY_KICK": "false",
-        **extra_env,
+        **live_redis_env(), **extra_env,
     }
     if static_root is not None:
         env.update(TALLY_STATIC_ROOT=str(static_root), TALLY_STATIC_USE_FINDERS="false")

@@ -34,6 +34,7 @@ from payments.services.card_topups import topup_settlement_compare
 from payments.tasks import topups_recover_all_tenants, topups_recover_due_tenants
 from tenants.models import DueWork, DueWorkKind, Tenant
 from tests.conftest import TENANT_A, TENANT_B, in_tenant, psp_account_configure, run_in_thread_tenant
+from tests.live import live_redis_env
 from tests.psp_sim import Simulator
 from tests.receivers import free_port
 from wallets.models import Account, LedgerTransaction
@@ -257,7 +258,7 @@ def _gunicorn(live_tenant: Tenant, port: int, **extra: str) -> subprocess.Popen[
         DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
         DATABASE_URL=f"postgres://{database['USER']}@{database['HOST'] or '127.0.0.1'}:{database['PORT'] or 5432}/{database['NAME']}",
         PORT=str(port), WEB_CONCURRENCY="1", TENANT_CACHE_SECONDS="0", TALLY_OUTBOX_RELAY_KICK="false",
-        TALLY_TOPUP_LEASE_SECONDS="2", TALLY_PSP_TIMEOUT_SECONDS="5", **extra,
+        TALLY_TOPUP_LEASE_SECONDS="2", TALLY_PSP_TIMEOUT_SECONDS="5", **live_redis_env(), **extra,
     )
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     server = subprocess.Popen(

@@ -4,9 +4,11 @@ merchant/customer in A (for "another principal's object"), and a mirror in tenan
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -152,3 +154,17 @@ def connection_kept_across_requests() -> Iterator[None]:
     finally:
         request_started.connect(close_old_connections)
         request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def throttle_clock_held(monkeypatch: pytest.MonkeyPatch) -> float:
+    """The throttles' clock (apikit.throttling) held at the moment the test starts. Their
+    windows are fixed on the wall clock, so a test's requests that straddled a window's
+    end (a minute's, or a second's) were counted in two windows and the limit never met,
+    however fast the machine. Also forgets a fail-open an earlier test left running."""
+    from apikit import throttling
+
+    now = time.time()
+    monkeypatch.setattr(throttling, "time", SimpleNamespace(time=lambda: now))
+    monkeypatch.setattr(throttling, "_redis_down_until", 0.0)
+    return now

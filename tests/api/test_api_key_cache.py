@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,23 @@ WALLET = "/v1/customer/wallet"
 
 def _key_row(world: World) -> ApiKey:
     return ApiKey.objects.get(customer=world.customer.obj)
+
+
+class KeyClock:
+    """This process's wall clock (django.utils.timezone.now: what a key's expiry is checked
+    against, in the cache and in the database read) held where a test puts it. The
+    cache's own TTL runs on time.monotonic and is untouched."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self._monkeypatch = monkeypatch
+
+    def hold(self, moment: datetime) -> None:
+        self._monkeypatch.setattr(timezone, "now", lambda: moment)
+
+
+@pytest.fixture
+def key_clock(monkeypatch: pytest.MonkeyPatch) -> KeyClock:
+    return KeyClock(monkeypatch)
 
 
 def test_a_change_without_an_epoch_bump_is_seen_within_the_ttl(api: Api, world: World, settings: Any) -> None:
@@ -80,15 +97,16 @@ def test_rotated_with_no_overlap_stops_at_once(api: Api, world: World, settings:
     assert api.get(WALLET, new_raw).status_code == 200
 
 
-def test_a_cached_key_stops_when_its_overlap_ends(api: Api, world: World, settings: Any) -> None:
+def test_a_cached_key_stops_when_its_overlap_ends(api: Api, world: World, settings: Any, key_clock: KeyClock) -> None:
     settings.TALLY_API_KEY_CACHE_SECONDS = 60
     old = _key_row(world)
+    key_clock.hold(timezone.now())  # the 3 s overlap cannot run out before the request below, however slow the machine
     api_key_rotate(api_key=old, issuer=world.staff.obj.user, overlap=timedelta(seconds=3))
     assert api.get(WALLET, world.customer.key).status_code == 200  # cached with its expires_at
     expires_at = old.expires_at
     assert expires_at is not None
-    time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.1)
-    assert api.get(WALLET, world.customer.key).status_code == 401
+    key_clock.hold(expires_at + timedelta(milliseconds=100))
+    assert api.get(WALLET, world.customer.key).status_code == 401  # within the cache's 60 s: the expiry ended it
 
 
 def test_a_cached_key_of_one_tenant_never_opens_another(
@@ -264,15 +282,18 @@ def test_a_revoke_that_commits_during_the_cache_fill_is_not_trusted(live_key: Li
     assert _get(live_key.raw).status_code == 401
 
 
-def test_a_rotation_in_another_process_ends_the_old_key_when_its_overlap_ends(live_key: LiveKey) -> None:
+def test_a_rotation_in_another_process_ends_the_old_key_when_its_overlap_ends(live_key: LiveKey, key_clock: KeyClock) -> None:
     assert _get(live_key.raw).status_code == 200  # cached with no expiry
+    # This process's clock stops before the rotation: its 2 s overlap cannot run out here
+    # while the other process exits and the request below is served, however slow the machine.
+    key_clock.hold(timezone.now())
     _in_another_process(f"print(api_key_rotate(api_key=ApiKey.objects.get(pk={live_key.key_id!r}), issuer=superuser, overlap=timedelta(seconds=2)))")
     expires_at = ApiKey.objects.get(pk=live_key.key_id).expires_at
     assert expires_at is not None
     with _auth_statements() as reread:
         assert _get(live_key.raw).status_code == 200  # still inside the overlap
     assert len(reread) == 1  # the epoch moved: read again, now with its expiry
-    time.sleep(max(0.0, (expires_at - timezone.now()).total_seconds()) + 0.1)
+    key_clock.hold(expires_at + timedelta(milliseconds=100))
     assert _get(live_key.raw).status_code == 401  # within the cache's 60 s: the expiry ended it
 
 

@@ -162,7 +162,7 @@ def test_auth_errors_use_the_envelope(api: Api, world: World) -> None:
     assert r.status_code == 403 and error_of(r)["type"] == "permission_error"
 
 
-def test_throttle_per_key_answers_429_with_retry_after(api: Api, world: World, tenant: Any) -> None:
+def test_throttle_per_key_answers_429_with_retry_after(api: Api, world: World, tenant: Any, throttle_clock_held: float) -> None:
     tenant.extra_settings = {"throttle_rates": {"api_key": "3/min"}}
     tenant.save(update_fields=["extra_settings"])
     statuses = [api.get("/v1/customer/wallet", world.customer.key).status_code for _ in range(4)]
@@ -203,7 +203,7 @@ def test_throttle_windows_count_each_request_and_expire_once(api: Api, world: Wo
         redis.delete(stale)
 
 
-def test_throttle_per_tenant(api: Api, world: World, tenant: Any) -> None:
+def test_throttle_per_tenant(api: Api, world: World, tenant: Any, throttle_clock_held: float) -> None:
     tenant.extra_settings = {"throttle_rates": {"tenant": "2/s"}}
     tenant.save(update_fields=["extra_settings"])
     keys: list[Callable[[], Any]] = [lambda k=k: api.get("/v1/merchant/stores", k) for k in (world.merchant.key, world.merchant2.key)]

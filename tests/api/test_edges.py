@@ -44,7 +44,7 @@ def test_v1_errors_are_the_envelope_even_with_debug_on(api: Api, world: World, s
     assert upper.status_code == 200, upper.content[:200]
 
 
-def test_failed_authentication_is_throttled_per_address_and_key_prefix(api: Api, world: World, settings) -> None:  # type: ignore[no-untyped-def]
+def test_failed_authentication_is_throttled_per_address_and_key_prefix(api: Api, world: World, settings, throttle_clock_held) -> None:  # type: ignore[no-untyped-def]
     import random
 
     from tests.api.conftest import error_of
@@ -63,7 +63,7 @@ def test_failed_authentication_is_throttled_per_address_and_key_prefix(api: Api,
     assert api.get("/v1/customer/wallet", world.customer.key).status_code == 200
 
 
-def test_failed_authentication_counts_the_address_the_trusted_proxy_saw(api: Api, world: World, settings) -> None:  # type: ignore[no-untyped-def]
+def test_failed_authentication_counts_the_address_the_trusted_proxy_saw(api: Api, world: World, settings, throttle_clock_held) -> None:  # type: ignore[no-untyped-def]
     import random
 
     rates = settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]
