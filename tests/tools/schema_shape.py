@@ -106,3 +106,11 @@ def shape_differences(expected: dict[str, set[tuple[Any, ...]]], actual: dict[st
         lines += [f"{kind}: missing {row!r}" for row in sorted(left - right, key=repr)]
         lines += [f"{kind}: extra {row!r}" for row in sorted(right - left, key=repr)]
     return lines
+
+
+def one_migration_back(app: str) -> str:
+    """The name of `app`'s migration before its newest on disk: where a test rolls a schema
+    back to leave exactly one migration missing, whatever the app's newest is today."""
+    from tenants.schemas import migrations_on_disk
+
+    return sorted(name for label, name in migrations_on_disk() if label == app)[-2]
