@@ -224,6 +224,9 @@ class Adjustment(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
+        # The maker-checker's sum of what one staff member posted in one asset within the
+        # window (payments.selectors.staff_solo_postings_total), read at every posting.
+        indexes = [models.Index(fields=["staff", "asset", "created"], name="adjustment_staff_asset_created")]
         constraints = [
             models.CheckConstraint(condition=Q(amount__gt=0), name="adjustment_amount_positive"),
             models.CheckConstraint(

@@ -1,8 +1,8 @@
 """A tenant's maker-checker settings, kept in `Tenant.extra_settings`, and their one parser:
 
     {"adjustment_approval_threshold": 100000,             # minor units of any asset, >= 0
-     "adjustment_approval_thresholds": {"EUR": 50000},    # per asset, overrides the above
-     "adjustment_approval_window_hours": 24}              # a positive number of hours (0.5: 30 min)
+     "adjustment_approval_thresholds": {"EUR": 50000},    # per asset code (upper case), overrides the above
+     "adjustment_approval_window_hours": 24}              # hours, 1 minute (1/60) to a year (0.5: 30 min)
 
 `Tenant.clean()` refuses bad values (the platform admin shows the error on the field); the
 maker-checker (payments.services.approvals) parses them again at each decision, since a
@@ -12,6 +12,7 @@ row written without `clean()` can hold anything.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,11 @@ THRESHOLD_DEFAULT = 100_000
 WINDOW_HOURS_DEFAULT = 24
 # A year: a longer window is a typo, and timedelta's range ends well before a float's.
 WINDOW_HOURS_MAX = 366 * 24
+# A minute: a shorter window (1e-9 hours) would add up nothing, every posting alone.
+WINDOW_MIN = timedelta(minutes=1)
+# The asset code form (wallets.Asset.code, apikit.fields.ASSET_CODE_RE; tenants sits below
+# both): thresholds are looked up by the exact code, so "jpy" would silently never match.
+ASSET_CODE_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,11}$")
 
 
 class ApprovalSettingInvalid(ValueError):
@@ -45,8 +51,11 @@ def _threshold(value: Any, name: str) -> int:
 
 
 def _window(value: Any) -> timedelta:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not 0 < value <= WINDOW_HOURS_MAX:
-        raise ApprovalSettingInvalid(f"{WINDOW_HOURS_KEY} must be a number of hours above 0 and at most {WINDOW_HOURS_MAX} (got {value!r})")
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+            or not 0 < value <= WINDOW_HOURS_MAX or timedelta(hours=value) < WINDOW_MIN):
+        raise ApprovalSettingInvalid(
+            f"{WINDOW_HOURS_KEY} must be a number of hours from 1 minute (1/60) to {WINDOW_HOURS_MAX} (got {value!r})"
+        )
     return timedelta(hours=value)  # fractions kept: 0.5 is 30 minutes
 
 
@@ -61,12 +70,15 @@ def _per_asset(extra: dict[str, Any]) -> dict[str, Any]:
 
 def approval_settings_validate(*, extra: Any) -> None:
     """Refuse (ApprovalSettingInvalid) maker-checker settings not of the documented form:
-    the window, the default threshold and every asset's."""
+    the window (1 minute to a year), the default threshold, and every asset's, keyed by
+    the asset code as written (upper case: "jpy" is refused, not looked up as JPY)."""
     if not isinstance(extra, dict):
         raise ApprovalSettingInvalid("extra_settings must be a JSON object")
     _window(extra.get(WINDOW_HOURS_KEY, WINDOW_HOURS_DEFAULT))
     _threshold(extra.get(THRESHOLD_KEY, THRESHOLD_DEFAULT), THRESHOLD_KEY)
     for code, value in _per_asset(extra).items():
+        if not isinstance(code, str) or not ASSET_CODE_RE.fullmatch(code):
+            raise ApprovalSettingInvalid(f"{THRESHOLDS_KEY} keys must be asset codes, upper case as in JPY (got {code!r})")
         _threshold(value, f"{THRESHOLDS_KEY}[{code!r}]")
 
 

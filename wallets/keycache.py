@@ -3,7 +3,8 @@ Redis (fastpath.epochs). A live key is kept per (tenant schema, key hash) for at
 TALLY_API_KEY_CACHE_SECONDS, with the epoch read BEFORE the database read that filled the
 entry. A hit is trusted only once `api_key_cache_confirm` has compared that epoch with the
 current one (read in the request's throttle call); else the key is read again. Revoke and
-rotate bump the epoch after commit. Unknown, revoked and expired keys are never cached;
+rotate bump the epoch after commit. Unknown, revoked and expired keys are never cached,
+nor staff keys (read from PostgreSQL at each request, as their login is);
 each hit is checked against the key's own `expires_at` and gets copies of the rows.
 Redis down: nothing is cached or trusted.
 """
@@ -125,8 +126,12 @@ def _api_key_read_and_cache(*, cache_key: tuple[str, str], epoch: bytes | None) 
     api_key = api_key_get_active_by_hash(key_hash=cache_key[1])
     ttl = _api_key_cache_ttl()
     # Not cached: Redis did not answer (nothing to confirm a hit against), or this
-    # process invalidated its cache during the read (the row read may be the old one).
-    if api_key is not None and epoch is not None and ttl > 0 and generation == _api_key_cache_generation:
+    # process invalidated its cache during the read (the row read may be the old one), or
+    # a staff key: the database guard that revokes a deactivated login's keys (wallets
+    # migration 0015) bumps no epoch, so a cached one could outlive a deactivation and
+    # reactivation done without a save.
+    if (api_key is not None and api_key.staff_id is None and epoch is not None and ttl > 0
+            and generation == _api_key_cache_generation):
         if len(_api_key_cache) >= _API_KEY_CACHE_MAX_ENTRIES:
             _api_key_cache.clear()
         _api_key_cache[cache_key] = (_api_key_copy(api_key), time.monotonic() + ttl, epoch)

@@ -354,7 +354,8 @@ class Hold(models.Model):
 
 class AuditEntry(models.Model):
     """One staff action or sensitive change: who, what, before and after, when, from where.
-    Append-only (trigger `tally_audit_append_only`); written only by audit_record."""
+    Append-only (trigger `tally_audit_append_only`); written only by audit_record, and by
+    the trigger that revokes a deactivated staff login's keys (`tally_staff_login_keys_revoke`)."""
 
     id = models.BigAutoField(primary_key=True)
     created = models.DateTimeField(default=timezone.now)

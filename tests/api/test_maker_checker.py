@@ -16,13 +16,17 @@ import pytest
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Sum
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from apikit import fields
 from payments.models import Adjustment, PendingAdjustment
+from payments.selectors import staff_solo_postings_total
 from payments.services.approvals import adjustment_request
+from tenants.approvals import ASSET_CODE_RE, ApprovalLimits, approval_limits
 from tenants.models import Tenant
 from tests.api.conftest import Api, World
 from tests.api.test_backoffice import PASSWORD, _confirm_key, _login
@@ -113,6 +117,9 @@ def test_a_fractional_window_is_kept(api: Api, world: World, tenant: Tenant) -> 
     {"adjustment_approval_window_hours": 10**9}, {"adjustment_approval_threshold": 1.5},
     {"adjustment_approval_threshold": -1}, {"adjustment_approval_thresholds": {"EUR": "5"}},
     {"adjustment_approval_thresholds": []},
+    {"adjustment_approval_thresholds": {"jpy": 5000}}, {"adjustment_approval_thresholds": {"Jpy": 5000}},
+    {"adjustment_approval_thresholds": {" JPY": 5000}}, {"adjustment_approval_thresholds": {"": 5000}},
+    {"adjustment_approval_window_hours": 1e-9}, {"adjustment_approval_window_hours": 0.016},
 ])
 def test_a_bad_setting_is_refused_where_the_tenant_is_set_and_fails_closed_if_stored(
     api: Api, world: World, tenant: Tenant, extra: dict[str, Any]
@@ -129,6 +136,12 @@ def test_a_bad_setting_is_refused_where_the_tenant_is_set_and_fails_closed_if_st
     assert _posted(world.customer.id) == 0
 
 
+def test_the_shortest_window_and_asset_code_keys_are_taken() -> None:
+    limits = approval_limits(extra={"adjustment_approval_window_hours": 1 / 60, "adjustment_approval_thresholds": {"JPY": 5}}, asset_code="JPY")
+    assert limits == ApprovalLimits(threshold=5, window=timedelta(minutes=1))
+    assert ASSET_CODE_RE.pattern == fields.ASSET_CODE_RE.pattern  # the one asset code form, copied below the kit
+
+
 def test_the_platform_admin_refuses_a_bad_window_with_the_reason(tenant: Tenant) -> None:
     connection.set_schema_to_public()
     get_user_model().objects.create_superuser(username="platform-mc", password="pw-123456")
@@ -140,7 +153,7 @@ def test_the_platform_admin_refuses_a_bad_window_with_the_reason(tenant: Tenant)
     data.update({"name": tenant.name, "extra_settings": '{"adjustment_approval_window_hours": 0}', "domains-TOTAL_FORMS": 0,
                  "domains-INITIAL_FORMS": 0})
     r = public.post(url, data)
-    assert r.status_code == 200 and b"adjustment_approval_window_hours must be a number of hours above 0" in r.content
+    assert r.status_code == 200 and b"adjustment_approval_window_hours must be a number of hours from 1 minute" in r.content
     assert Tenant.objects.get(pk=tenant.pk).extra_settings.get("adjustment_approval_window_hours") is None
     data["extra_settings"] = '{"adjustment_approval_window_hours": 0.25}'
     assert public.post(url, data).status_code == 302
@@ -156,6 +169,18 @@ def test_the_window_rolls_and_is_a_tenant_setting(api: Api, world: World, tenant
     assert api.post("/v1/admin/adjustments", key, body).status_code == 201  # the first is out of the 24 h window
     Tenant.objects.filter(pk=tenant.pk).update(extra_settings={"adjustment_approval_window_hours": 48})
     assert api.post("/v1/admin/adjustments", key, {**body, "amount": 1}).status_code == 202  # both count in 48 h
+
+
+def test_the_solo_sum_reads_the_staff_asset_created_index(api: Api, world: World) -> None:
+    staff, _ = _finance()
+    with CaptureQueriesContext(connection) as captured:
+        staff_solo_postings_total(staff=StaffMember.objects.get(pk=staff.pk), asset_code="JPY", since=timezone.now() - timedelta(hours=24))
+    (query,) = [q["sql"] for q in captured.captured_queries if "payments_adjustment" in q["sql"]]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + query)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "adjustment_staff_asset_created" in plan, plan
 
 
 def test_approved_adjustments_do_not_count_against_the_maker(api: Api, world: World) -> None:

@@ -275,17 +275,46 @@ def test_deactivating_a_login_in_the_back_office_revokes_its_keys(api: Api, worl
     assert api.get("/v1/admin/customers", key).status_code == 401
 
 
-def test_a_login_deactivated_without_a_save_loses_its_keys_when_saved_again(api: Api, world: World) -> None:
-    """A QuerySet.update() sends no signal: the keys answer 401 while the login is
-    inactive, and the next save of the login (its reactivation) revokes them."""
+def test_a_login_deactivated_without_a_save_loses_its_keys_for_good(api: Api, world: World, settings: Any) -> None:
+    """A QuerySet.update() sends no signal: the database guard (wallets migration 0015)
+    revokes the keys in the same statement, audited, so reactivating the same way brings
+    none back, even to a process that had the key in its cache (staff keys are not cached)."""
+    settings.TALLY_API_KEY_CACHE_SECONDS = 60
     staff, key = _staff("operator")
+    assert api.get("/v1/admin/customers", key).status_code == 200  # would be cached, were staff keys cached
     User.objects.filter(pk=staff.user_id).update(is_active=False)
     assert api.get("/v1/admin/customers", key).status_code == 401
-    user = User.objects.get(pk=staff.user_id)
-    user.is_active = True
-    user.save(update_fields=["is_active"])
+    assert ApiKey.objects.get(staff=staff).revoked_at is not None
+    entry = AuditEntry.objects.get(action="api_key.revoke", target_id=ApiKey.objects.get(staff=staff).pk)
+    assert (entry.actor, entry.via, entry.before["principal"]) == ("database", "system", staff.pk)
+    User.objects.filter(pk=staff.user_id).update(is_active=True)
     assert api.get("/v1/admin/customers", key).status_code == 401
-    assert AuditEntry.objects.filter(action="api_key.revoke", reason="staff login was inactive").count() == 1
+    user = User.objects.get(pk=staff.user_id)
+    user.save()  # a later save finds nothing left to revoke
+    assert AuditEntry.objects.filter(action="api_key.revoke", target_id=ApiKey.objects.get(staff=staff).pk).count() == 1
+
+
+@pytest.mark.parametrize("how", ["bulk_update", "raw_sql", "is_staff"])
+def test_every_other_way_of_deactivating_a_login_revokes_its_keys(api: Api, world: World, how: str) -> None:
+    staff, key = _staff("operator")
+    _, untouched_key = _staff("operator")
+    user = User.objects.get(pk=staff.user_id)
+    if how == "bulk_update":
+        user.is_active = False
+        User.objects.bulk_update([user], ["is_active"])
+        user.is_active = True
+        User.objects.bulk_update([user], ["is_active"])
+    elif how == "raw_sql":
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE auth_user SET is_active = false WHERE id = %s", [user.pk])
+            cursor.execute("UPDATE auth_user SET is_active = true WHERE id = %s", [user.pk])
+    else:
+        User.objects.filter(pk=user.pk).update(is_staff=False)
+        User.objects.filter(pk=user.pk).update(is_staff=True)
+    assert User.objects.filter(pk=user.pk, is_active=True, is_staff=True).exists()
+    assert api.get("/v1/admin/customers", key).status_code == 401
+    assert api.get("/v1/admin/customers", untouched_key).status_code == 200  # another login's keys live on
+    assert api.get("/v1/admin/customers", api_key_create(principal=staff)[1]).status_code == 200  # a new key works
 
 
 def test_other_saves_of_a_login_and_platform_logins_revoke_nothing(api: Api, world: World, tenant: Tenant) -> None:
@@ -294,11 +323,33 @@ def test_other_saves_of_a_login_and_platform_logins_revoke_nothing(api: Api, wor
     user.first_name = "Renamed"
     user.save()
     user.save(update_fields=["last_login"])
+    User.objects.filter(pk=user.pk).update(is_active=True, is_staff=True)  # no change: the guard does not fire
     assert api.get("/v1/admin/customers", key).status_code == 200
+    assert ApiKey.objects.get(staff=staff).revoked_at is None
+
+
+def test_deactivating_a_platform_login_touches_no_tenant_key(api: Api, world: World, tenant: Tenant) -> None:
+    """A platform login (public schema) with the same id as a tenant's staff login:
+    deactivating it, by a save or an update, neither fails nor revokes that tenant's keys
+    (nor audits anything there)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT greatest((SELECT max(id) FROM auth_user), (SELECT max(id) FROM public.auth_user))")
+        same_id = int(cursor.fetchone()[0] or 0) + 1000
+    name = f"twin-{uuid.uuid4().hex[:6]}"
+    User.objects.create(id=same_id, username=name)
+    staff = staff_login_ensure(username=name, password="pw-roles-123", role="operator")
+    key = api_key_create(principal=staff)[1]
+    audit_before = AuditEntry.objects.count()
     connection.set_schema_to_public()
     try:
-        platform = User.objects.create_superuser(username=f"platform-{uuid.uuid4().hex[:6]}", password="pw-123456")
+        platform = User.objects.create_superuser(id=same_id, username=f"platform-{uuid.uuid4().hex[:6]}", password="pw-123456")
         platform.is_active = False
-        platform.save()  # the public schema has no staff keys: nothing to do, nothing fails
+        platform.save()
+        User.objects.filter(pk=same_id).update(is_active=True)
+        User.objects.filter(pk=same_id).update(is_active=False, is_staff=False)
+        assert not User.objects.get(pk=same_id).is_active
     finally:
         connection.set_tenant(tenant)
+    assert ApiKey.objects.get(staff=staff).revoked_at is None
+    assert AuditEntry.objects.count() == audit_before
+    assert api.get("/v1/admin/customers", key).status_code == 200

@@ -96,9 +96,11 @@ def staff_login_deactivation_apply(*, user: Any, update_fields: Iterable[str] | 
 
     Runs before the user's row is written: saved inside a transaction (the admin), both
     commit together; saved in autocommit (a shell), the keys are revoked first, so a failed
-    save leaves a login with fewer keys, never an inactive login with live ones. A
-    QuerySet.update() of `is_active` sends no signal: its keys answer 401 while the login
-    is inactive (read at each request) and die at the login's next save.
+    save leaves a login with fewer keys, never an inactive login with live ones. A write
+    that sends no signal (QuerySet.update, bulk_update, raw SQL) of `is_active` or
+    `is_staff` is caught by the database guard (wallets migration 0015): it revokes the
+    keys in the same statement, audited with actor `database`, but bumps no epoch; staff
+    keys are never cached (wallets.keycache), so that holds from the next request.
 
     Locks: the staff member's live key rows (`staff_api_keys_live_lock`)."""
     fields = None if update_fields is None else set(update_fields)
