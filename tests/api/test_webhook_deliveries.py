@@ -258,3 +258,38 @@ def test_make_run_repoints_its_endpoint_after_an_api_client_changed_its_url(
     endpoint = WebhookEndpoint.objects.get(pk=first["endpoint"])
     assert (endpoint.url, endpoint.status, endpoint.enabled_events) == (url, "enabled", ["*"])
     assert any("pointed at" in line for line in said) and any("enabled again" in line for line in said)
+
+
+def test_a_refusal_at_send_time_reads_the_same_whatever_the_reason(api: Api, world: World, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merchant registers a public name, then re-points it (a CNAME) at an internal one:
+    every send is refused. What the merchant reads (the delivery's `last_error`, the
+    endpoint's `disabled_reason`) is one fixed text, so it cannot map our internal DNS;
+    the reason is in the staff-only attempt log."""
+    import socket
+
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
+    real_getaddrinfo = socket.getaddrinfo
+    points_at = {"hooks.repointed.test": "93.184.215.14"}
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in points_at:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (points_at[host], port))]
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    hook = _register(api, world, "http://hooks.repointed.test/hook")
+    points_at["hooks.repointed.test"] = "10.20.30.40"  # the merchant's DNS now names an internal host
+    _pay(api, world)
+    outbox_relay_run()
+    [delivery] = api.get(f"/v1/merchant/webhook_endpoints/{hook['id']}/deliveries", world.merchant.key).json()["data"]
+    assert delivery["status"] == "pending" and delivery["last_error"] == "refused: url not allowed"
+    outbox_relay_run(now=timezone.now() + RETRY_WINDOW + timedelta(minutes=1))
+    [delivery] = api.get(f"/v1/merchant/webhook_endpoints/{hook['id']}/deliveries", world.merchant.key).json()["data"]
+    assert delivery["status"] == "failed" and delivery["last_error"] == "refused: url not allowed"
+    body = api.get(f"/v1/merchant/webhook_endpoints/{hook['id']}", world.merchant.key).json()
+    assert body["status"] == "disabled" and body["disabled_reason"].endswith(": refused: url not allowed"), body
+    assert "private" not in json.dumps([delivery, body]) and "10.20.30.40" not in json.dumps([delivery, body])
+    # Staff see why, in the attempt log (the admin only).
+    errors = set(WebhookDelivery.objects.get(pk=delivery["id"]).attempt_log.values_list("error", flat=True))
+    assert len(errors) == 1 and errors.pop().startswith("refused: url must reach a public address; hooks.repointed.test is a private"), errors

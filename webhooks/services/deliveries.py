@@ -59,6 +59,8 @@ RETRY_FIRST_SECONDS = 2.0
 RETRY_BASE_SECONDS = 30.0
 RETRY_CAP_SECONDS = 6 * 3600.0
 USER_AGENT = "Tally-Webhooks/1.0"
+# What the merchant sees for a target the SSRF check refused, whatever the reason.
+REFUSED_ERROR = "refused: url not allowed"
 
 # A claim looks at this many endpoints at a time (the ones waiting longest first).
 CLAIM_ENDPOINTS = 64
@@ -172,7 +174,14 @@ class _Outcome:
     latency_ms: int
     address: str
     excerpt: str
-    error: str
+    error: str  # the attempt log's (staff only) and the log line's: says why a target was refused
+    refused: bool = False
+
+    @property
+    def shown_error(self) -> str:
+        """The error the merchant reads (the delivery's `last_error`, the endpoint's
+        `disabled_reason`): one text for every refusal, so it cannot map our internal DNS."""
+        return REFUSED_ERROR if self.refused else self.error
 
     @property
     def delivery(self) -> WebhookDelivery:
@@ -244,6 +253,7 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
     status_code: int | None = None
     excerpt = error = address = ""
     reason = ""
+    refused = False
     started = time.monotonic()
     connections = shelf.take(endpoint.pk)
     try:
@@ -254,7 +264,7 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
         if not 200 <= answer.status < 300:
             error, reason = f"HTTP {answer.status}", "http_status"
     except WebhookTargetRefused as exc:
-        error, reason = f"refused: {exc.message}", "refused"
+        error, reason, refused = f"refused: {exc.message}", "refused", True
     except (OSError, http.client.HTTPException) as exc:
         error, reason = f"{type(exc).__name__}: {exc}"[:500], "network"
     finally:
@@ -268,7 +278,9 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
         extra={"delivery": claim.delivery.id, "endpoint": endpoint.id, "event": claim.delivery.event_id, "status_code": status_code,
                "latency_ms": int(latency * 1000), "succeeded": not error, "error": error},
     )
-    return _Outcome(claim=claim, status_code=status_code, latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error)
+    return _Outcome(
+        claim=claim, status_code=status_code, latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error, refused=refused,
+    )
 
 
 def _sent_safely(claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
@@ -418,7 +430,7 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
     endpoint if nothing got through to it for the window); return the metric label and
     whether the endpoint was disabled. Only the claim still holding the lease schedules: a
     delivery redelivered or claimed again keeps its new owner's schedule."""
-    delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.error
+    delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.shown_error
     fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": outcome.status_code, "last_error": error}
     held = WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDeliveryStatus.PENDING, leased_until=outcome.claim.lease)
     following = now + retry_delay(attempts=delivery.attempts + 1)
