@@ -293,3 +293,34 @@ def test_a_refusal_at_send_time_reads_the_same_whatever_the_reason(api: Api, wor
     # Staff see why, in the attempt log (the admin only).
     errors = set(WebhookDelivery.objects.get(pk=delivery["id"]).attempt_log.values_list("error", flat=True))
     assert len(errors) == 1 and errors.pop().startswith("refused: url must reach a public address; hooks.repointed.test is a private"), errors
+
+
+def test_make_run_rotates_a_secret_that_no_longer_opens_and_remakes_an_unreadable_state_file(
+    api: Api, world: World, tenant: Tenant, loopback_http: None, tmp_path: Path
+) -> None:
+    """The sealing keys changed (var/sealing_keys deleted, TALLY_SEALING_KEYS changed), so
+    the saved endpoint's secret does not open; or the state file is corrupt or not an
+    object: the seed rotates the secret and says so, never stops `make run`."""
+    url, state_file = f"http://127.0.0.1:{free_port()}/webhooks", tmp_path / "hook.json"
+    first = demo_webhook_endpoint_ensure(merchant_id=world.merchant.id, url=url, state_file=state_file, schema=tenant.schema_name)
+    other = _register(api, world, "https://93.184.215.14/other")
+    # Sealed under another endpoint's binding: opens under no key of the ring (InvalidTag).
+    WebhookEndpoint.objects.filter(pk=first["endpoint"]).update(
+        secret_sealed=WebhookEndpoint.objects.get(pk=other["id"]).secret_sealed
+    )
+    said: list[str] = []
+    state = demo_webhook_endpoint_ensure(
+        merchant_id=world.merchant.id, url=url, state_file=state_file, schema=tenant.schema_name, say=said.append
+    )
+    assert state["endpoint"] == first["endpoint"] and state["secret"] != first["secret"]
+    assert webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=state["endpoint"])).current == state["secret"]
+    assert len(said) == 1 and "does not open" in said[0] and "InvalidTag" in said[0]
+    for corrupt in ("{not json", "[1, 2]", "null", "\xff"):
+        state_file.write_text(corrupt)
+        said.clear()
+        again = demo_webhook_endpoint_ensure(
+            merchant_id=world.merchant.id, url=url, state_file=state_file, schema=tenant.schema_name, say=said.append
+        )
+        assert again["endpoint"] == first["endpoint"] and json.loads(state_file.read_text()) == again, corrupt
+        assert webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=again["endpoint"])).current == again["secret"]
+        assert len(said) == 1 and "unreadable" in said[0], (corrupt, said)
