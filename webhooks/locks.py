@@ -3,7 +3,7 @@
 Order: an endpoint's row before its delivery rows, always (the claim, a re-enable, a
 redelivery: `webhook_endpoint_then_delivery_lock`); never with a money lock; none is held
 across an HTTP call. (Recording an answer updates the delivery, then, if it gives up,
-its endpoint's row; the deliveries it updates are leased, which a re-enable leaves alone.)
+its endpoint's row SKIP LOCKED: it never waits for the endpoint while holding deliveries.)
 Endpoint rows are locked FOR NO KEY UPDATE (a delivery's insert is not blocked). A claim
 locks the endpoints with due work and a free slot, then their due deliveries, SKIP
 LOCKED: the endpoint row makes "count in flight, then lease up to the cap" one step.

@@ -445,7 +445,8 @@ def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
     """Write sent attempts in the caller's transaction (attempt rows, delivered rows, each
     failure's retry); return what `_outcomes_count` counts after the commit.
 
-    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's row."""
+    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's row,
+    SKIP LOCKED (never waited for: see `_failure_record`)."""
     if not outcomes:
         return []
     WebhookDeliveryAttempt.objects.bulk_create(
@@ -504,10 +505,14 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
     # Nor one enabled again (or registered) within the window: a delivery that waited while
     # it was disabled can give up minutes after, with nothing delivered in a window the
     # endpoint spent disabled.
+    # The endpoint's row only if free now (SKIP LOCKED): this transaction holds delivery rows,
+    # and a redelivery or re-enable holding the endpoint waits for a delivery row (endpoint,
+    # then delivery): waiting here would close a cycle. Skipped, the next give-up disables it.
     settled = now - RETRY_WINDOW
+    free = WebhookEndpoint.objects.filter(pk=delivery.endpoint_id).select_for_update(no_key=True, skip_locked=True).values("pk")
     disabled = WebhookEndpoint.objects.filter(
         Q(enabled_at__lte=settled) | Q(enabled_at__isnull=True, created__lte=settled),
-        pk=delivery.endpoint_id, status=WebhookEndpointStatus.ENABLED,
+        pk__in=free, status=WebhookEndpointStatus.ENABLED,
     ).update(
         status=WebhookEndpointStatus.DISABLED,
         disabled_reason=(
