@@ -35,7 +35,7 @@ CHECKS: list[Check] = [
     Check("duplicate_charges", "Same customer, merchant and amount within 5 minutes", duplicate_charges_check),
     Check("idempotency_stuck", "In-flight idempotency keys past their lease", idempotency_stuck_check),
     Check("outbox", "Outbox lag and dead letters", outbox_check),
-    Check("webhook_deliveries", "Webhook deliveries that failed for good", webhook_dead_letters_check),
+    Check("webhook_deliveries", "Webhook deliveries that failed or expired (never delivered)", webhook_dead_letters_check),
     Check("merchant_daily_totals", "Merchant daily totals (once reads switched to the summary) against the ledger", merchant_daily_totals_check),
     Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report; charges neither credited nor refunded",
           psp_settlement_check),

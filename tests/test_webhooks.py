@@ -681,7 +681,10 @@ REFUSED = [
     "http://127.0.0.1:0/",
     "ftp://93.184.215.14/",
     "https://user:pw@93.184.215.14/",
-    "https://hooks.merchant.example/tally",  # does not resolve: refused like the rest, so no answer tells unknown from internal
+    # Does not resolve, whatever resolver runs the tests: .invalid is reserved (RFC 6761) and
+    # the trailing dot makes it absolute (no search domain appended). Refused like the rest,
+    # so no answer tells unknown from internal.
+    "https://hooks.merchant.invalid./tally",
 ]
 ACCEPTED = [
     "https://93.184.215.14/hooks",
@@ -1063,3 +1066,166 @@ def test_events_after_an_endpoint_is_disabled_for_failing_three_days_wait_for_it
         outbox_relay_run()
     assert sorted(rx.event_ids()) == sorted(e.id for e in later)
     assert {d.status for d in WebhookDelivery.objects.filter(event__in=later)} == {"succeeded"}
+
+
+# --- waiting deliveries: the expiry sweep, a cheap re-enable, no deadlock, no quick re-disable ----
+
+
+def _waiting(endpoint: WebhookEndpoint, events: list[OutboxEvent], *, window_closed: bool) -> None:
+    """Make the endpoint's deliveries of `events` as if made 3 days ago (window closed) or now."""
+    made = timezone.now() - RETRY_WINDOW - timedelta(minutes=1) if window_closed else timezone.now()
+    WebhookDelivery.objects.filter(endpoint=endpoint, event__in=events).update(created=made, next_attempt_at=made, give_up_at=made + RETRY_WINDOW)
+
+
+def test_a_periodic_sweep_expires_a_disabled_endpoints_deliveries_past_their_window_in_batches(tenant: Tenant) -> None:
+    """Nobody re-enables the endpoint: beat's relay run (the task) still marks what waited
+    out its window `expired` (a never-attempted one says why; an attempted one keeps its
+    last error), batch by batch, and leaves what is in its window waiting."""
+    from webhooks import tasks
+    from webhooks.services.deliveries import webhook_waiting_deliveries_expire
+    from webhooks.services.endpoints import webhook_endpoint_update
+
+    merchant = MerchantFactory()
+    endpoint, _ = _endpoint(merchant, "https://93.184.215.14/hook")
+    webhook_endpoint_update(endpoint=endpoint, status="disabled")
+    old, tried, fresh = [_event(merchant, n) for n in range(5)], _event(merchant, 5), [_event(merchant, n) for n in range(6, 8)]
+    outbox_batch_publish()
+    _waiting(endpoint, [*old, tried], window_closed=True)
+    WebhookDelivery.objects.filter(event=tried).update(attempts=3, last_error="HTTP 503")
+    assert webhook_waiting_deliveries_expire(batch_size=2, max_batches=1) == 2  # a bounded run: the next goes on
+    tasks.webhooks_relay_scheduled.run()
+    statuses = {d.event_id: (d.status, d.last_error) for d in WebhookDelivery.objects.filter(endpoint=endpoint)}
+    assert {statuses[e.id][0] for e in old} == {"expired"} and all(statuses[e.id][1].startswith("expired:") for e in old)
+    assert statuses[tried.id] == ("expired", "HTTP 503")  # its real last error kept
+    assert {statuses[e.id] for e in fresh} == {("pending", "")}
+
+
+def test_enabling_again_does_not_rewrite_the_backlog(tenant: Tenant) -> None:
+    """Re-enabling touches only the few deliveries that were waiting for a retry (made due
+    now); the rest of the backlog is due already, and what waited out its window is left to
+    the sweep or the claim: the request's work does not grow with the backlog."""
+    from webhooks.services.endpoints import webhook_endpoint_update
+
+    merchant = MerchantFactory()
+    endpoint, _ = _endpoint(merchant, "https://93.184.215.14/hook")
+    webhook_endpoint_update(endpoint=endpoint, status="disabled")
+    backlog, closed, retrying = [_event(merchant, n) for n in range(20)], _event(merchant, 20), _event(merchant, 21)
+    outbox_batch_publish()
+    _waiting(endpoint, [closed], window_closed=True)
+    later = timezone.now() + timedelta(hours=2)
+    WebhookDelivery.objects.filter(event=retrying).update(attempts=4, next_attempt_at=later, last_error="HTTP 500")
+
+    def versions() -> dict[str, str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT event_id, xmin::text FROM webhooks_webhookdelivery WHERE endpoint_id = %s", [endpoint.pk])
+            return dict(cursor.fetchall())
+
+    before = versions()
+    webhook_endpoint_update(endpoint=endpoint, status="enabled")
+    after = versions()
+    assert [e for e in before if before[e] != after[e]] == [retrying.id]  # one row written, not the backlog
+    assert WebhookDelivery.objects.get(event=retrying).next_attempt_at <= timezone.now()
+    assert WebhookDelivery.objects.get(event=closed).status == "pending"  # the claim (or sweep) expires it
+    assert {d.status for d in WebhookDelivery.objects.filter(event__in=backlog)} == {"pending"}
+
+
+def test_a_delivery_that_waited_out_its_window_is_expired_by_the_claim_not_sent(tenant: Tenant, loopback_http: None) -> None:
+    """Enabled again before any sweep ran: the claim marks the delivery whose window closed
+    while the endpoint was disabled `expired` instead of sending it, and sends the rest."""
+    from webhooks.services.endpoints import webhook_endpoint_update
+
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        endpoint, _ = _endpoint(merchant, rx.url())
+        webhook_endpoint_update(endpoint=endpoint, status="disabled")
+        closed, live = [_event(merchant, n) for n in range(3)], [_event(merchant, n) for n in range(3, 5)]
+        outbox_batch_publish()
+        _waiting(endpoint, closed, window_closed=True)
+        webhook_endpoint_update(endpoint=endpoint, status="enabled")
+        outbox_relay_run()
+    assert sorted(rx.event_ids()) == sorted(e.id for e in live)
+    assert {(d.status, d.attempts) for d in WebhookDelivery.objects.filter(event__in=closed)} == {("expired", 0)}
+
+
+def test_an_endpoint_enabled_again_is_not_disabled_again_by_a_delivery_that_waited(
+    tenant: Tenant, loopback_http: None, first_retry_after_the_run: None
+) -> None:
+    """A delivery that waited while the endpoint was disabled gives up minutes after it is
+    enabled again: nothing was delivered in the last 3 days (the endpoint was disabled), but
+    that is no reason to disable it again. The endpoint gets its own window from `enabled_at`."""
+    from webhooks.services.endpoints import webhook_endpoint_update
+
+    merchant = MerchantFactory()
+    endpoint, _ = _endpoint(merchant, f"http://127.0.0.1:{free_port()}/hook")
+    long_ago = timezone.now() - timedelta(days=10)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(created=long_ago, enabled_at=long_ago)
+    webhook_endpoint_update(endpoint=endpoint, status="disabled")
+    event = _event(merchant, 1)
+    outbox_batch_publish()
+    webhook_endpoint_update(endpoint=endpoint, status="enabled")
+    WebhookDelivery.objects.filter(event=event).update(give_up_at=timezone.now() + timedelta(seconds=30))
+    outbox_relay_run(now=timezone.now() + timedelta(minutes=1))  # fails, and its window is over
+    assert WebhookDelivery.objects.get(event=event).status == "failed"
+    endpoint.refresh_from_db()
+    assert (endpoint.status, endpoint.disabled_reason) == ("enabled", "")
+    assert endpoint.enabled_at is not None and endpoint.enabled_at > long_ago
+    # Past the window since it was enabled, failing everything still disables it.
+    second = _event(merchant, 2)
+    outbox_relay_run()
+    outbox_relay_run(now=timezone.now() + RETRY_WINDOW + timedelta(minutes=2))
+    assert WebhookDelivery.objects.get(event=second).status == "failed"
+    assert WebhookEndpoint.objects.get(pk=endpoint.pk).status == "disabled"
+
+
+def test_redeliver_and_enable_again_at_once_never_deadlock(live_tenant: Tenant, loopback_http: None, settings: Any) -> None:
+    """A redelivery and a re-enable of the same endpoint, at once, many rounds, on real
+    connections: both lock the endpoint's row before the delivery's, so neither ever waits
+    on the other in a cycle (PostgreSQL would abort one with a deadlock)."""
+    from django.db import OperationalError
+
+    from webhooks.errors import WebhookDeliveryNotRedeliverable
+    from webhooks.services.deliveries import webhook_delivery_redeliver
+    from webhooks.services.endpoints import webhook_endpoint_update
+
+    settings.TALLY_OUTBOX_RELAY_KICK = False  # no relay runs in the threads: only the two services race
+    merchant = MerchantFactory()
+    endpoint, _ = _endpoint(merchant, f"http://127.0.0.1:{free_port()}/hook")
+    _event(merchant, 1)
+    outbox_batch_publish()
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    rounds, errors, stop = 150, [], threading.Event()
+
+    def toggle() -> None:
+        for _ in range(rounds):
+            if stop.is_set():
+                return
+            webhook_endpoint_update(endpoint=WebhookEndpoint.objects.get(pk=endpoint.pk), status="disabled")
+            webhook_endpoint_update(endpoint=WebhookEndpoint.objects.get(pk=endpoint.pk), status="enabled")
+
+    def redeliver() -> None:
+        for _ in range(rounds):
+            if stop.is_set():
+                return
+            # As a delivery waiting for its retry: the re-enable makes it due (writes its row).
+            WebhookDelivery.objects.filter(pk=delivery.pk).update(next_attempt_at=timezone.now() + timedelta(hours=1))
+            try:
+                webhook_delivery_redeliver(delivery=delivery)
+            except WebhookDeliveryNotRedeliverable:
+                pass  # it caught the endpoint disabled: fine, it took the locks all the same
+
+    def guarded(fn: Any) -> Any:
+        def body() -> None:
+            try:
+                run_in_thread_tenant(live_tenant, fn)
+            except OperationalError as exc:  # DeadlockDetected
+                errors.append(exc)
+                stop.set()
+        return body
+
+    threads = [threading.Thread(target=guarded(fn)) for fn in (toggle, redeliver)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == [], errors

@@ -17,10 +17,11 @@ from django.db import transaction
 from django_tenants.utils import schema_context
 
 from payments.demo import DEMO_SCHEMA
+from payments.sealing import UNOPENED
 from wallets.models import Merchant
 from webhooks.errors import WebhookEndpointLimitReached
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
-from webhooks.secrets import webhook_endpoint_secrets
+from webhooks.secrets import WebhookSecretUnavailable, webhook_endpoint_secrets
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate, webhook_endpoint_update
 
 DEMO_DESCRIPTION = "make run demo receiver"
@@ -36,7 +37,7 @@ def demo_webhook_endpoint_ensure(
     first); else the state file's endpoint, repointed (its URL was changed); else a new
     one, when the merchant has room; else, at the endpoint limit, the oldest endpoint the
     demo made, or failing that the merchant's oldest, repointed at `url`."""
-    saved: dict[str, str] = json.loads(state_file.read_text()) if state_file.exists() else {}
+    saved = _saved_state(state_file=state_file, say=say)
     with schema_context(schema), transaction.atomic():
         merchant = Merchant.objects.get(pk=merchant_id)
         endpoint = _demo_endpoint(merchant=merchant, url=url, saved_id=saved.get("endpoint", ""), say=say)
@@ -46,7 +47,7 @@ def demo_webhook_endpoint_ensure(
         if sorted(endpoint.enabled_events) != ["*"]:
             endpoint = webhook_endpoint_update(endpoint=endpoint, enabled_events=["*"])
             say(f"demo webhook endpoint {endpoint.pk}: subscribed to every event again")
-        if saved.get("endpoint") == endpoint.pk and saved.get("secret") == webhook_endpoint_secrets(endpoint=endpoint).current:
+        if saved.get("endpoint") == endpoint.pk and saved.get("secret") == _stored_secret(endpoint=endpoint, say=say):
             secret = saved["secret"]
         else:
             endpoint, secret = webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(0))
@@ -55,6 +56,31 @@ def demo_webhook_endpoint_ensure(
     state_file.write_text(json.dumps(state, indent=2))
     state_file.chmod(0o600)
     return state
+
+
+def _saved_state(*, state_file: Path, say: Callable[[str], None]) -> dict[str, str]:
+    """What the last run saved ({} when nothing usable: the secret is then rotated)."""
+    if not state_file.exists():
+        return {}
+    try:
+        saved = json.loads(state_file.read_text())
+    except (OSError, ValueError):  # ValueError: not JSON, not UTF-8
+        saved = None
+    if not isinstance(saved, dict):
+        say(f"{state_file}: unreadable, made anew (the demo endpoint gets a new secret)")
+        return {}
+    return {k: v for k, v in saved.items() if isinstance(v, str)}
+
+
+def _stored_secret(*, endpoint: WebhookEndpoint, say: Callable[[str], None]) -> str | None:
+    """The endpoint's current secret, or None if it no longer opens (the sealing keys
+    changed: var/sealing_keys deleted, TALLY_SEALING_KEYS changed): it is then rotated."""
+    try:
+        return webhook_endpoint_secrets(endpoint=endpoint).current
+    except (*UNOPENED, WebhookSecretUnavailable) as exc:
+        say(f"demo webhook endpoint {endpoint.pk}: its secret does not open under the current sealing keys "
+            f"({type(exc).__name__}); it gets a new one")
+        return None
 
 
 def _demo_endpoint(*, merchant: Merchant, url: str, saved_id: str, say: Callable[[str], None]) -> WebhookEndpoint:

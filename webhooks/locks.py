@@ -1,7 +1,9 @@
 """Every lock the webhooks app takes, named (see wallets/locks.py for the money locks).
 
-Order: a relay takes at most one of these at a time, never with a money lock; staff
-actions and endpoint registration take theirs alone; none is held across an HTTP call.
+Order: an endpoint's row before its delivery rows, always (the claim, a re-enable, a
+redelivery: `webhook_endpoint_then_delivery_lock`); never with a money lock; none is held
+across an HTTP call. (Recording an answer updates the delivery, then, if it gives up,
+its endpoint's row SKIP LOCKED: it never waits for the endpoint while holding deliveries.)
 Endpoint rows are locked FOR NO KEY UPDATE (a delivery's insert is not blocked). A claim
 locks the endpoints with due work and a free slot, then their due deliveries, SKIP
 LOCKED: the endpoint row makes "count in flight, then lease up to the cap" one step.
@@ -37,9 +39,17 @@ def outbox_event_lock(*, event_id: str) -> OutboxEvent:
     return OutboxEvent.objects.select_for_update().get(pk=event_id)
 
 
-def webhook_delivery_lock(*, delivery_id: str) -> WebhookDelivery:
-    """One delivery row and its endpoint's row, FOR UPDATE in one statement (a redelivery): taken alone."""
-    return WebhookDelivery.objects.select_for_update().select_related("endpoint").get(pk=delivery_id)
+def webhook_endpoint_then_delivery_lock(*, delivery_id: str) -> WebhookDelivery:
+    """A delivery's endpoint row (FOR NO KEY UPDATE), then the delivery row (FOR UPDATE), in
+    that order, as a re-enable takes them (a redelivery). Locking both in one statement
+    took the delivery first: against a re-enable (endpoint, then its deliveries) that was a
+    deadlock. A delivery never changes endpoint, so reading its endpoint id unlocked first
+    is safe. Returns the delivery with its endpoint attached."""
+    endpoint_id = WebhookDelivery.objects.values_list("endpoint_id", flat=True).get(pk=delivery_id)
+    endpoint = webhook_endpoint_lock(endpoint_id=endpoint_id)
+    delivery = WebhookDelivery.objects.select_for_update().get(pk=delivery_id)
+    delivery.endpoint = endpoint
+    return delivery
 
 
 def merchant_lock(*, merchant_id: str) -> Merchant | None:
@@ -106,4 +116,21 @@ def webhook_deliveries_due_lock(*, endpoint_id: str, now: datetime, limit: int) 
         .select_related("event")
         .filter(endpoint_id=endpoint_id, status=WebhookDeliveryStatus.PENDING, next_attempt_at__lte=now)
         .order_by("next_attempt_at", "pk")[:limit]
+    )
+
+
+def webhook_deliveries_waited_out_lock(*, now: datetime, limit: int) -> list[str]:
+    """Up to `limit` ids of pending, unleased deliveries whose retry window closed (by
+    `now`) while their endpoint was disabled: it still is, or was enabled again only after
+    (`enabled_at`). Locked FOR UPDATE SKIP LOCKED (rows a claim or a redelivery holds are
+    skipped; never waits), oldest window first, read by the `webhookdelivery_give_up` index.
+    The endpoint rows are read, not locked: a row past its window stays past it whatever the
+    endpoint does next."""
+    return list(
+        WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(status=WebhookDeliveryStatus.PENDING, give_up_at__lte=now)
+        .filter(Q(leased_until__isnull=True) | Q(leased_until__lte=now))
+        .filter(Q(endpoint__status=WebhookEndpointStatus.DISABLED) | Q(give_up_at__lte=F("endpoint__enabled_at")))
+        .order_by("give_up_at", "pk")
+        .values_list("pk", flat=True)[:limit]
     )

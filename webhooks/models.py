@@ -46,6 +46,9 @@ class WebhookEndpoint(models.Model):
     disabled_reason = models.CharField(max_length=500, blank=True, default="")
     # Requests in flight at once across every worker (null: TALLY_WEBHOOK_ENDPOINT_CONCURRENCY).
     max_concurrency = models.PositiveSmallIntegerField(null=True, blank=True)
+    # When it was registered or last enabled again (null: registered before this was kept;
+    # read as `created`). Not disabled for failing within the retry window after it.
+    enabled_at = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -64,7 +67,8 @@ class WebhookDeliveryStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     SUCCEEDED = "succeeded", "Succeeded"  # the endpoint answered 2xx
     FAILED = "failed", "Failed"  # retried for the whole window without a 2xx; redeliverable
-    # Its endpoint was re-enabled after its retry window closed: never sent then; redeliverable.
+    # Its retry window closed while its endpoint was disabled: marked by the periodic sweep
+    # (or the claim, after a re-enable); not sent then; redeliverable.
     EXPIRED = "expired", "Expired"
 
 
@@ -109,6 +113,8 @@ class WebhookDelivery(models.Model):
                 fields=["endpoint", "leased_until"], condition=Q(status="pending", leased_until__isnull=False),
                 name="webhookdelivery_leased",
             ),
+            # Pending rows whose window closed (the expiry sweep, webhook_waiting_deliveries_expire).
+            models.Index(fields=["give_up_at"], condition=Q(status="pending"), name="webhookdelivery_give_up"),
             # Whether anything got through lately (an endpoint is disabled only when nothing has).
             models.Index(fields=["endpoint", "delivered_at"], condition=Q(status="succeeded"), name="webhookdelivery_delivered"),
         ]

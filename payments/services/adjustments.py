@@ -60,12 +60,14 @@ def adjustment_create(
         after={"party": party.pk, "asset": asset.code, "amount": minor, "direction": direction, "staff": staff.pk,
                "ledger_transaction": txn.pk},
     )
+    # The event goes to the merchant (its webhooks, GET /v1/merchant/events): who posted it
+    # and the staff's free-text reason stay in the audit log and the admin.
     outbox_event_create(
         topic="adjustment.created",
         payload={
             "id": adjustment.id, "object": "adjustment", "customer": customer.pk if customer else None,
             "merchant": merchant.pk if merchant else None, "asset": asset.code, "amount": minor,
-            "direction": direction, "reason": adjustment.reason, "staff": staff.pk, "created": epoch_seconds(adjustment.created),
+            "direction": direction, "created": epoch_seconds(adjustment.created),
         },
     )
     return adjustment

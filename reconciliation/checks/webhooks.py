@@ -12,13 +12,16 @@ from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 
 
 def webhook_dead_letters_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Webhook deliveries that failed for their whole retry window (redeliverable from the admin)."""
-    failed = WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.FAILED).select_related("endpoint").order_by("created", "id")
-    for delivery in failed.iterator(chunk_size=ctx.chunk_size):
+    """Webhook deliveries that failed for their whole retry window, or expired (the window
+    closed while the endpoint was disabled): both never reached the merchant, and are
+    redeliverable from the admin."""
+    dead = WebhookDelivery.objects.filter(status__in=[WebhookDeliveryStatus.FAILED, WebhookDeliveryStatus.EXPIRED])
+    for delivery in dead.select_related("endpoint").order_by("created", "id").iterator(chunk_size=ctx.chunk_size):
+        how = "failed" if delivery.status == WebhookDeliveryStatus.FAILED else "expired"
         yield Discrepancy(
-            kind="webhook_dead_letter",
+            kind="webhook_dead_letter" if how == "failed" else "webhook_expired",
             severity=Severity.WARNING,
-            summary=f"delivery {delivery.id} of {delivery.event_id} ({delivery.topic}) to {delivery.endpoint.url} failed after "
+            summary=f"delivery {delivery.id} of {delivery.event_id} ({delivery.topic}) to {delivery.endpoint.url} {how} after "
             f"{delivery.attempts} attempts: {delivery.last_status_code or delivery.last_error[:120]}",
             details={"delivery": delivery.id, "event": delivery.event_id, "topic": delivery.topic, "endpoint": delivery.endpoint_id,
                      "merchant": delivery.endpoint.merchant_id, "url": delivery.endpoint.url, "attempts": delivery.attempts,
@@ -31,4 +34,5 @@ def webhook_dead_letters_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 
 def webhooks_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
     counts = dict(WebhookDelivery.objects.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {"webhook_pending": int(counts.get(WebhookDeliveryStatus.PENDING, 0)), "webhook_failed": int(counts.get(WebhookDeliveryStatus.FAILED, 0))}
+    return {"webhook_pending": int(counts.get(WebhookDeliveryStatus.PENDING, 0)), "webhook_failed": int(counts.get(WebhookDeliveryStatus.FAILED, 0)),
+            "webhook_expired": int(counts.get(WebhookDeliveryStatus.EXPIRED, 0))}

@@ -113,3 +113,16 @@ def test_the_list_reads_the_merchant_index(world: World) -> None:
         cursor.execute("SET LOCAL enable_seqscan = off")
         plan = merchant_event_list(merchant_id=world.merchant.id).order_by("-created", "-pk")[:21].explain()
     assert "outbox_merchant_created" in plan, plan
+
+
+def test_an_adjustment_event_names_no_staff_member_and_carries_no_staff_note(api: Api, world: World) -> None:
+    """A merchant adjustment's event reaches the merchant (webhooks and this list): the
+    staff member who posted it and the free-text reason stay in the audit log."""
+    adjustment = adjustment_create(
+        staff=world.staff.obj, merchant=world.merchant.obj, asset_code="JPY", amount=700, direction="credit", reason="internal: ticket 4411",
+    )
+    [event] = [e for e in _events(api, world.merchant.key, type="adjustment.created")["data"] if e["data"]["object"]["id"] == adjustment.id]
+    obj = event["data"]["object"]
+    assert (obj["merchant"], obj["amount"], obj["direction"]) == (world.merchant.id, 700, "credit")
+    assert "staff" not in obj and "reason" not in obj
+    assert "ticket 4411" not in json.dumps(event)

@@ -258,3 +258,69 @@ def test_make_run_repoints_its_endpoint_after_an_api_client_changed_its_url(
     endpoint = WebhookEndpoint.objects.get(pk=first["endpoint"])
     assert (endpoint.url, endpoint.status, endpoint.enabled_events) == (url, "enabled", ["*"])
     assert any("pointed at" in line for line in said) and any("enabled again" in line for line in said)
+
+
+def test_a_refusal_at_send_time_reads_the_same_whatever_the_reason(api: Api, world: World, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merchant registers a public name, then re-points it (a CNAME) at an internal one:
+    every send is refused. What the merchant reads (the delivery's `last_error`, the
+    endpoint's `disabled_reason`) is one fixed text, so it cannot map our internal DNS;
+    the reason is in the staff-only attempt log."""
+    import socket
+
+    settings.TALLY_WEBHOOK_ALLOW_HTTP = True
+    settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
+    real_getaddrinfo = socket.getaddrinfo
+    points_at = {"hooks.repointed.test": "93.184.215.14"}
+
+    def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in points_at:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (points_at[host], port))]
+        return real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    hook = _register(api, world, "http://hooks.repointed.test/hook")
+    points_at["hooks.repointed.test"] = "10.20.30.40"  # the merchant's DNS now names an internal host
+    _pay(api, world)
+    outbox_relay_run()
+    [delivery] = api.get(f"/v1/merchant/webhook_endpoints/{hook['id']}/deliveries", world.merchant.key).json()["data"]
+    assert delivery["status"] == "pending" and delivery["last_error"] == "refused: url not allowed"
+    outbox_relay_run(now=timezone.now() + RETRY_WINDOW + timedelta(minutes=1))
+    [delivery] = api.get(f"/v1/merchant/webhook_endpoints/{hook['id']}/deliveries", world.merchant.key).json()["data"]
+    assert delivery["status"] == "failed" and delivery["last_error"] == "refused: url not allowed"
+    body = api.get(f"/v1/merchant/webhook_endpoints/{hook['id']}", world.merchant.key).json()
+    assert body["status"] == "disabled" and body["disabled_reason"].endswith(": refused: url not allowed"), body
+    assert "private" not in json.dumps([delivery, body]) and "10.20.30.40" not in json.dumps([delivery, body])
+    # Staff see why, in the attempt log (the admin only).
+    errors = set(WebhookDelivery.objects.get(pk=delivery["id"]).attempt_log.values_list("error", flat=True))
+    assert len(errors) == 1 and errors.pop().startswith("refused: url must reach a public address; hooks.repointed.test is a private"), errors
+
+
+def test_make_run_rotates_a_secret_that_no_longer_opens_and_remakes_an_unreadable_state_file(
+    api: Api, world: World, tenant: Tenant, loopback_http: None, tmp_path: Path
+) -> None:
+    """The sealing keys changed (var/sealing_keys deleted, TALLY_SEALING_KEYS changed), so
+    the saved endpoint's secret does not open; or the state file is corrupt or not an
+    object: the seed rotates the secret and says so, never stops `make run`."""
+    url, state_file = f"http://127.0.0.1:{free_port()}/webhooks", tmp_path / "hook.json"
+    first = demo_webhook_endpoint_ensure(merchant_id=world.merchant.id, url=url, state_file=state_file, schema=tenant.schema_name)
+    other = _register(api, world, "https://93.184.215.14/other")
+    # Sealed under another endpoint's binding: opens under no key of the ring (InvalidTag).
+    WebhookEndpoint.objects.filter(pk=first["endpoint"]).update(
+        secret_sealed=WebhookEndpoint.objects.get(pk=other["id"]).secret_sealed
+    )
+    said: list[str] = []
+    state = demo_webhook_endpoint_ensure(
+        merchant_id=world.merchant.id, url=url, state_file=state_file, schema=tenant.schema_name, say=said.append
+    )
+    assert state["endpoint"] == first["endpoint"] and state["secret"] != first["secret"]
+    assert webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=state["endpoint"])).current == state["secret"]
+    assert len(said) == 1 and "does not open" in said[0] and "InvalidTag" in said[0]
+    for corrupt in ("{not json", "[1, 2]", "null", "\xff"):
+        state_file.write_text(corrupt)
+        said.clear()
+        again = demo_webhook_endpoint_ensure(
+            merchant_id=world.merchant.id, url=url, state_file=state_file, schema=tenant.schema_name, say=said.append
+        )
+        assert again["endpoint"] == first["endpoint"] and json.loads(state_file.read_text()) == again, corrupt
+        assert webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=again["endpoint"])).current == again["secret"]
+        assert len(said) == 1 and "unreadable" in said[0], (corrupt, said)

@@ -171,6 +171,23 @@ def test_webhook_dead_letter(world: dict[str, Any]) -> None:
     assert {"app_label": "webhooks", "model": "webhookdelivery", "pk": delivery.pk} in finding.refs
 
 
+
+def test_an_expired_webhook_delivery_is_a_finding_too(world: dict[str, Any]) -> None:
+    """A delivery whose window closed while its endpoint was disabled never reached the
+    merchant either: it is shown as its own kind."""
+    OutboxEvent.objects.filter(published_at__isnull=True).update(published_at=timezone.now())
+    merchant = world["terminal"].store.merchant
+    endpoint = WebhookEndpoint.objects.create(merchant=merchant, url="https://hooks.example/x", enabled_events=["*"])
+    event = OutboxEvent.objects.create(topic="payment.succeeded", payload={}, published_at=timezone.now())
+    delivery = WebhookDelivery.objects.create(
+        endpoint=endpoint, event=event, topic=event.topic, event_created=event.created, status=WebhookDeliveryStatus.EXPIRED,
+        attempts=0, give_up_at=timezone.now(), last_error="expired: the endpoint was disabled",
+    )
+    run = reconcile()
+    assert kinds(run) == {"webhook_expired": 1}
+    assert run.findings.get().details["delivery"] == delivery.pk and "expired" in run.findings.get().summary
+    assert run.metrics["webhook_expired"] == 1
+
 def test_orphaned_reference(world: dict[str, Any]) -> None:
     """Payments carry no database foreign keys (hot table): a payment naming a customer
     that does not exist is an orphan `ledger_orphan_references` reports."""

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, DateTimeField, F, PositiveSmallIntegerField, When
+from django.db.models import Case, CharField, DateTimeField, F, PositiveSmallIntegerField, Q, QuerySet, Value, When
 from django.db.models.functions import Cast
 from django.utils import timezone
 
@@ -35,7 +35,13 @@ from payments.models import OutboxEvent
 from payments.relaykick import outbox_relay_kick_on_commit
 from webhooks import metrics
 from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
-from webhooks.locks import webhook_deliveries_due_lock, webhook_delivery_lock, webhook_endpoints_due_lock, webhook_endpoints_lock
+from webhooks.locks import (
+    webhook_deliveries_due_lock,
+    webhook_deliveries_waited_out_lock,
+    webhook_endpoint_then_delivery_lock,
+    webhook_endpoints_due_lock,
+    webhook_endpoints_lock,
+)
 from webhooks.models import (
     WebhookDelivery,
     WebhookDeliveryAttempt,
@@ -59,6 +65,14 @@ RETRY_FIRST_SECONDS = 2.0
 RETRY_BASE_SECONDS = 30.0
 RETRY_CAP_SECONDS = 6 * 3600.0
 USER_AGENT = "Tally-Webhooks/1.0"
+# What the merchant sees for a target the SSRF check refused, whatever the reason.
+REFUSED_ERROR = "refused: url not allowed"
+
+# What an expired delivery that was never attempted says (one attempted keeps its last error).
+EXPIRED_ERROR = "expired: the endpoint was disabled until after this delivery's retry window closed"
+# The expiry sweep marks this many deliveries per transaction, at most this many times a run.
+EXPIRE_BATCH = 500
+EXPIRE_MAX_BATCHES = 20
 
 # A claim looks at this many endpoints at a time (the ones waiting longest first).
 CLAIM_ENDPOINTS = 64
@@ -172,7 +186,14 @@ class _Outcome:
     latency_ms: int
     address: str
     excerpt: str
-    error: str
+    error: str  # the attempt log's (staff only) and the log line's: says why a target was refused
+    refused: bool = False
+
+    @property
+    def shown_error(self) -> str:
+        """The error the merchant reads (the delivery's `last_error`, the endpoint's
+        `disabled_reason`): one text for every refusal, so it cannot map our internal DNS."""
+        return REFUSED_ERROR if self.refused else self.error
 
     @property
     def delivery(self) -> WebhookDelivery:
@@ -187,9 +208,11 @@ class _Outcome:
         return not self.error
 
 
-def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | None = None) -> tuple[list[_Claim], bool]:
+def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | None = None) -> tuple[list[_Claim], bool, int]:
     """Lease up to `limit` due deliveries, at most each endpoint's free slots; return them
-    signed, and whether endpoints with due work were left waiting for want of `limit`.
+    signed, whether endpoints with due work were left waiting for want of `limit`, and how
+    many it marked `expired` instead (their window closed while the endpoint was disabled,
+    `_waited_out`: never sent).
     With `refill` (endpoint id -> answers just back from it), only those endpoints get up
     to that many again, found by id; without it, every endpoint is scanned, the one whose
     oldest due delivery waited longest first.
@@ -198,10 +221,11 @@ def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | 
     `webhook_deliveries_due_lock` (all SKIP LOCKED), for the caller's transaction.
     """
     if limit <= 0:
-        return [], False
+        return [], False, 0
     lease = now + timedelta(seconds=float(settings.TALLY_WEBHOOK_LEASE_SECONDS))
     taken: list[tuple[WebhookDelivery, WebhookEndpoint]] = []
     contended = False
+    waited_out: list[str] = []
     with transaction.atomic():
         if refill:
             endpoints = webhook_endpoints_lock(endpoint_ids=list(refill), now=now)
@@ -215,10 +239,51 @@ def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | 
             if free <= 0:
                 contended = contended or not refill
                 continue
-            taken += [(d, endpoint) for d in webhook_deliveries_due_lock(endpoint_id=endpoint.pk, now=now, limit=free)]
+            for d in webhook_deliveries_due_lock(endpoint_id=endpoint.pk, now=now, limit=free):
+                if _waited_out(delivery=d, endpoint=endpoint):
+                    waited_out.append(d.pk)
+                else:
+                    taken.append((d, endpoint))
         if taken:
             WebhookDelivery.objects.filter(pk__in=[d.pk for d, _ in taken]).update(next_attempt_at=lease, leased_until=lease)
-    return [_claim_prepare(delivery=d, endpoint=e, lease=lease, now=now) for d, e in taken], contended
+        if waited_out:
+            _expire(WebhookDelivery.objects.filter(pk__in=waited_out))
+    return [_claim_prepare(delivery=d, endpoint=e, lease=lease, now=now) for d, e in taken], contended, len(waited_out)
+
+
+def _waited_out(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> bool:
+    """The delivery's window closed before its endpoint was last enabled again: it waited
+    it out while the endpoint was disabled, and is not sent (redeliver it to send it)."""
+    return endpoint.enabled_at is not None and delivery.give_up_at <= endpoint.enabled_at
+
+
+def _expire(rows: QuerySet[WebhookDelivery]) -> int:
+    """Mark `rows` expired (caller holds them). `last_error` explains only on rows never
+    attempted: one that was attempted keeps its last attempt's error."""
+    return rows.update(
+        status=WebhookDeliveryStatus.EXPIRED, leased_until=None,
+        last_error=Case(When(attempts=0, then=Value(EXPIRED_ERROR)), default=F("last_error"), output_field=CharField()),
+    )
+
+
+def webhook_waiting_deliveries_expire(*, now: datetime | None = None, batch_size: int = EXPIRE_BATCH, max_batches: int = EXPIRE_MAX_BATCHES) -> int:
+    """The periodic sweep (folded into beat's relay runs, webhooks.services.relay): mark
+    `expired` the pending deliveries whose retry window closed while their endpoint was
+    disabled, `batch_size` per transaction, at most `max_batches` a run (the next run goes
+    on); return how many. So a disabled endpoint's backlog does not grow past its window,
+    and re-enabling it has nothing of the kind to do.
+
+    Locks: per batch, its delivery rows (`webhook_deliveries_waited_out_lock`, SKIP LOCKED)."""
+    now = now or timezone.now()
+    expired = 0
+    for _ in range(max_batches):
+        with transaction.atomic():
+            ids = webhook_deliveries_waited_out_lock(now=now, limit=batch_size)
+            if ids:
+                expired += _expire(WebhookDelivery.objects.filter(pk__in=ids))
+        if len(ids) < batch_size:
+            break
+    return expired
 
 
 def _claim_prepare(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint, lease: datetime, now: datetime) -> _Claim:
@@ -244,6 +309,7 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
     status_code: int | None = None
     excerpt = error = address = ""
     reason = ""
+    refused = False
     started = time.monotonic()
     connections = shelf.take(endpoint.pk)
     try:
@@ -254,7 +320,7 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
         if not 200 <= answer.status < 300:
             error, reason = f"HTTP {answer.status}", "http_status"
     except WebhookTargetRefused as exc:
-        error, reason = f"refused: {exc.message}", "refused"
+        error, reason, refused = f"refused: {exc.message}", "refused", True
     except (OSError, http.client.HTTPException) as exc:
         error, reason = f"{type(exc).__name__}: {exc}"[:500], "network"
     finally:
@@ -268,7 +334,9 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
         extra={"delivery": claim.delivery.id, "endpoint": endpoint.id, "event": claim.delivery.event_id, "status_code": status_code,
                "latency_ms": int(latency * 1000), "succeeded": not error, "error": error},
     )
-    return _Outcome(claim=claim, status_code=status_code, latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error)
+    return _Outcome(
+        claim=claim, status_code=status_code, latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error, refused=refused,
+    )
 
 
 def _sent_safely(claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
@@ -295,6 +363,7 @@ def webhook_deliveries_dispatch(
     answered: list[_Outcome] = []
     attempts = 0
     scan_at, contended = 0.0, False
+    expired = 0
     try:
         while True:
             claiming = time.monotonic() < deadline
@@ -311,14 +380,14 @@ def webhook_deliveries_dispatch(
                 # Handed over first: a round failing after its record committed must not
                 # have the `finally` record the same answers again.
                 batch, answered = answered, []
-                claimed, round_contended = _round(answered=batch, now=now or timezone.now(), limit=granted, refill=refill)
+                claimed, round_contended, expired = _round(answered=batch, now=now or timezone.now(), limit=granted, refill=refill)
                 if scan:
                     scan_at, contended = time.monotonic() + POLL_SECONDS, round_contended
             finally:
                 _SLOTS.give(granted - len(claimed))
             for claim in claimed:
                 in_flight[pool.submit(_sent_safely, claim, shelf)] = claim
-            if not in_flight:
+            if not in_flight and not expired:  # a round that only expired rows: more may be due
                 return attempts
             # Wait for an answer; while claiming, look for new due work now and then too.
             done, _ = wait(list(in_flight), timeout=POLL_SECONDS if claiming else None, return_when=FIRST_COMPLETED)
@@ -347,7 +416,7 @@ def _collected(done: set[Future[_Outcome]], in_flight: dict[Future[_Outcome], _C
 
 def _round(
     *, answered: Sequence[_Outcome], now: datetime | None = None, limit: int = 0, refill: Mapping[str, int] | None = None
-) -> tuple[list[_Claim], bool]:
+) -> tuple[list[_Claim], bool, int]:
     """Record `answered` and claim up to `limit` deliveries at `now`, in one transaction,
     so a slot an answer frees is filled by the commit that frees it; a claim that fails
     still lets the record commit. Metrics and logs follow the commit.
@@ -355,18 +424,18 @@ def _round(
     Locks: see `_outcomes_write`, then `_deliveries_claim`."""
     failed: BaseException | None = None
     claimed: list[_Claim] = []
-    contended = False
+    contended, expired = False, 0
     with transaction.atomic():
         counted = _outcomes_write(answered)
         if limit > 0 and now is not None:
             try:
-                claimed, contended = _deliveries_claim(now=now, limit=limit, refill=refill)
+                claimed, contended, expired = _deliveries_claim(now=now, limit=limit, refill=refill)
             except Exception as exc:  # noqa: BLE001  # re-raised once the record has committed
                 failed = exc
     _outcomes_count(counted)
     if failed is not None:
         raise failed
-    return claimed, contended
+    return claimed, contended, expired
 
 
 _Counted = list[tuple["_Outcome", tuple[str, bool]]]
@@ -376,7 +445,8 @@ def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
     """Write sent attempts in the caller's transaction (attempt rows, delivered rows, each
     failure's retry); return what `_outcomes_count` counts after the commit.
 
-    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's row."""
+    Locks: the delivery rows it updates, then (a delivery that gave up) its endpoint's row,
+    SKIP LOCKED (never waited for: see `_failure_record`)."""
     if not outcomes:
         return []
     WebhookDeliveryAttempt.objects.bulk_create(
@@ -418,7 +488,7 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
     endpoint if nothing got through to it for the window); return the metric label and
     whether the endpoint was disabled. Only the claim still holding the lease schedules: a
     delivery redelivered or claimed again keeps its new owner's schedule."""
-    delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.error
+    delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.shown_error
     fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": outcome.status_code, "last_error": error}
     held = WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDeliveryStatus.PENDING, leased_until=outcome.claim.lease)
     following = now + retry_delay(attempts=delivery.attempts + 1)
@@ -432,7 +502,18 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
         endpoint_id=delivery.endpoint_id, status=WebhookDeliveryStatus.SUCCEEDED, delivered_at__gt=now - RETRY_WINDOW
     ).exists():
         return "gave_up", False
-    disabled = WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, status=WebhookEndpointStatus.ENABLED).update(
+    # Nor one enabled again (or registered) within the window: a delivery that waited while
+    # it was disabled can give up minutes after, with nothing delivered in a window the
+    # endpoint spent disabled.
+    # The endpoint's row only if free now (SKIP LOCKED): this transaction holds delivery rows,
+    # and a redelivery or re-enable holding the endpoint waits for a delivery row (endpoint,
+    # then delivery): waiting here would close a cycle. Skipped, the next give-up disables it.
+    settled = now - RETRY_WINDOW
+    free = WebhookEndpoint.objects.filter(pk=delivery.endpoint_id).select_for_update(no_key=True, skip_locked=True).values("pk")
+    disabled = WebhookEndpoint.objects.filter(
+        Q(enabled_at__lte=settled) | Q(enabled_at__isnull=True, created__lte=settled),
+        pk__in=free, status=WebhookEndpointStatus.ENABLED,
+    ).update(
         status=WebhookEndpointStatus.DISABLED,
         disabled_reason=(
             f"Disabled {now:%Y-%m-%d %H:%M} UTC: every delivery failed for {RETRY_WINDOW.days} days; "
@@ -448,15 +529,15 @@ def webhook_delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
     """Send a delivery again: pending, due now, with a fresh 3-day retry window (its
     endpoint must be enabled). One being sent right now goes again too (lease dropped).
 
-    Locks: the delivery row and its endpoint's row (`webhook_delivery_lock`). The relay is
-    kicked after commit."""
-    locked = webhook_delivery_lock(delivery_id=delivery.pk)
+    Locks: the endpoint's row, then the delivery's (`webhook_endpoint_then_delivery_lock`,
+    the order a re-enable takes them). The relay is kicked after commit."""
+    locked = webhook_endpoint_then_delivery_lock(delivery_id=delivery.pk)
     if locked.endpoint.status != WebhookEndpointStatus.ENABLED:
         raise WebhookDeliveryNotRedeliverable("the webhook endpoint is disabled; enable it first", param="delivery")
     now = timezone.now()
     locked.next_attempt_at, locked.leased_until = now, None
     fields = ["next_attempt_at", "leased_until"]
-    if locked.status != WebhookDeliveryStatus.PENDING:
+    if locked.status != WebhookDeliveryStatus.PENDING or locked.give_up_at <= now:
         locked.status, locked.give_up_at = WebhookDeliveryStatus.PENDING, now + RETRY_WINDOW
         fields += ["status", "give_up_at"]
     locked.save(update_fields=fields)

@@ -61,7 +61,10 @@ def webhook_endpoint_create(
     if WebhookEndpoint.objects.filter(merchant=merchant).count() >= MAX_ENDPOINTS_PER_MERCHANT:
         raise WebhookEndpointLimitReached(f"at most {MAX_ENDPOINTS_PER_MERCHANT} webhook endpoints per merchant", param=None)
     secret = _new_secret()
-    endpoint = WebhookEndpoint(merchant=merchant, url=_url_check(url), enabled_events=_events_check(enabled_events), description=description)
+    endpoint = WebhookEndpoint(
+        merchant=merchant, url=_url_check(url), enabled_events=_events_check(enabled_events), description=description,
+        enabled_at=timezone.now(),
+    )
     webhook_endpoint_secrets_assign(endpoint=endpoint, current=secret, previous="")
     endpoint.save(force_insert=True)
     return endpoint, secret
@@ -76,11 +79,12 @@ def webhook_endpoint_update(
     description: str | None = None,
     status: str | None = None,
 ) -> WebhookEndpoint:
-    """Change an endpoint. Enabling a disabled one sends what waited meanwhile
-    (`_waiting_deliveries_resume`) and marks the relay due in this transaction.
+    """Change an endpoint. Enabling a disabled one records `enabled_at`, makes what waited
+    meanwhile due (`_waiting_deliveries_resume`) and marks the relay due in this transaction.
 
     Locks: with `status`, the endpoint's row first (webhook_endpoint_lock), so no claim
-    leases its deliveries meanwhile; then its pending delivery rows."""
+    leases its deliveries meanwhile; then some of its pending delivery rows (endpoint, then
+    deliveries: the order every webhooks lock pair takes, webhooks.locks)."""
     fields: list[str] = []
     resumed = False
     if status is not None:
@@ -101,31 +105,41 @@ def webhook_endpoint_update(
         endpoint.status = status
         endpoint.disabled_reason = ""  # enabled again, or disabled by hand: the old reason no longer applies
         fields += ["status", "disabled_reason"]
+    if resumed:
+        endpoint.enabled_at = timezone.now()
+        fields.append("enabled_at")
     if fields:
         endpoint.save(update_fields=[*fields, "updated"])
     if resumed:
-        _waiting_deliveries_resume(endpoint=endpoint, now=timezone.now())
+        _waiting_deliveries_resume(endpoint=endpoint, now=endpoint.enabled_at or timezone.now())
     if status == WebhookEndpointStatus.ENABLED:
         outbox_relay_kick_on_commit()  # marks the relay due in this transaction, kicks it after
     return endpoint
 
 
-def _waiting_deliveries_resume(*, endpoint: WebhookEndpoint, now: datetime) -> None:
-    """An endpoint enabled again: its deliveries that waited while it was disabled (pending,
-    not in flight) go now, each on its own as usual, if their retry window is still open;
-    those whose window closed meanwhile are marked `expired`, kept and shown (the admin,
-    the deliveries list) and redeliverable, never deleted. A delivery still leased (sent
-    when the endpoint was disabled) is left to its claim.
+RESUME_BATCH = 500
 
-    Locks: the endpoint's pending delivery rows (the UPDATEs), after the endpoint's row."""
-    waiting = WebhookDelivery.objects.filter(endpoint=endpoint, status=WebhookDeliveryStatus.PENDING).filter(
-        Q(leased_until__isnull=True) | Q(leased_until__lte=now)
-    )
-    waiting.filter(give_up_at__lte=now).update(
-        status=WebhookDeliveryStatus.EXPIRED, leased_until=None,
-        last_error="expired: the endpoint was disabled until after this delivery's retry window closed",
-    )
-    waiting.filter(give_up_at__gt=now).update(next_attempt_at=now, leased_until=None)
+
+def _waiting_deliveries_resume(*, endpoint: WebhookEndpoint, now: datetime) -> None:
+    """An endpoint enabled again: what waited while it was disabled goes now, each on its
+    own as usual. The work here does not grow with the backlog: deliveries made while it
+    was disabled are already due (due when made); only those that were waiting for a retry
+    when it was disabled (a handful, read by the due index) are made due now, in batches.
+    Those whose window closed meanwhile are marked `expired` by the periodic sweep
+    (`webhook_waiting_deliveries_expire`), or by the claim if it meets one first. A
+    delivery still leased (sent when the endpoint was disabled) is left to its claim.
+
+    Locks: those delivery rows (the UPDATEs), after the endpoint's row (the caller's)."""
+    retrying = WebhookDelivery.objects.filter(
+        endpoint=endpoint, status=WebhookDeliveryStatus.PENDING, next_attempt_at__gt=now, give_up_at__gt=now,
+    ).filter(Q(leased_until__isnull=True) | Q(leased_until__lte=now))
+    while True:
+        batch = list(retrying.order_by("next_attempt_at").values_list("pk", flat=True)[:RESUME_BATCH])
+        if not batch:
+            return
+        WebhookDelivery.objects.filter(pk__in=batch).update(next_attempt_at=now, leased_until=None)
+        if len(batch) < RESUME_BATCH:
+            return
 
 
 @transaction.atomic

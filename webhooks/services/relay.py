@@ -28,7 +28,7 @@ from webhooks import metrics
 from webhooks.locks import outbox_event_lock, outbox_events_claim
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.selectors import relay_work_next_due_at
-from webhooks.services.deliveries import RETRY_WINDOW, webhook_deliveries_dispatch
+from webhooks.services.deliveries import RETRY_WINDOW, webhook_deliveries_dispatch, webhook_waiting_deliveries_expire
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,10 @@ def outbox_relay_run(
     """The relay, in the current tenant: publish due events, refresh the lag gauge, then
     send due deliveries (publishing what commits meanwhile) until none is due or the budget
     is spent. Returns the events published. `kick_token`: the kick that sent this relay.
-    `settle` (the runs beat sends): then record when this tenant's relay work is next due
-    (tenants.duework); kicked runs leave that to beat's, so a busy tenant's row is not
+    `settle` (the runs beat sends): first sweep the deliveries that waited out their window
+    on a disabled endpoint (`webhook_waiting_deliveries_expire`: every tenant at least every
+    TALLY_SAFETY_SWEEP_SECONDS), and at the end record when this tenant's relay work is next
+    due (tenants.duework); kicked runs leave both to beat's, so a busy tenant's row is not
     deleted and written again at every commit.
 
     Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once;
@@ -140,6 +142,8 @@ def outbox_relay_run(
     # Before the first read: a commit that sees no kick pending after this point sends one.
     outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")), kick_token=kick_token)
     published = 0
+    if settle:
+        webhook_waiting_deliveries_expire(now=now)
     for _ in range(max_batches):
         claimed, count = outbox_batch_publish(batch_size=batch_size, now=now)
         published += count
