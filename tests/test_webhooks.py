@@ -503,7 +503,9 @@ def test_a_slow_receiver_gets_requests_at_once_up_to_the_endpoints_cap(tenant: T
         assert webhook_deliveries_dispatch() == 24
         elapsed = time.monotonic() - started
         assert rx.max_in_flight["/hook"] == 4
-        assert elapsed < 24 * 0.2 / 2, elapsed  # one at a time would take 4.8 s; four at a time 1.2 s
+        # One at a time cannot take less than 24 x 0.2 s = 4.8 s, whatever the machine's load;
+        # four at a time takes about 1.2 s. The cap itself is shown by max_in_flight above.
+        assert elapsed < 24 * 0.2, elapsed
         assert rx.connections <= 4 + 1  # kept connections, one per request in flight (and a spare)
     assert sorted(rx.event_ids()) == sorted(e.id for e in events)
 
