@@ -360,3 +360,50 @@ def test_make_run_writes_a_ring_under_var_once_and_reuses_it(tmp_path: Any, monk
     assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"] == first
     monkeypatch.setenv("TALLY_SEALING_KEYS", "ops1:" + base64.b64encode(os.urandom(32)).decode())
     assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"].startswith("ops1:")
+
+
+# --- Stored answers that only look sealed ---------------------------------------------------------
+
+
+def test_api_answers_that_echo_secret_sealed_neither_stop_nor_fail_the_reseal(tenant: Tenant, ring: Any) -> None:
+    """Only a staff action's record holds a sealed secret inside JSON: an API answer that
+    echoes client input named `secret_sealed` (as a value, nested, or a top-level key that
+    is not base64) is not a sealed value, and the run completes with nothing unopened."""
+    from payments.idempotency.models import IdempotencyRecord
+    from payments.idempotency.services import idempotency_run
+
+    key_a, key_b = _key("keyA"), _key("keyB")
+    ring(key_a, *ring.suite)
+    principal = f"ter_{uuid.uuid4().hex[:12]}"
+    answers = [{"name": "secret_sealed"}, {"metadata": {"secret_sealed": "x"}}, {"secret_sealed": "not base64!"}, {"secret_sealed": 7}]
+    for n, value in enumerate(answers):
+        idempotency_run(scope="terminal", principal_id=principal, key=f"echo-{n}", payload=n, fn=lambda _ctx, v=value: v)
+    merchant = MerchantFactory()
+    staff_key = f"staff-{uuid.uuid4().hex}"
+    staff_action_run(user_id=4343, action="reveal", target=merchant, idempotency_key=staff_key, data={},
+                     fn=lambda: ("revealed", "sk_once"), audit=False)
+    ring(key_b, key_a, *ring.suite)
+    out = _reseal(tenant=tenant.schema_name)
+    assert "0 unopened" in out and "no legacy (v1) values remain" in out, out
+    stored = {r.key: bytes(r.response_body) for r in IdempotencyRecord.objects.filter(principal_id=principal)}
+    assert [json.loads(stored[f"echo-{n}"]) for n in range(len(answers))] == answers  # left exactly as they were
+    staff = IdempotencyRecord.objects.get(principal_id="user:4343", key=staff_key)
+    inner = base64.b64decode(json.loads(bytes(staff.response_body))["secret_sealed"])
+    assert sealing.secret_key_id(scheme=sealing.SealScheme(purpose=b"", tag=b"tally-sealed"), stored=inner) == "keyB"
+
+
+def test_a_staff_answer_whose_secret_is_malformed_is_reported_unopened(tenant: Tenant, ring: Any) -> None:
+    from django.core.management.base import CommandError
+
+    from payments.idempotency.models import IdempotencyRecord
+
+    ring(_key("keyA"), *ring.suite)
+    merchant = MerchantFactory()
+    staff_key = f"staff-{uuid.uuid4().hex}"
+    staff_action_run(user_id=4344, action="reveal", target=merchant, idempotency_key=staff_key, data={},
+                     fn=lambda: ("revealed", "sk_once"), audit=False)
+    record = IdempotencyRecord.objects.get(principal_id="user:4344", key=staff_key)
+    IdempotencyRecord.objects.filter(pk=record.pk).update(response_body=b'{"message":"x","secret_sealed":"not base64!"}')
+    ring(_key("keyB"), *ring.suite)
+    with pytest.raises(CommandError, match=f"idempotency_records {record.pk}"):
+        _reseal(tenant=tenant.schema_name)
