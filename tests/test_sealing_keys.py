@@ -407,3 +407,45 @@ def test_a_staff_answer_whose_secret_is_malformed_is_reported_unopened(tenant: T
     ring(_key("keyB"), *ring.suite)
     with pytest.raises(CommandError, match=f"idempotency_records {record.pk}"):
         _reseal(tenant=tenant.schema_name)
+
+
+# --- Key ids, headers and material ----------------------------------------------------------------
+
+
+def test_the_ring_repr_shows_no_key_material(ring: Any) -> None:
+    material = os.urandom(32)
+    parsed = sealing.sealing_ring_parse([f"k1:{base64.b64encode(material).decode()}"], legacy_secret_key="old-secret")
+    shown = repr(parsed)
+    assert "k1" in shown and repr(material) not in shown and "old-secret" not in shown and "keys" not in shown
+
+
+def test_a_key_regenerated_under_the_same_id_changes_the_fingerprint(ring: Any) -> None:
+    one = sealing.sealing_ring_parse([_key("k1")])
+    again = sealing.sealing_ring_parse([_key("k1")])
+    assert one.fingerprint != again.fingerprint
+    assert one.fingerprint == sealing.sealing_ring_parse([f"k1:{base64.b64encode(one.keys['k1']).decode()}"]).fingerprint
+
+
+def test_the_key_id_header_is_bound_and_legacy_is_no_v2_id(ring: Any) -> None:
+    material = base64.b64encode(os.urandom(32)).decode()
+    ring(f"k1:{material}", f"k2:{material}")  # the same material under two ids: only the header differs
+    sealed = sealing.secret_seal(scheme=CREDENTIALS, plaintext=b"sk_live", associated_data=b"aad")
+    assert sealing.secret_unseal(scheme=CREDENTIALS, sealed=sealed, associated_data=b"aad") == b"sk_live"
+    swapped = sealed.replace(b":v2:k1:", b":v2:k2:", 1)
+    with pytest.raises(InvalidTag):
+        sealing.secret_unseal(scheme=CREDENTIALS, sealed=swapped, associated_data=b"aad")
+    with pytest.raises(ValueError, match="invalid key id"):
+        sealing.secret_key_id(scheme=CREDENTIALS, stored=sealed.replace(b":v2:k1:", b":v2:legacy:", 1))
+    ring(f"k1:{material}", legacy="old-secret")
+    with pytest.raises(ValueError, match="invalid key id"):
+        sealing.secret_unseal(scheme=CREDENTIALS, sealed=sealed.replace(b":v2:k1:", b":v2:legacy:", 1), associated_data=b"aad")
+
+
+def test_a_key_regenerated_under_the_first_keys_id_is_reported_not_skipped(tenant: Tenant, ring: Any) -> None:
+    from django.core.management.base import CommandError
+
+    ring(_key("keyA"), *ring.suite)
+    endpoint, _ = webhook_endpoint_create(merchant=MerchantFactory(), url="https://93.184.215.14/regen", enabled_events=["*"])
+    ring(_key("keyA"), *ring.suite)  # "keyA" again, but other material
+    with pytest.raises(CommandError, match=f"webhook_endpoints {endpoint.pk}"):
+        _reseal(tenant=tenant.schema_name)

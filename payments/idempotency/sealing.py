@@ -15,9 +15,8 @@ from payments.sealing import (
     UNOPENED,
     ResealBatch,
     SealScheme,
-    sealing_ring,
     secret_is_sealed,
-    secret_key_id,
+    secret_needs_reseal,
     secret_reseal,
     secret_seal,
     secret_unseal,
@@ -73,12 +72,9 @@ def _body_resealed(body: bytes, scope: str, principal_id: str, key: str) -> byte
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def _needs_reseal(body: bytes, scope: str, principal_id: str) -> bool:
+def _needs_reseal(body: bytes, scope: str, principal_id: str, key: str) -> bool:
     if secret_is_sealed(scheme=SCHEME, stored=body):
-        try:
-            return secret_key_id(scheme=SCHEME, stored=body) != sealing_ring().primary
-        except ValueError:
-            return True  # malformed: the batch reports it
+        return secret_needs_reseal(scheme=SCHEME, sealed=body, associated_data=_associated_data(principal_id, key))
     return _staff_record(scope, principal_id) and _STAFF_FIELD in body
 
 
@@ -90,9 +86,11 @@ def idempotency_records_reseal(after: str = "", limit: int = 500) -> ResealBatch
     rows = list(
         IdempotencyRecord.objects.filter(pk__gt=int(after or 0), response_body__isnull=False)
         .order_by("pk")
-        .values_list("pk", "response_body", "scope", "principal_id")[:limit]
+        .values_list("pk", "response_body", "scope", "principal_id", "key")[:limit]
     )
-    candidates = [pk for pk, body, scope, principal_id in rows if body is not None and _needs_reseal(bytes(body), scope, principal_id)]
+    candidates = [
+        pk for pk, body, scope, principal_id, key in rows if body is not None and _needs_reseal(bytes(body), scope, principal_id, key)
+    ]
 
     def batch() -> tuple[int, list[str]]:
         resealed, unopened = 0, []
