@@ -351,15 +351,35 @@ def test_make_run_writes_a_ring_under_var_once_and_reuses_it(tmp_path: Any, monk
     from config import runner
 
     monkeypatch.setattr(runner, "VAR", tmp_path)
+    monkeypatch.setattr(runner, "ENV_FILE", tmp_path / "no.env")
     monkeypatch.delenv("TALLY_SEALING_KEYS", raising=False)
-    assert runner._sealing_ring_ensure() is True
+    old_umask = os.umask(0)  # a permissive umask: the file must still never be readable by others
+    try:
+        assert runner._sealing_ring_ensure() is True
+    finally:
+        os.umask(old_umask)
     ring_file = tmp_path / "sealing_keys"
     first = os.environ["TALLY_SEALING_KEYS"]
-    assert ring_file.stat().st_mode & 0o777 == 0o600 and sealing.sealing_ring_parse(first.split(",")).primary == "local1"
+    primary = sealing.sealing_ring_parse(first.split(",")).primary
+    assert ring_file.stat().st_mode & 0o777 == 0o600 and primary.startswith("local-") and len(primary) == len("local-") + 8
     monkeypatch.delenv("TALLY_SEALING_KEYS")
     assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"] == first
     monkeypatch.setenv("TALLY_SEALING_KEYS", "ops1:" + base64.b64encode(os.urandom(32)).decode())
     assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"].startswith("ops1:")
+
+
+def test_make_run_uses_a_ring_set_in_dotenv(tmp_path: Any, monkeypatch: Any) -> None:
+    """A ring in `.env` is the ring (the settings read `.env` too): no var/sealing_keys is
+    written, and so no legacy re-seal runs."""
+    from config import runner
+
+    monkeypatch.setattr(runner, "VAR", tmp_path / "var")
+    monkeypatch.setattr(runner, "ENV_FILE", tmp_path / ".env")
+    monkeypatch.delenv("TALLY_SEALING_KEYS", raising=False)
+    entry = "ops2:" + base64.b64encode(os.urandom(32)).decode()
+    (tmp_path / ".env").write_text(f"TALLY_SEALING_KEYS={entry}\n")
+    assert runner._sealing_ring_ensure() is False
+    assert os.environ["TALLY_SEALING_KEYS"] == entry and not (tmp_path / "var" / "sealing_keys").exists()
 
 
 # --- Stored answers that only look sealed ---------------------------------------------------------
