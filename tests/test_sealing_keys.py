@@ -469,3 +469,20 @@ def test_a_key_regenerated_under_the_first_keys_id_is_reported_not_skipped(tenan
     ring(_key("keyA"), *ring.suite)  # "keyA" again, but other material
     with pytest.raises(CommandError, match=f"webhook_endpoints {endpoint.pk}"):
         _reseal(tenant=tenant.schema_name)
+
+
+def test_a_contact_token_no_key_opens_is_reported_and_the_run_goes_on(tenant: Tenant, ring: Any) -> None:
+    from cryptography.fernet import Fernet
+    from django.core.management.base import CommandError
+
+    from wallets.models import Customer
+
+    ring(_key("keyA"), *ring.suite)
+    endpoint, _ = webhook_endpoint_create(merchant=MerchantFactory(), url="https://93.184.215.14/contacts", enabled_events=["*"])
+    customer = customer_create(name=f"Bad token {uuid.uuid4().hex[:6]}")
+    Customer.objects.filter(pk=customer.pk).update(email_ciphertext=Fernet(Fernet.generate_key()).encrypt(b"a@example.com").decode())
+    ring(_key("keyB"), "keyA:" + base64.urlsafe_b64encode(sealing.sealing_ring().keys["keyA"]).decode(), *ring.suite)
+    with pytest.raises(CommandError, match=f"customer_contacts {customer.pk}"):
+        _reseal(tenant=tenant.schema_name)
+    stored = WebhookEndpoint.objects.get(pk=endpoint.pk).secret_sealed
+    assert sealing.secret_key_id(scheme=WEBHOOK_SCHEME, stored=bytes(stored)) == "keyB"  # stores after it still done
