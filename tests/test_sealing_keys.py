@@ -486,3 +486,68 @@ def test_a_contact_token_no_key_opens_is_reported_and_the_run_goes_on(tenant: Te
         _reseal(tenant=tenant.schema_name)
     stored = WebhookEndpoint.objects.get(pk=endpoint.pk).secret_sealed
     assert sealing.secret_key_id(scheme=WEBHOOK_SCHEME, stored=bytes(stored)) == "keyB"  # stores after it still done
+
+
+# --- A writer racing the reseal ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["between_read_and_lock", "while_locked"])
+def test_a_secret_rotated_while_the_reseal_runs_keeps_the_writers_value(
+    django_db_setup: None, django_db_blocker: Any, ring: Any, monkeypatch: Any, when: str
+) -> None:
+    """A merchant rotating its webhook secret races the reseal's batch (real threads, real
+    PostgreSQL): whether it commits after the reseal's unlocked read or waits on the row the
+    reseal holds, the stored secret is the one the merchant was given, never the stale one."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    from django.db import transaction
+
+    from webhooks import secrets as webhook_secrets
+    from webhooks.services.endpoints import webhook_endpoint_secret_rotate
+
+    key_a, key_b = _key("keyA"), _key("keyB")
+    with django_db_blocker.unblock(), scratch_tenants(1, prefix="test_race", legacy=()) as (scratch,):
+        ring(key_a)
+        with schema_context(scratch.schema_name):
+            endpoint, first = webhook_endpoint_create(merchant=MerchantFactory(), url="https://93.184.215.14/race", enabled_events=["*"])
+        ring(key_b, key_a)
+        written: dict[str, str] = {}
+
+        def rotate() -> None:
+            try:
+                with schema_context(scratch.schema_name), transaction.atomic():
+                    written["secret"] = webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(0))[1]
+            finally:
+                connection.close()
+
+        writer = threading.Thread(target=rotate)
+        real_lock = webhook_secrets.webhook_endpoint_rows_lock
+
+        def racing_lock(**kwargs: Any) -> Any:
+            if when == "between_read_and_lock":
+                writer.start()
+                writer.join(timeout=60)  # committed before the reseal locks
+                return real_lock(**kwargs)
+            rows = real_lock(**kwargs)
+            writer.start()
+            deadline = time.monotonic() + 60
+            while writer.is_alive() and time.monotonic() < deadline:  # until it waits on our row lock
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    )
+                    if cursor.fetchone()[0]:
+                        break
+                time.sleep(0.01)
+            return rows
+
+        monkeypatch.setattr(webhook_secrets, "webhook_endpoint_rows_lock", racing_lock)
+        with schema_context(scratch.schema_name):
+            webhook_secrets.webhook_secrets_reseal()
+        writer.join(timeout=60)
+        assert not writer.is_alive() and written["secret"] != first
+        with schema_context(scratch.schema_name):
+            assert webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=endpoint.pk)).current == written["secret"]
