@@ -15,9 +15,10 @@ never opens as another. Stored as
 
   <tag>:v2:<key id>:<nonce><ciphertext and tag>
 
-so opening picks its key by id, without trial. Rotation: put a new key first in every
-process, run `manage.py secrets_reseal` (every stored value re-sealed under it), then
-drop the old key.
+so opening picks its key by id, without trial; the header is bound into the associated
+data, so a value relabelled with another id does not open. Rotation (a rolling deploy,
+README "Sealing keys"): add the new key second everywhere, then move it first
+everywhere, run `manage.py secrets_reseal` until it re-seals 0 rows, then drop the old key.
 
 Values from older releases are `<tag>:v1:<nonce><ciphertext>` under HMAC(SECRET_KEY,
 purpose). They open only while TALLY_SEALING_LEGACY_SECRET_KEY holds that old SECRET_KEY
