@@ -4,7 +4,7 @@ task and switches to it in the worker, so a task always runs inside its tenant."
 import os
 from typing import Any
 
-from celery.signals import task_postrun, task_prerun
+from celery.signals import beat_init, celeryd_init, task_postrun, task_prerun
 from django.db import close_old_connections, connections
 from tenant_schemas_celery.app import CeleryApp
 
@@ -31,6 +31,22 @@ app.autodiscover_tasks()
 # limit) may leave session state behind, such as the top-up recovery's session advisory
 # lock taken just before the limit struck: its connections are closed, which ends it.
 app.conf["CELERY_DB_REUSE_MAX"] = 1000
+
+
+@celeryd_init.connect  # type: ignore[untyped-decorator]  # celery is untyped
+@beat_init.connect  # type: ignore[untyped-decorator]  # celery is untyped
+def _sealing_ring_refuse(**_: Any) -> None:
+    """A worker or beat without a usable sealing ring does not start (gunicorn refuses in
+    config/wsgi.py). Celery logs and swallows what a signal handler raises, so the refusal
+    leaves as SystemExit, carrying the check's message and its fix."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from payments.checks import sealing_ring_enforce
+
+    try:
+        sealing_ring_enforce()
+    except ImproperlyConfigured as exc:
+        raise SystemExit(f"refusing to start: {exc}") from exc
 
 
 @task_prerun.connect  # type: ignore[untyped-decorator]  # celery is untyped

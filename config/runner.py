@@ -17,6 +17,8 @@ from pathlib import Path
 from config.localservices import ROOT, VAR, resolve
 from config.procfile import processes_run, procfile_read
 
+ENV_FILE = ROOT / ".env"
+
 
 def main() -> int:
     env = resolve(database=os.environ.get("TALLY_DB_NAME", "tally"), embedded_ok=True)
@@ -87,16 +89,25 @@ def main() -> int:
 
 
 def _sealing_ring_ensure() -> bool:
-    """TALLY_SEALING_KEYS from the environment, else var/sealing_keys, written with a new
-    random key on the first run (payments/sealing.py). True when it was just written."""
+    """TALLY_SEALING_KEYS from the environment or `.env` (read as the settings read it),
+    else var/sealing_keys, written with a new random key on the first run
+    (payments/sealing.py). True when it was just written."""
+    if ENV_FILE.exists():
+        import environ
+
+        environ.Env.read_env(str(ENV_FILE))  # setdefault: the environment still wins, as in the settings
     if os.environ.get("TALLY_SEALING_KEYS"):
         return False
     ring_file = VAR / "sealing_keys"
     new = not ring_file.exists()
     if new:
         VAR.mkdir(parents=True, exist_ok=True)
-        ring_file.write_text("local1:" + base64.urlsafe_b64encode(os.urandom(32)).decode("ascii") + "\n")
-        ring_file.chmod(0o600)
+        # A random id: a key regenerated here (var/ wiped) is never taken for the old one.
+        entry = f"local-{os.urandom(4).hex()}:" + base64.urlsafe_b64encode(os.urandom(32)).decode("ascii") + "\n"
+        # Created owner-only, never readable by others even for a moment.
+        fd = os.open(ring_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(entry)
     os.environ["TALLY_SEALING_KEYS"] = ring_file.read_text().strip()
     return new
 

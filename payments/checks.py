@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.conf import settings
@@ -10,6 +11,7 @@ from django.core import checks
 from payments.sealing import KEY_GENERATE_HINT, SealingRingInvalid, sealing_ring_parse
 
 SEALING_TAG = "tally_sealing"
+logger = logging.getLogger("tally.sealing")
 
 
 @checks.register(SEALING_TAG)
@@ -33,9 +35,14 @@ def sealing_ring_check(app_configs: Any = None, **_: Any) -> list[checks.CheckMe
 
 
 def sealing_ring_enforce() -> None:
-    """Refuse to serve without a usable ring (gunicorn and Celery do not run system checks)."""
+    """Refuse to serve without a usable ring (gunicorn and Celery do not run system checks),
+    and log its warnings (the legacy key still set) where an operator sees them: at start."""
     from django.core.exceptions import ImproperlyConfigured
 
-    errors = [m for m in checks.run_checks(tags=[SEALING_TAG]) if m.is_serious()]
+    messages = checks.run_checks(tags=[SEALING_TAG])
+    for message in messages:
+        if not message.is_serious():
+            logger.warning("%s: %s (%s)", message.id, message.msg, message.hint)
+    errors = [m for m in messages if m.is_serious()]
     if errors:
         raise ImproperlyConfigured("; ".join(f"{m.msg} ({m.hint})" for m in errors))

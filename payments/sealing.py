@@ -15,9 +15,10 @@ never opens as another. Stored as
 
   <tag>:v2:<key id>:<nonce><ciphertext and tag>
 
-so opening picks its key by id, without trial. Rotation: put a new key first in every
-process, run `manage.py secrets_reseal` (every stored value re-sealed under it), then
-drop the old key.
+so opening picks its key by id, without trial; the header is bound into the associated
+data, so a value relabelled with another id does not open. Rotation (a rolling deploy,
+README "Sealing keys"): add the new key second everywhere, then move it first
+everywhere, run `manage.py secrets_reseal` until it re-seals 0 rows, then drop the old key.
 
 Values from older releases are `<tag>:v1:<nonce><ciphertext>` under HMAC(SECRET_KEY,
 purpose). They open only while TALLY_SEALING_LEGACY_SECRET_KEY holds that old SECRET_KEY
@@ -41,6 +42,7 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
+from django.views.decorators.debug import sensitive_variables
 
 _NONCE_BYTES = 12
 KEY_BYTES: Final = 32
@@ -78,15 +80,21 @@ class SealScheme:
 @dataclass(frozen=True)
 class SealingRing:
     primary: str
-    keys: dict[str, bytes] = field(hash=False)  # id -> key material (the legacy one: the old SECRET_KEY's bytes)
+    # id -> key material (the legacy one: the old SECRET_KEY's bytes); never in a repr.
+    keys: dict[str, bytes] = field(hash=False, repr=False)
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """Short and stable for this set of key ids in this order: it names caches of
-        sealed values, so a changed ring never reads one sealed under a key it lost."""
-        return hashlib.sha256(",".join(self.keys).encode()).hexdigest()[:12]
+        """Short and stable for these keys in this order, ids and material (a key
+        regenerated under the same id is another key): it names caches of sealed values,
+        so a changed ring never reads one sealed under a key it lost."""
+        digest = hashlib.sha256()
+        for key_id, material in self.keys.items():
+            digest.update(key_id.encode() + b"\x00" + hashlib.sha256(material).digest())
+        return digest.hexdigest()[:12]
 
 
+@sensitive_variables("entries", "encoded", "material", "keys", "legacy_secret_key", "raw", "entry")
 def sealing_ring_parse(entries: Sequence[str], *, legacy_secret_key: str = "") -> SealingRing:
     """The ring of `entries` (`id:base64-key`, first seals). SealingRingInvalid says why not."""
     keys: dict[str, bytes] = {}
@@ -133,6 +141,7 @@ def sealing_ring_forget() -> None:
 
 
 @functools.lru_cache(maxsize=64)
+@sensitive_variables("material")
 def _aead(material: bytes, purpose: bytes) -> AESGCM:
     return AESGCM(hmac.new(material, purpose, hashlib.sha256).digest())
 
@@ -151,16 +160,29 @@ def secret_key_id(*, scheme: SealScheme, stored: bytes) -> str:
     key_id, sep, _ = stored[len(scheme.prefix):len(scheme.prefix) + 33].partition(b":")
     if not sep:
         raise ValueError("sealed value without a key id")
-    return key_id.decode("ascii", "replace")
+    decoded = key_id.decode("ascii", "replace")
+    if not _KEY_ID.match(decoded) or decoded == LEGACY_ID:  # `legacy` names v1 values only
+        raise ValueError(f"sealed value with an invalid key id {decoded[:32]!r}")
+    return decoded
 
 
+def _header(scheme: SealScheme, key_id: str) -> bytes:
+    """`<tag>:v2:<key id>:`, which ends at its first `:` after `v2` (an id holds none)."""
+    return scheme.prefix + key_id.encode("ascii") + b":"
+
+
+@sensitive_variables("ring", "material")
 def secret_seal(*, scheme: SealScheme, plaintext: bytes, associated_data: bytes) -> bytes:
     ring = sealing_ring()
+    header = _header(scheme, ring.primary)
     nonce = os.urandom(_NONCE_BYTES)
-    sealed = _aead(ring.keys[ring.primary], scheme.purpose).encrypt(nonce, plaintext, associated_data)
-    return scheme.prefix + ring.primary.encode("ascii") + b":" + nonce + sealed
+    material = ring.keys[ring.primary]
+    # The header is associated data too: a value whose key id was swapped does not open.
+    sealed = _aead(material, scheme.purpose).encrypt(nonce, plaintext, header + associated_data)
+    return header + nonce + sealed
 
 
+@sensitive_variables("material")
 def secret_unseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) -> bytes:
     """The plaintext. ValueError if `sealed` is not of this scheme, SealingKeyUnknown (a
     ValueError) if its key is not in the ring; InvalidTag (cryptography) if it was sealed
@@ -171,19 +193,44 @@ def secret_unseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) 
         if key_id == LEGACY_ID:
             raise SealingKeyUnknown("sealed by an older release: set TALLY_SEALING_LEGACY_SECRET_KEY, run secrets_reseal")
         raise SealingKeyUnknown(f"sealed under key {key_id!r}, which is not in TALLY_SEALING_KEYS")
-    start = len(scheme.legacy_prefix) if key_id == LEGACY_ID else len(scheme.prefix) + len(key_id) + 1
-    body = sealed[start:]
+    if key_id == LEGACY_ID:
+        header, aad = scheme.legacy_prefix, associated_data  # as older releases sealed them
+    else:
+        header = _header(scheme, key_id)
+        aad = header + associated_data
+    body = sealed[len(header):]
     nonce, ciphertext = body[:_NONCE_BYTES], body[_NONCE_BYTES:]
-    return _aead(material, scheme.purpose).decrypt(nonce, ciphertext, associated_data)
+    return _aead(material, scheme.purpose).decrypt(nonce, ciphertext, aad)
 
 
 def secret_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) -> bytes | None:
     """`sealed` sealed again under the ring's first key, or None if it already is. Raises
-    what secret_unseal raises for a value that does not open."""
+    what secret_unseal raises for a value that does not open, including one under the
+    first key's id that this key does not open (a key regenerated under an old id): it is
+    reported, not skipped as done."""
     if secret_key_id(scheme=scheme, stored=sealed) == sealing_ring().primary:
+        secret_unseal(scheme=scheme, sealed=sealed, associated_data=associated_data)
         return None
     plaintext = secret_unseal(scheme=scheme, sealed=sealed, associated_data=associated_data)
     return secret_seal(scheme=scheme, plaintext=plaintext, associated_data=associated_data)
+
+
+# What a value that does not open raises: a key not in the ring, a malformed value (ValueError,
+# binascii.Error, JSONDecodeError), or the wrong key or associated data (InvalidTag).
+UNOPENED: Final = (ValueError, InvalidTag)
+
+
+def secret_needs_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) -> bool:
+    """Whether a reseal batch must take `sealed` (its rows locked): not under the first key,
+    or malformed, or under the first key's id without opening with it (the batch reports
+    it rather than count it as done)."""
+    try:
+        if secret_key_id(scheme=scheme, stored=sealed) != sealing_ring().primary:
+            return True
+        secret_unseal(scheme=scheme, sealed=sealed, associated_data=associated_data)
+    except UNOPENED:
+        return True
+    return False
 
 
 # --- Where sealed values are stored ---------------------------------------------------------
@@ -191,9 +238,6 @@ def secret_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) 
 # so `manage.py secrets_reseal` covers every store without importing the apps above it.
 
 
-# What a value that does not open raises: a key not in the ring, a malformed value (ValueError,
-# binascii.Error, JSONDecodeError), or the wrong key or associated data (InvalidTag).
-UNOPENED: Final = (ValueError, InvalidTag)
 
 
 @dataclass(frozen=True)

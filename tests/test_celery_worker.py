@@ -173,3 +173,34 @@ def test_a_worker_consumes_every_queue_and_settles_the_due_work_beat_sent_it(
     current_app.send_task("webhooks.relay_scheduled", headers={"_schema_name": live_tenant.schema_name}, retry=False, ignore_result=True)
     _until(lambda: OutboxEvent.objects.filter(pk=event.pk, published_at__isnull=False).exists(), worker, "the scheduled relay")
     _until(lambda: not DueWork.objects.filter(tenant_id=live_tenant.schema_name, due_at=stale).exists(), worker, "the due-work rows settled")
+
+
+@pytest.mark.parametrize("program", [["worker", "--pool", "solo", "--without-heartbeat", "--without-mingle", "--without-gossip"], ["beat"]])
+def test_a_worker_or_beat_without_a_usable_sealing_ring_refuses_to_start(
+    program: list[str], tmp_path: Path, django_db_setup: None, django_db_blocker: Any
+) -> None:
+    """Celery runs no system checks: the worker and beat check the ring themselves and exit
+    saying what is wrong and how to fix it, before they take a task or send one."""
+    with django_db_blocker.unblock():
+        database = str(connection.settings_dict["NAME"])  # beat reads its schedule before it starts
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="config.settings.test", TALLY_SEALING_KEYS="k1:not-a-key", TALLY_TEST_DB_NAME=database)
+    schedule = ["--schedule", str(tmp_path / "beat")] if program == ["beat"] else []
+    result = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "config", *program, "--loglevel", "WARNING", *schedule],
+        cwd=ROOT, env=env, capture_output=True, timeout=120,
+    )
+    output = (result.stdout + result.stderr).decode(errors="replace")
+    assert result.returncode != 0, output
+    assert "refusing to start" in output and "is not base64" in output and "os.urandom(32)" in output, output[-3000:]
+
+
+def test_the_legacy_key_still_set_is_logged_when_a_process_starts(settings: Any, caplog: Any) -> None:
+    from config.celery import _sealing_ring_refuse
+    from payments.sealing import sealing_ring_forget
+
+    settings.TALLY_SEALING_LEGACY_SECRET_KEY = "the-old-secret-key"
+    sealing_ring_forget()
+    with caplog.at_level("WARNING", logger="tally.sealing"):
+        _sealing_ring_refuse()
+    assert any("tally.W001" in r.getMessage() and "secrets_reseal" in r.getMessage() for r in caplog.records)
+    assert "the-old-secret-key" not in caplog.text

@@ -351,12 +351,203 @@ def test_make_run_writes_a_ring_under_var_once_and_reuses_it(tmp_path: Any, monk
     from config import runner
 
     monkeypatch.setattr(runner, "VAR", tmp_path)
+    monkeypatch.setattr(runner, "ENV_FILE", tmp_path / "no.env")
     monkeypatch.delenv("TALLY_SEALING_KEYS", raising=False)
-    assert runner._sealing_ring_ensure() is True
+    old_umask = os.umask(0)  # a permissive umask: the file must still never be readable by others
+    try:
+        assert runner._sealing_ring_ensure() is True
+    finally:
+        os.umask(old_umask)
     ring_file = tmp_path / "sealing_keys"
     first = os.environ["TALLY_SEALING_KEYS"]
-    assert ring_file.stat().st_mode & 0o777 == 0o600 and sealing.sealing_ring_parse(first.split(",")).primary == "local1"
+    primary = sealing.sealing_ring_parse(first.split(",")).primary
+    assert ring_file.stat().st_mode & 0o777 == 0o600 and primary.startswith("local-") and len(primary) == len("local-") + 8
     monkeypatch.delenv("TALLY_SEALING_KEYS")
     assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"] == first
     monkeypatch.setenv("TALLY_SEALING_KEYS", "ops1:" + base64.b64encode(os.urandom(32)).decode())
     assert runner._sealing_ring_ensure() is False and os.environ["TALLY_SEALING_KEYS"].startswith("ops1:")
+
+
+def test_make_run_uses_a_ring_set_in_dotenv(tmp_path: Any, monkeypatch: Any) -> None:
+    """A ring in `.env` is the ring (the settings read `.env` too): no var/sealing_keys is
+    written, and so no legacy re-seal runs."""
+    from config import runner
+
+    monkeypatch.setattr(runner, "VAR", tmp_path / "var")
+    monkeypatch.setattr(runner, "ENV_FILE", tmp_path / ".env")
+    monkeypatch.delenv("TALLY_SEALING_KEYS", raising=False)
+    entry = "ops2:" + base64.b64encode(os.urandom(32)).decode()
+    (tmp_path / ".env").write_text(f"TALLY_SEALING_KEYS={entry}\n")
+    assert runner._sealing_ring_ensure() is False
+    assert os.environ["TALLY_SEALING_KEYS"] == entry and not (tmp_path / "var" / "sealing_keys").exists()
+
+
+# --- Stored answers that only look sealed ---------------------------------------------------------
+
+
+def test_api_answers_that_echo_secret_sealed_neither_stop_nor_fail_the_reseal(tenant: Tenant, ring: Any) -> None:
+    """Only a staff action's record holds a sealed secret inside JSON: an API answer that
+    echoes client input named `secret_sealed` (as a value, nested, or a top-level key that
+    is not base64) is not a sealed value, and the run completes with nothing unopened."""
+    from payments.idempotency.models import IdempotencyRecord
+    from payments.idempotency.services import idempotency_run
+
+    key_a, key_b = _key("keyA"), _key("keyB")
+    ring(key_a, *ring.suite)
+    principal = f"ter_{uuid.uuid4().hex[:12]}"
+    answers = [{"name": "secret_sealed"}, {"metadata": {"secret_sealed": "x"}}, {"secret_sealed": "not base64!"}, {"secret_sealed": 7}]
+    for n, value in enumerate(answers):
+        idempotency_run(scope="terminal", principal_id=principal, key=f"echo-{n}", payload=n, fn=lambda _ctx, v=value: v)
+    merchant = MerchantFactory()
+    staff_key = f"staff-{uuid.uuid4().hex}"
+    staff_action_run(user_id=4343, action="reveal", target=merchant, idempotency_key=staff_key, data={},
+                     fn=lambda: ("revealed", "sk_once"), audit=False)
+    ring(key_b, key_a, *ring.suite)
+    out = _reseal(tenant=tenant.schema_name)
+    assert "0 unopened" in out and "no legacy (v1) values remain" in out, out
+    stored = {r.key: bytes(r.response_body) for r in IdempotencyRecord.objects.filter(principal_id=principal)}
+    assert [json.loads(stored[f"echo-{n}"]) for n in range(len(answers))] == answers  # left exactly as they were
+    staff = IdempotencyRecord.objects.get(principal_id="user:4343", key=staff_key)
+    inner = base64.b64decode(json.loads(bytes(staff.response_body))["secret_sealed"])
+    assert sealing.secret_key_id(scheme=sealing.SealScheme(purpose=b"", tag=b"tally-sealed"), stored=inner) == "keyB"
+
+
+def test_a_staff_answer_whose_secret_is_malformed_is_reported_unopened(tenant: Tenant, ring: Any) -> None:
+    from django.core.management.base import CommandError
+
+    from payments.idempotency.models import IdempotencyRecord
+
+    ring(_key("keyA"), *ring.suite)
+    merchant = MerchantFactory()
+    staff_key = f"staff-{uuid.uuid4().hex}"
+    staff_action_run(user_id=4344, action="reveal", target=merchant, idempotency_key=staff_key, data={},
+                     fn=lambda: ("revealed", "sk_once"), audit=False)
+    record = IdempotencyRecord.objects.get(principal_id="user:4344", key=staff_key)
+    IdempotencyRecord.objects.filter(pk=record.pk).update(response_body=b'{"message":"x","secret_sealed":"not base64!"}')
+    ring(_key("keyB"), *ring.suite)
+    with pytest.raises(CommandError, match=f"idempotency_records {record.pk}"):
+        _reseal(tenant=tenant.schema_name)
+
+
+# --- Key ids, headers and material ----------------------------------------------------------------
+
+
+def test_the_ring_repr_shows_no_key_material(ring: Any) -> None:
+    material = os.urandom(32)
+    parsed = sealing.sealing_ring_parse([f"k1:{base64.b64encode(material).decode()}"], legacy_secret_key="old-secret")
+    shown = repr(parsed)
+    assert "k1" in shown and repr(material) not in shown and "old-secret" not in shown and "keys" not in shown
+
+
+def test_a_key_regenerated_under_the_same_id_changes_the_fingerprint(ring: Any) -> None:
+    one = sealing.sealing_ring_parse([_key("k1")])
+    again = sealing.sealing_ring_parse([_key("k1")])
+    assert one.fingerprint != again.fingerprint
+    assert one.fingerprint == sealing.sealing_ring_parse([f"k1:{base64.b64encode(one.keys['k1']).decode()}"]).fingerprint
+
+
+def test_the_key_id_header_is_bound_and_legacy_is_no_v2_id(ring: Any) -> None:
+    material = base64.b64encode(os.urandom(32)).decode()
+    ring(f"k1:{material}", f"k2:{material}")  # the same material under two ids: only the header differs
+    sealed = sealing.secret_seal(scheme=CREDENTIALS, plaintext=b"sk_live", associated_data=b"aad")
+    assert sealing.secret_unseal(scheme=CREDENTIALS, sealed=sealed, associated_data=b"aad") == b"sk_live"
+    swapped = sealed.replace(b":v2:k1:", b":v2:k2:", 1)
+    with pytest.raises(InvalidTag):
+        sealing.secret_unseal(scheme=CREDENTIALS, sealed=swapped, associated_data=b"aad")
+    with pytest.raises(ValueError, match="invalid key id"):
+        sealing.secret_key_id(scheme=CREDENTIALS, stored=sealed.replace(b":v2:k1:", b":v2:legacy:", 1))
+    ring(f"k1:{material}", legacy="old-secret")
+    with pytest.raises(ValueError, match="invalid key id"):
+        sealing.secret_unseal(scheme=CREDENTIALS, sealed=sealed.replace(b":v2:k1:", b":v2:legacy:", 1), associated_data=b"aad")
+
+
+def test_a_key_regenerated_under_the_first_keys_id_is_reported_not_skipped(tenant: Tenant, ring: Any) -> None:
+    from django.core.management.base import CommandError
+
+    ring(_key("keyA"), *ring.suite)
+    endpoint, _ = webhook_endpoint_create(merchant=MerchantFactory(), url="https://93.184.215.14/regen", enabled_events=["*"])
+    ring(_key("keyA"), *ring.suite)  # "keyA" again, but other material
+    with pytest.raises(CommandError, match=f"webhook_endpoints {endpoint.pk}"):
+        _reseal(tenant=tenant.schema_name)
+
+
+def test_a_contact_token_no_key_opens_is_reported_and_the_run_goes_on(tenant: Tenant, ring: Any) -> None:
+    from cryptography.fernet import Fernet
+    from django.core.management.base import CommandError
+
+    from wallets.models import Customer
+
+    ring(_key("keyA"), *ring.suite)
+    endpoint, _ = webhook_endpoint_create(merchant=MerchantFactory(), url="https://93.184.215.14/contacts", enabled_events=["*"])
+    customer = customer_create(name=f"Bad token {uuid.uuid4().hex[:6]}")
+    Customer.objects.filter(pk=customer.pk).update(email_ciphertext=Fernet(Fernet.generate_key()).encrypt(b"a@example.com").decode())
+    ring(_key("keyB"), "keyA:" + base64.urlsafe_b64encode(sealing.sealing_ring().keys["keyA"]).decode(), *ring.suite)
+    with pytest.raises(CommandError, match=f"customer_contacts {customer.pk}"):
+        _reseal(tenant=tenant.schema_name)
+    stored = WebhookEndpoint.objects.get(pk=endpoint.pk).secret_sealed
+    assert sealing.secret_key_id(scheme=WEBHOOK_SCHEME, stored=bytes(stored)) == "keyB"  # stores after it still done
+
+
+# --- A writer racing the reseal ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("when", ["between_read_and_lock", "while_locked"])
+def test_a_secret_rotated_while_the_reseal_runs_keeps_the_writers_value(
+    django_db_setup: None, django_db_blocker: Any, ring: Any, monkeypatch: Any, when: str
+) -> None:
+    """A merchant rotating its webhook secret races the reseal's batch (real threads, real
+    PostgreSQL): whether it commits after the reseal's unlocked read or waits on the row the
+    reseal holds, the stored secret is the one the merchant was given, never the stale one."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    from django.db import transaction
+
+    from webhooks import secrets as webhook_secrets
+    from webhooks.services.endpoints import webhook_endpoint_secret_rotate
+
+    key_a, key_b = _key("keyA"), _key("keyB")
+    with django_db_blocker.unblock(), scratch_tenants(1, prefix="test_race", legacy=()) as (scratch,):
+        ring(key_a)
+        with schema_context(scratch.schema_name):
+            endpoint, first = webhook_endpoint_create(merchant=MerchantFactory(), url="https://93.184.215.14/race", enabled_events=["*"])
+        ring(key_b, key_a)
+        written: dict[str, str] = {}
+
+        def rotate() -> None:
+            try:
+                with schema_context(scratch.schema_name), transaction.atomic():
+                    written["secret"] = webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(0))[1]
+            finally:
+                connection.close()
+
+        writer = threading.Thread(target=rotate)
+        real_lock = webhook_secrets.webhook_endpoint_rows_lock
+
+        def racing_lock(**kwargs: Any) -> Any:
+            if when == "between_read_and_lock":
+                writer.start()
+                writer.join(timeout=60)  # committed before the reseal locks
+                return real_lock(**kwargs)
+            rows = real_lock(**kwargs)
+            writer.start()
+            deadline = time.monotonic() + 60
+            while writer.is_alive() and time.monotonic() < deadline:  # until it waits on our row lock
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    )
+                    if cursor.fetchone()[0]:
+                        break
+                time.sleep(0.01)
+            return rows
+
+        monkeypatch.setattr(webhook_secrets, "webhook_endpoint_rows_lock", racing_lock)
+        with schema_context(scratch.schema_name):
+            webhook_secrets.webhook_secrets_reseal()
+        writer.join(timeout=60)
+        assert not writer.is_alive() and written["secret"] != first
+        with schema_context(scratch.schema_name):
+            assert webhook_endpoint_secrets(endpoint=WebhookEndpoint.objects.get(pk=endpoint.pk)).current == written["secret"]

@@ -300,19 +300,21 @@ def test_a_new_tenant_stores_contacts_encrypted_from_its_first_customer(django_d
     plaintext ones stay empty. New tenants used to start at `absent`, in plaintext."""
     with django_db_blocker.unblock(), scratch_tenants(1, prefix="test_nc", legacy=()) as (tenant,):
         connection.set_tenant(tenant)
-        state = StagedMigrationState.objects.get(name=CONTACTS)
-        assert state.phase == StagedPhase.CONTRACTED and state.history[-1]["note"] == "no old data: new representation only"
-        customer = customer_create(name="First", email="First@Example.com", phone="+81 90 1111 2222")
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT email, phone, email_ciphertext, phone_ciphertext FROM wallets_customer WHERE id = %s", [customer.pk])
-            email, phone, email_token, phone_token = cursor.fetchone()
-        assert (email, phone) == ("", "")
-        assert contact_decrypt(email_token) == "First@Example.com" and contact_decrypt(phone_token) == "+81 90 1111 2222"
-        assert customer_contact(customer=Customer.objects.get(pk=customer.pk)) == Contact("First@Example.com", "+81 90 1111 2222")
-        assert [c.pk for c in customers_find_by_email(email="first@example.com")] == [customer.pk]
-        customer_contact_update(customer_id=customer.pk, phone="+81 90 3333 4444")
-        assert CustomerLegacyContact.objects.filter(pk=customer.pk).values_list("email", "phone").get() == ("", "")
-        connection.set_schema_to_public()
+        try:
+            state = StagedMigrationState.objects.get(name=CONTACTS)
+            assert state.phase == StagedPhase.CONTRACTED and state.history[-1]["note"] == "no old data: new representation only"
+            customer = customer_create(name="First", email="First@Example.com", phone="+81 90 1111 2222")
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT email, phone, email_ciphertext, phone_ciphertext FROM wallets_customer WHERE id = %s", [customer.pk])
+                email, phone, email_token, phone_token = cursor.fetchone()
+            assert (email, phone) == ("", "")
+            assert contact_decrypt(email_token) == "First@Example.com" and contact_decrypt(phone_token) == "+81 90 1111 2222"
+            assert customer_contact(customer=Customer.objects.get(pk=customer.pk)) == Contact("First@Example.com", "+81 90 1111 2222")
+            assert [c.pk for c in customers_find_by_email(email="first@example.com")] == [customer.pk]
+            customer_contact_update(customer_id=customer.pk, phone="+81 90 3333 4444")
+            assert CustomerLegacyContact.objects.filter(pk=customer.pk).values_list("email", "phone").get() == ("", "")
+        finally:
+            connection.set_schema_to_public()
 
 
 # --- Settlement totals -----------------------------------------------------------------

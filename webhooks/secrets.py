@@ -29,7 +29,7 @@ from cryptography.exceptions import InvalidTag
 from django.db import connection, transaction
 from django.db.models import Q
 
-from payments.sealing import UNOPENED, ResealBatch, SealScheme, sealing_ring, secret_key_id, secret_reseal, secret_seal, secret_unseal
+from payments.sealing import UNOPENED, ResealBatch, SealScheme, secret_needs_reseal, secret_reseal, secret_seal, secret_unseal
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
 from wallets.staged.runner import staged_start_contracted
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
@@ -201,13 +201,8 @@ class WebhookSecretsMigration(StagedMigration):
                 WebhookEndpoint.objects.filter(pk__in=ids).update(secret_sealed=None, previous_secret_sealed=None)
 
 
-def _needs_reseal(sealed: bytes | memoryview | None) -> bool:
-    if sealed is None:
-        return False
-    try:
-        return secret_key_id(scheme=SCHEME, stored=bytes(sealed)) != sealing_ring().primary
-    except ValueError:
-        return True  # malformed: the batch reports it
+def _needs_reseal(sealed: bytes | memoryview | None, pk: str, field: str) -> bool:
+    return sealed is not None and secret_needs_reseal(scheme=SCHEME, sealed=bytes(sealed), associated_data=_aad(pk, field))
 
 
 def webhook_secrets_reseal(after: str = "", limit: int = 500) -> ResealBatch:
@@ -219,7 +214,7 @@ def webhook_secrets_reseal(after: str = "", limit: int = 500) -> ResealBatch:
         .order_by("pk")
         .values_list("pk", "secret_sealed", "previous_secret_sealed")[:limit]
     )
-    candidates = [pk for pk, current, previous in rows if _needs_reseal(current) or _needs_reseal(previous)]
+    candidates = [pk for pk, current, previous in rows if _needs_reseal(current, pk, CURRENT) or _needs_reseal(previous, pk, PREVIOUS)]
 
     def batch() -> tuple[int, list[str]]:
         resealed, unopened = 0, []

@@ -5,7 +5,9 @@ from django.core.exceptions import ImproperlyConfigured
 from .base import *  # noqa: F403
 from .base import env
 
-for _required in ("DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS", "DATABASE_URL", "TALLY_CONTACT_ENCRYPTION_KEYS", "TALLY_CONTACT_HASH_KEY"):
+for _required in (
+    "DJANGO_SECRET_KEY", "DJANGO_ALLOWED_HOSTS", "DATABASE_URL", "TALLY_CONTACT_ENCRYPTION_KEYS", "TALLY_CONTACT_HASH_KEY", "TALLY_SEALING_KEYS",
+):
     if not env(_required, default=""):
         raise ImproperlyConfigured(f"{_required} must be set in production")
 

@@ -15,9 +15,8 @@ from payments.sealing import (
     UNOPENED,
     ResealBatch,
     SealScheme,
-    sealing_ring,
     secret_is_sealed,
-    secret_key_id,
+    secret_needs_reseal,
     secret_reseal,
     secret_seal,
     secret_unseal,
@@ -26,6 +25,9 @@ from wallets.transactions import run_atomic
 
 SCHEME = SealScheme(purpose=b"tally/idempotency/response-seal/v1", tag=b"tally-sealed")
 _STAFF_FIELD = b'"secret_sealed"'
+# What idempotency.staff gives a staff action's record.
+STAFF_SCOPE_PREFIX = "admin:"
+STAFF_PRINCIPAL_PREFIX = "user:"
 
 
 def _associated_data(principal_id: str, key: str) -> bytes:
@@ -43,15 +45,25 @@ def response_body_unseal(*, stored: bytes, principal_id: str, key: str) -> bytes
     return secret_unseal(scheme=SCHEME, sealed=stored, associated_data=_associated_data(principal_id, key))
 
 
-def _body_resealed(body: bytes, principal_id: str, key: str) -> bytes | None:
-    """The stored body with its sealed part under the ring's first key; None if nothing changes."""
+def _staff_record(scope: str, principal_id: str) -> bool:
+    """Whether the record is a staff action's (idempotency.staff): only those store a
+    sealed secret inside a JSON answer. An API answer may echo client input that looks like
+    one (a store named `secret_sealed`), so the record, not its bytes, decides."""
+    return scope.startswith(STAFF_SCOPE_PREFIX) and principal_id.startswith(STAFF_PRINCIPAL_PREFIX)
+
+
+def _body_resealed(body: bytes, scope: str, principal_id: str, key: str) -> bytes | None:
+    """The stored body with its sealed part under the ring's first key; None if nothing
+    changes. Raises what does not open (UNOPENED, or a staff answer that is malformed)."""
     aad = _associated_data(principal_id, key)
     if secret_is_sealed(scheme=SCHEME, stored=body):
         return secret_reseal(scheme=SCHEME, sealed=body, associated_data=aad)
-    if not (body.startswith(b"{") and _STAFF_FIELD in body):
+    if not _staff_record(scope, principal_id):
         return None
     value = json.loads(body)
-    inner = base64.b64decode(value["secret_sealed"])
+    if not isinstance(value, dict) or "secret_sealed" not in value:
+        return None  # a staff action that showed no secret
+    inner = base64.b64decode(value["secret_sealed"], validate=True)
     new = secret_reseal(scheme=SCHEME, sealed=inner, associated_data=aad)
     if new is None:
         return None
@@ -60,13 +72,10 @@ def _body_resealed(body: bytes, principal_id: str, key: str) -> bytes | None:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
-def _needs_reseal(body: bytes) -> bool:
+def _needs_reseal(body: bytes, scope: str, principal_id: str, key: str) -> bool:
     if secret_is_sealed(scheme=SCHEME, stored=body):
-        try:
-            return secret_key_id(scheme=SCHEME, stored=body) != sealing_ring().primary
-        except ValueError:
-            return True  # malformed: the batch reports it
-    return body.startswith(b"{") and _STAFF_FIELD in body
+        return secret_needs_reseal(scheme=SCHEME, sealed=body, associated_data=_associated_data(principal_id, key))
+    return _staff_record(scope, principal_id) and _STAFF_FIELD in body
 
 
 def idempotency_records_reseal(after: str = "", limit: int = 500) -> ResealBatch:
@@ -77,9 +86,11 @@ def idempotency_records_reseal(after: str = "", limit: int = 500) -> ResealBatch
     rows = list(
         IdempotencyRecord.objects.filter(pk__gt=int(after or 0), response_body__isnull=False)
         .order_by("pk")
-        .values_list("pk", "response_body")[:limit]
+        .values_list("pk", "response_body", "scope", "principal_id", "key")[:limit]
     )
-    candidates = [pk for pk, body in rows if body is not None and _needs_reseal(bytes(body))]
+    candidates = [
+        pk for pk, body, scope, principal_id, key in rows if body is not None and _needs_reseal(bytes(body), scope, principal_id, key)
+    ]
 
     def batch() -> tuple[int, list[str]]:
         resealed, unopened = 0, []
@@ -87,8 +98,8 @@ def idempotency_records_reseal(after: str = "", limit: int = 500) -> ResealBatch
             if record.response_body is None:
                 continue
             try:
-                new = _body_resealed(bytes(record.response_body), record.principal_id, record.key)
-            except UNOPENED:
+                new = _body_resealed(bytes(record.response_body), record.scope, record.principal_id, record.key)
+            except (*UNOPENED, KeyError, TypeError):  # binascii.Error and JSONDecodeError are ValueErrors
                 unopened.append(str(record.pk))
                 continue
             if new is not None:

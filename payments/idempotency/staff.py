@@ -13,7 +13,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
-from payments.idempotency.sealing import response_body_seal, response_body_unseal
+from payments.idempotency.sealing import STAFF_PRINCIPAL_PREFIX, STAFF_SCOPE_PREFIX, response_body_seal, response_body_unseal
 from payments.idempotency.services import idempotency_run
 from wallets.services.audit import audit_record
 
@@ -54,7 +54,7 @@ def staff_action_run(
     `admin.<action>`; `audit=False` when the service writes its own. Locks: the
     idempotency claim, then whatever `fn` takes. Raises what `fn` raises."""
     label = target._meta.label_lower
-    principal_id = f"user:{user_id}"
+    principal_id = f"{STAFF_PRINCIPAL_PREFIX}{user_id}"
 
     def run(_ctx: object) -> dict[str, str]:
         before = _snapshot(type(target)._default_manager.get(pk=target.pk))
@@ -73,7 +73,7 @@ def staff_action_run(
         return stored
 
     result = idempotency_run(
-        scope=f"admin:{label}:{action}", principal_id=principal_id, key=idempotency_key,
+        scope=f"{STAFF_SCOPE_PREFIX}{label}:{action}", principal_id=principal_id, key=idempotency_key,
         payload={"target": str(target.pk), "data": data}, fn=run,
     )
     secret = None

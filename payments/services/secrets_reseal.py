@@ -44,5 +44,5 @@ def gateway_accounts_reseal(after: str = "", limit: int = 500) -> ResealBatch:
 def customer_contacts_reseal(after: str = "", limit: int = 500) -> ResealBatch:
     """Customer contact tokens re-encrypted under the newest TALLY_CONTACT_ENCRYPTION_KEYS
     key (a ring of its own: wallets.contacts). Locks: customer_contacts_reencrypt's."""
-    cursor, rewritten = customer_contacts_reencrypt(after=after, limit=limit)
-    return ResealBatch(cursor=cursor, resealed=rewritten)
+    cursor, rewritten, unopened = customer_contacts_reencrypt(after=after, limit=limit)
+    return ResealBatch(cursor=cursor, resealed=rewritten, unopened=unopened)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cryptography.fernet import InvalidToken
+
 from wallets.contacts import UNSET, Unset, contact_changes, contact_rotate, contact_write, customer_contact
 from wallets.errors import NotFound
 from wallets.locks import customer_lock, customer_rows_lock
@@ -25,20 +27,25 @@ def customer_contact_update(*, customer_id: str, email: str | Unset | None = UNS
     return run_atomic(update, operation="customer_contact_update")
 
 
-def customer_contacts_reencrypt(*, after: str = "", limit: int = 500) -> tuple[str | None, int]:
+def customer_contacts_reencrypt(*, after: str = "", limit: int = 500) -> tuple[str | None, int, tuple[str, ...]]:
     """Re-encrypt under the newest key the older tokens of the next `limit` customers after
-    `after`: (the next cursor or None, how many were rewritten). Locks: the batch's
-    customer rows in id order (customer_rows_lock)."""
+    `after`: (the next cursor or None, how many were rewritten, the ids of customers with a
+    token no configured key opens, left as they are). Locks: the batch's customer rows in
+    id order (customer_rows_lock)."""
 
-    def batch() -> tuple[str | None, int]:
+    def batch() -> tuple[str | None, int, tuple[str, ...]]:
         ids = customer_rows_lock(after=after, limit=limit)
-        rewritten = 0
+        rewritten, unopened = 0, []
         for customer in Customer.objects.filter(pk__in=ids).only("id", "email_ciphertext", "phone_ciphertext").order_by("pk"):
-            fields = {name: contact_rotate(token) for name in ("email_ciphertext", "phone_ciphertext") if (token := getattr(customer, name))}
+            try:
+                fields = {name: contact_rotate(token) for name in ("email_ciphertext", "phone_ciphertext") if (token := getattr(customer, name))}
+            except InvalidToken:  # one bad row is reported, the rest still re-encrypted
+                unopened.append(str(customer.pk))
+                continue
             changed = {name: token for name, token in fields.items() if token is not None}
             if changed:
                 Customer.objects.filter(pk=customer.pk).update(**changed)
                 rewritten += 1
-        return (ids[-1] if len(ids) == limit else None), rewritten
+        return (ids[-1] if len(ids) == limit else None), rewritten, tuple(unopened)
 
     return run_atomic(batch, operation="customer_contacts_reencrypt")

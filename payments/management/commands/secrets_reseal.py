@@ -49,7 +49,14 @@ class Command(BaseCommand):
         if unopened:
             # The rest is done; these keep their old key, so it must stay in the ring for now.
             raise CommandError(
-                f"{len(unopened)} stored values do not open with this ring and were left as they are (keep their key until they are"
-                " fixed or re-entered): " + "; ".join(unopened[:50])
+                f"{len(unopened)} stored values do not open with this ring and were left as they are (keep their key, and"
+                " TALLY_SEALING_LEGACY_SECRET_KEY if set, since legacy (v1) values may be among them, until they are fixed or"
+                " re-entered): " + "; ".join(unopened[:50])
             )
-        self.stdout.write(self.style.SUCCESS(f"done: {total} rows re-sealed under key {primary!r} in {len(schemas)} tenants"))
+        self.stdout.write(self.style.SUCCESS(f"done: {total} rows re-sealed under key {primary!r} in {len(schemas)} tenants, 0 unopened"))
+        # Every value now opens under the first key, so none is left under the legacy one
+        # (a process still sealing under an older key shows in the next run's count).
+        if options["tenant"]:
+            self.stdout.write(f"no legacy (v1) values remain in {options['tenant']} (other tenants: run without --tenant)")
+        else:
+            self.stdout.write("no legacy (v1) values remain: TALLY_SEALING_LEGACY_SECRET_KEY can be unset")

@@ -26,11 +26,18 @@ class Command(BaseCommand):
             if options["tenant"] not in schemas:
                 raise CommandError(f"no tenant with schema {options['tenant']!r}")
             schemas = [options["tenant"]]
+        unopened: list[str] = []
         for schema in schemas:
             with schema_context(schema):
                 cursor: str | None = ""
                 rewritten = 0
                 while cursor is not None:
-                    cursor, count = customer_contacts_reencrypt(after=cursor, limit=options["batch"])
+                    cursor, count, bad = customer_contacts_reencrypt(after=cursor, limit=options["batch"])
                     rewritten += count
+                    unopened += [f"{schema} {customer_id}" for customer_id in bad]
             self.stdout.write(self.style.SUCCESS(f"{schema}: {rewritten} customers re-encrypted under the newest key"))
+        if unopened:
+            raise CommandError(
+                f"{len(unopened)} customers hold a contact token no TALLY_CONTACT_ENCRYPTION_KEYS key opens (left as they are): "
+                + "; ".join(unopened[:50])
+            )
