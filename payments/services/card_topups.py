@@ -35,6 +35,7 @@ from payments.errors import (
 )
 from payments.gateways import metrics
 from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayRejected, PspEvent
+from payments.gateways.base import Gateway as PspGateway
 from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
@@ -203,23 +204,34 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     a charge that arrives after the top-up failed. Declined: the top-up fails with the
     PSP's code. Already settled: unchanged. A charge owed back marks the recovery due now.
     A successful charge is recorded only with the top-up's amount and currency (the one it
-    gives back if never credited): another raises PspChargeMismatch, nothing written.
+    gives back if never credited): another raises PspChargeMismatch, nothing written. On a
+    top-up failed before its charge was known, any successful charge is recorded with the
+    PSP's own amount and currency, and the refund gives back exactly that.
     Locks: the top-up row, then the balance rows (ledger_post); the tenant's top-up
     due-work lock, SHARED, when a charge is owed back."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
-    recordable = topup.status == TopUpStatus.PENDING or (topup.status == TopUpStatus.FAILED and not topup.psp_reference)
-    if recordable and result.status == "succeeded" and not topup_charge_matches(topup=topup, result=result):
-        # Every branch that records a charge: one of another amount or currency is never
-        # this top-up's money to credit or refund. The callers hold it for an operator
-        # first (topup_charge_mismatch_hold); this is the last defence.
+    if topup.status == TopUpStatus.PENDING and result.status == "succeeded" and not topup_charge_matches(topup=topup, result=result):
+        # One of another amount or currency is never this top-up's money to credit. The
+        # callers hold it for an operator first (topup_charge_mismatch_hold); this is the
+        # last defence.
         logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
         raise PspChargeMismatch("the card processor's charge does not match this top-up: an operator settles it")
     if topup.status == TopUpStatus.FAILED and not topup.psp_reference and result.status == "succeeded":
         # Refused before we knew an earlier attempt's charge had gone through: record the
-        # charge, so the refund task gives the card its money back (a charged, uncredited top-up).
+        # charge, so the refund task gives the card its money back (a charged, uncredited
+        # top-up). A failed top-up is never credited, so whatever the PSP charged under its
+        # id, matching or not, is recorded with the PSP's own amount and currency and given
+        # back exactly (the reference is unique: another top-up's charge is refused below).
+        if not topup_charge_matches(topup=topup, result=result):
+            logger.error(
+                "a failed top-up was charged another amount: refunding what the PSP charged",
+                extra={"topup": topup.pk, "psp_reference": result.psp_reference, "psp_amount": result.amount, "psp_currency": result.currency},
+            )
         logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
+        if TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
+            raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
         _charge_record(topup, result)
         topup_recovery_due_now()
         return topup, _refusal_of(topup)
@@ -238,13 +250,16 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     return failed, _refusal_of(failed)
 
 
+_CURRENCY_MAX = TopUp._meta.get_field("psp_charged_currency").max_length or 12
+
+
 def _charge_record(topup: TopUp, result: ChargeResult) -> None:
     """The PSP's answer on the locked top-up: its reference, and for a successful charge
     what it charged (the refund's amount, if it is never credited)."""
     topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
     topup.psp_charged = result.status == "succeeded"
     if topup.psp_charged:
-        topup.psp_charged_amount, topup.psp_charged_currency = result.amount, result.currency.upper()[:10]
+        topup.psp_charged_amount, topup.psp_charged_currency = result.amount, result.currency.upper()[:_CURRENCY_MAX]
     topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "psp_charged_amount", "psp_charged_currency", "updated"])
 
 
@@ -308,9 +323,13 @@ def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None
 def _refund_one(topup: TopUp) -> str:
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
-        # What the PSP charged, not what we asked for (rows recorded before it was kept: the
-        # top-up's amount, which the charge matched).
-        amount = topup.psp_charged_amount if topup.psp_charged_amount is not None else topup.amount
+        # What the PSP charged, not what we asked for. Rows recorded before it was kept have
+        # none (and an older branch recorded charges without checking the amount): the PSP
+        # is asked what the charge was.
+        amount = topup.psp_charged_amount if topup.psp_charged_amount is not None else _charged_amount_at_psp(gateway, topup)
+        if amount is None:
+            topup_last_error_note(topup_id=topup.pk, error=f"card refund: the PSP does not list the charge {topup.psp_reference}")
+            return "unavailable"
         refund = gateway.refund(psp_reference=topup.psp_reference, amount=amount, idempotency_key=f"{topup.pk}:refund")
     except (GatewayError, NotFound) as exc:
         logger.warning("card refund of an uncredited top-up failed; retried next run", extra={"topup": topup.pk, "error": str(exc)})
@@ -318,6 +337,15 @@ def _refund_one(topup: TopUp) -> str:
         return "unavailable"
     _refund_record(topup_id=topup.pk, reference=refund.psp_reference)
     return "refunded"
+
+
+def _charged_amount_at_psp(gateway: PspGateway, topup: TopUp) -> int | None:
+    """The amount of the recorded charge as the PSP holds it (its search by the top-up id),
+    or None when it does not list that charge as successful. Raises GatewayError."""
+    for charge in gateway.charges_of(reference=topup.pk):
+        if charge.psp_reference == topup.psp_reference and charge.status == "succeeded":
+            return charge.amount
+    return None
 
 
 @atomic_service(operation="topup_refund_record")
@@ -459,12 +487,20 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
                 # Another gateway's secret (the simulator's sits in var/) must never settle
                 # a Stripe top-up, nor the reverse.
                 outcome = "wrong_gateway"
-            elif result.status == "succeeded" and not topup_charge_matches(topup=about, result=result):
+            elif (
+                result.status == "succeeded" and not topup_charge_matches(topup=about, result=result)
+                and not (about.status == TopUpStatus.FAILED and not about.psp_reference)
+            ):
+                # A pending top-up: never credited, held for an operator. A failed one with no
+                # charge recorded falls through: topup_settle records the PSP's charge, refunded.
                 topup_charge_mismatch_hold(topup_id=about.pk, result=result, source=f"webhook {event.id}")
                 outcome = "mismatch"
             else:
-                topup_settle(topup_id=event.reference, result=result)
-                outcome = "applied"
+                try:
+                    topup_settle(topup_id=event.reference, result=result)
+                    outcome = "applied"
+                except PspChargeMismatch:  # the charge is recorded on another top-up: a person looks
+                    outcome = "mismatch"
         marker.outcome = outcome
         marker.save(update_fields=["outcome"])
         return outcome
