@@ -1027,6 +1027,62 @@ def test_an_operator_settles_only_a_queued_top_up_and_only_by_the_psps_records(q
         topup_review_settle(topup_id=queued.pk, reason="settled already")
 
 
+def test_an_operator_fails_a_queued_mismatched_top_up_and_the_psps_charge_is_refunded(quiet: Simulator) -> None:
+    """A pending top-up held for a charge of another amount (the PSP keeps reporting it
+    succeeded; the settlement refuses it) could never leave the operator queue. A finance
+    staff member fails it from the back office; the charge is recorded with the PSP's
+    amount, and the recovery refunds exactly that, once; audited. A viewer cannot."""
+    from django.contrib.admin.utils import quote
+    from django.utils import timezone
+
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from payments.services.card_topups import topup_charge_mismatch_hold
+    from payments.services.topup_saga import topup_recovery_run
+    from wallets.models import AuditEntry
+
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Mismatch {uuid.uuid4().hex[:6]}")
+    odd = _pending(customer, created=timezone.now() - timedelta(hours=1), amount=1000)[0]
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
+    charge = adapter.charge(ChargeRequest(amount=1700, currency="JPY", payment_method="pm_card_visa", idempotency_key=odd.pk,
+                                          reference=odd.pk))
+    assert topup_charge_mismatch_hold(topup_id=odd.pk, result=charge, source="test")
+
+    finance, viewer = _staff_client("fin-mismatch", "finance"), _staff_client("view-mismatch", "viewer")
+    act = f"/admin/payments/topup/{quote(odd.pk)}/act/fail_refund/"
+    assert b"act/fail_refund/" in finance.get(f"/admin/payments/topup/{quote(odd.pk)}/change/").content
+    assert viewer.get(act).status_code == 403
+    done = finance.post(act, {"idempotency_key": _confirmation_key(finance.get(act)), "reason": "PSP charged 1700"})
+    assert done.status_code == 302, done.content[:2000]
+    odd.refresh_from_db()
+    assert odd.status == "failed" and odd.failure_code == "charge_refunded" and odd.psp_reference == charge.psp_reference
+    assert (odd.psp_charged, odd.psp_charged_amount, odd.psp_charged_currency) == (True, 1700, "JPY")
+    assert _balance(customer) == 0 and LedgerTransaction.objects.filter(reference=odd.pk).count() == 0
+    audit = AuditEntry.objects.get(action="admin.fail_refund", target_id=odd.pk)
+    assert audit.actor == "user:fin-mismatch" and audit.reason == "PSP charged 1700" and audit.after["status"] == "failed"
+
+    assert topup_recovery_run().get("refunded") == 1
+    assert topup_recovery_run().get("refunded", 0) == 0
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge.psp_reference, 1700)]
+    assert b"act/fail_refund/" not in finance.get(f"/admin/payments/topup/{quote(odd.pk)}/change/").content
+
+
+def test_a_legacy_row_without_the_charged_amount_refunds_what_the_psp_charged(quiet: Simulator) -> None:
+    """A failed top-up recorded before the charged amount was kept (NULL), by the old branch
+    that recorded a late charge without checking its amount: the refund used to send the
+    top-up's own amount. It asks the PSP what the charge was and refunds that."""
+    from payments.services.card_topups import topup_refunds_run
+
+    psp_key = psp_account_configure(quiet)
+    owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Legacy {uuid.uuid4().hex[:6]}"), 900)
+    TopUp.objects.filter(pk=owed.pk).update(amount=1000, psp_charged_amount=None, psp_charged_currency="")
+    assert topup_refunds_run()["refunded"] == 1
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(owed.psp_reference, 900)]
+
+
 def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet: Simulator, settings: Any, monkeypatch: Any) -> None:
     """Orphans whose lease expired, more than a page of them, and a PSP that times out: the
     pass takes each over once. The records it took over get a new lease that runs out while

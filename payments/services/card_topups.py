@@ -157,6 +157,8 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
 
 # A top-up failed with one of these was never charged.
 NOT_CHARGED_CODES = ("psp_refused", "not_charged")
+# An operator failed it and had the PSP's charge (of another amount) given back.
+CHARGE_REFUNDED_CODE = "charge_refunded"
 
 
 def topup_charge_matches(*, topup: TopUp, result: ChargeResult) -> bool:
@@ -186,6 +188,8 @@ def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
         return CapExceeded(f"the wallet's {topup.asset_id} balance would exceed its cap", param="amount")
     if topup.failure_code == "wallet_frozen":
         return WalletFrozen("the wallet is frozen", param=None)
+    if topup.failure_code == CHARGE_REFUNDED_CODE:
+        return PspRefused("the card processor's charge did not match this top-up: nothing credited, the charge is refunded", param=None)
     if topup.failure_code in NOT_CHARGED_CODES:
         return PspRefused("the card processor did not take this top-up: nothing was charged", param=None)
     return CardDeclined(f"the card was declined ({topup.failure_code})", param="payment_method")
@@ -261,6 +265,21 @@ def _charge_record(topup: TopUp, result: ChargeResult) -> None:
     if topup.psp_charged:
         topup.psp_charged_amount, topup.psp_charged_currency = result.amount, result.currency.upper()[:_CURRENCY_MAX]
     topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "psp_charged_amount", "psp_charged_currency", "updated"])
+
+
+def topup_fail_refunding(*, topup: TopUp, result: ChargeResult, failure_code: str) -> TopUp:
+    """Fail a pending top-up whose successful PSP charge is not to be credited (an operator's
+    decision: another amount or currency): the charge is recorded with the PSP's own amount
+    and currency, and the recovery refunds exactly that. Raises PspChargeMismatch, nothing
+    written, if the charge is recorded on another top-up. Needs: the top-up row locked
+    (`topup_lock`) in the caller's transaction. Locks: then the tenant's top-up due-work
+    lock, SHARED."""
+    if topup.status != TopUpStatus.PENDING or result.status != "succeeded":
+        raise InvalidRequest("only a pending top-up's successful charge is failed and refunded", param=None)
+    if TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
+        raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
+    _charge_record(topup, result)
+    return topup_fail(topup=topup, failure_code=failure_code)
 
 
 def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal | None]:
