@@ -1228,6 +1228,92 @@ def test_a_soft_time_limit_inside_one_record_ends_the_pass(quiet: Simulator, mon
         topup_recovery_run()
 
 
+def _charged_uncredited(customer: Any, *, gateway: str, amount: int = 300) -> TopUp:
+    """A failed top-up with a recorded charge at `gateway`: a card refund owed."""
+    return TopUp.objects.create(
+        customer=customer, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway=gateway, status="failed",
+        failure_code="cap_exceeded", psp_reference=f"pi_{uuid.uuid4().hex[:20]}", psp_charged=True, psp_charged_amount=amount,
+        psp_charged_currency="JPY",
+    )
+
+
+@pytest.mark.parametrize("gateway", ["stripe", "simulator"])
+def test_a_soft_time_limit_inside_the_psps_http_client_ends_the_pass(quiet: Simulator, monkeypatch: Any, gateway: str) -> None:
+    """The soft limit strikes inside the HTTP call of a refund. stripe-python's
+    RequestsClient wraps every transport exception (`except Exception`) in an
+    APIConnectionError: the gateway took it for "Stripe did not answer", the refund was
+    counted unavailable and the pass went on. It must end the pass; the simulator's
+    urllib path likewise."""
+    import http.client
+
+    import requests
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from payments.services.card_topups import gateway_account_set
+    from payments.services.topup_saga import topup_recovery_run
+
+    if gateway == "stripe":
+        gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_test_x", webhook_secrets=["whsec_x"], active=False)
+    else:
+        psp_account_configure(quiet)
+    _charged_uncredited(customer_create(name=f"Soft HTTP {uuid.uuid4().hex[:6]}"), gateway=gateway)
+
+    def out_of_time(*args: Any, **kwargs: Any) -> Any:
+        raise SoftTimeLimitExceeded()
+
+    with monkeypatch.context() as patched:  # undone before the fixtures' teardown, which calls the simulator too
+        if gateway == "stripe":
+            patched.setattr(requests.Session, "request", out_of_time)
+        else:
+            patched.setattr(http.client.HTTPConnection, "request", out_of_time)
+        with pytest.raises(SoftTimeLimitExceeded):
+            topup_recovery_run()
+
+
+def test_each_loop_budget_ends_at_the_passs_deadline(quiet: Simulator, settings: Any) -> None:
+    """Loops that each keep their own budget could add up past the soft limit: a loop's
+    budget is the smaller of its own and the time left in the pass. With no time left in
+    the pass, a refund owed waits for the next pass however long the loop's own budget."""
+    from django.core.cache import cache
+
+    from payments.services.topup_saga import topup_recovery_run
+
+    psp_key = psp_account_configure(quiet)
+    owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Deadline {uuid.uuid4().hex[:6]}"), 400)
+    settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS = 60.0
+    settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS = 0.0
+    try:
+        counts = topup_recovery_run()
+        assert counts.get("refunded", 0) == 0 and counts.get("budget_exhausted", 0) >= 1, counts
+        settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS = 60.0
+        assert topup_recovery_run().get("refunded") == 1
+    finally:
+        cache.delete_many([f"topups:recovery:resume:{loop}" for loop in ("refunds", "pending")])
+    owed.refresh_from_db()
+    assert owed.psp_refund_reference
+
+
+@pytest.mark.parametrize("loop_seconds", ["", "1"])
+def test_a_soft_limit_too_short_for_a_recovery_pass_is_refused_at_start(loop_seconds: str) -> None:
+    """Soft limit 45 s and a 10 s PSP timeout leave no loop budget: unset, the budget was
+    rounded up to 1 s (a pass of 48 s, killed at 45 before its settle). Both ways it is now
+    ImproperlyConfigured; the defaults start."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CELERY_TASK_SOFT_TIME_LIMIT": "45", "TALLY_PSP_TIMEOUT_SECONDS": "10"}
+    env.pop("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", None)
+    if loop_seconds:
+        env["TALLY_TOPUP_RECOVERY_LOOP_SECONDS"] = loop_seconds
+    short = subprocess.run([sys.executable, "-c", "import config.settings.base"], env=env, capture_output=True, text=True, timeout=60)
+    assert short.returncode != 0 and "ImproperlyConfigured" in short.stderr, short.stderr[-2000:]
+    env["CELERY_TASK_SOFT_TIME_LIMIT"] = "120"
+    env.pop("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", None)
+    ok = subprocess.run([sys.executable, "-c", "import config.settings.base"], env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
 class _HardKilled(BaseException):
     """The task's hard time limit: the process is gone, nothing after it runs."""
 

@@ -315,3 +315,22 @@ def test_event_markers_are_kept_30_days_then_purged(pending: TopUp) -> None:
     assert psp_webhook_events_purge() == 0
     PspWebhookEvent.objects.update(received=timezone.now() - timedelta(days=31))
     assert psp_webhook_events_purge(batch_size=1) == 1 and not PspWebhookEvent.objects.exists()
+
+
+def test_one_purge_deletes_a_bounded_number_of_batches(pending: TopUp) -> None:
+    """A backlog of expired markers is worked off over runs: one purge stops after its
+    batches, so the recovery pass it ends never outlasts its time limit for it. The loop
+    used to run until the backlog was gone."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.services.card_topups import psp_webhook_events_purge
+
+    PspWebhookEvent.objects.bulk_create(
+        PspWebhookEvent(gateway="simulator", event_id=f"evt_old_{n}", type="charge.succeeded", outcome="applied") for n in range(5)
+    )
+    PspWebhookEvent.objects.update(received=timezone.now() - timedelta(days=31))
+    assert psp_webhook_events_purge(batch_size=2, max_batches=2) == 4
+    assert PspWebhookEvent.objects.count() == 1
+    assert psp_webhook_events_purge(batch_size=2, max_batches=2) == 1 and not PspWebhookEvent.objects.exists()

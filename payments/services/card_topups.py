@@ -529,18 +529,26 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
 PSP_WEBHOOK_EVENT_RETENTION_DAYS = 30
 
 
-def psp_webhook_events_purge(*, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000) -> int:
-    """Delete inbound event markers past retention, one short transaction a batch.
-    Locks: each batch's rows (SKIP LOCKED)."""
+# Batches one purge deletes at most: a backlog (a retention shortened, purges missed) is
+# worked off over passes, never in one that outlasts the task's time limit.
+PSP_WEBHOOK_PURGE_MAX_BATCHES = 20
+
+
+def psp_webhook_events_purge(
+    *, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000, max_batches: int = PSP_WEBHOOK_PURGE_MAX_BATCHES
+) -> int:
+    """Delete inbound event markers past retention, one short transaction a batch, at most
+    `max_batches` batches (the rest is the next run's). Locks: each batch's rows (SKIP LOCKED)."""
     horizon = timezone.now() - timedelta(days=older_than_days)
     total = 0
-    while True:
+    for _ in range(max_batches):
         with transaction.atomic():
             ids = psp_webhook_events_expired_lock(received_before=horizon, limit=batch_size)
             deleted = PspWebhookEvent.objects.filter(pk__in=ids).delete()[0] if ids else 0
         total += deleted
         if deleted < batch_size:
-            return total
+            break
+    return total
 
 
 # --- Settlement ----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A pass runs three loops (card refunds first, then orphaned claims, then pending top-ups),
 each taking records only while its own budget lasts (settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS,
-checked against the task's soft time limit in the settings), so a slow PSP or a backlog
+checked against the task's soft time limit in the settings) and never past the pass's
+one deadline (settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS), so a slow PSP or a backlog
 in one loop never keeps the others, or the pass's due-work settle, from running. The
 record in hand when a budget runs out is finished (one PSP call, at most its timeout).
 
@@ -42,8 +43,13 @@ class LoopBudget:
     exhausted: bool = False
 
     @classmethod
-    def from_settings(cls) -> LoopBudget:
-        return cls(seconds=float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS))
+    def from_settings(cls, *, pass_deadline: float | None = None) -> LoopBudget:
+        """The loop's own budget, cut to the time left before `pass_deadline` (a
+        `time.monotonic()` instant: the pass's, settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)."""
+        seconds = float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS)
+        if pass_deadline is not None:
+            seconds = max(0.0, min(seconds, pass_deadline - time.monotonic()))
+        return cls(seconds=seconds)
 
     def spent(self) -> bool:
         if not self.exhausted and time.monotonic() - self.started >= self.seconds:

@@ -271,9 +271,10 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
             return default
 
     budgets: list[LoopBudget] = []
+    pass_deadline = time.monotonic() + float(settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)
 
     def budget() -> LoopBudget:
-        budgets.append(LoopBudget.from_settings())
+        budgets.append(LoopBudget.from_settings(pass_deadline=pass_deadline))
         return budgets[-1]
 
     # Refunds first: a card charged and never credited is money we hold; a backlog of
