@@ -328,8 +328,8 @@ def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None
     counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
     names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
 
-    def fetch(after: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_refund_due(after=after, limit=limit)
+    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
+        return topups_refund_due(after=after, before=before, limit=limit)
 
     owed = topups_in_turn(loop="refunds", fetch=fetch, batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf")))
     for topup in owed:

@@ -82,15 +82,14 @@ def _resume_set(loop: str, cursor: TopUpCursor | None) -> None:
         logger.warning("top-up recovery resume point not saved", extra={"loop": loop})
 
 
-def _before(topup: TopUp, cursor: TopUpCursor) -> bool:
-    return (topup.created, topup.pk) < (cursor.created, cursor.id)
+# fetch(after, before, limit): one keyset page, oldest first, strictly between the bounds.
+PageFetch = Callable[[TopUpCursor | None, TopUpCursor | None, int], list[TopUp]]
 
 
-def topups_in_turn(
-    *, loop: str, fetch: Callable[[TopUpCursor | None, int], list[TopUp]], batch_size: int, budget: LoopBudget
-) -> Iterator[TopUp]:
+def topups_in_turn(*, loop: str, fetch: PageFetch, batch_size: int, budget: LoopBudget) -> Iterator[TopUp]:
     """Every top-up `fetch` lists (keyset pages, oldest first), each at most once: from
-    after where this loop last stopped to the end, then from the oldest up to there. Stops
+    after where this loop last stopped to the end, then from the oldest up to there (the
+    bound applied by `fetch`, in SQL: the database's order, not Python's). Stops
     when `budget` is spent, before handing out another record, and remembers the last one
     handed out (finished by the caller) as where the next pass resumes; a loop that got
     round leaves no resume point."""
@@ -98,12 +97,10 @@ def topups_in_turn(
     last: TopUpCursor | None = None
     for wrapped in ((False, True) if start is not None else (False,)):
         after = None if wrapped else start
+        before = start if wrapped else None
         while True:
-            page = fetch(after, batch_size)
+            page = fetch(after, before, batch_size)
             for topup in page:
-                if wrapped and start is not None and not _before(topup, start):
-                    _resume_set(loop, None)
-                    return
                 if budget.spent():
                     _resume_set(loop, last if last is not None else start)
                     return

@@ -306,8 +306,8 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
 
     created_before = timezone.now() - timedelta(seconds=lease_seconds)
 
-    def fetch(after: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_pending_stale(created_before=created_before, after=after, limit=limit)
+    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
+        return topups_pending_stale(created_before=created_before, after=after, before=before, limit=limit)
 
     for topup in topups_in_turn(loop="pending", fetch=fetch, batch_size=batch_size, budget=budget()):
         if topup.pk not in seen:
