@@ -240,8 +240,11 @@ def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int
         counts = _recovery_pass(batch_size=batch_size)
         topup_due_settle()
         if counts.get("budget_exhausted"):
-            # After the settle, which reads only what is due by the records (an orphan's
-            # lease may end later): whatever the settle wrote, the work left is due now.
+            # After the settle, which reads only what is due by the records. This inserts a
+            # row due now only if the settle left none; a row the settle wrote is left as it
+            # is (due_work_mark never moves one), and the work left waits until its due_at:
+            # now for a refund owed, an expired lease or a stale pending top-up (all in the
+            # past), later only when the records say nothing is due sooner.
             topup_recovery_due_now()
         return counts
 
