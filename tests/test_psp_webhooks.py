@@ -334,3 +334,22 @@ def test_one_purge_deletes_a_bounded_number_of_batches(pending: TopUp) -> None:
     assert psp_webhook_events_purge(batch_size=2, max_batches=2) == 4
     assert PspWebhookEvent.objects.count() == 1
     assert psp_webhook_events_purge(batch_size=2, max_batches=2) == 1 and not PspWebhookEvent.objects.exists()
+
+
+def test_a_charged_currency_as_long_as_an_asset_code_is_recorded_whole(pending: TopUp) -> None:
+    """Asset codes run to 12 characters; the charged currency column was 10 (and the value
+    cut to 10): the refund's record of what was charged lost its currency's tail."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from payments.gateways.base import ChargeResult
+    from payments.services.card_topups import topup_settle
+
+    TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code="request_invalid")
+    charge = ChargeResult(status="succeeded", psp_reference=f"ch_{uuid.uuid4().hex[:12]}", amount=1000, currency="regional_12c",
+                          failure_code="", created=timezone.now())
+    with transaction.atomic():
+        topup_settle(topup_id=pending.pk, result=charge)
+    pending.refresh_from_db()
+    assert pending.psp_charged and pending.psp_charged_currency == "REGIONAL_12C"
+
