@@ -1387,17 +1387,50 @@ def test_refunds_are_made_every_pass_while_the_psp_takes_10_s_to_answer_charges(
 # --- A switched-off tenant keeps card money safe ------------------------------------------------
 
 
+def _simulator_topup(customer: Any, amount: int) -> TopUp:
+    return TopUp.objects.create(customer=customer, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway="simulator")
+
+
+def _charged_by_webhook(quiet: Simulator, psp_key: str, topup: TopUp, *, secret: str = "whsec_test_1") -> TopUp:
+    """A pending simulator top-up charged at the simulator, whose charge.succeeded event is
+    delivered signed through the PSP webhook endpoint (the tenant's host)."""
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.signing import signature_compute
+    from payments.gateways.simulator import SimulatorGateway
+
+    amount = topup.amount
+    charge = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0).charge(
+        ChargeRequest(amount=amount, currency="JPY", payment_method="pm_card_visa", idempotency_key=topup.pk, reference=topup.pk)
+    )
+    body = json.dumps({
+        "id": f"evt_{uuid.uuid4().hex[:16]}", "object": "event", "type": "charge.succeeded", "created": int(time.time()),
+        "data": {"object": {"id": charge.psp_reference, "object": "charge", "amount": amount, "currency": "jpy", "status": "succeeded",
+                            "failure_code": "", "metadata": {"tally_topup": topup.pk}, "created": int(time.time())}},
+    }).encode()
+    ts = int(time.time())
+    response = Client(HTTP_HOST=RECOVERY_TENANT["domain"]).post(
+        "/v1/psp/webhooks/simulator", data=body, content_type="application/json",
+        HTTP_PSP_SIGNATURE=f"t={ts},v1={signature_compute(secret=secret, body=body, timestamp=ts)}",
+    )
+    assert response.status_code == 200 and response.json()["outcome"] == "applied", response.content
+    connection.set_tenant(Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"]))
+    topup.refresh_from_db()
+    return topup
+
+
 def test_a_switched_off_tenants_refused_credit_is_refunded_by_beat(quiet: Simulator) -> None:
-    """The operator is switched off; a PSP webhook (still served) brings a charge whose credit
-    is refused (the wallet frozen). Beat's 10 s task still visits the tenant and refunds the
-    card; its safety sweep too. Both used to select active tenants only: charged, never
-    credited, never refunded, and nobody could settle it."""
+    """The operator is switched off; a PSP webhook (still served: a real signed event
+    through the endpoint) brings a charge whose credit is refused (the wallet frozen).
+    Beat's 10 s task still visits the tenant and refunds the card; its safety sweep too.
+    Both used to select active tenants only: charged, never credited, never refunded, and
+    nobody could settle it."""
     from django.utils import timezone
 
     tenant = Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"])
     psp_key = psp_account_configure(quiet)
     Tenant.objects.filter(pk=tenant.pk).update(is_active=False)  # rolled back with the test
-    first = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 700)
+    first = _charged_by_webhook(quiet, psp_key, _simulator_topup(_frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 700))
+    assert first.status == "failed" and first.failure_code == "wallet_frozen" and first.psp_charged
     assert _topups_due(by=timezone.now())
     topups_recover_due_tenants.apply()
     connection.set_tenant(tenant)
@@ -1412,6 +1445,26 @@ def test_a_switched_off_tenants_refused_credit_is_refunded_by_beat(quiet: Simula
     refunds = quiet.state()["accounts"][psp_key]["refunds"]
     assert sorted(rf["amount"] for rf in refunds) == [700, 800]
 
+
+def test_a_top_up_of_the_gateway_switched_away_from_is_settled_and_refunded_by_that_gateway(quiet: Simulator) -> None:
+    """A top-up created under the simulator; the tenant then makes Stripe its active
+    gateway. The simulator's webhook for that top-up still applies (the top-up's gateway
+    signs for it, not the active one), and the card refund owed on it is made at the
+    simulator, never at Stripe."""
+    from payments.services.card_topups import gateway_account_set, topup_refunds_run
+
+    psp_key = psp_account_configure(quiet)
+    frozen = _frozen_customer(f"Switch {uuid.uuid4().hex[:6]}")
+    topup = _simulator_topup(frozen, 650)  # created while the simulator is the active gateway
+    gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_test_x", webhook_secrets=["whsec_x"], active=True)
+    charged = _charged_by_webhook(quiet, psp_key, topup)
+    assert charged.gateway == "simulator" and charged.status == "failed" and charged.psp_charged
+    counts = topup_refunds_run()
+    assert counts["refunded"] == 1 and counts["refund_unavailable"] == 0, counts
+    charged.refresh_from_db()
+    assert charged.psp_refund_reference
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charged.psp_reference, 650)]
 
 
 def test_the_platform_admin_lists_a_switched_off_tenants_top_up_queue(quiet: Simulator) -> None:
