@@ -163,15 +163,17 @@ CHARGE_REFUNDED_CODE = "charge_refunded"
 
 def topup_charge_matches(*, topup: TopUp, result: ChargeResult) -> bool:
     """Whether a PSP charge is this top-up's: its amount and currency. Only a matching
-    successful charge is ever recorded, credited or refunded."""
+    successful charge is ever credited; on a failed top-up any charge is recorded with the
+    PSP's figures and refunded (`topup_settle`)."""
     return result.amount == topup.amount and result.currency.upper() == topup.asset_id.upper()
 
 
 def topup_charge_mismatch_hold(*, topup_id: str, result: ChargeResult, source: str) -> bool:
     """A successful PSP charge whose amount or currency is not the top-up's: never credited.
     A pending top-up goes to the operator queue with the PSP's figures as evidence; one
-    already settled is left as it is (the reconciliation's settlement check reports the
-    PSP's charge). Returns whether the top-up entered the queue now. Locks: the top-up row."""
+    already settled is left as it is (a failed one with no charge recorded is not brought
+    here: `topup_settle` records its charge for the refund). Returns whether the top-up
+    entered the queue now. Locks: the top-up row."""
     logger.error(
         "psp charge does not match the top-up: not credited, an operator settles it",
         extra={"topup": topup_id, "psp_reference": result.psp_reference, "psp_amount": result.amount,
@@ -440,7 +442,8 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
     An event speaks only for the gateway whose secret signed it: about a top-up of another
     gateway (`wrong_gateway`) it changes nothing. A successful charge whose amount or
     currency is not the top-up's (`mismatch`) credits nothing and puts a pending top-up in
-    the operator queue. Both are recorded and logged, and acknowledged (2xx): the event is
+    the operator queue; on a top-up failed with no charge recorded it is recorded with the
+    PSP's amount and currency and refunded (`applied`). Both are recorded and logged, and acknowledged (2xx): the event is
     authentic, and a provider retries a 4xx for days (Stripe: 3) with nothing to gain, so
     a person looks instead. Locks: see `_event_apply`."""
     try:
