@@ -64,7 +64,7 @@ from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import TopUpCursor, topup_get, topups_pending_stale
 from payments.services import card_topups
-from payments.services.topup_budget import LoopBudget, topups_in_turn
+from payments.services.topup_budget import LoopBudget, recovery_pass_deadline, topups_in_turn
 from payments.services.topup_due import topup_due_settle, topup_recovery_due_now
 from payments.services.topups import topup_refusal_check
 from wallets.errors import BusinessRefusal, NotFound, TallyError
@@ -274,7 +274,7 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
             return default
 
     budgets: list[LoopBudget] = []
-    pass_deadline = time.monotonic() + float(settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)
+    pass_deadline = recovery_pass_deadline()
 
     def budget() -> LoopBudget:
         budgets.append(LoopBudget.from_settings(pass_deadline=pass_deadline))
