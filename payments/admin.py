@@ -38,7 +38,7 @@ from payments.selectors import topup_queue
 from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
-from payments.services.topup_review import topup_review_settle
+from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
 from tenants.admin import tenant_panel_register
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, money, money_column
@@ -341,6 +341,12 @@ def _settle_from_psp(obj: TopUp, data: dict[str, Any]) -> str:
     return f"Charge {topup.psp_reference} recorded; {money(topup.amount + topup.bonus_amount, topup.asset)} credited"
 
 
+def _fail_refunding(obj: TopUp, data: dict[str, Any]) -> str:
+    topup = topup_review_fail_refunding(topup_id=obj.pk, reason=data["reason"])
+    return (f"{topup.pk} failed ({topup.failure_code}); the PSP's charge {topup.psp_reference} of {topup.psp_charged_amount}"
+            f" {topup.psp_charged_currency} (minor units) is refunded by the recovery")
+
+
 @admin.register(TopUp)
 class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
     """Card top-ups. The operator queue (filter "operator queue"): pending top-ups past the
@@ -366,6 +372,11 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
                     description="Asks the PSP what it holds for this top-up (by its id in the charge's metadata) and settles by"
                     " that: its one successful charge is recorded and credited (refunded instead if the wallet can no longer take"
                     " it); no successful charge fails the top-up. Nothing you type decides it.", show=_in_operator_queue),
+        StaffAction("fail_refund", "Fail it and refund what the PSP charged", "payments.settle_topup", SettleFromPspForm,
+                    lambda request, obj, data: _fail_refunding(obj, data),
+                    description="For a charge the settlement refuses (another amount or currency): asks the PSP for its one"
+                    " successful charge under this top-up's id, fails the top-up without a credit and has the recovery refund"
+                    " exactly what the PSP charged. Nothing you type decides the amount.", show=_in_operator_queue),
     )
 
     @admin.display(description="operator review")

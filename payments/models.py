@@ -160,10 +160,11 @@ class TopUp(models.Model):
     # The PSP holds a successful charge for this top-up. A declined charge has a reference
     # too, so the reference alone cannot say whether there is money to credit or give back.
     psp_charged = models.BooleanField(default=False)
-    # What the PSP says it charged, as recorded (it matched the top-up then): a card refund
-    # gives back this, never what we asked for. Empty on rows recorded before it was kept.
+    # What the PSP says it charged, as recorded (on a failed top-up, whatever the PSP charged,
+    # matching or not): a card refund gives back this, never what we asked for. Empty on rows
+    # recorded before it was kept (the refund asks the PSP). As long as an asset code.
     psp_charged_amount = models.BigIntegerField(null=True, blank=True)
-    psp_charged_currency = models.CharField(max_length=10, blank=True, default="", db_default="")
+    psp_charged_currency = models.CharField(max_length=Asset._meta.get_field("code").max_length, blank=True, default="", db_default="")
     # Still pending past the PSP's idempotency-key window: asking again could charge
     # twice, so it waits for an operator.
     operator_review_at = models.DateTimeField(null=True, blank=True)

@@ -231,19 +231,25 @@ class TopUpCursor:
         return cls(created=topup.created, id=topup.pk)
 
 
-def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int) -> list[TopUp]:
+def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int, before: TopUpCursor | None = None) -> list[TopUp]:
     # Keyset, not OFFSET: rows settled between two pages neither shift the next page nor
-    # make it skip one, however long the list.
+    # make it skip one, however long the list. Both bounds are compared in SQL, in the
+    # database's collation, the order the pages come in.
     if after is not None:
         topups = topups.filter(Q(created__gt=after.created) | Q(created=after.created, id__gt=after.id))
+    if before is not None:
+        topups = topups.filter(Q(created__lt=before.created) | Q(created=before.created, id__lt=before.id))
     return list(topups.order_by("created", "id")[:limit])
 
 
-def topups_pending_stale(*, created_before: datetime, after: TopUpCursor | None = None, limit: int = 100) -> list[TopUp]:
+def topups_pending_stale(
+    *, created_before: datetime, after: TopUpCursor | None = None, limit: int = 100, before: TopUpCursor | None = None
+) -> list[TopUp]:
     """Pending card top-ups created before `created_before` and not waiting for an operator:
-    the recovery task's work list, one page (oldest first) after `after`."""
+    the recovery task's work list, one page (oldest first) after `after` (and before
+    `before`, when given)."""
     pending = TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=created_before, operator_review_at__isnull=True)
-    return _page(pending.exclude(claim_key=""), after=after, limit=limit)
+    return _page(pending.exclude(claim_key=""), after=after, limit=limit, before=before)
 
 
 def topups_recovery_next_due_at(*, lease_seconds: int, now: datetime) -> datetime | None:
@@ -294,10 +300,10 @@ def topup_queue(*, limit: int = 50) -> TopUpQueue:
     )
 
 
-def topups_refund_due(*, after: TopUpCursor | None = None, limit: int = 100) -> list[TopUp]:
-    """One page (oldest first, after `after`) of the top-ups whose card money is to be given
-    back (`topups_charged_uncredited`)."""
-    return _page(topups_charged_uncredited(), after=after, limit=limit)
+def topups_refund_due(*, after: TopUpCursor | None = None, limit: int = 100, before: TopUpCursor | None = None) -> list[TopUp]:
+    """One page (oldest first, after `after` and before `before`, when given) of the top-ups
+    whose card money is to be given back (`topups_charged_uncredited`)."""
+    return _page(topups_charged_uncredited(), after=after, limit=limit, before=before)
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ tenant's staff every other tenant.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
+from django.db import DatabaseError, transaction
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django_tenants.utils import get_public_schema_name, schema_context
@@ -27,6 +29,7 @@ class PlatformAdminSite(admin.AdminSite):
 
 
 platform_site = PlatformAdminSite(name="platform")
+logger = logging.getLogger("tally.admin")
 
 
 # Read-only panels the apps above add to a tenant's page (tenants imports none of them):
@@ -37,6 +40,17 @@ TENANT_PANELS: dict[str, Callable[[], SafeString]] = {}
 
 def tenant_panel_register(*, title: str, render: Callable[[], SafeString]) -> None:
     TENANT_PANELS[title] = render
+
+
+def _panel_render(schema: str, title: str, render: Callable[[], SafeString]) -> SafeString:
+    """One panel, in a savepoint: a schema missing or not migrated (ProgrammingError) shows
+    the panel as unavailable, and the page and the admin's transaction carry on."""
+    try:
+        with transaction.atomic():
+            return render()
+    except DatabaseError:
+        logger.exception("tenant panel unavailable", extra={"tenant_schema": schema, "panel": title})
+        return format_html("<p>{}</p>", "unavailable: the tenant's schema could not be read (missing or not migrated)")
 
 
 class DomainInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -69,8 +83,10 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def panels(self, obj: Tenant) -> SafeString:
         if obj.pk is None or obj.schema_name == get_public_schema_name() or not TENANT_PANELS:
             return format_html("{}", "-")
+        rendered: list[tuple[str, SafeString]] = []
         with schema_context(obj.schema_name):
-            rendered = [(title, render()) for title, render in TENANT_PANELS.items()]
+            for title, render in TENANT_PANELS.items():
+                rendered.append((title, _panel_render(obj.schema_name, title, render)))
         return format_html_join("", "<h3>{}</h3>{}", rendered)
 
     def get_queryset(self, request):  # type: ignore[no-untyped-def]

@@ -1028,6 +1028,62 @@ def test_an_operator_settles_only_a_queued_top_up_and_only_by_the_psps_records(q
         topup_review_settle(topup_id=queued.pk, reason="settled already")
 
 
+def test_an_operator_fails_a_queued_mismatched_top_up_and_the_psps_charge_is_refunded(quiet: Simulator) -> None:
+    """A pending top-up held for a charge of another amount (the PSP keeps reporting it
+    succeeded; the settlement refuses it) could never leave the operator queue. A finance
+    staff member fails it from the back office; the charge is recorded with the PSP's
+    amount, and the recovery refunds exactly that, once; audited. A viewer cannot."""
+    from django.contrib.admin.utils import quote
+    from django.utils import timezone
+
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+    from payments.services.card_topups import topup_charge_mismatch_hold
+    from payments.services.topup_saga import topup_recovery_run
+    from wallets.models import AuditEntry
+
+    psp_key = psp_account_configure(quiet)
+    customer = customer_create(name=f"Mismatch {uuid.uuid4().hex[:6]}")
+    odd = _pending(customer, created=timezone.now() - timedelta(hours=1), amount=1000)[0]
+    adapter = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0)
+    charge = adapter.charge(ChargeRequest(amount=1700, currency="JPY", payment_method="pm_card_visa", idempotency_key=odd.pk,
+                                          reference=odd.pk))
+    assert topup_charge_mismatch_hold(topup_id=odd.pk, result=charge, source="test")
+
+    finance, viewer = _staff_client("fin-mismatch", "finance"), _staff_client("view-mismatch", "viewer")
+    act = f"/admin/payments/topup/{quote(odd.pk)}/act/fail_refund/"
+    assert b"act/fail_refund/" in finance.get(f"/admin/payments/topup/{quote(odd.pk)}/change/").content
+    assert viewer.get(act).status_code == 403
+    done = finance.post(act, {"idempotency_key": _confirmation_key(finance.get(act)), "reason": "PSP charged 1700"})
+    assert done.status_code == 302, done.content[:2000]
+    odd.refresh_from_db()
+    assert odd.status == "failed" and odd.failure_code == "charge_refunded" and odd.psp_reference == charge.psp_reference
+    assert (odd.psp_charged, odd.psp_charged_amount, odd.psp_charged_currency) == (True, 1700, "JPY")
+    assert _balance(customer) == 0 and LedgerTransaction.objects.filter(reference=odd.pk).count() == 0
+    audit = AuditEntry.objects.get(action="admin.fail_refund", target_id=odd.pk)
+    assert audit.actor == "user:fin-mismatch" and audit.reason == "PSP charged 1700" and audit.after["status"] == "failed"
+
+    assert topup_recovery_run().get("refunded") == 1
+    assert topup_recovery_run().get("refunded", 0) == 0
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge.psp_reference, 1700)]
+    assert b"act/fail_refund/" not in finance.get(f"/admin/payments/topup/{quote(odd.pk)}/change/").content
+
+
+def test_a_legacy_row_without_the_charged_amount_refunds_what_the_psp_charged(quiet: Simulator) -> None:
+    """A failed top-up recorded before the charged amount was kept (NULL), by the old branch
+    that recorded a late charge without checking its amount: the refund used to send the
+    top-up's own amount. It asks the PSP what the charge was and refunds that."""
+    from payments.services.card_topups import topup_refunds_run
+
+    psp_key = psp_account_configure(quiet)
+    owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Legacy {uuid.uuid4().hex[:6]}"), 900)
+    TopUp.objects.filter(pk=owed.pk).update(amount=1000, psp_charged_amount=None, psp_charged_currency="")
+    assert topup_refunds_run()["refunded"] == 1
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(owed.psp_reference, 900)]
+
+
 def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet: Simulator, settings: Any, monkeypatch: Any) -> None:
     """Orphans whose lease expired, more than a page of them, and a PSP that times out: the
     pass takes each over once. The records it took over get a new lease that runs out while
@@ -1173,6 +1229,92 @@ def test_a_soft_time_limit_inside_one_record_ends_the_pass(quiet: Simulator, mon
         topup_recovery_run()
 
 
+def _charged_uncredited(customer: Any, *, gateway: str, amount: int = 300) -> TopUp:
+    """A failed top-up with a recorded charge at `gateway`: a card refund owed."""
+    return TopUp.objects.create(
+        customer=customer, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway=gateway, status="failed",
+        failure_code="cap_exceeded", psp_reference=f"pi_{uuid.uuid4().hex[:20]}", psp_charged=True, psp_charged_amount=amount,
+        psp_charged_currency="JPY",
+    )
+
+
+@pytest.mark.parametrize("gateway", ["stripe", "simulator"])
+def test_a_soft_time_limit_inside_the_psps_http_client_ends_the_pass(quiet: Simulator, monkeypatch: Any, gateway: str) -> None:
+    """The soft limit strikes inside the HTTP call of a refund. stripe-python's
+    RequestsClient wraps every transport exception (`except Exception`) in an
+    APIConnectionError: the gateway took it for "Stripe did not answer", the refund was
+    counted unavailable and the pass went on. It must end the pass; the simulator's
+    urllib path likewise."""
+    import http.client
+
+    import requests
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from payments.services.card_topups import gateway_account_set
+    from payments.services.topup_saga import topup_recovery_run
+
+    if gateway == "stripe":
+        gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_test_x", webhook_secrets=["whsec_x"], active=False)
+    else:
+        psp_account_configure(quiet)
+    _charged_uncredited(customer_create(name=f"Soft HTTP {uuid.uuid4().hex[:6]}"), gateway=gateway)
+
+    def out_of_time(*args: Any, **kwargs: Any) -> Any:
+        raise SoftTimeLimitExceeded()
+
+    with monkeypatch.context() as patched:  # undone before the fixtures' teardown, which calls the simulator too
+        if gateway == "stripe":
+            patched.setattr(requests.Session, "request", out_of_time)
+        else:
+            patched.setattr(http.client.HTTPConnection, "request", out_of_time)
+        with pytest.raises(SoftTimeLimitExceeded):
+            topup_recovery_run()
+
+
+def test_each_loop_budget_ends_at_the_passs_deadline(quiet: Simulator, settings: Any) -> None:
+    """Loops that each keep their own budget could add up past the soft limit: a loop's
+    budget is the smaller of its own and the time left in the pass. With no time left in
+    the pass, a refund owed waits for the next pass however long the loop's own budget."""
+    from django.core.cache import cache
+
+    from payments.services.topup_saga import topup_recovery_run
+
+    psp_key = psp_account_configure(quiet)
+    owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Deadline {uuid.uuid4().hex[:6]}"), 400)
+    settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS = 60.0
+    settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS = 0.0
+    try:
+        counts = topup_recovery_run()
+        assert counts.get("refunded", 0) == 0 and counts.get("budget_exhausted", 0) >= 1, counts
+        settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS = 60.0
+        assert topup_recovery_run().get("refunded") == 1
+    finally:
+        cache.delete_many([f"topups:recovery:resume:{loop}" for loop in ("refunds", "pending")])
+    owed.refresh_from_db()
+    assert owed.psp_refund_reference
+
+
+@pytest.mark.parametrize("loop_seconds", ["", "1"])
+def test_a_soft_limit_too_short_for_a_recovery_pass_is_refused_at_start(loop_seconds: str) -> None:
+    """Soft limit 45 s and a 10 s PSP timeout leave no loop budget: unset, the budget was
+    rounded up to 1 s (a pass of 48 s, killed at 45 before its settle). Both ways it is now
+    ImproperlyConfigured; the defaults start."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CELERY_TASK_SOFT_TIME_LIMIT": "45", "TALLY_PSP_TIMEOUT_SECONDS": "10"}
+    env.pop("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", None)
+    if loop_seconds:
+        env["TALLY_TOPUP_RECOVERY_LOOP_SECONDS"] = loop_seconds
+    short = subprocess.run([sys.executable, "-c", "import config.settings.base"], env=env, capture_output=True, text=True, timeout=60)
+    assert short.returncode != 0 and "ImproperlyConfigured" in short.stderr, short.stderr[-2000:]
+    env["CELERY_TASK_SOFT_TIME_LIMIT"] = "120"
+    env.pop("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", None)
+    ok = subprocess.run([sys.executable, "-c", "import config.settings.base"], env=env, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
 class _HardKilled(BaseException):
     """The task's hard time limit: the process is gone, nothing after it runs."""
 
@@ -1246,17 +1388,50 @@ def test_refunds_are_made_every_pass_while_the_psp_takes_10_s_to_answer_charges(
 # --- A switched-off tenant keeps card money safe ------------------------------------------------
 
 
+def _simulator_topup(customer: Any, amount: int) -> TopUp:
+    return TopUp.objects.create(customer=customer, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway="simulator")
+
+
+def _charged_by_webhook(quiet: Simulator, psp_key: str, topup: TopUp, *, secret: str = "whsec_test_1") -> TopUp:
+    """A pending simulator top-up charged at the simulator, whose charge.succeeded event is
+    delivered signed through the PSP webhook endpoint (the tenant's host)."""
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.signing import signature_compute
+    from payments.gateways.simulator import SimulatorGateway
+
+    amount = topup.amount
+    charge = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0).charge(
+        ChargeRequest(amount=amount, currency="JPY", payment_method="pm_card_visa", idempotency_key=topup.pk, reference=topup.pk)
+    )
+    body = json.dumps({
+        "id": f"evt_{uuid.uuid4().hex[:16]}", "object": "event", "type": "charge.succeeded", "created": int(time.time()),
+        "data": {"object": {"id": charge.psp_reference, "object": "charge", "amount": amount, "currency": "jpy", "status": "succeeded",
+                            "failure_code": "", "metadata": {"tally_topup": topup.pk}, "created": int(time.time())}},
+    }).encode()
+    ts = int(time.time())
+    response = Client(HTTP_HOST=RECOVERY_TENANT["domain"]).post(
+        "/v1/psp/webhooks/simulator", data=body, content_type="application/json",
+        HTTP_PSP_SIGNATURE=f"t={ts},v1={signature_compute(secret=secret, body=body, timestamp=ts)}",
+    )
+    assert response.status_code == 200 and response.json()["outcome"] == "applied", response.content
+    connection.set_tenant(Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"]))
+    topup.refresh_from_db()
+    return topup
+
+
 def test_a_switched_off_tenants_refused_credit_is_refunded_by_beat(quiet: Simulator) -> None:
-    """The operator is switched off; a PSP webhook (still served) brings a charge whose credit
-    is refused (the wallet frozen). Beat's 10 s task still visits the tenant and refunds the
-    card; its safety sweep too. Both used to select active tenants only: charged, never
-    credited, never refunded, and nobody could settle it."""
+    """The operator is switched off; a PSP webhook (still served: a real signed event
+    through the endpoint) brings a charge whose credit is refused (the wallet frozen).
+    Beat's 10 s task still visits the tenant and refunds the card; its safety sweep too.
+    Both used to select active tenants only: charged, never credited, never refunded, and
+    nobody could settle it."""
     from django.utils import timezone
 
     tenant = Tenant.objects.get(schema_name=RECOVERY_TENANT["schema_name"])
     psp_key = psp_account_configure(quiet)
     Tenant.objects.filter(pk=tenant.pk).update(is_active=False)  # rolled back with the test
-    first = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 700)
+    first = _charged_by_webhook(quiet, psp_key, _simulator_topup(_frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 700))
+    assert first.status == "failed" and first.failure_code == "wallet_frozen" and first.psp_charged
     assert _topups_due(by=timezone.now())
     topups_recover_due_tenants.apply()
     connection.set_tenant(tenant)
@@ -1271,6 +1446,26 @@ def test_a_switched_off_tenants_refused_credit_is_refunded_by_beat(quiet: Simula
     refunds = quiet.state()["accounts"][psp_key]["refunds"]
     assert sorted(rf["amount"] for rf in refunds) == [700, 800]
 
+
+def test_a_top_up_of_the_gateway_switched_away_from_is_settled_and_refunded_by_that_gateway(quiet: Simulator) -> None:
+    """A top-up created under the simulator; the tenant then makes Stripe its active
+    gateway. The simulator's webhook for that top-up still applies (the top-up's gateway
+    signs for it, not the active one), and the card refund owed on it is made at the
+    simulator, never at Stripe."""
+    from payments.services.card_topups import gateway_account_set, topup_refunds_run
+
+    psp_key = psp_account_configure(quiet)
+    frozen = _frozen_customer(f"Switch {uuid.uuid4().hex[:6]}")
+    topup = _simulator_topup(frozen, 650)  # created while the simulator is the active gateway
+    gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_test_x", webhook_secrets=["whsec_x"], active=True)
+    charged = _charged_by_webhook(quiet, psp_key, topup)
+    assert charged.gateway == "simulator" and charged.status == "failed" and charged.psp_charged
+    counts = topup_refunds_run()
+    assert counts["refunded"] == 1 and counts["refund_unavailable"] == 0, counts
+    charged.refresh_from_db()
+    assert charged.psp_refund_reference
+    refunds = quiet.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charged.psp_reference, 650)]
 
 
 def test_the_platform_admin_lists_a_switched_off_tenants_top_up_queue(quiet: Simulator) -> None:
@@ -1301,3 +1496,28 @@ def test_the_platform_admin_lists_a_switched_off_tenants_top_up_queue(quiet: Sim
         assert topup.pk in html
     assert "refund owed (wallet_frozen)" in html and "operator queue since" in html and owed.psp_reference in html
     connection.set_tenant(tenant)
+
+
+@pytest.mark.parametrize("case", ["schema_missing", "schema_not_migrated"])
+def test_the_platform_tenant_page_survives_a_tenant_schema_it_cannot_read(quiet: Simulator, case: str) -> None:
+    """A tenant whose schema is missing, or there but not migrated: reading its panels
+    raised ProgrammingError and the platform tenant page answered 500. Each panel runs in
+    a savepoint and shows "unavailable"; the rest of the page renders."""
+    from django.contrib.auth import get_user_model
+
+    schema = f"test_unreadable_{uuid.uuid4().hex[:8]}"
+    connection.set_schema_to_public()
+    Tenant.objects.bulk_create([Tenant(schema_name=schema, name="Unreadable", main_currency="JPY")])  # no schema created
+    if case == "schema_not_migrated":
+        with connection.cursor() as cursor:
+            cursor.execute(f'CREATE SCHEMA "{schema}"')  # rolled back with the test
+    tenant = Tenant.objects.get(schema_name=schema)
+    username = f"platform-{uuid.uuid4().hex[:6]}"
+    get_user_model().objects.create_superuser(username=username, password="pw-123456")
+    platform = Client(HTTP_HOST="public.test.localhost")
+    assert platform.login(username=username, password="pw-123456")
+    page = platform.get(f"/admin/tenants/tenant/{tenant.pk}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "unavailable: the tenant&#x27;s schema could not be read" in html and "Unreadable" in html
+

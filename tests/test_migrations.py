@@ -137,3 +137,21 @@ def test_an_event_written_by_the_code_before_sequences_goes_in_during_the_deploy
         )
         event = OutboxEvent.objects.get(pk="evt_before_sequences")
     assert (event.object_id, event.sequence) == ("", 0)
+
+
+def test_the_charged_amount_migration_gives_up_on_a_queued_lock_rather_than_block_top_ups(tenant: Tenant) -> None:
+    """0021 adds columns to payments_topup (ACCESS EXCLUSIVE): queued behind a long reader,
+    it would hold every top-up behind it. It sets a short lock_timeout first, in its own
+    transaction; and the charged currency column is as long as an asset code."""
+    from io import StringIO
+
+    from payments.models import TopUp
+    from wallets.models import Asset
+
+    out = StringIO()
+    call_command("sqlmigrate", "payments", "0021_topup_charged_amount", stdout=out)
+    sql = out.getvalue()
+    assert sql.lstrip().startswith("BEGIN;") and "SET LOCAL lock_timeout = '5s'" in sql, sql
+    assert sql.index("SET LOCAL lock_timeout") < sql.index("ALTER TABLE"), sql
+    assert 'ADD COLUMN "psp_charged_currency" varchar(12)' in sql, sql
+    assert TopUp._meta.get_field("psp_charged_currency").max_length == Asset._meta.get_field("code").max_length

@@ -24,7 +24,7 @@ from payments.models import GatewayAccount, PspWebhookEvent, TopUp
 from payments.services import card_topups
 from payments.services.card_topups import gateway_account_set, topup_pending_ensure
 from tenants.models import Tenant
-from tests.conftest import TENANT_A
+from tests.conftest import TENANT_A, psp_account_configure
 from tests.factories import CustomerFactory
 from wallets.models import Account, LedgerTransaction
 from wallets.selectors import account_balance
@@ -172,22 +172,65 @@ def test_a_charge_whose_amount_or_currency_differs_is_never_credited_and_waits_f
     assert send(json.dumps(body).encode()).json()["outcome"] == "duplicate"
 
 
-def test_a_late_charge_of_another_amount_on_a_failed_top_up_is_not_recorded_as_its_money(pending: TopUp) -> None:
-    """A top-up refused before its charge was known (frozen wallet), then an event about a
-    charge of another amount under its id. The branch that records a late charge for a
-    refund used to skip the amount check: it recorded 999999 as this top-up's charge and
-    refunded 1000 of it. Now nothing is recorded; the PSP's charge is the reconciliation's
-    (its settlement check reports a charge no top-up records)."""
-    TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code="wallet_frozen")
+def _charge_at_simulator(sim: Any, psp_key: str, topup: TopUp, *, amount: int, currency: str = "JPY") -> Any:
+    """A real charge at the PSP simulator under the top-up's id (its metadata)."""
+    from payments.gateways.base import ChargeRequest
+    from payments.gateways.simulator import SimulatorGateway
+
+    return SimulatorGateway(api_base=sim.url, secret_key=psp_key, timeout=5.0).charge(
+        ChargeRequest(amount=amount, currency=currency, payment_method="pm_card_visa", idempotency_key=topup.pk, reference=topup.pk)
+    )
+
+
+def _event_of(topup: TopUp, charge: Any) -> bytes:
+    body = json.loads(event(topup))
+    body["data"]["object"].update(id=charge.psp_reference, amount=charge.amount, currency=charge.currency.lower())
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("failure_code", ["request_invalid", "psp_refused", "wallet_frozen"])
+def test_a_late_charge_of_another_amount_on_a_failed_top_up_is_refunded_exactly(
+    pending: TopUp, psp_simulator: Any, failure_code: str
+) -> None:
+    """A top-up failed before its charge was known (its claim abandoned, the PSP refusing a
+    retry, a frozen wallet), then the PSP's event of a successful charge of ANOTHER amount
+    under its id. Nothing is credited; the charge is recorded with the PSP's own amount and
+    currency and the card gets back exactly that. It used to be acknowledged as `mismatch`
+    and left: the card charged, never refunded, in no queue and no reconciliation list."""
+    from payments.selectors import topups_charged_uncredited
+    from payments.services.card_topups import topup_refunds_run
+
+    psp_key = psp_account_configure(psp_simulator, webhook_secrets=SECRETS)
+    TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code=failure_code)
+    charge = _charge_at_simulator(psp_simulator, psp_key, pending, amount=1500)
+    response = send(_event_of(pending, charge))
+    assert response.status_code == 200 and response.json()["outcome"] == "applied", response.content
+    pending.refresh_from_db()
+    assert pending.status == "failed" and pending.psp_charged and pending.psp_reference == charge.psp_reference
+    assert (pending.psp_charged_amount, pending.psp_charged_currency) == (1500, "JPY") and credited(pending) == 0
+    assert topups_charged_uncredited().filter(pk=pending.pk).exists()
+    assert topup_refunds_run()["refunded"] == 1
+    assert topup_refunds_run().get("refunded", 0) == 0
+    refunds = psp_simulator.state()["accounts"][psp_key]["refunds"]
+    assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(charge.psp_reference, 1500)]
+
+
+def test_a_charge_already_recorded_on_another_top_up_is_never_recorded_twice(pending: TopUp) -> None:
+    """The event names a failed top-up but carries a charge recorded on another one: it is
+    acknowledged as `mismatch`, and neither top-up changes (the reference is one top-up's)."""
+    customer = CustomerFactory()
+    other = topup_pending_ensure(
+        topup_id=f"top_{uuid.uuid4().hex[:20]}", customer=customer, asset_code="JPY", amount=1000, payment_method="pm_card_visa",
+        claim_principal_id=customer.pk, claim_key="k3",
+    )
+    TopUp.objects.filter(pk=other.pk).update(psp_reference="ch_taken", psp_charged=True, status="failed", failure_code="cap_exceeded")
+    TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code="request_invalid")
     body = json.loads(event(pending))
-    body["data"]["object"]["amount"] = 999_999
+    body["data"]["object"].update(id="ch_taken", amount=777)
     response = send(json.dumps(body).encode())
     assert response.status_code == 200 and response.json()["outcome"] == "mismatch"
     pending.refresh_from_db()
-    assert pending.status == "failed" and not pending.psp_charged and pending.psp_reference == ""
-    from payments.selectors import topups_charged_uncredited
-
-    assert not topups_charged_uncredited().filter(pk=pending.pk).exists()  # no refund of the wrong amount is owed
+    assert not pending.psp_charged and pending.psp_reference == ""
 
 
 def test_an_event_signed_for_another_gateway_never_settles_the_top_up(pending: TopUp, caplog: Any) -> None:
@@ -272,3 +315,41 @@ def test_event_markers_are_kept_30_days_then_purged(pending: TopUp) -> None:
     assert psp_webhook_events_purge() == 0
     PspWebhookEvent.objects.update(received=timezone.now() - timedelta(days=31))
     assert psp_webhook_events_purge(batch_size=1) == 1 and not PspWebhookEvent.objects.exists()
+
+
+def test_one_purge_deletes_a_bounded_number_of_batches(pending: TopUp) -> None:
+    """A backlog of expired markers is worked off over runs: one purge stops after its
+    batches, so the recovery pass it ends never outlasts its time limit for it. The loop
+    used to run until the backlog was gone."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.services.card_topups import psp_webhook_events_purge
+
+    PspWebhookEvent.objects.bulk_create(
+        PspWebhookEvent(gateway="simulator", event_id=f"evt_old_{n}", type="charge.succeeded", outcome="applied") for n in range(5)
+    )
+    PspWebhookEvent.objects.update(received=timezone.now() - timedelta(days=31))
+    assert psp_webhook_events_purge(batch_size=2, max_batches=2) == 4
+    assert PspWebhookEvent.objects.count() == 1
+    assert psp_webhook_events_purge(batch_size=2, max_batches=2) == 1 and not PspWebhookEvent.objects.exists()
+
+
+def test_a_charged_currency_as_long_as_an_asset_code_is_recorded_whole(pending: TopUp) -> None:
+    """Asset codes run to 12 characters; the charged currency column was 10 (and the value
+    cut to 10): the refund's record of what was charged lost its currency's tail."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from payments.gateways.base import ChargeResult
+    from payments.services.card_topups import topup_settle
+
+    TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code="request_invalid")
+    charge = ChargeResult(status="succeeded", psp_reference=f"ch_{uuid.uuid4().hex[:12]}", amount=1000, currency="regional_12c",
+                          failure_code="", created=timezone.now())
+    with transaction.atomic():
+        topup_settle(topup_id=pending.pk, result=charge)
+    pending.refresh_from_db()
+    assert pending.psp_charged and pending.psp_charged_currency == "REGIONAL_12C"
+

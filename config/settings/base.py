@@ -341,7 +341,14 @@ TOPUP_RECOVERY_TAIL_SECONDS = 15  # purge, gauges, the due-work settle
 _topup_loop_fit = (CELERY_TASK_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS) / TOPUP_RECOVERY_LOOPS - TALLY_PSP_TIMEOUT_SECONDS
 _topup_loop_set = env("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", default="")
 if not _topup_loop_set:
-    TALLY_TOPUP_RECOVERY_LOOP_SECONDS = max(1.0, _topup_loop_fit)  # 1 s: a soft limit set too short for a pass still gets one record a loop
+    # A soft limit too short for a pass has no budget to give: refuse to start rather than
+    # round it up to one that overruns the limit (the pass killed before its settle).
+    if _topup_loop_fit < 1.0:
+        raise ImproperlyConfigured(
+            "CELERY_TASK_SOFT_TIME_LIMIT is too short for a top-up recovery pass: it must be at least"
+            f" 3 x (1 s + TALLY_PSP_TIMEOUT_SECONDS) + 15 s ({3 * (1 + TALLY_PSP_TIMEOUT_SECONDS) + TOPUP_RECOVERY_TAIL_SECONDS:g} s now)"
+        )
+    TALLY_TOPUP_RECOVERY_LOOP_SECONDS = _topup_loop_fit
 else:
     TALLY_TOPUP_RECOVERY_LOOP_SECONDS = float(_topup_loop_set)
     if not 0 < TALLY_TOPUP_RECOVERY_LOOP_SECONDS <= _topup_loop_fit:
@@ -349,6 +356,9 @@ else:
             "TALLY_TOPUP_RECOVERY_LOOP_SECONDS: 3 x (it + TALLY_PSP_TIMEOUT_SECONDS) + 15 s must fit in CELERY_TASK_SOFT_TIME_LIMIT"
             f" (at most {_topup_loop_fit:g} s now)"
         )
+# One deadline for the whole pass: each loop's budget is the smaller of its own and the
+# time left in the pass, so loops that each stay in budget cannot add up past the soft limit.
+TALLY_TOPUP_RECOVERY_PASS_SECONDS = max(0.0, CELERY_TASK_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS - TALLY_PSP_TIMEOUT_SECONDS)
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
 # The stored answer of a settled top-up (201 or 402) is the customer API's rendering; the

@@ -12,6 +12,22 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Literal, Protocol
 
+from celery.exceptions import SoftTimeLimitExceeded
+
+
+def time_limit_reraise(exc: BaseException) -> None:
+    """Re-raise Celery's SoftTimeLimitExceeded found anywhere in `exc`'s cause or context
+    chain. An HTTP client that wraps every exception of its transport in its own (stripe-
+    python's RequestsClient: `except Exception` -> APIConnectionError) would otherwise turn
+    the task's time being up into "the PSP did not answer", and the pass would go on."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, SoftTimeLimitExceeded):
+            raise current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+
 
 class GatewayError(Exception):
     """Base of the adapters' failures."""

@@ -20,6 +20,7 @@ from payments.gateways.base import (
     RefundResult,
     SettlementLine,
     SettlementReport,
+    time_limit_reraise,
 )
 
 
@@ -53,6 +54,7 @@ class SimulatorGateway:
             metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="rejected").inc()
             raise GatewayRejected(f"{operation}: PSP refused the request ({exc.code} {code or 'invalid_request'})", param=param, code=code) from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:  # timeout, reset, truncated answer
+            time_limit_reraise(exc)  # urllib wraps only OSError, but a reason may carry the task's time limit
             metrics.PSP_CALL_ERRORS.labels(gateway=self.name, operation=operation, kind="unavailable").inc()
             raise GatewayUnavailable(f"{operation}: no answer from the PSP ({exc})") from exc
         finally:

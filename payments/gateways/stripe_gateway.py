@@ -35,6 +35,7 @@ from payments.gateways.base import (
     RefundResult,
     SettlementLine,
     SettlementReport,
+    time_limit_reraise,
 )
 
 STRIPE_API_BASE = "https://api.stripe.com"
@@ -55,7 +56,11 @@ class StripeGateway:
     def _call(self, operation: str, fn: Any) -> Any:
         started = time.monotonic()
         try:
-            return fn()
+            try:
+                return fn()
+            except stripe.StripeError as exc:
+                time_limit_reraise(exc)  # the task's time is up, not Stripe's answer
+                raise
         except stripe.CardError:
             raise
         except (stripe.APIConnectionError, stripe.RateLimitError) as exc:

@@ -35,6 +35,7 @@ from payments.errors import (
 )
 from payments.gateways import metrics
 from payments.gateways.base import ChargeRequest, ChargeResult, GatewayError, GatewayRejected, PspEvent
+from payments.gateways.base import Gateway as PspGateway
 from payments.gateways.credentials import credential_seal
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
@@ -156,19 +157,23 @@ def topup_charge(*, topup: TopUp) -> ChargeResult:
 
 # A top-up failed with one of these was never charged.
 NOT_CHARGED_CODES = ("psp_refused", "not_charged")
+# An operator failed it and had the PSP's charge (of another amount) given back.
+CHARGE_REFUNDED_CODE = "charge_refunded"
 
 
 def topup_charge_matches(*, topup: TopUp, result: ChargeResult) -> bool:
     """Whether a PSP charge is this top-up's: its amount and currency. Only a matching
-    successful charge is ever recorded, credited or refunded."""
+    successful charge is ever credited; on a failed top-up any charge is recorded with the
+    PSP's figures and refunded (`topup_settle`)."""
     return result.amount == topup.amount and result.currency.upper() == topup.asset_id.upper()
 
 
 def topup_charge_mismatch_hold(*, topup_id: str, result: ChargeResult, source: str) -> bool:
     """A successful PSP charge whose amount or currency is not the top-up's: never credited.
     A pending top-up goes to the operator queue with the PSP's figures as evidence; one
-    already settled is left as it is (the reconciliation's settlement check reports the
-    PSP's charge). Returns whether the top-up entered the queue now. Locks: the top-up row."""
+    already settled is left as it is (a failed one with no charge recorded is not brought
+    here: `topup_settle` records its charge for the refund). Returns whether the top-up
+    entered the queue now. Locks: the top-up row."""
     logger.error(
         "psp charge does not match the top-up: not credited, an operator settles it",
         extra={"topup": topup_id, "psp_reference": result.psp_reference, "psp_amount": result.amount,
@@ -185,6 +190,8 @@ def _refusal_of(topup: TopUp) -> BusinessRefusal | None:
         return CapExceeded(f"the wallet's {topup.asset_id} balance would exceed its cap", param="amount")
     if topup.failure_code == "wallet_frozen":
         return WalletFrozen("the wallet is frozen", param=None)
+    if topup.failure_code == CHARGE_REFUNDED_CODE:
+        return PspRefused("the card processor's charge did not match this top-up: nothing credited, the charge is refunded", param=None)
     if topup.failure_code in NOT_CHARGED_CODES:
         return PspRefused("the card processor did not take this top-up: nothing was charged", param=None)
     return CardDeclined(f"the card was declined ({topup.failure_code})", param="payment_method")
@@ -203,23 +210,34 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     a charge that arrives after the top-up failed. Declined: the top-up fails with the
     PSP's code. Already settled: unchanged. A charge owed back marks the recovery due now.
     A successful charge is recorded only with the top-up's amount and currency (the one it
-    gives back if never credited): another raises PspChargeMismatch, nothing written.
+    gives back if never credited): another raises PspChargeMismatch, nothing written. On a
+    top-up failed before its charge was known, any successful charge is recorded with the
+    PSP's own amount and currency, and the refund gives back exactly that.
     Locks: the top-up row, then the balance rows (ledger_post); the tenant's top-up
     due-work lock, SHARED, when a charge is owed back."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
-    recordable = topup.status == TopUpStatus.PENDING or (topup.status == TopUpStatus.FAILED and not topup.psp_reference)
-    if recordable and result.status == "succeeded" and not topup_charge_matches(topup=topup, result=result):
-        # Every branch that records a charge: one of another amount or currency is never
-        # this top-up's money to credit or refund. The callers hold it for an operator
-        # first (topup_charge_mismatch_hold); this is the last defence.
+    if topup.status == TopUpStatus.PENDING and result.status == "succeeded" and not topup_charge_matches(topup=topup, result=result):
+        # One of another amount or currency is never this top-up's money to credit. The
+        # callers hold it for an operator first (topup_charge_mismatch_hold); this is the
+        # last defence.
         logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
         raise PspChargeMismatch("the card processor's charge does not match this top-up: an operator settles it")
     if topup.status == TopUpStatus.FAILED and not topup.psp_reference and result.status == "succeeded":
         # Refused before we knew an earlier attempt's charge had gone through: record the
-        # charge, so the refund task gives the card its money back (a charged, uncredited top-up).
+        # charge, so the refund task gives the card its money back (a charged, uncredited
+        # top-up). A failed top-up is never credited, so whatever the PSP charged under its
+        # id, matching or not, is recorded with the PSP's own amount and currency and given
+        # back exactly (the reference is unique: another top-up's charge is refused below).
+        if not topup_charge_matches(topup=topup, result=result):
+            logger.error(
+                "a failed top-up was charged another amount: refunding what the PSP charged",
+                extra={"topup": topup.pk, "psp_reference": result.psp_reference, "psp_amount": result.amount, "psp_currency": result.currency},
+            )
         logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
+        if TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
+            raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
         _charge_record(topup, result)
         topup_recovery_due_now()
         return topup, _refusal_of(topup)
@@ -238,14 +256,32 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
     return failed, _refusal_of(failed)
 
 
+_CURRENCY_MAX = TopUp._meta.get_field("psp_charged_currency").max_length or 12
+
+
 def _charge_record(topup: TopUp, result: ChargeResult) -> None:
     """The PSP's answer on the locked top-up: its reference, and for a successful charge
     what it charged (the refund's amount, if it is never credited)."""
     topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
     topup.psp_charged = result.status == "succeeded"
     if topup.psp_charged:
-        topup.psp_charged_amount, topup.psp_charged_currency = result.amount, result.currency.upper()[:10]
+        topup.psp_charged_amount, topup.psp_charged_currency = result.amount, result.currency.upper()[:_CURRENCY_MAX]
     topup.save(update_fields=["psp_reference", "psp_charged_at", "psp_charged", "psp_charged_amount", "psp_charged_currency", "updated"])
+
+
+def topup_fail_refunding(*, topup: TopUp, result: ChargeResult, failure_code: str) -> TopUp:
+    """Fail a pending top-up whose successful PSP charge is not to be credited (an operator's
+    decision: another amount or currency): the charge is recorded with the PSP's own amount
+    and currency, and the recovery refunds exactly that. Raises PspChargeMismatch, nothing
+    written, if the charge is recorded on another top-up. Needs: the top-up row locked
+    (`topup_lock`) in the caller's transaction. Locks: then the tenant's top-up due-work
+    lock, SHARED."""
+    if topup.status != TopUpStatus.PENDING or result.status != "succeeded":
+        raise InvalidRequest("only a pending top-up's successful charge is failed and refunded", param=None)
+    if TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
+        raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
+    _charge_record(topup, result)
+    return topup_fail(topup=topup, failure_code=failure_code)
 
 
 def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal | None]:
@@ -294,8 +330,8 @@ def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None
     counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
     names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
 
-    def fetch(after: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_refund_due(after=after, limit=limit)
+    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
+        return topups_refund_due(after=after, before=before, limit=limit)
 
     owed = topups_in_turn(loop="refunds", fetch=fetch, batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf")))
     for topup in owed:
@@ -308,9 +344,13 @@ def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None
 def _refund_one(topup: TopUp) -> str:
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
-        # What the PSP charged, not what we asked for (rows recorded before it was kept: the
-        # top-up's amount, which the charge matched).
-        amount = topup.psp_charged_amount if topup.psp_charged_amount is not None else topup.amount
+        # What the PSP charged, not what we asked for. Rows recorded before it was kept have
+        # none (and an older branch recorded charges without checking the amount): the PSP
+        # is asked what the charge was.
+        amount = topup.psp_charged_amount if topup.psp_charged_amount is not None else _charged_amount_at_psp(gateway, topup)
+        if amount is None:
+            topup_last_error_note(topup_id=topup.pk, error=f"card refund: the PSP does not list the charge {topup.psp_reference}")
+            return "unavailable"
         refund = gateway.refund(psp_reference=topup.psp_reference, amount=amount, idempotency_key=f"{topup.pk}:refund")
     except (GatewayError, NotFound) as exc:
         logger.warning("card refund of an uncredited top-up failed; retried next run", extra={"topup": topup.pk, "error": str(exc)})
@@ -318,6 +358,15 @@ def _refund_one(topup: TopUp) -> str:
         return "unavailable"
     _refund_record(topup_id=topup.pk, reference=refund.psp_reference)
     return "refunded"
+
+
+def _charged_amount_at_psp(gateway: PspGateway, topup: TopUp) -> int | None:
+    """The amount of the recorded charge as the PSP holds it (its search by the top-up id),
+    or None when it does not list that charge as successful. Raises GatewayError."""
+    for charge in gateway.charges_of(reference=topup.pk):
+        if charge.psp_reference == topup.psp_reference and charge.status == "succeeded":
+            return charge.amount
+    return None
 
 
 @atomic_service(operation="topup_refund_record")
@@ -393,7 +442,8 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
     An event speaks only for the gateway whose secret signed it: about a top-up of another
     gateway (`wrong_gateway`) it changes nothing. A successful charge whose amount or
     currency is not the top-up's (`mismatch`) credits nothing and puts a pending top-up in
-    the operator queue. Both are recorded and logged, and acknowledged (2xx): the event is
+    the operator queue; on a top-up failed with no charge recorded it is recorded with the
+    PSP's amount and currency and refunded (`applied`). Both are recorded and logged, and acknowledged (2xx): the event is
     authentic, and a provider retries a 4xx for days (Stripe: 3) with nothing to gain, so
     a person looks instead. Locks: see `_event_apply`."""
     try:
@@ -459,12 +509,20 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
                 # Another gateway's secret (the simulator's sits in var/) must never settle
                 # a Stripe top-up, nor the reverse.
                 outcome = "wrong_gateway"
-            elif result.status == "succeeded" and not topup_charge_matches(topup=about, result=result):
+            elif (
+                result.status == "succeeded" and not topup_charge_matches(topup=about, result=result)
+                and not (about.status == TopUpStatus.FAILED and not about.psp_reference)
+            ):
+                # A pending top-up: never credited, held for an operator. A failed one with no
+                # charge recorded falls through: topup_settle records the PSP's charge, refunded.
                 topup_charge_mismatch_hold(topup_id=about.pk, result=result, source=f"webhook {event.id}")
                 outcome = "mismatch"
             else:
-                topup_settle(topup_id=event.reference, result=result)
-                outcome = "applied"
+                try:
+                    topup_settle(topup_id=event.reference, result=result)
+                    outcome = "applied"
+                except PspChargeMismatch:  # the charge is recorded on another top-up: a person looks
+                    outcome = "mismatch"
         marker.outcome = outcome
         marker.save(update_fields=["outcome"])
         return outcome
@@ -474,18 +532,26 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
 PSP_WEBHOOK_EVENT_RETENTION_DAYS = 30
 
 
-def psp_webhook_events_purge(*, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000) -> int:
-    """Delete inbound event markers past retention, one short transaction a batch.
-    Locks: each batch's rows (SKIP LOCKED)."""
+# Batches one purge deletes at most: a backlog (a retention shortened, purges missed) is
+# worked off over passes, never in one that outlasts the task's time limit.
+PSP_WEBHOOK_PURGE_MAX_BATCHES = 20
+
+
+def psp_webhook_events_purge(
+    *, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000, max_batches: int = PSP_WEBHOOK_PURGE_MAX_BATCHES
+) -> int:
+    """Delete inbound event markers past retention, one short transaction a batch, at most
+    `max_batches` batches (the rest is the next run's). Locks: each batch's rows (SKIP LOCKED)."""
     horizon = timezone.now() - timedelta(days=older_than_days)
     total = 0
-    while True:
+    for _ in range(max_batches):
         with transaction.atomic():
             ids = psp_webhook_events_expired_lock(received_before=horizon, limit=batch_size)
             deleted = PspWebhookEvent.objects.filter(pk__in=ids).delete()[0] if ids else 0
         total += deleted
         if deleted < batch_size:
-            return total
+            break
+    return total
 
 
 # --- Settlement ----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A pass runs three loops (card refunds first, then orphaned claims, then pending top-ups),
 each taking records only while its own budget lasts (settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS,
-checked against the task's soft time limit in the settings), so a slow PSP or a backlog
+checked against the task's soft time limit in the settings) and never past the pass's
+one deadline (settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS), so a slow PSP or a backlog
 in one loop never keeps the others, or the pass's due-work settle, from running. The
 record in hand when a budget runs out is finished (one PSP call, at most its timeout).
 
@@ -33,6 +34,12 @@ _CURSOR_KEY = "topups:recovery:resume:{loop}"
 _CURSOR_TTL_SECONDS = 24 * 3600
 
 
+def recovery_pass_deadline() -> float:
+    """The `time.monotonic()` instant a pass starting now must stop taking records by
+    (settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS): its loops' budgets end there at the latest."""
+    return time.monotonic() + float(settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)
+
+
 @dataclass
 class LoopBudget:
     """One loop's share of a pass: `spent()` once `seconds` have gone since it started."""
@@ -42,8 +49,13 @@ class LoopBudget:
     exhausted: bool = False
 
     @classmethod
-    def from_settings(cls) -> LoopBudget:
-        return cls(seconds=float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS))
+    def from_settings(cls, *, pass_deadline: float | None = None) -> LoopBudget:
+        """The loop's own budget, cut to the time left before `pass_deadline` (a
+        `time.monotonic()` instant: the pass's, settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)."""
+        seconds = float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS)
+        if pass_deadline is not None:
+            seconds = max(0.0, min(seconds, pass_deadline - time.monotonic()))
+        return cls(seconds=seconds)
 
     def spent(self) -> bool:
         if not self.exhausted and time.monotonic() - self.started >= self.seconds:
@@ -76,15 +88,14 @@ def _resume_set(loop: str, cursor: TopUpCursor | None) -> None:
         logger.warning("top-up recovery resume point not saved", extra={"loop": loop})
 
 
-def _before(topup: TopUp, cursor: TopUpCursor) -> bool:
-    return (topup.created, topup.pk) < (cursor.created, cursor.id)
+# fetch(after, before, limit): one keyset page, oldest first, strictly between the bounds.
+PageFetch = Callable[[TopUpCursor | None, TopUpCursor | None, int], list[TopUp]]
 
 
-def topups_in_turn(
-    *, loop: str, fetch: Callable[[TopUpCursor | None, int], list[TopUp]], batch_size: int, budget: LoopBudget
-) -> Iterator[TopUp]:
+def topups_in_turn(*, loop: str, fetch: PageFetch, batch_size: int, budget: LoopBudget) -> Iterator[TopUp]:
     """Every top-up `fetch` lists (keyset pages, oldest first), each at most once: from
-    after where this loop last stopped to the end, then from the oldest up to there. Stops
+    after where this loop last stopped to the end, then from the oldest up to there (the
+    bound applied by `fetch`, in SQL: the database's order, not Python's). Stops
     when `budget` is spent, before handing out another record, and remembers the last one
     handed out (finished by the caller) as where the next pass resumes; a loop that got
     round leaves no resume point."""
@@ -92,12 +103,10 @@ def topups_in_turn(
     last: TopUpCursor | None = None
     for wrapped in ((False, True) if start is not None else (False,)):
         after = None if wrapped else start
+        before = start if wrapped else None
         while True:
-            page = fetch(after, batch_size)
+            page = fetch(after, before, batch_size)
             for topup in page:
-                if wrapped and start is not None and not _before(topup, start):
-                    _resume_set(loop, None)
-                    return
                 if budget.spent():
                     _resume_set(loop, last if last is not None else start)
                     return

@@ -12,7 +12,7 @@ from payments.gateways.registry import gateway_build
 from payments.locks import topup_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import gateway_account_get, topup_get
-from payments.services.card_topups import topup_fail, topup_settle
+from payments.services.card_topups import CHARGE_REFUNDED_CODE, topup_fail, topup_fail_refunding, topup_settle
 from payments.services.topup_due import topup_recovery_due_now
 from wallets.errors import BusinessRefusal, InvalidState, NotFound
 from wallets.transactions import run_atomic
@@ -29,18 +29,8 @@ def _queued(topup_id: str) -> TopUp:
     return topup
 
 
-def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessRefusal | None]:
-    """Settle a queued top-up by what its PSP holds: one matching successful charge is
-    recorded and credited (as `topup_settle`); none fails it as `not_charged`. More than
-    one, or one that does not match, settles nothing: a person sorts it out at the PSP
-    first. The PSP is asked before the settlement's own transaction (PspUnavailable when
-    it does not answer); the admin's staff action runs all of this inside its idempotency
-    claim's transaction, so that read holds the claim row for up to the PSP timeout.
-    Locks: the top-up row, the tenant's top-up due-work lock (SHARED), then (when credited)
-    the balance rows."""
-    queued = topup_get(topup_id=topup_id)
-    if queued.status != TopUpStatus.PENDING or queued.operator_review_at is None:
-        raise InvalidState(f"top-up {queued.pk} is {queued.status} and not waiting for an operator", param=None)
+def _psp_charges(queued: TopUp) -> list[ChargeResult]:
+    """The successful charges the PSP holds under the top-up's id. Raises PspUnavailable."""
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=queued.gateway))
         charges = gateway.charges_of(reference=queued.pk)
@@ -49,8 +39,60 @@ def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessR
     succeeded = [c for c in charges if c.status == "succeeded"]
     if len(succeeded) > 1:
         raise InvalidState(f"the PSP holds {len(succeeded)} successful charges for {queued.pk}: refund the extra ones there first")
+    return succeeded
+
+
+def _waiting(topup_id: str) -> TopUp:
+    queued = topup_get(topup_id=topup_id)
+    if queued.status != TopUpStatus.PENDING or queued.operator_review_at is None:
+        raise InvalidState(f"top-up {queued.pk} is {queued.status} and not waiting for an operator", param=None)
+    return queued
+
+
+def topup_review_fail_refunding(*, topup_id: str, reason: str) -> TopUp:
+    """Fail a queued top-up and give the card back what the PSP charged for it: the way out
+    of the queue for a charge `topup_review_settle` refuses (another amount or currency,
+    which the PSP keeps reporting as succeeded). The PSP's one successful charge under the
+    top-up's id is recorded with the PSP's own amount and currency, the top-up fails as
+    `charge_refunded`, and the recovery's refund loop gives back exactly that amount. None
+    at the PSP: refused (settle it instead). The PSP is asked before the transaction
+    (PspUnavailable when it does not answer). Locks: the top-up row, then the tenant's
+    top-up due-work lock (SHARED)."""
+    queued = _waiting(topup_id)
+    succeeded = _psp_charges(queued)
+    if not succeeded:
+        raise InvalidState(f"the PSP holds no successful charge for {queued.pk}: nothing to refund, settle it instead")
+    charge = succeeded[0]
+    logger.warning(
+        "queued top-up failed by an operator; the PSP's charge is refunded",
+        extra={"topup": queued.pk, "psp_reference": charge.psp_reference, "psp_amount": charge.amount, "reason": reason},
+    )
+
+    def fail() -> TopUp:
+        topup = _queued(topup_id)
+        topup_recovery_due_now()  # the refund is owed now, and the queue shrinks
+        return topup_fail_refunding(topup=topup, result=charge, failure_code=CHARGE_REFUNDED_CODE)
+
+    return run_atomic(fail, operation="topup_review_fail_refunding")
+
+
+def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessRefusal | None]:
+    """Settle a queued top-up by what its PSP holds: one matching successful charge is
+    recorded and credited (as `topup_settle`); none fails it as `not_charged`. More than
+    one settles nothing: a person sorts it out at the PSP first; one that does not match
+    settles nothing either (`topup_review_fail_refunding` is the way out for it). The PSP
+    is asked before the settlement's own transaction (PspUnavailable when it does not
+    answer); the admin's staff action runs all of this inside its idempotency
+    claim's transaction, so that read holds the claim row for up to the PSP timeout.
+    Locks: the top-up row, the tenant's top-up due-work lock (SHARED), then (when credited)
+    the balance rows."""
+    queued = _waiting(topup_id)
+    succeeded = _psp_charges(queued)
     if succeeded and (succeeded[0].amount != queued.amount or succeeded[0].currency.upper() != queued.asset_id.upper()):
-        raise InvalidState(f"the PSP's charge {succeeded[0].psp_reference} does not match the top-up's amount and currency")
+        raise InvalidState(
+            f"the PSP's charge {succeeded[0].psp_reference} does not match the top-up's amount and currency:"
+            " fail it and refund the charge instead"
+        )
     logger.warning(
         "queued top-up settled by an operator from the PSP's records",
         extra={"topup": queued.pk, "psp_reference": succeeded[0].psp_reference if succeeded else "", "reason": reason},

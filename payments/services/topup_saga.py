@@ -64,7 +64,7 @@ from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import TopUpCursor, topup_get, topups_pending_stale
 from payments.services import card_topups
-from payments.services.topup_budget import LoopBudget, topups_in_turn
+from payments.services.topup_budget import LoopBudget, recovery_pass_deadline, topups_in_turn
 from payments.services.topup_due import topup_due_settle, topup_recovery_due_now
 from payments.services.topups import topup_refusal_check
 from wallets.errors import BusinessRefusal, NotFound, TallyError
@@ -240,8 +240,11 @@ def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int
         counts = _recovery_pass(batch_size=batch_size)
         topup_due_settle()
         if counts.get("budget_exhausted"):
-            # After the settle, which reads only what is due by the records (an orphan's
-            # lease may end later): whatever the settle wrote, the work left is due now.
+            # After the settle, which reads only what is due by the records. This inserts a
+            # row due now only if the settle left none; a row the settle wrote is left as it
+            # is (due_work_mark never moves one), and the work left waits until its due_at:
+            # now for a refund owed, an expired lease or a stale pending top-up (all in the
+            # past), later only when the records say nothing is due sooner.
             topup_recovery_due_now()
         return counts
 
@@ -271,9 +274,10 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
             return default
 
     budgets: list[LoopBudget] = []
+    pass_deadline = recovery_pass_deadline()
 
     def budget() -> LoopBudget:
-        budgets.append(LoopBudget.from_settings())
+        budgets.append(LoopBudget.from_settings(pass_deadline=pass_deadline))
         return budgets[-1]
 
     # Refunds first: a card charged and never credited is money we hold; a backlog of
@@ -305,8 +309,8 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
 
     created_before = timezone.now() - timedelta(seconds=lease_seconds)
 
-    def fetch(after: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_pending_stale(created_before=created_before, after=after, limit=limit)
+    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
+        return topups_pending_stale(created_before=created_before, after=after, before=before, limit=limit)
 
     for topup in topups_in_turn(loop="pending", fetch=fetch, batch_size=batch_size, budget=budget()):
         if topup.pk not in seen:
