@@ -1296,23 +1296,29 @@ def test_each_loop_budget_ends_at_the_passs_deadline(quiet: Simulator, settings:
 
 @pytest.mark.parametrize("loop_seconds", ["", "1"])
 def test_a_soft_limit_too_short_for_a_recovery_pass_is_refused_at_start(loop_seconds: str) -> None:
-    """Soft limit 45 s and a 10 s PSP timeout leave no loop budget: unset, the budget was
-    rounded up to 1 s (a pass of 48 s, killed at 45 before its settle). Both ways it is now
-    ImproperlyConfigured; the defaults start."""
+    """A recovery soft limit of 45 s and a 10 s PSP timeout leave no loop budget: unset, the
+    budget was rounded up to 1 s (a pass of 48 s, killed at 45 before its settle). Both ways
+    it is now ImproperlyConfigured; the defaults start, and so does a short global soft limit
+    (the failover test's 3 s for the relay): the recovery task has limits of its own."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "CELERY_TASK_SOFT_TIME_LIMIT": "45", "TALLY_PSP_TIMEOUT_SECONDS": "10"}
+    env = {**os.environ, "TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT": "45", "TALLY_PSP_TIMEOUT_SECONDS": "10"}
     env.pop("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", None)
     if loop_seconds:
         env["TALLY_TOPUP_RECOVERY_LOOP_SECONDS"] = loop_seconds
     short = subprocess.run([sys.executable, "-c", "import config.settings.base"], env=env, capture_output=True, text=True, timeout=60)
     assert short.returncode != 0 and "ImproperlyConfigured" in short.stderr, short.stderr[-2000:]
-    env["CELERY_TASK_SOFT_TIME_LIMIT"] = "120"
+    env.pop("TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT")
     env.pop("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", None)
-    ok = subprocess.run([sys.executable, "-c", "import config.settings.base"], env=env, capture_output=True, text=True, timeout=60)
+    env.update(CELERY_TASK_SOFT_TIME_LIMIT="3", CELERY_TASK_TIME_LIMIT="20")
+    ok = subprocess.run(
+        [sys.executable, "-c", "import config.settings.base as s; print(s.CELERY_TASK_ANNOTATIONS['payments.topups_recover_tenant'])"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
+    assert ok.stdout.strip() == "{'soft_time_limit': 120, 'time_limit': 180}"
 
 
 class _HardKilled(BaseException):

@@ -336,16 +336,27 @@ TALLY_TOPUP_LEASE_SECONDS = env.int("TALLY_TOPUP_LEASE_SECONDS", default=30)
 # call in hand, and the purge and settle come after: all of it must end inside the task's
 # soft time limit, or the pass is killed before its settle (and, before, its refunds).
 # Unset, it is derived from that limit (25 s at the defaults); set, it is checked against it.
+# The recovery task has time limits of its own (CELERY_TASK_ANNOTATIONS below), so a short
+# global limit (for the relay) never starves it, and its budgets are checked against them.
+TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT = env.int("TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT", default=120)
+TALLY_TOPUP_RECOVERY_TIME_LIMIT = env.int("TALLY_TOPUP_RECOVERY_TIME_LIMIT", default=180)
+if TALLY_TOPUP_RECOVERY_TIME_LIMIT <= TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT:
+    raise ImproperlyConfigured("TALLY_TOPUP_RECOVERY_TIME_LIMIT must be above TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT")
+CELERY_TASK_ANNOTATIONS = {
+    "payments.topups_recover_tenant": {
+        "soft_time_limit": TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT, "time_limit": TALLY_TOPUP_RECOVERY_TIME_LIMIT,
+    },
+}
 TOPUP_RECOVERY_LOOPS = 3
 TOPUP_RECOVERY_TAIL_SECONDS = 15  # purge, gauges, the due-work settle
-_topup_loop_fit = (CELERY_TASK_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS) / TOPUP_RECOVERY_LOOPS - TALLY_PSP_TIMEOUT_SECONDS
+_topup_loop_fit = (TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS) / TOPUP_RECOVERY_LOOPS - TALLY_PSP_TIMEOUT_SECONDS
 _topup_loop_set = env("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", default="")
 if not _topup_loop_set:
     # A soft limit too short for a pass has no budget to give: refuse to start rather than
     # round it up to one that overruns the limit (the pass killed before its settle).
     if _topup_loop_fit < 1.0:
         raise ImproperlyConfigured(
-            "CELERY_TASK_SOFT_TIME_LIMIT is too short for a top-up recovery pass: it must be at least"
+            "TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT is too short for a top-up recovery pass: it must be at least"
             f" 3 x (1 s + TALLY_PSP_TIMEOUT_SECONDS) + 15 s ({3 * (1 + TALLY_PSP_TIMEOUT_SECONDS) + TOPUP_RECOVERY_TAIL_SECONDS:g} s now)"
         )
     TALLY_TOPUP_RECOVERY_LOOP_SECONDS = _topup_loop_fit
@@ -353,12 +364,12 @@ else:
     TALLY_TOPUP_RECOVERY_LOOP_SECONDS = float(_topup_loop_set)
     if not 0 < TALLY_TOPUP_RECOVERY_LOOP_SECONDS <= _topup_loop_fit:
         raise ImproperlyConfigured(
-            "TALLY_TOPUP_RECOVERY_LOOP_SECONDS: 3 x (it + TALLY_PSP_TIMEOUT_SECONDS) + 15 s must fit in CELERY_TASK_SOFT_TIME_LIMIT"
+            "TALLY_TOPUP_RECOVERY_LOOP_SECONDS: 3 x (it + TALLY_PSP_TIMEOUT_SECONDS) + 15 s must fit in TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT"
             f" (at most {_topup_loop_fit:g} s now)"
         )
 # One deadline for the whole pass: each loop's budget is the smaller of its own and the
 # time left in the pass, so loops that each stay in budget cannot add up past the soft limit.
-TALLY_TOPUP_RECOVERY_PASS_SECONDS = max(0.0, CELERY_TASK_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS - TALLY_PSP_TIMEOUT_SECONDS)
+TALLY_TOPUP_RECOVERY_PASS_SECONDS = max(0.0, TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS - TALLY_PSP_TIMEOUT_SECONDS)
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
 # The stored answer of a settled top-up (201 or 402) is the customer API's rendering; the
