@@ -18,7 +18,7 @@ install: $(STAMP)
 # Installs, picks PostgreSQL/Redis (env, local servers, or embedded under var/),
 # migrates, seeds the demo tenant and starts web, worker and beat.
 run: install
-	$(BIN)/python -m config.runner
+	$(BIN)/python -m devtools.run
 
 # The browser test drives Debian's Chromium (never a downloaded browser); installed with apt
 # when absent (needs root or sudo).
@@ -32,15 +32,15 @@ pgbouncer:
 	@test -x /usr/sbin/pgbouncer || { echo "installing pgbouncer (apt)"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbouncer; }
 
-# Installs, checks ruff (every Python file but the migrations: the apps, tests/, bench/ and
-# docs/), mypy (strict on apikit/, wallets/, payments/, webhooks/, tenants/, config/,
-# reconciliation/ and fastpath/) and the import-linter layer contracts (pyproject.toml), then runs the
+# Installs, checks ruff (every Python file but the migrations: the apps, devtools/, tests/ and
+# bench/), mypy (strict on apikit/, wallets/, payments/, webhooks/, tenants/, config/,
+# reconciliation/, fastpath/ and devtools/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
 test: install chromium pgbouncer
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath
+	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath devtools
 	$(BIN)/lint-imports --no-logo
-	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
+	@eval "$$($(BIN)/python -m devtools.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
 
 # The fault suite in its long form (docs/RELIABILITY.md): processes killed with SIGKILL under
@@ -50,10 +50,10 @@ test: install chromium pgbouncer
 # prints a line of figures, gathered at the end. Needs PostgreSQL's server binaries
 # (initdb, pg_ctl, pg_basebackup) and redis-server, as `make test` does.
 proof: install
-	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
+	@eval "$$($(BIN)/python -m devtools.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} -m proof --long $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath
+	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath devtools
 	$(BIN)/lint-imports --no-logo

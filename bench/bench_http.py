@@ -28,7 +28,7 @@ which keeps wrk's connections alive; `sync` (the default) is config/gunicorn.py'
     .venv/bin/python bench/bench_http.py --peer --stack both --seconds 15 --clients 8 --workers 3
 
 `--stack make-run` runs Tally as `make run` does instead of gunicorn alone: its runner
-(config.procfile) with the Procfile's web, Celery worker, Celery beat and webhook receiver,
+(devtools.procfile) with the Procfile's web, Celery worker, Celery beat and webhook receiver,
 the local settings with DJANGO_DEBUG=false and the request log at INFO, Prometheus'
 multiprocess directory set, and the hot merchant's webhook endpoint at that receiver, so
 each payment's event is relayed and delivered while the load runs (with gunicorn alone they
@@ -101,7 +101,7 @@ def _env(database_url: str, redis_url: str) -> dict[str, str]:
 def seed(database_url: str, redis_url: str) -> dict[str, Any]:
     """Tenant, parties and fresh keys; returns the keys and customer ids for the clients."""
     os.environ.update(_env(database_url, redis_url))
-    from config.localservices import database_ensure
+    from devtools.localservices import database_ensure
 
     database_ensure(database_url)
     import django
@@ -426,13 +426,13 @@ def _tally_start(env: dict[str, str], port: int, workers: int, worker_class: str
 
 
 # `--stack make-run`: the Procfile's processes a payment's event passes through, under
-# `make run`'s own runner (config.procfile), as `make run` starts them. The PSP simulator is
+# `make run`'s own runner (devtools.procfile), as `make run` starts them. The PSP simulator is
 # left out: no payment calls it.
 MAKE_RUN_ENTRIES = ("web", "worker", "beat", "receiver")
 _RUNNER = (
-    "import sys; from config.procfile import processes_run, procfile_read; from config.localservices import ROOT; "
+    "import sys; from devtools.procfile import processes_run, procfile_read; from devtools.localservices import ROOT; "
     "names = sys.argv[1].split(','); "
-    "raise SystemExit(processes_run([e for e in procfile_read(ROOT / 'Procfile') if e.name in names], cwd=ROOT, env=dict(__import__('os').environ)))"
+    "raise SystemExit(processes_run([e for e in procfile_read(ROOT / 'Procfile') if e.name in names], cwd=ROOT))"
 )
 
 
@@ -527,8 +527,8 @@ class _MakeRunStack:
             _wait_ready(port, process=self.runner)
             from bench.cpu_by_process import processes
 
-            # Each Procfile process is its own session's leader (config.procfile), its
-            # children (gunicorn's workers, Celery's pool) in its group.
+            # The runner is supervisord: each Procfile process is its child and its own
+            # process group's leader, its children (gunicorn's workers, Celery's pool) in its group.
             for pid, (_, command, group) in processes().items():
                 if group != self.runner.pid and _parent_of(pid) == self.runner.pid:
                     self.groups[group] = next((name for name in MAKE_RUN_ENTRIES if _entry_runs(name, command)), "other_make_run")

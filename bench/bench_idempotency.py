@@ -41,7 +41,7 @@ def _setup(database_url: str, redis_url: str) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     os.environ["DJANGO_DEBUG"] = "false"
     os.environ["TALLY_LOG_LEVEL"] = "WARNING"
-    from config.localservices import database_ensure
+    from devtools.localservices import database_ensure
 
     database_ensure(database_url)
     import django

@@ -44,7 +44,7 @@ def _setup(database_url: str, limit_set_calls: bool) -> None:
     os.environ["DJANGO_DEBUG"] = "false"  # DEBUG keeps every query in memory
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/3")
     os.environ["TALLY_LOG_LEVEL"] = "WARNING"
-    from config.localservices import database_ensure
+    from devtools.localservices import database_ensure
 
     database_ensure(database_url)
     import django

@@ -37,7 +37,7 @@ from bench.bench_http import SCHEMA, _env, _wait_ready, drive, seed  # noqa: E40
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keeps connections open, as docs/webhook_receiver.py and most servers do
+    protocol_version = "HTTP/1.1"  # keeps connections open, as devtools/webhook_receiver.py and most servers do
     received = 0
     lock = threading.Lock()
 

@@ -40,7 +40,7 @@ def _setup(database_url: str) -> None:
     os.environ["DJANGO_DEBUG"] = "false"
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
     os.environ["TALLY_LOG_LEVEL"] = "WARNING"
-    from config.localservices import database_ensure
+    from devtools.localservices import database_ensure
 
     database_ensure(database_url)
     import django

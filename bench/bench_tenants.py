@@ -30,7 +30,7 @@ still missing. Phases (--phase, comma-separated; default all), one JSON line per
   CELERY_TASK_ALWAYS_EAGER: the per-tenant fan-out runs inline. Wall time, this process's
   CPU and the CPU of PostgreSQL's backends for the bench database, per entry and in all,
   and that CPU spread over each entry's period (% of one core).
-- idle: web, worker and beat started as `make run` does (config.procfile's runner and the
+- idle: web, worker and beat started as `make run` does (devtools.procfile's runner and the
   Procfile, port 6450), left --idle-seconds with no traffic after --idle-warmup seconds;
   CPU per process group, PostgreSQL backends of the bench database, and redis-server (a
   shared server: other users' load lands there too), as % of one core.
@@ -291,7 +291,7 @@ def phase_idle(args: argparse.Namespace) -> None:
         time.sleep(args.idle_warmup)
 
         def label(pid: str, command: str, group: int) -> str | None:
-            if group == runner.pid or _session_of(pid) == runner.pid:
+            if int(pid) == runner.pid:  # supervisord
                 return "runner"
             if is_postgres(command):
                 return "postgres_backends" if postgres_database(command) == args.db else None
@@ -322,11 +322,6 @@ def phase_idle(args: argparse.Namespace) -> None:
     finally:
         _stop(runner, timeout=40)
 
-
-def _session_of(pid: str) -> int:
-    from bench.cpu_by_process import _stat_fields
-
-    return int(_stat_fields(pid)[4])
 
 
 def _descends_from(pid: str, ancestor: int) -> bool:

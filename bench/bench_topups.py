@@ -61,7 +61,7 @@ def _setup(database_url: str, redis_url: str) -> None:
     os.environ.update(DATABASE_URL=database_url, REDIS_URL=redis_url, DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
                       TALLY_OUTBOX_RELAY_KICK="false", TALLY_THROTTLE_KEY_RATE="1000000/min", TALLY_THROTTLE_TENANT_RATE="10000000/min")
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
-    from config.localservices import database_ensure
+    from devtools.localservices import database_ensure
 
     database_ensure(database_url)
     import django
@@ -78,7 +78,7 @@ def _setup(database_url: str, redis_url: str) -> None:
 
 def _simulator() -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "payments.gateways.simulator_server", "--port", str(port)], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "devtools.psp_simulator", "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):

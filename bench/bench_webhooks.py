@@ -47,7 +47,7 @@ from bench.bench_outbox import processes_stop  # noqa: E402
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
-    """Keeps connections open (as docs/webhook_receiver.py does), takes `delay` seconds per
+    """Keeps connections open (as devtools/webhook_receiver.py does), takes `delay` seconds per
     request, answers 500 to the poison event (the first one it gets, once armed)."""
 
     protocol_version = "HTTP/1.1"

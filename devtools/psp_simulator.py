@@ -2,7 +2,7 @@
 
 Run it as its own process (the `psp` line of the Procfile, and the tests' fixture):
 
-    python -m payments.gateways.simulator_server --port 8766
+    python -m devtools.psp_simulator --port 8766
 
 Standard library only (no Django): it stands for a system outside Tally. Its state
 (accounts, charges, refunds, webhook endpoints) lives in memory for as long as the

@@ -1,7 +1,8 @@
 """`make run`: pick servers, migrate, seed the demo tenant, start every process.
 
-Processes come from the Procfile and run under supervisord (`config.procfile`): one that
-exits is started again, with a backoff when it keeps failing; Ctrl-C stops them all.
+Processes come from the Procfile and run under supervisord, in this process
+(`devtools.procfile`): one that exits is started again, with a backoff when it keeps
+failing; Ctrl-C stops them all.
 Embedded PostgreSQL/Redis (when no server answers) keep running under var/ so the
 next `make run` reuses the same data.
 """
@@ -14,8 +15,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from config.localservices import ROOT, VAR, resolve
-from config.procfile import processes_run, procfile_read
+from devtools.localservices import ROOT, VAR, resolve
+from devtools.procfile import processes_run, procfile_read
 
 ENV_FILE = ROOT / ".env"
 
@@ -35,10 +36,10 @@ def main() -> int:
     django.setup()
     from django.conf import settings
     from django.core.management import call_command
+    from django.db import connections
 
-    from payments.demo import demo_psp_ensure, demo_seed
+    from devtools.demo_seed import demo_psp_ensure, demo_seed, demo_webhook_endpoint_ensure
     from tenants.services import platform_ensure
-    from webhooks.demo import demo_webhook_endpoint_ensure
 
     print(f"database: {_redact(env['DATABASE_URL'])}\nredis:    {env['REDIS_URL']}", flush=True)
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
@@ -85,7 +86,8 @@ def main() -> int:
     print("\n".join(lines), flush=True)
 
     os.environ["VENV_BIN"] = str(Path(sys.executable).parent)
-    return processes_run(procfile_read(ROOT / "Procfile"), cwd=ROOT, env=dict(os.environ))
+    connections.close_all()  # this process becomes supervisord: it holds no database session
+    return processes_run(procfile_read(ROOT / "Procfile"), cwd=ROOT)
 
 
 def _sealing_ring_ensure() -> bool:

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 TOLERANCE_SECONDS = 300
 MAX_BODY_BYTES = 1024 * 1024
@@ -33,7 +34,7 @@ class SignatureError(Exception):
     pass
 
 
-def verify(*, body: bytes, header: str, secrets: list[str], now: float | None = None, tolerance: int = TOLERANCE_SECONDS) -> dict:
+def verify(*, body: bytes, header: str, secrets: list[str], now: float | None = None, tolerance: int = TOLERANCE_SECONDS) -> dict[str, Any]:
     """Return the event if `header` signs `body` under one of `secrets` within `tolerance`
     seconds; raise SignatureError otherwise."""
     timestamp, signatures = None, []
@@ -51,7 +52,8 @@ def verify(*, body: bytes, header: str, secrets: list[str], now: float | None = 
     expected = [hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest() for secret in secrets]
     if not any(hmac.compare_digest(e, s) for e in expected for s in signatures):
         raise SignatureError("no signature matches")
-    return json.loads(body)
+    event: dict[str, Any] = json.loads(body)
+    return event
 
 
 class Dedupe:
@@ -89,10 +91,10 @@ class ObjectStore:
     in production, a row per object updated with `... WHERE sequence < %s`."""
 
     def __init__(self) -> None:
-        self._objects: dict[str, tuple[tuple[int, int], dict]] = {}
+        self._objects: dict[str, tuple[tuple[int, int], dict[str, Any]]] = {}
         self._lock = threading.Lock()
 
-    def apply(self, event: dict) -> bool:
+    def apply(self, event: dict[str, Any]) -> bool:
         """Keep the event's object if it is newer than the one kept; say whether it was."""
         obj = event["data"]["object"]
         rank = (event.get("sequence", 0), event["created"])
@@ -103,7 +105,7 @@ class ObjectStore:
             self._objects[obj["id"]] = (rank, obj)
             return True
 
-    def get(self, object_id: str) -> dict | None:
+    def get(self, object_id: str) -> dict[str, Any] | None:
         with self._lock:
             kept = self._objects.get(object_id)
             return kept[1] if kept else None
@@ -112,7 +114,7 @@ class ObjectStore:
 OBJECTS = ObjectStore()
 
 
-def handle_event(event: dict) -> None:
+def handle_event(event: dict[str, Any]) -> None:
     """Your business logic: runs once per event id, in whatever order events arrive."""
     obj = event["data"]["object"]
     latest = OBJECTS.apply(event)
@@ -174,7 +176,7 @@ def make_handler(secrets: list[str], dedupe: Dedupe) -> type[BaseHTTPRequestHand
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="A Tally webhook receiver")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("TALLY_WEBHOOK_RECEIVER_PORT", "8765")))
     args = parser.parse_args()

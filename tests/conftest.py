@@ -187,7 +187,7 @@ def host_of(tenant: Tenant) -> str:
 
 @pytest.fixture(scope="session")
 def psp_simulator() -> Iterator[Any]:
-    """The real PSP simulator process (payments/gateways/simulator_server.py), one per test session."""
+    """The real PSP simulator process (devtools/psp_simulator.py), one per test session."""
     from tests.psp_sim import simulator_running
 
     with simulator_running() as sim:

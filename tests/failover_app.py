@@ -22,7 +22,7 @@ def main(argv: list[str]) -> None:
     django.setup()
     from django_tenants.utils import schema_context
 
-    from payments.demo import DEMO_SCHEMA, demo_seed
+    from devtools.demo_seed import DEMO_SCHEMA, demo_seed
 
     if argv[0] == "seed":
         from payments.services.adjustments import adjustment_create

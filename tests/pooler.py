@@ -1,5 +1,5 @@
 """Whether the suite's database connection goes through a pooler (PgBouncer,
-config/pgbouncer.py), and the server session behind it.
+devtools/pgbouncer.py), and the server session behind it.
 
 Behind PgBouncer the backend pid a client is told at login is the pooler's own key, not a
 server process, and a server session outlives the client session that used it (session

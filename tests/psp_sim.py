@@ -1,4 +1,4 @@
-"""The real PSP simulator process for tests (payments/gateways/simulator_server.py), started
+"""The real PSP simulator process for tests (devtools/psp_simulator.py), started
 on a free port, and a small client for its control endpoints."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Simulator:
 def simulator_running() -> Iterator[Simulator]:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "payments.gateways.simulator_server", "--port", str(port)], cwd=ROOT,
+        [sys.executable, "-m", "devtools.psp_simulator", "--port", str(port)], cwd=ROOT,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     sim = Simulator(url=f"http://127.0.0.1:{port}", process=process)

@@ -1,6 +1,6 @@
 """A real HTTP receiver on 127.0.0.1 for the webhook tests: it records every request and
 answers from a script of statuses (then 200), verifying signatures with the receiver
-merchants copy from docs/WEBHOOKS.md (docs/webhook_receiver.py, standard library only).
+merchants copy from docs/WEBHOOKS.md (devtools/webhook_receiver.py, standard library only).
 It can also be slow (`delay`), refuse some events for ever (`refuse`: a poison event),
 fail each event's first attempt (`flap`), and it counts the requests it holds at once."""
 
@@ -21,11 +21,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-DOC_RECEIVER_PATH = Path(__file__).resolve().parent.parent / "docs" / "webhook_receiver.py"
+DOC_RECEIVER_PATH = Path(__file__).resolve().parent.parent / "devtools" / "webhook_receiver.py"
 
 
 def doc_receiver() -> Any:
-    """docs/webhook_receiver.py as a module (it is not a package module: merchants copy it)."""
+    """devtools/webhook_receiver.py (the file merchants copy) as a module of its own: each
+    call's state (OBJECTS) is its own."""
     spec = importlib.util.spec_from_file_location("tally_doc_webhook_receiver", DOC_RECEIVER_PATH)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -93,7 +94,7 @@ def receiver_running(
     state = Receiver(port=port, script=list(script or []), delay=delay, refuse=set(refuse or ()), flap=flap)
 
     class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as docs/webhook_receiver.py
+        protocol_version = "HTTP/1.1"  # keep-alive, as devtools/webhook_receiver.py
 
         def setup(self) -> None:
             super().setup()

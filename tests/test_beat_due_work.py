@@ -443,8 +443,8 @@ def test_every_tally_task_is_routed_to_a_declared_queue() -> None:
 
 
 def test_the_procfiles_worker_consumes_every_queue() -> None:
-    from config.procfile import procfile_read
-    from config.runner import ROOT
+    from devtools.localservices import ROOT
+    from devtools.procfile import procfile_read
 
     (worker,) = [e for e in procfile_read(ROOT / "Procfile") if e.name == "worker"]
     assert f"-Q ${{CELERY_QUEUES:-{','.join(QUEUES)}}}" in worker.command

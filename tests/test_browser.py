@@ -16,7 +16,7 @@ from django.conf import settings as django_settings
 from django.contrib.admin.utils import quote
 from django_tenants.utils import schema_context
 
-from payments.demo import DEMO_SCHEMA, demo_seed
+from devtools.demo_seed import DEMO_SCHEMA, demo_seed
 from payments.models import Payment, Refund
 from payments.services.charges import payment_create_with_token
 from payments.services.tokens import payment_token_create

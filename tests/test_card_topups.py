@@ -1,5 +1,5 @@
 """Card top-ups as a crash-safe saga (SPEC 1.1, 1.5, 6, 8), each test against the real PSP
-simulator process (payments/gateways/simulator_server.py) and real PostgreSQL, with
+simulator process (devtools/psp_simulator.py) and real PostgreSQL, with
 committed data: a slow PSP, a PSP 5xx and a timeout after the PSP charged each converge
 to one charge and one credit; the web process killed with SIGKILL between the charge and
 the completion is recovered; a stalled first attempt cannot overwrite the result;

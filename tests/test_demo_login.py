@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django_tenants.utils import schema_context
 
-from payments.demo import DEMO_SCHEMA, DEMO_STAFF, demo_seed
+from devtools.demo_seed import DEMO_SCHEMA, DEMO_STAFF, demo_seed
 
 
 def _password_works(username: str, password: str, *, schema: str) -> bool:

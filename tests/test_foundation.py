@@ -343,7 +343,7 @@ def test_database_down_before_tenant_resolution_answers_503_envelope(live_tenant
 def test_demo_seed_is_idempotent_and_replaces_keys_this_database_does_not_know(
     django_db_setup: None, django_db_blocker, tmp_path  # type: ignore[no-untyped-def]
 ) -> None:
-    from payments.demo import demo_seed
+    from devtools.demo_seed import demo_seed
     from wallets.selectors import api_key_get_active
 
     keys_file = tmp_path / "demo_keys.json"

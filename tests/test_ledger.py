@@ -516,7 +516,7 @@ def test_orphan_references_are_reported(tenant) -> None:  # type: ignore[no-unty
 
 
 def test_demo_starting_balances_are_funded_once(tenant) -> None:  # type: ignore[no-untyped-def]
-    from payments.demo import DEMO_STARTING_BALANCES, _demo_balances_ensure
+    from devtools.demo_seed import DEMO_STARTING_BALANCES, _demo_balances_ensure
 
     customers = {"alice": CustomerFactory(), "bob": CustomerFactory()}
     _demo_balances_ensure(customers=customers)

@@ -1,7 +1,7 @@
 """The payment and idempotency suites pass through a PgBouncer in session mode, and the
 bouncer is what carried their connections.
 
-The test starts its own PgBouncer (config/pgbouncer.py: session mode, trusted clients,
+The test starts its own PgBouncer (devtools/pgbouncer.py: session mode, trusted clients,
 every database passed through to the PostgreSQL the suite uses) on a loopback port of
 6440-6449 and runs the suites in a pytest subprocess whose DATABASE_URL names the bouncer,
 with a test database of its own. Then it reads the bouncer's admin console: the
@@ -28,7 +28,7 @@ import pytest
 from django.conf import settings
 from psycopg.rows import dict_row
 
-from config.pgbouncer import pgbouncer_argv, pgbouncer_config_write
+from devtools.pgbouncer import pgbouncer_argv, pgbouncer_config_write
 from tests.faults import ROOT, free_port_in, until
 from tests.receivers import process_stop
 

@@ -1,4 +1,4 @@
-"""`make run`'s process runner (config.procfile: supervisord), run as `make run` runs it:
+"""`make run`'s process runner (devtools.procfile: supervisord), run as `make run` runs it:
 in its own process, with real child processes, their children, and signals."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from config.procfile import Entry, procfile_read
+from devtools.procfile import Entry, procfile_read
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,11 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 def _start(tmp_path: Path, procfile: str, *, grace: float = 10.0, port: str = "8000", start_seconds: int = 5) -> subprocess.Popen[bytes]:
     (tmp_path / "Procfile").write_text(procfile)
     code = (
-        "import os, sys; from pathlib import Path; from config.procfile import procfile_read, processes_run; "
+        "import sys; from pathlib import Path; from devtools.procfile import procfile_read, processes_run; "
         f"sys.exit(processes_run(procfile_read(Path({str(tmp_path)!r}) / 'Procfile'), cwd=Path({str(tmp_path)!r}), "
-        f"env=dict(os.environ, PORT={port!r}), grace_seconds={grace}, start_seconds={start_seconds}))"
+        f"grace_seconds={grace}, start_seconds={start_seconds}))"
     )
-    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = dict(os.environ, PORT=port)
+    return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _alive(pid: int) -> bool:
@@ -130,7 +131,7 @@ def test_a_stop_signal_stops_everything_and_is_the_exit_code(tmp_path: Path, sig
 def test_the_grace_outlasts_gunicorns_graceful_timeout() -> None:
     """Requests in flight when `make run` stops finish before anything is killed."""
     from config import gunicorn
-    from config.procfile import GRACE_SECONDS
+    from devtools.procfile import GRACE_SECONDS
 
     assert GRACE_SECONDS > gunicorn.graceful_timeout
 

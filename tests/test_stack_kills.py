@@ -1,6 +1,6 @@
 """`make run`'s processes under keyed payments, each killed with SIGKILL in turn: a gunicorn
 worker, the whole web server, the Celery worker and the PSP simulator. They run from the
-Procfile under supervisord (config.procfile) as `make run` runs them, on the test database
+Procfile under supervisord (devtools.procfile) as `make run` runs them, on the test database
 and a Redis of the test's own. Supervisor (or gunicorn's master, for its worker) starts each
 again, the others keep serving, clients send each unanswered key again until a final
 answer, and afterwards: one payment per key, none without its key's answer, no 500, every
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from config.procfile import procfile_read
+from devtools.procfile import procfile_read
 from tests.faults import ROOT, OwnRedis, figures, own_redis, until
 from tests.live import free_port
 from tests.test_failover import FINAL, Outcome, _app, clients_start
@@ -95,8 +95,8 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
     ))
     (tmp_path / "psp.json").write_text("{}")
     log = tmp_path / "supervisor.log"
-    code = ("import os, sys; from pathlib import Path; from config.procfile import procfile_read, processes_run; "
-            f"sys.exit(processes_run(procfile_read(Path({str(procfile)!r})), cwd=Path({str(ROOT)!r}), env=dict(os.environ)))")
+    code = ("import sys; from pathlib import Path; from devtools.procfile import procfile_read, processes_run; "
+            f"sys.exit(processes_run(procfile_read(Path({str(procfile)!r})), cwd=Path({str(ROOT)!r})))")
     with log.open("wb") as out:
         runner = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     outcomes: list[Outcome] = []
@@ -125,10 +125,10 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
             faults.append("celery worker")
             _one(runner.pid, lambda pid, parent, cmd, c=celery: "celery" in cmd and " worker " in cmd and pid != c and not _is_celery(parent),
                  "the Celery worker started again")
-            psp = _one(runner.pid, lambda pid, parent, cmd: "simulator_server" in cmd, "the PSP simulator")
+            psp = _one(runner.pid, lambda pid, parent, cmd: "psp_simulator" in cmd, "the PSP simulator")
             os.kill(psp, signal.SIGKILL)
             faults.append("psp simulator")
-            _one(runner.pid, lambda pid, parent, cmd, p=psp: "simulator_server" in cmd and pid != p, "the PSP simulator started again")
+            _one(runner.pid, lambda pid, parent, cmd, p=psp: "psp_simulator" in cmd and pid != p, "the PSP simulator started again")
             time.sleep(2)
             redis_server.stop()  # a Redis outage under the same payments: answers 201 or 503, nothing exits
             time.sleep(2)

@@ -267,7 +267,7 @@ def _until(condition: Any, seconds: float = 5.0) -> None:
 
 
 
-# The documented receiver (docs/webhook_receiver.py, which merchants copy), served for real.
+# The documented receiver (devtools/webhook_receiver.py, which merchants copy), served for real.
 
 
 @contextmanager

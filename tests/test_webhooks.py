@@ -650,7 +650,7 @@ def test_a_sealed_secret_opens_only_in_its_own_endpoint_and_field(tenant: Tenant
 
 def test_the_documented_receiver_is_the_file_make_run_starts() -> None:
     doc = (ROOT / "docs" / "WEBHOOKS.md").read_text()
-    assert (ROOT / "docs" / "webhook_receiver.py").read_text().strip() in doc
+    assert (ROOT / "devtools" / "webhook_receiver.py").read_text().strip() in doc
     assert "receiver:" in (ROOT / "Procfile").read_text()
 
 

@@ -33,7 +33,7 @@ class Operations(DatabaseOperations):
 
 class Creation(DatabaseCreation):
     """The test database is dropped WITH (FORCE): behind a pooler in session mode
-    (PgBouncer, config/pgbouncer.py) the pooler keeps idle server sessions on it after the
+    (PgBouncer, devtools/pgbouncer.py) the pooler keeps idle server sessions on it after the
     suite's clients have gone, and a plain DROP DATABASE is refused while any session is on
     it, at the end of the run and at the start of the next one."""
 

@@ -1,4 +1,4 @@
-"""The simulator adapter: the gateway of development and tests (payments/gateways/simulator_server.py)."""
+"""The simulator adapter: the gateway of development and tests (devtools/psp_simulator.py)."""
 
 from __future__ import annotations
 

@@ -19,12 +19,12 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
+from devtools.demo_seed import demo_webhook_endpoint_ensure
 from payments.models import OutboxEvent
 from payments.services.adjustments import adjustment_create
 from tenants.models import Tenant
 from tests.api.conftest import Api, World, error_of
 from tests.receivers import free_port, receiver_running
-from webhooks.demo import demo_webhook_endpoint_ensure
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.secrets import webhook_endpoint_secrets
 from webhooks.services.deliveries import RETRY_WINDOW
@@ -163,8 +163,8 @@ def test_staff_redeliver_and_requeue_from_the_admin(api: Api, world: World, tena
 
 
 def test_make_run_demo_receiver_process_gets_a_payment_once(api: Api, world: World, tenant: Tenant, loopback_http: None, tmp_path: Path) -> None:
-    """What `make run` wires: the demo merchant's endpoint (webhooks.demo) and the Procfile's
-    receiver (docs/webhook_receiver.py, run as its own process)."""
+    """What `make run` wires: the demo merchant's endpoint (devtools.demo_seed) and the Procfile's
+    receiver (devtools/webhook_receiver.py, run as its own process)."""
     port = free_port()
     state = demo_webhook_endpoint_ensure(
         merchant_id=world.merchant.id, url=f"http://127.0.0.1:{port}/webhooks", state_file=tmp_path / "hook.json", schema=tenant.schema_name
@@ -175,7 +175,7 @@ def test_make_run_demo_receiver_process_gets_a_payment_once(api: Api, world: Wor
     )
     assert again == state  # a second `make run` reuses the endpoint and its secret
     receiver = subprocess.Popen(
-        [sys.executable, str(ROOT / "docs" / "webhook_receiver.py"), "--port", str(port)],
+        [sys.executable, str(ROOT / "devtools" / "webhook_receiver.py"), "--port", str(port)],
         env={**os.environ, "TALLY_WEBHOOK_SECRET": state["secret"]}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
