@@ -348,7 +348,7 @@ def test_a_value_that_does_not_open_is_reported_and_the_rest_is_resealed(tenant:
 
 
 def test_make_run_writes_a_ring_under_var_once_and_reuses_it(tmp_path: Any, monkeypatch: Any) -> None:
-    from config import runner
+    from devtools import run as runner
 
     monkeypatch.setattr(runner, "VAR", tmp_path)
     monkeypatch.setattr(runner, "ENV_FILE", tmp_path / "no.env")
@@ -371,7 +371,7 @@ def test_make_run_writes_a_ring_under_var_once_and_reuses_it(tmp_path: Any, monk
 def test_make_run_uses_a_ring_set_in_dotenv(tmp_path: Any, monkeypatch: Any) -> None:
     """A ring in `.env` is the ring (the settings read `.env` too): no var/sealing_keys is
     written, and so no legacy re-seal runs."""
-    from config import runner
+    from devtools import run as runner
 
     monkeypatch.setattr(runner, "VAR", tmp_path / "var")
     monkeypatch.setattr(runner, "ENV_FILE", tmp_path / ".env")
