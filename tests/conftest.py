@@ -67,9 +67,9 @@ def _public_tenant_ensure() -> None:
 
 @pytest.fixture(autouse=True)
 def _payers_forgotten() -> None:
-    """Each test starts with no payer's accounts remembered (payments.services.charges_write_first):
+    """Each test starts with no payer's accounts remembered (payments.services.charges):
     its first payment of a payer reads the plan, its next ones do not, whatever ran before."""
-    from payments.services.charges_write_first import known_accounts_forget
+    from payments.services.charges import known_accounts_forget
 
     known_accounts_forget()
 
