@@ -295,16 +295,14 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
         # charge, so the refund task gives the card its money back (a charged, uncredited
         # top-up). A failed top-up is never credited, so whatever the PSP charged under its
         # id, matching or not, is recorded with the PSP's own amount and currency and given
-        # back exactly (the reference is unique: another top-up's charge is refused below).
+        # back exactly (the reference is unique: `_charge_record` refuses another top-up's charge).
         if not topup_charge_matches(topup=topup, result=result):
             logger.error(
                 "a failed top-up was charged another amount: refunding what the PSP charged",
                 extra={"topup": topup.pk, "psp_reference": result.psp_reference, "psp_amount": result.amount, "psp_currency": result.currency},
             )
         logger.warning("a refused top-up was charged by an earlier attempt: refunding", extra={"topup": topup.pk})
-        if TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
-            raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
-        _charge_record(topup, result)
+        _charge_record(topup, result, to_refund=True)
         topup_recovery_due_now()
         return topup, _refusal_of(topup)
     if topup.status != TopUpStatus.PENDING:
@@ -325,9 +323,13 @@ def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, Busines
 _CURRENCY_MAX = TopUp._meta.get_field("psp_charged_currency").max_length or 12
 
 
-def _charge_record(topup: TopUp, result: ChargeResult) -> None:
+def _charge_record(topup: TopUp, result: ChargeResult, *, to_refund: bool = False) -> None:
     """The PSP's answer on the locked top-up: its reference, and for a successful charge
-    what it charged (the refund's amount, if it is never credited)."""
+    what it charged (the refund's amount, if it is never credited). A charge `to_refund`
+    (one this top-up is never credited for) already recorded on another top-up raises
+    PspChargeMismatch, nothing written: one charge belongs to one top-up."""
+    if to_refund and TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
+        raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
     topup.psp_reference, topup.psp_charged_at = result.psp_reference[:200], result.created
     topup.psp_charged = result.status == "succeeded"
     if topup.psp_charged:
@@ -344,9 +346,7 @@ def topup_fail_refunding(*, topup: TopUp, result: ChargeResult, failure_code: st
     lock, SHARED."""
     if topup.status != TopUpStatus.PENDING or result.status != "succeeded":
         raise InvalidRequest("only a pending top-up's successful charge is failed and refunded", param=None)
-    if TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
-        raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
-    _charge_record(topup, result)
+    _charge_record(topup, result, to_refund=True)
     return topup_fail(topup=topup, failure_code=failure_code)
 
 
