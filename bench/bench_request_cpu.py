@@ -215,7 +215,7 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
     import fastpath.compiled
     import fastpath.prepared
     import fastpath.shapes
-    from payments.services import charges, charges_write_first
+    from payments.services import charges
 
     def patched(target: Any, name: str, replacement: Any) -> Callable[[], None]:
         """A request with `target.name` replaced, restored after it (unittest.mock's
@@ -255,7 +255,7 @@ def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> d
     if lever == "known-accounts":
 
         def forgotten() -> None:
-            charges_write_first.known_accounts_forget()
+            charges.known_accounts_forget()
             request(application)
 
         return {"remembered": shipped, "forgotten": forgotten}
@@ -545,7 +545,7 @@ def main() -> None:
         "per-process cache (wallets.keycache), or read from PostgreSQL on every request; relay-kick = the outbox relay "
         "kick coalesced in Redis (fastpath.kicks: one script, a Celery publish only when no kicked relay is pending), or a "
         "Celery publish after every commit; write-first = the usual "
-        "payment writes its rows before it locks (payments.services.charges_write_first), or every payment locks first; "
+        "payment writes its rows before it locks (payments.services.charges), or every payment locks first; "
         "known-accounts = the payer's accounts remembered, or forgotten before each request; shapes = the shapes' fields "
         "copied shallowly (fastpath.shapes), or deep-copied as DRF does",
     )

@@ -93,7 +93,7 @@ def _simulator() -> tuple[subprocess.Popen[bytes], str]:
 def _fixtures(psp_url: str, customers: int) -> dict[str, Any]:
     from django_tenants.utils import schema_context
 
-    from payments.services.card_topups import gateway_account_set
+    from payments.services.topups import gateway_account_set
     from tenants.models import Tenant
     from tenants.services import tenant_create
     from wallets.services.principals import api_key_create, customer_create, staff_member_get_or_create

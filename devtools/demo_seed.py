@@ -22,7 +22,7 @@ from django_tenants.utils import schema_context
 from payments.models import Adjustment
 from payments.sealing import UNOPENED
 from payments.services.adjustments import adjustment_create
-from payments.services.card_topups import gateway_account_set
+from payments.services.topups import gateway_account_set
 from tenants.models import Tenant
 from tenants.services import platform_ensure, tenant_create
 from wallets.ids import random_token

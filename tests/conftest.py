@@ -67,9 +67,9 @@ def _public_tenant_ensure() -> None:
 
 @pytest.fixture(autouse=True)
 def _payers_forgotten() -> None:
-    """Each test starts with no payer's accounts remembered (payments.services.charges_write_first):
+    """Each test starts with no payer's accounts remembered (payments.services.charges):
     its first payment of a payer reads the plan, its next ones do not, whatever ran before."""
-    from payments.services.charges_write_first import known_accounts_forget
+    from payments.services.charges import known_accounts_forget
 
     known_accounts_forget()
 
@@ -199,7 +199,7 @@ def psp_account_configure(sim: Any, *, webhook_secrets: list[str] | None = None)
     (API key) of its own; returns that key."""
     import uuid
 
-    from payments.services.card_topups import gateway_account_set
+    from payments.services.topups import gateway_account_set
 
     api_key = f"sk_sim_{uuid.uuid4().hex}"
     gateway_account_set(gateway="simulator", api_base=sim.url, secret_key=api_key, webhook_secrets=webhook_secrets or ["whsec_test_1"])

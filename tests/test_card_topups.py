@@ -30,10 +30,9 @@ from django.test import Client
 
 from payments.idempotency.models import IdempotencyRecord
 from payments.models import PspWebhookEvent, TopUp
-from payments.services.card_topups import topup_settlement_compare
 from payments.tasks import topups_recover_all_tenants, topups_recover_due_tenants
 from tenants.models import DueWork, DueWorkKind, Tenant
-from tests.conftest import TENANT_A, TENANT_B, in_tenant, psp_account_configure, run_in_thread_tenant
+from tests.conftest import TENANT_A, psp_account_configure, run_in_thread_tenant
 from tests.live import live_redis_env
 from tests.psp_sim import Simulator
 from tests.receivers import free_port
@@ -197,8 +196,8 @@ def test_a_retry_after_an_unheard_charge_refuses_the_credit_but_never_strands_th
     charged): it asks the PSP with the same key, records the charge, refuses the credit
     (402 wallet_frozen) and the card is refunded once. It used to refuse before asking:
     charged, never credited, never refunded."""
-    from payments.services import card_topups
     from payments.services.freezes import wallet_freeze
+    from payments.services.refunds import topup_refunds_run
     from wallets.services.principals import staff_member_get_or_create
 
     live.sim.faults(hang_after_charge=1, hang_seconds=3)
@@ -212,7 +211,7 @@ def test_a_retry_after_an_unheard_charge_refuses_the_credit_but_never_strands_th
     topup.refresh_from_db()
     assert topup.status == "failed" and topup.psp_reference == live.charges()[0]["id"]
     assert live.balance() == 0 and live.credits(topup.pk) == 0
-    assert card_topups.topup_refunds_run()["refunded"] == 1 and card_topups.topup_refunds_run()["refunded"] == 0
+    assert topup_refunds_run()["refunded"] == 1 and topup_refunds_run()["refunded"] == 0
     refunds = live.sim.state()["accounts"][live.psp_key]["refunds"]
     assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(topup.psp_reference, 1300)] and len(live.charges()) == 1
 
@@ -220,14 +219,48 @@ def test_a_retry_after_an_unheard_charge_refuses_the_credit_but_never_strands_th
 def test_a_refusal_decided_before_a_webhook_credited_answers_the_credit(live: Live) -> None:
     """The early refusal check is a read: if a webhook credits the top-up between it and the
     completion, the answer must be the credit, not a 402 (a client told 402 pays again)."""
-    from payments.services import card_topups
+    from payments.services import topups
     from wallets.errors import WalletFrozen
 
     r = live.post(uuid.uuid4().hex, visa(600))
     assert r.status_code == 201
     with transaction.atomic():  # the fenced completion's transaction
-        topup, refusal = card_topups.topup_refuse(topup_id=r.json()["id"], refusal=WalletFrozen("the wallet is frozen", param=None))
+        topup, refusal = topups.topup_refuse(topup_id=r.json()["id"], refusal=WalletFrozen("the wallet is frozen", param=None))
     assert topup.status == "succeeded" and refusal is None and live.credits(topup.pk) == 1
+
+
+def test_the_stored_answer_is_what_the_customer_face_renders() -> None:
+    """The request's view and the recovery both store `topup_answer`: its bytes are the
+    customer face's own rendering of the top-up (TopUpOut) and of a refusal (the error
+    envelope and status of apikit.errors), so a replay answers what a live request would."""
+    from rest_framework.renderers import JSONRenderer
+
+    from apikit.errors import envelope, http_status_of
+    from payments.api.serializers import TopUpOut
+    from payments.errors import CardDeclined, PspRefused
+    from payments.models import TopUpStatus
+    from payments.services.topup_saga import topup_answer
+    from wallets.errors import CapExceeded, WalletFrozen
+
+    topup = TopUp(
+        id="top_answer", customer_id="cus_answer", asset_id="JPY", amount=1_200, bonus_amount=12, payment_method="pm_card_visa \u00fc\u2028",
+        status=TopUpStatus.SUCCEEDED, created=datetime(2026, 12, 6, 5, 4, 3, 21, tzinfo=UTC),
+    )
+    credited = topup_answer(topup=topup, refusal=None, request_id="req_live")
+    assert (credited.status, credited.headers) == (201, {"Content-Type": "application/json"})
+    assert credited.body == JSONRenderer().render(TopUpOut(topup).data)
+    topup.status, topup.failure_code = TopUpStatus.FAILED, "card_declined"
+    refusals = [
+        CardDeclined("the card was declined (card_declined)", param="payment_method"),
+        PspRefused("the card processor did not take this top-up: nothing was charged \u00e9", param=None),
+        CapExceeded("the wallet's JPY balance would exceed its cap", param="amount"),
+        WalletFrozen("the wallet is frozen", param=None),
+    ]
+    for refusal in refusals:
+        refused = topup_answer(topup=topup, refusal=refusal, request_id="req_live")
+        status, error_type = http_status_of(refusal)
+        data = envelope(error_type=error_type, code=str(refusal.code), message=refusal.message, param=refusal.param, request_id="req_live")
+        assert (refused.status, refused.headers, refused.body) == (status, {"Content-Type": "application/json"}, JSONRenderer().render(data))
 
 
 def test_a_top_up_past_the_psps_key_window_is_never_charged_again(live: Live) -> None:
@@ -441,43 +474,12 @@ def test_duplicate_and_out_of_order_webhooks_apply_once(live: Live, web: Any) ->
     assert len(live.charges()) == 2 and live.credits(topups["pm_card_visa"].pk) == 1 and live.balance() == 600
 
 
-# --- Settlement ---------------------------------------------------------------------------------
-
-
-def test_the_psps_daily_settlement_report_matches_our_top_ups(live_tenant: Tenant, tenant_b: Tenant, psp_simulator: Simulator) -> None:
-    # Tenant B: its only card top-ups are this test's (tenant A's account changes key per test).
-    with in_tenant(tenant_b):
-        psp_key = psp_account_configure(psp_simulator)
-        customer = customer_create(name=f"Settle {uuid.uuid4().hex[:8]}")
-        key = api_key_create(principal=customer)[1]
-        client = Client(HTTP_HOST=TENANT_B["domain"])
-
-        def post(body: dict[str, Any]) -> int:
-            return client.post("/v1/customer/topups", data=json.dumps(body), content_type="application/json",
-                               HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex).status_code
-
-        assert post({"asset": "EUR", "amount": 300, "payment_method": "pm_card_visa"}) == 201
-        assert post({"asset": "EUR", "amount": 450, "payment_method": "pm_card_mastercard"}) == 201
-        assert post({"asset": "EUR", "amount": 99, "payment_method": "pm_card_declined"}) == 402
-        day = datetime.now(UTC).date()
-        comparison = topup_settlement_compare(day=day)
-        assert comparison.balanced, comparison
-        assert comparison.matched == 2 and comparison.ours_total == comparison.psp_total == 750
-        report = psp_simulator.settlement(psp_key, day.isoformat())
-        assert report["totals"] == {"eur": 750}
-        ours = {t.psp_reference for t in TopUp.objects.filter(customer=customer, status="succeeded")}
-        assert {line["id"] for line in report["lines"]} == ours
-        # A charge the PSP settled that we have no top-up for is reported, not hidden.
-        TopUp.objects.filter(customer=customer, amount=300).update(psp_reference="ch_not_ours")
-        broken = topup_settlement_compare(day=day)
-        assert not broken.balanced and len(broken.missing_here) == 1 and len(broken.missing_at_psp) == 1
-
-
 # --- Charged, then refused by us: refunded ------------------------------------------------------
 
 
 def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant: Tenant, psp_simulator: Simulator, monkeypatch: Any) -> None:
-    from payments.services import card_topups, topup_saga
+    from payments.services import topups
+    from payments.services.refunds import topup_refunds_run
     from wallets.models import Asset
 
     psp_key = psp_account_configure(psp_simulator)
@@ -485,7 +487,7 @@ def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant:
     customer = customer_create(name="Near cap")
     key = api_key_create(principal=customer)[1]
     # The early check passes (as if the balance grew between it and the credit: a race).
-    monkeypatch.setattr(topup_saga, "topup_refusal_check", lambda **kwargs: None)
+    monkeypatch.setattr(topups, "topup_refusal_check", lambda **kwargs: None)
     client = Client(HTTP_HOST=TENANT_A["domain"])
     idem = uuid.uuid4().hex
     body = json.dumps({"asset": "JPY", "amount": 2_000, "payment_method": "pm_card_visa"})
@@ -497,7 +499,7 @@ def test_a_charge_that_can_no_longer_be_credited_is_refused_and_refunded(tenant:
     assert LedgerTransaction.objects.filter(reference=topup.pk).count() == 0
     assert account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0] == 0
     # The card was charged: the recovery gives the money back, once.
-    assert card_topups.topup_refunds_run()["refunded"] == 1 and card_topups.topup_refunds_run()["refunded"] == 0
+    assert topup_refunds_run()["refunded"] == 1 and topup_refunds_run()["refunded"] == 0
     topup.refresh_from_db()
     assert topup.psp_refund_reference.startswith("re_")
     state = psp_simulator.state()["accounts"][psp_key]
@@ -515,7 +517,7 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
     from payments.idempotency.selectors import IdempotencyPolicy
     from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
     from payments.services import topup_saga
-    from payments.services.card_topups import topup_pending_ensure
+    from payments.services.topups import topup_pending_ensure
 
     idem = uuid.uuid4().hex
     raw = json.dumps(visa(1300)).encode()
@@ -551,7 +553,7 @@ def test_a_claim_marks_its_tenant_for_recovery_and_beats_due_task_alone_recovers
     from payments.idempotency.selectors import IdempotencyPolicy
     from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
     from payments.services import topup_saga
-    from payments.services.card_topups import topup_pending_ensure
+    from payments.services.topups import topup_pending_ensure
 
     schema = TENANT_A["schema_name"]
     DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.TOPUPS).delete()
@@ -648,7 +650,7 @@ def test_a_retry_that_cannot_reach_the_psp_leaves_a_maybe_charged_top_up_pending
     know the card was not charged, so the top-up stays pending (it used to fail as
     `request_invalid`, and nothing looked at it again); the PSP's late webhook credits it."""
     from payments.models import GatewayAccount
-    from payments.services.card_topups import gateway_account_set
+    from payments.services.topups import gateway_account_set
 
     _, port = web()
     live.sim.webhook_endpoint(live.psp_key, _webhook_url(port), WEBHOOK_SECRET)
@@ -679,7 +681,8 @@ def test_a_late_charge_on_a_top_up_failed_with_any_code_is_refunded_once(quiet: 
     from payments.gateways.base import ChargeRequest
     from payments.gateways.simulator import SimulatorGateway
     from payments.locks import topup_lock
-    from payments.services.card_topups import topup_fail, topup_refunds_run, topup_settle
+    from payments.services.refunds import topup_refunds_run
+    from payments.services.topups import topup_fail, topup_settle
 
     psp_key = psp_account_configure(quiet)
     customer = customer_create(name=f"Late {uuid.uuid4().hex[:6]}")
@@ -749,7 +752,7 @@ def _unsealable_gateway() -> None:
     sealed to that schema and do not open here."""
     from payments.gateways.credentials import credential_seal
     from payments.models import GatewayAccount
-    from payments.services.card_topups import gateway_account_set
+    from payments.services.topups import gateway_account_set
 
     gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_x", webhook_secrets=["whsec_x"], active=False)
     sealed = credential_seal(value="sk_x", schema="another_tenant", gateway="stripe", field="secret_key")
@@ -782,7 +785,7 @@ def test_what_makes_top_up_recovery_work_marks_its_tenant(quiet: Simulator) -> N
     from django.utils import timezone
 
     from payments.locks import topup_lock
-    from payments.services.card_topups import topup_fail, topup_pending_ensure
+    from payments.services.topups import topup_fail, topup_pending_ensure
 
     psp_account_configure(quiet)
     customer = customer_create(name=f"Marks {uuid.uuid4().hex[:6]}")
@@ -881,8 +884,8 @@ def test_one_card_refund_that_fails_does_not_stop_the_others(quiet: Simulator) -
     the purge. The refund loop used to let such an exception end the run."""
     from payments.gateways.base import ChargeRequest
     from payments.gateways.simulator import SimulatorGateway
-    from payments.services.card_topups import topup_settle
     from payments.services.topup_saga import topup_recovery_run
+    from payments.services.topups import topup_settle
 
     psp_key = psp_account_configure(quiet)
     _unsealable_gateway()
@@ -1003,8 +1006,8 @@ def test_an_operator_settles_only_a_queued_top_up_and_only_by_the_psps_records(q
 
     from payments.gateways.base import ChargeRequest
     from payments.gateways.simulator import SimulatorGateway
-    from payments.services.card_topups import topup_review_hold
     from payments.services.topup_review import topup_review_settle
+    from payments.services.topups import topup_review_hold
     from wallets.errors import InvalidState
 
     psp_key = psp_account_configure(quiet)
@@ -1038,8 +1041,8 @@ def test_an_operator_fails_a_queued_mismatched_top_up_and_the_psps_charge_is_ref
 
     from payments.gateways.base import ChargeRequest
     from payments.gateways.simulator import SimulatorGateway
-    from payments.services.card_topups import topup_charge_mismatch_hold
     from payments.services.topup_saga import topup_recovery_run
+    from payments.services.topups import topup_charge_mismatch_hold
     from wallets.models import AuditEntry
 
     psp_key = psp_account_configure(quiet)
@@ -1074,7 +1077,7 @@ def test_a_legacy_row_without_the_charged_amount_refunds_what_the_psp_charged(qu
     """A failed top-up recorded before the charged amount was kept (NULL), by the old branch
     that recorded a late charge without checking its amount: the refund used to send the
     top-up's own amount. It asks the PSP what the charge was and refunds that."""
-    from payments.services.card_topups import topup_refunds_run
+    from payments.services.refunds import topup_refunds_run
 
     psp_key = psp_account_configure(quiet)
     owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Legacy {uuid.uuid4().hex[:6]}"), 900)
@@ -1092,8 +1095,8 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
     from payments.idempotency.canonical import fingerprint_compute
     from payments.idempotency.selectors import IdempotencyPolicy
     from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
-    from payments.services import card_topups, topup_saga
-    from payments.services.card_topups import topup_pending_ensure
+    from payments.services import topup_saga, topups
+    from payments.services.topups import topup_pending_ensure
 
     settings.TALLY_TOPUP_LEASE_SECONDS = 1
     settings.TALLY_PSP_TIMEOUT_SECONDS = 0.6
@@ -1119,7 +1122,7 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
         pass
 
     asked: list[str] = []
-    real_charge = card_topups.topup_charge
+    real_charge = topups.topup_charge
 
     def counted_charge(*, topup: TopUp) -> Any:
         asked.append(topup.pk)
@@ -1127,7 +1130,7 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
             raise Looping(asked)
         return real_charge(topup=topup)
 
-    monkeypatch.setattr(card_topups, "topup_charge", counted_charge)
+    monkeypatch.setattr(topups, "topup_charge", counted_charge)
     counts = topup_saga.topup_recovery_run(batch_size=2)
     assert counts.get("unavailable") == 3, counts
     assert len(asked) == len(set(asked)) == 3, asked
@@ -1140,7 +1143,7 @@ def _owed_refund(quiet: Simulator, psp_key: str, frozen: Any, amount: int) -> To
     """A top-up the PSP charged whose credit was refused (a frozen wallet): a card refund owed."""
     from payments.gateways.base import ChargeRequest
     from payments.gateways.simulator import SimulatorGateway
-    from payments.services.card_topups import topup_settle
+    from payments.services.topups import topup_settle
 
     topup = TopUp.objects.create(customer=frozen, asset_id="JPY", amount=amount, payment_method="pm_card_visa", gateway="simulator")
     result = SimulatorGateway(api_base=quiet.url, secret_key=psp_key, timeout=5.0).charge(
@@ -1157,7 +1160,7 @@ def test_a_card_refund_gives_back_what_the_psp_charged(quiet: Simulator) -> None
     that back, not the top-up's own amount (here edited after the charge, as a bug or a
     hand might): the PSP refuses a refund above its charge, and the card would wait for ever.
     The refund used to send `topup.amount`."""
-    from payments.services.card_topups import topup_refunds_run
+    from payments.services.refunds import topup_refunds_run
 
     psp_key = psp_account_configure(quiet)
     owed = _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 900)
@@ -1177,14 +1180,14 @@ def test_a_recovery_read_of_a_charge_of_another_amount_credits_nothing_and_queue
 
     from django.utils import timezone
 
-    from payments.services import card_topups
+    from payments.services import topups
     from payments.services.topup_saga import topup_recovery_run
 
     psp_account_configure(quiet)
     customer = customer_create(name=f"Odd charge {uuid.uuid4().hex[:6]}")
     topup = _pending(customer, created=timezone.now() - timedelta(minutes=5), amount=500)[0]
-    real_charge = card_topups.topup_charge
-    monkeypatch.setattr(card_topups, "topup_charge", lambda *, topup: replace(real_charge(topup=topup), amount=5_000))
+    real_charge = topups.topup_charge
+    monkeypatch.setattr(topups, "topup_charge", lambda *, topup: replace(real_charge(topup=topup), amount=5_000))
 
     counts = topup_recovery_run()
 
@@ -1206,7 +1209,7 @@ def test_a_soft_time_limit_inside_one_record_ends_the_pass(quiet: Simulator, mon
     from celery.exceptions import SoftTimeLimitExceeded
     from django.utils import timezone
 
-    from payments.services import card_topups
+    from payments.services import refunds, topups
     from payments.services.topup_saga import topup_recovery_run
 
     psp_key = psp_account_configure(quiet)
@@ -1217,14 +1220,14 @@ def test_a_soft_time_limit_inside_one_record_ends_the_pass(quiet: Simulator, mon
         def out_of_time(*, topup: TopUp) -> Any:
             raise SoftTimeLimitExceeded()
 
-        monkeypatch.setattr(card_topups, "topup_charge", out_of_time)
+        monkeypatch.setattr(topups, "topup_charge", out_of_time)
     else:
         _owed_refund(quiet, psp_key, _frozen_customer(f"Frozen {uuid.uuid4().hex[:6]}"), 300)
 
         def build_out_of_time(**kwargs: Any) -> Any:
             raise SoftTimeLimitExceeded()
 
-        monkeypatch.setattr(card_topups, "gateway_build", build_out_of_time)
+        monkeypatch.setattr(refunds, "gateway_build", build_out_of_time)
     with pytest.raises(SoftTimeLimitExceeded):
         topup_recovery_run()
 
@@ -1250,8 +1253,8 @@ def test_a_soft_time_limit_inside_the_psps_http_client_ends_the_pass(quiet: Simu
     import requests
     from celery.exceptions import SoftTimeLimitExceeded
 
-    from payments.services.card_topups import gateway_account_set
     from payments.services.topup_saga import topup_recovery_run
+    from payments.services.topups import gateway_account_set
 
     if gateway == "stripe":
         gateway_account_set(gateway="stripe", api_base="http://127.0.0.1:9", secret_key="sk_test_x", webhook_secrets=["whsec_x"], active=False)
@@ -1458,7 +1461,8 @@ def test_a_top_up_of_the_gateway_switched_away_from_is_settled_and_refunded_by_t
     gateway. The simulator's webhook for that top-up still applies (the top-up's gateway
     signs for it, not the active one), and the card refund owed on it is made at the
     simulator, never at Stripe."""
-    from payments.services.card_topups import gateway_account_set, topup_refunds_run
+    from payments.services.refunds import topup_refunds_run
+    from payments.services.topups import gateway_account_set
 
     psp_key = psp_account_configure(quiet)
     frozen = _frozen_customer(f"Switch {uuid.uuid4().hex[:6]}")

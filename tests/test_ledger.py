@@ -93,10 +93,10 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
     event (five statements sent in one round trip: wallets.rows.rows_insert_in_savepoint), and only
     then locks every balance row with one statement in lock order and moves them with one
     F() update. No SQL function is involved. The next payment of the same parties in this
-    process skips the plan read: it knows their accounts (payments.services.charges_write_first). (The
+    process skips the plan read: it knows their accounts (payments.services.charges). (The
     staged-migration phase a posting asks for is read once per process and TTL, here by
     the warm-up payment.)"""
-    from payments.services.charges_write_first import known_accounts_forget
+    from payments.services.charges import known_accounts_forget
     from wallets.staged.phases import staged_phase_forget
 
     settings.TALLY_STAGED_PHASE_TTL_SECONDS = 3600
@@ -147,12 +147,12 @@ def test_known_accounts_are_checked_on_the_locked_rows(tenant) -> None:  # type:
     locked rows still decide: a freeze, short funds and a reward cap that came since are
     refused or cut as on the plan's path, with nothing written, and a refusal makes the
     next payment read its plan again."""
-    from payments.services import charges_write_first
+    from payments.services import charges
 
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 1_000)
     payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
-    mine = [key for key in charges_write_first._KNOWN_ACCOUNTS if key[1] == customer.pk]
+    mine = [key for key in charges._KNOWN_ACCOUNTS if key[1] == customer.pk]
     assert len(mine) == 1
 
     wallet_freeze(customer=customer, staff=staff(), reason="review")
@@ -161,18 +161,18 @@ def test_known_accounts_are_checked_on_the_locked_rows(tenant) -> None:  # type:
         payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
     sent = [q["sql"] for q in refused.captured_queries if not q["sql"].startswith("SET search_path")]
     assert sent[0].startswith("SAVEPOINT") and "FOR UPDATE" in sent[1], sent  # no plan read: refused on the locked rows
-    assert _written_counts() == before and mine[0] not in charges_write_first._KNOWN_ACCOUNTS
+    assert _written_counts() == before and mine[0] not in charges._KNOWN_ACCOUNTS
     wallet_unfreeze(customer=customer, staff=staff(), reason="cleared")
     payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)  # remembered again
-    assert mine[0] in charges_write_first._KNOWN_ACCOUNTS
+    assert mine[0] in charges._KNOWN_ACCOUNTS
 
     with pytest.raises(InsufficientFunds), CaptureQueriesContext(connection) as refused:
         payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=801)
     sent = [q["sql"] for q in refused.captured_queries if not q["sql"].startswith("SET search_path")]
     assert sent[0].startswith("SAVEPOINT") and "FOR UPDATE" in sent[1], sent
-    assert _written_counts()[0] == before[0] + 1 and mine[0] not in charges_write_first._KNOWN_ACCOUNTS
+    assert _written_counts()[0] == before[0] + 1 and mine[0] not in charges._KNOWN_ACCOUNTS
     payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
-    assert mine[0] in charges_write_first._KNOWN_ACCOUNTS
+    assert mine[0] in charges._KNOWN_ACCOUNTS
 
     # A points cap set since: the payment is redone locking first, its reward cut to fit.
     points = _balance(customer, "POINT")["balance"]
@@ -188,16 +188,16 @@ def test_known_accounts_that_are_wrong_are_caught_before_any_money_moves(tenant)
     under the same ids, or a bug, could), the payment still charges its own payer: the
     locked rows show whose accounts they are, the written rows go back, the entry is
     forgotten, and the payment is made locking first."""
-    from payments.services import charges_write_first
+    from payments.services import charges
 
     alice, bob, terminal = CustomerFactory(), CustomerFactory(), TerminalFactory()
     fund(alice, 1_000)
     fund(bob, 1_000)
     payment_create(terminal=terminal, customer=alice, asset_code="JPY", amount=100)
     payment_create(terminal=terminal, customer=bob, asset_code="JPY", amount=100)
-    [alice_key] = [key for key in charges_write_first._KNOWN_ACCOUNTS if key[1] == alice.pk]
-    [bob_key] = [key for key in charges_write_first._KNOWN_ACCOUNTS if key[1] == bob.pk]
-    charges_write_first._KNOWN_ACCOUNTS[alice_key] = charges_write_first._KNOWN_ACCOUNTS[bob_key]
+    [alice_key] = [key for key in charges._KNOWN_ACCOUNTS if key[1] == alice.pk]
+    [bob_key] = [key for key in charges._KNOWN_ACCOUNTS if key[1] == bob.pk]
+    charges._KNOWN_ACCOUNTS[alice_key] = charges._KNOWN_ACCOUNTS[bob_key]
     payments_before = Payment.objects.count()
 
     payment = payment_create(terminal=terminal, customer=alice, asset_code="JPY", amount=250)
@@ -207,7 +207,7 @@ def test_known_accounts_that_are_wrong_are_caught_before_any_money_moves(tenant)
     assert _balance(bob, "JPY")["balance"] == 1_000 - 100
     debited = LedgerEntry.objects.filter(transaction_id=payment.ledger_transaction_id, amount__lt=0)
     assert set(debited.values_list("account__customer_id", flat=True)) == {alice.pk, None}  # her JPY; the reward accounts
-    assert alice_key not in charges_write_first._KNOWN_ACCOUNTS
+    assert alice_key not in charges._KNOWN_ACCOUNTS
     _assert_ledger_sound()
     assert balance_entry_mismatches() == []
 
@@ -216,7 +216,7 @@ def test_known_accounts_of_a_customer_rolled_back_are_refused_as_unknown(tenant)
     """Accounts remembered from a transaction that rolled back (the customer and its
     account never committed): the payment is refused as for any unknown customer, with
     nothing written and no balance row made."""
-    from payments.services import charges_write_first
+    from payments.services import charges
     from wallets.models import Balance
 
     terminal = TerminalFactory()
@@ -225,7 +225,7 @@ def test_known_accounts_of_a_customer_rolled_back_are_refused_as_unknown(tenant)
         fund(ghost, 1_000)
         payment_create(terminal=terminal, customer=ghost, asset_code="JPY", amount=100)
         transaction.set_rollback(True)
-    assert any(key[1] == ghost.pk for key in charges_write_first._KNOWN_ACCOUNTS)
+    assert any(key[1] == ghost.pk for key in charges._KNOWN_ACCOUNTS)
     before, balances = _written_counts(), Balance.objects.count()
     with pytest.raises(NotFound):
         payment_create(terminal=terminal, customer=ghost, asset_code="JPY", amount=100)

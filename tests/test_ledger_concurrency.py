@@ -326,7 +326,7 @@ def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_t
     the process remembers the payer's accounts from an earlier payment (no plan read)."""
     from django.db import connection, transaction
 
-    from payments.services import charges_write_first
+    from payments.services import charges
     from payments.services.freezes import wallet_freeze
     from wallets.errors import WalletFrozen
 
@@ -336,7 +336,7 @@ def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_t
     if remembered:
         payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
         paid_before = 100
-        assert any(key[1] == customer.pk for key in charges_write_first._KNOWN_ACCOUNTS)
+        assert any(key[1] == customer.pk for key in charges._KNOWN_ACCOUNTS)
     frozen_holding = threading.Event()
     release = threading.Event()
     outcome: dict[str, Any] = {}
@@ -384,10 +384,10 @@ def test_a_payment_waiting_on_a_freeze_is_refused_once_the_freeze_commits(live_t
 
 def _between_plan_and_lock(monkeypatch: pytest.MonkeyPatch, tenant: Tenant, meddle: Callable[[], Any]) -> None:
     """Run `meddle` on another thread and connection, committed, right after the payment
-    path has read its plan and before it writes and locks (payments.services.charges_write_first)."""
-    from payments.services import charges_write_first
+    path has read its plan and before it writes and locks (payments.services.charges)."""
+    from payments.services import charges
 
-    read = charges_write_first.balance_rows_read_by_owner
+    read = charges.balance_rows_read_by_owner
     done: list[bool] = []
 
     def read_then_meddle(**kwargs: Any) -> Any:
@@ -399,7 +399,7 @@ def _between_plan_and_lock(monkeypatch: pytest.MonkeyPatch, tenant: Tenant, medd
             worker.join(timeout=30)
         return plan
 
-    monkeypatch.setattr(charges_write_first, "balance_rows_read_by_owner", read_then_meddle)
+    monkeypatch.setattr(charges, "balance_rows_read_by_owner", read_then_meddle)
 
 
 def test_a_spend_between_the_plan_and_the_lock_is_refused_and_leaves_nothing(live_tenant: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:

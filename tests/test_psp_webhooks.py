@@ -21,8 +21,8 @@ from payments.gateways.credentials import credential_unseal
 from payments.gateways.registry import gateway_secret_key, gateway_webhook_secrets
 from payments.gateways.signing import TOLERANCE_SECONDS, signature_compute
 from payments.models import GatewayAccount, PspWebhookEvent, TopUp
-from payments.services import card_topups
-from payments.services.card_topups import gateway_account_set, topup_pending_ensure
+from payments.services import psp_webhooks
+from payments.services.topups import gateway_account_set, topup_pending_ensure
 from tenants.models import Tenant
 from tests.conftest import TENANT_A, psp_account_configure
 from tests.factories import CustomerFactory
@@ -137,7 +137,7 @@ def test_unknown_event_types_are_acknowledged_and_logged(pending: TopUp, caplog:
 
 def test_a_failing_handler_records_nothing_and_the_retry_is_processed(pending: TopUp, monkeypatch: Any) -> None:
     body = event(pending)
-    real = card_topups.topup_settle
+    real = psp_webhooks.topup_settle
     calls = {"n": 0}
 
     def flaky(**kwargs: Any) -> Any:
@@ -146,7 +146,7 @@ def test_a_failing_handler_records_nothing_and_the_retry_is_processed(pending: T
             raise RuntimeError("handler crashed")
         return real(**kwargs)
 
-    monkeypatch.setattr(card_topups, "topup_settle", flaky)
+    monkeypatch.setattr(psp_webhooks, "topup_settle", flaky)
     failed = send(body)
     assert failed.status_code == 503 and failed.json()["error"]["code"] == "unavailable"
     assert not PspWebhookEvent.objects.exists()  # no marker: the provider's retry is not a "duplicate"
@@ -198,7 +198,7 @@ def test_a_late_charge_of_another_amount_on_a_failed_top_up_is_refunded_exactly(
     currency and the card gets back exactly that. It used to be acknowledged as `mismatch`
     and left: the card charged, never refunded, in no queue and no reconciliation list."""
     from payments.selectors import topups_charged_uncredited
-    from payments.services.card_topups import topup_refunds_run
+    from payments.services.refunds import topup_refunds_run
 
     psp_key = psp_account_configure(psp_simulator, webhook_secrets=SECRETS)
     TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code=failure_code)
@@ -308,7 +308,7 @@ def test_event_markers_are_kept_30_days_then_purged(pending: TopUp) -> None:
 
     from django.utils import timezone
 
-    from payments.services.card_topups import psp_webhook_events_purge
+    from payments.services.psp_webhooks import psp_webhook_events_purge
 
     body = event(pending)
     assert send(body).json()["outcome"] == "applied"
@@ -325,7 +325,7 @@ def test_one_purge_deletes_a_bounded_number_of_batches(pending: TopUp) -> None:
 
     from django.utils import timezone
 
-    from payments.services.card_topups import psp_webhook_events_purge
+    from payments.services.psp_webhooks import psp_webhook_events_purge
 
     PspWebhookEvent.objects.bulk_create(
         PspWebhookEvent(gateway="simulator", event_id=f"evt_old_{n}", type="charge.succeeded", outcome="applied") for n in range(5)
@@ -343,7 +343,7 @@ def test_a_charged_currency_as_long_as_an_asset_code_is_recorded_whole(pending: 
     from django.utils import timezone
 
     from payments.gateways.base import ChargeResult
-    from payments.services.card_topups import topup_settle
+    from payments.services.topups import topup_settle
 
     TopUp.objects.filter(pk=pending.pk).update(status="failed", failure_code="request_invalid")
     charge = ChargeResult(status="succeeded", psp_reference=f"ch_{uuid.uuid4().hex[:12]}", amount=1000, currency="regional_12c",

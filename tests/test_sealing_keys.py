@@ -125,7 +125,8 @@ def _topup(client: Client, key: str, amount: int) -> Any:
 def test_a_key_is_rotated_online_and_every_psp_call_delivery_and_replay_still_works(
     tenant: Tenant, psp_simulator: Simulator, loopback_http: None, ring: Any, settings: Any, monkeypatch: Any
 ) -> None:
-    from payments.services import card_topups, topup_saga
+    from payments.services import topups
+    from payments.services.refunds import topup_refunds_run
     from wallets.models import Asset
 
     settings.TALLY_OUTBOX_RELAY_KICK = False
@@ -173,10 +174,10 @@ def test_a_key_is_rotated_online_and_every_psp_call_delivery_and_replay_still_wo
     assert charged.status_code == 201, charged.content
     assert account_balance(account=Account.objects.get(customer=customer), asset_code="JPY")[0] == 1_000
     Asset.objects.filter(code="JPY").update(cap=1_500)
-    monkeypatch.setattr(topup_saga, "topup_refusal_check", lambda **kwargs: None)
+    monkeypatch.setattr(topups, "topup_refusal_check", lambda **kwargs: None)
     refused = _topup(client, customer_key, 2_000)
     assert refused.status_code == 402 and refused.json()["error"]["code"] == "cap_exceeded"
-    assert card_topups.topup_refunds_run()["refunded"] == 1
+    assert topup_refunds_run()["refunded"] == 1
     topup = TopUp.objects.get(customer=customer, amount=2_000)
     refunds = psp_simulator.state()["accounts"][psp_key]["refunds"]
     assert [(rf["charge"], rf["amount"]) for rf in refunds] == [(topup.psp_reference, 2_000)]

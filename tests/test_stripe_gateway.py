@@ -25,7 +25,7 @@ from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayUnavai
 from payments.gateways.signing import SignatureStale, signature_compute, signature_verify
 from payments.gateways.stripe_gateway import StripeGateway
 from payments.models import TopUp
-from payments.services.card_topups import gateway_account_set
+from payments.services.topups import gateway_account_set
 from tenants.models import Tenant
 from tests.conftest import TENANT_A
 from tests.receivers import free_port

@@ -27,7 +27,7 @@ from payments.idempotency.services import (
     idempotency_lease_takeover,
 )
 from payments.models import TopUp
-from payments.services.card_topups import gateway_account_set, topup_abandon, topup_pending_ensure
+from payments.services.topups import gateway_account_set, topup_abandon, topup_pending_ensure
 from tenants.models import Tenant
 from wallets.services.principals import customer_create
 

@@ -372,10 +372,6 @@ else:
 TALLY_TOPUP_RECOVERY_PASS_SECONDS = max(0.0, TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS - TALLY_PSP_TIMEOUT_SECONDS)
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
-# The stored answer of a settled top-up (201 or 402) is the customer API's rendering; the
-# saga stores it for the request and for the recovery task, and finds it here, so that
-# the services do not import the API layer (as DRF's EXCEPTION_HANDLER is named above).
-TALLY_TOPUP_ANSWER_RENDER = "payments.api.customer.topup_answer_render"
 # Recovery of card top-ups left unknown (crash, timeout), in the tenants with recovery
 # work due (tenants.duework), then the safety sweep of every tenant.
 CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_due_tenants", "schedule": 10.0}

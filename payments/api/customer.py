@@ -3,19 +3,15 @@ top-ups, payments and refunds. Routed by config/api_urls.py."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.conf import settings
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.decorators import action
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apikit.base import CustomerViewSet
-from apikit.errors import envelope, http_status_of
 from apikit.pagination import ListParamsSerializer
 from apikit.schema import ErrorSerializer
 from payments import selectors as payment_selectors
@@ -23,11 +19,9 @@ from payments.api import serializers as s
 from payments.idempotency.drf import request_id_of
 from payments.idempotency.errors import IdempotencyKeyMissing
 from payments.idempotency.services import IdempotencyContext
-from payments.models import TopUp
-from payments.services import card_topups, mandates, tokens, topup_saga, transfers
+from payments.services import mandates, tokens, topup_saga, topups, transfers
 from wallets import selectors as wallet_selectors
 from wallets.contacts import customer_contact_attach
-from wallets.errors import BusinessRefusal
 from wallets.services import contacts as contact_services
 
 TAG = ["customer"]
@@ -105,18 +99,6 @@ class TransferViewSet(CustomerViewSet):
         return self.render(s.TransferOut, payment_selectors.transfer_get(transfer_id=transfer_id, customer_id=self.customer.pk))
 
 
-def topup_answer_render(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> HttpResponse:
-    """The stored answer of a settled card top-up: 201 with the top-up, or 402 with the
-    envelope (settings.TALLY_TOPUP_ANSWER_RENDER: the saga stores it)."""
-    data: Any
-    if refusal is None:
-        status, data = 201, s.TopUpOut(topup).data
-    else:
-        status, error_type = http_status_of(refusal)
-        data = envelope(error_type=error_type, code=str(refusal.code), message=refusal.message, param=refusal.param, request_id=request_id)
-    return HttpResponse(JSONRenderer().render(data), status=status, content_type="application/json")
-
-
 class TopUpViewSet(CustomerViewSet):
     """Card top-ups: an external effect (payments/services/topup_saga.py)."""
 
@@ -129,7 +111,7 @@ class TopUpViewSet(CustomerViewSet):
 
     def idempotency_on_claim(self, ctx: IdempotencyContext) -> None:
         data = self.validated(s.TopUpCreateIn)
-        card_topups.topup_pending_ensure(
+        topups.topup_pending_ensure(
             topup_id=ctx.minted[topup_saga.MINT_NAME], customer=self.customer, asset_code=data["asset"], amount=data["amount"],
             payment_method=data["payment_method"], claim_principal_id=ctx.principal_id, claim_key=str(ctx.key),
         )
@@ -139,7 +121,7 @@ class TopUpViewSet(CustomerViewSet):
         # follow an attempt whose charge went through unanswered, so its top-up stays
         # pending for the recovery (or the operator queue) to settle from the PSP.
         if not ctx.takeover:
-            card_topups.topup_abandon(topup_id=ctx.minted[topup_saga.MINT_NAME])
+            topups.topup_abandon(topup_id=ctx.minted[topup_saga.MINT_NAME])
 
     @extend_schema(tags=TAG, summary="Card top-ups", parameters=[ListParamsSerializer], responses=s.TopUpList)
     def list(self, request: Request) -> Response:
@@ -167,10 +149,15 @@ class TopUpViewSet(CustomerViewSet):
         ctx = self.idempotency
         if ctx.key is None:
             raise IdempotencyKeyMissing("card top-ups require an Idempotency-Key header")
-        finish = topup_saga.topup_saga_charge(
-            topup_id=ctx.minted[topup_saga.MINT_NAME], request_id=request_id_of(request), first_attempt=not ctx.takeover
-        )
-        return self.idempotency_finish(finish)
+        settle = topup_saga.topup_saga_charge(topup_id=ctx.minted[topup_saga.MINT_NAME], first_attempt=not ctx.takeover)
+        request_id = request_id_of(request)
+
+        def answer() -> HttpResponse:
+            topup, refusal = settle()
+            stored = topup_saga.topup_answer(topup=topup, refusal=refusal, request_id=request_id)
+            return HttpResponse(stored.body, status=stored.status, content_type=stored.headers["Content-Type"])
+
+        return self.idempotency_finish(answer)
 
     @extend_schema(tags=TAG, summary="Retrieve a top-up", responses=s.TopUpOut)
     def retrieve(self, request: Request, topup_id: str) -> Response:

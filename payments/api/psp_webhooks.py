@@ -1,5 +1,5 @@
 """Inbound PSP webhooks: `POST /v1/psp/webhooks/<gateway>` on the tenant's host,
-authenticated by the PSP's signature (card_topups.psp_webhook_receive), not an API key."""
+authenticated by the PSP's signature (payments/services/psp_webhooks.py), not an API key."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apikit.schema import ErrorSerializer
-from payments.services.card_topups import psp_webhook_receive
+from payments.services.psp_webhooks import psp_webhook_receive
 from wallets.errors import NotFound, TallyError, Unavailable
 
 logger = logging.getLogger("tally.topups")

@@ -1,42 +1,114 @@
 """Charges: a customer paying a merchant, at a terminal (by customer id or scanned QR
-token) or through a payment intent. Lock first, in the caller's transaction.atomic block:
-every balance row in one `select_for_update` statement (wallets.locks, in the global lock
-order), refusals and reward cuts decided on the locked rows, then the ledger and the
-balances with F() updates (`ledger_post`), the payment and its outbox row. The usual
-payment first tries the measured write-first variant (charges_write_first).
+token) or through a payment intent, in the caller's transaction.atomic block. Two
+strategies make the same payment, side by side below; a refusal leaves nothing written
+on either.
 
-Rewards, in the tenant's main currency only: points at `points_earn_rate` (ROUND_FLOOR)
-from the bonus pool, carbon at `carbon_grams_per_unit` (ROUND_HALF_EVEN) from the carbon
-registry, each cut to what fits under its asset's cap.
+- **Lock first** (`_charge_locking_first`), which every charge can take: every balance row
+  in one `select_for_update` statement (wallets.locks, in the global lock order),
+  refusals and reward cuts decided on the locked rows, then the ledger and the balances
+  with F() updates (`ledger_post`), the payment and its outbox row.
+- **Write first** (`charge_write_first`), which the usual payment tries first: a speed
+  variant, kept because it measured 11.5 % of a keyed payment's CPU, and remembering the
+  parties' accounts 11.0 % (docs/BENCHMARKS.md). It writes its rows in a savepoint and
+  only then locks the balance rows for the checks and the one UPDATE, so a hot wallet's
+  row is held for less. Anything but the plain case writes nothing, or rolls its
+  savepoint back, and returns None: the charge is then made locking first. Captures
+  never take it. A payment made there takes its `created` when written, before the lock
+  wait (bounded by the claim's `lock_timeout`): `created` order can differ from lock
+  order by that wait.
+
+Both want the same rows, post the same legs and write the same payment and event
+(`_rows_wanted`, `_legs`, `_payment_rows_new`). Rewards, in the tenant's main currency
+only: points at `points_earn_rate` (ROUND_FLOOR) from the bonus pool, carbon at
+`carbon_grams_per_unit` (ROUND_HALF_EVEN) from the carbon registry, each cut to what fits
+under its asset's cap.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from payments.models import Payment
-from payments.services.charge_rows import (
-    REWARD_SYSTEM_ROLES,
-    Parties,
-    charge_accounts_of,
-    charge_legs,
-    charge_rows_wanted,
-    payment_rows_new,
-    rewards_cut,
-)
-from payments.services.charges_write_first import charge_write_first
+from payments.models import OutboxEvent, Payment, PaymentStatus
 from payments.services.mandates import charge_by_customer_id_check
+from payments.services.outbox import epoch_seconds, outbox_event_new
 from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
 from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
-from wallets.locks import LockedBalances, balance_rows_lock, balance_rows_lock_by_owner
-from wallets.models import Customer, Hold, LedgerTransactionKind, Terminal
+from wallets.locks import (
+    BalanceWant,
+    LockedBalances,
+    OwnerRow,
+    balance_rows_lock,
+    balance_rows_lock_by_owner,
+    balance_rows_read_by_owner,
+    connection_shard,
+)
+from wallets.models import CARBON_ASSET, POINTS_ASSET, Account, AccountKind, Customer, Hold, LedgerTransactionKind, SystemRole, Terminal
 from wallets.money import amount_to_minor, carbon_grams_for, points_for
-from wallets.rows import rows_insert
+from wallets.rows import rows_insert, rows_insert_in_savepoint
 from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_get
-from wallets.services.ledger import ledger_post, ledger_wants
+from wallets.services.ledger import Leg, available, cap_room, ledger_post, ledger_rows_new, ledger_wants
 from wallets.transactions import atomic_service
+
+REWARD_SYSTEM_ROLES = (SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY)
+
+
+@dataclass(frozen=True)
+class Parties:
+    customer_id: str
+    merchant_id: str
+    store_id: str | None
+    terminal_id: str | None
+
+
+# --- At a terminal ----------------------------------------------------------------------------
+
+
+@atomic_service(operation="payment_create")
+def payment_create(
+    *, terminal: Terminal, customer: Customer | None = None, customer_id: str | None = None, asset_code: object, amount: object
+) -> Payment:
+    """Take a payment from `customer` (or its `customer_id`) at `terminal`. Charging by
+    customer id needs the tenant's `charge_by_customer_id` or a mandate
+    (ChargeByCustomerIdNotPermitted, checked first). Locks: see `charge`."""
+    minor = amount_to_minor(amount)
+    if (customer is None) == (customer_id is None):
+        raise TypeError("pass exactly one of customer and customer_id")
+    payer_id = str(customer.pk) if customer is not None else str(customer_id)
+    charge_by_customer_id_check(customer_id=payer_id, merchant_id=terminal.store.merchant_id)
+    return _terminal_charge(terminal=terminal, customer_id=payer_id, asset_code=_asset_code_check(asset_code), amount=minor)
+
+
+@atomic_service(operation="payment_create")
+def payment_create_with_token(*, terminal: Terminal, customer_token: object, asset_code: object, amount: object) -> Payment:
+    """Take a payment by the customer's scanned QR token. The token is consumed before the
+    charge can refuse: a refusal aborts this transaction, which rolls the consumption back.
+    Locks: the token row, then those of `charge`."""
+    minor = amount_to_minor(amount)
+    code = _asset_code_check(asset_code)
+    customer_id = payment_token_consume(token=customer_token)
+    return _terminal_charge(terminal=terminal, customer_id=customer_id, asset_code=code, amount=minor)
+
+
+def _asset_code_check(asset_code: object) -> str:
+    if not isinstance(asset_code, str) or not asset_code:
+        raise AssetUnknown(param="asset")
+    return asset_code
+
+
+def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: str, amount: int) -> Payment:
+    return charge(
+        customer_id=customer_id, merchant_id=terminal.store.merchant_id, store_id=terminal.store_id, terminal_id=terminal.pk,
+        asset_code=asset_code, amount=amount,
+    )
+
+
+# --- One charge ------------------------------------------------------------------------------
 
 
 def charge(
@@ -70,6 +142,9 @@ def charge(
     return _charge_locking_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams, consume_hold=consume_hold)
 
 
+# --- Lock first ------------------------------------------------------------------------------
+
+
 def _charge_locking_first(
     parties: Parties, *, asset_code: str, amount: int, points: int, grams: int, consume_hold: Hold | None
 ) -> Payment:
@@ -85,13 +160,12 @@ def _charge_locking_first(
         raise WalletFrozen("the wallet is frozen", param=None)
     if no_row:
         raise InsufficientFunds("insufficient funds", param="amount")
-    points, grams = rewards_cut(locked, customer=customer, points=points, grams=grams)
+    points, grams = _rewards_cut(locked, customer=customer, points=points, grams=grams)
 
-    now = timezone.now()
-    payment_id = ids.new_payment_id()
-    legs = charge_legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
+    now, payment_id = timezone.now(), ids.new_payment_id()
+    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
     txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, consume_hold=consume_hold)
-    payment, event = payment_rows_new(
+    payment, event = _payment_rows_new(
         parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
     )
     rows_insert([payment], [event])
@@ -102,53 +176,219 @@ def _rows_lock(parties: Parties, *, asset_code: str, points: int, grams: int) ->
     """Lock the charge's balance rows, finding its accounts in the same statement. When a
     row is missing (a first reward or shard credit, an empty wallet), the accounts are read
     and `balance_rows_lock` makes the rows that may be made."""
-    wanted = charge_rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
+    wanted = _rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
     locked = balance_rows_lock_by_owner(rows=wanted)
     if len(locked.rows) == len(wanted):
-        return locked, charge_accounts_of(locked, parties)
+        return locked, _accounts_of(locked, parties)
     accounts = movement_accounts_get(customer_id=parties.customer_id, merchant_id=parties.merchant_id, system_roles=REWARD_SYSTEM_ROLES)
     if accounts.merchant is None:
         raise NotFound("no such terminal or merchant", param="terminal")
     if accounts.customer is None:
         raise NotFound("no such customer", param="customer")
-    legs = charge_legs(accounts, asset_code=asset_code, amount=1, points=points, grams=grams)  # only the signs matter here
+    legs = _legs(accounts, asset_code=asset_code, amount=1, points=points, grams=grams)  # only the signs matter here
     return balance_rows_lock(wants=ledger_wants(legs)), accounts
 
 
-def _asset_code_check(asset_code: object) -> str:
-    if not isinstance(asset_code, str) or not asset_code:
-        raise AssetUnknown(param="asset")
-    return asset_code
+# --- Write first -----------------------------------------------------------------------------
 
 
-def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: str, amount: int) -> Payment:
-    return charge(
-        customer_id=customer_id, merchant_id=terminal.store.merchant_id, store_id=terminal.store_id, terminal_id=terminal.pk,
-        asset_code=asset_code, amount=amount,
+class _RewardCapMoved(Exception):
+    """The locked rows cut a reward the plan did not: the payment is redone locking first."""
+
+
+class _KnownAccountsWrong(Exception):
+    """The locked rows do not match the remembered accounts: the payment is made locking first."""
+
+
+def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points: int, grams: int) -> Payment | None:
+    """The ledger rows, the payment and its event are written in a savepoint, then the
+    balance rows are locked and `ledger_post` checks again on them: a refusal rolls the
+    savepoint back and raises; a reward cut that appeared since the plan, or locked rows
+    that do not bear out remembered accounts, roll back and return None.
+
+    Locks: a savepoint; then the balance rows, by account, in one statement in the global
+    order (wallets.locks.balance_rows_lock), the rows the lock-first path locks.
+    """
+    if not connection.in_atomic_block:
+        return None  # no savepoint outside a transaction: the locking-first path refuses that
+    known_key = (str(getattr(connection, "schema_name", "")), parties.customer_id, parties.merchant_id, asset_code, points > 0, grams > 0)
+    accounts = _KNOWN_ACCOUNTS.get(known_key)
+    from_plan = accounts is None
+    if accounts is None:
+        accounts = _plan_accounts(parties, asset_code=asset_code, amount=amount, points=points, grams=grams)
+        if accounts is None:
+            return None
+    customer = accounts.customer
+    assert customer is not None
+
+    now, payment_id = timezone.now(), ids.new_payment_id()
+    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
+    txn, entries = ledger_rows_new(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now)
+    payment, event = _payment_rows_new(
+        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
+    )
+    savepoint = rows_insert_in_savepoint([txn], entries, [payment], [event])  # a failure here rolled its rows back already
+    try:
+        wants = ledger_wants(legs)
+        if from_plan:
+            locked = balance_rows_lock(wants=wants)
+        else:
+            # Accounts from memory are checked on the locked rows, and make no row.
+            locked = balance_rows_lock(wants=[replace(want, creatable=False) for want in wants])
+            if not _accounts_hold(locked, accounts, parties, wants):
+                raise _KnownAccountsWrong()
+        if _rewards_cut(locked, customer=customer, points=points, grams=grams) != (points, grams):
+            raise _RewardCapMoved()
+        ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, written=txn)
+    except BaseException as failure:
+        # Whatever stops it (a refusal, a lock timeout, a deadlock, a bug), the rows it wrote
+        # go. After a refusal the caller's transaction may carry on; after a statement that
+        # failed under Django's mark_for_rollback_on_error, the rollback below is refused
+        # (TransactionManagementError) and the whole transaction ends rolled back instead.
+        try:
+            transaction.savepoint_rollback(savepoint)
+        except DatabaseError:
+            pass  # the connection is gone: so is everything this transaction wrote
+        _KNOWN_ACCOUNTS.pop(known_key, None)  # the next payment of these parties reads its plan
+        if isinstance(failure, (_RewardCapMoved, _KnownAccountsWrong)):
+            return None
+        raise
+    if from_plan:
+        _known_accounts_remember(known_key, accounts)
+    return payment
+
+
+def _plan_accounts(parties: Parties, *, asset_code: str, amount: int, points: int, grams: int) -> MovementAccounts | None:
+    """The payment's accounts, read without a lock, if it is the plain case: every row
+    there, no frozen wallet, the funds there, no reward cut."""
+    wanted = _rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
+    plan = balance_rows_read_by_owner(rows=wanted)
+    if len(plan.rows) != len(wanted):
+        return None
+    accounts = _accounts_of(plan, parties)
+    customer, merchant = accounts.customer, accounts.merchant
+    if customer is None or merchant is None or customer.frozen or merchant.frozen:
+        return None
+    if available(locked=plan, account=customer, asset_code=asset_code) < amount:
+        return None
+    if _rewards_cut(plan, customer=customer, points=points, grams=grams) != (points, grams):
+        return None
+    return accounts
+
+
+# Accounts known from an earlier payment of the same parties, per process: only a hint.
+# The account ids of a payment's parties never change, so a remembered entry saves the plan
+# read. Every check is made under the lock anyway; with remembered accounts the lock makes
+# no missing row and checks each locked row belongs to the party it was remembered for.
+# Any failure forgets the entry. A remembered `frozen` can be stale only towards "not
+# frozen", which the locked rows' check overrides.
+
+_KnownKey = tuple[str, str, str, str, bool, bool]  # schema, customer, merchant, asset, points?, carbon?
+_KNOWN_ACCOUNTS_MAX = 4_096  # about 2.5 KB an entry: ~10 MB a process at most
+_KNOWN_ACCOUNTS: dict[_KnownKey, MovementAccounts] = {}
+
+
+def _known_accounts_remember(key: _KnownKey, accounts: MovementAccounts) -> None:
+    if len(_KNOWN_ACCOUNTS) >= _KNOWN_ACCOUNTS_MAX:
+        _KNOWN_ACCOUNTS.clear()  # bounded; the busiest parties come back at their next payment
+    _KNOWN_ACCOUNTS[key] = accounts
+
+
+def known_accounts_forget() -> None:
+    """Forget every remembered account (tests and benchmarks)."""
+    _KNOWN_ACCOUNTS.clear()
+
+
+def _accounts_hold(locked: LockedBalances, accounts: MovementAccounts, parties: Parties, wants: list[BalanceWant]) -> bool:
+    """Every wanted row was locked, and each remembered account, as read under the lock, is
+    still the account of the party it was remembered for."""
+    if len(locked.rows) != len(wants) or not all(locked.covers(want) for want in wants):
+        return False
+    fresh = {row.account_id: row.account for row in locked.rows.values()}
+    parties_of: list[tuple[Account | None, AccountKind, str]] = [
+        (accounts.customer, AccountKind.CUSTOMER, parties.customer_id),
+        (accounts.merchant, AccountKind.MERCHANT, parties.merchant_id),
+        *((account, AccountKind.SYSTEM, role) for role, account in accounts.system.items()),
+    ]
+    for remembered, kind, owner in parties_of:
+        account = fresh.get(remembered.pk) if remembered is not None else None
+        if account is None or account.kind != kind or owner not in (account.customer_id, account.merchant_id, account.system_role):
+            return False
+    return True
+
+
+# --- What both strategies want and write (no lock, no read, no write here) ----------------------
+
+
+def _rows_wanted(parties: Parties, *, asset_code: str, points: int, grams: int) -> list[OwnerRow]:
+    """The customer's rows, and this connection's shard of the merchant and reward accounts."""
+    shard = connection_shard()
+    customer_id = parties.customer_id
+    wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, parties.merchant_id, asset_code, shard)]
+    if points:
+        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, POINTS_ASSET)]
+        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, POINTS_ASSET, shard)]
+    if grams:
+        wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, CARBON_ASSET)]
+        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.CARBON_REGISTRY, CARBON_ASSET, shard)]
+    return wanted
+
+
+def _accounts_of(rows: LockedBalances, parties: Parties) -> MovementAccounts:
+    """The parties' accounts as read with their balance rows (None where a row is missing)."""
+    system = {role: rows.account_of(kind=AccountKind.SYSTEM, owner=role) for role in REWARD_SYSTEM_ROLES}
+    return MovementAccounts(
+        customer=rows.account_of(kind=AccountKind.CUSTOMER, owner=parties.customer_id),
+        merchant=rows.account_of(kind=AccountKind.MERCHANT, owner=parties.merchant_id),
+        system={role: account for role, account in system.items() if account is not None},
     )
 
 
-@atomic_service(operation="payment_create")
-def payment_create(
-    *, terminal: Terminal, customer: Customer | None = None, customer_id: str | None = None, asset_code: object, amount: object
-) -> Payment:
-    """Take a payment from `customer` (or its `customer_id`) at `terminal`. Charging by
-    customer id needs the tenant's `charge_by_customer_id` or a mandate
-    (ChargeByCustomerIdNotPermitted, checked first). Locks: see `charge`."""
-    minor = amount_to_minor(amount)
-    if (customer is None) == (customer_id is None):
-        raise TypeError("pass exactly one of customer and customer_id")
-    payer_id = str(customer.pk) if customer is not None else str(customer_id)
-    charge_by_customer_id_check(customer_id=payer_id, merchant_id=terminal.store.merchant_id)
-    return _terminal_charge(terminal=terminal, customer_id=payer_id, asset_code=_asset_code_check(asset_code), amount=minor)
+def _rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams: int) -> tuple[int, int]:
+    """The rewards cut to what the customer's capped reward rows still have room for."""
+    points_room = cap_room(locked=rows, account=customer, asset_code=POINTS_ASSET) if points else None
+    grams_room = cap_room(locked=rows, account=customer, asset_code=CARBON_ASSET) if grams else None
+    return (points if points_room is None else min(points, points_room), grams if grams_room is None else min(grams, grams_room))
 
 
-@atomic_service(operation="payment_create")
-def payment_create_with_token(*, terminal: Terminal, customer_token: object, asset_code: object, amount: object) -> Payment:
-    """Take a payment by the customer's scanned QR token. The token is consumed before the
-    charge can refuse: a refusal aborts this transaction, which rolls the consumption back.
-    Locks: the token row, then those of `charge`."""
-    minor = amount_to_minor(amount)
-    code = _asset_code_check(asset_code)
-    customer_id = payment_token_consume(token=customer_token)
-    return _terminal_charge(terminal=terminal, customer_id=customer_id, asset_code=code, amount=minor)
+def _legs(accounts: MovementAccounts, *, asset_code: str, amount: int, points: int, grams: int) -> list[Leg]:
+    """Customer -> merchant, and the rewards from the system accounts to the customer."""
+    customer, merchant = accounts.customer, accounts.merchant
+    assert customer is not None and merchant is not None
+    legs = [Leg(customer, asset_code, -amount), Leg(merchant, asset_code, amount)]
+    if points > 0:
+        legs += [Leg(customer, POINTS_ASSET, points), Leg(accounts.system_account(SystemRole.BONUS_POOL), POINTS_ASSET, -points)]
+    if grams > 0:
+        legs += [Leg(customer, CARBON_ASSET, grams), Leg(accounts.system_account(SystemRole.CARBON_REGISTRY), CARBON_ASSET, -grams)]
+    return legs
+
+
+def _payment_rows_new(
+    parties: Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime
+) -> tuple[Payment, OutboxEvent]:
+    """The payment row and its `payment.succeeded` event, not yet saved."""
+    payment = Payment(
+        id=payment_id,
+        status=PaymentStatus.SUCCEEDED,
+        customer_id=parties.customer_id,
+        merchant_id=parties.merchant_id,
+        store_id=parties.store_id,
+        terminal_id=parties.terminal_id,
+        asset_id=asset_code,
+        amount=amount,
+        points_earned=points,
+        carbon_grams=grams,
+        ledger_transaction_id=txn_id,
+        created=now,
+    )
+    event = outbox_event_new(
+        topic="payment.succeeded",
+        payload={
+            "id": payment_id, "object": "payment", "status": PaymentStatus.SUCCEEDED.value, "asset": asset_code, "amount": amount,
+            "customer": parties.customer_id, "merchant": parties.merchant_id, "store": parties.store_id, "terminal": parties.terminal_id,
+            "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
+        },
+        created=now,
+        sequence=1,  # a new payment's first event
+    )
+    return payment, event

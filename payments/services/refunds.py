@@ -1,15 +1,27 @@
-"""Refunds: merchant -> customer, partial and repeatable, never more than is left."""
+"""Refunds. Of a payment: merchant -> customer in the ledger, partial and repeatable, never
+more than is left. Of a card top-up that ended without a credit: the card given back what
+the PSP charged, by the top-up recovery pass."""
 
 from __future__ import annotations
+
+import functools
+import logging
 
 from django.db.models import F
 from django.utils import timezone
 
 from payments import selectors as payment_selectors
 from payments.errors import RefundWindowClosed
-from payments.locks import payment_lock
-from payments.models import Payment, Refund
+from payments.gateways import metrics
+from payments.gateways.base import Gateway as PspGateway
+from payments.gateways.base import GatewayError
+from payments.gateways.registry import gateway_build
+from payments.locks import payment_lock, topup_lock
+from payments.models import Payment, Refund, TopUp
+from payments.selectors import TopUpCursor, gateway_account_get, topups_refund_due
 from payments.services.outbox import epoch_seconds, outbox_event_create
+from payments.services.topup_budget import LoopBudget, recovery_step_isolated, topups_in_turn
+from payments.services.topups import topup_last_error_note
 from wallets import ids
 from wallets.errors import AmountInvalid, NotFound
 from wallets.locks import balance_rows_lock
@@ -18,6 +30,8 @@ from wallets.money import amount_to_minor, proportion_floor
 from wallets.selectors import movement_accounts_get
 from wallets.services.ledger import Leg, available, ledger_post, ledger_wants
 from wallets.transactions import atomic_service
+
+logger = logging.getLogger("tally.topups")
 
 
 @atomic_service(operation="refund_create")
@@ -88,3 +102,64 @@ def terminal_refund_create(*, terminal: Terminal, payment_id: str, amount: objec
     if timezone.localdate(payment.created) != timezone.localdate():
         raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")
     return refund_create(payment=payment, amount=amount, reason=reason)
+
+
+# --- Card refunds of top-ups never credited ---------------------------------------------------
+
+
+def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None) -> dict[str, int]:
+    """Refund the card of every charged top-up that ended without a credit (key
+    `<top-up id>:refund`), page by page, from where the last run cut short by its budget
+    stopped (topup_budget.topups_in_turn). One that fails is logged, counted and tried
+    again next run; the others go on. With `budget`, stops taking refunds once it is
+    spent (`budget.exhausted`: refunds are left for the next run). Returns counts by
+    outcome. Locks: each top-up row, briefly, to record the refund."""
+    counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
+    names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
+
+    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
+        return topups_refund_due(after=after, before=before, limit=limit)
+
+    owed = topups_in_turn(loop="refunds", fetch=fetch, batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf")))
+    for topup in owed:
+        outcome = recovery_step_isolated(step="refund", topup_id=topup.pk, fn=functools.partial(_refund_one, topup))
+        counts[names[outcome]] += 1
+        metrics.TOPUP_CARD_REFUNDS.labels(outcome=outcome).inc()
+    return counts
+
+
+def _refund_one(topup: TopUp) -> str:
+    try:
+        gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
+        # What the PSP charged, not what we asked for. Rows recorded before it was kept have
+        # none (and an older branch recorded charges without checking the amount): the PSP
+        # is asked what the charge was.
+        amount = topup.psp_charged_amount if topup.psp_charged_amount is not None else _charged_amount_at_psp(gateway, topup)
+        if amount is None:
+            topup_last_error_note(topup_id=topup.pk, error=f"card refund: the PSP does not list the charge {topup.psp_reference}")
+            return "unavailable"
+        refund = gateway.refund(psp_reference=topup.psp_reference, amount=amount, idempotency_key=f"{topup.pk}:refund")
+    except (GatewayError, NotFound) as exc:
+        logger.warning("card refund of an uncredited top-up failed; retried next run", extra={"topup": topup.pk, "error": str(exc)})
+        topup_last_error_note(topup_id=topup.pk, error=f"card refund: {exc}")
+        return "unavailable"
+    _refund_record(topup_id=topup.pk, reference=refund.psp_reference)
+    return "refunded"
+
+
+def _charged_amount_at_psp(gateway: PspGateway, topup: TopUp) -> int | None:
+    """The amount of the recorded charge as the PSP holds it (its search by the top-up id),
+    or None when it does not list that charge as successful. Raises GatewayError."""
+    for charge in gateway.charges_of(reference=topup.pk):
+        if charge.psp_reference == topup.psp_reference and charge.status == "succeeded":
+            return charge.amount
+    return None
+
+
+@atomic_service(operation="topup_refund_record")
+def _refund_record(*, topup_id: str, reference: str) -> None:
+    topup = topup_lock(topup_id=topup_id)
+    if topup is not None and not topup.psp_refund_reference:
+        topup.psp_refund_reference = reference[:200]
+        topup.save(update_fields=["psp_refund_reference", "updated"])
+        outbox_event_create(topic="topup.card_refunded", payload={"id": topup.id, "object": "topup", "psp_refund": reference})

@@ -11,6 +11,9 @@ A loop cut short remembers where it stopped, per tenant, in the cache (Redis): t
 pass starts after that record and comes round to the start, so records that keep failing
 at the head of the list cannot hold back the ones behind them for ever. The position is a
 hint only: lost (Redis down, evicted), the loop starts from the oldest record.
+
+Each record is worked on in isolation (`recovery_step_isolated`): one that raises is
+logged, noted on its top-up and counted, and the loop goes on.
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.cache import cache
+from django.db import DatabaseError
 
 from payments.models import TopUp
 from payments.selectors import TopUpCursor
+from payments.services.topups import topup_last_error_note
+from wallets.transactions import is_connection_failure
 
 logger = logging.getLogger("tally.topups")
 
@@ -116,3 +123,23 @@ def topups_in_turn(*, loop: str, fetch: PageFetch, batch_size: int, budget: Loop
                 break
             after = TopUpCursor.of(page[-1])
     _resume_set(loop, None)
+
+
+def recovery_step_isolated(*, step: str, topup_id: str, fn: Callable[[], str]) -> str:
+    """`fn()`'s outcome, or "error" if it raises: logged and kept as the top-up's last
+    error, so one bad record never stops a recovery run. A lost database connection is no
+    single record's fault: it propagates; so does Celery's soft time limit, which ends the
+    pass (SoftTimeLimitExceeded is an Exception: named first, so it is never swallowed)."""
+    try:
+        return fn()
+    except SoftTimeLimitExceeded:
+        raise
+    except Exception as exc:
+        if isinstance(exc, DatabaseError) and is_connection_failure(exc):
+            raise
+        logger.exception("top-up recovery failed on one record; the run goes on", extra={"topup": topup_id, "step": step})
+        try:
+            topup_last_error_note(topup_id=topup_id, error=f"{step}: {type(exc).__name__}: {exc}")
+        except DatabaseError:
+            logger.warning("could not note the error on the top-up", extra={"topup": topup_id})
+        return "error"

@@ -1,4 +1,4 @@
-"""The operator queue of card top-ups (`card_topups.topup_review_hold`): a staff member
+"""The operator queue of card top-ups (`topups.topup_review_hold`): a staff member
 settles one from the back office by what the PSP holds for it (a search by the top-up id
 in the charge's metadata, safe however old the key), never by what a person typed."""
 
@@ -12,8 +12,8 @@ from payments.gateways.registry import gateway_build
 from payments.locks import topup_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import gateway_account_get, topup_get
-from payments.services.card_topups import CHARGE_REFUNDED_CODE, topup_fail, topup_fail_refunding, topup_settle
 from payments.services.topup_due import topup_recovery_due_now
+from payments.services.topups import CHARGE_REFUNDED_CODE, topup_fail, topup_fail_refunding, topup_settle
 from wallets.errors import BusinessRefusal, InvalidState, NotFound
 from wallets.transactions import run_atomic
 

@@ -1,6 +1,6 @@
 """The card top-up saga (SPEC 6, external effect) on the idempotency engine's external
-path, and its recovery: the orchestration of card_topups' business steps. The request and
-the recovery store the same answer for the same outcome.
+path, and its recovery: the orchestration of the top-up steps (topups.py). The request
+and the recovery store the same answer for the same outcome (`topup_answer`).
 
 1. Claim (the view's `idempotency_on_claim`, one transaction): the idempotency record
    (in flight, lease, fence), the pre-registered top-up under the id minted at claim time,
@@ -10,21 +10,22 @@ the recovery store the same answer for the same outcome.
    the record left failed_retryable, the top-up pending: a retry with the same key, a PSP
    webhook or the recovery task converges it. The PSP refusing the request itself
    (nothing charged) fails the top-up in step 3/4 as `psp_refused`.
-3. / 4. The returned completion runs inside `idempotency_complete_produced`: in ONE
+3. / 4. The returned settlement runs inside `idempotency_complete_produced`: in ONE
    transaction the record is locked and its fence checked, the top-up credited (201) or
    failed (402 card_declined, psp_refused, cap_exceeded, wallet_frozen), and the answer
    stored by compare-and-set. A holder whose lease was taken over writes nothing.
 5. `topup_recovery_run` (Celery beat, per tenant, switched off or not): first the card
-   refunds of charged-but-uncredited top-ups; then in-flight top-up records whose lease
-   expired, and pending top-ups whose last attempt failed or left no record, page by
-   page, are taken over (fence + 1), the PSP is asked again with the same key, and the
-   outcome is completed as in 3/4; each on its own, so one that raises is counted and the
-   pass goes on. One past the PSP's key window, or whose PSP charge is not the top-up's
-   amount and currency, goes to the operator queue instead. Then the purge of inbound PSP
-   event markers past their 30-day retention. Each of the three loops has its own time
-   budget inside the task's soft time limit (payments/services/topup_budget.py): work
-   left when one runs out keeps the tenant due, and the next pass resumes after it.
-   Celery's SoftTimeLimitExceeded is never taken for one record's failure: it ends the pass.
+   refunds of charged-but-uncredited top-ups (refunds.py); then in-flight top-up records
+   whose lease expired, and pending top-ups whose last attempt failed or left no record,
+   page by page, are taken over (fence + 1), the PSP is asked again with the same key,
+   and the outcome is completed as in 3/4; each on its own, so one that raises is counted
+   and the pass goes on. One past the PSP's key window, or whose PSP charge is not the
+   top-up's amount and currency, goes to the operator queue instead. Then the purge of
+   inbound PSP event markers past their 30-day retention (psp_webhooks.py). Each of the
+   three loops has its own time budget inside the task's soft time limit
+   (payments/services/topup_budget.py): work left when one runs out keeps the tenant due,
+   and the next pass resumes after it. Celery's SoftTimeLimitExceeded is never taken for
+   one record's failure: it ends the pass.
 
 A successful charge is credited only if its amount and currency are the top-up's, on
 every path (the inline answer, the recovery, a webhook); the refund of one never credited
@@ -38,14 +39,14 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import DatabaseError
-from django.http import HttpResponse
+from django.db import DatabaseError, connection
 from django.utils import timezone
-from django.utils.module_loading import import_string
+from rest_framework.fields import DateTimeField
+from rest_framework.renderers import JSONRenderer
 
 from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
 from payments.gateways import metrics
@@ -62,11 +63,10 @@ from payments.idempotency.services import (
 )
 from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
-from payments.selectors import TopUpCursor, topup_get, topups_pending_stale
-from payments.services import card_topups
-from payments.services.topup_budget import LoopBudget, recovery_pass_deadline, topups_in_turn
+from payments.selectors import TopUpCursor, topup_get, topups_operator_review_count, topups_pending_count, topups_pending_stale
+from payments.services import psp_webhooks, refunds, topups
+from payments.services.topup_budget import LoopBudget, recovery_pass_deadline, recovery_step_isolated, topups_in_turn
 from payments.services.topup_due import topup_due_settle, topup_recovery_due_now
-from payments.services.topups import topup_refusal_check
 from wallets.errors import BusinessRefusal, NotFound, TallyError
 from wallets.transactions import is_connection_failure, run_atomic
 
@@ -75,31 +75,32 @@ T = TypeVar("T")
 
 MINT_NAME = "topup"
 
-
-@functools.cache
-def _answer_render() -> Callable[..., HttpResponse]:
-    """The API's renderer of a settled top-up's answer (201, or 402 in the envelope), named
-    by `settings.TALLY_TOPUP_ANSWER_RENDER`: the bytes are the API's, and the saga does not
-    import the API layer."""
-    render: Callable[..., HttpResponse] = import_string(settings.TALLY_TOPUP_ANSWER_RENDER)
-    return render
+# Step 3/4: settles the top-up in the completion's transaction; the top-up, and the
+# refusal that answers it if it failed.
+Settle = Callable[[], tuple[TopUp, BusinessRefusal | None]]
 
 
-def _answer_then(settle: Callable[[], tuple[TopUp, BusinessRefusal | None]], *, request_id: str) -> Callable[[], HttpResponse]:
-    """Step 3/4 as a completion: settle the top-up, then render the answer to store."""
+def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> StoredResponse:
+    """The answer a settled top-up's key stores and replays, in the API's bytes: 201 with
+    the top-up (the customer face's `TopUpOut`), or 402 with the SPEC 5 error envelope of
+    a business refusal (apikit.errors). The request's view and the recovery both answer
+    with it, so one outcome has one answer whoever completes the record; a test holds it to
+    the faces' own rendering."""
+    data: dict[str, Any]
+    if refusal is None:
+        status, data = 201, {
+            "id": str(topup.id), "object": "topup", "created": DateTimeField().to_representation(topup.created),
+            "status": str(topup.status), "customer": str(topup.customer_id), "asset": str(topup.asset_id), "amount": int(topup.amount),
+            "bonus_amount": int(topup.bonus_amount), "payment_method": str(topup.payment_method), "failure_code": str(topup.failure_code),
+        }
+    else:
+        status, data = 402, {"error": {
+            "type": "payment_error", "code": str(refusal.code), "message": refusal.message, "param": refusal.param, "request_id": request_id,
+        }}
+    return StoredResponse(status=status, headers={"Content-Type": "application/json"}, body=JSONRenderer().render(data))
 
-    def finish() -> HttpResponse:
-        topup, refusal = settle()
-        return _answer_render()(topup=topup, refusal=refusal, request_id=request_id)
 
-    return finish
-
-
-def _outcome_then(*, topup_id: str, request_id: str) -> Callable[[], HttpResponse]:
-    return _answer_then(functools.partial(card_topups.topup_outcome, topup_id=topup_id), request_id=request_id)
-
-
-def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = True) -> Callable[[], HttpResponse]:
+def topup_saga_charge(*, topup_id: str, first_attempt: bool = True) -> Settle:
     """Step 2 (no transaction open): refuse early or charge the card; returns step 3/4, to
     run inside the fenced completion. Raises PspUnavailable when the PSP's answer is unknown.
 
@@ -109,31 +110,31 @@ def topup_saga_charge(*, topup_id: str, request_id: str, first_attempt: bool = T
     credit: that path records the charge and refunds the card."""
     topup = topup_get(topup_id=topup_id)
     if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
-        return _outcome_then(topup_id=topup_id, request_id=request_id)
-    refusal = topup_refusal_check(topup=topup) if first_attempt else None
+        return functools.partial(topups.topup_outcome, topup_id=topup_id)
+    refusal = topups.topup_refusal_check(topup=topup) if first_attempt else None
     if refusal is not None:
-        return _answer_then(functools.partial(card_topups.topup_refuse, topup_id=topup_id, refusal=refusal), request_id=request_id)
-    finish = _charge_then(topup=topup, request_id=request_id)
+        return functools.partial(topups.topup_refuse, topup_id=topup_id, refusal=refusal)
+    settle = _charge_then(topup=topup)
     pause = float(getattr(settings, "TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", 0.0))
     if pause > 0:  # tests only: a window to kill the process between the charge and the completion
         time.sleep(pause)
-    return finish
+    return settle
 
 
-def _charge_then(*, topup: TopUp, request_id: str) -> Callable[[], HttpResponse]:
-    """Ask the PSP (same key, same parameters) and return the completion that applies its
+def _charge_then(*, topup: TopUp) -> Settle:
+    """Ask the PSP (same key, same parameters) and return the settlement that applies its
     answer. A request the PSP refused charged nothing, so the top-up fails now: a 402 like
     a decline, not a 503 to retry."""
     try:
-        result = card_topups.topup_charge(topup=topup)
+        result = topups.topup_charge(topup=topup)
     except PspRefused as refused:
-        return _answer_then(functools.partial(card_topups.topup_refuse, topup_id=topup.pk, refusal=refused), request_id=request_id)
-    if result.status == "succeeded" and not card_topups.topup_charge_matches(topup=topup, result=result):
+        return functools.partial(topups.topup_refuse, topup_id=topup.pk, refusal=refused)
+    if result.status == "succeeded" and not topups.topup_charge_matches(topup=topup, result=result):
         # Not this top-up's charge to credit: held for an operator (its own transaction,
         # which the completion could not give it: that one is rolled back by the refusal).
-        card_topups.topup_charge_mismatch_hold(topup_id=topup.pk, result=result, source="the PSP's answer to our charge")
+        topups.topup_charge_mismatch_hold(topup_id=topup.pk, result=result, source="the PSP's answer to our charge")
         raise PspChargeMismatch("the card processor's charge does not match this top-up: an operator settles it")
-    return _answer_then(functools.partial(card_topups.topup_settle, topup_id=topup.pk, result=result), request_id=request_id)
+    return functools.partial(topups.topup_settle, topup_id=topup.pk, result=result)
 
 
 # --- Recovery -------------------------------------------------------------------------------
@@ -167,30 +168,29 @@ def _resolve_taken(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: s
         topup = topup_get(topup_id=topup_id)
     except NotFound:  # the claim died before its top-up committed: nothing was charged
         return "unavailable"
-    finish: Callable[[], HttpResponse]
+    settle: Settle
     if topup.status == TopUpStatus.PENDING:
         try:
-            finish = _charge_then(topup=topup, request_id=call.request_id)
+            settle = _charge_then(topup=topup)
         except (PspKeyWindowPassed, PspChargeMismatch):
             # Handed back (failed_retryable): the top-up waits for an operator, and the
             # record must not come round again as an orphan every lease.
             idempotency_fail(record_id=ctx.record_id or 0, fence=ctx.fence)
             return "operator_review"
         except TallyError as exc:
-            card_topups.topup_last_error_note(topup_id=topup_id, error=exc.message)
+            topups.topup_last_error_note(topup_id=topup_id, error=exc.message)
             return "unavailable"  # still unknown: the lease runs out again and the next run retries
     else:
-        finish = _outcome_then(topup_id=topup_id, request_id=call.request_id)
+        settle = functools.partial(topups.topup_outcome, topup_id=topup_id)
 
-    produced = idempotency_complete_produced(ctx=ctx, call=call, produce=lambda: _executed(finish()))
+    def produce() -> Executed:
+        topup, refusal = settle()
+        return Executed(response=topup_answer(topup=topup, refusal=refusal, request_id=call.request_id))
+
+    produced = idempotency_complete_produced(ctx=ctx, call=call, produce=produce)
     if produced is None:
         return "superseded"
     return "succeeded" if produced.response.status < 300 else "failed"
-
-
-def _executed(response: HttpResponse) -> Executed:
-    headers = {"Content-Type": str(response["Content-Type"])}
-    return Executed(response=StoredResponse(status=response.status_code, headers=headers, body=bytes(response.content)), value=response)
 
 
 def _orphan_resolve(record: IdempotencyRecord, topup_id: str, lease_seconds: int) -> str:
@@ -207,7 +207,7 @@ def _pending_resolve(topup: TopUp, lease_seconds: int) -> str:
     if snapshot.state == RecordState.COMPLETED:
         # The key's answer is final and the top-up still pending: nothing may change that
         # answer, so a person has to look.
-        held = card_topups.topup_review_hold(topup_id=topup.pk, reason="its request's answer is stored while the top-up is still pending")
+        held = topups.topup_review_hold(topup_id=topup.pk, reason="its request's answer is stored while the top-up is still pending")
         return "operator_review" if held else ""
     ctx = idempotency_lease_takeover(
         principal_id=topup.claim_principal_id, key=topup.claim_key, lease_seconds=lease_seconds, include_failed=True
@@ -284,7 +284,7 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
     # top-ups to ask about must never keep it waiting for the hard time limit.
     nothing: dict[str, int] = {}
     refunds_budget = budget()
-    counts.update(step("refunds", lambda: card_topups.topup_refunds_run(batch_size=batch_size, budget=refunds_budget), nothing))
+    counts.update(step("refunds", lambda: refunds.topup_refunds_run(batch_size=batch_size, budget=refunds_budget), nothing))
 
     seen: set[str] = set()
     orphans_budget = budget()
@@ -300,7 +300,7 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
                 break  # the records taken over got new leases: the next pass starts with the rest
             seen.add(topup_id)
             resolve = functools.partial(_orphan_resolve, record, topup_id, lease_seconds)
-            count(card_topups.recovery_step_isolated(step="resolve", topup_id=topup_id, fn=resolve))
+            count(recovery_step_isolated(step="resolve", topup_id=topup_id, fn=resolve))
         if len(records) < batch_size:
             break
         last = records[-1]
@@ -315,10 +315,10 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
     for topup in topups_in_turn(loop="pending", fetch=fetch, batch_size=batch_size, budget=budget()):
         if topup.pk not in seen:
             resolve = functools.partial(_pending_resolve, topup, lease_seconds)
-            count(card_topups.recovery_step_isolated(step="resolve", topup_id=topup.pk, fn=resolve))
+            count(recovery_step_isolated(step="resolve", topup_id=topup.pk, fn=resolve))
 
-    counts["webhook_markers_purged"] = step("purge", card_topups.psp_webhook_events_purge, 0)
-    step("gauges", card_topups.topups_gauges_refresh, nothing)
+    counts["webhook_markers_purged"] = step("purge", psp_webhooks.psp_webhook_events_purge, 0)
+    step("gauges", topups_gauges_refresh, nothing)
     exhausted = sum(1 for b in budgets if b.exhausted)
     if exhausted:
         counts["budget_exhausted"] = exhausted
@@ -329,11 +329,20 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
 def _settle_without_record(topup: TopUp) -> str:
     """A pending top-up whose record was purged: settle the top-up alone."""
     try:
-        finish = _charge_then(topup=topup, request_id="-")
+        settle = _charge_then(topup=topup)
     except (PspKeyWindowPassed, PspChargeMismatch):
         return "operator_review"
     except TallyError as exc:
-        card_topups.topup_last_error_note(topup_id=topup.pk, error=exc.message)
+        topups.topup_last_error_note(topup_id=topup.pk, error=exc.message)
         return "unavailable"
-    response = run_atomic(finish, operation="topup_recover")
-    return "succeeded" if response.status_code < 300 else "failed"
+    _, refusal = run_atomic(settle, operation="topup_recover")
+    return "succeeded" if refusal is None else "failed"
+
+
+def topups_gauges_refresh() -> dict[str, int]:
+    """The pending and operator-queue gauges of the current tenant."""
+    tenant = str(getattr(connection, "schema_name", "public"))
+    pending, review = topups_pending_count(), topups_operator_review_count()
+    metrics.TOPUPS_PENDING.labels(tenant=tenant).set(pending)
+    metrics.TOPUPS_OPERATOR_REVIEW.labels(tenant=tenant).set(review)
+    return {"pending": pending, "operator_review": review}

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import date, timedelta
 from typing import Any
 
 from django.db.models import Count, F, Min, QuerySet, Window
@@ -12,11 +13,11 @@ from django.db.models.functions import Lag
 from prometheus_client import CollectorRegistry, Counter, multiprocess
 
 from payments.errors import PspNotConfigured, PspUnavailable
+from payments.gateways.registry import gateway_build
 from payments.idempotency import metrics as idempotency_metrics
 from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
-from payments.selectors import gateway_account_active, topups_charged_uncredited
-from payments.services.card_topups import topup_settlement_compare
+from payments.selectors import gateway_account_active, topup_settlement_lines, topups_charged_uncredited
 from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity
 
 
@@ -151,6 +152,41 @@ def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
             [idempotency_metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS, idempotency_metrics.IDEMPOTENCY_FINGERPRINT_MISMATCHES]
         ),
     }
+
+
+@dataclass(frozen=True)
+class SettlementComparison:
+    day: date
+    gateway: str
+    matched: int
+    ours_total: int
+    psp_total: int
+    missing_at_psp: list[str] = field(default_factory=list)  # our top-up ids the PSP did not settle
+    missing_here: list[str] = field(default_factory=list)  # PSP charge ids with no top-up of ours
+    amount_mismatches: list[str] = field(default_factory=list)  # top-up ids whose amounts differ
+
+    @property
+    def balanced(self) -> bool:
+        return not (self.missing_at_psp or self.missing_here or self.amount_mismatches)
+
+
+def topup_settlement_compare(*, day: date) -> SettlementComparison:
+    """Our top-ups charged on `day` at the active gateway against its settlement report for
+    that day, matched on the PSP reference. Reads only."""
+    account = gateway_account_active()
+    if account is None:
+        raise PspNotConfigured("no active card gateway")
+    report = gateway_build(account=account).settlement_report(day=day)
+    ours = {line.psp_reference: line for line in topup_settlement_lines(day=day, gateway=account.gateway)}
+    psp_charges = {line.psp_reference: line for line in report.lines if line.kind == "charge"}
+    missing_at_psp = sorted(line.topup_id for ref, line in ours.items() if ref not in psp_charges)
+    missing_here = sorted(ref for ref in psp_charges if ref not in ours)
+    mismatches = sorted(line.topup_id for ref, line in ours.items() if ref in psp_charges and psp_charges[ref].amount != line.amount)
+    return SettlementComparison(
+        day=day, gateway=account.gateway, matched=len(set(ours) & set(psp_charges)),
+        ours_total=sum(line.amount for line in ours.values()), psp_total=sum(line.amount for line in psp_charges.values()),
+        missing_at_psp=missing_at_psp, missing_here=missing_here, amount_mismatches=mismatches,
+    )
 
 
 def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:

@@ -16,7 +16,7 @@ from django.db import connection
 
 import payments.idempotency.services as idem_services
 from payments.models import OutboxEvent, Payment
-from payments.services import charges, charges_write_first
+from payments.services import charges
 from payments.services.adjustments import adjustment_create
 from tests.api.conftest import Api, World, error_of
 from tests.conftest import TENANT_A
@@ -89,7 +89,7 @@ def test_a_payment_whose_row_batch_fails_leaves_nothing_and_its_key_executes_aga
     earlier = api.post(PAY, world.terminal.key, body)
     assert earlier.status_code == 201, earlier.content
     if not remembered:
-        charges_write_first.known_accounts_forget()
+        charges.known_accounts_forget()
 
     def written() -> tuple[int, ...]:
         connection.set_schema(TENANT_A["schema_name"])

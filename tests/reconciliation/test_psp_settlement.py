@@ -1,20 +1,25 @@
 """Reconciliation against the PSP: our charged card top-ups match the
-real simulator's daily settlement report on clean data; a line of ours the PSP never
-settled, and a PSP charge we have no record of, are each found."""
+real simulator's daily settlement report on clean data (`topup_settlement_compare`, and
+the check around it); a line of ours the PSP never settled, and a PSP charge we have no
+record of, are each found."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from django.test import Client
 from django.utils import timezone
 
 from payments.models import TopUp, TopUpStatus
-from tests.conftest import psp_account_configure
+from reconciliation.checks.payments import topup_settlement_compare
+from tenants.models import Tenant
+from tests.conftest import TENANT_B, in_tenant, psp_account_configure
+from tests.psp_sim import Simulator
 from tests.reconciliation.conftest import RECON_TENANT, kinds, reconcile
-from wallets.services.principals import api_key_create
+from wallets.services.principals import api_key_create, customer_create
 
 
 def _card_topup(customer: Any, amount: int) -> TopUp:
@@ -81,3 +86,32 @@ def test_a_charge_neither_credited_nor_refunded_is_a_finding(world: dict[str, An
     finding = run.findings.get()
     assert finding.severity == "critical" and finding.details["topup"] == owed.pk and finding.details["failure_code"] == "request_invalid"
     assert {"app_label": "payments", "model": "topup", "pk": owed.pk} in finding.refs
+
+
+def test_the_psps_daily_settlement_report_matches_our_top_ups(live_tenant: Tenant, tenant_b: Tenant, psp_simulator: Simulator) -> None:
+    # Tenant B: its only card top-ups are this test's (tenant A's account changes key per test).
+    with in_tenant(tenant_b):
+        psp_key = psp_account_configure(psp_simulator)
+        customer = customer_create(name=f"Settle {uuid.uuid4().hex[:8]}")
+        key = api_key_create(principal=customer)[1]
+        client = Client(HTTP_HOST=TENANT_B["domain"])
+
+        def post(body: dict[str, Any]) -> int:
+            return client.post("/v1/customer/topups", data=json.dumps(body), content_type="application/json",
+                               HTTP_AUTHORIZATION=f"Bearer {key}", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex).status_code
+
+        assert post({"asset": "EUR", "amount": 300, "payment_method": "pm_card_visa"}) == 201
+        assert post({"asset": "EUR", "amount": 450, "payment_method": "pm_card_mastercard"}) == 201
+        assert post({"asset": "EUR", "amount": 99, "payment_method": "pm_card_declined"}) == 402
+        day = datetime.now(UTC).date()
+        comparison = topup_settlement_compare(day=day)
+        assert comparison.balanced, comparison
+        assert comparison.matched == 2 and comparison.ours_total == comparison.psp_total == 750
+        report = psp_simulator.settlement(psp_key, day.isoformat())
+        assert report["totals"] == {"eur": 750}
+        ours = {t.psp_reference for t in TopUp.objects.filter(customer=customer, status="succeeded")}
+        assert {line["id"] for line in report["lines"]} == ours
+        # A charge the PSP settled that we have no top-up for is reported, not hidden.
+        TopUp.objects.filter(customer=customer, amount=300).update(psp_reference="ch_not_ours")
+        broken = topup_settlement_compare(day=day)
+        assert not broken.balanced and len(broken.missing_here) == 1 and len(broken.missing_at_psp) == 1

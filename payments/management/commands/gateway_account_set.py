@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_tenants.utils import schema_context, schema_exists
 
 from payments.gateways.stripe_gateway import STRIPE_API_BASE
-from payments.services.card_topups import gateway_account_set
+from payments.services.topups import gateway_account_set
 from wallets.errors import TallyError
 
 
