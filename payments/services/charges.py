@@ -30,10 +30,9 @@ from payments.services.tokens import payment_token_consume
 from tenants.selectors import tenant_current, tenant_rate
 from wallets import ids
 from wallets.errors import AssetUnknown, InsufficientFunds, NotFound, WalletFrozen
-from wallets.locks import LockedBalances, balance_rows_lock, balance_rows_lock_by_owner
+from wallets.locks import LockedBalances, balance_rows_lock, balance_rows_lock_by_owner, rows_insert
 from wallets.models import Customer, Hold, LedgerTransactionKind, Terminal
 from wallets.money import amount_to_minor, carbon_grams_for, points_for
-from wallets.rows import rows_insert
 from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_get
 from wallets.services.ledger import ledger_post, ledger_wants
 from wallets.transactions import atomic_service

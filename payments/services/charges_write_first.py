@@ -19,9 +19,8 @@ from django.utils import timezone
 from payments.models import Payment
 from payments.services.charge_rows import Parties, charge_accounts_of, charge_legs, charge_rows_wanted, payment_rows_new, rewards_cut
 from wallets import ids
-from wallets.locks import BalanceWant, LockedBalances, balance_rows_lock, balance_rows_read_by_owner
+from wallets.locks import BalanceWant, LockedBalances, balance_rows_lock, balance_rows_read_by_owner, rows_insert_in_savepoint
 from wallets.models import Account, AccountKind, LedgerTransactionKind
-from wallets.rows import rows_insert_in_savepoint
 from wallets.selectors import MovementAccounts
 from wallets.services.ledger import available, ledger_post, ledger_rows_new, ledger_wants
 
