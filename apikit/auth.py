@@ -42,7 +42,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         hit = api_key_cache_get(raw_key=raw_key) if getattr(view, "api_key_cache_confirmed", False) else None
         if hit is not None:
             request._request.api_key_cache_hit = hit  # type: ignore[attr-defined]
-            return principal_from_api_key(hit.value), hit.value
+            return principal_from_api_key(hit.api_key), hit.api_key
         api_key = api_key_cache_fill(raw_key=raw_key)
         if api_key is None:
             _refuse(request, raw_key, "invalid, revoked or expired API key")
@@ -74,7 +74,7 @@ def api_key_cache_confirm(request: Request, *, epoch_now: bytes | None) -> None:
     if api_key is None:
         request.user, request.auth = None, None  # type: ignore[assignment]
         _refuse(request, request.META.get("HTTP_AUTHORIZATION", "").partition(" ")[2].strip(), "invalid, revoked or expired API key")
-    if api_key is not hit.value:
+    if api_key is not hit.api_key:
         request.user, request.auth = principal_from_api_key(api_key), api_key  # type: ignore[assignment]
     api_key_last_used_touch(api_key=api_key)
 

@@ -70,7 +70,7 @@ class KeyAndTenantThrottle(BaseThrottle):
             window = int(now // period)
             checks.append((f"tally:throttle:{schema}:{scope}:{ident}:{window}", limit, period, window))
         cache_hit = getattr(request._request, "api_key_cache_hit", None)
-        epoch_key = cache_hit.epoch_key if isinstance(cache_hit, ApiKeyCacheHit) else None
+        epoch_key = cache_hit.epoch_redis_key if isinstance(cache_hit, ApiKeyCacheHit) else None
         if not checks and epoch_key is None:
             return True
         prefetch = _replay_prefetch_target(request, view)

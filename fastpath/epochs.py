@@ -15,7 +15,6 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import redis
@@ -69,17 +68,6 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-@dataclass(frozen=True)
-class EpochCacheHit(Generic[K, V]):
-    """A cached value (a copy), not yet trusted: `EpochCache.confirm` compares the epoch it
-    was cached under with the current one (at `epoch_key`)."""
-
-    value: V
-    key: K
-    epoch: bytes
-    epoch_key: str
-
-
 class EpochCache(Generic[K, V]):
     """Values read from the database (`read`), kept in this process for at most `ttl()`
     seconds under the epoch at `epoch_key(key)` read before the read, and handed out as
@@ -103,8 +91,9 @@ class EpochCache(Generic[K, V]):
         self._generation += 1
         self._entries.clear()
 
-    def get(self, key: K) -> EpochCacheHit[K, V] | None:
-        """The entry for `key`, or None: not cached, past its TTL, or no longer live."""
+    def get(self, key: K) -> tuple[V, bytes] | None:
+        """The entry for `key` (a copy of its value, and the epoch it was cached under), not
+        yet trusted (`confirm`); None: not cached, past its TTL, or no longer live."""
         if self._ttl() <= 0:
             return None
         entry = self._entries.get(key)
@@ -114,15 +103,15 @@ class EpochCache(Generic[K, V]):
         if deadline <= time.monotonic() or not self._live(value):
             self._entries.pop(key, None)
             return None
-        return EpochCacheHit(value=self._copy(value), key=key, epoch=epoch, epoch_key=self._epoch_key(key))
+        return self._copy(value), epoch
 
-    def confirm(self, hit: EpochCacheHit[K, V], *, epoch_now: bytes | None) -> V | None:
-        """The hit's value if the epoch (read before this call) is still the one it was
-        cached under; else the value read now (kept under `epoch_now`)."""
-        if epoch_now is not None and epoch_now == hit.epoch:
-            return hit.value
-        self._entries.pop(hit.key, None)
-        return self._read_and_keep(hit.key, epoch=epoch_now)
+    def confirm(self, key: K, value: V, *, epoch: bytes, epoch_now: bytes | None) -> V | None:
+        """`value`, as `get` gave it with `epoch`, if the epoch (read before this call) is
+        still that one; else the value read now (kept under `epoch_now`)."""
+        if epoch_now is not None and epoch_now == epoch:
+            return value
+        self._entries.pop(key, None)
+        return self._read_and_keep(key, epoch=epoch_now)
 
     def fill(self, key: K) -> V | None:
         """The value read now, kept under the epoch read first."""

@@ -13,21 +13,18 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from fastpath.epochs import EpochCache, EpochCacheHit, epoch_bump
+from fastpath.epochs import EpochCache, epoch_bump
 from wallets.metrics import API_KEY_EPOCH_BUMP_FAILURES
 from wallets.models import ApiKey
 from wallets.selectors import api_key_get_active_by_hash, api_key_hash
 
 logger = logging.getLogger("tally.wallets")
-
-# What `api_key_cache_get` hands out: a key (`.value`) not yet trusted, its epoch's Redis key.
-ApiKeyCacheHit = EpochCacheHit
-
 
 def api_key_epoch_redis_key(*, schema: str) -> str:
     return f"tally:api_key_epoch:{schema}"
@@ -72,16 +69,31 @@ def _api_key_cache_key(raw_key: str) -> tuple[str, str]:
     return str(getattr(connection, "schema_name", "public")), api_key_hash(raw_key)
 
 
-def api_key_cache_get(*, raw_key: str) -> EpochCacheHit[tuple[str, str], ApiKey] | None:
+@dataclass(frozen=True)
+class ApiKeyCacheHit:
+    """A cached key, not yet trusted (`api_key_cache_confirm`), with the epoch it was read under."""
+
+    api_key: ApiKey
+    cache_key: tuple[str, str]
+    epoch: bytes
+
+    @property
+    def epoch_redis_key(self) -> str:
+        return api_key_epoch_redis_key(schema=self.cache_key[0])
+
+
+def api_key_cache_get(*, raw_key: str) -> ApiKeyCacheHit | None:
     """The cached entry for `raw_key` in the current schema (a copy), or None: not cached,
     past its TTL, or past the key's own `expires_at`."""
-    return _api_key_cache.get(_api_key_cache_key(raw_key))
+    cache_key = _api_key_cache_key(raw_key)
+    cached = _api_key_cache.get(cache_key)
+    return None if cached is None else ApiKeyCacheHit(api_key=cached[0], cache_key=cache_key, epoch=cached[1])
 
 
-def api_key_cache_confirm(*, hit: EpochCacheHit[tuple[str, str], ApiKey], epoch_now: bytes | None) -> ApiKey | None:
+def api_key_cache_confirm(*, hit: ApiKeyCacheHit, epoch_now: bytes | None) -> ApiKey | None:
     """The hit's key if the tenant's epoch (read before this call) is still the one it was
     cached under; else the key as PostgreSQL has it now, or None if it is dead."""
-    return _api_key_cache.confirm(hit, epoch_now=epoch_now)
+    return _api_key_cache.confirm(hit.cache_key, hit.api_key, epoch=hit.epoch, epoch_now=epoch_now)
 
 
 def api_key_cache_fill(*, raw_key: str) -> ApiKey | None:
