@@ -11,15 +11,13 @@ import logging
 import time
 from typing import Any
 
-import redis
 from django.db import connection
-from redis.commands.core import Script
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from apikit.principal import Principal
-from fastpath.fastredis import fast_redis
+from fastpath.counters import windows_count
 from payments.idempotency.cache import ReplayPrefetch, replay_cache_entry_decode, replay_cache_redis_key
 from payments.idempotency.canonical import idempotency_key_is_valid
 from wallets.keycache import ApiKeyCacheHit
@@ -110,43 +108,18 @@ def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str]
     return None if redis_key is None else (principal.id, raw_key, redis_key)
 
 
-# KEYS: the window counters, then the keys to GET; ARGV: how many counters, then their TTLs.
-# One script, not a pipeline: that cost a command object, packing and a callback per command.
-_WINDOWS_COUNT_LUA = b"""
-local counters = tonumber(ARGV[1])
-local out = {}
-for i = 1, counters do
-  out[i] = redis.call('INCR', KEYS[i])
-  redis.call('EXPIRE', KEYS[i], ARGV[i + 1], 'NX')
-end
-for i = counters + 1, #KEYS do
-  out[i] = redis.call('GET', KEYS[i])
-end
-return out
-"""
-# Sent by SHA (EVALSHA); Redis loads the script on its first use. Bound to a client per call.
-_WINDOWS_COUNT = Script(None, _WINDOWS_COUNT_LUA)  # type: ignore[arg-type]
-
-
 def _windows_count(
     windows: list[tuple[str, int]], *, now_seconds: float, get_keys: list[str] | None = None
 ) -> tuple[list[int], list[bytes | None]] | None:
     """The counts of the (key, period) windows, INCR'd, and the values at `get_keys`, in ONE
-    round trip; None when Redis is down (fail open, and stop trying for a few seconds)."""
+    round trip (fastpath.counters); None when Redis is down (fail open, and stop trying for
+    a few seconds)."""
     global _redis_down_until
-    get_keys = get_keys or []
-    try:
-        replies = _WINDOWS_COUNT(
-            keys=[key for key, _ in windows] + get_keys,
-            args=[len(windows), *(period + 1 for _, period in windows)],
-            client=fast_redis(),
-        )
-        # A missing key reads as Lua's false, which Redis answers as nil: None here.
-        return [int(c) for c in replies[: len(windows)]], list(replies[len(windows) :])
-    except redis.RedisError:
+    answer = windows_count(windows, get_keys=get_keys or [])
+    if answer is None:
         _redis_down_until = now_seconds + REDIS_BACKOFF_SECONDS
         logger.warning("throttle store unavailable: failing open")
-        return None
+    return answer
 
 
 def api_key_epoch_now(request: Request) -> bytes | None:

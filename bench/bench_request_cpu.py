@@ -577,7 +577,7 @@ def main() -> None:
     from config.wsgi import application  # django.setup() again: logging is configured by now
 
     if args.gc_freeze:  # what gunicorn's post_worker_init does once the worker has loaded the app
-        from config.gc_tuning import gc_freeze_after_load
+        from fastpath.gcfreeze import gc_freeze_after_load
 
         gc_freeze_after_load()
 

@@ -24,13 +24,9 @@ logconfig_dict = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     "loggers": {"gunicorn.error": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }
-
-
-def post_worker_init(worker):  # type: ignore[no-untyped-def]
-    # The application is loaded: keep its objects out of every later collection (config/gc_tuning.py).
-    from config.gc_tuning import gc_freeze_after_load
-
-    worker.log.info("gc: %d objects of the loaded application frozen", gc_freeze_after_load())
+# Once the application is loaded, its objects are frozen out of every later collection
+# (gunicorn imports the named hook).
+post_worker_init = "fastpath.gcfreeze.post_worker_init"
 
 
 def child_exit(server, worker):  # type: ignore[no-untyped-def]

@@ -380,6 +380,33 @@ class InsertBatch:
             transaction.set_rollback(True, using=alias)
 
 
+# One compiled insert per model, made on its first rows.
+_INSERTS: dict[type[Model], CompiledInsert[Any]] = {}
+
+
+def _insert_batch(groups: Sequence[Sequence[Model]]) -> InsertBatch:
+    batch = InsertBatch()
+    for objs in groups:
+        if objs:
+            model = type(objs[0])
+            if model not in _INSERTS:
+                _INSERTS[model] = CompiledInsert(model)
+            batch.add(_INSERTS[model], objs)
+    return batch
+
+
+def rows_insert(*groups: Sequence[Model]) -> None:
+    """Insert new rows as `bulk_create` would, groups of one model each, in one round trip;
+    a failure marks the caller's transaction for rollback. Locks: none (new rows)."""
+    _insert_batch(groups).execute()
+
+
+def rows_insert_in_savepoint(*groups: Sequence[Model]) -> str:
+    """`rows_insert` in a savepoint opened in the same round trip (rolled back before a
+    failure is raised); returns its id. Locks: none (new rows)."""
+    return _insert_batch(groups).execute_in_savepoint()
+
+
 def sends_statements_together(connection: Any) -> bool:
     """Whether this open connection's cursors bind client-side (psycopg's ClientCursor),
     which lets one execute carry several statements."""

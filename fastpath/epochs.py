@@ -1,5 +1,6 @@
 """Epochs: one opaque Redis value per key that changes after every committed write that
-must end trust in what other processes cached under the old value.
+must end trust in what other processes cached under the old value, and the per-process
+cache that stands on them (`EpochCache`, the API key cache's).
 
 A cache records with each entry the epoch it read BEFORE its database read, and trusts
 the entry only while the epoch is unchanged; a write commits, then bumps. A missing key
@@ -13,7 +14,8 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 import redis
 
@@ -60,3 +62,69 @@ def epoch_bump(*, key: str) -> bool:
     except redis.RedisError:
         return False
     return True
+
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class EpochCache(Generic[K, V]):
+    """Values read from the database (`read`), kept in this process for at most `ttl()`
+    seconds under the epoch at `epoch_key(key)` read before the read, and handed out as
+    copies (`copy`). A value is kept only if `keep(value)`, Redis answered the epoch read,
+    and no `clear` ran during the read (it may have read the old row); an entry no longer
+    `live` is dropped. At most `max_entries` are kept (then it starts over). A `ttl()` of
+    0 or less: nothing is cached, nor is the epoch read."""
+
+    def __init__(
+        self, *, read: Callable[[K], V | None], epoch_key: Callable[[K], str], ttl: Callable[[], float],
+        copy: Callable[[V], V], keep: Callable[[V], bool], live: Callable[[V], bool], max_entries: int = 10_000,
+    ) -> None:
+        self._read, self._epoch_key, self._ttl = read, epoch_key, ttl
+        self._copy, self._keep, self._live = copy, keep, live
+        self._max_entries = max_entries
+        self._entries: dict[K, tuple[V, float, bytes]] = {}
+        self._generation = 0
+
+    def clear(self) -> None:
+        """Forget every entry in this process (and keep no read in flight)."""
+        self._generation += 1
+        self._entries.clear()
+
+    def get(self, key: K) -> tuple[V, bytes] | None:
+        """The entry for `key` (a copy of its value, and the epoch it was cached under), not
+        yet trusted (`confirm`); None: not cached, past its TTL, or no longer live."""
+        if self._ttl() <= 0:
+            return None
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        value, deadline, epoch = entry
+        if deadline <= time.monotonic() or not self._live(value):
+            self._entries.pop(key, None)
+            return None
+        return self._copy(value), epoch
+
+    def confirm(self, key: K, value: V, *, epoch: bytes, epoch_now: bytes | None) -> V | None:
+        """`value`, as `get` gave it with `epoch`, if the epoch (read before this call) is
+        still that one; else the value read now (kept under `epoch_now`)."""
+        if epoch_now is not None and epoch_now == epoch:
+            return value
+        self._entries.pop(key, None)
+        return self._read_and_keep(key, epoch=epoch_now)
+
+    def fill(self, key: K) -> V | None:
+        """The value read now, kept under the epoch read first."""
+        if self._ttl() <= 0:
+            return self._read(key)
+        return self._read_and_keep(key, epoch=epoch_read(key=self._epoch_key(key)))  # before the database read
+
+    def _read_and_keep(self, key: K, *, epoch: bytes | None) -> V | None:
+        generation = self._generation
+        value = self._read(key)
+        ttl = self._ttl()
+        if value is not None and epoch is not None and ttl > 0 and generation == self._generation and self._keep(value):
+            if len(self._entries) >= self._max_entries:
+                self._entries.clear()
+            self._entries[key] = (self._copy(value), time.monotonic() + ttl, epoch)
+        return value

@@ -10,6 +10,8 @@ mark committed before that relay reads, so no event waits; and a beat relay star
 cannot let a second kicked relay in. A mark whose publish failed is dropped at once; one
 whose relay never runs expires after `pending_ms`.
 
+Within one transaction, a kick is queued for its commit once (`on_commit_queued`).
+
 A kick sooner than `interval_ms` after the last relay started gets a countdown for the
 rest: a relay run costs ~4 ms of CPU whatever it finds, and a run per commit took that
 from the web workers. The interval adds at most itself to an event's lag.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 import redis
+from django.db import connection
 from redis.commands.core import Script
 
 from fastpath.fastredis import fast_redis
@@ -79,3 +82,9 @@ def kick_started(*, pending_key: str, started_key: str, token: str) -> None:
     run it stands for has still to start. Redis down: the mark lapses by itself."""
     with contextlib.suppress(redis.RedisError):
         _RELAY_STARTED(keys=[pending_key, started_key], args=[token], client=fast_redis())
+
+
+def on_commit_queued(callback: object) -> bool:
+    """Whether a callback equal to `callback` waits for the current transaction's commit
+    already (Django's `on_commit` queues every one it is given)."""
+    return any(entry[1] == callback for entry in connection.run_on_commit)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import secrets
+from dataclasses import dataclass
 
 from celery import current_app
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from fastpath.kicks import kick_claim, kick_drop, kick_started
+from fastpath.kicks import kick_claim, kick_drop, kick_started, on_commit_queued
 from tenants.duework import due_work_mark
 from tenants.models import DueWorkKind
 
@@ -36,9 +37,9 @@ def _relay_started_key(schema_name: str) -> str:
     return f"tally:outbox:relay_started_ms:{schema_name}"
 
 
+@dataclass(frozen=True)
 class _RelayKick:
-    def __init__(self, schema_name: str) -> None:
-        self.schema_name = schema_name
+    schema_name: str
 
     def __call__(self) -> None:
         if not getattr(settings, "TALLY_OUTBOX_RELAY_KICK", True):
@@ -93,10 +94,8 @@ def outbox_relay_kick_on_commit() -> None:
     """Kick the relay once after the current transaction commits (at once outside one),
     and mark the tenant's relay work due in the transaction (tenants.duework), so the beat
     relays it even if the kick is lost. Locks: the tenant's relay due-work lock, SHARED."""
-    schema_name = str(getattr(connection, "schema_name", "public"))
-    for entry in connection.run_on_commit:
-        callback = entry[1]
-        if isinstance(callback, _RelayKick) and callback.schema_name == schema_name:
-            return
+    kick = _RelayKick(str(getattr(connection, "schema_name", "public")))
+    if on_commit_queued(kick):
+        return
     due_work_mark(kind=DueWorkKind.RELAY, due_at=timezone.now())
-    transaction.on_commit(_RelayKick(schema_name), robust=True)
+    transaction.on_commit(kick, robust=True)

@@ -22,7 +22,6 @@ from tenants.models import Tenant
 from tests.conftest import in_tenant, run_in_thread_tenant, statements_sent
 from tests.factories import CustomerFactory, MerchantFactory, fund
 from wallets import locks
-from wallets import rows as wallet_rows
 from wallets.locks import LOCK_ORDER, OwnerRow, balance_rows_lock_by_owner
 from wallets.models import Account, AccountKind, Balance, LedgerEntry, LedgerTransaction, LedgerTransactionKind, SystemRole
 from wallets.selectors import account_of
@@ -87,7 +86,7 @@ def test_the_account_lock_and_the_balance_update_send_what_the_orm_compiles(tena
 
     for kinds in ((True, False), (False, True), (True, True)):
         for rows in (1, 3):
-            statement = wallet_rows._BALANCES_ADD.get((rows, *kinds))
+            statement = locks._BALANCES_ADD.get((rows, *kinds))
             values = {f"row{i}": 11 + i for i in range(rows)}
             values |= {f"balance{i}": 5 - i for i in range(rows)} if kinds[0] else {}
             values |= {f"held{i}": -2 - i for i in range(rows)} if kinds[1] else {}
@@ -109,7 +108,7 @@ def test_the_account_lock_and_the_balance_update_send_what_the_orm_compiles(tena
     )
     orm_update = Balance.objects.filter(pk__in=[11, 12, 13]).query.chain(_update_query())
     orm_update.add_update_values({"balance": change})
-    compiled_update = wallet_rows._BALANCES_ADD.get((3, True, False)).sql_with_params(
+    compiled_update = locks._BALANCES_ADD.get((3, True, False)).sql_with_params(
         row0=11, row1=12, row2=13, balance0=5, balance1=-5, balance2=0
     )
     assert _normalised(*compiled_update) == _orm_sql_of_query(orm_update)
@@ -462,7 +461,7 @@ def test_an_event_its_caller_inserts_needs_a_transaction(live_tenant: Tenant) ->
     """Outside a transaction the relay kick would run at once, before the caller inserts the
     event: refused."""
     from payments.services.outbox import outbox_event_new
-    from wallets.rows import rows_insert
+    from wallets.locks import rows_insert
 
     with pytest.raises(TransactionManagementError):
         outbox_event_new(topic="t.no-transaction", payload={})

@@ -90,7 +90,7 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
     """The payment path is the ledger's one posting path, in the ORM, and keeps the wallet
     row locked for as little as it can: it reads its plan (the rows, accounts and assets,
     no lock), opens a savepoint and inserts the ledger transaction, entries, payment and
-    event (five statements sent in one round trip: wallets.rows.rows_insert_in_savepoint), and only
+    event (five statements sent in one round trip: wallets.locks.rows_insert_in_savepoint), and only
     then locks every balance row with one statement in lock order and moves them with one
     F() update. No SQL function is involved. The next payment of the same parties in this
     process skips the plan read: it knows their accounts (payments.services.charges). (The

@@ -1,5 +1,6 @@
-"""The web worker's process settings (config/gunicorn.py): the collector frozen once the
-application is loaded, and no access-log record built per request unless one is asked for."""
+"""The web worker's process settings (config/gunicorn.py, fastpath/gcfreeze.py): the
+collector frozen once the application is loaded, and no access-log record built per
+request unless one is asked for."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from gunicorn.config import Config
 from gunicorn.glogging import Logger
 
 from config import gunicorn as gunicorn_config
-from config.gc_tuning import gc_freeze_after_load
 from config.gunicorn_workers import NoAccessLogger
+from fastpath.gcfreeze import gc_freeze_after_load
 from tests.live import gunicorn_running
 
 
@@ -61,7 +63,9 @@ def test_the_worker_hook_freezes_and_says_how_many(unfrozen_afterwards: None) ->
             def info(message: str, *args: Any) -> None:
                 said.append((message, *args))
 
-    gunicorn_config.post_worker_init(Worker())
+    cfg = Config()
+    cfg.set("post_worker_init", gunicorn_config.post_worker_init)  # resolved as gunicorn resolves it
+    cfg.post_worker_init(Worker())
     [(message, count)] = said
     assert message == "gc: %d objects of the loaded application frozen"
     assert count > 20_000 and abs(gc.get_freeze_count() - count) < 100  # frozen objects can still be freed

@@ -1,11 +1,11 @@
-"""The per-process cache of live API keys, trusted through the tenant's API key epoch in
-Redis (fastpath.epochs). A live key is kept per (tenant schema, key hash) for at most
-TALLY_API_KEY_CACHE_SECONDS, with the epoch read BEFORE the database read that filled the
-entry. A hit is trusted only once `api_key_cache_confirm` has compared that epoch with the
-current one (read in the request's throttle call); else the key is read again. Revoke and
-rotate bump the epoch after commit. Unknown, revoked and expired keys are never cached,
-nor staff keys (read from PostgreSQL at each request, as their login is);
-each hit is checked against the key's own `expires_at` and gets copies of the rows.
+"""The per-process cache of live API keys (fastpath.epochs.EpochCache), trusted through the
+tenant's API key epoch in Redis. A live key is kept per (tenant schema, key hash) for at
+most TALLY_API_KEY_CACHE_SECONDS, with the epoch read BEFORE the database read that filled
+the entry. A hit is trusted only once `api_key_cache_confirm` has compared that epoch with
+the current one (read in the request's throttle call); else the key is read again. Revoke
+and rotate bump the epoch after commit. Unknown, revoked and expired keys are never
+cached, nor staff keys (read from PostgreSQL at each request, as their login is); each hit
+is checked against the key's own `expires_at` and gets copies of the rows.
 Redis down: nothing is cached or trusted.
 """
 
@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import copy
 import logging
-import time
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from fastpath.epochs import epoch_bump, epoch_read
+from fastpath.epochs import EpochCache, epoch_bump
 from wallets.metrics import API_KEY_EPOCH_BUMP_FAILURES
 from wallets.models import ApiKey
-from wallets.selectors import api_key_get_active, api_key_get_active_by_hash, api_key_hash
+from wallets.selectors import api_key_get_active_by_hash, api_key_hash
 
 logger = logging.getLogger("tally.wallets")
-
 
 def api_key_epoch_redis_key(*, schema: str) -> str:
     return f"tally:api_key_epoch:{schema}"
@@ -45,18 +43,6 @@ def api_key_epoch_bump(*, schema: str) -> bool:
     return False
 
 
-_API_KEY_CACHE_MAX_ENTRIES = 10_000
-_api_key_cache: dict[tuple[str, str], tuple[ApiKey, float, bytes]] = {}
-_api_key_cache_generation = 0
-
-
-def api_key_cache_clear() -> None:
-    """Forget every cached key in this process (a key was revoked or rotated)."""
-    global _api_key_cache_generation
-    _api_key_cache_generation += 1
-    _api_key_cache.clear()
-
-
 def _api_key_copy(api_key: ApiKey) -> ApiKey:
     copied = copy.copy(api_key)
     for name in ("customer", "merchant", "terminal", "staff"):
@@ -66,8 +52,17 @@ def _api_key_copy(api_key: ApiKey) -> ApiKey:
     return copied
 
 
-def _api_key_cache_ttl() -> float:
-    return float(settings.TALLY_API_KEY_CACHE_SECONDS)
+# Staff keys are not kept: the database guard that revokes a deactivated login's keys
+# (wallets migration 0015) bumps no epoch, so a cached one could outlive a deactivation
+# and reactivation done without a save.
+_api_key_cache: EpochCache[tuple[str, str], ApiKey] = EpochCache(
+    read=lambda cache_key: api_key_get_active_by_hash(key_hash=cache_key[1]),
+    epoch_key=lambda cache_key: api_key_epoch_redis_key(schema=cache_key[0]),
+    ttl=lambda: float(settings.TALLY_API_KEY_CACHE_SECONDS),
+    copy=_api_key_copy,
+    keep=lambda api_key: api_key.staff_id is None,
+    live=lambda api_key: api_key.expires_at is None or api_key.expires_at > timezone.now(),
+)
 
 
 def _api_key_cache_key(raw_key: str) -> tuple[str, str]:
@@ -90,52 +85,20 @@ class ApiKeyCacheHit:
 def api_key_cache_get(*, raw_key: str) -> ApiKeyCacheHit | None:
     """The cached entry for `raw_key` in the current schema (a copy), or None: not cached,
     past its TTL, or past the key's own `expires_at`."""
-    if _api_key_cache_ttl() <= 0:
-        return None
     cache_key = _api_key_cache_key(raw_key)
-    hit = _api_key_cache.get(cache_key)
-    if hit is None:
-        return None
-    api_key, deadline, epoch = hit
-    if deadline <= time.monotonic() or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
-        _api_key_cache.pop(cache_key, None)
-        return None
-    return ApiKeyCacheHit(api_key=_api_key_copy(api_key), cache_key=cache_key, epoch=epoch)
+    cached = _api_key_cache.get(cache_key)
+    return None if cached is None else ApiKeyCacheHit(api_key=cached[0], cache_key=cache_key, epoch=cached[1])
 
 
 def api_key_cache_confirm(*, hit: ApiKeyCacheHit, epoch_now: bytes | None) -> ApiKey | None:
     """The hit's key if the tenant's epoch (read before this call) is still the one it was
     cached under; else the key as PostgreSQL has it now, or None if it is dead."""
-    if epoch_now is not None and epoch_now == hit.epoch:
-        return hit.api_key
-    _api_key_cache.pop(hit.cache_key, None)
-    return _api_key_read_and_cache(cache_key=hit.cache_key, epoch=epoch_now)
+    return _api_key_cache.confirm(hit.cache_key, hit.api_key, epoch=hit.epoch, epoch_now=epoch_now)
 
 
 def api_key_cache_fill(*, raw_key: str) -> ApiKey | None:
     """`api_key_get_active`, caching a live key under the tenant's epoch read first."""
-    if _api_key_cache_ttl() <= 0:
-        return api_key_get_active(raw_key=raw_key)
-    cache_key = _api_key_cache_key(raw_key)
-    epoch = epoch_read(key=api_key_epoch_redis_key(schema=cache_key[0]))  # before the database read
-    return _api_key_read_and_cache(cache_key=cache_key, epoch=epoch)
-
-
-def _api_key_read_and_cache(*, cache_key: tuple[str, str], epoch: bytes | None) -> ApiKey | None:
-    generation = _api_key_cache_generation
-    api_key = api_key_get_active_by_hash(key_hash=cache_key[1])
-    ttl = _api_key_cache_ttl()
-    # Not cached: Redis did not answer (nothing to confirm a hit against), or this
-    # process invalidated its cache during the read (the row read may be the old one), or
-    # a staff key: the database guard that revokes a deactivated login's keys (wallets
-    # migration 0015) bumps no epoch, so a cached one could outlive a deactivation and
-    # reactivation done without a save.
-    if (api_key is not None and api_key.staff_id is None and epoch is not None and ttl > 0
-            and generation == _api_key_cache_generation):
-        if len(_api_key_cache) >= _API_KEY_CACHE_MAX_ENTRIES:
-            _api_key_cache.clear()
-        _api_key_cache[cache_key] = (_api_key_copy(api_key), time.monotonic() + ttl, epoch)
-    return api_key
+    return _api_key_cache.fill(_api_key_cache_key(raw_key))
 
 
 def api_key_cache_invalidate() -> None:
@@ -145,8 +108,8 @@ def api_key_cache_invalidate() -> None:
     schema = str(getattr(connection, "schema_name", "public"))
 
     def after_commit() -> None:
-        api_key_cache_clear()
+        _api_key_cache.clear()
         api_key_epoch_bump(schema=schema)
 
-    api_key_cache_clear()
+    _api_key_cache.clear()
     transaction.on_commit(after_commit, robust=True)

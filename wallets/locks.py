@@ -1,4 +1,6 @@
-"""Every row lock the ledger takes, and the one order it takes them in.
+"""Every row lock the ledger takes, and the one order it takes them in; and the money
+path's writes of the rows it holds (`balance_rows_add`) and of new rows (`rows_insert`),
+in as few round trips as they can go (fastpath.compiled).
 
 Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
@@ -25,9 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Value, When
 
 from fastpath.compiled import CompiledQuery, CompiledShapes, Param
+
+# New rows in one round trip (in a savepoint of their own, too): the money path's services
+# take them from here, with the locks and `balance_rows_add`.
+from fastpath.compiled import rows_insert as rows_insert
+from fastpath.compiled import rows_insert_in_savepoint as rows_insert_in_savepoint
 from wallets.models import BALANCE_SHARDS, Account, AccountKind, ApiKey, Balance, Customer, Hold, StagedMigrationState
 
 ALL_SHARDS = -1
@@ -192,6 +199,48 @@ def _by_owner_statement(shape: tuple[Any, ...]) -> CompiledQuery[Balance]:
 # rest of a payment. Prepared: planning the join was most of PostgreSQL's work for one.
 _BY_ACCOUNT: CompiledShapes[Balance] = CompiledShapes(_by_account_statement)
 _BY_OWNER: CompiledShapes[Balance] = CompiledShapes(_by_owner_statement)
+
+
+def balance_rows_add(*, changes: dict[int, int], held_changes: dict[int, int]) -> None:
+    """One UPDATE of every changed balance row: balance = balance + its change, held
+    likewise. Raises RuntimeError if a row is missing. Locks: none of its own (the caller
+    holds every row already, so the order the UPDATE visits them in does not matter)."""
+    balances = {pk: delta for pk, delta in changes.items() if delta != 0}
+    if not balances and not held_changes:
+        return
+    rows = sorted(balances.keys() | held_changes.keys())
+    values: dict[str, int] = {}
+    for index, pk in enumerate(rows):
+        values[f"row{index}"] = pk
+        if balances:
+            values[f"balance{index}"] = balances.get(pk, 0)
+        if held_changes:
+            values[f"held{index}"] = held_changes.get(pk, 0)
+    updated = _BALANCES_ADD.get((len(rows), bool(balances), bool(held_changes))).update(**values)
+    if updated != len(rows):
+        raise RuntimeError(f"balance update changed {updated} of {len(rows)} locked rows")
+
+
+def _balances_add_statement(shape: tuple[int, bool, bool]) -> CompiledQuery[Balance]:
+    """UPDATE .. SET balance = balance + CASE id WHEN .. END [, held likewise] WHERE id IN (..)."""
+    rows, balance, held = shape
+    updates = {}
+    if balance:
+        updates["balance"] = F("balance") + _per_row("balance", rows=rows)
+    if held:
+        updates["held"] = F("held") + _per_row("held", rows=rows)
+    return CompiledQuery(Balance.objects.filter(pk__in=[Param(f"row{i}") for i in range(rows)]), update=updates, prepared=True)
+
+
+def _per_row(column: str, *, rows: int) -> Param | Case:
+    if rows == 1:
+        return Param(f"{column}0", output_field=BigIntegerField())
+    whens = [When(pk=Param(f"row{i}"), then=Param(f"{column}{i}", output_field=BigIntegerField())) for i in range(rows)]
+    return Case(*whens, default=Value(0), output_field=BigIntegerField())
+
+
+# Compiled once per shape and process: compiling this UPDATE cost a quarter of a payment's Python.
+_BALANCES_ADD: CompiledShapes[Balance] = CompiledShapes(_balances_add_statement)
 
 
 def account_balance_rows_lock(*, account_id: str) -> list[Balance]:

@@ -105,7 +105,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
 CACHES = {
     "default": {
-        "BACKEND": "config.cache.TallyRedisCache",
+        "BACKEND": "fastpath.rediscache.ReusingRedisCache",  # Django's, one redis-py client per pool
         "LOCATION": REDIS_URL,
         # Per-tenant key prefix: tenant A can never read tenant B's cache entries.
         "KEY_FUNCTION": "django_tenants.cache.make_key",

@@ -47,10 +47,11 @@ from wallets.locks import (
     balance_rows_lock_by_owner,
     balance_rows_read_by_owner,
     connection_shard,
+    rows_insert,
+    rows_insert_in_savepoint,
 )
 from wallets.models import CARBON_ASSET, POINTS_ASSET, Account, AccountKind, Customer, Hold, LedgerTransactionKind, SystemRole, Terminal
 from wallets.money import amount_to_minor, carbon_grams_for, points_for
-from wallets.rows import rows_insert, rows_insert_in_savepoint
 from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_get
 from wallets.services.ledger import Leg, available, cap_room, ledger_post, ledger_rows_new, ledger_wants
 from wallets.transactions import atomic_service

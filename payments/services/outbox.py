@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from payments.models import OutboxEvent
 from payments.relaykick import outbox_relay_kick_on_commit
-from wallets.rows import rows_insert
+from wallets.locks import rows_insert
 
 
 def outbox_event_create(

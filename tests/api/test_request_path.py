@@ -80,7 +80,7 @@ def test_a_payment_whose_row_batch_fails_leaves_nothing_and_its_key_executes_aga
     api: Api, world: World, funded: None, monkeypatch: Any, remembered: bool
 ) -> None:
     """A payment's rows go to PostgreSQL in one batch, in their own savepoint
-    (wallets.rows.rows_insert_in_savepoint). When that batch fails (here the payment id is
+    (wallets.locks.rows_insert_in_savepoint). When that batch fails (here the payment id is
     taken), the failure reaches the client as a 500 in the envelope; nothing of the
     payment is left (no payment, ledger rows or event, no balance moved); and the same
     Idempotency-Key, retried, executes the payment once. With `remembered`, the parties'

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from wallets.daily_totals import merchant_daily_totals_record
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
-from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, balance_want, hold_lock
+from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_add, balance_rows_lock, balance_want, hold_lock, rows_insert
 from wallets.models import (
     BALANCE_SHARDS,
     CARBON_ASSET,
@@ -35,7 +35,6 @@ from wallets.models import (
     LedgerTransaction,
     SystemRole,
 )
-from wallets.rows import balance_rows_add, rows_insert
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""Django's Redis cache with one redis-py client per connection pool: Django's client built a
-new `redis.Redis` (and its callback table) for every cache call, ~0.2 ms of CPU each, paid
-several times per API request; redis-py clients are thread-safe."""
+"""Django's Redis cache with one redis-py client per connection pool (settings CACHES names
+it): Django's client built a new `redis.Redis` (and its callback table) for every cache
+call, ~0.2 ms of CPU each, paid several times per API request; redis-py clients are
+thread-safe."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class ReusingRedisCacheClient(RedisCacheClient):
         return client
 
 
-class TallyRedisCache(RedisCache):
+class ReusingRedisCache(RedisCache):
     def __init__(self, server: str, params: dict[str, Any]) -> None:
         super().__init__(server, params)
         self._class = ReusingRedisCacheClient
