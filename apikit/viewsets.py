@@ -40,8 +40,12 @@ class ListMixin(ObjectMixin):
         """The queryset the list pages (a selector), from the validated query."""
         raise NotImplementedError
 
+    def page_complete(self, rows: list[Any]) -> list[Any]:
+        """The page's rows, completed before they are rendered (e.g. decrypted contact data)."""
+        return rows
+
     def list(self, request: Request) -> Response:
-        return self.list_response(self.objects(self.query(self.list_params)), self.out)
+        return self.list_response(self.objects(self.query(self.list_params)), self.out, prepare=self.page_complete)
 
 
 class RetrieveMixin(ObjectMixin):

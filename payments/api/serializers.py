@@ -403,19 +403,6 @@ class PaymentListParams(ListParamsSerializer):
 
 # --- Lists (documented shapes) ---------------------------------------------------------
 
-CustomerList = list_serializer(CustomerOut, "CustomerList")
 DailyTotalList = list_serializer(DailyTotalOut, "DailyTotalList")
-MandateList = list_serializer(MandateOut, "MandateList")
-MerchantList = list_serializer(MerchantOut, "MerchantList")
-StoreList = list_serializer(StoreOut, "StoreList")
-TerminalList = list_serializer(TerminalOut, "TerminalList")
-ApiKeyList = list_serializer(ApiKeyOut, "ApiKeyList")
-PaymentList = list_serializer(PaymentOut, "PaymentList")
-RefundList = list_serializer(RefundOut, "RefundList")
-TransferList = list_serializer(TransferOut, "TransferList")
 TopUpList = list_serializer(TopUpOut, "TopUpList")
-AdjustmentList = list_serializer(AdjustmentOut, "AdjustmentList")
-PendingAdjustmentList = list_serializer(PendingAdjustmentOut, "PendingAdjustmentList")
-PaymentIntentList = list_serializer(PaymentIntentOut, "PaymentIntentList")
-TransactionList = list_serializer(TransactionOut, "TransactionList")
 

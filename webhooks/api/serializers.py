@@ -71,9 +71,6 @@ class WebhookSecretRotateIn(StrictSerializer):
     )
 
 
-WebhookEndpointList = list_serializer(WebhookEndpointOut, "WebhookEndpointList")
-
-
 class WebhookDeliveryOut(ObjectOut):
     object_type = "webhook_delivery"
     endpoint = S.CharField(source="endpoint_id")
@@ -117,9 +114,6 @@ class EventOut(Serializer):
 
     def get_data(self, obj: Any) -> dict[str, Any]:
         return {"object": obj.payload}
-
-
-EventList = list_serializer(EventOut, "EventList")
 
 
 class EventListParams(ListParamsSerializer):
