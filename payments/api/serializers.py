@@ -405,4 +405,3 @@ class PaymentListParams(ListParamsSerializer):
 
 DailyTotalList = list_serializer(DailyTotalOut, "DailyTotalList")
 TopUpList = list_serializer(TopUpOut, "TopUpList")
-
