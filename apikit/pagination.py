@@ -6,6 +6,7 @@ pattern is the whole rule: anything else is 400 `cursor_invalid`."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, TypeVar
@@ -16,6 +17,7 @@ from rest_framework import serializers
 from rest_framework.pagination import BasePagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apikit.fields import InstantFilterField
 from apikit.shapes import Serializer
@@ -63,10 +65,12 @@ class CursorPagination(BasePagination):
 
     page_size = DEFAULT_PAGE_SIZE
     max_page_size = MAX_PAGE_SIZE
+    next_cursor: str | None = None
 
-    def paginate_queryset(self, queryset: QuerySet[Any], request: Request, view: Any = None) -> list[Any]:
+    def paginate_queryset(self, queryset: QuerySet[Any] | Sequence[Any], request: Request, view: APIView | None = None) -> list[Any]:
         """One page of `queryset` (any model with `created`), newest first."""
-        params: dict[str, Any] = view.params
+        assert isinstance(queryset, QuerySet)
+        params: dict[str, Any] = view.params  # type: ignore[union-attr]
         limit = min(int(params.get("limit") or self.page_size), self.max_page_size)
         qs = queryset
         for bound in ("gte", "gt", "lte", "lt"):
@@ -75,7 +79,7 @@ class CursorPagination(BasePagination):
         if params.get("cursor"):
             qs = _after(qs, params["cursor"])
         rows = list(qs.order_by("-created", "-pk")[: limit + 1])
-        page, self.next_cursor = rows[:limit], None
+        page = rows[:limit]
         if len(rows) > limit and page:
             self.next_cursor = f"{(page[-1].created - _EPOCH) // timedelta(microseconds=1)}.{page[-1].pk}"
         return page
