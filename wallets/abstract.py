@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.db import models
 from django.db.models.fields import NOT_PROVIDED
 
 from wallets import ids
 
+if TYPE_CHECKING:  # Django's fields take no type parameters at run time; the stubs' do
+    _CharField = models.CharField[str | int, str]
+else:
+    _CharField = models.CharField
 
-class PrefixedIdField(models.CharField):  # type: ignore[type-arg]
+
+class PrefixedIdField(_CharField):
     """The primary key of a PrefixedIdModel: its default is the id factory its concrete model
     names. Migrations see it as the plain CharField it is, so nothing is migrated."""
 

@@ -187,10 +187,9 @@ class ApiKeyViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
         return self.render(s.ApiKeyOut, api_key)
 
 
-def _with_key(api_key: Any, raw_key: str, **extra: Any) -> Any:
+def _with_key(api_key: ApiKey, raw_key: str, **extra: Any) -> ApiKey:
     # The raw key lives only in this response: it is never stored, logged or cached.
-    api_key.key = raw_key
-    for name, value in extra.items():
+    for name, value in {"key": raw_key, **extra}.items():
         setattr(api_key, name, value)
     return api_key
 
