@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from apikit.auth import ApiKeyAuthentication, FacePermission, StaffRolePermission, api_key_cache_confirm
 from apikit.errors import BodyIncomplete, LengthRequired, PayloadTooLarge
-from apikit.pagination import page
+from apikit.pagination import CursorPagination
 from apikit.parsers import StrictJSONParser
 from apikit.principal import Principal
 from apikit.shapes import Serializer
@@ -88,6 +88,9 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
     parser_classes = [StrictJSONParser]
     renderer_classes = [JSONRenderer]
     metadata_class = FaceMetadata
+    pagination_class = CursorPagination
+
+    params: dict[str, Any]  # the request's validated query (query())
 
     # Keys may come from the per-process cache: check_throttles confirms them.
     api_key_cache_confirmed: ClassVar[bool] = True
@@ -117,15 +120,17 @@ class FaceViewSet(IdempotencyMixin, viewsets.GenericViewSet[Any]):
         return dict(serializer.validated_data)
 
     def query(self, serializer_class: type[S]) -> dict[str, Any]:
-        return self.validated(serializer_class, data=self.request.query_params.dict())
+        """The validated query parameters, kept as `self.params` (the paginator reads them)."""
+        self.params = self.validated(serializer_class, data=self.request.query_params.dict())
+        return self.params
 
     def list_response(
-        self, queryset: QuerySet[Any], out: type[serializers.Serializer[Any]], params: dict[str, Any],
-        *, prepare: Callable[[list[Any]], list[Any]] | None = None,
+        self, queryset: QuerySet[Any], out: type[serializers.Serializer[Any]], *, prepare: Callable[[list[Any]], list[Any]] | None = None,
     ) -> Response:
-        """One page of `queryset`; `prepare` (a selector) completes the page's rows before
-        they are rendered (e.g. decrypted contact data)."""
-        return Response(page(queryset, params, lambda rows: list(out(prepare(list(rows)) if prepare else rows, many=True).data)))
+        """One page of `queryset` (after `query()`); `prepare` (a selector) completes the
+        page's rows before they are rendered (e.g. decrypted contact data)."""
+        rows = self.paginate_queryset(queryset) or []
+        return self.get_paginated_response(out(prepare(rows) if prepare else rows, many=True).data)
 
     @staticmethod
     def render(out: type[serializers.Serializer[Any]], obj: Any, *, status: int = 200, **extra: Any) -> Response:

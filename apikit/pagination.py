@@ -6,13 +6,18 @@ pattern is the whole rule: anything else is 400 `cursor_invalid`."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any, TypeVar
 
 from django.core.validators import RegexValidator
 from django.db.models import Model, Q, QuerySet
 from rest_framework import serializers
+from rest_framework.pagination import BasePagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apikit.fields import InstantFilterField
 from apikit.shapes import Serializer
@@ -51,41 +56,58 @@ class ListParamsSerializer(Serializer):
     created_lt = InstantFilterField(required=False, help_text="Only objects created before this time (ISO 8601).")
 
 
-def page(
-    queryset: QuerySet[M],
-    params: dict[str, Any],
-    render: Callable[[Sequence[M]], list[dict[str, Any]]],
-) -> dict[str, Any]:
-    """One page of `queryset` (any model with `created` and a string pk), rendered."""
-    limit = min(int(params.get("limit") or DEFAULT_PAGE_SIZE), MAX_PAGE_SIZE)
-    qs = queryset
-    for bound in ("gte", "gt", "lte", "lt"):
-        if params.get(f"created_{bound}") is not None:
-            qs = qs.filter(**{f"created__{bound}": params[f"created_{bound}"]})
-    if params.get("cursor"):
-        match = _CURSOR_RE.fullmatch(params["cursor"])
-        if match is None:
-            raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]})
-        micros, raw_pk = match.groups()
-        created = _EPOCH + timedelta(microseconds=int(micros))
-        pk: str | int = int(raw_pk) if _INT_PK_RE.fullmatch(raw_pk) else raw_pk
-        pk_field = queryset.model._meta.pk
-        int_pk = pk_field is not None and pk_field.get_internal_type() in {"AutoField", "BigAutoField"}
-        if isinstance(pk, int) == int_pk:
-            qs = qs.filter(Q(created__lt=created) | Q(created=created, pk__lt=pk))
-        else:  # an id of the other kind (another list's cursor): integer ids sort before string ids
-            qs = qs.filter(created__lte=created) if int_pk else qs.filter(created__lt=created)
-    rows = list(qs.order_by("-created", "-pk")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_cursor = None
-    if more and rows:
-        next_cursor = f"{(rows[-1].created - _EPOCH) // timedelta(microseconds=1)}.{rows[-1].pk}"  # type: ignore[attr-defined]
-    return {"object": "list", "data": render(rows), "next_cursor": next_cursor}
+class CursorPagination(BasePagination):
+    """DRF's pagination interface (GenericAPIView's `paginate_queryset` and
+    `get_paginated_response`) over the keyset above. Not DRF's CursorPagination: that one
+    positions on one field and skips ties by an offset, in a base64 query string it answers
+    404 for; these cursors are (created, id) positions of the documented form. The view has
+    validated the query (`view.params`) before it asks for a page."""
+
+    page_size = DEFAULT_PAGE_SIZE
+    max_page_size = MAX_PAGE_SIZE
+    next_cursor: str | None = None
+
+    def paginate_queryset(self, queryset: QuerySet[Any] | Sequence[Any], request: Request, view: APIView | None = None) -> list[Any]:
+        """One page of `queryset` (any model with `created`), newest first."""
+        assert isinstance(queryset, QuerySet)
+        params: dict[str, Any] = view.params  # type: ignore[union-attr]
+        limit = min(int(params.get("limit") or self.page_size), self.max_page_size)
+        qs = queryset
+        for bound in ("gte", "gt", "lte", "lt"):
+            if params.get(f"created_{bound}") is not None:
+                qs = qs.filter(**{f"created__{bound}": params[f"created_{bound}"]})
+        if params.get("cursor"):
+            qs = _after(qs, params["cursor"])
+        rows = list(qs.order_by("-created", "-pk")[: limit + 1])
+        page = rows[:limit]
+        if len(rows) > limit and page:
+            self.next_cursor = f"{(page[-1].created - _EPOCH) // timedelta(microseconds=1)}.{page[-1].pk}"
+        return page
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"object": "list", "data": data, "next_cursor": self.next_cursor})
 
 
+def _after(qs: QuerySet[M], cursor: str) -> QuerySet[M]:
+    """The rows after the cursor's position, in the list's order (newest first)."""
+    match = _CURSOR_RE.fullmatch(cursor)
+    if match is None:
+        raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]})
+    micros, raw_pk = match.groups()
+    created = _EPOCH + timedelta(microseconds=int(micros))
+    pk: str | int = int(raw_pk) if _INT_PK_RE.fullmatch(raw_pk) else raw_pk
+    pk_field = qs.model._meta.pk
+    int_pk = pk_field is not None and pk_field.get_internal_type() in {"AutoField", "BigAutoField"}
+    if isinstance(pk, int) == int_pk:
+        return qs.filter(Q(created__lt=created) | Q(created=created, pk__lt=pk))
+    # An id of the other kind (another list's cursor): integer ids sort before string ids.
+    return qs.filter(created__lte=created) if int_pk else qs.filter(created__lt=created)
+
+
+@cache
 def list_serializer(item: type[serializers.Serializer[Any]], name: str) -> type[serializers.Serializer[Any]]:
-    """The documented shape of a list response of `item` (for the OpenAPI schema)."""
+    """The documented shape of a list response of `item` (for the OpenAPI schema): one
+    class per item and name, whoever asks."""
     return type(
         name,
         (serializers.Serializer,),

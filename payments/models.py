@@ -12,6 +12,7 @@ from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from wallets import ids
+from wallets.abstract import PrefixedIdModel
 from wallets.models import Asset, Customer, Hold, LedgerTransaction, Merchant, StaffMember, Store, Terminal
 
 
@@ -36,10 +37,9 @@ class PaymentStatus(models.TextChoices):
     SUCCEEDED = "succeeded", "Succeeded"
 
 
-class Payment(models.Model):
+class Payment(PrefixedIdModel, new_id=ids.new_payment_id):
     """A customer paying a merchant (at a terminal, or through a payment intent)."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_payment_id, editable=False)
     status = models.CharField(max_length=12, choices=PaymentStatus.choices, default=PaymentStatus.SUCCEEDED)
     # No database foreign keys (see LedgerEntry): a KEY SHARE lock per payment on a shared
     # hot row (merchant, store, terminal, asset) costs a MultiXact each. The charge resolves
@@ -90,8 +90,7 @@ class Payment(models.Model):
         return f"{self.id} {self.amount} {self.asset_id}"
 
 
-class Refund(models.Model):
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_refund_id, editable=False)
+class Refund(PrefixedIdModel, new_id=ids.new_refund_id):
     status = models.CharField(max_length=12, default="succeeded")
     payment = models.ForeignKey(Payment, on_delete=models.PROTECT, related_name="refunds")
     amount = models.BigIntegerField()
@@ -99,7 +98,6 @@ class Refund(models.Model):
     points_reversed = models.BigIntegerField(default=0)
     carbon_grams_reversed = models.BigIntegerField(default=0)
     ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -110,15 +108,13 @@ class Refund(models.Model):
         return f"{self.id} {self.amount} of {self.payment_id}"
 
 
-class Transfer(models.Model):
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_transfer_id, editable=False)
+class Transfer(PrefixedIdModel, new_id=ids.new_transfer_id):
     status = models.CharField(max_length=12, default="succeeded")
     from_customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="transfers_out")
     to_customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="transfers_in")
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
     amount = models.BigIntegerField()
     ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -137,10 +133,9 @@ class TopUpStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class TopUp(models.Model):
+class TopUp(PrefixedIdModel, new_id=ids.new_topup_id):
     """Money entering a wallet from a card (PSP funding), plus the tenant's top-up bonus."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_topup_id, editable=False)
     status = models.CharField(max_length=10, choices=TopUpStatus.choices, default=TopUpStatus.PENDING)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="topups")
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
@@ -170,7 +165,6 @@ class TopUp(models.Model):
     operator_review_at = models.DateTimeField(null=True, blank=True)
     # What the last attempt to settle it ran into: the operator's evidence.
     last_error = models.CharField(max_length=500, blank=True, default="")
-    created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -209,10 +203,9 @@ class AdjustmentDirection(models.TextChoices):
     DEBIT = "debit", "Debit"
 
 
-class Adjustment(models.Model):
+class Adjustment(PrefixedIdModel, new_id=ids.new_adjustment_id):
     """A staff correction with a reason, against the adjustments system account."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_adjustment_id, editable=False)
     staff = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments")
     customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments")
     merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments")
@@ -221,7 +214,6 @@ class Adjustment(models.Model):
     direction = models.CharField(max_length=6, choices=AdjustmentDirection.choices)
     reason = models.CharField(max_length=500)
     ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -255,10 +247,9 @@ class PaymentIntentStatus(models.TextChoices):
     CANCELED = "canceled", "Canceled"
 
 
-class PaymentIntent(models.Model):
+class PaymentIntent(PrefixedIdModel, new_id=ids.new_payment_intent_id):
     """A merchant-initiated charge (SPEC 7). Every transition is a compare-and-set on `version`."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_payment_intent_id, editable=False)
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payment_intents")
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_intents")
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
@@ -270,7 +261,6 @@ class PaymentIntent(models.Model):
     hold = models.OneToOneField(Hold, null=True, blank=True, on_delete=models.PROTECT, related_name="payment_intent")
     payment = models.OneToOneField(Payment, null=True, blank=True, on_delete=models.PROTECT, related_name="payment_intent")
     failure_code = models.CharField(max_length=50, blank=True, default="")
-    created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -285,16 +275,14 @@ class PaymentIntent(models.Model):
         return f"{self.id} {self.amount} {self.asset_id} ({self.status} v{self.version})"
 
 
-class PaymentToken(models.Model):
+class PaymentToken(PrefixedIdModel, new_id=new_payment_token_id):
     """A short-lived, single-use token for a terminal's QR scan; only its SHA-256 is stored.
     The payment that consumes it sets `used_at` in its own transaction."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_payment_token_id, editable=False)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_tokens")
     token_hash = models.CharField(max_length=64, unique=True)
     expires_at = models.DateTimeField()
     used_at = models.DateTimeField(null=True, blank=True)
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created"]
@@ -303,10 +291,9 @@ class PaymentToken(models.Model):
         return f"{self.id} ({self.customer_id})"
 
 
-class OutboxEvent(models.Model):
+class OutboxEvent(PrefixedIdModel, new_id=ids.new_event_id):
     """An event committed with the movement it describes; a relay publishes it at least once."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_event_id, editable=False)
     topic = models.CharField(max_length=100)
     payload = models.JSONField()
     created = models.DateTimeField(default=timezone.now)
@@ -351,11 +338,10 @@ def new_mandate_id() -> str:
     return ids.new_id("mnd")
 
 
-class Mandate(models.Model):
+class Mandate(PrefixedIdModel, new_id=new_mandate_id):
     """A customer's standing consent that one merchant (its terminals and intents) may charge
     them by customer id; revocable from the customer face (SPEC 4)."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_mandate_id, editable=False)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="mandates")
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="mandates")
     created = models.DateTimeField(default=timezone.now)
@@ -377,11 +363,10 @@ class PendingAdjustmentStatus(models.TextChoices):
     REJECTED = "rejected", "Rejected"
 
 
-class PendingAdjustment(models.Model):
+class PendingAdjustment(PrefixedIdModel, new_id=new_pending_adjustment_id):
     """An adjustment above the tenant's approval threshold (maker-checker): proposed by one
     staff member, posted only when a different one approves it (payments.services.approvals)."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_pending_adjustment_id, editable=False)
     maker = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments_proposed")
     checker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments_checked")
     customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="+")

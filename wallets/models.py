@@ -9,6 +9,7 @@ from django.db import models
 from django.utils import timezone
 
 from wallets import ids
+from wallets.abstract import PrefixedIdModel
 
 
 class AssetKind(models.TextChoices):
@@ -39,8 +40,7 @@ class Asset(models.Model):
         return self.code
 
 
-class Customer(models.Model):
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_customer_id, editable=False)
+class Customer(PrefixedIdModel, new_id=ids.new_customer_id):
     name = models.CharField(max_length=200)
     # Contact data, encrypted at rest (wallets.contacts). NULL: not written yet (the staged
     # migration `customer_contacts` backfills it); the token of "" is an explicit empty value.
@@ -48,14 +48,10 @@ class Customer(models.Model):
     phone_ciphertext = models.TextField(null=True, blank=True, editable=False)
     # Keyed hash of the normalised email, for lookups without decrypting; NULL: no email.
     email_hash = models.CharField(max_length=64, null=True, blank=True, editable=False, db_index=True)
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["created", "id"]
         indexes = [models.Index(fields=["created", "id"], name="customer_created")]  # the admin's list order
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.id})"
 
 
 class CustomerLegacyContact(models.Model):
@@ -71,50 +67,33 @@ class CustomerLegacyContact(models.Model):
         db_table = "wallets_customer"
 
 
-class Merchant(models.Model):
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_merchant_id, editable=False)
+class Merchant(PrefixedIdModel, new_id=ids.new_merchant_id):
     name = models.CharField(max_length=200)
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["created", "id"]
 
-    def __str__(self) -> str:
-        return f"{self.name} ({self.id})"
 
-
-class Store(models.Model):
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_store_id, editable=False)
+class Store(PrefixedIdModel, new_id=ids.new_store_id):
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="stores")
     name = models.CharField(max_length=200)
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["created", "id"]
 
-    def __str__(self) -> str:
-        return f"{self.name} ({self.id})"
 
-
-class Terminal(models.Model):
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_terminal_id, editable=False)
+class Terminal(PrefixedIdModel, new_id=ids.new_terminal_id):
     store = models.ForeignKey(Store, on_delete=models.PROTECT, related_name="terminals")
     name = models.CharField(max_length=200)
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["created", "id"]
 
-    def __str__(self) -> str:
-        return f"{self.name} ({self.id})"
 
-
-class StaffMember(models.Model):
+class StaffMember(PrefixedIdModel, new_id=ids.new_staff_id):
     """An operator's staff member: an API principal (`ak_` keys) tied to an admin login."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_staff_id, editable=False)
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="staff_member")
-    created = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return f"{self.user.get_username()} ({self.id})"
@@ -136,8 +115,7 @@ class SystemRole(models.TextChoices):
     ADJUSTMENTS = "adjustments", "Staff adjustments"
 
 
-class Account(models.Model):
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_account_id, editable=False)
+class Account(PrefixedIdModel, new_id=ids.new_account_id):
     kind = models.CharField(max_length=10, choices=AccountKind.choices)
     customer = models.OneToOneField(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="account")
     merchant = models.OneToOneField(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="account")
@@ -145,7 +123,6 @@ class Account(models.Model):
     frozen = models.BooleanField(default=False)
     frozen_reason = models.CharField(max_length=500, blank=True, default="")
     frozen_at = models.DateTimeField(null=True, blank=True)
-    created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["created", "id"]
@@ -185,10 +162,9 @@ KEY_PREFIXES = {
 }
 
 
-class ApiKey(models.Model):
+class ApiKey(PrefixedIdModel, new_id=ids.new_api_key_id):
     """A bearer key. Only its SHA-256 is stored; the key itself is shown once."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_api_key_id, editable=False)
     principal_type = models.CharField(max_length=10, choices=PrincipalType.choices)
     customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
     merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
@@ -197,7 +173,6 @@ class ApiKey(models.Model):
     # The visible start of the key (e.g. "ck_Ab12"), for recognising it in lists and logs.
     prefix = models.CharField(max_length=16)
     key_hash = models.CharField(max_length=64, unique=True)
-    created = models.DateTimeField(auto_now_add=True)
     # Set when the key is rotated: it keeps working until then (overlap window).
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -284,10 +259,9 @@ class LedgerTransactionKind(models.TextChoices):
     CAPTURE = "capture", "Intent capture"
 
 
-class LedgerTransaction(models.Model):
+class LedgerTransaction(PrefixedIdModel, new_id=ids.new_ledger_transaction_id):
     """One movement: two or more entries summing to zero per asset. Append-only (DB trigger)."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_ledger_transaction_id, editable=False)
     kind = models.CharField(max_length=12, choices=LedgerTransactionKind.choices)
     # The business object that caused it (pay_..., ref_..., trf_..., top_..., adj_..., pi_...).
     # Not indexed: every payment would pay for it; the business object points at its
@@ -332,16 +306,14 @@ class HoldStatus(models.TextChoices):
     RELEASED = "released", "Released"
 
 
-class Hold(models.Model):
+class Hold(PrefixedIdModel, new_id=ids.new_hold_id):
     """Funds reserved on a customer wallet (an authorized intent): counted in Balance.held."""
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_hold_id, editable=False)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
     amount = models.BigIntegerField()
     status = models.CharField(max_length=10, choices=HoldStatus.choices, default=HoldStatus.ACTIVE)
     reference = models.CharField(max_length=ids.ID_MAX_LENGTH, db_index=True)
-    created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from payments.models import OutboxEvent
 from wallets import ids
+from wallets.abstract import PrefixedIdModel
 from wallets.models import Merchant
 
 
@@ -20,7 +21,7 @@ class WebhookEndpointStatus(models.TextChoices):
     DISABLED = "disabled", "Disabled"
 
 
-class WebhookEndpoint(models.Model):
+class WebhookEndpoint(PrefixedIdModel, new_id=ids.new_webhook_endpoint_id):
     """Where a merchant wants its events POSTed, signed with its secret (SPEC 8).
 
     The secret is stored sealed and shown only by the responses that create or rotate it.
@@ -29,7 +30,6 @@ class WebhookEndpoint(models.Model):
     events. Only webhooks.secrets reads or writes the four secret fields.
     """
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=ids.new_webhook_endpoint_id, editable=False)
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="webhook_endpoints")
     url = models.URLField(max_length=2048)
     description = models.CharField(max_length=200, blank=True, default="")
@@ -49,7 +49,6 @@ class WebhookEndpoint(models.Model):
     # When it was registered or last enabled again (null: registered before this was kept;
     # read as `created`). Not disabled for failing within the retry window after it.
     enabled_at = models.DateTimeField(null=True, blank=True)
-    created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -72,14 +71,13 @@ class WebhookDeliveryStatus(models.TextChoices):
     EXPIRED = "expired", "Expired"
 
 
-class WebhookDelivery(models.Model):
+class WebhookDelivery(PrefixedIdModel, new_id=new_webhook_delivery_id):
     """One event for one endpoint (unique per endpoint and event), sent until a 2xx answers
     or the retry window closes, and redeliverable after. A worker that claims it sets
     `leased_until` and `next_attempt_at` to the same moment, so no other worker claims it
     meanwhile, and it is due again if the worker dies mid-send.
     """
 
-    id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True, default=new_webhook_delivery_id, editable=False)
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
     event = models.ForeignKey(OutboxEvent, on_delete=models.PROTECT, related_name="+")
     topic = models.CharField(max_length=100)

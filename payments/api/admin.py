@@ -7,19 +7,21 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apikit.base import AdminViewSet
-from apikit.pagination import ListParamsSerializer
+from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.models import PendingAdjustment
+from payments.models import Adjustment, PendingAdjustment
 from payments.services import approvals, freezes
 from wallets import selectors as wallet_selectors
 from wallets.contacts import customer_contact_attach, customers_contact_attach, customers_find_by_email
+from wallets.models import ApiKey, Customer, Merchant, Store, Terminal
 from wallets.services import contacts as contact_services
 from wallets.services import principals as party_services
 
@@ -31,28 +33,27 @@ def _permissions(view: str, **actions: str) -> dict[str, str]:
     return {"list": view, "retrieve": view, "metadata": view, **actions}
 
 
-class CustomerViewSet(AdminViewSet):
+class CustomerViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "customer_id"
     action_permissions = _permissions(
         "wallets.view_customer", create="wallets.add_customer", freeze="wallets.freeze_account",
         unfreeze="wallets.freeze_account", contact="wallets.change_customer",
     )
+    out, list_params, create_in = s.CustomerOut, s.CustomerListParams, s.CustomerCreateIn
+    summaries = {"list": "List customers (optionally by email)", "create": "Create a customer (and their wallet)", "retrieve": "Retrieve a customer"}
 
-    @extend_schema(tags=TAG, summary="List customers (optionally by email)", parameters=[s.CustomerListParams], responses=s.CustomerList)
-    def list(self, request: Request) -> Response:
-        params = self.query(s.CustomerListParams)
-        customers = customers_find_by_email(email=params["email"]) if params.get("email") else wallet_selectors.customer_list()
-        return self.list_response(customers, s.CustomerOut, params, prepare=lambda rows: customers_contact_attach(customers=rows))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Customer]:
+        return customers_find_by_email(email=params["email"]) if params.get("email") else wallet_selectors.customer_list()
 
-    @extend_schema(tags=TAG, summary="Create a customer (and their wallet)", request=s.CustomerCreateIn, responses={201: s.CustomerOut})
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.CustomerCreateIn)
+    def page_complete(self, rows: list[Any]) -> list[Any]:
+        return customers_contact_attach(customers=rows)
+
+    def object_create(self, data: dict[str, Any]) -> Customer:
         customer = party_services.customer_create(name=data["name"], email=data["email"], phone=data["phone"])
-        return self.render(s.CustomerOut, customer_contact_attach(customer=customer), status=201)
+        return customer_contact_attach(customer=customer)
 
-    @extend_schema(tags=TAG, summary="Retrieve a customer", responses=s.CustomerOut)
-    def retrieve(self, request: Request, customer_id: str) -> Response:
-        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
+    def object_get(self, customer_id: str) -> Customer:
+        return customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id))
 
     @extend_schema(
         tags=TAG, summary="Freeze a customer's wallet (payments, transfers, refunds, top-ups refused)", request=s.FreezeIn,
@@ -63,7 +64,7 @@ class CustomerViewSet(AdminViewSet):
         customer = wallet_selectors.customer_get(customer_id=customer_id)
         data = self.validated(s.FreezeIn)
         freezes.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
+        return self.render(s.CustomerOut, self.object_get(customer_id))
 
     @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
     @action(detail=True, methods=["post"])
@@ -71,7 +72,7 @@ class CustomerViewSet(AdminViewSet):
         customer = wallet_selectors.customer_get(customer_id=customer_id)
         data = self.validated(s.UnfreezeIn)
         freezes.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
+        return self.render(s.CustomerOut, self.object_get(customer_id))
 
     @extend_schema(
         tags=TAG, summary="Set, clear or keep a customer's email and phone (a field left out is unchanged; null clears it)",
@@ -82,66 +83,60 @@ class CustomerViewSet(AdminViewSet):
         customer = wallet_selectors.customer_get(customer_id=customer_id)
         data = self.validated(s.ContactUpdateIn)
         contact_services.customer_contact_update(customer_id=customer.pk, **data)
-        return self.render(s.CustomerOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id)))
+        return self.render(s.CustomerOut, self.object_get(customer_id))
 
 
-class MerchantViewSet(AdminViewSet):
+class MerchantViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "merchant_id"
     action_permissions = _permissions("wallets.view_merchant", create="wallets.add_merchant")
+    out, create_in = s.MerchantOut, s.MerchantCreateIn
+    summaries = {"list": "List merchants", "create": "Create a merchant", "retrieve": "Retrieve a merchant"}
 
-    @extend_schema(tags=TAG, summary="List merchants", parameters=[ListParamsSerializer], responses=s.MerchantList)
-    def list(self, request: Request) -> Response:
-        return self.list_response(wallet_selectors.merchant_list(), s.MerchantOut, self.query(ListParamsSerializer))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Merchant]:
+        return wallet_selectors.merchant_list()
 
-    @extend_schema(tags=TAG, summary="Create a merchant", request=s.MerchantCreateIn, responses={201: s.MerchantOut})
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.MerchantCreateIn)
-        return self.render(s.MerchantOut, party_services.merchant_create(name=data["name"]), status=201)
+    def object_create(self, data: dict[str, Any]) -> Merchant:
+        return party_services.merchant_create(name=data["name"])
 
-    @extend_schema(tags=TAG, summary="Retrieve a merchant", responses=s.MerchantOut)
-    def retrieve(self, request: Request, merchant_id: str) -> Response:
-        return self.render(s.MerchantOut, wallet_selectors.merchant_get(merchant_id=merchant_id))
+    def object_get(self, merchant_id: str) -> Merchant:
+        return wallet_selectors.merchant_get(merchant_id=merchant_id)
 
 
-class StoreViewSet(AdminViewSet):
+class StoreViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "store_id"
     action_permissions = _permissions("wallets.view_store", create="wallets.add_store")
+    out, create_in = s.StoreOut, s.StoreCreateIn
+    summaries = {"list": "List stores", "create": "Create a store of a merchant", "retrieve": "Retrieve a store"}
 
-    @extend_schema(tags=TAG, summary="List stores", parameters=[ListParamsSerializer], responses=s.StoreList)
-    def list(self, request: Request) -> Response:
-        return self.list_response(wallet_selectors.store_list(), s.StoreOut, self.query(ListParamsSerializer))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Store]:
+        return wallet_selectors.store_list()
 
-    @extend_schema(tags=TAG, summary="Create a store of a merchant", request=s.StoreCreateIn, responses={201: s.StoreOut})
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.StoreCreateIn)
+    def object_create(self, data: dict[str, Any]) -> Store:
         merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant")
-        return self.render(s.StoreOut, party_services.store_create(merchant=merchant, name=data["name"]), status=201)
+        return party_services.store_create(merchant=merchant, name=data["name"])
 
-    @extend_schema(tags=TAG, summary="Retrieve a store", responses=s.StoreOut)
-    def retrieve(self, request: Request, store_id: str) -> Response:
-        return self.render(s.StoreOut, wallet_selectors.store_get(store_id=store_id))
+    def object_get(self, store_id: str) -> Store:
+        return wallet_selectors.store_get(store_id=store_id)
 
 
-class TerminalViewSet(AdminViewSet):
+class TerminalViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "terminal_id"
     action_permissions = _permissions("wallets.view_terminal", create="wallets.add_terminal")
+    out, create_in = s.TerminalOut, s.TerminalCreateIn
+    summaries = {"list": "List terminals", "create": "Create a terminal in a store", "retrieve": "Retrieve a terminal"}
 
-    @extend_schema(tags=TAG, summary="List terminals", parameters=[ListParamsSerializer], responses=s.TerminalList)
-    def list(self, request: Request) -> Response:
-        return self.list_response(wallet_selectors.terminal_list(), s.TerminalOut, self.query(ListParamsSerializer))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Terminal]:
+        return wallet_selectors.terminal_list()
 
-    @extend_schema(tags=TAG, summary="Create a terminal in a store", request=s.TerminalCreateIn, responses={201: s.TerminalOut})
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.TerminalCreateIn)
+    def object_create(self, data: dict[str, Any]) -> Terminal:
         store = wallet_selectors.store_get(store_id=data["store"], param="store")
-        return self.render(s.TerminalOut, party_services.terminal_create(store=store, name=data["name"]), status=201)
+        return party_services.terminal_create(store=store, name=data["name"])
 
-    @extend_schema(tags=TAG, summary="Retrieve a terminal", responses=s.TerminalOut)
-    def retrieve(self, request: Request, terminal_id: str) -> Response:
-        return self.render(s.TerminalOut, wallet_selectors.terminal_get(terminal_id=terminal_id))
+    def object_get(self, terminal_id: str) -> Terminal:
+        return wallet_selectors.terminal_get(terminal_id=terminal_id)
 
 
-class ApiKeyViewSet(AdminViewSet):
+class ApiKeyViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     # create and rotate answer a secret shown once: the idempotency layer seals the stored
     # body of every POST of this viewset (revoke's too, which is harmless: replays unseal).
     idempotency_response_contains_secret = True
@@ -151,27 +146,24 @@ class ApiKeyViewSet(AdminViewSet):
     action_permissions = _permissions(
         "wallets.view_apikey", create="wallets.issue_apikey", rotate="wallets.issue_apikey", revoke="wallets.manage_apikey"
     )
+    out, list_params, create_in, create_out = s.ApiKeyOut, s.ApiKeyListParams, s.ApiKeyCreateIn, s.ApiKeyCreatedOut
+    summaries = {
+        "list": "List API keys (never the secrets)",
+        "create": "Create an API key for a principal (the key is shown once; a staff member's key only by a login holding"
+        " every permission that member holds)",
+        "retrieve": "Retrieve an API key",
+    }
 
-    @extend_schema(tags=TAG, summary="List API keys (never the secrets)", parameters=[s.ApiKeyListParams], responses=s.ApiKeyList)
-    def list(self, request: Request) -> Response:
-        params = self.query(s.ApiKeyListParams)
-        keys = wallet_selectors.api_key_list(principal_type=params.get("principal_type"), principal_id=params.get("principal_id"))
-        return self.list_response(keys, s.ApiKeyOut, params)
+    def objects(self, params: dict[str, Any]) -> QuerySet[ApiKey]:
+        return wallet_selectors.api_key_list(principal_type=params.get("principal_type"), principal_id=params.get("principal_id"))
 
-    @extend_schema(
-        tags=TAG, summary="Create an API key for a principal (the key is shown once; a staff member's key only by a login holding"
-        " every permission that member holds)", request=s.ApiKeyCreateIn,
-        responses={201: s.ApiKeyCreatedOut},
-    )
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.ApiKeyCreateIn)
+    def object_create(self, data: dict[str, Any]) -> ApiKey:
         principal = wallet_selectors.principal_get(principal_type=data["principal_type"], principal_id=data["principal_id"])
         api_key, raw_key = party_services.api_key_issue(issuer=self.staff_login, principal=principal)
-        return self.render(s.ApiKeyCreatedOut, _with_key(api_key, raw_key), status=201)
+        return _with_key(api_key, raw_key)
 
-    @extend_schema(tags=TAG, summary="Retrieve an API key", responses=s.ApiKeyOut)
-    def retrieve(self, request: Request, api_key_id: str) -> Response:
-        return self.render(s.ApiKeyOut, wallet_selectors.api_key_get(api_key_id=api_key_id))
+    def object_get(self, api_key_id: str) -> ApiKey:
+        return wallet_selectors.api_key_get(api_key_id=api_key_id)
 
     @extend_schema(
         tags=TAG, summary="Rotate a key: a new key now, the old one keeps working for the overlap window",
@@ -179,7 +171,7 @@ class ApiKeyViewSet(AdminViewSet):
     )
     @action(detail=True, methods=["post"])
     def rotate(self, request: Request, api_key_id: str) -> Response:
-        old = wallet_selectors.api_key_get(api_key_id=api_key_id)
+        old = self.object_get(api_key_id)
         data = self.validated(s.ApiKeyRotateIn)
         new_key, raw_key = party_services.api_key_rotate(
             api_key=old, issuer=self.staff_login, overlap=timedelta(seconds=data["overlap_seconds"])
@@ -189,27 +181,30 @@ class ApiKeyViewSet(AdminViewSet):
     @extend_schema(tags=TAG, summary="Revoke a key now", request=s.EmptyIn, responses={200: s.ApiKeyOut})
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, api_key_id: str) -> Response:
-        api_key = wallet_selectors.api_key_get(api_key_id=api_key_id)
+        api_key = self.object_get(api_key_id)
         self.validated(s.EmptyIn)
         api_key = party_services.api_key_revoke(api_key=api_key)
         return self.render(s.ApiKeyOut, api_key)
 
 
-def _with_key(api_key: Any, raw_key: str, **extra: Any) -> Any:
+def _with_key(api_key: ApiKey, raw_key: str, **extra: Any) -> ApiKey:
     # The raw key lives only in this response: it is never stored, logged or cached.
-    api_key.key = raw_key
-    for name, value in extra.items():
+    for name, value in {"key": raw_key, **extra}.items():
         setattr(api_key, name, value)
     return api_key
 
 
-class AdjustmentViewSet(AdminViewSet):
+class AdjustmentViewSet(ListMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "adjustment_id"
     action_permissions = _permissions("payments.view_adjustment", create="payments.add_pendingadjustment")
+    out = s.AdjustmentOut
+    summaries = {"list": "List adjustments", "retrieve": "Retrieve an adjustment"}
 
-    @extend_schema(tags=TAG, summary="List adjustments", parameters=[ListParamsSerializer], responses=s.AdjustmentList)
-    def list(self, request: Request) -> Response:
-        return self.list_response(payment_selectors.adjustments_list(), s.AdjustmentOut, self.query(ListParamsSerializer))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Adjustment]:
+        return payment_selectors.adjustments_list()
+
+    def object_get(self, adjustment_id: str) -> Adjustment:
+        return payment_selectors.adjustment_get(adjustment_id=adjustment_id)
 
     @extend_schema(
         tags=TAG,
@@ -230,29 +225,20 @@ class AdjustmentViewSet(AdminViewSet):
             return self.render(s.PendingAdjustmentOut, result, status=202)
         return self.render(s.AdjustmentOut, result, status=201)
 
-    @extend_schema(tags=TAG, summary="Retrieve an adjustment", responses=s.AdjustmentOut)
-    def retrieve(self, request: Request, adjustment_id: str) -> Response:
-        return self.render(s.AdjustmentOut, payment_selectors.adjustment_get(adjustment_id=adjustment_id))
 
-
-class PendingAdjustmentViewSet(AdminViewSet):
+class PendingAdjustmentViewSet(ListMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "pending_adjustment_id"
     action_permissions = _permissions(
         "payments.view_pendingadjustment", approve="payments.approve_pendingadjustment", reject="payments.approve_pendingadjustment"
     )
+    out, list_params = s.PendingAdjustmentOut, s.PendingAdjustmentListParams
+    summaries = {"list": "List adjustments held for a second staff member's approval", "retrieve": "Retrieve a held adjustment"}
 
-    @extend_schema(
-        tags=TAG, summary="List adjustments held for a second staff member's approval", parameters=[s.PendingAdjustmentListParams],
-        responses=s.PendingAdjustmentList,
-    )
-    def list(self, request: Request) -> Response:
-        params = self.query(s.PendingAdjustmentListParams)
-        rows = payment_selectors.pending_adjustments_list(status=params.get("status"))
-        return self.list_response(rows, s.PendingAdjustmentOut, params)
+    def objects(self, params: dict[str, Any]) -> QuerySet[PendingAdjustment]:
+        return payment_selectors.pending_adjustments_list(status=params.get("status"))
 
-    @extend_schema(tags=TAG, summary="Retrieve a held adjustment", responses=s.PendingAdjustmentOut)
-    def retrieve(self, request: Request, pending_adjustment_id: str) -> Response:
-        return self.render(s.PendingAdjustmentOut, payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id))
+    def object_get(self, pending_adjustment_id: str) -> PendingAdjustment:
+        return payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id)
 
     @extend_schema(
         tags=TAG, summary="Approve and post another staff member's held adjustment (never your own)", request=s.EmptyIn,
@@ -260,10 +246,10 @@ class PendingAdjustmentViewSet(AdminViewSet):
     )
     @action(detail=True, methods=["post"])
     def approve(self, request: Request, pending_adjustment_id: str) -> Response:
-        pending = payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id)
+        pending = self.object_get(pending_adjustment_id)
         self.validated(s.EmptyIn)
         approvals.pending_adjustment_approve(pending=pending, checker=self.staff)
-        return self.render(s.PendingAdjustmentOut, payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id))
+        return self.render(s.PendingAdjustmentOut, self.object_get(pending_adjustment_id))
 
     @extend_schema(
         tags=TAG, summary="Reject another staff member's held adjustment (nothing is posted)", request=s.PendingAdjustmentRejectIn,
@@ -271,6 +257,6 @@ class PendingAdjustmentViewSet(AdminViewSet):
     )
     @action(detail=True, methods=["post"])
     def reject(self, request: Request, pending_adjustment_id: str) -> Response:
-        pending = payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id)
+        pending = self.object_get(pending_adjustment_id)
         data = self.validated(s.PendingAdjustmentRejectIn)
         return self.render(s.PendingAdjustmentOut, approvals.pending_adjustment_reject(pending=pending, checker=self.staff, reason=data["reason"]))

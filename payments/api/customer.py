@@ -3,7 +3,10 @@ top-ups, payments and refunds. Routed by config/api_urls.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -14,14 +17,17 @@ from rest_framework.response import Response
 from apikit.base import CustomerViewSet
 from apikit.pagination import ListParamsSerializer
 from apikit.schema import ErrorSerializer
+from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
 from payments.idempotency.drf import request_id_of
 from payments.idempotency.errors import IdempotencyKeyMissing
 from payments.idempotency.services import IdempotencyContext
+from payments.models import Mandate, Payment, Refund, Transfer
 from payments.services import mandates, tokens, topup_saga, topups, transfers
 from wallets import selectors as wallet_selectors
 from wallets.contacts import customer_contact_attach
+from wallets.models import LedgerEntry
 from wallets.services import contacts as contact_services
 
 TAG = ["customer"]
@@ -54,49 +60,40 @@ class ContactViewSet(CustomerViewSet):
         return self.render(s.ContactOut, customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=self.customer.pk)))
 
 
-class TransactionViewSet(CustomerViewSet):
-    @extend_schema(
-        tags=TAG, summary="Wallet history (ledger entries), newest first", parameters=[s.TransactionListParams], responses=s.TransactionList
-    )
-    def list(self, request: Request) -> Response:
-        params = self.query(s.TransactionListParams)
-        entries = payment_selectors.ledger_entries_for_customer(
+class TransactionViewSet(ListMixin, CustomerViewSet):
+    out, list_params = s.TransactionOut, s.TransactionListParams
+    summaries = {"list": "Wallet history (ledger entries), newest first"}
+
+    def objects(self, params: dict[str, Any]) -> QuerySet[LedgerEntry]:
+        return payment_selectors.ledger_entries_for_customer(
             customer=self.customer, asset_code=params.get("asset"), created_gte=params.get("created_gte"), created_lt=params.get("created_lt")
         )
-        return self.list_response(entries, s.TransactionOut, params)
 
 
-class PaymentTokenViewSet(CustomerViewSet):
+class PaymentTokenViewSet(CreateMixin, CustomerViewSet):
     idempotency_response_contains_secret = True  # the answer holds the token
+    out, create_in = s.PaymentTokenOut, s.EmptyIn
+    summaries = {"create": "Mint a short-lived payment token for the terminal's QR scan"}
 
-    @extend_schema(
-        tags=TAG, summary="Mint a short-lived payment token for the terminal's QR scan", request=s.EmptyIn, responses={201: s.PaymentTokenOut}
-    )
-    def create(self, request: Request) -> Response:
-        self.validated(s.EmptyIn)
+    def object_create(self, data: dict[str, Any]) -> dict[str, Any]:
         token, raw = tokens.payment_token_create(customer=self.customer)
-        return self.render(s.PaymentTokenOut, {"token": raw, "expires_at": token.expires_at}, status=201)
+        return {"token": raw, "expires_at": token.expires_at}
 
 
-class TransferViewSet(CustomerViewSet):
+class TransferViewSet(ListMixin, CreateMixin, RetrieveMixin, CustomerViewSet):
     lookup_url_kwarg = "transfer_id"
+    out, create_in = s.TransferOut, s.TransferCreateIn
+    summaries = {"list": "Transfers sent or received", "create": "Send money to another customer", "retrieve": "Retrieve a transfer sent or received"}
 
-    @extend_schema(tags=TAG, summary="Transfers sent or received", parameters=[ListParamsSerializer], responses=s.TransferList)
-    def list(self, request: Request) -> Response:
-        return self.list_response(payment_selectors.transfers_list(customer_id=self.customer.pk), s.TransferOut, self.query(ListParamsSerializer))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Transfer]:
+        return payment_selectors.transfers_list(customer_id=self.customer.pk)
 
-    @extend_schema(tags=TAG, summary="Send money to another customer", request=s.TransferCreateIn, responses={201: s.TransferOut})
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.TransferCreateIn)
+    def object_create(self, data: dict[str, Any]) -> Transfer:
         to_customer = wallet_selectors.customer_get(customer_id=data["to_customer"], param="to_customer")
-        transfer = transfers.transfer_create(
-            from_customer=self.customer, to_customer=to_customer, asset_code=data["asset"], amount=data["amount"]
-        )
-        return self.render(s.TransferOut, transfer, status=201)
+        return transfers.transfer_create(from_customer=self.customer, to_customer=to_customer, asset_code=data["asset"], amount=data["amount"])
 
-    @extend_schema(tags=TAG, summary="Retrieve a transfer sent or received", responses=s.TransferOut)
-    def retrieve(self, request: Request, transfer_id: str) -> Response:
-        return self.render(s.TransferOut, payment_selectors.transfer_get(transfer_id=transfer_id, customer_id=self.customer.pk))
+    def object_get(self, transfer_id: str) -> Transfer:
+        return payment_selectors.transfer_get(transfer_id=transfer_id, customer_id=self.customer.pk)
 
 
 class TopUpViewSet(CustomerViewSet):
@@ -125,7 +122,8 @@ class TopUpViewSet(CustomerViewSet):
 
     @extend_schema(tags=TAG, summary="Card top-ups", parameters=[ListParamsSerializer], responses=s.TopUpList)
     def list(self, request: Request) -> Response:
-        return self.list_response(payment_selectors.topups_list(customer_id=self.customer.pk), s.TopUpOut, self.query(ListParamsSerializer))
+        self.query(ListParamsSerializer)
+        return self.list_response(payment_selectors.topups_list(customer_id=self.customer.pk), s.TopUpOut)
 
     @extend_schema(
         tags=TAG, summary="Top up the wallet by card (main or regional currency)", request=s.TopUpCreateIn,
@@ -164,58 +162,54 @@ class TopUpViewSet(CustomerViewSet):
         return self.render(s.TopUpOut, payment_selectors.topup_get(topup_id=topup_id, customer_id=self.customer.pk))
 
 
-class PaymentViewSet(CustomerViewSet):
+class PaymentViewSet(ListMixin, RetrieveMixin, CustomerViewSet):
     lookup_url_kwarg = "payment_id"
+    out, list_params = s.PaymentOut, s.PaymentListParams
+    summaries = {"list": "The customer's payments", "retrieve": "Retrieve one of the customer's payments"}
 
-    @extend_schema(tags=TAG, summary="The customer's payments", parameters=[s.PaymentListParams], responses=s.PaymentList)
-    def list(self, request: Request) -> Response:
-        params = self.query(s.PaymentListParams)
-        payments = payment_selectors.payments_list(customer_id=self.customer.pk, asset_code=params.get("asset"))
-        return self.list_response(payments, s.PaymentOut, params)
+    def objects(self, params: dict[str, Any]) -> QuerySet[Payment]:
+        return payment_selectors.payments_list(customer_id=self.customer.pk, asset_code=params.get("asset"))
 
-    @extend_schema(tags=TAG, summary="Retrieve one of the customer's payments", responses=s.PaymentOut)
-    def retrieve(self, request: Request, payment_id: str) -> Response:
-        return self.render(s.PaymentOut, payment_selectors.payment_get(payment_id=payment_id, customer_id=self.customer.pk))
+    def object_get(self, payment_id: str) -> Payment:
+        return payment_selectors.payment_get(payment_id=payment_id, customer_id=self.customer.pk)
 
 
-class RefundViewSet(CustomerViewSet):
+class RefundViewSet(ListMixin, RetrieveMixin, CustomerViewSet):
     lookup_url_kwarg = "refund_id"
+    out = s.RefundOut
+    summaries = {"list": "Refunds of the customer's payments", "retrieve": "Retrieve a refund of one of the customer's payments"}
 
-    @extend_schema(tags=TAG, summary="Refunds of the customer's payments", parameters=[ListParamsSerializer], responses=s.RefundList)
-    def list(self, request: Request) -> Response:
-        return self.list_response(payment_selectors.refunds_list(customer_id=self.customer.pk), s.RefundOut, self.query(ListParamsSerializer))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Refund]:
+        return payment_selectors.refunds_list(customer_id=self.customer.pk)
 
-    @extend_schema(tags=TAG, summary="Retrieve a refund of one of the customer's payments", responses=s.RefundOut)
-    def retrieve(self, request: Request, refund_id: str) -> Response:
-        return self.render(s.RefundOut, payment_selectors.refund_get(refund_id=refund_id, customer_id=self.customer.pk))
+    def object_get(self, refund_id: str) -> Refund:
+        return payment_selectors.refund_get(refund_id=refund_id, customer_id=self.customer.pk)
 
 
-class MandateViewSet(CustomerViewSet):
+class MandateViewSet(ListMixin, CreateMixin, RetrieveMixin, CustomerViewSet):
     """The customer's standing consents: a merchant with one may charge them by customer id."""
 
     lookup_url_kwarg = "mandate_id"
+    out, create_in = s.MandateOut, s.MandateCreateIn
+    summaries = {
+        "list": "Mandates the customer has granted", "create": "Let a merchant charge the customer by customer id (a standing mandate)",
+        "retrieve": "Retrieve a mandate",
+    }
 
-    @extend_schema(tags=TAG, summary="Mandates the customer has granted", parameters=[ListParamsSerializer], responses=s.MandateList)
-    def list(self, request: Request) -> Response:
-        return self.list_response(payment_selectors.mandates_list(customer_id=self.customer.pk), s.MandateOut, self.query(ListParamsSerializer))
+    def objects(self, params: dict[str, Any]) -> QuerySet[Mandate]:
+        return payment_selectors.mandates_list(customer_id=self.customer.pk)
 
-    @extend_schema(
-        tags=TAG, summary="Let a merchant charge the customer by customer id (a standing mandate)", request=s.MandateCreateIn,
-        responses={201: s.MandateOut},
-    )
-    def create(self, request: Request) -> Response:
-        data = self.validated(s.MandateCreateIn)
+    def object_create(self, data: dict[str, Any]) -> Mandate:
         merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant")
-        return self.render(s.MandateOut, mandates.mandate_grant(customer=self.customer, merchant=merchant), status=201)
+        return mandates.mandate_grant(customer=self.customer, merchant=merchant)
 
-    @extend_schema(tags=TAG, summary="Retrieve a mandate", responses=s.MandateOut)
-    def retrieve(self, request: Request, mandate_id: str) -> Response:
-        return self.render(s.MandateOut, payment_selectors.mandate_get(mandate_id=mandate_id, customer_id=self.customer.pk))
+    def object_get(self, mandate_id: str) -> Mandate:
+        return payment_selectors.mandate_get(mandate_id=mandate_id, customer_id=self.customer.pk)
 
     @extend_schema(tags=TAG, summary="Revoke a mandate: the merchant's next charge by customer id is refused", request=s.EmptyIn,
                    responses={200: s.MandateOut})
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, mandate_id: str) -> Response:
-        mandate = payment_selectors.mandate_get(mandate_id=mandate_id, customer_id=self.customer.pk)
+        mandate = self.object_get(mandate_id)
         self.validated(s.EmptyIn)
         return self.render(s.MandateOut, mandates.mandate_revoke(mandate=mandate))

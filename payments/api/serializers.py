@@ -12,7 +12,7 @@ from rest_framework import serializers
 from apikit.base import StrictSerializer
 from apikit.fields import AmountField, AssetField, AssetFilterField, ConstField, ObjectIdField, strict_char
 from apikit.pagination import ListParamsSerializer, list_serializer
-from apikit.shapes import Serializer
+from apikit.shapes import ObjectOut, Serializer
 
 S = serializers
 
@@ -24,44 +24,34 @@ def _ref(source: str, *, nullable: bool = False) -> S.CharField:
 # --- Parties and keys ------------------------------------------------------------------
 
 
-class CustomerOut(Serializer):
-    id = S.CharField()
-    object = ConstField("customer")
-    created = S.DateTimeField()
+class CustomerOut(ObjectOut):
+    object_type = "customer"
     name = S.CharField()
     email = S.CharField()
     phone = S.CharField()
     frozen = S.BooleanField(source="account.frozen")
 
 
-class MerchantOut(Serializer):
-    id = S.CharField()
-    object = ConstField("merchant")
-    created = S.DateTimeField()
+class MerchantOut(ObjectOut):
+    object_type = "merchant"
     name = S.CharField()
 
 
-class StoreOut(Serializer):
-    id = S.CharField()
-    object = ConstField("store")
-    created = S.DateTimeField()
+class StoreOut(ObjectOut):
+    object_type = "store"
     merchant = _ref("merchant_id")
     name = S.CharField()
 
 
-class TerminalOut(Serializer):
-    id = S.CharField()
-    object = ConstField("terminal")
-    created = S.DateTimeField()
+class TerminalOut(ObjectOut):
+    object_type = "terminal"
     merchant = _ref("store.merchant_id")
     store = _ref("store_id")
     name = S.CharField()
 
 
-class ApiKeyOut(Serializer):
-    id = S.CharField()
-    object = ConstField("api_key")
-    created = S.DateTimeField()
+class ApiKeyOut(ObjectOut):
+    object_type = "api_key"
     principal_type = S.CharField()
     principal_id = S.CharField()
     prefix = S.CharField()
@@ -150,10 +140,8 @@ class PendingAdjustmentRejectIn(StrictSerializer):
 # --- Money objects ---------------------------------------------------------------------
 
 
-class PaymentOut(Serializer):
-    id = S.CharField()
-    object = ConstField("payment")
-    created = S.DateTimeField()
+class PaymentOut(ObjectOut):
+    object_type = "payment"
     status = S.CharField()
     asset = _ref("asset_id")
     amount = S.IntegerField()
@@ -166,10 +154,8 @@ class PaymentOut(Serializer):
     carbon_grams = S.IntegerField()
 
 
-class RefundOut(Serializer):
-    id = S.CharField()
-    object = ConstField("refund")
-    created = S.DateTimeField()
+class RefundOut(ObjectOut):
+    object_type = "refund"
     status = S.CharField()
     payment = _ref("payment_id")
     asset = _ref("payment.asset_id")
@@ -177,10 +163,8 @@ class RefundOut(Serializer):
     reason = S.CharField()
 
 
-class TransferOut(Serializer):
-    id = S.CharField()
-    object = ConstField("transfer")
-    created = S.DateTimeField()
+class TransferOut(ObjectOut):
+    object_type = "transfer"
     status = S.CharField()
     from_customer = _ref("from_customer_id")
     to_customer = _ref("to_customer_id")
@@ -188,19 +172,15 @@ class TransferOut(Serializer):
     amount = S.IntegerField()
 
 
-class MandateOut(Serializer):
-    id = S.CharField()
-    object = ConstField("mandate")
-    created = S.DateTimeField()
+class MandateOut(ObjectOut):
+    object_type = "mandate"
     customer = _ref("customer_id")
     merchant = _ref("merchant_id")
     revoked_at = S.DateTimeField(allow_null=True)
 
 
-class TopUpOut(Serializer):
-    id = S.CharField()
-    object = ConstField("topup")
-    created = S.DateTimeField()
+class TopUpOut(ObjectOut):
+    object_type = "topup"
     status = S.CharField()
     customer = _ref("customer_id")
     asset = _ref("asset_id")
@@ -210,10 +190,8 @@ class TopUpOut(Serializer):
     failure_code = S.CharField()
 
 
-class AdjustmentOut(Serializer):
-    id = S.CharField()
-    object = ConstField("adjustment")
-    created = S.DateTimeField()
+class AdjustmentOut(ObjectOut):
+    object_type = "adjustment"
     staff = _ref("staff_id")
     customer = _ref("customer_id", nullable=True)
     merchant = _ref("merchant_id", nullable=True)
@@ -236,10 +214,8 @@ class PendingAdjustmentOut(AdjustmentOut):
     decided_at = S.DateTimeField(allow_null=True)
 
 
-class PaymentIntentOut(Serializer):
-    id = S.CharField()
-    object = ConstField("payment_intent")
-    created = S.DateTimeField()
+class PaymentIntentOut(ObjectOut):
+    object_type = "payment_intent"
     status = S.CharField()
     merchant = _ref("merchant_id")
     customer = _ref("customer_id")
@@ -427,19 +403,5 @@ class PaymentListParams(ListParamsSerializer):
 
 # --- Lists (documented shapes) ---------------------------------------------------------
 
-CustomerList = list_serializer(CustomerOut, "CustomerList")
 DailyTotalList = list_serializer(DailyTotalOut, "DailyTotalList")
-MandateList = list_serializer(MandateOut, "MandateList")
-MerchantList = list_serializer(MerchantOut, "MerchantList")
-StoreList = list_serializer(StoreOut, "StoreList")
-TerminalList = list_serializer(TerminalOut, "TerminalList")
-ApiKeyList = list_serializer(ApiKeyOut, "ApiKeyList")
-PaymentList = list_serializer(PaymentOut, "PaymentList")
-RefundList = list_serializer(RefundOut, "RefundList")
-TransferList = list_serializer(TransferOut, "TransferList")
 TopUpList = list_serializer(TopUpOut, "TopUpList")
-AdjustmentList = list_serializer(AdjustmentOut, "AdjustmentList")
-PendingAdjustmentList = list_serializer(PendingAdjustmentOut, "PendingAdjustmentList")
-PaymentIntentList = list_serializer(PaymentIntentOut, "PaymentIntentList")
-TransactionList = list_serializer(TransactionOut, "TransactionList")
-

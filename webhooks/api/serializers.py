@@ -11,14 +11,12 @@ from rest_framework import serializers as S
 from apikit.base import StrictSerializer
 from apikit.fields import ConstField, TextField, strict_char
 from apikit.pagination import ListParamsSerializer, list_serializer
-from apikit.shapes import Serializer
+from apikit.shapes import ObjectOut, Serializer
 from webhooks.services.endpoints import EVENT_TYPE_RE, MAX_EVENT_TYPES
 
 
-class WebhookEndpointOut(Serializer):
-    id = S.CharField()
-    object = ConstField("webhook_endpoint")
-    created = S.DateTimeField()
+class WebhookEndpointOut(ObjectOut):
+    object_type = "webhook_endpoint"
     url = S.CharField()
     description = S.CharField()
     enabled_events = S.ListField(child=S.CharField())
@@ -73,13 +71,8 @@ class WebhookSecretRotateIn(StrictSerializer):
     )
 
 
-WebhookEndpointList = list_serializer(WebhookEndpointOut, "WebhookEndpointList")
-
-
-class WebhookDeliveryOut(Serializer):
-    id = S.CharField()
-    object = ConstField("webhook_delivery")
-    created = S.DateTimeField()
+class WebhookDeliveryOut(ObjectOut):
+    object_type = "webhook_delivery"
     endpoint = S.CharField(source="endpoint_id")
     event = S.CharField(source="event_id", help_text="The event's stable id (evt_...): receivers dedupe on it.")
     type = S.CharField(source="topic")
@@ -121,9 +114,6 @@ class EventOut(Serializer):
 
     def get_data(self, obj: Any) -> dict[str, Any]:
         return {"object": obj.payload}
-
-
-EventList = list_serializer(EventOut, "EventList")
 
 
 class EventListParams(ListParamsSerializer):

@@ -4,7 +4,9 @@ webhooks.selectors, writes through webhooks.services, always scoped to the key's
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -12,6 +14,8 @@ from rest_framework.response import Response
 
 from apikit.base import MerchantViewSet
 from apikit.pagination import ListParamsSerializer
+from apikit.viewsets import ListMixin, RetrieveMixin
+from payments.models import OutboxEvent
 from wallets import selectors as wallet_selectors
 from webhooks import selectors as webhook_selectors
 from webhooks.api import serializers as s
@@ -22,20 +26,20 @@ from webhooks.services import endpoints as webhook_services
 TAG = ["merchant"]
 
 
-class WebhookEndpointViewSet(MerchantViewSet):
+class WebhookEndpointViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
     # create and rotate_secret answer a signing secret shown once: the idempotency layer
     # seals the stored body of every POST of this viewset (update's too, which is harmless:
     # replays unseal).
     idempotency_response_contains_secret = True
     lookup_url_kwarg = "endpoint_id"
+    out = s.WebhookEndpointOut
+    summaries = {"list": "List webhook endpoints", "retrieve": "Retrieve a webhook endpoint (never its secret)"}
 
-    def endpoint(self, endpoint_id: str) -> WebhookEndpoint:
+    def objects(self, params: dict[str, Any]) -> QuerySet[WebhookEndpoint]:
+        return webhook_selectors.webhook_endpoint_list(merchant_id=self.merchant_id)
+
+    def object_get(self, endpoint_id: str) -> WebhookEndpoint:
         return webhook_selectors.webhook_endpoint_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id)
-
-    @extend_schema(tags=TAG, summary="List webhook endpoints", parameters=[ListParamsSerializer], responses=s.WebhookEndpointList)
-    def list(self, request: Request) -> Response:
-        endpoints = webhook_selectors.webhook_endpoint_list(merchant_id=self.merchant_id)
-        return self.list_response(endpoints, s.WebhookEndpointOut, self.query(ListParamsSerializer))
 
     @extend_schema(
         tags=TAG, summary="Register a webhook endpoint (the signing secret is shown once)",
@@ -49,13 +53,9 @@ class WebhookEndpointViewSet(MerchantViewSet):
         )
         return self.render(s.WebhookEndpointOut, endpoint, status=201, secret=secret)
 
-    @extend_schema(tags=TAG, summary="Retrieve a webhook endpoint (never its secret)", responses=s.WebhookEndpointOut)
-    def retrieve(self, request: Request, endpoint_id: str) -> Response:
-        return self.render(s.WebhookEndpointOut, self.endpoint(endpoint_id))
-
     @extend_schema(tags=TAG, summary="Update a webhook endpoint", request=s.WebhookEndpointUpdateIn, responses={200: s.WebhookEndpointOut})
     def update(self, request: Request, endpoint_id: str) -> Response:
-        endpoint = self.endpoint(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
+        endpoint = self.object_get(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
         data = self.validated(s.WebhookEndpointUpdateIn)
         endpoint = webhook_services.webhook_endpoint_update(endpoint=endpoint, **data)
         return self.render(s.WebhookEndpointOut, endpoint)
@@ -66,7 +66,7 @@ class WebhookEndpointViewSet(MerchantViewSet):
     )
     @action(detail=True, methods=["post"])
     def rotate_secret(self, request: Request, endpoint_id: str) -> Response:
-        endpoint = self.endpoint(endpoint_id)
+        endpoint = self.object_get(endpoint_id)
         data = self.validated(s.WebhookSecretRotateIn)
         endpoint, secret = webhook_services.webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(seconds=data["overlap_seconds"]))
         return self.render(s.WebhookEndpointOut, endpoint, secret=secret)
@@ -78,7 +78,8 @@ class WebhookEndpointViewSet(MerchantViewSet):
     @action(detail=True, methods=["get"])
     def deliveries(self, request: Request, endpoint_id: str) -> Response:
         deliveries = webhook_selectors.webhook_delivery_list(merchant_id=self.merchant_id, endpoint_id=endpoint_id)
-        return self.list_response(deliveries, s.WebhookDeliveryOut, self.query(ListParamsSerializer))
+        self.query(ListParamsSerializer)
+        return self.list_response(deliveries, s.WebhookDeliveryOut)
 
     @extend_schema(
         tags=TAG, summary="Send one of the endpoint's deliveries again (due now, with a fresh retry window)",
@@ -86,27 +87,25 @@ class WebhookEndpointViewSet(MerchantViewSet):
     )
     @action(detail=True, methods=["post"])
     def redeliver(self, request: Request, endpoint_id: str) -> Response:
-        self.endpoint(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
+        self.object_get(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
         data = self.validated(s.WebhookRedeliverIn)
         delivery = webhook_selectors.webhook_delivery_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id, delivery_id=data["delivery"])
         return self.render(s.WebhookDeliveryOut, delivery_services.webhook_delivery_redeliver(delivery=delivery))
 
 
-class EventViewSet(MerchantViewSet):
+class EventViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
     """The merchant's events of the last 30 days, as its webhooks carry them: what a
     receiver catches up from after its endpoint was down or disabled (SPEC 8)."""
 
     lookup_url_kwarg = "event_id"
+    out, list_params = s.EventOut, s.EventListParams
+    summaries = {
+        "list": "List the merchant's events of the last 30 days (newest first)",
+        "retrieve": "Retrieve one of the merchant's events (last 30 days)",
+    }
 
-    @extend_schema(
-        tags=TAG, summary="List the merchant's events of the last 30 days (newest first)",
-        parameters=[s.EventListParams], responses=s.EventList,
-    )
-    def list(self, request: Request) -> Response:
-        params = self.query(s.EventListParams)
-        events = webhook_selectors.merchant_event_list(merchant_id=self.merchant_id, topic=params.get("type"))
-        return self.list_response(events, s.EventOut, params)
+    def objects(self, params: dict[str, Any]) -> QuerySet[OutboxEvent]:
+        return webhook_selectors.merchant_event_list(merchant_id=self.merchant_id, topic=params.get("type"))
 
-    @extend_schema(tags=TAG, summary="Retrieve one of the merchant's events (last 30 days)", responses=s.EventOut)
-    def retrieve(self, request: Request, event_id: str) -> Response:
-        return self.render(s.EventOut, webhook_selectors.merchant_event_get(merchant_id=self.merchant_id, event_id=event_id))
+    def object_get(self, event_id: str) -> OutboxEvent:
+        return webhook_selectors.merchant_event_get(merchant_id=self.merchant_id, event_id=event_id)

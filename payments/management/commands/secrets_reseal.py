@@ -9,28 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django_tenants.utils import schema_context
 
 from payments.sealing import sealed_stores, sealing_ring
+from tenants.commands import TenantCommand
 from tenants.selectors import tenant_schemas_all
 
 
-class Command(BaseCommand):
+class Command(TenantCommand):
     help = "Re-seal every stored secret under the sealing ring's first key (batched, online, safe to re-run)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--tenant", help="one tenant schema (default: every tenant, switched off or not)")
+        super().add_arguments(parser)
         parser.add_argument("--batch", type=int, default=500, help="rows per transaction")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["batch"] < 1:
             raise CommandError("--batch must be at least 1")
-        schemas = sorted(tenant_schemas_all())
-        if options["tenant"]:
-            if options["tenant"] not in schemas:
-                raise CommandError(f"no tenant with schema {options['tenant']!r}")
-            schemas = [options["tenant"]]
+        schemas = self.tenants_chosen(sorted(tenant_schemas_all()), options["tenant"])
         primary = sealing_ring().primary
         total, unopened = 0, []
         for schema in schemas:

@@ -7,32 +7,32 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django_tenants.utils import schema_context
 
 from reconciliation.models import RunTrigger
 from reconciliation.registry import CHECKS, check_get
 from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
+from tenants.commands import TenantCommand
 from tenants.selectors import tenant_schemas_active
 
 BAR_WIDTH = 30
 SHOWN_PER_KIND = 5
 
 
-class Command(BaseCommand):
+class Command(TenantCommand):
     help = "Reconcile the ledger, balances, payments, idempotency keys, outbox and webhooks; exit 1 on findings."
+    tenant_help = "one tenant's schema name (default: every active tenant)"
+    tenant_unknown = "no active tenant with schema"
+    tenant_unknown_returncode = 2  # 1 is findings
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--tenant", help="one tenant's schema name (default: every active tenant)")
+        super().add_arguments(parser)
         parser.add_argument("--check", action="append", choices=[c.name for c in CHECKS], help="run only this check (repeatable)")
         parser.add_argument("--chunk-size", type=int, default=2000, help="rows fetched per round trip by the streaming checks")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        schemas = tenant_schemas_active()
-        if options["tenant"]:
-            if options["tenant"] not in schemas:
-                raise CommandError(f"no active tenant with schema {options['tenant']!r}", returncode=2)
-            schemas = [options["tenant"]]
+        schemas = self.tenants_chosen(tenant_schemas_active(), options["tenant"])
         checks = [check_get(name) for name in options["check"]] if options["check"] else None
         with_findings = 0
         for schema_name in schemas:

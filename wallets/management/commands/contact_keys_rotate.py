@@ -6,28 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django_tenants.utils import schema_context
 
+from tenants.commands import TenantCommand
 from tenants.selectors import tenant_schemas_all
 from wallets.services.contacts import customer_contacts_reencrypt
 
 
-class Command(BaseCommand):
+class Command(TenantCommand):
     help = "Re-encrypt customer contact data under the newest key (batched, idempotent, resumable)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--tenant", help="one tenant schema (default: every tenant, switched off or not)")
+        super().add_arguments(parser)
         parser.add_argument("--batch", type=int, default=500, help="customers per transaction")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        schemas = sorted(tenant_schemas_all())
-        if options["tenant"]:
-            if options["tenant"] not in schemas:
-                raise CommandError(f"no tenant with schema {options['tenant']!r}")
-            schemas = [options["tenant"]]
         unopened: list[str] = []
-        for schema in schemas:
+        for schema in self.tenants_chosen(sorted(tenant_schemas_all()), options["tenant"]):
             with schema_context(schema):
                 cursor: str | None = ""
                 rewritten = 0

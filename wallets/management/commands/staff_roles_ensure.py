@@ -5,26 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_tenants.utils import schema_context
 
+from tenants.commands import TenantCommand
 from tenants.selectors import tenant_schemas_all
 from wallets.services.roles import staff_roles_ensure
 
 
-class Command(BaseCommand):
+class Command(TenantCommand):
     help = "Create or repair the viewer/operator/finance groups in every tenant, switched off or not (or --tenant X)."
-
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--tenant", help="one tenant schema")
+    tenant_help = "one tenant schema"
+    tenant_unknown = "no tenant"
 
     def handle(self, *args: Any, **options: Any) -> None:
-        schemas = tenant_schemas_all()
-        if options["tenant"]:
-            if options["tenant"] not in schemas:
-                raise CommandError(f"no tenant {options['tenant']!r}")
-            schemas = [options["tenant"]]
-        for schema in schemas:
+        for schema in self.tenants_chosen(tenant_schemas_all(), options["tenant"]):
             with schema_context(schema):
                 groups = staff_roles_ensure()
             self.stdout.write(f"{schema}: {', '.join(sorted(groups))}")

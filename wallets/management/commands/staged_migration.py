@@ -12,6 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser, DjangoHelpFormatter
 from django_tenants.utils import schema_context
 
+from tenants.commands import TenantCommand
 from tenants.selectors import tenant_schemas_all
 from wallets.locks import staged_run_lock
 from wallets.staged import runner
@@ -50,7 +51,7 @@ class _HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Django's option order, and the epilog's lines kept as written."""
 
 
-class Command(BaseCommand):
+class Command(TenantCommand):
     help = "Run one phase of a staged data migration on every tenant (or one), or show their status."
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
@@ -60,7 +61,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("args", nargs="+", metavar="status [NAME] | NAME PHASE")
-        parser.add_argument("--tenant", help="one tenant schema (default: every tenant, switched off or not)")
+        super().add_arguments(parser)
         parser.add_argument(
             "--batch", type=int, default=None,
             help="backfill: rows per batch, one transaction each (default: the migration's, listed below)",
@@ -71,11 +72,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: str, **options: Any) -> None:
         known = staged_migrations()
-        schemas = sorted(tenant_schemas_all())
-        if options["tenant"]:
-            if options["tenant"] not in schemas:
-                raise CommandError(f"no tenant with schema {options['tenant']!r}")
-            schemas = [options["tenant"]]
+        schemas = self.tenants_chosen(sorted(tenant_schemas_all()), options["tenant"])
         if args[0] == "status":
             names = list(args[1:]) or list(known)
             for name in names:
