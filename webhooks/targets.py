@@ -1,8 +1,9 @@
 """Where a webhook may be sent: no SSRF (SPEC 8, docs/WEBHOOKS.md "Where deliveries go").
 
 A URL is checked at registration and before every delivery against what its host
-resolves to then, and the delivery connects to the checked address (webhooks.transport),
-so a name that changes its answer (DNS rebinding) cannot reach an internal service.
+resolves to then, and the delivery connects to the checked address, checked again as the
+connection opens its socket (webhooks.transport), so a name that changes its answer (DNS
+rebinding) cannot reach an internal service.
 
 Allowed: an allow-list (`GLOBAL_V4`, `GLOBAL_V6`): IPv4 unicast and IPv6 2000::/3 minus
 every IANA special-purpose block not globally reachable, so a range `is_global` misjudges
@@ -194,11 +195,20 @@ def webhook_target_resolve(*, url: str) -> Target:
         addresses = _resolve(host, port)
     except (OSError, UnicodeError, ValueError):  # ValueError: a NUL in the name
         raise WebhookTargetRefused(f"{host} does not resolve", param="url") from None
-    allow_loopback = bool(getattr(settings, "TALLY_WEBHOOK_ALLOW_LOOPBACK", False))
     for ip in addresses:
-        reason = address_refusal(ip, allow_loopback=allow_loopback)
-        if reason is not None:
-            raise WebhookTargetRefused(f"url must reach a public address; {host} is {reason}", param="url")
+        _address_check(host=host, ip=ip)
     if not addresses:
         raise WebhookTargetRefused(f"{host} does not resolve", param="url")
     return Target(scheme=scheme, host=host, port=port, path=path, address=str(addresses[0]))
+
+
+def target_address_check(*, host: str, address: str) -> None:
+    """Raise WebhookTargetRefused unless `address` (one `host` resolved to) may be reached
+    now: webhooks.transport checks it again as a connection opens its socket."""
+    _address_check(host=host, ip=ipaddress.ip_address(address))
+
+
+def _address_check(*, host: str, ip: IPAddress) -> None:
+    reason = address_refusal(ip, allow_loopback=bool(getattr(settings, "TALLY_WEBHOOK_ALLOW_LOOPBACK", False)))
+    if reason is not None:
+        raise WebhookTargetRefused(f"url must reach a public address; {host} is {reason}", param="url")
