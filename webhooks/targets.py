@@ -15,6 +15,7 @@ settings.TALLY_WEBHOOK_ALLOW_LOOPBACK is true (`make run`, tests).
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import re
 import socket
@@ -99,6 +100,9 @@ def _allow_list(space: Net, holes: tuple[Net, ...], exceptions: tuple[Net, ...])
 # The allow-lists: an address may be reached only if it is in one of these networks.
 GLOBAL_V4 = _allow_list(V4("0.0.0.0/0"), _NOT_GLOBAL_V4, _GLOBAL_INSIDE_V4)
 GLOBAL_V6 = _allow_list(V6("2000::/3"), _NOT_GLOBAL_V6, _GLOBAL_INSIDE_V6)
+# Where each allow-list network starts, to find the one an address could be in by bisection
+# (118 IPv4 networks: scanning them all cost 60 us a check).
+_STARTS = {4: [int(net.network_address) for net in GLOBAL_V4], 6: [int(net.network_address) for net in GLOBAL_V6]}
 _NAT64 = V6("64:ff9b::/96")
 _SIX_TO_FOUR = V6("2002::/16")
 
@@ -133,7 +137,8 @@ def address_refusal(ip: IPAddress, *, allow_loopback: bool) -> str | None:
     if inner is not None:
         return address_refusal(inner, allow_loopback=allow_loopback)
     allowed = GLOBAL_V6 if isinstance(ip, ipaddress.IPv6Address) else GLOBAL_V4
-    if any(ip in net for net in allowed) or (ip.is_loopback and allow_loopback):
+    at = bisect.bisect_right(_STARTS[ip.version], int(ip)) - 1  # the last network starting at or below it
+    if (at >= 0 and ip in allowed[at]) or (ip.is_loopback and allow_loopback):
         return None
     if ip.is_unspecified:
         return "an unspecified address"

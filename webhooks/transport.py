@@ -11,6 +11,7 @@ and nothing readable has come since."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import http.client
 import socket
@@ -26,6 +27,7 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import ClosedPoolError, HTTPError, ReadTimeoutError
 from urllib3.response import HTTPResponse
 from urllib3.util.connection import create_connection
+from urllib3.util.retry import Retry
 
 from webhooks.targets import Target, target_address_check
 
@@ -34,6 +36,7 @@ READ_TIMEOUT_SECONDS = 10.0
 MAX_RESPONSE_BYTES = 4096  # read this much of the answer, at most; keep an excerpt
 UNFRAMED_IDLE_SECONDS = 1.0  # an answer with no length: how long a silence ends it
 KEPT_TARGETS = 256  # target URLs with kept connections; the least recently used beyond are closed
+_ONCE = Retry(total=False, redirect=False)  # no retry, no redirect followed (a 3xx is the answer)
 
 # What a failed POST raises: the socket, TLS or HTTP error (unwrapped from urllib3's), or a
 # urllib3 error that wraps none.
@@ -116,7 +119,7 @@ class _PinnedHTTPConnection(HTTPConnection):
                 raise _NotSent from exc
             raise
 
-    def getresponse(self) -> HTTPResponse:
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # as urllib3's own
         sock = self.sock  # http.client drops it from the connection when the answer will close it
         _ack_promptly(sock)
         response = super().getresponse()
@@ -150,9 +153,9 @@ class _HTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _PinnedHTTPSConnection
 
 
-def _target_url(request_context: dict[str, Any]) -> tuple[str, str, int, str]:
+def _target(request_context: dict[str, Any]) -> Target:
     target: Target = request_context["target"]
-    return target.scheme, target.host, target.port, target.path
+    return target
 
 
 class WebhookConnections(PoolManager):
@@ -164,7 +167,7 @@ class WebhookConnections(PoolManager):
         super().__init__(num_pools=KEPT_TARGETS, maxsize=per_target, on_open=self._opened)
         self.pools.dispose_func = HTTPConnectionPool.close  # a pool dropped is closed now, not when collected
         self.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
-        self.key_fn_by_scheme = {"http": _target_url, "https": _target_url}  # type: ignore[dict-item]
+        self.key_fn_by_scheme = {"http": _target, "https": _target}  # type: ignore[dict-item]
         self._opened_lock = threading.Lock()
         self.opened = 0  # connections made, for the tests and benchmarks
 
@@ -172,14 +175,16 @@ class WebhookConnections(PoolManager):
         with self._opened_lock:
             self.opened += 1
 
-    def connection_from_pool_key(self, pool_key: Any, request_context: dict[str, Any]) -> HTTPConnectionPool:
-        """The target URL's pool; a new one if the name resolves elsewhere now (the old one
-        is closed: its connections go to an address not just checked)."""
-        with self.pools.lock:
-            pool = self.pools.get(pool_key)
-            if pool is not None and pool.conn_kw["target"] != request_context["target"]:
-                del self.pools[pool_key]
-            return super().connection_from_pool_key(pool_key, request_context)
+    def _new_pool(self, scheme: str, host: str, port: int, request_context: dict[str, Any] | None = None) -> HTTPConnectionPool:
+        """A pool for a target new to the run (called under the pools' lock); the same URL's
+        pool for another address is closed: the name resolves elsewhere now, and its
+        connections go to an address not just checked."""
+        assert request_context is not None  # always given by connection_from_pool_key
+        target: Target = request_context["target"]
+        for other in self.pools.keys():
+            if isinstance(other, Target) and dataclasses.replace(other, address=target.address) == target:
+                del self.pools[other]
+        return super()._new_pool(scheme, host, port, request_context)
 
     def post(self, *, target: Target, body: bytes, headers: dict[str, str]) -> Answer:
         """POST `body`; return the status and an excerpt of the answer. Raises
@@ -191,7 +196,7 @@ class WebhookConnections(PoolManager):
                 pool = self.connection_from_host(target.host, target.port, target.scheme, pool_kwargs={"target": target})
                 try:
                     response = pool.urlopen(
-                        "POST", target.path, body=body, headers=headers, retries=False, redirect=False, timeout=timeout,
+                        "POST", target.path, body=body, headers=headers, retries=_ONCE, redirect=False, timeout=timeout,
                         preload_content=False, decode_content=False,
                     )
                     break
