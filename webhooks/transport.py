@@ -1,10 +1,10 @@
 """POSTs over urllib3 to the address webhooks.targets checked, never following redirects
 (a 3xx is a failure), with short timeouts and a bounded read.
 
-`WebhookConnections` is a urllib3 PoolManager with one pool per target URL, whose
-connections open their socket only to the target's checked address, checked again as it
-opens (so no socket ever reaches an address off the allow-list), and speak HTTP and TLS
-to the name (Host, SNI, certificate). urllib3 keeps a connection alive between requests
+`WebhookConnections` is a urllib3 PoolManager with one pool per target URL and the
+address its name was just checked to resolve to, whose connections open their socket only
+to that address, checked again as it opens (so no socket ever reaches an address off the
+allow-list), and speak HTTP and TLS to the name (Host, SNI, certificate). urllib3 keeps a connection alive between requests
 (HTTP/1.1 keep-alive) while the receiver keeps it open, its last answer was read whole
 and nothing readable has come since."""
 
