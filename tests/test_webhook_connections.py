@@ -29,6 +29,11 @@ from webhooks.targets import Target
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
+@pytest.fixture(autouse=True)
+def _loopback_allowed(loopback_http: None) -> None:
+    """The receivers listen on loopback, which a connection checks as it opens its socket."""
+
+
 @dataclass
 class RawReceiver:
     """An HTTP/1.1 receiver on raw sockets, so each test picks how a connection ends.
@@ -427,3 +432,16 @@ def test_an_endpoint_whose_secret_cannot_be_read_holds_back_no_other(tenant: Ten
     assert {d.status for d in failed} == {WebhookDeliveryStatus.PENDING}
     errors = set(WebhookDeliveryAttempt.objects.filter(delivery__in=failed).values_list("error", flat=True))
     assert errors == {"signing: ValueError"}
+
+
+def test_a_connection_opens_no_socket_to_an_address_off_the_allow_list(settings: Any) -> None:
+    """The checked address is checked again as a connection opens its socket: a target
+    checked under other settings (or made by hand) does not reach loopback where it is
+    not allowed."""
+    from webhooks.errors import WebhookTargetRefused
+
+    with raw_receiver(lambda number, served: (OK, False)) as rx:
+        settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = False
+        with transport.WebhookConnections() as connections, pytest.raises(WebhookTargetRefused):
+            connections.post(target=rx.target(), body=b"event", headers={})
+    assert rx.connections == 0 and rx.requests == []

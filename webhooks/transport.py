@@ -1,48 +1,52 @@
-"""POSTs with http.client to the address webhooks.targets checked, never following
-redirects (a 3xx is a failure), with short timeouts and a bounded read.
+"""POSTs over urllib3 to the address webhooks.targets checked, never following redirects
+(a 3xx is a failure), with short timeouts and a bounded read.
 
-`WebhookConnections` keeps one connection alive between requests (HTTP/1.1 keep-alive),
-reused only for the same scheme, address, port and host, while the receiver keeps it
-open, its last answer was read whole and nothing readable has come since."""
+`WebhookConnections` is a urllib3 PoolManager with one pool per target URL and the
+address its name was just checked to resolve to, whose connections open their socket only
+to that address, checked again as it opens (so no socket ever reaches an address off the
+allow-list), and speak HTTP and TLS to the name (Host, SNI, certificate). urllib3 keeps a connection alive between requests
+(HTTP/1.1 keep-alive) while the receiver keeps it open, its last answer was read whole
+and nothing readable has come since."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import http.client
-import select
 import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from webhooks.targets import Target
+from urllib3 import BaseHTTPResponse, HTTPConnectionPool, HTTPSConnectionPool, PoolManager, Timeout
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import ClosedPoolError, HTTPError, ReadTimeoutError
+from urllib3.response import HTTPResponse
+from urllib3.util.connection import create_connection
+from urllib3.util.retry import Retry
+
+from webhooks.targets import Target, target_address_check
 
 CONNECT_TIMEOUT_SECONDS = 3.0
 READ_TIMEOUT_SECONDS = 10.0
 MAX_RESPONSE_BYTES = 4096  # read this much of the answer, at most; keep an excerpt
 UNFRAMED_IDLE_SECONDS = 1.0  # an answer with no length: how long a silence ends it
+KEPT_TARGETS = 256  # target URLs with kept connections; the least recently used beyond are closed
+_ONCE = Retry(total=False, redirect=False)  # no retry, no redirect followed (a 3xx is the answer)
+
+# What a failed POST raises: the socket, TLS or HTTP error (unwrapped from urllib3's), or a
+# urllib3 error that wraps none.
+SEND_ERRORS = (OSError, http.client.HTTPException, HTTPError)
 
 
 @dataclass(frozen=True)
 class Answer:
     status: int
     excerpt: str
-
-
-def _socket_open(address: str, port: int) -> socket.socket:
-    """A TCP connection without Nagle's algorithm, as http.client's own `connect` sets: it
-    sends headers and body in two writes, and on a kept connection Nagle holds the body
-    back for the receiver's delayed ACK, 40 ms a delivery on Linux."""
-    sock = socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_SECONDS)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(READ_TIMEOUT_SECONDS)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _ack_promptly(sock: socket.socket | None) -> None:
@@ -54,17 +58,6 @@ def _ack_promptly(sock: socket.socket | None) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
 
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """HTTP to `host` (Host header), over a socket to the checked address."""
-
-    def __init__(self, target: Target) -> None:
-        super().__init__(target.host, target.port, timeout=READ_TIMEOUT_SECONDS)
-        self.pinned_address = target.address
-
-    def connect(self) -> None:
-        self.sock = _socket_open(self.pinned_address, self.port)
-
-
 _TLS_CONTEXT_LOCK = threading.Lock()
 
 
@@ -72,82 +65,173 @@ _TLS_CONTEXT_LOCK = threading.Lock()
 def _tls_context_built() -> ssl.SSLContext:
     """The process's TLS client context (system CA bundle, certificates and names verified),
     built once under _TLS_CONTEXT_LOCK, as loading the bundle costs 29 ms of CPU. Shared by
-    every delivery and thread, so it must never be changed after it is built."""
+    every delivery and thread, so it must never be changed after it is built (which is why
+    the TLS connection below wraps its socket itself: urllib3 sets ALPN on the context it
+    is given, on every connection)."""
     return ssl.create_default_context()
 
 
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to `host` (Host, SNI and certificate checked against the name), over a socket
-    to the checked address."""
+# A kept connection the receiver closed just after urllib3's idle check fails the write:
+# the receiver never got the request, so it goes again on another connection. Anything
+# failing once the request went is the attempt's failure, retried by the schedule: the
+# receiver may have taken it (a reset can follow a processed request).
+_UNSENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
-    def __init__(self, target: Target) -> None:
-        with _TLS_CONTEXT_LOCK:
-            self.tls_context = _tls_context_built()
-        super().__init__(target.host, target.port, timeout=READ_TIMEOUT_SECONDS, context=self.tls_context)
-        self.pinned_address = target.address
+
+class _NotSent(Exception):
+    """A request a kept connection failed to send (see _UNSENT). Not an OSError, so urllib3
+    neither swallows it nor reads an answer after it."""
+
+
+class _PinnedHTTPConnection(HTTPConnection):
+    """HTTP to the target's name (Host), over a socket to its checked address."""
+
+    def __init__(self, host: str, port: int | None = None, *, target: Target, on_open: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(host, port, **kwargs)
+        self.target, self.on_open = target, on_open
+        self.answers = 0  # on the current socket: a request after one goes on a kept connection
+
+    def _new_conn(self) -> socket.socket:
+        target_address_check(host=self.target.host, address=self.target.address)
+        self.answers = 0
+        self.on_open()
+        return create_connection((self.target.address, self.port), self.timeout, socket_options=self.socket_options)
+
+    @property
+    def is_connected(self) -> bool:
+        """urllib3's check (nothing readable on the socket: no close, no stray bytes that
+        would read as the next answer), and no TLS bytes decrypted but unread, which polling
+        the socket does not see."""
+        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+            return False
+        return super().is_connected
+
+    def request(  # type: ignore[override]  # the rest of urllib3's keywords pass through
+        self, method: str, url: str, body: Any = None, headers: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> None:
+        """Sends the target's path as webhooks.targets wrote it: urllib3 re-encodes the `url`
+        it was given (upper-casing escapes), and an escape reaches the receiver as written."""
+        kept = self.sock is not None and self.answers > 0
+        try:
+            super().request(method, self.target.path, body=body, headers=headers, **kwargs)
+        except _UNSENT as exc:
+            if kept:
+                raise _NotSent from exc
+            raise
+
+    def getresponse(self) -> HTTPResponse:  # type: ignore[override]  # as urllib3's own
+        sock = self.sock  # http.client drops it from the connection when the answer will close it
+        _ack_promptly(sock)
+        response = super().getresponse()
+        self.answers += 1
+        if response.length_remaining is None and not response.chunked and sock is not None:
+            sock.settimeout(UNFRAMED_IDLE_SECONDS)  # it ends where the receiver closes, or falls silent
+        return response
+
+
+class _PinnedHTTPSConnection(_PinnedHTTPConnection, HTTPSConnection):
+    """HTTPS to the target's name (Host, SNI and certificate checked against the name), over
+    a socket to its checked address, with the process's TLS context."""
 
     def connect(self) -> None:
-        raw = _socket_open(self.pinned_address, self.port)
+        with _TLS_CONTEXT_LOCK:
+            context = _tls_context_built()
+        raw = self._new_conn()
         try:
-            self.sock = self.tls_context.wrap_socket(raw, server_hostname=self.host)
+            self.sock = context.wrap_socket(raw, server_hostname=self.host)
         except BaseException:
             raw.close()
             raise
+        self.is_verified = True  # the context verifies the certificate and its name
 
 
-def _connect(target: Target) -> http.client.HTTPConnection:
-    """A new connection, opened now; never reopened by http.client itself (`auto_open` off),
-    so every socket goes to the checked address."""
-    conn: http.client.HTTPConnection = _PinnedHTTPSConnection(target) if target.scheme == "https" else _PinnedHTTPConnection(target)
-    conn.auto_open = 0
-    try:
-        conn.connect()
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+class _HTTPPool(HTTPConnectionPool):
+    ConnectionCls = _PinnedHTTPConnection
 
 
-def _idle_and_clean(conn: http.client.HTTPConnection) -> bool:
-    """Whether a kept connection may carry the next request: nothing readable since its
-    last answer (a close, or stray bytes that would read as the next answer), as urllib3
-    checks a pooled connection."""
-    sock = conn.sock
-    if sock is None:
-        return False
-    if isinstance(sock, ssl.SSLSocket) and sock.pending():
-        return False
-    poller = select.poll()
-    poller.register(sock, select.POLLIN)
-    return not poller.poll(0)
+class _HTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _PinnedHTTPSConnection
 
 
-def _answer_read(conn: http.client.HTTPConnection) -> tuple[Answer, bool]:
-    """The answer to the request just sent; the flag says whether `conn` may carry another."""
-    sock = conn.sock  # getresponse() drops it from `conn` when the answer will close it
-    _ack_promptly(sock)
-    response = conn.getresponse()
-    if response.length is None and not response.chunked:
-        data = _read_until_close(response, sock)
-        return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500]), False
-    data = response.read(MAX_RESPONSE_BYTES)
-    # isclosed(): the whole answer was read; will_close: `Connection: close` or HTTP/1.0.
-    reusable = not response.will_close and response.isclosed()
-    return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500]), reusable
+def _target(request_context: dict[str, Any]) -> Target:
+    target: Target = request_context["target"]
+    return target
 
 
-def _read_until_close(response: http.client.HTTPResponse, sock: socket.socket | None) -> bytes:
+class WebhookConnections(PoolManager):
+    """Kept connections for the threads of one run, up to `per_target` per target URL (the
+    requests in flight to it), reused only for the address just checked. Use as a context
+    manager: it closes them all."""
+
+    def __init__(self, *, per_target: int = 1) -> None:
+        super().__init__(num_pools=KEPT_TARGETS, maxsize=per_target, on_open=self._opened)
+        self.pools.dispose_func = HTTPConnectionPool.close  # a pool dropped is closed now, not when collected
+        self.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
+        self.key_fn_by_scheme = {"http": _target, "https": _target}  # type: ignore[dict-item]
+        self._opened_lock = threading.Lock()
+        self.opened = 0  # connections made, for the tests and benchmarks
+
+    def _opened(self) -> None:
+        with self._opened_lock:
+            self.opened += 1
+
+    def _new_pool(self, scheme: str, host: str, port: int, request_context: dict[str, Any] | None = None) -> HTTPConnectionPool:
+        """A pool for a target new to the run (called under the pools' lock); the same URL's
+        pool for another address is closed: the name resolves elsewhere now, and its
+        connections go to an address not just checked."""
+        assert request_context is not None  # always given by connection_from_pool_key
+        target: Target = request_context["target"]
+        for other in self.pools.keys():
+            if isinstance(other, Target) and dataclasses.replace(other, address=target.address) == target:
+                del self.pools[other]
+        return super()._new_pool(scheme, host, port, request_context)
+
+    def post(self, *, target: Target, body: bytes, headers: dict[str, str]) -> Answer:
+        """POST `body`; return the status and an excerpt of the answer. Raises
+        WebhookTargetRefused (an address off the allow-list), OSError (refused, timeout,
+        TLS) or http.client.HTTPException (garbled answer), else a urllib3 HTTPError."""
+        timeout = Timeout(connect=CONNECT_TIMEOUT_SECONDS, read=READ_TIMEOUT_SECONDS)
+        try:
+            while True:
+                pool = self.connection_from_host(target.host, target.port, target.scheme, pool_kwargs={"target": target})
+                try:
+                    response = pool.urlopen(
+                        "POST", target.path, body=body, headers=headers, retries=_ONCE, redirect=False, timeout=timeout,
+                        preload_content=False, decode_content=False,
+                    )
+                    break
+                except (_NotSent, ClosedPoolError):  # never sent: again, on another connection
+                    continue
+            try:
+                return _answer_read(response)
+            finally:
+                response.release_conn()
+        except HTTPError as exc:
+            raise _cause(exc) from None
+
+
+def _answer_read(response: BaseHTTPResponse) -> Answer:
+    """The answer's status and the start of its body. Its connection is kept only if the
+    answer was read whole (and urllib3 kept it: not `Connection: close`, nor HTTP/1.0)."""
+    if response.length_remaining is None and not response.chunked:
+        data = _read_until_quiet(response)
+    else:
+        data = response.read(MAX_RESPONSE_BYTES)
+    if not response.closed:  # more than MAX_RESPONSE_BYTES: never read as the next answer
+        response.close()
+    return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500])
+
+
+def _read_until_quiet(response: BaseHTTPResponse) -> bytes:
     """An answer with no length ends where the receiver closes the connection, or after
     UNFRAMED_IDLE_SECONDS of silence (one that never closes it); its status stands."""
-    if sock is not None:
-        sock.settimeout(UNFRAMED_IDLE_SECONDS)
     deadline = time.monotonic() + READ_TIMEOUT_SECONDS  # a trickle ends too
     chunks: list[bytes] = []
     size = 0
     while size < MAX_RESPONSE_BYTES and time.monotonic() < deadline:
         try:
             chunk = response.read1(MAX_RESPONSE_BYTES - size)
-        except TimeoutError:
+        except ReadTimeoutError:
             break
         if not chunk:
             break
@@ -156,72 +240,12 @@ def _read_until_close(response: http.client.HTTPResponse, sock: socket.socket | 
     return b"".join(chunks)
 
 
-# A kept connection the receiver closed just after the idle check fails the write: the
-# receiver never got the request, so it goes again on a new connection. Anything failing
-# once the request went is the attempt's failure, retried by the schedule: the receiver
-# may have taken it (a reset can follow a processed request).
-_UNSENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
-
-
-class _NotSent(Exception):
-    """A request a kept connection failed to send (see _UNSENT)."""
-
-
-class WebhookConnections:
-    """One kept connection, for one sending thread at a time. Use as a context manager."""
-
-    def __init__(self) -> None:
-        self._open: tuple[tuple[str, str, int, str], http.client.HTTPConnection] | None = None
-        self.opened = 0  # connections made, for the tests and benchmarks
-
-    def __enter__(self) -> WebhookConnections:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._open is not None:
-            self._open[1].close()
-            self._open = None
-
-    def post(self, *, target: Target, body: bytes, headers: dict[str, str]) -> Answer:
-        """POST `body`; return the status and an excerpt of the answer. Raises OSError
-        (refused, timeout, TLS) or http.client.HTTPException (garbled answer)."""
-        key = (target.scheme, target.address, target.port, target.host)
-        current, self._open = self._open, None
-        if current is not None:
-            try:
-                reusable = current[0] == key and _idle_and_clean(current[1])
-            except BaseException:
-                current[1].close()
-                raise
-            if reusable:
-                try:
-                    return self._exchange_on(current[1], key, target, body, headers, kept=True)
-                except _NotSent:
-                    pass  # closed by the receiver just after the check: on a new connection
-            else:
-                current[1].close()  # closed by the receiver, not clean, or another place
-        self.opened += 1
-        return self._exchange_on(_connect(target), key, target, body, headers, kept=False)
-
-    def _exchange_on(
-        self, conn: http.client.HTTPConnection, key: tuple[str, str, int, str], target: Target, body: bytes, headers: dict[str, str],
-        *, kept: bool,
-    ) -> Answer:
-        sent = False
-        try:
-            conn.request("POST", target.path, body=body, headers={**headers, "Content-Length": str(len(body))})
-            sent = True
-            answer, reusable = _answer_read(conn)
-        except BaseException as exc:
-            conn.close()
-            if kept and not sent and isinstance(exc, _UNSENT):
-                raise _NotSent from exc
-            raise
-        if reusable:
-            self._open = (key, conn)
-        else:
-            conn.close()
-        return answer
+def _cause(exc: BaseException) -> BaseException:
+    """The socket, TLS or HTTP error under urllib3's wrappers (kept as their cause, or as an
+    argument), as the attempt log and the callers name it."""
+    while isinstance(exc, HTTPError):
+        inner = exc.__cause__ or next((arg for arg in exc.args if isinstance(arg, BaseException)), None)
+        if inner is None:
+            break
+        exc = inner
+    return exc

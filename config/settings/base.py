@@ -402,7 +402,8 @@ TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", def
 TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=1.0)
 # Webhook deliveries (webhooks/services/deliveries.py): requests in flight per endpoint
 # across every worker (an endpoint's `max_concurrency` overrides it), requests in flight per
-# worker process (its thread pool), how long a claimed delivery is leased (longer than a
+# worker process (the size of its one thread pool for sends, and of each target's kept
+# connections), how long a claimed delivery is leased (longer than a
 # request's connect and read timeouts: a worker that dies mid-send leaves it due again
 # after this), and how long one relay run sends before it hands its worker process to the
 # next tenant's relay (it re-queues itself if deliveries are still due).

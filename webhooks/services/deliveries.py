@@ -3,22 +3,21 @@ disabling an endpoint that keeps failing, and redelivery (SPEC 8, docs/WEBHOOKS.
 
 Each delivery stands alone (its own schedule and retries), so one event a receiver cannot
 take holds back nothing else. An endpoint gets up to its cap of requests at once across
-every worker; a process sends up to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once from a
-thread pool. A dispatch repeats claim (lease due deliveries, one transaction), send (no
-transaction, no lock) and record; a worker that dies mid-send leaves its leases to run
-out, so the deliveries go again: at least once.
+every worker; a process sends up to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once from its
+one thread pool (`_SENDERS`). A dispatch repeats claim (lease due deliveries, one
+transaction), send (no transaction, no lock) and record; a worker that dies mid-send
+leaves its leases to run out, so the deliveries go again: at least once.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
 import random
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from webhooks.models import (
 from webhooks.services.endpoints import webhook_endpoint_signing_secrets
 from webhooks.signing import SIGNATURE_HEADER, signature_header
 from webhooks.targets import webhook_target_resolve
-from webhooks.transport import WebhookConnections
+from webhooks.transport import SEND_ERRORS, WebhookConnections
 
 logger = logging.getLogger(__name__)
 
@@ -97,12 +96,20 @@ def webhook_event_body(*, event: OutboxEvent) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-class _Slots:
-    """The process's requests in flight, shared by every dispatch in it (the global cap)."""
+def _process_concurrency() -> int:
+    return max(1, int(settings.TALLY_WEBHOOK_PROCESS_CONCURRENCY))
+
+
+class _Senders:
+    """The process's one thread pool for webhook sends (TALLY_WEBHOOK_PROCESS_CONCURRENCY
+    threads, made on first use), and its slots: requests in flight, shared by every
+    dispatch in the process. A dispatch claims only as many deliveries as it took slots,
+    so a leased delivery never waits for a thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._used = 0
+        self._executor: ThreadPoolExecutor | None = None
 
     def take(self, wanted: int) -> int:
         with self._lock:
@@ -114,54 +121,25 @@ class _Slots:
         with self._lock:
             self._used -= count
 
-
-def _process_concurrency() -> int:
-    return max(1, int(settings.TALLY_WEBHOOK_PROCESS_CONCURRENCY))
-
-
-_SLOTS = _Slots()
-_POOL: tuple[int, ThreadPoolExecutor] | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    """The process's sending threads, made on first use (after a prefork worker forked:
-    threads do not survive a fork, so a pool inherited from the parent is replaced)."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid():
-            _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=_process_concurrency(), thread_name_prefix="webhook-send"))
-        return _POOL[1]
-
-
-class _ConnectionShelf:
-    """A dispatch's kept connections, per endpoint: a sending thread takes one (or a new
-    one) and puts it back, so an endpoint's requests reuse connections instead of a
-    handshake per event."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: dict[str, list[WebhookConnections]] = defaultdict(list)
-        self._every: list[WebhookConnections] = []
-
-    def take(self, endpoint_id: str) -> WebhookConnections:
+    def submit(self, claim: _Claim, connections: WebhookConnections) -> Future[_Outcome]:
         with self._lock:
-            if self._idle[endpoint_id]:
-                return self._idle[endpoint_id].pop()
-            made = WebhookConnections()
-            self._every.append(made)
-            return made
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=_process_concurrency(), thread_name_prefix="webhook-send")
+            executor = self._executor
+        return executor.submit(_sent_safely, claim, connections)
 
-    def give(self, endpoint_id: str, connections: WebhookConnections) -> None:
-        with self._lock:
-            self._idle[endpoint_id].append(connections)
 
-    def close(self) -> None:
-        with self._lock:
-            for connections in self._every:
-                connections.close()
-            self._every.clear()
-            self._idle.clear()
+_SENDERS = _Senders()
+
+
+def _senders_renew() -> None:
+    """In a forked child (a prefork worker): the parent's threads did not come along, nor
+    do its requests in flight."""
+    global _SENDERS
+    _SENDERS = _Senders()
+
+
+os.register_at_fork(after_in_child=_senders_renew)
 
 
 @dataclass(frozen=True)
@@ -299,7 +277,7 @@ def _claim_prepare(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint, leas
     return _Claim(delivery=delivery, endpoint=endpoint, lease=lease, attempted_at=now, body=body, headers=headers)
 
 
-def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
+def _delivery_send(*, claim: _Claim, connections: WebhookConnections) -> _Outcome:
     """POST one claimed delivery (in a sending thread; never touches the database), to the
     address the SSRF check passed for what the host resolves to now."""
     endpoint = claim.endpoint
@@ -311,7 +289,6 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
     reason = ""
     refused = False
     started = time.monotonic()
-    connections = shelf.take(endpoint.pk)
     try:
         target = webhook_target_resolve(url=endpoint.url)
         address = target.address
@@ -321,10 +298,8 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
             error, reason = f"HTTP {answer.status}", "http_status"
     except WebhookTargetRefused as exc:
         error, reason, refused = f"refused: {exc.message}", "refused", True
-    except (OSError, http.client.HTTPException) as exc:
+    except SEND_ERRORS as exc:
         error, reason = f"{type(exc).__name__}: {exc}"[:500], "network"
-    finally:
-        shelf.give(endpoint.pk, connections)
     latency = time.monotonic() - started
     metrics.WEBHOOK_LATENCY_SECONDS.observe(latency)
     if error:
@@ -339,9 +314,9 @@ def _delivery_send(*, claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
     )
 
 
-def _sent_safely(claim: _Claim, shelf: _ConnectionShelf) -> _Outcome:
+def _sent_safely(claim: _Claim, connections: WebhookConnections) -> _Outcome:
     try:
-        return _delivery_send(claim=claim, shelf=shelf)
+        return _delivery_send(claim=claim, connections=connections)
     except Exception as exc:  # a bug in one send must not lose the others' records
         logger.exception("webhook send failed", extra={"delivery": claim.delivery.id})
         return _Outcome(claim=claim, status_code=None, latency_ms=0, address="", excerpt="", error=f"{type(exc).__name__}: {exc}"[:500])
@@ -358,7 +333,8 @@ def webhook_deliveries_dispatch(
     """
     budget = float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS) if time_budget_seconds is None else time_budget_seconds
     deadline = time.monotonic() + budget
-    pool, shelf = _pool(), _ConnectionShelf()
+    # Kept connections, shared by the sending threads: up to one per request in flight to a target.
+    connections = WebhookConnections(per_target=_process_concurrency())
     in_flight: dict[Future[_Outcome], _Claim] = {}
     answered: list[_Outcome] = []
     attempts = 0
@@ -369,7 +345,7 @@ def webhook_deliveries_dispatch(
             claiming = time.monotonic() < deadline
             if claiming and publish is not None:
                 publish()
-            granted = _SLOTS.take(_process_concurrency()) if claiming else 0
+            granted = _SENDERS.take(_process_concurrency()) if claiming else 0
             claimed: list[_Claim] = []
             # Scan every endpoint only every POLL_SECONDS (the scan is most of a round's
             # cost), else refill the slots answers freed; while endpoints wait for want of
@@ -384,9 +360,9 @@ def webhook_deliveries_dispatch(
                 if scan:
                     scan_at, contended = time.monotonic() + POLL_SECONDS, round_contended
             finally:
-                _SLOTS.give(granted - len(claimed))
+                _SENDERS.give(granted - len(claimed))
             for claim in claimed:
-                in_flight[pool.submit(_sent_safely, claim, shelf)] = claim
+                in_flight[_SENDERS.submit(claim, connections)] = claim
             if not in_flight and not expired:  # a round that only expired rows: more may be due
                 return attempts
             # Wait for an answer; while claiming, look for new due work now and then too.
@@ -403,14 +379,14 @@ def webhook_deliveries_dispatch(
             if answered:
                 _round(answered=answered)
         finally:
-            shelf.close()
+            connections.clear()
 
 
 def _collected(done: set[Future[_Outcome]], in_flight: dict[Future[_Outcome], _Claim]) -> list[_Outcome]:
     outcomes = [future.result() for future in done]
     for future in done:
         del in_flight[future]
-    _SLOTS.give(len(outcomes))
+    _SENDERS.give(len(outcomes))
     return outcomes
 
 
