@@ -33,12 +33,12 @@ pgbouncer:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbouncer; }
 
 # Installs, checks ruff (every Python file but the migrations: the apps, tests/, bench/ and
-# docs/), mypy (strict on apikit/, wallets/, payments/, webhooks/, tenants/, config/,
+# docs/), mypy (strict on apikit/, idempotency/, wallets/, payments/, webhooks/, tenants/, config/,
 # reconciliation/ and fastpath/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
 test: install chromium pgbouncer
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath
+	$(BIN)/mypy apikit idempotency wallets payments webhooks tenants config reconciliation fastpath
 	$(BIN)/lint-imports --no-logo
 	@eval "$$($(BIN)/python -m config.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
@@ -55,5 +55,5 @@ proof: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath
+	$(BIN)/mypy apikit idempotency wallets payments webhooks tenants config reconciliation fastpath
 	$(BIN)/lint-imports --no-logo

@@ -9,6 +9,7 @@ behaviour for speed, kept because it saves at least 5 % of a keyed payment's CPU
 - epochs.py: a value in Redis whose change ends trust in a per-process cache (the API
   key cache);
 - kicks.py: the outbox relay's after-commit kick, coalesced in Redis;
+- replaycache.py: completed responses cached in Redis, for replays that skip PostgreSQL;
 - fastredis.py: the Redis client of the request path's own calls (short timeouts);
 - shapes.py: a serializer's declared fields copied shallowly where that is safe.
 

@@ -17,8 +17,8 @@ from django.db import transaction
 from django_tenants.utils import schema_context
 
 from payments.demo import DEMO_SCHEMA
-from payments.sealing import UNOPENED
 from wallets.models import Merchant
+from wallets.sealing import UNOPENED
 from webhooks.errors import WebhookEndpointLimitReached
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
 from webhooks.secrets import WebhookSecretUnavailable, webhook_endpoint_secrets

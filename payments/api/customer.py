@@ -16,13 +16,13 @@ from rest_framework.response import Response
 
 from apikit.base import CustomerViewSet
 from apikit.errors import envelope, http_status_of
+from apikit.idempotency import request_id_of
 from apikit.pagination import ListParamsSerializer
 from apikit.schema import ErrorSerializer
+from idempotency.engine import IdempotencyContext
+from idempotency.errors import IdempotencyKeyMissing
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.idempotency.drf import request_id_of
-from payments.idempotency.errors import IdempotencyKeyMissing
-from payments.idempotency.services import IdempotencyContext
 from payments.models import TopUp
 from payments.services import card_topups, mandates, tokens, topup_saga, transfers
 from wallets import selectors as wallet_selectors

@@ -47,11 +47,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
-from payments.gateways import metrics
-from payments.idempotency.models import IdempotencyRecord, RecordState
-from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
-from payments.idempotency.services import (
+from idempotency.engine import (
     Executed,
     IdempotencyContext,
     IdempotentCall,
@@ -60,6 +56,10 @@ from payments.idempotency.services import (
     idempotency_fail,
     idempotency_lease_takeover,
 )
+from idempotency.models import IdempotencyRecord, RecordState
+from idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
+from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
+from payments.gateways import metrics
 from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import TopUpCursor, topup_get, topups_pending_stale

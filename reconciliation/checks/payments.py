@@ -11,9 +11,9 @@ from django.db.models import Count, F, Min, QuerySet, Window
 from django.db.models.functions import Lag
 from prometheus_client import CollectorRegistry, Counter, multiprocess
 
+from idempotency import metrics as idempotency_metrics
+from idempotency.models import IdempotencyRecord, RecordState
 from payments.errors import PspNotConfigured, PspUnavailable
-from payments.idempotency import metrics as idempotency_metrics
-from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
 from payments.selectors import gateway_account_active, topups_charged_uncredited
 from payments.services.card_topups import topup_settlement_compare
