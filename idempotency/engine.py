@@ -7,7 +7,8 @@ claim-call-complete, and the plain API for tasks) are in `entry`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import Enum
@@ -115,10 +116,6 @@ def _stale(record_id: int | None, fence: int) -> StaleFence:
     return StaleFence(f"record {record_id}: fence {fence} is no longer current")
 
 
-def _lease_end(seconds: float) -> Any:
-    return Now() + timedelta(seconds=seconds)
-
-
 def _in_flight(record_id: int, fence: int) -> QuerySet[IdempotencyRecord]:
     return IdempotencyRecord.objects.filter(id=record_id, fence=fence, state=RecordState.IN_FLIGHT)
 
@@ -126,27 +123,52 @@ def _in_flight(record_id: int, fence: int) -> QuerySet[IdempotencyRecord]:
 # --- Claim, take over, complete (the caller's open transaction) ------------------------------
 
 
+@contextmanager
+def _lock_wait_bounded() -> Iterator[None]:
+    """A row lock waited on past the transaction's lock_timeout raises LockWaitTimedOut."""
+    try:
+        yield
+    except DatabaseError as exc:
+        if sqlstate_of(exc) == LOCK_NOT_AVAILABLE:
+            raise LockWaitTimedOut() from exc
+        raise
+
+
 def record_claim(*, call: IdempotentCall, effect: str, lease_seconds: int, remaining_seconds: float) -> IdempotencyContext | RecordSnapshot:
     """Claim (principal, key) with fence 1 in the open transaction, else read the record that
     holds it (RecordMoved if gone). Waits on an uncommitted claim at most `remaining_seconds`
     (LockWaitTimedOut); the transaction keeps that lock_timeout, so an effect stuck on a lock
     longer than a duplicate may wait gets 55P03 (retried whole), and no round trip resets it."""
-    try:
+    with _lock_wait_bounded():
         record_id = claim_insert(
             lock_timeout=_ms(remaining_seconds), principal_id=call.principal_id, key=call.key, scope=call.scope, effect=effect,
             fingerprint=call.fingerprint, lease_seconds=lease_seconds, request_id=call.request_id, method=call.method[:10],
             path=call.path[:512],
         )
-    except DatabaseError as exc:
-        if sqlstate_of(exc) == LOCK_NOT_AVAILABLE:
-            raise LockWaitTimedOut() from exc
-        raise
     if record_id is not None:
         return IdempotencyContext(principal_id=call.principal_id, key=call.key, record_id=record_id, fence=1)
     snapshot = idempotency_record_snapshot(principal_id=call.principal_id, key=call.key)
     if snapshot is None:
         raise RecordMoved()
     return snapshot
+
+
+def _fence_bumped(
+    matching: QuerySet[IdempotencyRecord], *, record: QuerySet[IdempotencyRecord], principal_id: str, key: str, lease_seconds: float,
+    **changes: Any,
+) -> IdempotencyContext | None:
+    """In the open transaction: the record `matching` selects in flight again with fence + 1,
+    a new lease and `changes`; its context (read back through `record` under our row lock),
+    or None if nothing matched. Locks: the record row."""
+    bumped = matching.update(
+        fence=F("fence") + 1, state=RecordState.IN_FLIGHT, lease_expires_at=Now() + timedelta(seconds=lease_seconds), updated=Now(), **changes
+    )
+    if not bumped:
+        return None
+    record_id, fence, minted = record.values_list("id", "fence", "minted").get()
+    return IdempotencyContext(
+        principal_id=principal_id, key=key, record_id=int(record_id), fence=int(fence), minted=str_dict_of(minted), takeover=True
+    )
 
 
 def record_take_over(
@@ -157,27 +179,18 @@ def record_take_over(
     moved since `snapshot` (a late holder that completed it meanwhile must be replayed, not
     reopened). Locks: the record row, waited on at most `remaining_seconds`."""
     _lock_timeout_set(remaining_seconds)
-    changes: dict[str, Any] = {
-        "state": RecordState.IN_FLIGHT, "fence": F("fence") + 1, "lease_expires_at": _lease_end(lease_seconds),
-        "fingerprint": call.fingerprint, "request_id": call.request_id, "scope": call.scope, "effect": effect,
-        "method": call.method[:10], "path": call.path[:512], "response_status": None, "response_headers": None,
-        "response_body": None, "completed_at": None, "updated": Now(),
-    }
-    if renew:
-        changes.update(created=Now(), minted={})
-    records = IdempotencyRecord.objects.filter(id=snapshot.id)
-    try:
-        taken = records.filter(fence=snapshot.fence, state=snapshot.state).update(**changes)
-    except DatabaseError as exc:
-        if sqlstate_of(exc) == LOCK_NOT_AVAILABLE:
-            raise LockWaitTimedOut() from exc
-        raise
-    if not taken:
+    renewed: dict[str, Any] = {"created": Now(), "minted": {}} if renew else {}
+    with _lock_wait_bounded():
+        taken = _fence_bumped(
+            IdempotencyRecord.objects.filter(id=snapshot.id, fence=snapshot.fence, state=snapshot.state),
+            record=IdempotencyRecord.objects.filter(id=snapshot.id), principal_id=call.principal_id, key=call.key,
+            lease_seconds=lease_seconds, fingerprint=call.fingerprint, request_id=call.request_id, scope=call.scope, effect=effect,
+            method=call.method[:10], path=call.path[:512], response_status=None, response_headers=None, response_body=None,
+            completed_at=None, **renewed,
+        )
+    if taken is None:
         raise RecordMoved()
-    fence, minted = records.values_list("fence", "minted").get()  # our row lock holds them
-    return IdempotencyContext(
-        principal_id=call.principal_id, key=call.key, record_id=snapshot.id, fence=int(fence), minted=str_dict_of(minted), takeover=True
-    )
+    return taken
 
 
 def record_complete(*, ctx: IdempotencyContext, call: IdempotentCall, response: StoredResponse) -> None:
@@ -271,15 +284,7 @@ def idempotency_lease_takeover(
     records = IdempotencyRecord.objects.filter(principal_id=principal_id, key=key)
 
     def write() -> IdempotencyContext | None:
-        taken = records.filter(takeable).update(
-            fence=F("fence") + 1, state=RecordState.IN_FLIGHT, lease_expires_at=_lease_end(lease_seconds), updated=Now()
-        )
-        if not taken:
-            return None
-        record_id, fence, minted = records.values_list("id", "fence", "minted").get()  # our row lock holds them
-        return IdempotencyContext(
-            principal_id=principal_id, key=key, record_id=int(record_id), fence=int(fence), minted=str_dict_of(minted), takeover=True
-        )
+        return _fence_bumped(records.filter(takeable), record=records, principal_id=principal_id, key=key, lease_seconds=lease_seconds)
 
     ctx = run_atomic(write, operation="idempotency.takeover")
     if ctx is not None:
