@@ -33,12 +33,12 @@ pgbouncer:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbouncer; }
 
 # Installs, checks ruff (every Python file but the migrations: the apps, devtools/, tests/ and
-# bench/), mypy (strict on apikit/, wallets/, payments/, webhooks/, tenants/, config/,
+# bench/), mypy (strict on apikit/, idempotency/, wallets/, payments/, webhooks/, tenants/, config/,
 # reconciliation/, fastpath/ and devtools/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
 test: install chromium pgbouncer
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath devtools
+	$(BIN)/mypy apikit idempotency wallets payments webhooks tenants config reconciliation fastpath devtools
 	$(BIN)/lint-imports --no-logo
 	@eval "$$($(BIN)/python -m devtools.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} $(PYTEST_ARGS)
@@ -55,5 +55,5 @@ proof: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy apikit wallets payments webhooks tenants config reconciliation fastpath devtools
+	$(BIN)/mypy apikit idempotency wallets payments webhooks tenants config reconciliation fastpath devtools
 	$(BIN)/lint-imports --no-logo

@@ -18,12 +18,12 @@ from rest_framework.response import Response
 
 from apikit.auth import ApiKeyAuthentication, FacePermission, StaffRolePermission, api_key_cache_confirm
 from apikit.errors import BodyIncomplete, LengthRequired, PayloadTooLarge
+from apikit.idempotency import IdempotencyMixin
 from apikit.pagination import CursorPagination
 from apikit.parsers import StrictJSONParser
 from apikit.principal import Principal
 from apikit.shapes import Serializer
 from apikit.throttling import KeyAndTenantThrottle, api_key_epoch_now
-from payments.idempotency.drf import IdempotencyMixin
 from wallets.models import Customer, StaffMember, Terminal
 
 S = TypeVar("S", bound=serializers.Serializer[Any])

@@ -19,7 +19,7 @@ from django.views import defaults as django_defaults
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
-from payments.idempotency.errors import IdempotencyErrorCode
+from idempotency.errors import IdempotencyErrorCode
 from wallets import metrics
 from wallets.errors import BusinessRefusal, Conflict, InvalidState, NotFound, NotPermitted, TallyError, Unavailable
 from wallets.transactions import is_connection_failure

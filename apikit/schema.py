@@ -15,7 +15,7 @@ from rest_framework import serializers
 
 from apikit.base import StrictSerializer
 from apikit.fields import ASSET_CODE_RE, NON_BLANK_TEXT_PATTERN, TEXT_PATTERN, ConstField
-from payments.idempotency.canonical import KEY_MAX_LENGTH, KEY_PATTERN
+from idempotency.canonical import KEY_MAX_LENGTH, KEY_PATTERN
 from tenants.models import IdempotencyMode
 from wallets.money import MAX_AMOUNT
 from wallets.selectors import asset_codes_list

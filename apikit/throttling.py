@@ -18,8 +18,9 @@ from rest_framework.throttling import BaseThrottle
 
 from apikit.principal import Principal
 from fastpath.counters import windows_count
-from payments.idempotency.cache import ReplayPrefetch, replay_cache_entry_decode, replay_cache_redis_key
-from payments.idempotency.canonical import idempotency_key_is_valid
+from fastpath.replaycache import ReplayPrefetch, replay_cache_entry_decode
+from idempotency.canonical import idempotency_key_is_valid
+from idempotency.hotpath import replay_cache_redis_key
 from wallets.keycache import ApiKeyCacheHit
 
 logger = logging.getLogger("tally.api")

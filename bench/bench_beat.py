@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (payments/sealing.py) for this process and those it starts.
+# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
 os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
 sys.path.insert(0, str(ROOT))
 DB = "tally_bench_beat"
@@ -120,7 +120,7 @@ def main() -> None:
     left = DueWork.objects.count()
 
     # The jobs that still visit every tenant: the idempotency purge, and the sweep.
-    from payments.idempotency.tasks import idempotency_purge_all_tenants
+    from idempotency.tasks import idempotency_purge_all_tenants
     from webhooks.tasks import webhooks_relay_all_tenants
 
     def sweeps() -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (payments/sealing.py) for this process and those it starts.
+# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
 os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
 sys.path.insert(0, str(ROOT))
 
@@ -101,8 +101,9 @@ def _engine_only(count: int) -> dict[str, Any]:
     from django.db import connection
     from django_tenants.utils import schema_context
 
-    from payments.idempotency.selectors import IdempotencyPolicy
-    from payments.idempotency.services import Executed, IdempotentCall, StoredResponse, idempotency_execute
+    from idempotency.engine import Executed, IdempotentCall, StoredResponse
+    from idempotency.entry import idempotency_execute
+    from idempotency.selectors import IdempotencyPolicy
     from wallets.transactions import run_atomic
 
     body = b'{"id":"pay_x","amount":1}'
@@ -154,7 +155,7 @@ def main() -> None:
     world = _fixtures()
     from django.test import Client
 
-    from payments.idempotency import cache as replay_cache
+    from fastpath import replaycache as replay_cache
 
     client = Client(HTTP_HOST=HOST)
     body = json.dumps({"customer": world["customer"], "asset": "JPY", "amount": 1})

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (payments/sealing.py) for this process and those it starts.
+# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
 os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
 sys.path.insert(0, str(ROOT))
 

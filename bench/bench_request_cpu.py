@@ -52,7 +52,7 @@ from typing import Any
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (payments/sealing.py) for this process and those it starts.
+# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
 os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
 sys.path.insert(0, str(ROOT))
 
@@ -121,10 +121,10 @@ def _instrument() -> None:
     import config.observability
     import payments.services.charges as charges
     from apikit.auth import ApiKeyAuthentication
+    from apikit.idempotency import IdempotencyMixin
     from apikit.parsers import StrictJSONParser
     from apikit.throttling import KeyAndTenantThrottle
     from payments.api.terminal import PaymentViewSet
-    from payments.idempotency.drf import IdempotencyMixin
 
     L = LAYERS
     _wrap(WSGIHandler, "__call__", L[0])

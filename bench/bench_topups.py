@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (payments/sealing.py) for this process and those it starts.
+# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
 os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
 sys.path.insert(0, str(ROOT))
 
@@ -178,7 +178,7 @@ def _recovery(fx: dict[str, Any], database_url: str, redis_url: str, psp_url: st
     from django.db import connection
     from django_tenants.utils import schema_context
 
-    from payments.idempotency.models import IdempotencyRecord
+    from idempotency.models import IdempotencyRecord
     from payments.services.topup_saga import topup_recovery_run
     from wallets.models import LedgerTransaction
 

@@ -41,7 +41,7 @@ def _sealing_ring_refuse(**_: Any) -> None:
     leaves as SystemExit, carrying the check's message and its fix."""
     from django.core.exceptions import ImproperlyConfigured
 
-    from payments.checks import sealing_ring_enforce
+    from wallets.checks import sealing_ring_enforce
 
     try:
         sealing_ring_enforce()

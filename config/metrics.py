@@ -14,9 +14,10 @@ from prometheus_client import (
     multiprocess,
 )
 
+from idempotency import metrics as _idempotency_metrics  # noqa: F401
+
 # Each app's metrics, imported so every process exports them from its first request on.
 from payments.gateways import metrics as _gateway_metrics  # noqa: F401
-from payments.idempotency import metrics as _idempotency_metrics  # noqa: F401
 from wallets import metrics as _wallet_metrics  # noqa: F401
 from webhooks import metrics as _webhook_metrics  # noqa: F401
 

@@ -8,6 +8,6 @@ application = get_wsgi_application()
 
 # gunicorn runs no system checks: without a usable sealing ring, refuse to start rather
 # than fail every PSP call and webhook delivery.
-from payments.checks import sealing_ring_enforce  # noqa: E402
+from wallets.checks import sealing_ring_enforce  # noqa: E402
 
 sealing_ring_enforce()

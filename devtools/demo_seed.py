@@ -20,13 +20,13 @@ from django.db import transaction
 from django_tenants.utils import schema_context
 
 from payments.models import Adjustment
-from payments.sealing import UNOPENED
 from payments.services.adjustments import adjustment_create
 from payments.services.topups import gateway_account_set
 from tenants.models import Tenant
 from tenants.services import platform_ensure, tenant_create
 from wallets.ids import random_token
 from wallets.models import Asset, Customer, Merchant, StaffMember, Store, Terminal
+from wallets.sealing import UNOPENED
 from wallets.selectors import api_key_get_active
 from wallets.services.principals import (
     api_key_create,

@@ -93,7 +93,7 @@ def main() -> int:
 def _sealing_ring_ensure() -> bool:
     """TALLY_SEALING_KEYS from the environment or `.env` (read as the settings read it),
     else var/sealing_keys, written with a new random key on the first run
-    (payments/sealing.py). True when it was just written."""
+    (wallets/sealing.py). True when it was just written."""
     if ENV_FILE.exists():
         import environ
 
@@ -122,7 +122,7 @@ def _legacy_reseal() -> None:
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
-    from payments.sealing import sealing_ring_forget
+    from wallets.sealing import sealing_ring_forget
 
     settings.TALLY_SEALING_LEGACY_SECRET_KEY = settings.SECRET_KEY
     sealing_ring_forget()

@@ -11,6 +11,7 @@ behaviour for speed, kept because it saves at least 5 % of a keyed payment's CPU
 - kicks.py: the outbox relay's after-commit kick, coalesced in Redis;
 - counters.py: the throttles' window counters and the request's other reads, in one
   Redis script call;
+- replaycache.py: completed responses cached in Redis, for replays that skip PostgreSQL;
 - fastredis.py: the Redis client of the request path's own calls (short timeouts);
 - shapes.py: a serializer's declared fields copied shallowly where that is safe;
 - rediscache.py: Django's Redis cache backend with one redis-py client per pool;

@@ -1,6 +1,6 @@
 """Staff actions in the back office: a button opens a confirmation page whose form carries
 an idempotency key of its own; confirming runs the action's one service call through
-payments.idempotency.staff.staff_action_run (at most once per key, audited)."""
+idempotency.staff.staff_action_run (at most once per key, audited)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from payments.idempotency.errors import IdempotencyError
-from payments.idempotency.staff import staff_action_run
+from idempotency.errors import IdempotencyError
+from idempotency.staff import staff_action_run
 from wallets.errors import TallyError
 from wallets.models import StaffMember
 from wallets.services.principals import staff_member_get_or_create

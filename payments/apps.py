@@ -6,12 +6,9 @@ class PaymentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from payments import checks  # noqa: F401  - registers the sealing ring check
-        from payments.idempotency.sealing import idempotency_records_reseal
-        from payments.sealing import sealed_store_register
         from payments.services.secrets_reseal import customer_contacts_reseal, gateway_accounts_reseal
+        from wallets.sealing import sealed_store_register
 
         # Every place a sealed (or encrypted) secret is stored, for `manage.py secrets_reseal`.
         sealed_store_register(name="gateway_accounts", reseal_batch=gateway_accounts_reseal)
-        sealed_store_register(name="idempotency_records", reseal_batch=idempotency_records_reseal)
         sealed_store_register(name="customer_contacts", reseal_batch=customer_contacts_reseal)

@@ -21,8 +21,8 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apikit.idempotency import IdempotencyMixin
 from apikit.principal import Principal
-from payments.idempotency.drf import IdempotencyMixin
 from wallets.errors import InsufficientFunds
 from wallets.models import Customer
 from wallets.services.principals import customer_create

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.db.models import Min
 from django.utils import timezone
 
-from payments.idempotency.tasks import idempotency_purge_tenant
+from idempotency.tasks import idempotency_purge_tenant
 from payments.models import OutboxEvent
 from payments.relaykick import RELAY_TASK_NAME
 from payments.services.outbox import outbox_event_create

@@ -28,7 +28,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from payments.idempotency.models import IdempotencyRecord
+from idempotency.models import IdempotencyRecord
 from payments.models import PspWebhookEvent, TopUp
 from payments.tasks import topups_recover_all_tenants, topups_recover_due_tenants
 from tenants.models import DueWork, DueWorkKind, Tenant
@@ -513,9 +513,10 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
     """The process died right after the claim committed: no charge exists. The recovery
     charges with the same key (the customer asked for it; the PSP dedupes if the dead
     attempt's call did get through) and completes the answer the client's retry replays."""
-    from payments.idempotency.canonical import fingerprint_compute
-    from payments.idempotency.selectors import IdempotencyPolicy
-    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from idempotency.canonical import fingerprint_compute
+    from idempotency.engine import IdempotentCall
+    from idempotency.entry import Claim, _claim_external
+    from idempotency.selectors import IdempotencyPolicy
     from payments.services import topup_saga
     from payments.services.topups import topup_pending_ensure
 
@@ -531,7 +532,7 @@ def test_a_crash_after_the_claim_before_the_psp_call_is_recovered_forward(live: 
         topup_pending_ensure(topup_id=ctx.minted[topup_saga.MINT_NAME], customer=live.customer, asset_code="JPY", amount=1300,
                              payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=idem)
 
-    claim = idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim)
+    claim = _claim_external(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim)
     assert isinstance(claim, Claim) and live.charges() == []
     time.sleep(1.2)
     topup_id = claim.context.minted["topup"]
@@ -550,8 +551,9 @@ def test_a_claim_marks_its_tenant_for_recovery_and_beats_due_task_alone_recovers
     sweep of every tenant), then recovers the top-up a crash left behind."""
     from django.utils import timezone
 
-    from payments.idempotency.selectors import IdempotencyPolicy
-    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from idempotency.engine import IdempotentCall
+    from idempotency.entry import Claim, _claim_external
+    from idempotency.selectors import IdempotencyPolicy
     from payments.services import topup_saga
     from payments.services.topups import topup_pending_ensure
 
@@ -566,7 +568,7 @@ def test_a_claim_marks_its_tenant_for_recovery_and_beats_due_task_alone_recovers
                              payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=idem)
 
     claimed_at = timezone.now()
-    claim = idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim)
+    claim = _claim_external(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim)
     assert isinstance(claim, Claim)
     (row,) = DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.TOPUPS)
     assert claimed_at < row.due_at <= timezone.now() + timedelta(seconds=2)  # the lease (TALLY_TOPUP_LEASE_SECONDS) ends
@@ -1092,9 +1094,10 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
     pass takes each over once. The records it took over get a new lease that runs out while
     the pass is still at the PSP; they must not come round again on a later page (a pass
     that did so ran for as long as the PSP stayed slow, and the refunds never ran)."""
-    from payments.idempotency.canonical import fingerprint_compute
-    from payments.idempotency.selectors import IdempotencyPolicy
-    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim
+    from idempotency.canonical import fingerprint_compute
+    from idempotency.engine import IdempotentCall
+    from idempotency.entry import Claim, _claim_external
+    from idempotency.selectors import IdempotencyPolicy
     from payments.services import topup_saga, topups
     from payments.services.topups import topup_pending_ensure
 
@@ -1114,7 +1117,7 @@ def test_a_recovery_pass_asks_about_each_orphan_once_however_slow_the_psp(quiet:
             topup_pending_ensure(topup_id=ctx.minted[topup_saga.MINT_NAME], customer=customer, asset_code="JPY", amount=500,
                                  payment_method="pm_card_visa", claim_principal_id=ctx.principal_id, claim_key=idem)
 
-        assert isinstance(idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim), Claim)
+        assert isinstance(_claim_external(call=call, policy=IdempotencyPolicy(lease_seconds=1), mint={"topup": "top"}, on_claim=on_claim), Claim)
     time.sleep(1.2)
     quiet.faults(latency_ms=900)  # every charge times out: the outcome stays unknown
 

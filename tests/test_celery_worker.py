@@ -196,7 +196,7 @@ def test_a_worker_or_beat_without_a_usable_sealing_ring_refuses_to_start(
 
 def test_the_legacy_key_still_set_is_logged_when_a_process_starts(settings: Any, caplog: Any) -> None:
     from config.celery import _sealing_ring_refuse
-    from payments.sealing import sealing_ring_forget
+    from wallets.sealing import sealing_ring_forget
 
     settings.TALLY_SEALING_LEGACY_SECRET_KEY = "the-old-secret-key"
     sealing_ring_forget()

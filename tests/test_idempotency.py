@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from payments.idempotency import metrics
-from payments.idempotency.models import IdempotencyRecord
+from idempotency import metrics
+from idempotency.models import IdempotencyRecord
 from tenants.models import Tenant
 from tests import idempotency_urls
 from tests.conftest import TENANT_A, TENANT_B, in_tenant
@@ -204,8 +204,9 @@ def test_crash_leaves_failed_retryable_and_the_retry_executes(live_tenant: Tenan
 def test_inside_a_callers_transaction_the_claim_rides_a_savepoint(tenant: Tenant) -> None:
     # (Also makes pytest-django create the test database when this module runs alone:
     # `live_tenant` alone does not ask for it.)
-    from payments.idempotency.selectors import IdempotencyPolicy
-    from payments.idempotency.services import Executed, IdempotentCall, StoredResponse, idempotency_execute
+    from idempotency.engine import Executed, IdempotentCall, StoredResponse
+    from idempotency.entry import idempotency_execute
+    from idempotency.selectors import IdempotencyPolicy
 
     call = IdempotentCall(principal_id=uid("p-"), key=uid("k-"), fingerprint="f" * 64, scope="terminal", request_id="req_nested")
     runs: list[int] = []

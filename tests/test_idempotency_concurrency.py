@@ -19,9 +19,9 @@ from django.conf import settings
 from django.db import connection, connections
 from django.test import Client, override_settings
 
-from payments.idempotency import metrics
-from payments.idempotency.cache import replay_cache_breaker_reset
-from payments.idempotency.models import IdempotencyRecord
+from fastpath.replaycache import replay_cache_breaker_reset
+from idempotency import metrics
+from idempotency.models import IdempotencyRecord
 from payments.models import Payment
 from payments.services.adjustments import adjustment_create
 from tenants.models import Tenant
@@ -226,28 +226,26 @@ def test_a_stalled_external_winner_cannot_overwrite_the_result_after_a_takeover(
 
 
 def test_external_primitives_claim_takeover_and_fenced_completion(live_tenant: Tenant) -> None:
-    from payments.idempotency.errors import StaleFence
-    from payments.idempotency.selectors import IdempotencyPolicy
-    from payments.idempotency.services import (
-        Busy,
-        Claim,
+    from idempotency.engine import (
+        Executed,
         IdempotentCall,
         StoredResponse,
-        idempotency_claim,
-        idempotency_complete,
+        idempotency_complete_produced,
         idempotency_fail,
-        idempotency_fence_assert,
         idempotency_lease_takeover,
     )
+    from idempotency.entry import Busy, Claim, _claim_external
+    from idempotency.locks import idempotency_record_fence_lock
+    from idempotency.selectors import IdempotencyPolicy
 
     policy = IdempotencyPolicy(lease_seconds=1, wait_ms=200)
     call = IdempotentCall(principal_id=uid("task:"), key=uid("k-"), fingerprint="a" * 64, scope="psp", request_id="req_primitives")
-    first = idempotency_claim(call=call, policy=policy, mint={"topup": "top"})
+    first = _claim_external(call=call, policy=policy, mint={"topup": "top"})
     assert isinstance(first, Claim) and first.context.fence == 1
     # Committed: another connection sees it, and a duplicate is told to back off.
     seen = run_in_thread_tenant(live_tenant, lambda: IdempotencyRecord.objects.get(principal_id=call.principal_id, key=call.key).state)
     assert seen == "in_flight"
-    assert isinstance(idempotency_claim(call=call, policy=policy), Busy)
+    assert isinstance(_claim_external(call=call, policy=policy), Busy)
     assert idempotency_lease_takeover(principal_id=call.principal_id, key=call.key, lease_seconds=30) is None  # lease still live
     time.sleep(1.1)
     taken = idempotency_lease_takeover(principal_id=call.principal_id, key=call.key, lease_seconds=30)
@@ -255,21 +253,23 @@ def test_external_primitives_claim_takeover_and_fenced_completion(live_tenant: T
     assert record_of(call.principal_id, call.key).fence == 2  # type: ignore[union-attr]
 
     stale_marker = uid("stale-")
-    ok = idempotency_complete(
-        record_id=first.context.record_id or 0, fence=1, call=call, response=StoredResponse(status=200, headers={}, body=b"stale"),
-        effect=lambda: customer_create(name=stale_marker) and None,
-    )
-    assert ok is False and customers_named(stale_marker) == 0
-    assert idempotency_fail(record_id=first.context.record_id or 0, fence=1) is False
-    with pytest.raises(StaleFence):
-        from django.db import transaction
 
-        with transaction.atomic():
-            idempotency_fence_assert(record_id=first.context.record_id or 0, fence=1)
+    def stale_completion() -> Executed:
+        customer_create(name=stale_marker)
+        return Executed(response=StoredResponse(status=200, headers={}, body=b"stale"))
+
+    ok = idempotency_complete_produced(ctx=first.context, call=call, produce=stale_completion)
+    assert ok is None and customers_named(stale_marker) == 0
+    assert idempotency_fail(record_id=first.context.record_id or 0, fence=1) is False
+    from django.db import transaction
+
+    with transaction.atomic():
+        assert not idempotency_record_fence_lock(record_id=first.context.record_id or 0, fence=1)
     record = record_of(call.principal_id, call.key)
     assert record is not None and record.state == "in_flight" and record.response_body is None
 
-    assert idempotency_complete(record_id=taken.record_id or 0, fence=2, call=call, response=StoredResponse(status=200, headers={}, body=b"fresh"))
+    fresh = Executed(response=StoredResponse(status=200, headers={}, body=b"fresh"))
+    assert idempotency_complete_produced(ctx=taken, call=call, produce=lambda: fresh) is not None
     record = record_of(call.principal_id, call.key)
     assert record is not None and record.state == "completed" and bytes(record.response_body) == b"fresh" and record.minted == taken.minted
 
@@ -278,8 +278,8 @@ def test_external_primitives_claim_takeover_and_fenced_completion(live_tenant: T
 
 
 def test_idempotency_run_for_tasks(live_tenant: Tenant) -> None:
-    from payments.idempotency.errors import IdempotencyKeyReused
-    from payments.idempotency.services import idempotency_run
+    from idempotency.entry import idempotency_run
+    from idempotency.errors import IdempotencyKeyReused
 
     key, name = uid("k-"), uid("n-")
     runs: list[str] = []
@@ -314,7 +314,7 @@ def test_idempotency_run_for_tasks(live_tenant: Tenant) -> None:
 
 
 def test_tombstone_410_then_purge_makes_the_key_new(live_tenant: Tenant) -> None:
-    from payments.idempotency.tasks import idempotency_purge_all_tenants
+    from idempotency.tasks import idempotency_purge_all_tenants
 
     key, principal, name = uid("k-"), uid("p-"), uid("n-")
     first = post("/v1/test/effect", {"name": name}, key=key, principal=principal)
@@ -345,11 +345,12 @@ def test_tombstone_410_then_purge_makes_the_key_new(live_tenant: Tenant) -> None
 
 
 def test_purge_keeps_live_records_and_the_stuck_gauge_counts_expired_leases(live_tenant: Tenant) -> None:
-    from payments.idempotency.selectors import IdempotencyPolicy
-    from payments.idempotency.services import Claim, IdempotentCall, idempotency_claim, idempotency_maintenance_run
+    from idempotency.engine import IdempotentCall, idempotency_maintenance_run
+    from idempotency.entry import Claim, _claim_external
+    from idempotency.selectors import IdempotencyPolicy
 
     call = IdempotentCall(principal_id=uid("task:"), key=uid("k-"), fingerprint="b" * 64, scope="psp", request_id="req_stuck")
-    assert isinstance(idempotency_claim(call=call, policy=IdempotencyPolicy(lease_seconds=1)), Claim)
+    assert isinstance(_claim_external(call=call, policy=IdempotencyPolicy(lease_seconds=1)), Claim)
     kept = post("/v1/test/effect", {"name": uid("n-")}, key=uid("k-"), principal=uid("p-"))
     assert kept.status_code == 201
     time.sleep(1.1)

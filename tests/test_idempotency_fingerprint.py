@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from payments.idempotency.canonical import (
+from idempotency.canonical import (
     canonical_body,
     canonical_json,
     canonical_number,

@@ -24,7 +24,7 @@ from fastpath.prepared import (
     prepared_statement_register,
     prepared_statements_of,
 )
-from payments.idempotency import statements
+from idempotency import hotpath
 from payments.services.charges import payment_create
 from tenants.models import Tenant
 from tests.conftest import in_tenant
@@ -84,7 +84,9 @@ def test_a_keyed_requests_claim_and_completion_run_prepared(tenant: Tenant, tena
         wanted = _placeholders_erased(sql.replace("%s", "$"))
         return sum(count for text, count in _server_side().values() if _placeholders_erased(text) == wanted)
 
-    before = (runs_of(statements.CLAIM_SQL), runs_of(statements.COMPLETE_SQL))
+    claim_sql = hotpath.CLAIM_SQL
+    complete_sql = hotpath.COMPLETION.sql_with_params(record_id=0, fence=0, status=0, headers="{}", body=b"", minted="{}", request_id="")[0]
+    before = (runs_of(claim_sql), runs_of(complete_sql))
     for n in range(2):
         response = tenant_client.post(
             "/v1/terminal/payments", body, content_type="application/json",
@@ -92,7 +94,7 @@ def test_a_keyed_requests_claim_and_completion_run_prepared(tenant: Tenant, tena
         )
         assert response.status_code == 201, response.content
         connection.set_tenant(tenant)
-    assert (runs_of(statements.CLAIM_SQL), runs_of(statements.COMPLETE_SQL)) == (before[0] + 2, before[1] + 2)
+    assert (runs_of(claim_sql), runs_of(complete_sql)) == (before[0] + 2, before[1] + 2)
 
 
 def _placeholders_erased(text: str) -> str:

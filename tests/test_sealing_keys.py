@@ -1,4 +1,4 @@
-"""Sealing keys of their own (payments/sealing.py): a ring in TALLY_SEALING_KEYS, never
+"""Sealing keys of their own (wallets/sealing.py): a ring in TALLY_SEALING_KEYS, never
 derived from SECRET_KEY. A key is rotated online (add the new key first, `secrets_reseal`,
 remove the old one) with every PSP call, webhook delivery and stored replay still working;
 a database from an older release upgrades only through the explicit legacy key; a missing
@@ -26,14 +26,11 @@ from django.db import connection
 from django.test import Client
 from django_tenants.utils import schema_context
 
-from payments import sealing
-from payments.checks import sealing_ring_check
+from idempotency.staff import staff_action_run
 from payments.gateways.credentials import SCHEME as CREDENTIALS
 from payments.gateways.credentials import credential_aad
 from payments.gateways.registry import gateway_secret_key, gateway_webhook_secrets
-from payments.idempotency.staff import staff_action_run
 from payments.models import GatewayAccount, TopUp
-from payments.sealing import SealingKeyUnknown, SealingRingInvalid, sealing_ring_forget
 from payments.services.outbox import outbox_event_create
 from tenants.models import Tenant
 from tests.conftest import TENANT_A, psp_account_configure
@@ -41,7 +38,10 @@ from tests.factories import MerchantFactory
 from tests.psp_sim import Simulator
 from tests.receivers import doc_receiver, receiver_running
 from tests.staged_support import scratch_tenants
+from wallets import sealing
+from wallets.checks import sealing_ring_check
 from wallets.models import Account
+from wallets.sealing import SealingKeyUnknown, SealingRingInvalid, sealing_ring_forget
 from wallets.selectors import account_balance
 from wallets.services.principals import api_key_create, customer_create
 from webhooks.models import WebhookEndpoint
@@ -390,8 +390,8 @@ def test_api_answers_that_echo_secret_sealed_neither_stop_nor_fail_the_reseal(te
     """Only a staff action's record holds a sealed secret inside JSON: an API answer that
     echoes client input named `secret_sealed` (as a value, nested, or a top-level key that
     is not base64) is not a sealed value, and the run completes with nothing unopened."""
-    from payments.idempotency.models import IdempotencyRecord
-    from payments.idempotency.services import idempotency_run
+    from idempotency.entry import idempotency_run
+    from idempotency.models import IdempotencyRecord
 
     key_a, key_b = _key("keyA"), _key("keyB")
     ring(key_a, *ring.suite)
@@ -416,7 +416,7 @@ def test_api_answers_that_echo_secret_sealed_neither_stop_nor_fail_the_reseal(te
 def test_a_staff_answer_whose_secret_is_malformed_is_reported_unopened(tenant: Tenant, ring: Any) -> None:
     from django.core.management.base import CommandError
 
-    from payments.idempotency.models import IdempotencyRecord
+    from idempotency.models import IdempotencyRecord
 
     ring(_key("keyA"), *ring.suite)
     merchant = MerchantFactory()

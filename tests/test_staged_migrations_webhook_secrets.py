@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from payments.idempotency.staff import staff_action_run
+from idempotency.staff import staff_action_run
 from tenants.models import Tenant
 from tests.factories import MerchantFactory
 from tests.staged_support import scratch_tenants, staged

@@ -12,20 +12,18 @@ from typing import Any
 
 import pytest
 
-from payments.idempotency.models import IdempotencyRecord
-from payments.idempotency.selectors import IdempotencyPolicy
-from payments.idempotency.services import (
-    Claim,
+from idempotency.engine import (
     Executed,
     IdempotencyContext,
     IdempotentCall,
     StoredResponse,
-    idempotency_claim,
     idempotency_complete_produced,
-    idempotency_execute_external,
     idempotency_fail,
     idempotency_lease_takeover,
 )
+from idempotency.entry import Claim, _claim_external, idempotency_execute_external
+from idempotency.models import IdempotencyRecord
+from idempotency.selectors import IdempotencyPolicy
 from payments.models import TopUp
 from payments.services.topups import gateway_account_set, topup_abandon, topup_pending_ensure
 from tenants.models import Tenant
@@ -61,10 +59,10 @@ def response(status: int, body: bytes = b"{}") -> StoredResponse:
 
 def test_on_claim_is_idempotent_across_a_lease_takeover(customer: Any) -> None:
     key = uuid.uuid4().hex
-    first = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    first = _claim_external(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
     assert isinstance(first, Claim)
     time.sleep(1.1)  # the holder died: its lease runs out
-    second = idempotency_claim(call=call_for(customer, key, "req_2"), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    second = _claim_external(call=call_for(customer, key, "req_2"), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
     assert isinstance(second, Claim) and second.context.fence == first.context.fence + 1
     assert second.context.minted == first.context.minted  # the same top-up id
     assert TopUp.objects.filter(customer=customer).count() == 1
@@ -102,7 +100,7 @@ def test_a_raising_on_claim_stores_nothing(customer: Any) -> None:
 
 def test_final_writes_commit_only_with_the_current_fence(customer: Any) -> None:
     key = uuid.uuid4().hex
-    stale = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    stale = _claim_external(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
     assert isinstance(stale, Claim)
     time.sleep(1.1)
     current = idempotency_lease_takeover(principal_id=customer.pk, key=key, lease_seconds=30)
@@ -130,7 +128,7 @@ def test_final_writes_commit_only_with_the_current_fence(customer: Any) -> None:
 
 def test_the_recovery_may_take_over_a_failed_retryable_record(customer: Any) -> None:
     key = uuid.uuid4().hex
-    claim = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    claim = _claim_external(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
     assert isinstance(claim, Claim)
     assert idempotency_fail(record_id=claim.context.record_id or 0, fence=claim.context.fence)
     assert idempotency_lease_takeover(principal_id=customer.pk, key=key, lease_seconds=30) is None  # not without asking
@@ -148,11 +146,11 @@ def test_a_late_holders_completion_is_replayed_not_reopened_by_a_waiting_takeove
 
     from django.db import connection
 
-    from payments.idempotency.services import Outcome
+    from idempotency.entry import Outcome
     from tests.conftest import run_in_thread_tenant
 
     key = uuid.uuid4().hex
-    first = idempotency_claim(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
+    first = _claim_external(call=call_for(customer, key), policy=POLICY, mint={"topup": "top"}, on_claim=on_claim_for(customer))
     assert isinstance(first, Claim)
     time.sleep(1.1)  # the lease runs out while the holder is still at work
     holding, released = threading.Event(), threading.Event()
@@ -170,7 +168,7 @@ def test_a_late_holders_completion_is_replayed_not_reopened_by_a_waiting_takeove
 
     def retry() -> None:
         box["retry"] = run_in_thread_tenant(
-            live_tenant, lambda: idempotency_claim(call=call_for(customer, key, "req_2"), policy=IdempotencyPolicy(wait_ms=10_000, lease_seconds=1),
+            live_tenant, lambda: _claim_external(call=call_for(customer, key, "req_2"), policy=IdempotencyPolicy(wait_ms=10_000, lease_seconds=1),
                                                    mint={"topup": "top"}, on_claim=on_claim_for(customer)),
         )
 
@@ -181,7 +179,7 @@ def test_a_late_holders_completion_is_replayed_not_reopened_by_a_waiting_takeove
     deadline = time.monotonic() + 20
     with connection.cursor() as cursor:  # until the retry's takeover waits on the holder's row lock
         while True:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s", ["%UPDATE idempotency_record%"])
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s", ["%UPDATE%idempotency_record%"])
             if cursor.fetchone()[0] >= 1:
                 break
             assert time.monotonic() < deadline, "the takeover never waited on the holder"
@@ -201,14 +199,14 @@ def test_releasing_a_claim_is_one_fenced_delete(customer: Any) -> None:
     DELETE filtered on the fence. Django's delete() sends exactly that only while nothing
     listens for the record's deletion and nothing points at it; a receiver or a foreign key
     would turn it into a read, then a delete by id, with a takeover possible in between."""
-    from payments.idempotency.services import idempotency_release
+    from idempotency.engine import record_release
     from tests.conftest import statements_sent
 
-    claim = idempotency_claim(call=call_for(customer, uuid.uuid4().hex), policy=POLICY, mint={"topup": "top"})
+    claim = _claim_external(call=call_for(customer, uuid.uuid4().hex), policy=POLICY, mint={"topup": "top"})
     assert isinstance(claim, Claim)
     record_id, fence = claim.context.record_id or 0, claim.context.fence
-    assert idempotency_release(record_id=record_id, fence=fence + 1) is False  # another holder's fence: kept
-    sent = statements_sent(lambda: idempotency_release(record_id=record_id, fence=fence))
+    assert record_release(record_id=record_id, fence=fence + 1) is False  # another holder's fence: kept
+    sent = statements_sent(lambda: record_release(record_id=record_id, fence=fence))
     touching = [sql for sql, _ in sent if "idempotency_record" in sql]
     assert len(touching) == 1 and touching[0].lstrip().upper().startswith("DELETE") and "fence" in touching[0], touching
     assert not IdempotencyRecord.objects.filter(pk=record_id).exists()

@@ -9,6 +9,7 @@ class WalletsConfig(AppConfig):
 
     def ready(self) -> None:
         from tenants.signals import tenant_created
+        from wallets import checks  # noqa: F401  - registers the sealing ring check
 
         tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
         tenant_created.connect(_tenant_roles_ensure, dispatch_uid="wallets-roles-ensure")

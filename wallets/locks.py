@@ -6,7 +6,7 @@ Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
   1. business rows (payments/locks.py; a staff member's solo postings in one asset,
      `staff_solo_postings_lock`, before them; a fenced completion's idempotency record,
-     payments/idempotency/locks.py, too);
+     idempotency/locks.py, too);
   2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`,
      `balance_rows_lock_by_owner`), ORDER BY `LOCK_ORDER`: PostgreSQL locks rows as the
      sort emits them, so two transactions meet their common rows in the same order. No

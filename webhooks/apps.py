@@ -6,8 +6,8 @@ class WebhooksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from payments.sealing import sealed_store_register
         from tenants.signals import tenant_created
+        from wallets.sealing import sealed_store_register
         from wallets.staged.spec import staged_migration_register
 
         # Registered in every process, so an eager after-commit kick finds the task by name.

@@ -2,7 +2,7 @@
 `webhook_secrets` that moves existing endpoints there from the plaintext columns.
 
 A signing secret must be usable (it signs every delivery), so it is sealed, not hashed
-(payments.sealing: AES-256-GCM), bound by associated data to the tenant schema, the
+(wallets.sealing: AES-256-GCM), bound by associated data to the tenant schema, the
 endpoint and the field, so a sealed secret copied elsewhere does not open.
 
 Old: the plaintext columns `secret` / `previous_secret`. New: `secret_sealed` /
@@ -29,7 +29,7 @@ from cryptography.exceptions import InvalidTag
 from django.db import connection, transaction
 from django.db.models import Q
 
-from payments.sealing import UNOPENED, ResealBatch, SealScheme, secret_needs_reseal, secret_reseal, secret_seal, secret_unseal
+from wallets.sealing import UNOPENED, ResealBatch, SealScheme, secret_needs_reseal, secret_reseal, secret_seal, secret_unseal
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
 from wallets.staged.runner import staged_start_contracted
 from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport

@@ -48,7 +48,7 @@ TENANT_APPS = [
     "axes",
     "wallets",
     "payments",
-    "payments.idempotency",
+    "idempotency",
     "webhooks",
     "reconciliation",
 ]
@@ -377,10 +377,10 @@ TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFT
 CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_due_tenants", "schedule": 10.0}
 CELERY_BEAT_SCHEDULE["topups-recover-sweep"] = {"task": "payments.topups_recover_all_tenants", "schedule": TALLY_SAFETY_SWEEP_SECONDS}
 
-# Sealing keys (payments/sealing.py): PSP credentials, webhook signing secrets and stored
+# Sealing keys (wallets/sealing.py): PSP credentials, webhook signing secrets and stored
 # one-time secrets are sealed under a ring of keys of their own, never derived from
 # SECRET_KEY: "<id>:<base64 of 32 random bytes>", comma-separated, the first seals and every
-# one opens. Missing or malformed: a system check error (payments/checks.py). Local runs
+# one opens. Missing or malformed: a system check error (wallets/checks.py). Local runs
 # read var/sealing_keys (written by `make run`), tests a fixed ring. Values sealed by an
 # older release (under SECRET_KEY) open only while the old SECRET_KEY is set here too;
 # `manage.py secrets_reseal` then re-seals them and it can be unset.

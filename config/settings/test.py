@@ -21,7 +21,7 @@ REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK[
 # unless a test sets one (the live gunicorn test collects into a tmp dir).
 STATIC_ROOT = env("TALLY_STATIC_ROOT", default="") or None
 
-# A fixed sealing ring (payments/sealing.py); tests of rotation change it.
+# A fixed sealing ring (wallets/sealing.py); tests of rotation change it.
 TALLY_SEALING_KEYS = env.list("TALLY_SEALING_KEYS", default=["test1:dGFsbHktdGVzdC1zZWFsaW5nLWtleS0wMDAwMDAwMDE="])
 # The servers and workers the tests start (local settings) open what the tests sealed.
 os.environ.setdefault("TALLY_SEALING_KEYS", ",".join(TALLY_SEALING_KEYS))

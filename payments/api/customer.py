@@ -15,14 +15,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apikit.base import CustomerViewSet
+from apikit.idempotency import request_id_of
 from apikit.pagination import ListParamsSerializer
 from apikit.schema import ErrorSerializer
 from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin
+from idempotency.engine import IdempotencyContext
+from idempotency.errors import IdempotencyKeyMissing
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.idempotency.drf import request_id_of
-from payments.idempotency.errors import IdempotencyKeyMissing
-from payments.idempotency.services import IdempotencyContext
 from payments.models import Mandate, Payment, Refund, Transfer
 from payments.services import mandates, tokens, topup_saga, topups, transfers
 from wallets import selectors as wallet_selectors

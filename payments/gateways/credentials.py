@@ -1,10 +1,10 @@
-"""A tenant's gateway credentials, sealed at rest (payments/sealing.py, under their own
+"""A tenant's gateway credentials, sealed at rest (wallets/sealing.py, under their own
 derived key), bound by associated data to the tenant schema, the gateway and the field, so
 a sealed value copied elsewhere does not open."""
 
 from __future__ import annotations
 
-from payments.sealing import SealScheme, secret_seal, secret_unseal
+from wallets.sealing import SealScheme, secret_seal, secret_unseal
 
 SCHEME = SealScheme(purpose=b"tally/gateways/credentials/v1", tag=b"tally-gw")
 

@@ -1,6 +1,6 @@
-"""Re-seal a tenant's stored secrets under the sealing ring's first key (payments/sealing.py),
+"""Re-seal a tenant's stored secrets under the sealing ring's first key (wallets/sealing.py),
 one store at a time, in batches that each commit: `manage.py secrets_reseal` calls these
-(through the stores registered in payments.sealing) in every tenant's schema."""
+(through the stores registered in wallets.sealing) in every tenant's schema."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from payments.gateways.credentials import SCHEME as CREDENTIALS
 from payments.gateways.credentials import credential_aad
 from payments.locks import gateway_account_rows_lock
 from payments.models import GatewayAccount
-from payments.sealing import UNOPENED, ResealBatch, secret_reseal
+from wallets.sealing import UNOPENED, ResealBatch, secret_reseal
 from wallets.services.contacts import customer_contacts_reencrypt
 from wallets.transactions import run_atomic
 

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from payments.idempotency.selectors import idempotency_external_lease_next_end
+from idempotency.selectors import idempotency_external_lease_next_end
 from payments.selectors import topups_recovery_next_due_at
 from tenants.duework import due_work_mark, due_work_settle
 from tenants.models import DueWorkKind

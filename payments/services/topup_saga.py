@@ -48,11 +48,7 @@ from django.utils import timezone
 from rest_framework.fields import DateTimeField
 from rest_framework.renderers import JSONRenderer
 
-from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
-from payments.gateways import metrics
-from payments.idempotency.models import IdempotencyRecord, RecordState
-from payments.idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
-from payments.idempotency.services import (
+from idempotency.engine import (
     Executed,
     IdempotencyContext,
     IdempotentCall,
@@ -61,6 +57,10 @@ from payments.idempotency.services import (
     idempotency_fail,
     idempotency_lease_takeover,
 )
+from idempotency.models import IdempotencyRecord, RecordState
+from idempotency.selectors import idempotency_orphans_list, idempotency_record_get, idempotency_record_snapshot
+from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
+from payments.gateways import metrics
 from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import TopUpCursor, topup_get, topups_operator_review_count, topups_pending_count, topups_pending_stale

@@ -12,10 +12,10 @@ from django.db.models import Count, F, Min, QuerySet, Window
 from django.db.models.functions import Lag
 from prometheus_client import CollectorRegistry, Counter, multiprocess
 
+from idempotency import metrics as idempotency_metrics
+from idempotency.models import IdempotencyRecord, RecordState
 from payments.errors import PspNotConfigured, PspUnavailable
 from payments.gateways.registry import gateway_build
-from payments.idempotency import metrics as idempotency_metrics
-from payments.idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
 from payments.selectors import gateway_account_active, topup_settlement_lines, topups_charged_uncredited
 from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity

@@ -9,7 +9,7 @@ from typing import Any
 
 import schemathesis
 
-# The same rule as payments.idempotency.canonical (without importing Django here).
+# The same rule as idempotency.canonical (without importing Django here).
 _VALID_KEY = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]{0,253}[\x21-\x7e])?")
 
 

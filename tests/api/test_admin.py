@@ -108,7 +108,7 @@ def test_last_used_at_is_recorded(api: Api, world: World) -> None:
 def test_secrets_shown_once_are_sealed_at_rest_and_replayed_byte_identical(api: Api, world: World, path: str, secret_field: str) -> None:
     from django.db import connection as db
 
-    from payments.idempotency.models import IdempotencyRecord
+    from idempotency.models import IdempotencyRecord
 
     bodies = {
         "/v1/admin/api_keys": (world.staff.key, {"principal_type": "customer", "principal_id": world.customer2.id}),

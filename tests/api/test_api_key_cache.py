@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from apikit import throttling
 from fastpath import epochs
-from payments.idempotency.models import IdempotencyRecord
+from idempotency.models import IdempotencyRecord
 from payments.models import PaymentToken
 from tenants.models import Tenant
 from tests.api.conftest import Api, World, error_of

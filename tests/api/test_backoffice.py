@@ -390,7 +390,7 @@ def test_roles_command_repairs_a_tenants_groups(tenant: Tenant) -> None:
 
 
 def test_rotating_a_key_in_the_admin_shows_it_once_and_stores_it_sealed(world: World, tenant: Tenant) -> None:
-    from payments.idempotency.models import IdempotencyRecord
+    from idempotency.models import IdempotencyRecord
 
     old = ApiKey.objects.filter(terminal=world.terminal.obj).first()
     client = _login("ops-rotate", role="operator")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-import payments.idempotency.services as idem_services
+import idempotency.entry as idem_entry
 from payments.models import OutboxEvent, Payment
 from payments.services import charges
 from payments.services.adjustments import adjustment_create
@@ -40,7 +40,7 @@ def test_replay_from_the_prefetched_cache_entry_is_byte_identical(api: Api, worl
     assert first.status_code == 201, first.content
     second = api.post(PAY, world.terminal.key, body, idem="path-prefetch-1")  # from PostgreSQL; caches it in Redis
     assert second["Idempotent-Replayed"] == "true" and second.content == first.content
-    monkeypatch.setattr(idem_services, "replay_cache_get", _no_own_lookup)
+    monkeypatch.setattr(idem_entry, "replay_cache_get", _no_own_lookup)
     third = api.post(PAY, world.terminal.key, body, idem="path-prefetch-1")  # from the prefetched entry
     assert third.status_code == 201 and third["Idempotent-Replayed"] == "true"
     assert third.content == first.content
@@ -51,7 +51,7 @@ def test_replay_from_the_prefetched_cache_entry_is_byte_identical(api: Api, worl
 
 
 def test_a_fresh_key_is_looked_up_once_in_the_throttles_call(api: Api, world: World, funded: None, monkeypatch: Any) -> None:
-    monkeypatch.setattr(idem_services, "replay_cache_get", _no_own_lookup)
+    monkeypatch.setattr(idem_entry, "replay_cache_get", _no_own_lookup)
     r = api.post(PAY, world.terminal.key, {"customer": world.customer.id, "asset": "JPY", "amount": 300}, idem="path-prefetch-2")
     assert r.status_code == 201, r.content
     assert "Idempotent-Replayed" not in r
@@ -61,7 +61,7 @@ def test_with_redis_unreachable_a_keyed_payment_still_executes_once(
     api: Api, world: World, funded: None, monkeypatch: Any, settings: Any
 ) -> None:
     import apikit.throttling as throttling
-    from payments.idempotency.cache import replay_cache_breaker_reset
+    from fastpath.replaycache import replay_cache_breaker_reset
 
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # refused: every fast_redis() caller falls back
     monkeypatch.setattr(throttling, "_redis_down_until", 0.0)

@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from payments.idempotency.models import IdempotencyRecord, RecordState
+from idempotency.models import IdempotencyRecord, RecordState
 from payments.models import OutboxEvent, Payment
 from payments.services.charges import payment_create
 from payments.services.refunds import refund_create

@@ -16,7 +16,7 @@ from django.http import StreamingHttpResponse
 from django.test import Client
 from django.utils import timezone
 
-from payments.idempotency.models import IdempotencyRecord, RecordState
+from idempotency.models import IdempotencyRecord, RecordState
 from reconciliation.charts import Chart, Series, chart_svg
 from reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
 from tests.reconciliation.conftest import RECON_TENANT, reconcile
@@ -143,7 +143,7 @@ def test_chart_svg_escapes_and_scales() -> None:
 
 
 def test_run_series_plot_idempotency_counters_between_runs(world: dict[str, Any]) -> None:
-    from payments.idempotency import metrics
+    from idempotency import metrics
     from reconciliation.selectors import dashboard_run_charts
 
     reconcile()

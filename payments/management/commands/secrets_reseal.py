@@ -3,7 +3,7 @@ TALLY_SEALING_KEYS, and re-encrypt customer contacts under the newest
 TALLY_CONTACT_ENCRYPTION_KEYS key: online, in batches of one short transaction each,
 rows locked as their other writers lock them. A value already under the first key is left
 as it is, so a run that was stopped is simply run again. Once a run has finished with
-every process on the new ring, the old key can leave the ring (payments/sealing.py)."""
+every process on the new ring, the old key can leave the ring (wallets/sealing.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django_tenants.utils import schema_context
 
-from payments.sealing import sealed_stores, sealing_ring
 from tenants.commands import TenantCommand
 from tenants.selectors import tenant_schemas_all
+from wallets.sealing import sealed_stores, sealing_ring
 
 
 class Command(TenantCommand):

@@ -1,5 +1,5 @@
 """Secrets Tally must use again, not only check, sealed at rest with one scheme: PSP API
-keys (gateways/credentials.py), stored answers that show a secret once
+keys (payments/gateways/credentials.py), stored answers that show a secret once
 (idempotency/sealing.py) and merchants' webhook signing secrets (webhooks/secrets.py).
 
 AES-256-GCM, a fresh 96-bit nonce per value, and associated data naming where the value
@@ -236,8 +236,6 @@ def secret_needs_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: b
 # --- Where sealed values are stored ---------------------------------------------------------
 # Each app that stores sealed values registers a batch function here (from its AppConfig),
 # so `manage.py secrets_reseal` covers every store without importing the apps above it.
-
-
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
-from payments.idempotency.sealing import STAFF_PRINCIPAL_PREFIX, STAFF_SCOPE_PREFIX, response_body_seal, response_body_unseal
-from payments.idempotency.services import idempotency_run
+from idempotency.entry import idempotency_run
+from idempotency.sealing import STAFF_PRINCIPAL_PREFIX, STAFF_SCOPE_PREFIX, response_body_seal, response_body_unseal
 from wallets.services.audit import audit_record
 
 # Never copied into the audit log's before/after snapshots.

@@ -13,9 +13,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from payments.idempotency.models import IdempotencyRecord
-from payments.idempotency.modes import FACES, idempotency_mode_set
-from payments.idempotency.staff import staff_action_run
+from idempotency.models import IdempotencyRecord
+from idempotency.modes import FACES, idempotency_mode_set
+from idempotency.staff import staff_action_run
 from tenants.models import IdempotencyMode
 from tenants.selectors import tenant_current
 from wallets.adminkit import ReadOnlyAdmin

@@ -1,4 +1,4 @@
-"""System checks of the payments app: the sealing key ring (payments/sealing.py)."""
+"""System checks of the sealing key ring (wallets/sealing.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from payments.sealing import KEY_GENERATE_HINT, SealingRingInvalid, sealing_ring_parse
+from wallets.sealing import KEY_GENERATE_HINT, SealingRingInvalid, sealing_ring_parse
 
 SEALING_TAG = "tally_sealing"
 logger = logging.getLogger("tally.sealing")

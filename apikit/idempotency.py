@@ -17,21 +17,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from payments.idempotency import metrics
-from payments.idempotency.cache import ReplayPrefetch
-from payments.idempotency.canonical import fingerprint_compute, idempotency_key_is_valid
-from payments.idempotency.errors import IdempotencyError, IdempotencyKeyInvalid, IdempotencyKeyMissing
-from payments.idempotency.sealing import response_body_seal, response_body_unseal
-from payments.idempotency.selectors import idempotency_policy_get
-from payments.idempotency.services import (
-    Executed,
-    IdempotencyContext,
-    IdempotentCall,
-    Outcome,
-    StoredResponse,
-    idempotency_execute,
-    idempotency_execute_external,
-)
+from idempotency import metrics
+from idempotency.canonical import fingerprint_compute, idempotency_key_is_valid
+from idempotency.engine import Executed, IdempotencyContext, IdempotentCall, StoredResponse
+from idempotency.entry import Outcome, idempotency_execute, idempotency_execute_external
+from idempotency.errors import IdempotencyError, IdempotencyKeyInvalid, IdempotencyKeyMissing
+from idempotency.hotpath import ReplayPrefetch
+from idempotency.sealing import response_body_seal, response_body_unseal
+from idempotency.selectors import idempotency_policy_get
 from wallets import ids
 from wallets.errors import Unavailable
 from wallets.transactions import is_connection_failure

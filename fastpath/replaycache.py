@@ -1,7 +1,9 @@
-"""Redis read-through cache of completed responses, for fast replays. It never decides a
-claim: an entry carries its fingerprint, its tenant's schema and the end of its replay
-window, and its TTL never outlives that window, so it only ever says what PostgreSQL would.
-Redis down: a miss, and a short circuit breaker stops paying the connect timeout."""
+"""A Redis read-through cache of completed responses, for replays that skip PostgreSQL.
+It never decides anything: an entry carries its request's fingerprint, its tenant's
+schema and the end of its replay window, and its TTL never outlives that window, so it
+only ever says what PostgreSQL would. Redis down: a miss, and a short circuit breaker
+stops paying the connect timeout. Entries live under the caller's namespace (the
+idempotency engine's names its sealing ring: an entry may hold a sealed body)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,6 @@ from django.conf import settings
 from django.core.cache import cache
 from django.core.cache.backends.redis import RedisSerializer
 from django.db import connection
-
-from payments.sealing import sealing_ring
 
 logger = logging.getLogger("tally.idempotency")
 
@@ -36,15 +36,22 @@ class CachedResponse:
     replay_until: float  # epoch seconds
 
 
+@dataclass(frozen=True)
+class ReplayPrefetch:
+    """The replay-cache lookup of (principal, key), made in the throttles' Redis call."""
+
+    principal_id: str
+    key: str
+    entry: CachedResponse | None
+
+
 def _schema_name() -> str:
     return str(getattr(connection, "schema_name", "public"))
 
 
-def _cache_key(principal_id: str, key: str) -> str:
+def _cache_key(namespace: str, principal_id: str, key: str) -> str:
     digest = hashlib.sha256(f"{principal_id}\x00{key}".encode("utf-8", "surrogatepass")).hexdigest()
-    # An entry may hold a sealed body: a process whose sealing ring differs (a key added or
-    # removed) reads entries of its own ring only, never one sealed under a key it lacks.
-    return f"idem:v1:{sealing_ring().fingerprint}:{digest}"
+    return f"idem:v1:{namespace}:{digest}"
 
 
 def _breaker_open() -> bool:
@@ -62,21 +69,12 @@ def replay_cache_breaker_reset() -> None:
     _breaker_open_until = 0.0
 
 
-@dataclass(frozen=True)
-class ReplayPrefetch:
-    """The replay-cache lookup of (principal, key), made in the throttles' Redis call."""
-
-    principal_id: str
-    key: str
-    entry: CachedResponse | None
-
-
-def replay_cache_redis_key(*, principal_id: str, key: str) -> str | None:
+def replay_cache_redis_key(*, namespace: str, principal_id: str, key: str) -> str | None:
     """The Redis key of (principal, key)'s entry, for a caller that GETs it itself (decode with
     `replay_cache_entry_decode`); None with the breaker open or another Redis than REDIS_URL."""
     if _breaker_open() or settings.CACHES.get("default", {}).get("LOCATION") != getattr(settings, "REDIS_URL", None):
         return None
-    return str(cache.make_and_validate_key(_cache_key(principal_id, key)))
+    return str(cache.make_and_validate_key(_cache_key(namespace, principal_id, key)))
 
 
 _serializer = RedisSerializer()
@@ -93,11 +91,11 @@ def replay_cache_entry_decode(raw: bytes | None) -> CachedResponse | None:
     return _entry_of(value)
 
 
-def replay_cache_get(*, principal_id: str, key: str) -> CachedResponse | None:
+def replay_cache_get(*, namespace: str, principal_id: str, key: str) -> CachedResponse | None:
     if _breaker_open():
         return None
     try:
-        raw: Any = cache.get(_cache_key(principal_id, key))
+        raw: Any = cache.get(_cache_key(namespace, principal_id, key))
     except Exception as exc:  # noqa: BLE001 - any Redis failure is a miss, never an error
         _breaker_trip(exc)
         return None
@@ -123,11 +121,11 @@ def _entry_of(raw: Any) -> CachedResponse | None:
     return entry
 
 
-def replay_cache_set(*, principal_id: str, key: str, entry: CachedResponse) -> None:
+def replay_cache_set(*, namespace: str, principal_id: str, key: str, entry: CachedResponse) -> None:
     ttl = min(MAX_TTL_SECONDS, int(entry.replay_until - time.time()))
     if ttl <= 0 or _breaker_open():
         return
     try:
-        cache.set(_cache_key(principal_id, key), {"schema": _schema_name(), **asdict(entry)}, ttl)
+        cache.set(_cache_key(namespace, principal_id, key), {"schema": _schema_name(), **asdict(entry)}, ttl)
     except Exception as exc:  # noqa: BLE001
         _breaker_trip(exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import transaction
 from django_tenants.utils import schema_context
 
-from payments.idempotency.locks import tenant_lock
+from idempotency.locks import tenant_lock
 from tenants.models import IdempotencyMode, Tenant
 from wallets.errors import InvalidRequest
 from wallets.services.audit import audit_record

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.contrib.postgres.functions import TransactionNow
 from django.db import connection
 from django.db.models import Min, Q
 from django.db.models.functions import Now
 
-from payments.idempotency.models import Effect, IdempotencyRecord, RecordState
-from payments.idempotency.statements import SNAPSHOT_SQL
+from idempotency.models import Effect, IdempotencyRecord, RecordState
+
+# A snapshot's record, read with the database's clock: its transaction's start and now.
+_SNAPSHOT_FIELDS = (
+    "id", "fingerprint", "state", "fence", "request_id", "response_status", "response_headers", "response_body", "created",
+    "completed_at", "lease_expires_at", "minted",
+)
 
 
 @dataclass(frozen=True)
@@ -57,36 +62,27 @@ class RecordSnapshot:
     def lease_expired(self) -> bool:
         return self.state == RecordState.IN_FLIGHT and self.lease_expires_at is not None and self.lease_expires_at <= self.now
 
+
 def str_dict_of(value: Any) -> dict[str, str]:
-    """A jsonb object read by a raw cursor (Django's psycopg loader leaves jsonb as text)."""
-    if isinstance(value, str | bytes):
-        value = json.loads(value)
+    """A record's jsonb object (minted ids, stored headers) as a dict of strings."""
     return {str(k): str(v) for k, v in dict(value or {}).items()}
 
 
 def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapshot | None:
     """The record for (principal, key) with the database clock, or None."""
-    with connection.cursor() as cursor:
-        cursor.execute(SNAPSHOT_SQL, [principal_id, key])
-        row = cursor.fetchone()
+    row = (
+        IdempotencyRecord.objects.filter(principal_id=principal_id, key=key).order_by()
+        .values_list(*_SNAPSHOT_FIELDS, TransactionNow(), Now()).first()
+    )
     if row is None:
         return None
-    body = row[7]
+    (record_id, fingerprint, state, fence, request_id, status, headers, body, created, completed_at, lease_expires_at, minted,
+     transaction_started, now) = row
     return RecordSnapshot(
-        id=int(row[0]),
-        fingerprint=str(row[1]),
-        state=str(row[2]),
-        fence=int(row[3]),
-        request_id=str(row[4]),
-        response_status=None if row[5] is None else int(row[5]),
-        response_headers=str_dict_of(row[6]),
-        response_body=None if body is None else bytes(body),
-        created=row[8],
-        completed_at=row[9],
-        lease_expires_at=row[10],
-        minted=str_dict_of(row[11]),
-        transaction_started=row[12],
-        now=row[13],
+        id=int(record_id), fingerprint=str(fingerprint), state=str(state), fence=int(fence), request_id=str(request_id),
+        response_status=None if status is None else int(status), response_headers=str_dict_of(headers),
+        response_body=None if body is None else bytes(body), created=created, completed_at=completed_at,
+        lease_expires_at=lease_expires_at, minted=str_dict_of(minted), transaction_started=transaction_started, now=now,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 from tenant_schemas_celery.task import TenantTask
 
-from payments.idempotency.services import idempotency_maintenance_run
+from idempotency.engine import idempotency_maintenance_run
 from tenants.fanout import task_send_in_each
 from tenants.selectors import tenant_schemas_active
 

@@ -3,19 +3,16 @@ its record first, before the rows its effect takes; a mode switch takes a tenant
 
 from __future__ import annotations
 
-from django.db import connection
-
-from payments.idempotency.models import IdempotencyRecord
+from idempotency.models import IdempotencyRecord, RecordState
 from tenants.models import Tenant
-
-_FENCE_SQL = "SELECT 1 FROM idempotency_record WHERE id = %s AND fence = %s"
 
 
 def idempotency_record_fence_lock(*, record_id: int, fence: int, in_flight: bool = False) -> bool:
     """Lock the record if `fence` is still current (and, with `in_flight`, it is still in flight); first, before the effect's rows."""
-    with connection.cursor() as cursor:
-        cursor.execute(_FENCE_SQL + (" AND state = 'in_flight'" if in_flight else "") + " FOR UPDATE", [record_id, fence])
-        return cursor.fetchone() is not None
+    record = IdempotencyRecord.objects.filter(id=record_id, fence=fence)
+    if in_flight:
+        record = record.filter(state=RecordState.IN_FLIGHT)
+    return bool(record.order_by().select_for_update().values_list("id", flat=True))
 
 
 def tenant_lock(*, tenant_id: int) -> Tenant:

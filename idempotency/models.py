@@ -1,5 +1,5 @@
-"""Idempotency records (tenant schema): one row per (principal, key). The hot path writes
-them with the SQL in `statements`; the model is the schema, the admin view and the selectors."""
+"""Idempotency records (tenant schema): one row per (principal, key), written by the engine
+(`engine`; the claim's INSERT is hand-written, in `hotpath`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Stored responses that carry a secret shown once (an API key, a webhook signing secret, a
-payment token) are sealed (payments/sealing.py), bound to the record's (principal, key),
+payment token) are sealed (wallets/sealing.py), bound to the record's (principal, key),
 so a database dump reveals no secret and a sealed body replays under no other record.
-A staff action's stored value ({"message", "secret_sealed"}, payments/idempotency/staff.py)
+A staff action's stored value ({"message", "secret_sealed"}, idempotency/staff.py)
 holds its sealed secret in base64 inside JSON."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import base64
 import json
 
-from payments.idempotency.locks import idempotency_records_lock
-from payments.idempotency.models import IdempotencyRecord
-from payments.sealing import (
+from idempotency.locks import idempotency_records_lock
+from idempotency.models import IdempotencyRecord
+from wallets.sealing import (
     UNOPENED,
     ResealBatch,
     SealScheme,
