@@ -60,7 +60,7 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
         # Measure the API, not the rate limiter's refusals (its Redis round trip still counts).
         TALLY_THROTTLE_KEY_RATE="1000000/min",
         TALLY_THROTTLE_TENANT_RATE="10000000/min",
-        # --stack make-run: the hot merchant's endpoint is the receiver on 127.0.0.1, as under `make run`.
+        # Webhook receivers on 127.0.0.1 (bench_outbox, bench_webhooks, bench_http --stack make-run), as under `make run`.
         TALLY_WEBHOOK_ALLOW_HTTP="true",
         TALLY_WEBHOOK_ALLOW_LOOPBACK="true",
     )
