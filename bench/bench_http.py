@@ -47,265 +47,34 @@ from __future__ import annotations
 
 import argparse
 import functools
-import http.client
 import json
-import multiprocessing
 import os
-import random
 import signal
 import subprocess
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
-os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SCHEMA = "benchhttp"
-DOMAIN = "benchhttp.localhost"
-SPREAD_MERCHANTS = 200
-HOT_TERMINALS = 16
-CUSTOMERS = 2_000
-START_BALANCE = 10**12
-
-
-
-def _env(database_url: str, redis_url: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=database_url,
-        REDIS_URL=redis_url,
-        DJANGO_SETTINGS_MODULE="config.settings.production",
-        DJANGO_SECRET_KEY="bench-" + "x" * 50,
-        DJANGO_ALLOWED_HOSTS="*",
-        # Production requires the contact keys; any valid Fernet key will do here.
-        TALLY_CONTACT_ENCRYPTION_KEYS=env.get("TALLY_CONTACT_ENCRYPTION_KEYS") or "YmVuY2gta2V5LWJlbmNoLWtleS1iZW5jaC1rZXktMDE=",
-        TALLY_CONTACT_HASH_KEY=env.get("TALLY_CONTACT_HASH_KEY") or "bench-hash-" + "h" * 40,
-        TALLY_LOG_LEVEL="WARNING",
-        # Measure the API, not the rate limiter's refusals (its Redis round trip still counts).
-        TALLY_THROTTLE_KEY_RATE="1000000/min",
-        TALLY_THROTTLE_TENANT_RATE="10000000/min",
-        # --stack make-run: the hot merchant's endpoint is the receiver on 127.0.0.1, as under `make run`.
-        TALLY_WEBHOOK_ALLOW_HTTP="true",
-        TALLY_WEBHOOK_ALLOW_LOOPBACK="true",
-    )
-    return env
-
-
-def seed(database_url: str, redis_url: str) -> dict[str, Any]:
-    """Tenant, parties and fresh keys; returns the keys and customer ids for the clients."""
-    os.environ.update(_env(database_url, redis_url))
-    from devtools.localservices import database_ensure
-
-    database_ensure(database_url)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.db import connection, transaction
-    from django_tenants.utils import schema_context
-
-    from tenants.models import Tenant
-    from tenants.services import tenant_create
-    from wallets.models import Account, AccountKind, Customer, Merchant, Store, SystemRole, Terminal
-    from wallets.services.ledger import Leg, balance_rows_create, ledger_post
-    from wallets.services.principals import api_key_create
-
-    call_command("migrate_schemas", verbosity=0, interactive=False)
-    connection.set_schema_to_public()
-    if not Tenant.objects.filter(schema_name=SCHEMA).exists():
-        tenant_create(schema_name=SCHEMA, domain=DOMAIN, name="Bench HTTP", main_currency="JPY")
-    # The bench charges by customer id, as a tenant may allow (SPEC 4); the QR token is the default.
-    Tenant.objects.filter(schema_name=SCHEMA).update(charge_by_customer_id=True)
-    with schema_context(SCHEMA):
-        if not Merchant.objects.filter(name="Hot merchant").exists():
-            with transaction.atomic():
-                merchants = Merchant.objects.bulk_create([Merchant(name=f"Spread merchant {i}") for i in range(SPREAD_MERCHANTS)])
-                hot = Merchant.objects.create(name="Hot merchant")
-                Account.objects.bulk_create([Account(kind=AccountKind.MERCHANT, merchant=m) for m in [*merchants, hot]])
-                stores = Store.objects.bulk_create([Store(merchant=m, name="Store") for m in merchants])
-                Terminal.objects.bulk_create([Terminal(store=s, name="Till") for s in stores])
-                hot_store = Store.objects.create(merchant=hot, name="Flagship")
-                Terminal.objects.bulk_create([Terminal(store=hot_store, name=f"Till {i}") for i in range(HOT_TERMINALS)])
-                customers = Customer.objects.bulk_create([Customer(name=f"Bench customer {i}") for i in range(CUSTOMERS)])
-                accounts = Account.objects.bulk_create([Account(kind=AccountKind.CUSTOMER, customer=c) for c in customers])
-                source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS)
-                legs = [Leg(a, "JPY", START_BALANCE) for a in accounts] + [Leg(source, "JPY", -START_BALANCE * len(accounts))]
-                ledger_post(kind="adjustment", reference="bench_http_funding", legs=legs)
-        # Accounts made in bulk above skip the service that gives them their balance rows.
-        balance_rows_create(accounts=Account.objects.all())
-        spread = [api_key_create(principal=t)[1] for t in Terminal.objects.exclude(store__merchant__name="Hot merchant")]
-        hot_keys = [api_key_create(principal=t)[1] for t in Terminal.objects.filter(store__merchant__name="Hot merchant")]
-        customer_ids = list(Customer.objects.values_list("id", flat=True)[:CUSTOMERS])
-    return {"spread": spread, "hot": hot_keys, "customers": customer_ids}
-
-
-def _client_process(port: int, keys: list[str], customers: list[str], threads: int, seconds: float, out: Any) -> None:
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    lock = threading.Lock()
-    deadline = time.monotonic() + seconds
-
-    def worker(seed: int) -> None:
-        rnd = random.Random(seed)
-        local: list[float] = []
-        local_status: dict[int, int] = {}
-        while time.monotonic() < deadline:
-            body = json.dumps({"customer": rnd.choice(customers), "asset": "JPY", "amount": rnd.randint(1, 5000)})
-            headers = {
-                "Host": DOMAIN, "Authorization": f"Bearer {rnd.choice(keys)}", "Idempotency-Key": uuid.uuid4().hex,
-                "Content-Type": "application/json",
-            }
-            started = time.perf_counter()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            try:
-                conn.request("POST", "/v1/terminal/payments", body=body, headers=headers)
-                status = conn.getresponse().status
-            except OSError:
-                status = 0
-            finally:
-                conn.close()
-            local.append(time.perf_counter() - started)
-            local_status[status] = local_status.get(status, 0) + 1
-        with lock:
-            latencies.extend(local)
-            for k, v in local_status.items():
-                statuses[k] = statuses.get(k, 0) + v
-
-    pool = [threading.Thread(target=worker, args=(os.getpid() * 1000 + i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    out.put({"latencies": latencies, "statuses": statuses})
-
-
-def drive(port: int, keys: list[str], customers: list[str], *, clients: int, seconds: float, processes: int = 2) -> dict[str, Any]:
-    queue: Any = multiprocessing.Queue()
-    per = max(1, clients // processes)
-    procs = [multiprocessing.Process(target=_client_process, args=(port, keys, customers, per, seconds, queue)) for _ in range(processes)]
-    started = time.monotonic()
-    for p in procs:
-        p.start()
-    results = [queue.get() for _ in procs]
-    for p in procs:
-        p.join()
-    elapsed = time.monotonic() - started
-    latencies = sorted(x for r in results for x in r["latencies"])
-    statuses: dict[int, int] = {}
-    for r in results:
-        for k, v in r["statuses"].items():
-            statuses[int(k)] = statuses.get(int(k), 0) + v
-    ok = statuses.get(201, 0)
-
-    def pct(q: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1) if latencies else 0.0
-
-    return {"payments_per_s": round(ok / elapsed, 1), "p50_ms": pct(0.50), "p99_ms": pct(0.99), "statuses": statuses, "seconds": round(elapsed, 1)}
-
-
-_WRK_SCRIPT = """
-local keys = {%(keys)s}
-local customers = {%(customers)s}
-local counter = 0
-local tid = 0
-local threads = {}
-function setup(thread)
-  thread:set("tid", #threads + 1)
-  table.insert(threads, thread)
-end
-function init(args)
-  math.randomseed(os.time() * 1000 + tid)
-end
-function request()
-  counter = counter + 1
-  local body = string.format('{"customer":"%%s","asset":"JPY","amount":%%d}', customers[math.random(#customers)], math.random(1, 5000))
-  local headers = {
-    ["Host"] = "%(host)s",
-    ["Authorization"] = "Bearer " .. keys[math.random(#keys)],
-    ["Idempotency-Key"] = string.format("wrk-%%d-%%d-%%d-%%d", os.time(), tid, counter, math.random(1000000000)),
-    ["Content-Type"] = "application/json",
-  }
-  return wrk.format("POST", "/v1/terminal/payments", headers, body)
-end
-"""
-
-
-def drive_wrk(port: int, keys: list[str], customers: list[str], *, clients: int, seconds: float) -> dict[str, Any]:
-    """The same traffic from wrk (C, two threads): the load generator then costs the two
-    cores far less than Python clients do. Sync gunicorn closes each connection; wrk reconnects."""
-    import shutil
-    import tempfile
-
-    if shutil.which("wrk") is None:
-        raise SystemExit("--driver wrk needs wrk (Debian package wrk)")
-    script = _WRK_SCRIPT % {
-        "keys": ",".join(f'"{k}"' for k in keys), "customers": ",".join(f'"{c}"' for c in customers), "host": DOMAIN,
-    }
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(script)
-    out = subprocess.run(
-        ["wrk", "-t2", f"-c{clients}", f"-d{int(seconds)}s", "--latency", "-s", f.name, f"http://127.0.0.1:{port}/v1/terminal/payments"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    os.unlink(f.name)
-
-    def ms(label: str) -> float:
-        import re
-
-        m = re.search(rf"^\s*{label}\s+([0-9.]+)(us|ms|s)\s*$", out, re.M)
-        if not m:
-            return 0.0
-        value, unit = float(m.group(1)), m.group(2)
-        return round(value / 1000 if unit == "us" else value * 1000 if unit == "s" else value, 1)
-
-    import re
-
-    total = int(re.search(r"([0-9]+) requests in", out).group(1))  # type: ignore[union-attr]
-    duration = float(re.search(r"requests in ([0-9.]+)s", out).group(1))  # type: ignore[union-attr]
-    bad_match = re.search(r"Non-2xx or 3xx responses: ([0-9]+)", out)
-    bad = int(bad_match.group(1)) if bad_match else 0
-    errors = re.search(r"Socket errors: (.*)", out)
-    return {
-        "payments_per_s": round((total - bad) / duration, 1), "p50_ms": ms("50%"), "p99_ms": ms("99%"),
-        "statuses": {"2xx": total - bad, "other": bad}, "socket_errors": errors.group(1) if errors else "", "seconds": duration,
-    }
-
-
-def _wait_ready(port: int, timeout: float = 30, process: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"the server exited before it was ready (exit code {process.returncode})")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/healthz", headers={"Host": DOMAIN})
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("gunicorn did not become ready")
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as probe:
-        # As the servers bind: connections of an earlier run left in TIME_WAIT do not count.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
+from bench.cpu_by_process import parent_of
+from bench.harness import (
+    DOMAIN,
+    ROOT,
+    SCHEMA,
+    WORKER_ARGS,
+    bench_env,
+    drive,
+    drive_wrk,
+    gunicorn_start,
+    port_free,
+    runner_start,
+    seed,
+    stop,
+    wait_ready,
+)
 
 # --- Side by side with the drf-idempotency peer (../shared/peers), same wrk script ------------
 
@@ -396,44 +165,10 @@ def wrk_keyed(url: str, *, lua: Path, body: str, clients: int, seconds: int, aut
     return result
 
 
-def _stop(server: subprocess.Popen[bytes], *, timeout: float = 20) -> None:
-    """SIGTERM to the process group, SIGKILL if it is still there after `timeout`."""
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-
-
-# "sync" is config/gunicorn.py's own worker. gthread is measured as gunicorn ships it, one
-# thread: no request here meets gunicorn's own errors, which the envelope worker rewrites.
-WORKER_ARGS = {"sync": [], "gthread": ["--worker-class", "gthread", "--threads", "1"]}
-
-
-def _tally_start(env: dict[str, str], port: int, workers: int, worker_class: str = "sync") -> subprocess.Popen[bytes]:
-    env = dict(env, PORT=str(port), WEB_CONCURRENCY=str(workers))
-    server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py"), *WORKER_ARGS[worker_class]],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
-    try:
-        _wait_ready(port)
-    except BaseException:
-        _stop(server)
-        raise
-    return server
-
-
 # `--stack make-run`: the Procfile's processes a payment's event passes through, under
 # `make run`'s own runner (devtools.procfile), as `make run` starts them. The PSP simulator is
 # left out: no payment calls it.
 MAKE_RUN_ENTRIES = ("web", "worker", "beat", "receiver")
-_RUNNER = (
-    "import sys; from devtools.procfile import processes_run, procfile_read; from devtools.localservices import ROOT; "
-    "names = sys.argv[1].split(','); "
-    "raise SystemExit(processes_run([e for e in procfile_read(ROOT / 'Procfile') if e.name in names], cwd=ROOT))"
-)
 
 
 def _hot_endpoint_ensure(url: str) -> str:
@@ -502,7 +237,7 @@ class _MakeRunStack:
         import shutil
         import tempfile
 
-        busy = [p for p in (port, receiver_port) if not _port_free(p)]
+        busy = [p for p in (port, receiver_port) if not port_free(p)]
         if busy:
             raise SystemExit(f"port(s) {busy} in use: is `make run` or an earlier bench still running?")
         secret = _hot_endpoint_ensure(f"http://127.0.0.1:{receiver_port}/webhooks")
@@ -515,22 +250,19 @@ class _MakeRunStack:
         if WORKER_ARGS[worker_class]:
             env["GUNICORN_CMD_ARGS"] = " ".join(WORKER_ARGS[worker_class])
         try:
-            self.runner = subprocess.Popen(
-                [str(ROOT / ".venv/bin/python"), "-c", _RUNNER, ",".join(MAKE_RUN_ENTRIES)],
-                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            )
+            self.runner = runner_start(env, MAKE_RUN_ENTRIES)
         except BaseException:
             shutil.rmtree(self.prometheus_dir, ignore_errors=True)
             raise
         self.groups: dict[int, str] = {self.runner.pid: "runner"}
         try:
-            _wait_ready(port, process=self.runner)
+            wait_ready(port, process=self.runner)
             from bench.cpu_by_process import processes
 
             # The runner is supervisord: each Procfile process is its child and its own
             # process group's leader, its children (gunicorn's workers, Celery's pool) in its group.
             for pid, (_, command, group) in processes().items():
-                if group != self.runner.pid and _parent_of(pid) == self.runner.pid:
+                if group != self.runner.pid and parent_of(pid) == self.runner.pid:
                     self.groups[group] = next((name for name in MAKE_RUN_ENTRIES if _entry_runs(name, command)), "other_make_run")
         except BaseException:
             self.stop()
@@ -559,21 +291,12 @@ class _MakeRunStack:
             shutil.rmtree(self.prometheus_dir, ignore_errors=True)
 
 
-def _parent_of(pid: str) -> int:
-    from bench.cpu_by_process import _stat_fields
-
-    try:
-        return int(_stat_fields(pid)[1])
-    except OSError:
-        return 0
-
-
 def _is_celery_consumer(pid: str, command: str, group: int, seen: dict[str, tuple[int, str, int]]) -> bool:
     """Celery's consumer: the worker group's celery process not started by another one of the
     group's (its pool's processes are its children); not the shell that started it."""
     if "celery" not in command or command.startswith("/bin/sh"):
         return False
-    parent = _parent_of(pid)
+    parent = parent_of(pid)
     return parent == group or seen.get(str(parent), (0, "", -1))[2] != group
 
 
@@ -593,17 +316,12 @@ def _peer_start(peers: Path, *, port: int, workers: int, database_url: str, redi
          "--bind", f"127.0.0.1:{port}", "--timeout", "30"],
         cwd=peers / "idem", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/wallet")
-            if conn.getresponse().status == 200:
-                return server
-        except OSError:
-            time.sleep(0.2)
-    _stop(server)
-    raise SystemExit(f"the peer did not come up on {port}; is it set up? " + PEER_HOW_TO.format(peers=peers))
+    try:
+        wait_ready(port, path="/wallet", host=None)
+    except RuntimeError:
+        stop(server)
+        raise SystemExit(f"the peer did not come up on {port}; is it set up? " + PEER_HOW_TO.format(peers=peers)) from None
+    return server
 
 
 def _database_of(url: str) -> str:
@@ -620,7 +338,7 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
     lua = peers / "http" / "keyed_post.lua"
     tally_body = json.dumps({"customer": fixtures["customers"][0], "asset": "JPY", "amount": 1})
     tally_auth = f"Bearer {fixtures['hot'][0]}"
-    env = _env(args.database_url, args.redis_url)
+    env = bench_env(args.database_url, args.redis_url)
     rounds: list[dict[str, Any]] = []
     classes = ["sync", "gthread"] if args.worker_class == "both" else [args.worker_class]
     stacks = ["make-run", "web"] if args.stack == "both" else [args.stack]
@@ -632,10 +350,10 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
                 label = _label(worker_class, stack)
                 if stack == "make-run":
                     made = _MakeRunStack(env, port=args.port, receiver_port=args.receiver_port, workers=args.workers, worker_class=worker_class)
-                    stop, groups = made.stop, made.groups
+                    halt, groups = made.stop, made.groups
                 else:
-                    server = _tally_start(env, args.port, args.workers, worker_class)
-                    stop, groups = functools.partial(_stop, server), {server.pid: "web"}
+                    server = gunicorn_start(env, args.port, args.workers, worker_class)
+                    halt, groups = functools.partial(stop, server), {server.pid: "web"}
                 try:
                     url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
                     wrk_keyed(url, lua=lua, body=tally_body, auth=tally_auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
@@ -648,7 +366,7 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
                         tallies[label]["backlog_drained_s_before"] = drained
                         tallies[label]["events_backlog_after"] = dict(zip(("events", "deliveries"), _events_backlog(), strict=True))
                 finally:
-                    stop()
+                    halt()
         server = _peer_start(peers, port=args.peer_port, workers=args.workers, database_url=args.peer_database_url, redis_url=args.redis_url)
         try:
             url = f"http://127.0.0.1:{args.peer_port}/pay"
@@ -658,7 +376,7 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
             ))
             peer["cpu_ms_per_request"] = spent
         finally:
-            _stop(server)
+            stop(server)
         ratios = {c: round(t["ok_per_s"] / max(peer["ok_per_s"], 0.1), 2) for c, t in tallies.items()}
         rounds.append({"tally": tallies, "peer_drfi_redis": peer, "ratio": ratios})
     return {
@@ -707,27 +425,19 @@ def main() -> None:
     # processes run in sessions of their own, which the signal does not reach.
     for stop_signal in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop_signal, lambda signum, _: sys.exit(128 + signum))
+    fixtures = seed(args.database_url, args.redis_url)
     if args.peer:
-        fixtures = seed(args.database_url, args.redis_url)
         print(json.dumps(compare_peer(args, fixtures), indent=2))
         return
     run = drive_wrk if args.driver == "wrk" else drive
-
-    fixtures = seed(args.database_url, args.redis_url)
-    env = _env(args.database_url, args.redis_url)
-    env.update(PORT=str(args.port), WEB_CONCURRENCY=str(args.workers))
-    server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
+    server = gunicorn_start(bench_env(args.database_url, args.redis_url), args.port, args.workers)
     result: dict[str, Any] = {"workers": args.workers, "clients": args.clients, "seconds": args.seconds, "driver": args.driver}
     try:
-        _wait_ready(args.port)
         run(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=2)  # warm-up
         result["http_spread"] = run(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
         result["http_hot"] = run(args.port, fixtures["hot"], fixtures["customers"], clients=args.clients, seconds=args.seconds)
     finally:
-        _stop(server)
+        stop(server)
     if not args.skip_rawsql:
         from bench.rawsql import run_ceiling
 

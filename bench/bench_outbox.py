@@ -19,8 +19,6 @@ import argparse
 import http.server
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -28,12 +26,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
-os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_http import SCHEMA, _env, _wait_ready, drive, seed  # noqa: E402
+from bench.harness import SCHEMA, bench_env, drive, platform_start, seed, stop
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):
@@ -144,23 +139,14 @@ def main() -> None:
     os.environ["TALLY_WEBHOOK_ALLOW_HTTP"] = os.environ["TALLY_WEBHOOK_ALLOW_LOOPBACK"] = "true"
     fixtures = seed(args.database_url, args.redis_url)
     endpoints = _endpoints_ensure(receiver_url)
-    env = _env(args.database_url, args.redis_url)
-    env.update(PORT=str(args.port), WEB_CONCURRENCY=str(args.workers), TALLY_WEBHOOK_ALLOW_HTTP="true", TALLY_WEBHOOK_ALLOW_LOOPBACK="true")
-    bin_dir = ROOT / ".venv/bin"
-    commands = {
-        "web": [str(bin_dir / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
-        "worker": [str(bin_dir / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--concurrency", str(args.celery_concurrency)],
-        "beat": [str(bin_dir / "celery"), "-A", "config", "beat", "--loglevel", "WARNING", "-s", "/tmp/tally-bench-beat"],
-    }
-    processes = {
-        name: subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        for name, command in commands.items()
-    }
+    processes = platform_start(
+        bench_env(args.database_url, args.redis_url), port=args.port, workers=args.workers,
+        celery_concurrency=args.celery_concurrency, beat_schedule="/tmp/tally-bench-beat",
+    )
     from django.utils import timezone
 
     result: dict[str, Any] = {"workers": args.workers, "clients": args.clients, "seconds": args.seconds, "endpoints": endpoints}
     try:
-        _wait_ready(args.port)
         # Start from a drained outbox: a backlog from an earlier run would be relayed first
         # (the relay goes in event order) and be counted as this run's lag.
         started = time.monotonic()
@@ -179,20 +165,9 @@ def main() -> None:
         result.update(_figures(since))
         result["receiver_requests"] = _Ok.received
     finally:
-        processes_stop(processes)
+        stop(*processes.values())
         receiver.shutdown()
     print(json.dumps(result, indent=2))
-
-
-def processes_stop(processes: dict[str, subprocess.Popen[bytes]]) -> None:
-    """SIGTERM to each process group, then SIGKILL to those still there after 20 s."""
-    for process in processes.values():
-        os.killpg(process.pid, signal.SIGTERM)
-    for process in processes.values():
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@
     SHOW_SQL_CHARS=5000 .venv/bin/python bench/bench_request_cpu.py --requests 1 --show-sql   # whole statements, parameters
     .venv/bin/py-spy record -o docs/request_flame.svg -- .venv/bin/python bench/bench_request_cpu.py --requests 3000
 
-Seeds its own database (default tally_bench_request) the way bench/bench_http.py does
-(its `seed()`: the bench tenant, which charges by customer id, funded customers, merchants
-with terminals, fresh terminal keys), then calls the WSGI application
+Seeds its own database (default tally_bench_request) with bench/harness.py's `seed()`, as
+bench/bench_http.py does (the bench tenant, which charges by customer id, funded customers,
+merchants with terminals, fresh terminal keys), then calls the WSGI application
 (`config.wsgi.application`, production settings, DEBUG off) directly, as gunicorn's sync
 worker would: a hand-built environ with Host = the bench tenant, `Authorization: Bearer
 tk_...`, a fresh `Idempotency-Key` and a JSON body, `POST /v1/terminal/payments`. Like the
@@ -45,18 +45,14 @@ import os
 import pstats
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
-os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_http import DOMAIN, SCHEMA, seed  # noqa: E402
+from bench.harness import SCHEMA, seed, wsgi_environ
 
 # --- Layer accounting ---------------------------------------------------------------------
 
@@ -194,20 +190,6 @@ def _count_redis() -> None:
     redis.client.Redis.execute_command = counted(redis.client.Redis.execute_command)  # type: ignore[method-assign]
     redis.client.Pipeline.execute = counted(redis.client.Pipeline.execute)  # type: ignore[method-assign]
     # Pipeline overrides execute_command (buffered, no round trip): only its execute counts.
-
-
-def _environ(body: bytes, key: str) -> dict[str, Any]:
-    """What gunicorn's sync worker hands the application for this request."""
-    return {
-        "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/v1/terminal/payments", "QUERY_STRING": "",
-        "RAW_URI": "/v1/terminal/payments", "SERVER_PROTOCOL": "HTTP/1.1", "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8000",
-        "REMOTE_ADDR": "127.0.0.1", "REMOTE_PORT": "50000",
-        "HTTP_HOST": DOMAIN, "HTTP_AUTHORIZATION": f"Bearer {key}", "HTTP_IDEMPOTENCY_KEY": uuid.uuid4().hex,
-        "HTTP_USER_AGENT": "bench_request_cpu", "HTTP_ACCEPT": "*/*",
-        "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(body)),
-        "wsgi.input": io.BytesIO(body), "wsgi.errors": sys.stderr, "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
-        "wsgi.multithread": False, "wsgi.multiprocess": True, "wsgi.run_once": False,
-    }
 
 
 def _ab_sides(lever: str, request: Callable[[Any], None], application: Any) -> dict[str, Callable[[], None]]:
@@ -595,7 +577,7 @@ def main() -> None:
 
     def request(app: Any) -> None:
         body = json.dumps({"customer": customer, "asset": "JPY", "amount": args.amount}).encode()
-        result = app(_environ(body, key), start_response)
+        result = app(wsgi_environ(body, key), start_response)
         try:
             b"".join(result)
         finally:

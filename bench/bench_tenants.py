@@ -276,18 +276,17 @@ def phase_beat(args: argparse.Namespace) -> None:
 
 
 def phase_idle(args: argparse.Namespace) -> None:
-    from bench.bench_http import _RUNNER, _port_free, _stop, _wait_ready
     from bench.cpu_by_process import is_postgres, postgres_database, processes
+    from bench.harness import port_free, runner_start, stop, wait_ready
 
-    if not _port_free(PORT):
+    if not port_free(PORT):
         raise SystemExit(f"port {PORT} in use")
     # Local settings (as `make run`), not the bench's: no eager tasks, no bench app.
     env = _env(args, DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING",
                PORT=str(PORT), VENV_BIN=str(ROOT / ".venv/bin"))
-    runner = subprocess.Popen([sys.executable, "-c", _RUNNER, "web,worker,beat"], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    runner = runner_start(env, ["web", "worker", "beat"])
     try:
-        _wait_ready(PORT, timeout=60, process=runner)
+        wait_ready(PORT, timeout=60, process=runner)
         time.sleep(args.idle_warmup)
 
         def label(pid: str, command: str, group: int) -> str | None:
@@ -320,16 +319,16 @@ def phase_idle(args: argparse.Namespace) -> None:
              platform=round(100 * platform / 1000 / seconds, 2),
              **{k: round(100 * v / 1000 / seconds, 2) for k, v in sorted(spent.items())})
     finally:
-        _stop(runner, timeout=40)
+        stop(runner, timeout=40)
 
 
 
 def _descends_from(pid: str, ancestor: int) -> bool:
-    from bench.bench_http import _parent_of
+    from bench.cpu_by_process import parent_of
 
     current = int(pid)
     for _ in range(10):
-        current = _parent_of(str(current))
+        current = parent_of(current)
         if current == ancestor:
             return True
         if current <= 1:
@@ -383,7 +382,7 @@ def phase_latency(args: argparse.Namespace) -> None:
     from django.db import connection
     from django_tenants.utils import schema_context
 
-    from bench.bench_request_cpu import _environ
+    from bench.harness import wsgi_environ
     from tenants.models import Tenant
     from wallets.models import Customer, Terminal
     from wallets.services.principals import api_key_create
@@ -405,7 +404,7 @@ def phase_latency(args: argparse.Namespace) -> None:
     def pay(schema: str) -> float:
         host, key, customer = setup[schema]
         body = json.dumps({"customer": customer, "asset": "JPY", "amount": 1}).encode()
-        environ = dict(_environ(body, key), HTTP_HOST=host)
+        environ = dict(wsgi_environ(body, key), HTTP_HOST=host)
         status: list[str] = []
         t0 = time.perf_counter()
         for _ in application(environ, lambda s, h, *a: status.append(s)):

@@ -29,7 +29,6 @@ import argparse
 import http.server
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -37,13 +36,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-# A throwaway sealing ring (wallets/sealing.py) for this process and those it starts.
-os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_http import SCHEMA, _env, _wait_ready, drive, seed  # noqa: E402
-from bench.bench_outbox import processes_stop  # noqa: E402
+from bench.harness import SCHEMA, bench_env, drive, platform_start, seed, stop
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
@@ -290,24 +285,15 @@ def main() -> None:
     fixtures = seed(args.database_url, args.redis_url)
     _endpoints_only(receiver_url, hot=True)  # registered before the workers start
     _set_aside_pending()  # an earlier run's leftovers are not this run's work
-    env = _env(args.database_url, args.redis_url)
-    env.update(PORT=str(args.port), WEB_CONCURRENCY=str(args.workers))
-    bin_dir = ROOT / ".venv/bin"
-    commands = {
-        "web": [str(bin_dir / "gunicorn"), "config.wsgi:application", "-c", str(ROOT / "config/gunicorn.py")],
-        "worker": [str(bin_dir / "celery"), "-A", "config", "worker", "--loglevel", "WARNING", "--concurrency", str(args.celery_concurrency)],
-        "beat": [str(bin_dir / "celery"), "-A", "config", "beat", "--loglevel", "WARNING", "-s", "/tmp/tally-bench-webhooks-beat"],
-    }
-    processes = {
-        name: subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        for name, command in commands.items()
-    }
+    processes = platform_start(
+        bench_env(args.database_url, args.redis_url), port=args.port, workers=args.workers,
+        celery_concurrency=args.celery_concurrency, beat_schedule="/tmp/tally-bench-webhooks-beat",
+    )
     result: dict[str, Any] = {
         "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "receiver_ms": args.receiver_ms,
         "celery_concurrency": args.celery_concurrency,
     }
     try:
-        _wait_ready(args.port)
         _wait_drained(args.drain_timeout)
         if args.scenario in ("one-endpoint", "both"):
             result["one_endpoint"] = _one_endpoint(args, receiver_url)
@@ -316,7 +302,7 @@ def main() -> None:
             result["spread"] = _spread(args, fixtures, receiver_url)
             _set_aside_pending()
     finally:
-        processes_stop(processes)
+        stop(*processes.values())
         receiver.shutdown()
     print(json.dumps(result, indent=2))
 

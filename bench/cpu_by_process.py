@@ -18,7 +18,7 @@ import time
 
 
 def _stat_fields(pid: int | str) -> list[str]:
-    """/proc/<pid>/stat after the command name: [0] is the state, [2] the process group,
+    """/proc/<pid>/stat after the command name: [0] is the state, [1] the parent, [2] the process group,
     [11] and [12] user and system time in clock ticks."""
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().rsplit(")", 1)[1].split()
@@ -28,6 +28,14 @@ def cpu_ms(pid: int) -> float:
     """User + system CPU a process has used so far, in ms."""
     fields = _stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def parent_of(pid: int | str) -> int:
+    """A process's parent pid, 0 once it is gone."""
+    try:
+        return int(_stat_fields(pid)[1])
+    except OSError:
+        return 0
 
 
 def processes() -> dict[str, tuple[int, str, int]]:
