@@ -1,13 +1,9 @@
-"""Every lock the webhooks app takes, named (see wallets/locks.py for the money locks).
+"""Every lock the webhooks app takes, named (the money locks: wallets/locks.py).
 
-Order: an endpoint's row before its delivery rows, always (the claim, a re-enable, a
-redelivery: `webhook_endpoint_then_delivery_lock`); never with a money lock; none is held
-across an HTTP call. (Recording an answer updates the delivery, then, if it gives up,
-its endpoint's row SKIP LOCKED: it never waits for the endpoint while holding deliveries.)
-Endpoint rows are locked FOR NO KEY UPDATE (a delivery's insert is not blocked). A claim
-locks the endpoints with due work and a free slot, then their due deliveries, SKIP
-LOCKED: the endpoint row makes "count in flight, then lease up to the cap" one step.
-"""
+Order: an endpoint's row before its delivery rows, always; never with a money lock; none
+across an HTTP call. (A give-up takes its endpoint's row SKIP LOCKED after the delivery:
+it never waits for it.) Endpoint rows are FOR NO KEY UPDATE (a delivery's insert is not
+blocked); in a claim, the endpoint row makes "count in flight, then lease up to the cap" one step."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ from webhooks.models import WebhookDelivery, WebhookDeliveryStatus, WebhookEndpo
 
 
 def outbox_events_claim(*, now: datetime, limit: int) -> QuerySet[OutboxEvent]:
-    """Unpublished, live, due outbox rows in (created, id) order, locked; rows another relay
-    holds are skipped (it publishes them)."""
+    """Unpublished, live, due outbox rows in (created, id) order, locked, SKIP LOCKED (another relay publishes those)."""
     return (
         OutboxEvent.objects.select_for_update(skip_locked=True)
         .filter(published_at__isnull=True, dead_at__isnull=True)
@@ -40,11 +35,9 @@ def outbox_event_lock(*, event_id: str) -> OutboxEvent:
 
 
 def webhook_endpoint_then_delivery_lock(*, delivery_id: str) -> WebhookDelivery:
-    """A delivery's endpoint row (FOR NO KEY UPDATE), then the delivery row (FOR UPDATE), in
-    that order, as a re-enable takes them (a redelivery). Locking both in one statement
-    took the delivery first: against a re-enable (endpoint, then its deliveries) that was a
-    deadlock. A delivery never changes endpoint, so reading its endpoint id unlocked first
-    is safe. Returns the delivery with its endpoint attached."""
+    """A delivery's endpoint row, then the delivery row, as a re-enable takes them (one statement
+    took the delivery first: a deadlock against a re-enable). A delivery never changes
+    endpoint, so its endpoint id is read unlocked first. Returns it with its endpoint attached."""
     endpoint_id = WebhookDelivery.objects.values_list("endpoint_id", flat=True).get(pk=delivery_id)
     endpoint = webhook_endpoint_lock(endpoint_id=endpoint_id)
     delivery = WebhookDelivery.objects.select_for_update().get(pk=delivery_id)
@@ -74,8 +67,7 @@ def _pending() -> QuerySet[WebhookDelivery]:
 
 
 def _with_in_flight(endpoints: QuerySet[WebhookEndpoint], *, now: datetime) -> QuerySet[WebhookEndpoint]:
-    """`endpoints`, enabled, locked FOR NO KEY UPDATE SKIP LOCKED, each with `in_flight` (its
-    deliveries leased past `now`) and `cap`, and only those below it."""
+    """`endpoints` enabled and below their `cap` of `in_flight` (leased past `now`), locked SKIP LOCKED."""
     in_flight = _pending().filter(leased_until__gt=now).order_by().values("endpoint").annotate(n=Count("pk")).values("n")
     return (
         endpoints.select_for_update(no_key=True, skip_locked=True, of=("self",))
@@ -89,9 +81,7 @@ def _with_in_flight(endpoints: QuerySet[WebhookEndpoint], *, now: datetime) -> Q
 
 
 def webhook_endpoints_due_lock(*, now: datetime, limit: int) -> list[WebhookEndpoint]:
-    """Up to `limit` enabled endpoints with a delivery due at `now` and fewer requests in
-    flight than their cap, the one whose oldest due delivery is oldest first, locked; see
-    `_with_in_flight`."""
+    """Up to `limit` of `_with_in_flight` with a delivery due at `now`, the one whose oldest due delivery is oldest first."""
     due = _pending().filter(next_attempt_at__lte=now).order_by("next_attempt_at").values("next_attempt_at")[:1]
     return list(
         _with_in_flight(WebhookEndpoint.objects.all(), now=now)
@@ -102,15 +92,13 @@ def webhook_endpoints_due_lock(*, now: datetime, limit: int) -> list[WebhookEndp
 
 
 def webhook_endpoints_lock(*, endpoint_ids: Sequence[str], now: datetime) -> list[WebhookEndpoint]:
-    """These endpoints, if enabled and below their cap, in id order, locked; see
-    `_with_in_flight`. (A refill: the endpoints whose answers just came back.)"""
+    """These endpoints (a refill: answers just came back) of `_with_in_flight`, in id order."""
     return list(_with_in_flight(WebhookEndpoint.objects.filter(pk__in=list(endpoint_ids)), now=now).order_by("pk"))
 
 
 def webhook_deliveries_due_lock(*, endpoint_id: str, now: datetime, limit: int) -> list[WebhookDelivery]:
     """Up to `limit` of the endpoint's deliveries due at `now`, oldest due first, with their
-    events, locked (FOR UPDATE SKIP LOCKED). Caller holds the endpoint's row
-    (`webhook_endpoints_due_lock`)."""
+    events, locked SKIP LOCKED. The caller holds the endpoint's row."""
     return list(
         WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
         .select_related("event")
@@ -120,12 +108,9 @@ def webhook_deliveries_due_lock(*, endpoint_id: str, now: datetime, limit: int) 
 
 
 def webhook_deliveries_waited_out_lock(*, now: datetime, limit: int) -> list[str]:
-    """Up to `limit` ids of pending, unleased deliveries whose retry window closed (by
-    `now`) while their endpoint was disabled: it still is, or was enabled again only after
-    (`enabled_at`). Locked FOR UPDATE SKIP LOCKED (rows a claim or a redelivery holds are
-    skipped; never waits), oldest window first, read by the `webhookdelivery_give_up` index.
-    The endpoint rows are read, not locked: a row past its window stays past it whatever the
-    endpoint does next."""
+    """Up to `limit` ids of pending, unleased deliveries whose window closed (by `now`) while
+    their endpoint was disabled (it still is, or was enabled only after), locked SKIP LOCKED,
+    oldest window first. Endpoint rows are read, not locked: a row past its window stays past it."""
     return list(
         WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(status=WebhookDeliveryStatus.PENDING, give_up_at__lte=now)

@@ -22,13 +22,9 @@ class WebhookEndpointStatus(models.TextChoices):
 
 
 class WebhookEndpoint(PrefixedIdModel, new_id=ids.new_webhook_endpoint_id):
-    """Where a merchant wants its events POSTed, signed with its secret (SPEC 8).
-
-    The secret is stored sealed and shown only by the responses that create or rotate it.
-    After a rotation the previous secret still signs (a second `v1=`) until
-    `previous_secret_expires_at`, so the merchant can deploy the new one without dropping
-    events. Only webhooks.secrets reads or writes the four secret fields.
-    """
+    """Where a merchant wants its events POSTed, signed with its secret (SPEC 8). After a
+    rotation the previous secret also signs until `previous_secret_expires_at`. Only
+    webhooks.secrets reads or writes the four secret fields (sealed)."""
 
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="webhook_endpoints")
     url = models.URLField(max_length=2048)
@@ -46,8 +42,8 @@ class WebhookEndpoint(PrefixedIdModel, new_id=ids.new_webhook_endpoint_id):
     disabled_reason = models.CharField(max_length=500, blank=True, default="")
     # Requests in flight at once across every worker (null: TALLY_WEBHOOK_ENDPOINT_CONCURRENCY).
     max_concurrency = models.PositiveSmallIntegerField(null=True, blank=True)
-    # When it was registered or last enabled again (null: registered before this was kept;
-    # read as `created`). Not disabled for failing within the retry window after it.
+    # When it was registered or last enabled again (null: before this was kept; read as
+    # `created`). Not disabled for failing within the retry window after it.
     enabled_at = models.DateTimeField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -72,11 +68,9 @@ class WebhookDeliveryStatus(models.TextChoices):
 
 
 class WebhookDelivery(PrefixedIdModel, new_id=new_webhook_delivery_id):
-    """One event for one endpoint (unique per endpoint and event), sent until a 2xx answers
-    or the retry window closes, and redeliverable after. A worker that claims it sets
-    `leased_until` and `next_attempt_at` to the same moment, so no other worker claims it
-    meanwhile, and it is due again if the worker dies mid-send.
-    """
+    """One event for one endpoint, sent until a 2xx answers or the retry window closes,
+    and redeliverable after. A claim sets `leased_until` and `next_attempt_at` to the same
+    moment: no other worker claims it meanwhile, and it is due again if the worker dies."""
 
     endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
     event = models.ForeignKey(OutboxEvent, on_delete=models.PROTECT, related_name="+")
@@ -90,8 +84,7 @@ class WebhookDelivery(PrefixedIdModel, new_id=new_webhook_delivery_id):
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
     delivered_at = models.DateTimeField(null=True, blank=True)
-    # Set while a worker is sending it (null otherwise): the claim's lease, and the fence
-    # its record checks (a failure is scheduled only by the claim that still holds it).
+    # The claim's lease while a worker sends it, and the fence its record checks (null otherwise).
     leased_until = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(default=timezone.now)
 

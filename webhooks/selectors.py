@@ -87,17 +87,9 @@ def relay_work_next_due_at(*, now: datetime) -> datetime | None:
     enabled endpoint (a disabled endpoint's wait: enabling it marks the relay due); None
     when there is nothing at all. Events are read before deliveries: an event published in
     between has made its deliveries by the second read."""
-    dues: list[datetime] = []
-    event_due = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True).aggregate(
-        due=Min(Coalesce("next_attempt_at", "created"))
-    )["due"]
-    if event_due is not None:
-        dues.append(event_due)
+    unpublished = OutboxEvent.objects.filter(published_at__isnull=True, dead_at__isnull=True)
+    event_due = unpublished.aggregate(due=Min(Coalesce("next_attempt_at", "created")))["due"]
     # Leased (in flight) rows are few, and have their own index.
     pending = WebhookDelivery.objects.filter(status=WebhookDeliveryStatus.PENDING, endpoint__status=WebhookEndpointStatus.ENABLED)
-    if pending.filter(leased_until__gt=now).exists():
-        dues.append(now)
-    delivery_due = _enabled_endpoints_earliest_pending()
-    if delivery_due is not None:
-        dues.append(delivery_due)
-    return min(dues, default=None)
+    in_flight = now if pending.filter(leased_until__gt=now).exists() else None
+    return min((due for due in (event_due, in_flight, _enabled_endpoints_earliest_pending()) if due is not None), default=None)

@@ -1,17 +1,7 @@
-"""Where a webhook may be sent: no SSRF (SPEC 8, docs/WEBHOOKS.md "Where deliveries go").
+"""Where a webhook may be sent: no SSRF (SPEC 8; the rules: docs/WEBHOOKS.md "Where deliveries go").
 
-A URL is checked at registration and before every delivery against what its host
-resolves to then, and the delivery connects to the checked address, checked again as the
-connection opens its socket (webhooks.transport), so a name that changes its answer (DNS
-rebinding) cannot reach an internal service.
-
-Allowed: an allow-list (`GLOBAL_V4`, `GLOBAL_V6`): IPv4 unicast and IPv6 2000::/3 minus
-every IANA special-purpose block not globally reachable, so a range `is_global` misjudges
-(Python 3.11 passes fec0::/10 and 192.0.0.8) or one registered later is refused. IPv4
-carried in IPv6 (mapped, NAT64 64:ff9b::/96, 6to4) is judged as that IPv4 address; other
-forms (IPv4-compatible, Teredo, local-use NAT64) are off the list. Loopback only when
-settings.TALLY_WEBHOOK_ALLOW_LOOPBACK is true (`make run`, tests).
-"""
+An allow-list, not `is_global`: a range `is_global` misjudges (Python 3.11 passes fec0::/10
+and 192.0.0.8) or one registered later is refused."""
 
 from __future__ import annotations
 
@@ -33,67 +23,58 @@ Net = TypeVar("Net", ipaddress.IPv4Network, ipaddress.IPv6Network)
 
 # IANA IPv4 Special-Purpose Address Registry, the blocks whose "Globally Reachable" is not
 # True, plus multicast and the reserved 240/4 (both outside unicast).
-_NOT_GLOBAL_V4 = tuple(
-    V4(n)
-    for n in (
-        "0.0.0.0/8",  # "this network"
-        "10.0.0.0/8",  # private
-        "100.64.0.0/10",  # shared address space (carrier NAT; some clouds' metadata)
-        "127.0.0.0/8",  # loopback
-        "169.254.0.0/16",  # link local (cloud metadata 169.254.169.254)
-        "172.16.0.0/12",  # private
-        "192.0.0.0/24",  # IETF protocol assignments (DS-Lite, the dummy 192.0.0.8, NAT64 discovery)
-        "192.0.2.0/24",  # documentation (TEST-NET-1)
-        "192.88.99.0/24",  # 6to4 relay anycast, deprecated
-        "192.168.0.0/16",  # private
-        "198.18.0.0/15",  # benchmarking
-        "198.51.100.0/24",  # documentation (TEST-NET-2)
-        "203.0.113.0/24",  # documentation (TEST-NET-3)
-        "224.0.0.0/4",  # multicast
-        "240.0.0.0/4",  # reserved, and the limited broadcast 255.255.255.255
-    )
+_NOT_GLOBAL_V4 = (
+    "0.0.0.0/8",  # "this network"
+    "10.0.0.0/8",  # private
+    "100.64.0.0/10",  # shared address space (carrier NAT; some clouds' metadata)
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link local (cloud metadata 169.254.169.254)
+    "172.16.0.0/12",  # private
+    "192.0.0.0/24",  # IETF protocol assignments (DS-Lite, the dummy 192.0.0.8, NAT64 discovery)
+    "192.0.2.0/24",  # documentation (TEST-NET-1)
+    "192.88.99.0/24",  # 6to4 relay anycast, deprecated
+    "192.168.0.0/16",  # private
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation (TEST-NET-2)
+    "203.0.113.0/24",  # documentation (TEST-NET-3)
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and the limited broadcast 255.255.255.255
 )
 # Blocks inside those that the registry marks globally reachable (anycast services).
-_GLOBAL_INSIDE_V4 = tuple(V4(n) for n in ("192.0.0.9/32", "192.0.0.10/32"))
+_GLOBAL_INSIDE_V4 = ("192.0.0.9/32", "192.0.0.10/32")
 
 # IANA IPv6 Special-Purpose Address Registry, inside 2000::/3; everything outside 2000::/3
 # (loopback, ULA fc00::/7, link local, site local fec0::/10, multicast, the IPv4 forms,
 # discard-only, SRv6 SIDs, reserved space) is off the list by construction.
-_NOT_GLOBAL_V6 = tuple(
-    V6(n)
-    for n in (
-        "2001::/23",  # IETF protocol assignments: Teredo 2001::/32, benchmarking, ORCHID (deprecated)...
-        "2001:db8::/32",  # documentation
-        "2002::/16",  # 6to4: judged by the IPv4 address it carries, not as IPv6
-        "3fff::/20",  # documentation
-    )
+_NOT_GLOBAL_V6 = (
+    "2001::/23",  # IETF protocol assignments: Teredo 2001::/32, benchmarking, ORCHID (deprecated)...
+    "2001:db8::/32",  # documentation
+    "2002::/16",  # 6to4: judged by the IPv4 address it carries, not as IPv6
+    "3fff::/20",  # documentation
 )
 # ...except the blocks of 2001::/23 the registry marks globally reachable.
-_GLOBAL_INSIDE_V6 = tuple(
-    V6(n)
-    for n in (
-        "2001:1::1/128",  # PCP anycast
-        "2001:1::2/128",  # TURN anycast
-        "2001:1::3/128",  # DNS-SD service registration protocol anycast
-        "2001:3::/32",  # AMT
-        "2001:4:112::/48",  # AS112-v6
-        "2001:20::/28",  # ORCHIDv2
-        "2001:30::/28",  # drone remote ID (DRIP) entity tags
-    )
+_GLOBAL_INSIDE_V6 = (
+    "2001:1::1/128",  # PCP anycast
+    "2001:1::2/128",  # TURN anycast
+    "2001:1::3/128",  # DNS-SD service registration protocol anycast
+    "2001:3::/32",  # AMT
+    "2001:4:112::/48",  # AS112-v6
+    "2001:20::/28",  # ORCHIDv2
+    "2001:30::/28",  # drone remote ID (DRIP) entity tags
 )
 
 
-def _allow_list(space: Net, holes: tuple[Net, ...], exceptions: tuple[Net, ...]) -> tuple[Net, ...]:
+def _allow_list(space: Net, holes: tuple[str, ...], exceptions: tuple[str, ...]) -> tuple[Net, ...]:
     """`space` without `holes`, plus `exceptions`: disjoint networks in address order."""
     remaining: list[Net] = [space]
-    for hole in holes:
+    for hole in map(type(space), holes):
         remaining = [
             piece
             for net in remaining
             if not hole.supernet_of(net)
             for piece in (net.address_exclude(hole) if net.overlaps(hole) else [net])
         ]
-    remaining.extend(exceptions)
+    remaining.extend(map(type(space), exceptions))
     return tuple(sorted(remaining, key=lambda net: int(net.network_address)))
 
 
@@ -168,10 +149,7 @@ def _url_parts(url: str) -> tuple[str, str, int, str]:
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
-    # The request line takes ASCII only: anything else (an accented path, a space) is sent
-    # percent-encoded as UTF-8, as browsers do; reserved characters and escapes stay. A `%`
-    # that starts no escape is itself encoded: RFC 3986 allows `%` only in an escape, and a
-    # strict receiver refuses the request line otherwise.
+    # The request line takes ASCII only (docs/WEBHOOKS.md): a lone `%` is encoded too, as a strict receiver refuses it.
     path = _LONE_PERCENT.sub("%25", quote(path, safe="/?=&%:@!$'()*+,;~[]"))
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path
 
@@ -190,11 +168,8 @@ def _resolve(host: str, port: int) -> list[IPAddress]:
 
 def webhook_target_resolve(*, url: str) -> Target:
     """Check `url` and every address its host resolves to now (one private answer among
-    public ones is refused: the resolver may hand out either); return the target to
-    connect to. Raises WebhookEndpointInvalid (malformed) or WebhookTargetRefused (the
-    reason in words for the operator's attempt log; registration shows the merchant one
-    message for every refusal, webhooks.services.endpoints).
-    """
+    public ones is refused: the resolver may hand out either); return the target to connect
+    to. Raises WebhookEndpointInvalid (malformed) or WebhookTargetRefused (the operator's words)."""
     scheme, host, port, path = _url_parts(url)
     try:
         addresses = _resolve(host, port)

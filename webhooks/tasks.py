@@ -1,8 +1,5 @@
-"""The outbox relay's Celery tasks (SPEC 8). Kicked after each commit that wrote an event
-(payments.services.outbox sends "webhooks.outbox_relay" by name with the tenant schema),
-and sent by beat to the tenants with relay work due (tenants.duework): that catches any
-kick that was lost and sends the webhook retries that come due. Every tenant is swept
-besides, every 30 minutes (TALLY_SAFETY_SWEEP_SECONDS). Queues: settings.CELERY_TASK_ROUTES."""
+"""The outbox relay's Celery tasks (SPEC 8): kicked after a commit, swept by beat (docs/WEBHOOKS.md
+"Kick" and "Sweep"). Queues: settings.CELERY_TASK_ROUTES."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ from webhooks.services.relay import outbox_relay_run
 
 
 def _relay(*, kick_token: str, settle: bool) -> int:
-    """A run that spent its dispatch budget with deliveries still due queues another run of
-    this tenant behind whatever waits in the queue, and frees its worker process: a tenant
-    with a huge backlog takes turns with the others instead of holding the workers."""
+    """A run that spent its dispatch budget with deliveries still due queues another run of its
+    tenant at the back of the queue: a huge backlog takes turns instead of holding the workers."""
     started = time.monotonic()
     published = outbox_relay_run(kick_token=kick_token, settle=settle)
     spent = time.monotonic() - started >= float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS)
@@ -42,8 +38,7 @@ def webhooks_outbox_relay(kick_token: str = "") -> int:
 
 @shared_task(base=TenantTask, name="webhooks.relay_scheduled", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def webhooks_relay_scheduled() -> int:
-    """Runs in one tenant's schema, sent by beat: the relay, then the tenant's due-work row
-    settled (deleted, or moved to the next retry)."""
+    """Runs in one tenant's schema, sent by beat: the relay, then its due-work row settled."""
     return _relay(kick_token="", settle=True)
 
 
@@ -56,7 +51,6 @@ def webhooks_relay_due_tenants() -> int:
 
 @shared_task(base=TenantTask, name="webhooks.relay_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def webhooks_relay_all_tenants() -> int:
-    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue
-    `webhooks_relay_scheduled` inside every active tenant, marked or not, so work whose
-    due-work row went missing waits at most that long."""
+    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: `webhooks_relay_scheduled` in
+    every active tenant, so work whose due-work row went missing waits at most that long."""
     return task_send_in_each(webhooks_relay_scheduled, schemas=tenant_schemas_active())

@@ -1,12 +1,7 @@
-"""POSTs over urllib3 to the address webhooks.targets checked, never following redirects
-(a 3xx is a failure), with short timeouts and a bounded read.
-
-`WebhookConnections` is a urllib3 PoolManager with one pool per target URL and the
-address its name was just checked to resolve to, whose connections open their socket only
-to that address, checked again as it opens (so no socket ever reaches an address off the
-allow-list), and speak HTTP and TLS to the name (Host, SNI, certificate). urllib3 keeps a connection alive between requests
-(HTTP/1.1 keep-alive) while the receiver keeps it open, its last answer was read whole
-and nothing readable has come since."""
+"""POSTs over urllib3 to the address webhooks.targets checked (a pool per target URL and
+checked address; a socket opens only to it, checked again), speaking HTTP and TLS to the
+name; no redirect followed, short timeouts, a bounded read. When a connection is kept:
+docs/WEBHOOKS.md "Where deliveries go"."""
 
 from __future__ import annotations
 
@@ -20,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from urllib3 import BaseHTTPResponse, HTTPConnectionPool, HTTPSConnectionPool, PoolManager, Timeout
@@ -38,8 +34,7 @@ UNFRAMED_IDLE_SECONDS = 1.0  # an answer with no length: how long a silence ends
 KEPT_TARGETS = 256  # target URLs with kept connections; the least recently used beyond are closed
 _ONCE = Retry(total=False, redirect=False)  # no retry, no redirect followed (a 3xx is the answer)
 
-# What a failed POST raises: the socket, TLS or HTTP error (unwrapped from urllib3's), or a
-# urllib3 error that wraps none.
+# What a failed POST raises: the socket, TLS or HTTP error (unwrapped from urllib3's), or a urllib3 error that wraps none.
 SEND_ERRORS = (OSError, http.client.HTTPException, HTTPError)
 
 
@@ -63,11 +58,9 @@ _TLS_CONTEXT_LOCK = threading.Lock()
 
 @functools.cache
 def _tls_context_built() -> ssl.SSLContext:
-    """The process's TLS client context (system CA bundle, certificates and names verified),
-    built once under _TLS_CONTEXT_LOCK, as loading the bundle costs 29 ms of CPU. Shared by
-    every delivery and thread, so it must never be changed after it is built (which is why
-    the TLS connection below wraps its socket itself: urllib3 sets ALPN on the context it
-    is given, on every connection)."""
+    """The process's TLS client context, built once (under _TLS_CONTEXT_LOCK): loading the CA
+    bundle costs 29 ms of CPU. Shared by every thread, so never changed once built (why the
+    connection below wraps its socket itself: urllib3 sets ALPN on the context it is given)."""
     return ssl.create_default_context()
 
 
@@ -109,8 +102,7 @@ class _PinnedHTTPConnection(HTTPConnection):
     def request(  # type: ignore[override]  # the rest of urllib3's keywords pass through
         self, method: str, url: str, body: Any = None, headers: Mapping[str, str] | None = None, **kwargs: Any
     ) -> None:
-        """Sends the target's path as webhooks.targets wrote it: urllib3 re-encodes the `url`
-        it was given (upper-casing escapes), and an escape reaches the receiver as written."""
+        """The target's path as webhooks.targets wrote it (urllib3 would upper-case escapes)."""
         kept = self.sock is not None and self.answers > 0
         try:
             super().request(method, self.target.path, body=body, headers=headers, **kwargs)
@@ -130,8 +122,7 @@ class _PinnedHTTPConnection(HTTPConnection):
 
 
 class _PinnedHTTPSConnection(_PinnedHTTPConnection, HTTPSConnection):
-    """HTTPS to the target's name (Host, SNI and certificate checked against the name), over
-    a socket to its checked address, with the process's TLS context."""
+    """HTTPS to the target's name (Host, SNI, certificate) over a socket to its checked address."""
 
     def connect(self) -> None:
         with _TLS_CONTEXT_LOCK:
@@ -153,21 +144,15 @@ class _HTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _PinnedHTTPSConnection
 
 
-def _target(request_context: dict[str, Any]) -> Target:
-    target: Target = request_context["target"]
-    return target
-
-
 class WebhookConnections(PoolManager):
-    """Kept connections for the threads of one run, up to `per_target` per target URL (the
-    requests in flight to it), reused only for the address just checked. Use as a context
-    manager: it closes them all."""
+    """Kept connections for the threads of one run, up to `per_target` per target URL, reused
+    only for the address just checked; closed by `clear()` (or as a context manager)."""
 
     def __init__(self, *, per_target: int = 1) -> None:
         super().__init__(num_pools=KEPT_TARGETS, maxsize=per_target, on_open=self._opened)
         self.pools.dispose_func = HTTPConnectionPool.close  # a pool dropped is closed now, not when collected
         self.pool_classes_by_scheme = {"http": _HTTPPool, "https": _HTTPSPool}
-        self.key_fn_by_scheme = {"http": _target, "https": _target}  # type: ignore[dict-item]
+        self.key_fn_by_scheme = {"http": itemgetter("target"), "https": itemgetter("target")}  # type: ignore[dict-item]  # a pool per Target
         self._opened_lock = threading.Lock()
         self.opened = 0  # connections made, for the tests and benchmarks
 
@@ -176,9 +161,8 @@ class WebhookConnections(PoolManager):
             self.opened += 1
 
     def _new_pool(self, scheme: str, host: str, port: int, request_context: dict[str, Any] | None = None) -> HTTPConnectionPool:
-        """A pool for a target new to the run (called under the pools' lock); the same URL's
-        pool for another address is closed: the name resolves elsewhere now, and its
-        connections go to an address not just checked."""
+        """A pool for a target new to the run (under the pools' lock); the same URL's pool for
+        another address is closed: its connections go to an address not just checked."""
         assert request_context is not None  # always given by connection_from_pool_key
         target: Target = request_context["target"]
         for other in self.pools.keys():
@@ -188,8 +172,7 @@ class WebhookConnections(PoolManager):
 
     def post(self, *, target: Target, body: bytes, headers: dict[str, str]) -> Answer:
         """POST `body`; return the status and an excerpt of the answer. Raises
-        WebhookTargetRefused (an address off the allow-list), OSError (refused, timeout,
-        TLS) or http.client.HTTPException (garbled answer), else a urllib3 HTTPError."""
+        WebhookTargetRefused (an address off the allow-list) or one of SEND_ERRORS."""
         timeout = Timeout(connect=CONNECT_TIMEOUT_SECONDS, read=READ_TIMEOUT_SECONDS)
         try:
             while True:
@@ -211,38 +194,30 @@ class WebhookConnections(PoolManager):
 
 
 def _answer_read(response: BaseHTTPResponse) -> Answer:
-    """The answer's status and the start of its body. Its connection is kept only if the
-    answer was read whole (and urllib3 kept it: not `Connection: close`, nor HTTP/1.0)."""
-    if response.length_remaining is None and not response.chunked:
-        data = _read_until_quiet(response)
-    else:
-        data = response.read(MAX_RESPONSE_BYTES)
+    """The answer's status and the start of its body; its connection is kept only if it was read whole."""
+    data = _read_until_quiet(response) if response.length_remaining is None and not response.chunked else response.read(MAX_RESPONSE_BYTES)
     if not response.closed:  # more than MAX_RESPONSE_BYTES: never read as the next answer
         response.close()
     return Answer(status=response.status, excerpt=data.decode("utf-8", errors="replace")[:500])
 
 
 def _read_until_quiet(response: BaseHTTPResponse) -> bytes:
-    """An answer with no length ends where the receiver closes the connection, or after
-    UNFRAMED_IDLE_SECONDS of silence (one that never closes it); its status stands."""
+    """An answer with no length ends where the receiver closes, or after UNFRAMED_IDLE_SECONDS of silence."""
     deadline = time.monotonic() + READ_TIMEOUT_SECONDS  # a trickle ends too
-    chunks: list[bytes] = []
-    size = 0
-    while size < MAX_RESPONSE_BYTES and time.monotonic() < deadline:
+    data = bytearray()
+    while len(data) < MAX_RESPONSE_BYTES and time.monotonic() < deadline:
         try:
-            chunk = response.read1(MAX_RESPONSE_BYTES - size)
+            chunk = response.read1(MAX_RESPONSE_BYTES - len(data))
         except ReadTimeoutError:
             break
         if not chunk:
             break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
 def _cause(exc: BaseException) -> BaseException:
-    """The socket, TLS or HTTP error under urllib3's wrappers (kept as their cause, or as an
-    argument), as the attempt log and the callers name it."""
+    """The socket, TLS or HTTP error under urllib3's wrappers (their cause, or an argument)."""
     while isinstance(exc, HTTPError):
         inner = exc.__cause__ or next((arg for arg in exc.args if isinstance(arg, BaseException)), None)
         if inner is None:

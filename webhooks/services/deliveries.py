@@ -1,13 +1,6 @@
 """Sending webhook deliveries: signed POSTs, retries with backoff, the attempt log,
-disabling an endpoint that keeps failing, and redelivery (SPEC 8, docs/WEBHOOKS.md).
-
-Each delivery stands alone (its own schedule and retries), so one event a receiver cannot
-take holds back nothing else. An endpoint gets up to its cap of requests at once across
-every worker; a process sends up to TALLY_WEBHOOK_PROCESS_CONCURRENCY at once from its
-one thread pool (`_SENDERS`). A dispatch repeats claim (lease due deliveries, one
-transaction), send (no transaction, no lock) and record; a worker that dies mid-send
-leaves its leases to run out, so the deliveries go again: at least once.
-"""
+disabling an endpoint that keeps failing, and redelivery (SPEC 8). Claim, send, record,
+the caps and why it is at least once: docs/WEBHOOKS.md "Deliver"."""
 
 from __future__ import annotations
 
@@ -55,10 +48,8 @@ from webhooks.transport import SEND_ERRORS, WebhookConnections
 
 logger = logging.getLogger(__name__)
 
-# Retries: 2 s after the first failure, then min(30 s x 2^(n-2), 6 h) after the n-th, each
-# jittered to 50-100 %, until 3 days after the delivery was made or redelivered. The quick
-# first retry is for blips (a reset kept connection, a restart): a request that went is
-# never resent at once (the receiver may have taken it), so without it a blip costs 15-30 s.
+# The schedule: docs/WEBHOOKS.md "Retries". The quick first retry is for blips (a reset kept connection, a restart):
+# a request that went is never resent at once (the receiver may have taken it), so without it a blip costs 15-30 s.
 RETRY_WINDOW = timedelta(days=3)
 RETRY_FIRST_SECONDS = 2.0
 RETRY_BASE_SECONDS = 30.0
@@ -86,9 +77,7 @@ def retry_delay(*, attempts: int) -> timedelta:
 
 
 def webhook_event_body(*, event: OutboxEvent) -> bytes:
-    """The JSON body of an event, identical on every attempt (consumers dedupe on `id`).
-    `created` and `sequence` (the event's place among its object's events) let a receiver
-    order what arrives in any order; `data.object` is the object as the event left it."""
+    """The JSON body of an event, identical on every attempt (docs/WEBHOOKS.md "A delivery")."""
     body = {
         "id": event.id, "object": "event", "type": event.topic, "created": int(event.created.timestamp()),
         "sequence": event.sequence, "data": {"object": event.payload},
@@ -101,10 +90,9 @@ def _process_concurrency() -> int:
 
 
 class _Senders:
-    """The process's one thread pool for webhook sends (TALLY_WEBHOOK_PROCESS_CONCURRENCY
-    threads, made on first use), and its slots: requests in flight, shared by every
-    dispatch in the process. A dispatch claims only as many deliveries as it took slots,
-    so a leased delivery never waits for a thread."""
+    """The process's one thread pool for sends (made on first use) and its slots, shared by
+    every dispatch: a dispatch claims only as many deliveries as it took slots, so a leased
+    delivery never waits for a thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -133,8 +121,7 @@ _SENDERS = _Senders()
 
 
 def _senders_renew() -> None:
-    """In a forked child (a prefork worker): the parent's threads did not come along, nor
-    do its requests in flight."""
+    """A forked child (a prefork worker) has neither the parent's threads nor its requests in flight."""
     global _SENDERS
     _SENDERS = _Senders()
 
@@ -174,10 +161,6 @@ class _Outcome:
         return REFUSED_ERROR if self.refused else self.error
 
     @property
-    def delivery(self) -> WebhookDelivery:
-        return self.claim.delivery
-
-    @property
     def attempted_at(self) -> datetime:
         return self.claim.attempted_at
 
@@ -189,15 +172,11 @@ class _Outcome:
 def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | None = None) -> tuple[list[_Claim], bool, int]:
     """Lease up to `limit` due deliveries, at most each endpoint's free slots; return them
     signed, whether endpoints with due work were left waiting for want of `limit`, and how
-    many it marked `expired` instead (their window closed while the endpoint was disabled,
-    `_waited_out`: never sent).
-    With `refill` (endpoint id -> answers just back from it), only those endpoints get up
-    to that many again, found by id; without it, every endpoint is scanned, the one whose
-    oldest due delivery waited longest first.
+    many it marked `expired` instead (`_waited_out`). With `refill` (endpoint id -> answers
+    just back from it), only those endpoints get up to that many again; without it, every
+    endpoint is scanned, longest waiting first.
 
-    Locks: `webhook_endpoints_lock` or `webhook_endpoints_due_lock`, then
-    `webhook_deliveries_due_lock` (all SKIP LOCKED), for the caller's transaction.
-    """
+    Locks: `webhook_endpoints_lock` or `webhook_endpoints_due_lock`, then `webhook_deliveries_due_lock` (SKIP LOCKED)."""
     if limit <= 0:
         return [], False, 0
     lease = now + timedelta(seconds=float(settings.TALLY_WEBHOOK_LEASE_SECONDS))
@@ -245,12 +224,9 @@ def _expire(rows: QuerySet[WebhookDelivery]) -> int:
 
 
 def webhook_waiting_deliveries_expire(*, now: datetime | None = None, batch_size: int = EXPIRE_BATCH, max_batches: int = EXPIRE_MAX_BATCHES) -> int:
-    """The periodic sweep (folded into beat's relay runs, webhooks.services.relay): mark
-    `expired` the pending deliveries whose retry window closed while their endpoint was
-    disabled, `batch_size` per transaction, at most `max_batches` a run (the next run goes
-    on); return how many. So a disabled endpoint's backlog does not grow past its window,
-    and re-enabling it has nothing of the kind to do.
-
+    """The sweep in beat's relay runs (docs/WEBHOOKS.md "No event dropped"): mark `expired` the pending
+    deliveries whose window closed while their endpoint was disabled, `batch_size` a transaction, at most
+    `max_batches` a run; return how many.
     Locks: per batch, its delivery rows (`webhook_deliveries_waited_out_lock`, SKIP LOCKED)."""
     now = now or timezone.now()
     expired = 0
@@ -266,15 +242,15 @@ def webhook_waiting_deliveries_expire(*, now: datetime | None = None, batch_size
 
 def _claim_prepare(*, delivery: WebhookDelivery, endpoint: WebhookEndpoint, lease: datetime, now: datetime) -> _Claim:
     delivery.endpoint = endpoint
+    unsendable = ""
     try:
         body = webhook_event_body(event=delivery.event)
         signature = signature_header(secrets=webhook_endpoint_signing_secrets(endpoint=endpoint), timestamp=int(time.time()), body=body)
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, SIGNATURE_HEADER: signature}
     except Exception as exc:  # one endpoint's unreadable secret must not hold back the rest of the batch
         logger.exception("webhook delivery unsendable", extra={"delivery": delivery.id, "endpoint": endpoint.id})
-        return _Claim(delivery=delivery, endpoint=endpoint, lease=lease, attempted_at=now, body=b"", headers={},
-                      unsendable=f"signing: {type(exc).__name__}")
-    headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT, SIGNATURE_HEADER: signature}
-    return _Claim(delivery=delivery, endpoint=endpoint, lease=lease, attempted_at=now, body=body, headers=headers)
+        body, headers, unsendable = b"", {}, f"signing: {type(exc).__name__}"
+    return _Claim(delivery=delivery, endpoint=endpoint, lease=lease, attempted_at=now, body=body, headers=headers, unsendable=unsendable)
 
 
 def _delivery_send(*, claim: _Claim, connections: WebhookConnections) -> _Outcome:
@@ -285,8 +261,7 @@ def _delivery_send(*, claim: _Claim, connections: WebhookConnections) -> _Outcom
         metrics.WEBHOOK_FAILURES.labels(reason="unsendable").inc()
         return _Outcome(claim=claim, status_code=None, latency_ms=0, address="", excerpt="", error=claim.unsendable)
     status_code: int | None = None
-    excerpt = error = address = ""
-    reason = ""
+    excerpt = error = address = reason = ""
     refused = False
     started = time.monotonic()
     try:
@@ -337,9 +312,8 @@ def webhook_deliveries_dispatch(
     connections = WebhookConnections(per_target=_process_concurrency())
     in_flight: dict[Future[_Outcome], _Claim] = {}
     answered: list[_Outcome] = []
-    attempts = 0
+    attempts, expired = 0, 0
     scan_at, contended = 0.0, False
-    expired = 0
     try:
         while True:
             claiming = time.monotonic() < deadline
@@ -428,7 +402,7 @@ def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
     WebhookDeliveryAttempt.objects.bulk_create(
         [
             WebhookDeliveryAttempt(
-                delivery=o.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
+                delivery=o.claim.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
                 latency_ms=o.latency_ms, address=o.address, response_excerpt=o.excerpt, error=o.error,
             )
             for o in outcomes
@@ -439,11 +413,11 @@ def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
     def per_row(attribute: str, output_field: Any) -> Cast:
         # Each row its own attempt's value. Cast, as Django's bulk_update does on
         # PostgreSQL: a CASE of bound parameters has no type under server-side binding.
-        whens = [When(pk=o.delivery.pk, then=getattr(o, attribute)) for o in delivered]
+        whens = [When(pk=o.claim.delivery.pk, then=getattr(o, attribute)) for o in delivered]
         return Cast(Case(*whens, output_field=output_field), output_field)
 
     if delivered:  # only rows still pending: a delivery sent twice (lease ran out) is delivered once
-        WebhookDelivery.objects.filter(pk__in=[o.delivery.pk for o in delivered], status=WebhookDeliveryStatus.PENDING).update(
+        WebhookDelivery.objects.filter(pk__in=[o.claim.delivery.pk for o in delivered], status=WebhookDeliveryStatus.PENDING).update(
             attempts=F("attempts") + 1, last_attempt_at=per_row("attempted_at", DateTimeField()),
             delivered_at=per_row("attempted_at", DateTimeField()), last_status_code=per_row("status_code", PositiveSmallIntegerField()),
             last_error="", status=WebhookDeliveryStatus.SUCCEEDED, leased_until=None,
@@ -456,7 +430,7 @@ def _outcomes_count(counted: _Counted) -> None:
         metrics.WEBHOOK_DELIVERIES.labels(outcome=label).inc()
         if disabled:
             metrics.WEBHOOK_ENDPOINTS_DISABLED.inc()
-            logger.warning("webhook endpoint disabled", extra={"endpoint": outcome.delivery.endpoint_id, "error": outcome.error})
+            logger.warning("webhook endpoint disabled", extra={"endpoint": outcome.claim.delivery.endpoint_id, "error": outcome.error})
 
 
 def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
@@ -464,7 +438,7 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
     endpoint if nothing got through to it for the window); return the metric label and
     whether the endpoint was disabled. Only the claim still holding the lease schedules: a
     delivery redelivered or claimed again keeps its new owner's schedule."""
-    delivery, now, error = outcome.delivery, outcome.attempted_at, outcome.shown_error
+    delivery, now, error = outcome.claim.delivery, outcome.attempted_at, outcome.shown_error
     fields = {"attempts": F("attempts") + 1, "last_attempt_at": now, "last_status_code": outcome.status_code, "last_error": error}
     held = WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDeliveryStatus.PENDING, leased_until=outcome.claim.lease)
     following = now + retry_delay(attempts=delivery.attempts + 1)
@@ -478,9 +452,8 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
         endpoint_id=delivery.endpoint_id, status=WebhookDeliveryStatus.SUCCEEDED, delivered_at__gt=now - RETRY_WINDOW
     ).exists():
         return "gave_up", False
-    # Nor one enabled again (or registered) within the window: a delivery that waited while
-    # it was disabled can give up minutes after, with nothing delivered in a window the
-    # endpoint spent disabled.
+    # Nor one enabled again (or registered) within the window: a delivery that waited while it was
+    # disabled can give up minutes after, with nothing delivered in a window the endpoint spent disabled.
     # The endpoint's row only if free now (SKIP LOCKED): this transaction holds delivery rows,
     # and a redelivery or re-enable holding the endpoint waits for a delivery row (endpoint,
     # then delivery): waiting here would close a cycle. Skipped, the next give-up disables it.

@@ -32,10 +32,8 @@ def _new_secret() -> str:
 
 
 def _url_check(url: str) -> str:
-    """Refuse a URL deliveries must never reach (webhooks.targets), and a name that does not
-    resolve now, all with one code and message (WebhookUrlNotAllowed): an answer that told
-    "private" from "unknown" would let a merchant map our internal DNS. Every delivery
-    checks again, and says why in the attempt log."""
+    """Refuse a URL deliveries must never reach, or whose name does not resolve now, with one
+    answer (docs/WEBHOOKS.md "One refusal at registration"): it must not map our internal DNS."""
     try:
         webhook_target_resolve(url=url)
     except WebhookEndpointInvalid:
@@ -82,9 +80,7 @@ def webhook_endpoint_update(
     """Change an endpoint. Enabling a disabled one records `enabled_at`, makes what waited
     meanwhile due (`_waiting_deliveries_resume`) and marks the relay due in this transaction.
 
-    Locks: with `status`, the endpoint's row first (webhook_endpoint_lock), so no claim
-    leases its deliveries meanwhile; then some of its pending delivery rows (endpoint, then
-    deliveries: the order every webhooks lock pair takes, webhooks.locks)."""
+    Locks: with `status`, the endpoint's row (so no claim leases meanwhile), then some of its pending delivery rows."""
     fields: list[str] = []
     resumed = False
     if status is not None:
@@ -121,25 +117,16 @@ RESUME_BATCH = 500
 
 
 def _waiting_deliveries_resume(*, endpoint: WebhookEndpoint, now: datetime) -> None:
-    """An endpoint enabled again: what waited while it was disabled goes now, each on its
-    own as usual. The work here does not grow with the backlog: deliveries made while it
-    was disabled are already due (due when made); only those that were waiting for a retry
-    when it was disabled (a handful, read by the due index) are made due now, in batches.
-    Those whose window closed meanwhile are marked `expired` by the periodic sweep
-    (`webhook_waiting_deliveries_expire`), or by the claim if it meets one first. A
-    delivery still leased (sent when the endpoint was disabled) is left to its claim.
+    """An endpoint enabled again: the deliveries that were waiting for a retry (a handful; the
+    others are due since made) are made due now, in batches (docs/WEBHOOKS.md "No event
+    dropped"). One still leased is left to its claim.
 
-    Locks: those delivery rows (the UPDATEs), after the endpoint's row (the caller's)."""
+    Locks: those delivery rows, after the endpoint's row (the caller's)."""
     retrying = WebhookDelivery.objects.filter(
         endpoint=endpoint, status=WebhookDeliveryStatus.PENDING, next_attempt_at__gt=now, give_up_at__gt=now,
     ).filter(Q(leased_until__isnull=True) | Q(leased_until__lte=now))
-    while True:
-        batch = list(retrying.order_by("next_attempt_at").values_list("pk", flat=True)[:RESUME_BATCH])
-        if not batch:
-            return
+    while batch := list(retrying.order_by("next_attempt_at").values_list("pk", flat=True)[:RESUME_BATCH]):
         WebhookDelivery.objects.filter(pk__in=batch).update(next_attempt_at=now, leased_until=None)
-        if len(batch) < RESUME_BATCH:
-            return
 
 
 @transaction.atomic

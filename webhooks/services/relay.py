@@ -1,12 +1,5 @@
-"""The outbox relay (SPEC 8): publish committed `OutboxEvent` rows, then send the webhook
-deliveries they made. At least once; each delivery on its own, in no particular order.
-
-Publishing an event makes a `WebhookDelivery` per endpoint of its merchant that wants its
-type, enabled or disabled (a disabled endpoint's wait for it to be enabled again), in one
-short transaction per batch claimed with SKIP LOCKED; deliveries are unique per endpoint
-and event, so publishing twice delivers once. A publication that
-fails is retried with backoff, then becomes a dead letter (`dead_at`), requeued by staff.
-"""
+"""The outbox relay (SPEC 8): publish committed `OutboxEvent` rows into webhook deliveries,
+then send them (docs/WEBHOOKS.md "Publish" and "Deliver")."""
 
 from __future__ import annotations
 
@@ -128,17 +121,14 @@ def outbox_relay_run(
     *, now: datetime | None = None, batch_size: int = RELAY_BATCH_SIZE, max_batches: int = RELAY_MAX_BATCHES, kick_token: str = "",
     settle: bool = False,
 ) -> int:
-    """The relay, in the current tenant: publish due events, refresh the lag gauge, then
-    send due deliveries (publishing what commits meanwhile) until none is due or the budget
-    is spent. Returns the events published. `kick_token`: the kick that sent this relay.
-    `settle` (the runs beat sends): first sweep the deliveries that waited out their window
-    on a disabled endpoint (`webhook_waiting_deliveries_expire`: every tenant at least every
-    TALLY_SAFETY_SWEEP_SECONDS), and at the end record when this tenant's relay work is next
-    due (tenants.duework); kicked runs leave both to beat's, so a busy tenant's row is not
-    deleted and written again at every commit.
+    """The relay, in the current tenant: publish due events, refresh the lag gauge, then send
+    due deliveries (publishing what commits meanwhile) until none is due or the budget is
+    spent; return the events published. `kick_token`: the kick that sent it. `settle` (beat's
+    runs): first expire the deliveries that waited out their window, and at the end record
+    when the tenant's relay work is next due; kicked runs leave both to beat's, so a busy
+    tenant's due-work row is not rewritten at every commit.
 
-    Locks: see `outbox_batch_publish` and `webhook_deliveries_dispatch`; never two at once;
-    then, settling, the tenant's relay due-work lock (tried)."""
+    Locks: those of `outbox_batch_publish`, then `webhook_deliveries_dispatch`; settling, the relay due-work lock (tried)."""
     # Before the first read: a commit that sees no kick pending after this point sends one.
     outbox_relay_kick_pending_clear(schema_name=str(getattr(connection, "schema_name", "public")), kick_token=kick_token)
     published = 0
@@ -167,7 +157,7 @@ def outbox_relay_run(
 
 
 def relay_due_settle() -> bool:
-    """After a relay run: the tenant's relay rows say when it next has work, or go.
+    """The tenant's relay due-work rows say when it next has work, or go.
     Locks: the tenant's relay due-work lock, EXCLUSIVE, tried (tenants.duework)."""
     return due_work_settle(
         kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=lambda: relay_work_next_due_at(now=timezone.now())
