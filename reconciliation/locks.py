@@ -1,6 +1,4 @@
-"""Row locks of reconciliation. Lock order (wallets/locks.py): a run's row is taken alone,
-in its own short transaction, before the run reads anything; a run takes no lock on
-business rows."""
+"""Row locks of reconciliation: a run's row, alone, in its own short transaction; no business rows."""
 
 from __future__ import annotations
 

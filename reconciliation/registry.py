@@ -1,7 +1,4 @@
-"""The one list of reconciliation checks (`CHECKS`) and per-run metric collectors
-(`METRICS`). Adding a check: write it in the `reconciliation/checks/` module of the app
-whose data it reads (contract: reconciliation.checks.base) and append a `Check` here.
-"""
+"""The one list of reconciliation checks and per-run metric collectors (adding a check: docs/ARCHITECTURE.md)."""
 
 from __future__ import annotations
 

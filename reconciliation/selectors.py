@@ -85,12 +85,7 @@ def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOAR
 
 def _delta(values: list[float]) -> list[float]:
     """Increase between consecutive snapshots of a per-process counter (a restart resets it)."""
-    out: list[float] = []
-    previous: float | None = None
-    for value in values:
-        out.append(0.0 if previous is None else (value - previous if value >= previous else value))
-        previous = value
-    return out
+    return [0.0 if i == 0 else (value - values[i - 1] if value >= values[i - 1] else value) for i, value in enumerate(values)]
 
 
 def dashboard_run_charts(*, runs: int = DASHBOARD_RUNS) -> list[Chart]:

@@ -27,8 +27,7 @@ logger = logging.getLogger(__name__)
 MAX_FINDINGS_STORED_PER_CHECK = 10_000
 FINDINGS_BATCH = 500
 
-# The task's hard time limit (tasks.py): a run still "running" after it was killed by a
-# crash or that limit, and is executed again when its task is redelivered.
+# The task's hard time limit (tasks.py): a run "running" longer was killed, and runs again when its task is redelivered.
 RUN_TIME_LIMIT_SECONDS = 1800
 
 SCHEDULE_NAME = "reconciliation: every tenant"
@@ -46,22 +45,21 @@ def reconciliation_run_request(*, trigger: RunTrigger, requested_by: str = "") -
 def _check_run(run: ReconciliationRun, check: Check, ctx: CheckContext, by_kind: Tally[str]) -> dict[str, Any]:
     started = time.monotonic()
     ctx.stats = {}
-    found = stored = 0
+    found = 0
     batch: list[ReconciliationFinding] = []
     for discrepancy in check.run(ctx):
         found += 1
         by_kind[discrepancy.kind] += 1
-        if stored < MAX_FINDINGS_STORED_PER_CHECK:
+        if found <= MAX_FINDINGS_STORED_PER_CHECK:
             batch.append(ReconciliationFinding(
                 run=run, check_name=check.name, kind=discrepancy.kind, severity=str(discrepancy.severity),
                 summary=discrepancy.summary[:500], details=discrepancy.details, refs=[asdict(ref) for ref in discrepancy.refs],
             ))
-            stored += 1
-            if len(batch) >= FINDINGS_BATCH:
-                ReconciliationFinding.objects.bulk_create(batch)
-                batch = []
-    if batch:
-        ReconciliationFinding.objects.bulk_create(batch)
+        if len(batch) >= FINDINGS_BATCH:
+            ReconciliationFinding.objects.bulk_create(batch)
+            batch = []
+    ReconciliationFinding.objects.bulk_create(batch)
+    stored = min(found, MAX_FINDINGS_STORED_PER_CHECK)
     return {"findings": found, "stored": stored, "seconds": round(time.monotonic() - started, 3), "stats": ctx.stats}
 
 
@@ -69,13 +67,12 @@ def reconciliation_run_execute(
     *, run_id: int, checks: Sequence[Check] | None = None, progress: Progress | None = None, chunk_size: int = 2000
 ) -> ReconciliationRun:
     """Run every registered check (or `checks`) in the current tenant and store the report,
-    the per-run metrics and the findings. All checks read one REPEATABLE READ snapshot, so a payment committing mid-run cannot
-    look like a discrepancy between two checks. A run finished, or running for less than
-    RUN_TIME_LIMIT_SECONDS (a duplicate delivery of its task), is returned as is; one
-    running longer died with its process (nothing of it committed) and runs again.
+    the per-run metrics and the findings, all in one REPEATABLE READ snapshot (a payment
+    committing mid-run cannot look like a discrepancy between two checks). A run finished,
+    or running for less than RUN_TIME_LIMIT_SECONDS (its task delivered twice), is returned
+    as is; one running longer died with its process (nothing of it committed) and runs again.
 
-    Locks: the run row (FOR UPDATE) while it is marked running, so two workers given the
-    same run do not both execute it; no lock on business rows."""
+    Locks: the run row, while it is marked running (two workers given it); no business rows."""
     checks = list(CHECKS if checks is None else checks)
     with transaction.atomic():
         run = reconciliation_run_lock(run_id=run_id)
@@ -119,9 +116,8 @@ def reconciliation_run_execute(
 
 
 def reconciliation_schedule_ensure(*, hours: int = SCHEDULE_DEFAULT_HOURS) -> Any:
-    """The beat entry that fans reconciliation out to every tenant, a django-celery-beat
-    PeriodicTask staff edit in the platform admin: created if missing, never overwritten
-    (an entry in CELERY_BEAT_SCHEDULE would be reset each time beat starts)."""
+    """The django-celery-beat PeriodicTask that fans reconciliation out to every tenant:
+    created if missing, never overwritten (staff edit it; CELERY_BEAT_SCHEDULE would reset it)."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     existing = PeriodicTask.objects.filter(name=SCHEDULE_NAME).first()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import shared_task
 from django.db import connection, transaction
 from django_tenants.utils import schema_context
@@ -26,23 +28,16 @@ def reconciliation_run_tenant(*, run_id: int, check_names: list[str] | None = No
     return int(reconciliation_run_execute(run_id=run_id, checks=checks).findings_count)
 
 
-class _Enqueue:
-    """The on-commit callback: sends the run's task with the schema it was requested in."""
-
-    def __init__(self, run_id: int, check_names: list[str] | None) -> None:
-        self.run_id, self.schema_name = run_id, str(getattr(connection, "schema_name"))  # noqa: B009 - set by django-tenants
-        self.check_names = check_names
-
-    def __call__(self) -> None:
-        with schema_context(self.schema_name):
-            if self.check_names is None:
-                reconciliation_run_tenant.delay(run_id=self.run_id)
-            else:
-                reconciliation_run_tenant.delay(run_id=self.run_id, check_names=self.check_names)
-
-
 def reconciliation_run_enqueue_on_commit(*, run_id: int, check_names: list[str] | None = None) -> None:
-    transaction.on_commit(_Enqueue(run_id, check_names))
+    """After commit, send the run's task with the schema it was requested in."""
+    schema_name = str(getattr(connection, "schema_name"))  # noqa: B009 - set by django-tenants
+    kwargs: dict[str, Any] = {"run_id": run_id} if check_names is None else {"run_id": run_id, "check_names": check_names}
+
+    def enqueue() -> None:
+        with schema_context(schema_name):
+            reconciliation_run_tenant.delay(**kwargs)
+
+    transaction.on_commit(enqueue)
 
 
 # What a switched-off tenant is still checked for: card charges neither credited nor given

@@ -1,7 +1,4 @@
-"""What every reconciliation check reads and yields. A check is a function
-`(ctx) -> Iterator[Discrepancy]`: it only reads, streams its rows (`chunk_size` at a time)
-so its memory does not grow with the ledger, and yields one `Discrepancy` per thing to
-act on."""
+"""What every reconciliation check reads and yields (the contract: docs/ARCHITECTURE.md, "a new reconciliation check")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Checks on the ledger's data (balances, holds, conservation, orphaned references,
-merchant daily totals)."""
+"""Checks on the ledger's data."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def _owner_refs(customer: str | None, merchant: str | None) -> tuple[ObjectRef, 
 
 
 def ledger_balance_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Every (account, asset): the SUM of its balance shards equals the SUM of its ledger
-    entries; and the held part equals its active holds. One statement each (one snapshot)."""
+    """Every (account, asset): its balance shards sum to its ledger entries, and its held part to its active holds."""
     ctx.stats["entries"] = LedgerEntry.objects.count()
     ctx.stats["balance_rows"] = Balance.objects.count()
     rows = rows_stream(_BALANCE_VS_ENTRIES_SQL, chunk_size=ctx.chunk_size)
@@ -89,8 +87,7 @@ def _held_mismatch(account_id: str, asset: str, held: int, holds: int) -> Discre
 
 
 def conservation_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Double entry: every ledger transaction's entries sum to zero per asset, and so every
-    asset's balances (system accounts hold the other side) sum to zero."""
+    """Double entry: every transaction's entries, and every asset's balances, sum to zero per asset."""
     unbalanced = (
         LedgerEntry.objects.order_by().values("transaction_id", "asset_id")
         .annotate(total=Sum("amount"), entries=Count("id")).exclude(total=0).order_by("transaction_id", "asset_id")
@@ -136,9 +133,8 @@ def orphan_references_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 
 
 def merchant_daily_totals_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Once this tenant reads merchant daily totals from the summary table (the staged
-    migration `merchant_daily_totals` has switched reads), the summary against the ledger
-    for the last `daily_totals_days` UTC days: the balance history endpoint shows what it holds."""
+    """Once the tenant reads merchant daily totals from the summary table (the staged migration
+    switched reads), the summary against the ledger for the last `daily_totals_days` UTC days."""
     if not reads_new(staged_phase(DAILY_TOTALS_MIGRATION)):
         ctx.stats["merchant_daily_totals"] = "reads from the ledger: nothing to compare"
         return

@@ -22,9 +22,8 @@ from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Sev
 
 
 def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Duplicate-charge suspects: a payment by the same customer to the same merchant for the
-    same amount and asset within `duplicate_window_seconds` of the previous one, unless
-    either was refunded in full. One window function, streamed."""
+    """A payment by the same customer to the same merchant for the same amount and asset within
+    `duplicate_window_seconds` of the previous one, unless either was refunded in full."""
     window: dict[str, Any] = {
         "partition_by": [F("customer_id"), F("merchant_id"), F("asset_id"), F("amount")],
         "order_by": [F("created").asc(), F("id").asc()],
@@ -58,9 +57,8 @@ def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 
 
 def idempotency_stuck_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """In-flight idempotency records whose lease has expired (the predicate of
-    `idempotency_orphans_list`, streamed rather than limited): a request that crashed
-    between its claim and its completion, which the orphan recovery has not taken over."""
+    """In-flight idempotency records whose lease has expired (`idempotency_orphans_list`'s
+    predicate, streamed): a request that crashed, not yet taken over by the orphan recovery."""
     stuck = IdempotencyRecord.objects.filter(state=RecordState.IN_FLIGHT, lease_expires_at__lte=ctx.now).order_by("lease_expires_at", "id")
     for record in stuck.iterator(chunk_size=ctx.chunk_size):
         assert record.lease_expires_at is not None
@@ -133,10 +131,8 @@ def _counter_totals(counters: list[Counter]) -> int:
 
 
 def payments_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
-    """What the dashboard charts across runs and nothing else stores over time: the outbox
-    backlog, the idempotency records by state, and the idempotency replay and conflict
-    counters (Prometheus counters, read host-wide: their increase is for the whole host,
-    not per tenant)."""
+    """What the dashboard charts across runs: the outbox backlog, the idempotency records by
+    state, and the replay and conflict counters (Prometheus: host-wide, not per tenant)."""
     unpublished, lag = _outbox_backlog(ctx)
     states = dict(IdempotencyRecord.objects.order_by().values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     return {
@@ -171,8 +167,7 @@ class SettlementComparison:
 
 
 def topup_settlement_compare(*, day: date) -> SettlementComparison:
-    """Our top-ups charged on `day` at the active gateway against its settlement report for
-    that day, matched on the PSP reference. Reads only."""
+    """Our top-ups charged on `day` at the active gateway against its settlement report, matched on the PSP reference."""
     account = gateway_account_active()
     if account is None:
         raise PspNotConfigured("no active card gateway")
@@ -190,10 +185,9 @@ def topup_settlement_compare(*, day: date) -> SettlementComparison:
 
 
 def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Our charged card top-ups against the PSP's settlement report for each of the last
-    `settlement_days` UTC days: lines missing on either side, and amounts that differ (the
-    PSP unreachable: one warning). First, from our rows alone: top-ups the PSP charged that
-    ended without a credit and with no card refund a recovery window after they failed."""
+    """First, top-ups the PSP charged that ended with neither a credit nor a card refund a
+    recovery window after they failed; then, for each of the last `settlement_days` UTC days,
+    `topup_settlement_compare` (the PSP unreachable: one warning)."""
     yield from _charged_uncredited(ctx)
     if gateway_account_active() is None:
         ctx.stats["psp_settlement"] = "no active card gateway"

@@ -12,9 +12,7 @@ from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
 
 
 def webhook_dead_letters_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Webhook deliveries that failed for their whole retry window, or expired (the window
-    closed while the endpoint was disabled): both never reached the merchant, and are
-    redeliverable from the admin."""
+    """Webhook deliveries failed or expired: never delivered, redeliverable from the admin."""
     dead = WebhookDelivery.objects.filter(status__in=[WebhookDeliveryStatus.FAILED, WebhookDeliveryStatus.EXPIRED])
     for delivery in dead.select_related("endpoint").order_by("created", "id").iterator(chunk_size=ctx.chunk_size):
         how = "failed" if delivery.status == WebhookDeliveryStatus.FAILED else "expired"
@@ -34,5 +32,4 @@ def webhook_dead_letters_check(ctx: CheckContext) -> Iterator[Discrepancy]:
 
 def webhooks_run_metrics(*, ctx: CheckContext) -> dict[str, Any]:
     counts = dict(WebhookDelivery.objects.order_by().values_list("status").annotate(n=Count("id")).values_list("status", "n"))
-    return {"webhook_pending": int(counts.get(WebhookDeliveryStatus.PENDING, 0)), "webhook_failed": int(counts.get(WebhookDeliveryStatus.FAILED, 0)),
-            "webhook_expired": int(counts.get(WebhookDeliveryStatus.EXPIRED, 0))}
+    return {f"webhook_{status}": int(counts.get(status, 0)) for status in ("pending", "failed", "expired")}
