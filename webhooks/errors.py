@@ -21,8 +21,7 @@ class WebhookEndpointInvalid(InvalidRequest):
 
 
 class WebhookEndpointLimitReached(InvalidState):
-    """The merchant has as many endpoints as it may: a state of its account, not a fault in
-    the request (the same body succeeds once an endpoint is deleted)."""
+    """The merchant has as many endpoints as it may: a state of its account, not a fault in the request."""
 
     code: ClassVar[StrEnum] = WebhookErrorCode.ENDPOINT_LIMIT_REACHED
 
@@ -34,9 +33,7 @@ class WebhookTargetRefused(WebhookEndpointInvalid):
 
 
 class WebhookUrlNotAllowed(WebhookEndpointInvalid):
-    """A URL registration refuses, whatever the reason (scheme, credentials, port, a host
-    that does not resolve or resolves to an address deliveries must never reach): one code
-    and one message, so a merchant cannot learn how our resolver sees internal names."""
+    """Any URL registration refuses, whatever the reason: one answer (docs/WEBHOOKS.md "One refusal at registration")."""
 
     code: ClassVar[StrEnum] = WebhookErrorCode.URL_NOT_ALLOWED
     MESSAGE: ClassVar[str] = (

@@ -1,13 +1,8 @@
-"""Merchant webhook signing secrets, sealed at rest; and the staged migration
-`webhook_secrets` that moves existing endpoints there from the plaintext columns.
-
-A signing secret must be usable (it signs every delivery), so it is sealed, not hashed
-(wallets.sealing: AES-256-GCM), bound by associated data to the tenant schema, the
-endpoint and the field, so a sealed secret copied elsewhere does not open.
-
-Old: the plaintext columns `secret` / `previous_secret`. New: `secret_sealed` /
-`previous_secret_sealed`, NULL until sealed (a NULL previous beside a sealed current:
-no previous secret). By the tenant's phase (wallets.staged.phases):
+"""Merchant webhook signing secrets, sealed at rest (not hashed: they sign every delivery),
+bound to the tenant schema, the endpoint and the field, so a sealed secret copied elsewhere
+does not open; and the staged migration `webhook_secrets` from the plaintext columns
+(`secret` / `previous_secret`) to `secret_sealed` / `previous_secret_sealed` (NULL until
+sealed; a NULL previous beside a sealed current: none). By the tenant's phase:
   absent                  write old; read old
   expanded .. verified    write both (same statement); read old
   reads_switched          write both; read new (old for a row not sealed yet)
@@ -77,8 +72,7 @@ def _sealed(endpoint: WebhookEndpoint) -> EndpointSecrets:
 
 
 def webhook_endpoint_secrets(*, endpoint: WebhookEndpoint) -> EndpointSecrets:
-    """The endpoint's current and previous secrets, from the representation the tenant's
-    phase reads (module docstring)."""
+    """The endpoint's current and previous secrets, from where the tenant's phase reads."""
     phase = staged_phase(MIGRATION)
     if not reads_new(phase) or (endpoint.secret_sealed is None and writes_old(phase)):
         return EndpointSecrets(current=endpoint.secret_plaintext, previous=endpoint.previous_secret_plaintext)

@@ -1,6 +1,4 @@
-"""The `Tally-Signature` header (SPEC 8), Stripe's scheme as the PSPs' (payments.gateways.signing):
-`t=<unix seconds>,v1=<hex HMAC-SHA256 over "<t>.<body>">`, one `v1=` per secret during a
-rotation's overlap (newest first). A receiver accepts a match within 300 s of `t`."""
+"""The `Tally-Signature` header (SPEC 8; docs/WEBHOOKS.md "A delivery"), Stripe's scheme as the PSPs' (payments.gateways.signing)."""
 
 from __future__ import annotations
 
