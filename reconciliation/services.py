@@ -22,8 +22,7 @@ from reconciliation.registry import CHECKS, METRICS, Check
 
 logger = logging.getLogger(__name__)
 
-# A broken ledger can disagree everywhere: past this many findings per check the run
-# counts them in its report but stores no more rows.
+# A broken ledger can disagree everywhere: past this many findings a check's are counted, not stored.
 MAX_FINDINGS_STORED_PER_CHECK = 10_000
 FINDINGS_BATCH = 500
 

@@ -36,9 +36,7 @@ class WebhookUrlNotAllowed(WebhookEndpointInvalid):
     """Any URL registration refuses, whatever the reason: one answer (docs/WEBHOOKS.md "One refusal at registration")."""
 
     code: ClassVar[StrEnum] = WebhookErrorCode.URL_NOT_ALLOWED
-    MESSAGE: ClassVar[str] = (
-        "url is not allowed: it must be an https URL without credentials whose host resolves, now, to public addresses only"
-    )
+    MESSAGE: ClassVar[str] = "url is not allowed: it must be an https URL without credentials whose host resolves, now, to public addresses only"
 
     def __init__(self, message: str = MESSAGE, *, param: str | None = "url") -> None:
         super().__init__(message, param=param)

@@ -57,13 +57,11 @@ class WebhookEndpoint(PrefixedIdModel, new_id=ids.new_webhook_endpoint_id):
 
 
 class WebhookDeliveryStatus(models.TextChoices):
-    # Due at next_attempt_at; while its endpoint is disabled it waits (not claimed, not
-    # attempted), and re-enabling the endpoint makes it due at once.
+    # Due at next_attempt_at; while its endpoint is disabled it waits (docs/WEBHOOKS.md "No event dropped").
     PENDING = "pending", "Pending"
     SUCCEEDED = "succeeded", "Succeeded"  # the endpoint answered 2xx
     FAILED = "failed", "Failed"  # retried for the whole window without a 2xx; redeliverable
-    # Its retry window closed while its endpoint was disabled: marked by the periodic sweep
-    # (or the claim, after a re-enable); not sent then; redeliverable.
+    # Its retry window closed while its endpoint was disabled (the sweep, or a claim, marks it); redeliverable.
     EXPIRED = "expired", "Expired"
 
 

@@ -64,10 +64,9 @@ def _tls_context_built() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-# A kept connection the receiver closed just after urllib3's idle check fails the write:
-# the receiver never got the request, so it goes again on another connection. Anything
-# failing once the request went is the attempt's failure, retried by the schedule: the
-# receiver may have taken it (a reset can follow a processed request).
+# A kept connection the receiver closed just after urllib3's idle check fails the write: never
+# received, the request goes again on another connection. A failure once it went is the attempt's,
+# retried by the schedule: the receiver may have taken it (a reset can follow a processed request).
 _UNSENT = (ConnectionResetError, BrokenPipeError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 

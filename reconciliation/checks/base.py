@@ -42,16 +42,13 @@ class CheckContext:
     chunk_size: int = 2000
     duplicate_window_seconds: int = 300
     outbox_lag_threshold_seconds: int = 300
-    # Days (UTC, today included) the PSP settlement check compares with the PSP's report,
-    # and the merchant daily totals check with the ledger.
+    # Days (UTC, today included) the PSP settlement and the merchant daily totals checks compare.
     settlement_days: int = 2
     daily_totals_days: int = 2
-    # How long the top-up recovery (every 10 s) may take to give back a card charge it
-    # could not credit before that charge is a finding.
+    # How long the top-up recovery may take to give back a charge it could not credit, before it is a finding.
     topup_recovery_window_seconds: int = 3600
     stats: dict[str, Any] = field(default_factory=dict)
-    # The outbox backlog (count, oldest age in seconds), read once per run: the outbox check
-    # and the run's metrics both report it, from the same snapshot.
+    # The outbox backlog (count, oldest age in seconds), read once for the outbox check and the run's metrics.
     outbox_backlog: tuple[int, float] | None = None
 
 

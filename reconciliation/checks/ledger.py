@@ -58,10 +58,7 @@ def ledger_balance_check(ctx: CheckContext) -> Iterator[Discrepancy]:
                      "difference": balance - entries_sum, "shards": int(shards), "entries": int(entries)},
             refs=(account_ref(str(account_id)), *_owner_refs(customer, merchant)),
         )
-    held = (
-        Balance.objects.values("account_id", "asset_id").annotate(held=Sum("held")).order_by("account_id", "asset_id")
-        .filter(held__gt=0)
-    )
+    held = Balance.objects.values("account_id", "asset_id").annotate(held=Sum("held")).order_by("account_id", "asset_id").filter(held__gt=0)
     holds = {
         (row["account_id"], row["asset_id"]): int(row["total"])
         for row in Hold.objects.filter(status=HoldStatus.ACTIVE).values("account_id", "asset_id").annotate(total=Sum("amount")).order_by()

@@ -60,12 +60,10 @@ REFUSED_ERROR = "refused: url not allowed"
 
 # What an expired delivery that was never attempted says (one attempted keeps its last error).
 EXPIRED_ERROR = "expired: the endpoint was disabled until after this delivery's retry window closed"
-# The expiry sweep marks this many deliveries per transaction, at most this many times a run.
 EXPIRE_BATCH = 500
 EXPIRE_MAX_BATCHES = 20
 
-# A claim looks at this many endpoints at a time (the ones waiting longest first).
-CLAIM_ENDPOINTS = 64
+CLAIM_ENDPOINTS = 64  # a claim's endpoints at a time
 # While requests are in flight, the dispatcher also looks for new due work this often.
 POLL_SECONDS = 0.1
 

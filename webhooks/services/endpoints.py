@@ -48,9 +48,7 @@ def _events_check(events: list[str]) -> list[str]:
 
 
 @transaction.atomic
-def webhook_endpoint_create(
-    *, merchant: Merchant, url: str, enabled_events: list[str], description: str = ""
-) -> tuple[WebhookEndpoint, str]:
+def webhook_endpoint_create(*, merchant: Merchant, url: str, enabled_events: list[str], description: str = "") -> tuple[WebhookEndpoint, str]:
     """Register an endpoint. Returns it and its signing secret (shown to the merchant once;
     stored sealed, webhooks.secrets).
 

@@ -54,8 +54,7 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
             time.sleep(pause)
         merchant_ids = {m for m in map(_merchant_of, batch) if m}
         by_merchant: dict[str, list[WebhookEndpoint]] = defaultdict(list)
-        # Disabled endpoints too: their deliveries wait (no claim takes them) until the
-        # endpoint is enabled again, so no event is dropped meanwhile (SPEC 8).
+        # Disabled endpoints too: their deliveries wait for it to be enabled again (SPEC 8: no event dropped).
         for endpoint in WebhookEndpoint.objects.filter(merchant_id__in=merchant_ids):
             by_merchant[endpoint.merchant_id].append(endpoint)
         published: list[str] = []
@@ -89,9 +88,7 @@ def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | 
                     event.attempts += 1
                     _publication_failed(event=event, error=f"{type(exc).__name__}: {exc}", now=moment)
                     event.save(update_fields=["attempts", "last_error", "next_attempt_at", "dead_at"])
-        OutboxEvent.objects.filter(pk__in=published).update(
-            published_at=moment, attempts=F("attempts") + 1, last_error="", next_attempt_at=None
-        )
+        OutboxEvent.objects.filter(pk__in=published).update(published_at=moment, attempts=F("attempts") + 1, last_error="", next_attempt_at=None)
         metrics.OUTBOX_EVENTS_RELAYED.inc(len(published))
         return len(batch), len(published)
 
@@ -159,9 +156,7 @@ def outbox_relay_run(
 def relay_due_settle() -> bool:
     """The tenant's relay due-work rows say when it next has work, or go.
     Locks: the tenant's relay due-work lock, EXCLUSIVE, tried (tenants.duework)."""
-    return due_work_settle(
-        kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=lambda: relay_work_next_due_at(now=timezone.now())
-    )
+    return due_work_settle(kind=DueWorkKind.RELAY, later_kind=DueWorkKind.RELAY_LATER, next_due=lambda: relay_work_next_due_at(now=timezone.now()))
 
 
 @transaction.atomic

@@ -39,9 +39,7 @@ class Command(TenantCommand):
             started = time.monotonic()
             with schema_context(schema_name):
                 run = reconciliation_run_request(trigger=RunTrigger.COMMAND, requested_by="manage.py reconcile")
-                run = reconciliation_run_execute(
-                    run_id=run.pk, checks=checks, chunk_size=options["chunk_size"], progress=self._progress(schema_name)
-                )
+                run = reconciliation_run_execute(run_id=run.pk, checks=checks, chunk_size=options["chunk_size"], progress=self._progress(schema_name))
                 seconds = time.monotonic() - started
                 if run.findings_count:
                     with_findings += 1
