@@ -3,8 +3,6 @@ from django.apps import AppConfig
 
 class ReconciliationConfig(AppConfig):
     name = "reconciliation"
-    label = "reconciliation"
-    verbose_name = "Reconciliation"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:

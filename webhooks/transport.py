@@ -23,7 +23,6 @@ from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import ClosedPoolError, HTTPError, ReadTimeoutError
 from urllib3.response import HTTPResponse
 from urllib3.util.connection import create_connection
-from urllib3.util.retry import Retry
 
 from webhooks.targets import Target, target_address_check
 
@@ -32,7 +31,6 @@ READ_TIMEOUT_SECONDS = 10.0
 MAX_RESPONSE_BYTES = 4096  # read this much of the answer, at most; keep an excerpt
 UNFRAMED_IDLE_SECONDS = 1.0  # an answer with no length: how long a silence ends it
 KEPT_TARGETS = 256  # target URLs with kept connections; the least recently used beyond are closed
-_ONCE = Retry(total=False, redirect=False)  # no retry, no redirect followed (a 3xx is the answer)
 
 # What a failed POST raises: the socket, TLS or HTTP error (unwrapped from urllib3's), or a urllib3 error that wraps none.
 SEND_ERRORS = (OSError, http.client.HTTPException, HTTPError)
@@ -178,7 +176,7 @@ class WebhookConnections(PoolManager):
                 pool = self.connection_from_host(target.host, target.port, target.scheme, pool_kwargs={"target": target})
                 try:
                     response = pool.urlopen(
-                        "POST", target.path, body=body, headers=headers, retries=_ONCE, redirect=False, timeout=timeout,
+                        "POST", target.path, body=body, headers=headers, retries=False, redirect=False, timeout=timeout,  # a 3xx is the answer
                         preload_content=False, decode_content=False,
                     )
                     break

@@ -88,14 +88,14 @@ def _process_concurrency() -> int:
 
 
 class _Senders:
-    """The process's one thread pool for sends (made on first use) and its slots, shared by
-    every dispatch: a dispatch claims only as many deliveries as it took slots, so a leased
-    delivery never waits for a thread."""
+    """The process's one thread pool for sends (its threads start on first use) and its slots,
+    shared by every dispatch: a dispatch claims only as many deliveries as it took slots, so a
+    leased delivery never waits for a thread."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._used = 0
-        self._executor: ThreadPoolExecutor | None = None
+        self._executor = ThreadPoolExecutor(max_workers=_process_concurrency(), thread_name_prefix="webhook-send")
 
     def take(self, wanted: int) -> int:
         with self._lock:
@@ -108,11 +108,7 @@ class _Senders:
             self._used -= count
 
     def submit(self, claim: _Claim, connections: WebhookConnections) -> Future[_Outcome]:
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=_process_concurrency(), thread_name_prefix="webhook-send")
-            executor = self._executor
-        return executor.submit(_sent_safely, claim, connections)
+        return self._executor.submit(_sent_safely, claim, connections)
 
 
 _SENDERS = _Senders()
@@ -298,12 +294,9 @@ def _sent_safely(claim: _Claim, connections: WebhookConnections) -> _Outcome:
 def webhook_deliveries_dispatch(
     *, now: datetime | None = None, time_budget_seconds: float | None = None, publish: Callable[[], object] | None = None
 ) -> int:
-    """Send due deliveries of this tenant until none is due (or the budget is spent: then
-    claim no more, and record what is in flight); return the attempts made. `now` (tests)
-    says which retries are due. `publish` (the relay's) is called between claims.
-
-    Locks: see `_round`; none across an HTTP call.
-    """
+    """Send this tenant's due deliveries until none is due or the budget is spent (then claim
+    no more, and record what is in flight); return the attempts made. `now` (tests) says which
+    are due; `publish` (the relay's) is called between claims. Locks: `_round`'s; none across an HTTP call."""
     budget = float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS) if time_budget_seconds is None else time_budget_seconds
     deadline = time.monotonic() + budget
     # Kept connections, shared by the sending threads: up to one per request in flight to a target.
@@ -473,11 +466,9 @@ def _failure_record(outcome: _Outcome) -> tuple[str, bool]:
 
 @transaction.atomic
 def webhook_delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
-    """Send a delivery again: pending, due now, with a fresh 3-day retry window (its
-    endpoint must be enabled). One being sent right now goes again too (lease dropped).
-
-    Locks: the endpoint's row, then the delivery's (`webhook_endpoint_then_delivery_lock`,
-    the order a re-enable takes them). The relay is kicked after commit."""
+    """Send a delivery again: pending, due now, with a fresh retry window if needed (its endpoint
+    must be enabled); one being sent right now goes again too. The relay is kicked after commit.
+    Locks: the endpoint's row, then the delivery's (`webhook_endpoint_then_delivery_lock`)."""
     locked = webhook_endpoint_then_delivery_lock(delivery_id=delivery.pk)
     if locked.endpoint.status != WebhookEndpointStatus.ENABLED:
         raise WebhookDeliveryNotRedeliverable("the webhook endpoint is disabled; enable it first", param="delivery")

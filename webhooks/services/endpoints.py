@@ -49,9 +49,7 @@ def _events_check(events: list[str]) -> list[str]:
 
 @transaction.atomic
 def webhook_endpoint_create(*, merchant: Merchant, url: str, enabled_events: list[str], description: str = "") -> tuple[WebhookEndpoint, str]:
-    """Register an endpoint. Returns it and its signing secret (shown to the merchant once;
-    stored sealed, webhooks.secrets).
-
+    """Register an endpoint; return it and its signing secret (shown once, stored sealed).
     Locks: the merchant's row, so two registrations cannot both pass the limit."""
     merchant_lock(merchant_id=merchant.pk)
     if WebhookEndpoint.objects.filter(merchant=merchant).count() >= MAX_ENDPOINTS_PER_MERCHANT:
@@ -130,7 +128,6 @@ def _waiting_deliveries_resume(*, endpoint: WebhookEndpoint, now: datetime) -> N
 @transaction.atomic
 def webhook_endpoint_secret_rotate(*, endpoint: WebhookEndpoint, overlap: timedelta = timedelta(hours=24)) -> tuple[WebhookEndpoint, str]:
     """A new signing secret now; the current one keeps signing for `overlap` (at most 7 days).
-
     Locks: the endpoint's row (webhook_endpoint_lock)."""
     if overlap < timedelta(0) or overlap > MAX_SECRET_OVERLAP:
         raise WebhookEndpointInvalid("overlap must be between 0 and 7 days", param="overlap_seconds")
@@ -144,8 +141,7 @@ def webhook_endpoint_secret_rotate(*, endpoint: WebhookEndpoint, overlap: timede
 
 
 def webhook_endpoint_signing_secrets(*, endpoint: WebhookEndpoint, now: datetime | None = None) -> list[str]:
-    """The secrets a delivery is signed with right now: the current one, plus the previous
-    one inside its overlap window."""
+    """The secrets a delivery is signed with now: the current one, and the previous inside its overlap."""
     now = now or timezone.now()
     stored = webhook_endpoint_secrets(endpoint=endpoint)
     secrets = [stored.current]
@@ -156,9 +152,7 @@ def webhook_endpoint_signing_secrets(*, endpoint: WebhookEndpoint, now: datetime
 
 @transaction.atomic
 def webhook_endpoint_concurrency_set(*, endpoint: WebhookEndpoint, max_concurrency: int | None) -> WebhookEndpoint:
-    """How many deliveries may be in flight to the endpoint at once, across every worker
-    (None: TALLY_WEBHOOK_ENDPOINT_CONCURRENCY). The next claim reads it.
-
+    """The endpoint's cap on deliveries in flight across every worker (None: the default); the next claim reads it.
     Locks: the endpoint's row (webhook_endpoint_lock)."""
     if max_concurrency is not None and not 1 <= max_concurrency <= MAX_ENDPOINT_CONCURRENCY:
         raise WebhookEndpointInvalid(f"max_concurrency must be between 1 and {MAX_ENDPOINT_CONCURRENCY}", param="max_concurrency")

@@ -40,12 +40,9 @@ def _merchant_of(event: OutboxEvent) -> str | None:
 
 
 def outbox_batch_publish(*, batch_size: int = RELAY_BATCH_SIZE, now: datetime | None = None) -> tuple[int, int]:
-    """Claim and publish one batch; return (claimed, published). The batch's deliveries go
-    in one INSERT; if it fails, each event tries again under its own savepoint, so one that
-    fails is recorded without holding back the others.
-
-    Locks: the batch's outbox rows (`outbox_events_claim`, FOR UPDATE SKIP LOCKED), for this
-    one transaction."""
+    """Claim and publish one batch; return (claimed, published). Its deliveries go in one INSERT;
+    if that fails, each event tries again under its own savepoint (one failing holds back none).
+    Locks: the batch's outbox rows (`outbox_events_claim`, SKIP LOCKED), for this one transaction."""
     with transaction.atomic():
         moment = now or timezone.now()
         batch = list(outbox_events_claim(now=moment, limit=batch_size))
