@@ -147,9 +147,7 @@ def _describe(exc: BaseException) -> tuple[int, str, str, str, str | None, dict[
         param, message, code = _first_validation_error(exc.detail)
         return 400, "invalid_request_error", code, message, param, headers
     if isinstance(exc, drf.APIException):
-        error_type, code = next(
-            (v for k, v in _DRF_CODES.items() if isinstance(exc, k)), ("invalid_request_error", str(exc.default_code))
-        )
+        error_type, code = next((v for k, v in _DRF_CODES.items() if isinstance(exc, k)), ("invalid_request_error", str(exc.default_code)))
         detail = exc.detail
         message = str(detail) if not isinstance(detail, Mapping | list) else str(exc.default_detail)
         if isinstance(exc, drf.Throttled):

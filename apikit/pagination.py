@@ -111,9 +111,5 @@ def list_serializer(item: type[serializers.Serializer[Any]], name: str) -> type[
     return type(
         name,
         (serializers.Serializer,),
-        {
-            "object": serializers.CharField(default="list"),
-            "data": item(many=True),
-            "next_cursor": serializers.CharField(allow_null=True),
-        },
+        {"object": serializers.CharField(default="list"), "data": item(many=True), "next_cursor": serializers.CharField(allow_null=True)},
     )
