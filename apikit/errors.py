@@ -1,8 +1,6 @@
-"""The one place that turns a failure into the SPEC 5 error envelope,
-`{"error": {"type", "code", "message", "param", "request_id"}}`, and that decides the HTTP
-status of a domain error (`http_status_of`): domain errors carry a code and no HTTP.
-Every face's view routes exceptions here (REST_FRAMEWORK["EXCEPTION_HANDLER"]); the Django
-error handlers answer the same envelope for /v1/ paths that never reach a view."""
+"""The one place that turns a failure into the SPEC 5 error envelope and decides the HTTP
+status of a domain error (`http_status_of`). Every face's view routes exceptions here; the
+Django error handlers answer the same envelope for /v1/ paths that never reach a view."""
 
 from __future__ import annotations
 

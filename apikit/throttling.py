@@ -1,9 +1,7 @@
-"""Per-key and per-tenant rate limits in Redis (SPEC 5: 429 with Retry-After): fixed
-windows, all counted in one Redis script call per request, which also carries the replay
-cache's GET of a keyed POST and the GET of the key epoch for a key from the per-process
-cache. Rates: REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], or per tenant
-`Tenant.extra_settings["throttle_rates"]`. Redis down: fail open for a few seconds (a rate
-limit protects capacity, not money)."""
+"""Per-key and per-tenant rate limits in Redis (SPEC 5: 429 with Retry-After), fixed windows
+counted in one script call per request (fastpath.counters). Rates: DEFAULT_THROTTLE_RATES, or
+per tenant `Tenant.extra_settings["throttle_rates"]`. Redis down: fail open for a few seconds
+(a rate limit protects capacity, not money)."""
 
 from __future__ import annotations
 

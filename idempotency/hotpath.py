@@ -1,8 +1,6 @@
-"""The idempotency engine's door to fastpath/: the two statements of every keyed request,
-the claim and the completion, go as server-side prepared statements (fastpath.prepared),
-and completed answers are cached in Redis for replays (fastpath.replaycache) under this
-process's sealing ring: an entry may hold a sealed body, so a process whose ring differs
-(a key added or removed) reads entries of its own ring only."""
+"""The idempotency engine's door to fastpath/: the claim and the completion of every keyed
+request go prepared, and completed answers are cached in Redis under this process's sealing
+ring: an entry may hold a sealed body, so a process reads entries of its own ring only."""
 
 from __future__ import annotations
 
