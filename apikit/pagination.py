@@ -68,7 +68,6 @@ class CursorPagination(BasePagination):
     next_cursor: str | None = None
 
     def paginate_queryset(self, queryset: QuerySet[Any] | Sequence[Any], request: Request, view: APIView | None = None) -> list[Any]:
-        """One page of `queryset` (any model with `created`), newest first."""
         assert isinstance(queryset, QuerySet)
         params: dict[str, Any] = view.params  # type: ignore[union-attr]
         limit = min(int(params.get("limit") or self.page_size), self.max_page_size)

@@ -198,7 +198,6 @@ def record_complete(*, ctx: IdempotencyContext, call: IdempotentCall, response: 
 
 
 def record_minted_set(ctx: IdempotencyContext) -> None:
-    """Store the claim's minted ids with it, in the claim's open transaction."""
     _in_flight(ctx.record_id or 0, ctx.fence).update(minted=ctx.minted)
 
 

@@ -133,7 +133,6 @@ def _check_existing(*, call: IdempotentCall, snapshot: RecordSnapshot, policy: I
 
 
 def _retry_after(snapshot: RecordSnapshot | None) -> int:
-    """Seconds until an in-flight holder's lease runs out; 1 when there is no such lease."""
     if snapshot is None or snapshot.state != RecordState.IN_FLIGHT or snapshot.lease_expires_at is None:
         return 1
     return max(1, int((snapshot.lease_expires_at - snapshot.now).total_seconds() + 0.999))

@@ -61,7 +61,6 @@ def claim_insert(
 def completion_store(
     *, record_id: int, fence: int, status: int, headers: dict[str, str], body: bytes, minted: dict[str, str], request_id: str
 ) -> bool:
-    """Store the answer if the record is still in flight under `fence`; False if the fence moved."""
     stored = COMPLETION.update(
         record_id=record_id, fence=fence, status=status, headers=json.dumps(headers, sort_keys=True), body=body,
         minted=json.dumps(minted, sort_keys=True), request_id=request_id,
