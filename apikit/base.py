@@ -37,9 +37,7 @@ class StrictSerializer(Serializer):
         if isinstance(data, Mapping):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise serializers.ValidationError(
-                    {str(unknown[0])[:64]: [serializers.ErrorDetail("unknown parameter", code="parameter_unknown")]}
-                )
+                raise serializers.ValidationError({str(unknown[0])[:64]: [serializers.ErrorDetail("unknown parameter", code="parameter_unknown")]})
             for name, field in self.fields.items():
                 value = data.get(name)
                 if isinstance(field, serializers.CharField) and name in data and value is not None and not isinstance(value, str):

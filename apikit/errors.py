@@ -1,8 +1,6 @@
-"""The one place that turns a failure into the SPEC 5 error envelope,
-`{"error": {"type", "code", "message", "param", "request_id"}}`, and that decides the HTTP
-status of a domain error (`http_status_of`): domain errors carry a code and no HTTP.
-Every face's view routes exceptions here (REST_FRAMEWORK["EXCEPTION_HANDLER"]); the Django
-error handlers answer the same envelope for /v1/ paths that never reach a view."""
+"""The one place that turns a failure into the SPEC 5 error envelope and decides the HTTP
+status of a domain error (`http_status_of`). Every face's view routes exceptions here; the
+Django error handlers answer the same envelope for /v1/ paths that never reach a view."""
 
 from __future__ import annotations
 
@@ -147,9 +145,7 @@ def _describe(exc: BaseException) -> tuple[int, str, str, str, str | None, dict[
         param, message, code = _first_validation_error(exc.detail)
         return 400, "invalid_request_error", code, message, param, headers
     if isinstance(exc, drf.APIException):
-        error_type, code = next(
-            (v for k, v in _DRF_CODES.items() if isinstance(exc, k)), ("invalid_request_error", str(exc.default_code))
-        )
+        error_type, code = next((v for k, v in _DRF_CODES.items() if isinstance(exc, k)), ("invalid_request_error", str(exc.default_code)))
         detail = exc.detail
         message = str(detail) if not isinstance(detail, Mapping | list) else str(exc.default_detail)
         if isinstance(exc, drf.Throttled):

@@ -6,6 +6,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from wallets.errors import AmountInvalid
@@ -17,6 +18,7 @@ ASSET_CODE_RE = re.compile(r"^[A-Z][A-Z0-9_]{1,11}$")
 OBJECT_ID_PATTERN = r"[a-z]{2,4}_[A-Za-z0-9]{1,40}"
 
 
+@extend_schema_field({"type": "integer", "minimum": 1, "maximum": MAX_AMOUNT})
 class AmountField(serializers.Field[int, int, int, Any]):
     """A positive integer in the asset's minor unit (SPEC 2). Floats (even 10.0), numeric
     strings, booleans, zero and negatives are refused: guessing moves the wrong amount."""

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from idempotency import metrics
 from idempotency.canonical import fingerprint_compute, idempotency_key_is_valid
 from idempotency.engine import Executed, IdempotencyContext, IdempotentCall, StoredResponse
-from idempotency.entry import Outcome, idempotency_execute, idempotency_execute_external
+from idempotency.entry import idempotency_execute, idempotency_execute_external
 from idempotency.errors import IdempotencyError, IdempotencyKeyInvalid, IdempotencyKeyMissing
 from idempotency.hotpath import ReplayPrefetch
 from idempotency.sealing import response_body_seal, response_body_unseal
@@ -95,17 +95,16 @@ class IdempotencyMixin(APIView):
         body = bytes(response.content)  # type: ignore[attr-defined]
         if seal:
             body = response_body_seal(body=body, principal_id=self.idempotency.principal_id, key=str(self.idempotency.key))
-        return Executed(response=StoredResponse(status=response.status_code, headers=_storable_headers(response), body=body), value=response)
+        headers = {name: str(value) for name, value in response.items() if name.lower() not in _UNSTORED_HEADERS}
+        return Executed(response=StoredResponse(status=response.status_code, headers=headers, body=body), value=response)
 
     def _idempotent_post(self, handler: Callable[..., HttpResponseBase], request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
             return self._idempotency_dispatch(handler, request, args, kwargs)
-        except (IdempotencyError, Unavailable) as exc:
-            return self.handle_exception(exc)
-        except DatabaseError as exc:
-            if not is_connection_failure(exc):
+        except (IdempotencyError, Unavailable, DatabaseError) as exc:
+            if isinstance(exc, DatabaseError) and not is_connection_failure(exc):
                 raise
-            return self.handle_exception(exc)  # 503, fail closed (apikit/errors.py)
+            return self.handle_exception(exc)  # a lost connection: 503, fail closed (apikit/errors.py)
 
     def _idempotency_dispatch(
         self, handler: Callable[..., HttpResponseBase], request: Request, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -163,14 +162,6 @@ class IdempotencyMixin(APIView):
             value = outcome.value
             assert isinstance(value, HttpResponseBase)
             return value
-        return _replay_response(outcome, call)
-
-
-def _storable_headers(response: HttpResponseBase) -> dict[str, str]:
-    return {name: str(value) for name, value in response.items() if name.lower() not in _UNSTORED_HEADERS}
-
-
-def _replay_response(outcome: Outcome, call: IdempotentCall) -> HttpResponse:
-    body = response_body_unseal(stored=outcome.response.body, principal_id=call.principal_id, key=call.key)
-    headers = {**outcome.response.headers, "Idempotent-Replayed": "true", "Original-Request": outcome.original_request_id}
-    return HttpResponse(content=body, status=outcome.response.status, headers=headers)
+        body = response_body_unseal(stored=outcome.response.body, principal_id=call.principal_id, key=call.key)
+        headers = {**outcome.response.headers, "Idempotent-Replayed": "true", "Original-Request": outcome.original_request_id}
+        return HttpResponse(content=body, status=outcome.response.status, headers=headers)

@@ -68,7 +68,6 @@ class CursorPagination(BasePagination):
     next_cursor: str | None = None
 
     def paginate_queryset(self, queryset: QuerySet[Any] | Sequence[Any], request: Request, view: APIView | None = None) -> list[Any]:
-        """One page of `queryset` (any model with `created`), newest first."""
         assert isinstance(queryset, QuerySet)
         params: dict[str, Any] = view.params  # type: ignore[union-attr]
         limit = min(int(params.get("limit") or self.page_size), self.max_page_size)
@@ -111,9 +110,5 @@ def list_serializer(item: type[serializers.Serializer[Any]], name: str) -> type[
     return type(
         name,
         (serializers.Serializer,),
-        {
-            "object": serializers.CharField(default="list"),
-            "data": item(many=True),
-            "next_cursor": serializers.CharField(allow_null=True),
-        },
+        {"object": serializers.CharField(default="list"), "data": item(many=True), "next_cursor": serializers.CharField(allow_null=True)},
     )

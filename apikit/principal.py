@@ -23,7 +23,6 @@ class Principal:
 
     @property
     def merchant_id(self) -> str | None:
-        """The merchant a merchant or terminal principal acts for."""
         if isinstance(self.obj, Merchant):
             return self.obj.id
         if isinstance(self.obj, Terminal):
@@ -32,7 +31,6 @@ class Principal:
 
     @property
     def store_id(self) -> str | None:
-        """The store a terminal principal is bound to."""
         if isinstance(self.obj, Terminal):
             return str(self.obj.store_id)
         return None

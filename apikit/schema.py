@@ -17,7 +17,6 @@ from apikit.base import StrictSerializer
 from apikit.fields import ASSET_CODE_RE, NON_BLANK_TEXT_PATTERN, TEXT_PATTERN, ConstField
 from idempotency.canonical import KEY_MAX_LENGTH, KEY_PATTERN
 from tenants.models import IdempotencyMode
-from wallets.money import MAX_AMOUNT
 from wallets.selectors import asset_codes_list
 
 
@@ -142,13 +141,6 @@ class ConstFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-unty
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
         return {"type": "string", "enum": [self.target.value]}
-
-
-class AmountFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]
-    target_class = "apikit.fields.AmountField"
-
-    def map_serializer_field(self, auto_schema: Any, direction: str) -> dict[str, Any]:
-        return {"type": "integer", "minimum": 1, "maximum": MAX_AMOUNT}
 
 
 class TextFieldSchema(OpenApiSerializerFieldExtension):  # type: ignore[no-untyped-call]

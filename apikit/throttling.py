@@ -1,9 +1,7 @@
-"""Per-key and per-tenant rate limits in Redis (SPEC 5: 429 with Retry-After): fixed
-windows, all counted in one Redis script call per request, which also carries the replay
-cache's GET of a keyed POST and the GET of the key epoch for a key from the per-process
-cache. Rates: REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], or per tenant
-`Tenant.extra_settings["throttle_rates"]`. Redis down: fail open for a few seconds (a rate
-limit protects capacity, not money)."""
+"""Per-key and per-tenant rate limits in Redis (SPEC 5: 429 with Retry-After), fixed windows
+counted in one script call per request (fastpath.counters). Rates: DEFAULT_THROTTLE_RATES, or
+per tenant `Tenant.extra_settings["throttle_rates"]`. Redis down: fail open for a few seconds
+(a rate limit protects capacity, not money)."""
 
 from __future__ import annotations
 
@@ -62,35 +60,27 @@ class KeyAndTenantThrottle(BaseThrottle):
         schema = getattr(connection, "schema_name", "public")
         principal = request.user
         idents = {"api_key": principal.api_key.id if isinstance(principal, Principal) else None, "tenant": "all"}
-        checks: list[tuple[str, int, int, int]] = []  # (key, limit, period, window)
+        limits: list[tuple[str, int, int]] = []
         for scope, ident in idents.items():
             rate = _rate_for(request, scope)
-            if ident is None or rate is None:
-                continue
-            limit, period = rate
-            window = int(now // period)
-            checks.append((f"tally:throttle:{schema}:{scope}:{ident}:{window}", limit, period, window))
+            if ident is not None and rate is not None:
+                limits.append((f"tally:throttle:{schema}:{scope}:{ident}", *rate))
         cache_hit = getattr(request._request, "api_key_cache_hit", None)
         epoch_key = cache_hit.epoch_redis_key if isinstance(cache_hit, ApiKeyCacheHit) else None
-        if not checks and epoch_key is None:
+        if not limits and epoch_key is None:
             return True
         prefetch = _replay_prefetch_target(request, view)
-        get_keys = [key for key in (epoch_key, prefetch and prefetch[2]) if key]
-        answer = _windows_count([(key, period) for key, _, period, _ in checks], now_seconds=now, get_keys=get_keys)
+        answer = _windows_count(limits, now=now, get_keys=[key for key in (epoch_key, prefetch and prefetch[2]) if key])
         if answer is None:
             return True
-        counts, got = answer
+        self._wait, got = answer
         if epoch_key is not None:  # for apikit.auth.api_key_cache_confirm
             request._request.api_key_epoch_now = got.pop(0)  # type: ignore[attr-defined]
         if prefetch is not None:  # for the idempotency layer's first look
             request._request.idempotency_replay_prefetch = ReplayPrefetch(  # type: ignore[attr-defined]
                 principal_id=prefetch[0], key=prefetch[1], entry=replay_cache_entry_decode(got.pop(0))
             )
-        waits = [(window + 1) * period - now for (_, limit, period, window), count in zip(checks, counts, strict=True) if count > limit]
-        if waits:
-            self._wait = max(waits)
-            return False
-        return True
+        return self._wait is None
 
     def wait(self) -> float | None:
         return self._wait
@@ -110,17 +100,22 @@ def _replay_prefetch_target(request: Request, view: Any) -> tuple[str, str, str]
 
 
 def _windows_count(
-    windows: list[tuple[str, int]], *, now_seconds: float, get_keys: list[str] | None = None
-) -> tuple[list[int], list[bytes | None]] | None:
-    """The counts of the (key, period) windows, INCR'd, and the values at `get_keys`, in ONE
-    round trip (fastpath.counters); None when Redis is down (fail open, and stop trying for
-    a few seconds)."""
+    limits: list[tuple[str, int, int]], *, now: float, get_keys: list[str] | None = None
+) -> tuple[float | None, list[bytes | None]] | None:
+    """Count a hit in the current window of each (key, limit, period) and GET `get_keys`, in
+    ONE round trip (fastpath.counters): the longest wait of a window over its limit (None if
+    none is), and the values got. None when Redis is down (fail open, and stop trying for a
+    few seconds)."""
     global _redis_down_until
+    windows = [(f"{key}:{int(now // period)}", period) for key, _, period in limits]
     answer = windows_count(windows, get_keys=get_keys or [])
     if answer is None:
-        _redis_down_until = now_seconds + REDIS_BACKOFF_SECONDS
+        _redis_down_until = now + REDIS_BACKOFF_SECONDS
         logger.warning("throttle store unavailable: failing open")
-    return answer
+        return None
+    counts, got = answer
+    waits = [(int(now // period) + 1) * period - now for (_, limit, period), count in zip(limits, counts, strict=True) if count > limit]
+    return (max(waits) if waits else None), got
 
 
 def api_key_epoch_now(request: Request) -> bytes | None:
@@ -151,13 +146,7 @@ def auth_failure_wait_seconds(request: Request, *, key_prefix: str) -> float | N
     now = time.time()
     if rate is None or now < _redis_down_until:
         return None
-    limit, period = rate
-    window = int(now // period)
     schema = getattr(connection, "schema_name", "public")  # one tenant's failures never throttle another's
     idents = (f"{schema}:ip:{client_address(request)}", f"{schema}:prefix:{key_prefix}")
-    answer = _windows_count([(f"tally:throttle:auth_failure:{ident}:{window}", period) for ident in idents], now_seconds=now)
-    if answer is None:
-        return None
-    if max(answer[0]) > limit:
-        return (window + 1) * period - now
-    return None
+    answer = _windows_count([(f"tally:throttle:auth_failure:{ident}", *rate) for ident in idents], now=now)
+    return None if answer is None else answer[0]

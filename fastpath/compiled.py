@@ -1,12 +1,10 @@
-"""Compiled statements: the ORM's own SQL for a hot statement, compiled once per shape.
+"""Compiled statements: a hot QuerySet built once with `Param` placeholders and compiled by
+Django on first use; later executions reuse that SQL through the same machinery
+(`ModelIterable`, `SQLUpdateCompiler.execute_sql`). Django compiled it on every execution,
+which cost more Python than the rest of a payment (docs/BENCHMARKS.md).
 
-Django compiles a QuerySet to SQL on every execution, which cost more Python than the
-rest of a payment (docs/BENCHMARKS.md). A compiled statement is a QuerySet built once
-with `Param` placeholders, compiled by Django on first use; later executions reuse that
-SQL through the same machinery (`ModelIterable`, `SQLUpdateCompiler.execute_sql`).
-
-The cache holds SQL text per database alias, never per tenant: the tables are
-unqualified, resolved by the connection's search_path. A `Param` skips the field's
+The SQL is cached per database alias, never per tenant: the tables are unqualified,
+resolved by the connection's search_path. A `Param` skips the field's
 `get_db_prep_value`, so callers bind values that need no conversion (ids, codes, ints).
 """
 
@@ -65,8 +63,6 @@ class Param(Expression):
 
 
 class _Compiled:
-    """One alias's compiled form: a prepared compiler, the SQL and the parameter template."""
-
     def __init__(self, compiler: SQLCompiler, sql: str, params: tuple[Any, ...]) -> None:
         self.compiler = compiler
         self.sql = sql
@@ -80,8 +76,7 @@ class _Compiled:
         return tuple(params)
 
     def compiler_for(self, alias: str, values: Mapping[str, Any]) -> SQLCompiler:
-        """A copy of the prepared compiler that answers `as_sql` with the cached SQL, on this
-        thread's connection (Django's connections are per thread)."""
+        """A copy answering `as_sql` with the cached SQL, on this thread's connection."""
         compiler = copy.copy(self.compiler)
         compiler.connection = connections[alias]
         sql, params = self.sql, self.bind(values)
@@ -104,11 +99,9 @@ class _BoundQuery:
 
 
 class CompiledQuery(Generic[M]):
-    """A QuerySet compiled once per database alias and run many times with new values:
-    `select(**values)` as `list(queryset)`, `update(**values)` as
-    `queryset.update(**update)` (the mapping given at construction). With `prepared`, its
-    SQL goes as a server-side prepared statement (fastpath.prepared).
-    """
+    """A QuerySet compiled once per database alias: `select(**values)` runs it as
+    `list(queryset)`, `update(**values)` as `queryset.update(**update)`. With `prepared`, its
+    SQL goes as a server-side prepared statement (fastpath.prepared)."""
 
     def __init__(self, queryset: QuerySet[M], *, update: Mapping[str, Any] | None = None, prepared: bool = False) -> None:
         self._queryset = queryset
@@ -198,13 +191,10 @@ class CompiledShapes(Generic[M]):
 
 
 class CompiledInsert(Generic[M]):
-    """The INSERT of instances of one model, compiled by Django's SQLInsertCompiler once
-    per alias and row count (VALUES up to VALUES_ROWS_MAX rows, else UNNEST). Values are
-    prepared as `save(force_insert=True)` / `bulk_create` prepare them. An auto primary
-    key is not read back (append-only rows). While a pre_save or post_save receiver
-    listens for the model, it falls back to `save()` / `bulk_create`, so no signal is
-    skipped.
-    """
+    """The INSERT of instances of one model, compiled by Django's SQLInsertCompiler once per
+    alias and row count, its values prepared as `bulk_create` prepares them. An auto primary
+    key is not read back (append-only rows). While a pre_save or post_save receiver listens
+    for the model, it falls back to `save()` / `bulk_create`, so no signal is skipped."""
 
     def __init__(self, model: type[M]) -> None:
         self._model = model
@@ -215,8 +205,7 @@ class CompiledInsert(Generic[M]):
         self._lock = threading.Lock()
 
     def _compile(self, alias: str, objs: Sequence[M]) -> tuple[str, bool] | None:
-        """(SQL, whether it takes one array per column), or None when Django's form does not
-        fit either."""
+        """(SQL, whether it takes one array per column), or None when Django's form fits neither."""
         key = (alias, len(objs))
         compiled = self._sql.get(key)
         if compiled is None:
@@ -250,8 +239,7 @@ class CompiledInsert(Generic[M]):
         return str(router.db_for_write(self._model))
 
     def _statement(self, alias: str, objs: Sequence[M]) -> tuple[str, list[Any]] | None:
-        """The compiled INSERT of `objs` and its values, or None when it must go through
-        `save()` / `bulk_create` (a signal receiver listens, or Django's form does not fit)."""
+        """The compiled INSERT of `objs` and its values, or None to go through `save()` / `bulk_create`."""
         if not self._auto_pk and any(obj.pk is None for obj in objs):
             raise ValueError("a compiled insert of this model needs the primary key set in Python")
         if pre_save.has_listeners(self._model) or post_save.has_listeners(self._model):
@@ -280,11 +268,9 @@ class CompiledInsert(Generic[M]):
 
 class InsertBatch:
     """Compiled inserts sent in order as one statement string, one round trip (a payment's
-    savepoint and four inserts went as five); `add` prepares values at once. With
-    server-side binding, or an insert that must go through `save()`, statements go one by
-    one. A failed `execute` marks the transaction for rollback, as a failed insert does;
-    `execute_in_savepoint` rolls back to its savepoint instead. One database per batch.
-    """
+    savepoint and four inserts went as five); one by one with server-side binding, or around
+    an insert that goes through `save()`. A failed `execute` marks the transaction for
+    rollback, as a failed insert does; `execute_in_savepoint` rolls back to its savepoint."""
 
     def __init__(self) -> None:
         self._alias: str | None = None
@@ -306,8 +292,7 @@ class InsertBatch:
 
     def execute_in_savepoint(self) -> str:
         """`execute` after a savepoint opened in the same round trip; returns its id, as
-        `transaction.savepoint()` would. A failure rolls back to it before raising.
-        Locks: none (new rows)."""
+        `transaction.savepoint()` would. Locks: none (new rows)."""
         sid = self._send(savepoint=True)
         assert sid is not None
         return sid

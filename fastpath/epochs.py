@@ -1,12 +1,10 @@
-"""Epochs: one opaque Redis value per key that changes after every committed write that
-must end trust in what other processes cached under the old value, and the per-process
-cache that stands on them (`EpochCache`, the API key cache's).
-
-A cache records with each entry the epoch it read BEFORE its database read, and trusts
-the entry only while the epoch is unchanged; a write commits, then bumps. A missing key
-is created with a random 62-bit value, never 0, so a restarted counter cannot come back
-to a value an old entry recorded (ABA). Redis down: reads answer None (trust nothing)
-and back off for READ_BACKOFF_SECONDS; a failed bump answers False.
+"""Epochs: one opaque Redis value per key, changed after every committed write that must
+end trust in what other processes cached under the old value, and the per-process cache
+that stands on them (`EpochCache`, the API key cache's). An entry records the epoch read
+BEFORE its database read and is trusted only while it is unchanged; a write commits, then
+bumps. A missing key starts at a random 62-bit value, so a restarted counter cannot come
+back to a value an old entry recorded (ABA). Redis down: reads answer None (trust nothing)
+and back off for READ_BACKOFF_SECONDS.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ _read_down_until = 0.0
 
 
 def _pipeline(key: str) -> Any:
-    """A pipeline that first creates `key`, if missing, with a random 62-bit value."""
     pipe = fast_redis().pipeline(transaction=False)
     pipe.set(key, 1 + secrets.randbits(62), nx=True)
     return pipe
@@ -53,8 +50,7 @@ def epoch_read(*, key: str) -> bytes | None:
 
 
 def epoch_bump(*, key: str) -> bool:
-    """Change the epoch under `key` (call after the write has committed); False when Redis
-    cannot take it."""
+    """Change the epoch under `key`, after the write committed; False when Redis cannot take it."""
     try:
         pipe = _pipeline(key)
         pipe.incr(key)
@@ -87,7 +83,7 @@ class EpochCache(Generic[K, V]):
         self._generation = 0
 
     def clear(self) -> None:
-        """Forget every entry in this process (and keep no read in flight)."""
+        """Forget every entry in this process, and keep no read in flight."""
         self._generation += 1
         self._entries.clear()
 

@@ -5,7 +5,7 @@ turned a refused port into 3.9 s). One client per process and `REDIS_URL`."""
 
 from __future__ import annotations
 
-import threading
+import functools
 
 import redis
 from django.conf import settings
@@ -14,21 +14,11 @@ from redis.retry import Retry
 
 TIMEOUT_SECONDS = 0.25
 
-_lock = threading.Lock()
-_client: tuple[str, redis.Redis] | None = None
+
+@functools.lru_cache(maxsize=1)
+def _client_for(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=TIMEOUT_SECONDS, socket_timeout=TIMEOUT_SECONDS, retry=Retry(NoBackoff(), 0))
 
 
 def fast_redis() -> redis.Redis:
-    global _client
-    url = str(settings.REDIS_URL)
-    current = _client
-    if current is None or current[0] != url:
-        with _lock:
-            current = _client
-            if current is None or current[0] != url:
-                client = redis.Redis.from_url(
-                    url, socket_connect_timeout=TIMEOUT_SECONDS, socket_timeout=TIMEOUT_SECONDS, retry=Retry(NoBackoff(), 0)
-                )
-                current = (url, client)
-                _client = current
-    return current[1]
+    return _client_for(str(settings.REDIS_URL))

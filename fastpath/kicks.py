@@ -1,20 +1,7 @@
-"""Coalesced kicks: at most one pending kick of a worker per name, and its runs at most
-every `interval_ms`, decided in Redis by one Lua script a step (one round trip, Redis's
-clock).
-
-A kick is a Celery publish (~1 ms of Python), mostly redundant under load. So a kick
-first sets a "kick pending" mark for its schema holding a token it sends its task, and
-sends nothing if the mark is there. Only the relay holding that token clears the mark,
-when it starts and BEFORE it reads the outbox (`kick_started`): a commit that found the
-mark committed before that relay reads, so no event waits; and a beat relay starting
-cannot let a second kicked relay in. A mark whose publish failed is dropped at once; one
-whose relay never runs expires after `pending_ms`.
-
-Within one transaction, a kick is queued for its commit once (`on_commit_queued`).
-
-A kick sooner than `interval_ms` after the last relay started gets a countdown for the
-rest: a relay run costs ~4 ms of CPU whatever it finds, and a run per commit took that
-from the web workers. The interval adds at most itself to an event's lag.
+"""Coalesced kicks (docs/WEBHOOKS.md, "Kick"): at most one pending kick of a worker per
+name, and its runs at most every `interval_ms`, decided in Redis by one Lua script a step
+(one round trip, Redis's clock). Only the relay holding the pending mark's token clears it,
+when it starts and BEFORE it reads the outbox (`kick_started`), so no committed event waits.
 """
 
 from __future__ import annotations

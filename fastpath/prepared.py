@@ -1,28 +1,24 @@
 """Server-side prepared statements for a few registered hot statements, under Django's
-client-side binding.
-
-Parsing and planning the payment path's wide statements was about 40% of the backend's
-CPU per payment (docs/BENCHMARKS.md), and psycopg's own prepared statements need
-server-side binding, which would split the batch of inserts. So a registered statement
-is sent once per connection as `PREPARE tally_<hash of SQL and parameter types> (...)
-AS <SQL with $1..$n>`, then as `EXECUTE tally_<hash> (<values>)`, bound client-side.
+client-side binding: parsing and planning the payment path's wide statements was about 40%
+of the backend's CPU per payment (docs/BENCHMARKS.md), and psycopg's own prepared
+statements need server-side binding, which would split the batch of inserts. A registered
+statement goes once per connection as `PREPARE tally_<hash of SQL and parameter types>
+(...) AS <SQL with $1..$n>`, then as `EXECUTE tally_<hash> (<values>)`.
 
 Why it is safe:
-- **Tenants.** PostgreSQL parses a prepared statement again whenever the search_path
-  differs at EXECUTE, so it reads the current tenant's schema. It does not when a table
-  appears earlier on an unchanged path: hence unqualified, tenant-only tables.
-- **Transactions.** A PREPARE outlives a rollback (it is session state). Inside a
-  transaction it runs in its own savepoint: if PostgreSQL refuses the statement (class
-  42), it goes unprepared on this connection; any other failure is rolled back to the
-  savepoint and raised, as the statement itself would have failed.
-- **Types.** An int parameter is declared `bigint` (PostgreSQL cannot infer a type in a
-  CASE branch), anything else `unknown`, inferred as for a literal. Another pattern of
-  ints is another statement, so a Decimal is never rounded into a `bigint`.
-- **Connections.** Remembered per psycopg connection. If the server forgets a statement
-  (`DISCARD ALL` behind a pooler) the EXECUTE fails and the connection forgets all it
-  prepared; after a migration changes a type under one (class 42 or 0A000) it is
-  prepared afresh at its next use. Behind a pooler without session affinity, set
-  TALLY_DB_PREPARED_STATEMENTS=false.
+- Tenants: PostgreSQL parses a prepared statement again whenever the search_path differs
+  at EXECUTE, but not when a table appears earlier on an unchanged path: hence
+  unqualified, tenant-only tables.
+- Transactions: a PREPARE outlives a rollback; inside a transaction it runs in its own
+  savepoint. A statement PostgreSQL refuses (class 42) goes unprepared on this connection;
+  any other failure is rolled back to the savepoint and raised.
+- Types: an int parameter is declared `bigint` (no type is inferred in a CASE branch),
+  anything else `unknown`. Another pattern of ints is another statement, so a Decimal is
+  never rounded into a `bigint`.
+- Connections: if the server forgets a statement (`DISCARD ALL` behind a pooler), the
+  EXECUTE fails and the connection forgets all it prepared; after a migration changes a
+  type under one (class 42 or 0A000) it is prepared afresh. Behind a pooler without
+  session affinity, set TALLY_DB_PREPARED_STATEMENTS=false (docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -104,9 +100,8 @@ class PreparingCursor(_DjangoCursor):
             raise
 
     def _prepare(self, key: tuple[str, tuple[bool, ...]], *, again: bool) -> str | None:
-        """PREPARE the statement here (after deallocating it when `again`); return its
-        EXECUTE, or None if PostgreSQL refuses it. Other failures are raised, the caller's
-        transaction as it was."""
+        """PREPARE the statement (DEALLOCATE it first when `again`); its EXECUTE, or None if
+        PostgreSQL refuses it. Other failures are raised, the caller's transaction as it was."""
         query, ints = key
         name = prepared_statement_name(query, ints)
         positions = iter(range(1, len(ints) + 1))

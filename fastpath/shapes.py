@@ -66,8 +66,7 @@ _COPY_PLANS: dict[Field[Any, Any, Any, Any], tuple[str, ...] | None] = {}
 def _copy_plan(field: Field[Any, Any, Any, Any]) -> tuple[str, ...] | None:
     plan = (
         tuple(
-            name for name, value in vars(field).items()
-            if name not in _NOT_COPIED and name != "_validators" and isinstance(value, dict | list | set)
+            name for name, value in vars(field).items() if name not in _NOT_COPIED and name != "_validators" and isinstance(value, dict | list | set)
         )
         if field_copies_shallowly(field)
         else None

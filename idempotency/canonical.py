@@ -66,10 +66,7 @@ def _canonical(value: Any, out: list[str]) -> None:
     if isinstance(value, dict):
         out.append("{")
         for index, key in enumerate(sorted(value)):
-            if index:
-                out.append(",")
-            out.append(json.dumps(key, ensure_ascii=False))
-            out.append(":")
+            out.append(("," if index else "") + json.dumps(key, ensure_ascii=False) + ":")
             _canonical(value[key], out)
         out.append("}")
     elif isinstance(value, list):
@@ -79,14 +76,10 @@ def _canonical(value: Any, out: list[str]) -> None:
                 out.append(",")
             _canonical(item, out)
         out.append("]")
-    elif isinstance(value, bool) or value is None:
-        out.append(json.dumps(value))
-    elif isinstance(value, Decimal):
-        out.append(canonical_number(value))
-    elif isinstance(value, int):
-        out.append(canonical_number(Decimal(value)))
-    elif isinstance(value, str):
+    elif isinstance(value, str | bool) or value is None:
         out.append(json.dumps(value, ensure_ascii=False))
+    elif isinstance(value, int | Decimal):
+        out.append(canonical_number(Decimal(value)))
     else:
         raise TypeError(f"not a JSON value: {type(value).__name__} (parse JSON numbers as Decimal, never float)")
 
@@ -98,17 +91,11 @@ def canonical_json(value: Any) -> str:
     return "".join(out)
 
 
-def json_loads_exact(text: str | bytes) -> Any:
-    """Parse JSON keeping every number exact (Decimal), refusing NaN and Infinity."""
-    return json.loads(text, parse_float=Decimal, parse_int=Decimal, parse_constant=_reject_constant)
-
-
 def canonical_body(body: bytes) -> bytes:
     if not body.strip():
         return b""
-    try:
-        parsed = json_loads_exact(body)
-        text = canonical_json(parsed)
+    try:  # every number kept exact (Decimal); NaN and Infinity refused
+        text = canonical_json(json.loads(body, parse_float=Decimal, parse_int=Decimal, parse_constant=_reject_constant))
     except (ValueError, TypeError, RecursionError):
         return b"raw:" + body
     return b"json:" + text.encode("utf-8", "surrogatepass")

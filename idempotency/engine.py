@@ -1,8 +1,7 @@
 """The idempotency engine (SPEC 6; docs/ARCHITECTURE.md): one record per (principal, key),
 claimed, completed, released or failed, and taken over when its lease runs out; every
 transition is a compare-and-set on the record's fence, so a holder whose lease was taken
-over changes nothing. Call inside the tenant's schema. The ways in (one transaction,
-claim-call-complete, and the plain API for tasks) are in `entry`.
+over changes nothing. Call inside the tenant's schema; the ways in are in `entry`.
 """
 
 from __future__ import annotations
@@ -40,8 +39,6 @@ class StoredResponse:
 
 @dataclass(frozen=True)
 class IdempotentCall:
-    """Who asks for what: the scope (principal, key) and the request's fingerprint."""
-
     principal_id: str
     key: str
     fingerprint: str
@@ -74,10 +71,8 @@ class IdempotencyContext:
 
 @dataclass(frozen=True)
 class Executed:
-    """What an executor returns: the response to store and, for the caller, any object."""
-
     response: StoredResponse
-    value: Any = None
+    value: Any = None  # for the executor's caller
 
 
 class Disposition(Enum):
@@ -107,7 +102,6 @@ def _ms(seconds: float) -> str:
 
 
 def _lock_timeout_set(seconds: float) -> None:
-    """This transaction's lock_timeout (PostgreSQL has no ORM for it)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, true)", [_ms(seconds)])
 
@@ -125,7 +119,6 @@ def _in_flight(record_id: int, fence: int) -> QuerySet[IdempotencyRecord]:
 
 @contextmanager
 def _lock_wait_bounded() -> Iterator[None]:
-    """A row lock waited on past the transaction's lock_timeout raises LockWaitTimedOut."""
     try:
         yield
     except DatabaseError as exc:
@@ -194,8 +187,7 @@ def record_take_over(
 
 
 def record_complete(*, ctx: IdempotencyContext, call: IdempotentCall, response: StoredResponse) -> None:
-    """Fenced completion in the open transaction; takes the record's row lock. Raises
-    StaleFence if the fence moved."""
+    """Fenced completion in the open transaction (StaleFence if the fence moved). Locks: the record row."""
     assert ctx.record_id is not None
     stored = completion_store(
         record_id=ctx.record_id, fence=ctx.fence, status=response.status, headers=response.headers, body=response.body,
@@ -206,7 +198,6 @@ def record_complete(*, ctx: IdempotencyContext, call: IdempotentCall, response: 
 
 
 def record_minted_set(ctx: IdempotencyContext) -> None:
-    """Store the claim's minted ids with it, in the open transaction (the claim's)."""
     _in_flight(ctx.record_id or 0, ctx.fence).update(minted=ctx.minted)
 
 
@@ -291,8 +282,6 @@ def idempotency_lease_takeover(
         metrics.IDEMPOTENCY_LEASE_TAKEOVERS.inc()
     return ctx
 
-
-# --- Retention ----------------------------------------------------------------------------
 
 PURGE_BATCH = 1000
 PURGE_MAX_BATCHES = 1000

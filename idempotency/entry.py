@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -51,6 +52,7 @@ from wallets.transactions import is_connection_failure, run_atomic
 
 POLL_INTERVAL_SECONDS = 0.02
 MAX_ROUNDS = 20  # a round ends early only when the record changed under us; 20 is generous
+_BEST_EFFORT = (DatabaseError, TallyError)  # what a best-effort write after the answer may fail with
 T = TypeVar("T")
 
 
@@ -131,7 +133,6 @@ def _check_existing(*, call: IdempotentCall, snapshot: RecordSnapshot, policy: I
 
 
 def _retry_after(snapshot: RecordSnapshot | None) -> int:
-    """Seconds until an in-flight holder's lease runs out; 1 when there is no such lease."""
     if snapshot is None or snapshot.state != RecordState.IN_FLIGHT or snapshot.lease_expires_at is None:
         return 1
     return max(1, int((snapshot.lease_expires_at - snapshot.now).total_seconds() + 0.999))
@@ -149,16 +150,6 @@ def _in_a_transaction(fn: Callable[[], T], *, operation: str) -> T:
         with transaction.atomic():
             return fn()
     return run_atomic(fn, operation=operation)
-
-
-def _best_effort(fn: Callable[[], object]) -> None:
-    try:
-        fn()
-    except (DatabaseError, TallyError):
-        return
-
-
-# --- Internal effects -------------------------------------------------------------------
 
 
 def idempotency_execute(
@@ -242,12 +233,9 @@ def idempotency_execute(
         return _in_use_or_replay(call=call, policy=policy)
     except (IdempotencyError, Unavailable):
         raise
-    except DatabaseError as exc:
-        if is_connection_failure(exc):
+    except Exception as exc:
+        if isinstance(exc, DatabaseError) and is_connection_failure(exc):
             raise _fail_closed() from exc
-        _record_failed(call=call)
-        raise
-    except Exception:
         _record_failed(call=call)
         raise
     finally:
@@ -299,10 +287,8 @@ def _in_use_or_replay(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Out
 def _record_failed(*, call: IdempotentCall) -> None:
     """Best effort, after the rollback: a failed_retryable record keeps the key bound to its
     fingerprint and shows operators the failure; an existing record is left as it is."""
-    _best_effort(lambda: _in_a_transaction(lambda: record_failed(call=call), operation="idempotency.record_failed"))
-
-
-# --- External effects -------------------------------------------------------------------
+    with suppress(*_BEST_EFFORT):
+        _in_a_transaction(lambda: record_failed(call=call), operation="idempotency.record_failed")
 
 
 @dataclass(frozen=True)
@@ -409,7 +395,8 @@ def idempotency_execute_external(
     assert record_id is not None
 
     def fail() -> None:
-        _best_effort(lambda: idempotency_fail(record_id=record_id, fence=ctx.fence))
+        with suppress(*_BEST_EFFORT):
+            idempotency_fail(record_id=record_id, fence=ctx.fence)
 
     try:
         executed = execute(ctx)
@@ -417,21 +404,20 @@ def idempotency_execute_external(
     except Exception:
         fail()
         raise
-    if ctx.complete_with is not None:
-        if produced is None:
-            return _superseded_answer(call=call, policy=policy)
-        return _executed_outcome(call=call, executed=produced, stored=True)
-    disposition = disposition_for_status(executed.response.status)
-    if disposition is Disposition.DISCARD:
-        undo = None if on_release is None else (lambda: on_release(ctx))
-        _best_effort(lambda: record_release(record_id=record_id, fence=ctx.fence, effect=undo))
-        return _executed_outcome(call=call, executed=executed, stored=False)
-    if disposition is Disposition.FAIL:
-        fail()
-        return _executed_outcome(call=call, executed=executed, stored=False)
-    if idempotency_complete_produced(ctx=ctx, call=call, produce=lambda: executed) is not None:
-        return _executed_outcome(call=call, executed=executed, stored=True)
-    return _superseded_answer(call=call, policy=policy)
+    if ctx.complete_with is None:
+        disposition = disposition_for_status(executed.response.status)
+        if disposition is not Disposition.STORE:
+            if disposition is Disposition.DISCARD:
+                undo = None if on_release is None else (lambda: on_release(ctx))
+                with suppress(*_BEST_EFFORT):
+                    record_release(record_id=record_id, fence=ctx.fence, effect=undo)
+            else:
+                fail()
+            return _executed_outcome(call=call, executed=executed, stored=False)
+        produced = idempotency_complete_produced(ctx=ctx, call=call, produce=lambda: executed)
+    if produced is None:
+        return _superseded_answer(call=call, policy=policy)
+    return _executed_outcome(call=call, executed=produced, stored=True)
 
 
 def _superseded_answer(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Outcome:
@@ -442,9 +428,6 @@ def _superseded_answer(*, call: IdempotentCall, policy: IdempotencyPolicy) -> Ou
         return _replay_outcome(snapshot=snapshot, policy=policy)
     metrics.IDEMPOTENCY_INFLIGHT_CONFLICTS.inc()
     raise IdempotencyKeyInUse()
-
-
-# --- Plain API for tasks and management commands -----------------------------------------
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ class IdempotencyErrorCode(StrEnum):
 
 
 class IdempotencyError(TallyError):
-    def __init__(self, message: str, *, param: str | None = KEY_PARAM) -> None:
-        super().__init__(message, param=param)
+    default_message: ClassVar[str] = ""
+
+    def __init__(self, message: str | None = None, *, param: str | None = KEY_PARAM) -> None:
+        super().__init__(self.default_message if message is None else message, param=param)
 
 
 class IdempotencyKeyMissing(IdempotencyError, InvalidRequest):
@@ -36,25 +38,22 @@ class IdempotencyKeyInUse(IdempotencyError):
     """The same key is still being executed by another request after our bounded wait."""
 
     code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_IN_USE
+    default_message = "a request with this Idempotency-Key is still in progress; retry later"
     retryable = True
 
-    def __init__(self, message: str = "a request with this Idempotency-Key is still in progress; retry later", *, retry_after: int = 1) -> None:
+    def __init__(self, message: str | None = None, *, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after_seconds = max(1, retry_after)
 
 
 class IdempotencyKeyExpired(IdempotencyError):
     code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_EXPIRED
-
-    def __init__(self, message: str = "this Idempotency-Key is past its replay window; use a new key") -> None:
-        super().__init__(message)
+    default_message = "this Idempotency-Key is past its replay window; use a new key"
 
 
 class IdempotencyKeyReused(IdempotencyError):
     code: ClassVar[StrEnum] = IdempotencyErrorCode.KEY_REUSED
-
-    def __init__(self, message: str = "this Idempotency-Key was used with a different request") -> None:
-        super().__init__(message)
+    default_message = "this Idempotency-Key was used with a different request"
 
 
 class StaleFence(Exception):

@@ -1,8 +1,6 @@
-"""The idempotency engine's door to fastpath/: the two statements of every keyed request,
-the claim and the completion, go as server-side prepared statements (fastpath.prepared),
-and completed answers are cached in Redis for replays (fastpath.replaycache) under this
-process's sealing ring: an entry may hold a sealed body, so a process whose ring differs
-(a key added or removed) reads entries of its own ring only."""
+"""The idempotency engine's door to fastpath/: the claim and the completion of every keyed
+request go prepared, and completed answers are cached in Redis under this process's sealing
+ring: an entry may hold a sealed body, so a process reads entries of its own ring only."""
 
 from __future__ import annotations
 
@@ -63,7 +61,6 @@ def claim_insert(
 def completion_store(
     *, record_id: int, fence: int, status: int, headers: dict[str, str], body: bytes, minted: dict[str, str], request_id: str
 ) -> bool:
-    """Store the answer if the record is still in flight under `fence`; False if the fence moved."""
     stored = COMPLETION.update(
         record_id=record_id, fence=fence, status=status, headers=json.dumps(headers, sort_keys=True), body=body,
         minted=json.dumps(minted, sort_keys=True), request_id=request_id,

@@ -11,16 +11,7 @@ import json
 
 from idempotency.locks import idempotency_records_lock
 from idempotency.models import IdempotencyRecord
-from wallets.sealing import (
-    UNOPENED,
-    ResealBatch,
-    SealScheme,
-    secret_is_sealed,
-    secret_needs_reseal,
-    secret_reseal,
-    secret_seal,
-    secret_unseal,
-)
+from wallets.sealing import UNOPENED, ResealBatch, SealScheme, secret_is_sealed, secret_needs_reseal, secret_reseal, secret_seal, secret_unseal
 from wallets.transactions import run_atomic
 
 SCHEME = SealScheme(purpose=b"tally/idempotency/response-seal/v1", tag=b"tally-sealed")
@@ -88,9 +79,7 @@ def idempotency_records_reseal(after: str = "", limit: int = 500) -> ResealBatch
         .order_by("pk")
         .values_list("pk", "response_body", "scope", "principal_id", "key")[:limit]
     )
-    candidates = [
-        pk for pk, body, scope, principal_id, key in rows if body is not None and _needs_reseal(bytes(body), scope, principal_id, key)
-    ]
+    candidates = [pk for pk, body, scope, principal_id, key in rows if body is not None and _needs_reseal(bytes(body), scope, principal_id, key)]
 
     def batch() -> tuple[int, list[str]]:
         resealed, unopened = 0, []

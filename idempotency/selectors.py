@@ -22,8 +22,6 @@ _SNAPSHOT_FIELDS = (
 
 @dataclass(frozen=True)
 class IdempotencyPolicy:
-    """A tenant's idempotency settings, read once per request."""
-
     wait_ms: int = 5000
     replay_window_seconds: int = 24 * 3600
     tombstone_window_seconds: int = 24 * 3600
@@ -50,7 +48,6 @@ class RecordSnapshot:
     now: datetime
 
     def phase(self, policy: IdempotencyPolicy) -> str:
-        """"replay", "tombstone" or "expired" (past both windows: the key is new again)."""
         age = self.now - self.created
         if age < timedelta(seconds=policy.replay_window_seconds):
             return "replay"
@@ -69,7 +66,6 @@ def str_dict_of(value: Any) -> dict[str, str]:
 
 
 def idempotency_record_snapshot(*, principal_id: str, key: str) -> RecordSnapshot | None:
-    """The record for (principal, key) with the database clock, or None."""
     row = (
         IdempotencyRecord.objects.filter(principal_id=principal_id, key=key).order_by()
         .values_list(*_SNAPSHOT_FIELDS, TransactionNow(), Now()).first()

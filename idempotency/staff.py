@@ -5,12 +5,10 @@ the same transaction: a double-clicked button or resubmitted form acts once."""
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 from idempotency.entry import idempotency_run
@@ -31,12 +29,10 @@ class StaffActionResult:
 
 
 def _snapshot(obj: models.Model) -> dict[str, Any]:
-    values = {
-        f.attname: getattr(obj, f.attname)
-        for f in obj._meta.concrete_fields
-        if f.name not in SECRET_FIELDS and not isinstance(f, models.BinaryField)
+    """Its fields for the audit log (which stores them as JSON), secrets left out."""
+    return {
+        f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields if f.name not in SECRET_FIELDS and not isinstance(f, models.BinaryField)
     }
-    return dict(json.loads(json.dumps(values, cls=DjangoJSONEncoder)))
 
 
 def staff_action_run(

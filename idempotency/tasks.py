@@ -13,11 +13,9 @@ from tenants.selectors import tenant_schemas_active
 
 @shared_task(base=TenantTask, name="idempotency.purge_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def idempotency_purge_all_tenants() -> int:
-    """Beat entry point: enqueue `idempotency_purge_tenant` inside every active tenant."""
     return task_send_in_each(idempotency_purge_tenant, schemas=tenant_schemas_active())
 
 
 @shared_task(base=TenantTask, name="idempotency.purge_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def idempotency_purge_tenant() -> int:
-    """Runs in one tenant's schema: purge expired records, refresh the stuck gauge."""
     return idempotency_maintenance_run()

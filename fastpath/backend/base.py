@@ -1,10 +1,5 @@
-"""The database ENGINE ("fastpath.backend"): django-tenants' PostgreSQL backend, whose
-cursors send a few registered hot statements as server-side prepared statements
-(fastpath.prepared), and which names savepoints per transaction
-(`savepoint_name_in_transaction`, for fastpath.compiled's batches of inserts), whose
-list of a tenant's tables is read by an index (`Introspection`), and whose
-test database is dropped even while a pooler holds idle sessions on it (`Creation`).
-"""
+"""The database ENGINE ("fastpath.backend"): django-tenants' PostgreSQL backend, with
+prepared hot statements (fastpath.prepared) and the changes each class below states."""
 
 from __future__ import annotations
 
@@ -90,10 +85,9 @@ class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
         self._savepoints_in_transaction = 0
 
     def savepoint_name_in_transaction(self, prefix: str) -> str:
-        """A savepoint name not used before in the current transaction. The count restarts
-        when a transaction ends, so the next one sends the same text again (psycopg
-        converts a text once); a transaction ended without these hooks only leaves the
-        count running."""
+        """A savepoint name not used before in the current transaction (fastpath.compiled's
+        batches). The count restarts when a transaction ends, so the next one sends the same
+        text again (psycopg converts a text once)."""
         self._savepoints_in_transaction += 1
         return f"{prefix}_{self._savepoints_in_transaction}"
 
