@@ -152,7 +152,7 @@ def test_a_failed_kick_never_breaks_the_payment_and_the_sweep_catches_up(
         app.conf.task_always_eager, app.conf.broker_url = False, "redis://127.0.0.1:1/0"
         _broker_pools_reset(app)
         try:
-            with caplog.at_level(logging.WARNING, logger="payments.services.outbox"):
+            with caplog.at_level(logging.WARNING, logger="payments.relaykick"):
                 started = time.monotonic()
                 payment = payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=7)
                 assert time.monotonic() - started < 10
