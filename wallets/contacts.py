@@ -23,7 +23,6 @@ import hashlib
 import hmac
 import logging
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -36,11 +35,12 @@ from wallets.locks import customer_rows_lock
 from wallets.models import Customer, CustomerLegacyContact
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
 from wallets.staged.runner import staged_start_contracted
-from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
+from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport, discard_in_batches, verify_snapshot
 
 logger = logging.getLogger("tally.contacts")
 
 MIGRATION: Final = "customer_contacts"
+_NEW_COLUMNS: Final = ("email_ciphertext", "phone_ciphertext", "email_hash")
 
 
 class Unset:
@@ -217,15 +217,6 @@ def contact_changes(*, current: Contact, email: str | Unset | None, phone: str |
     return (None if new_email == current.email else new_email), (None if new_phone == current.phone else new_phone)
 
 
-def _columns_present(table: str, columns: Iterable[str]) -> set[str]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s AND column_name = ANY(%s)",
-            [table, list(columns)],
-        )
-        return {str(row[0]) for row in cursor.fetchall()}
-
-
 def _fill(columns: list[str], rows: list[tuple[str | None, ...]], *, absent: str) -> None:
     """One `UPDATE .. WHERE id = %s AND <absent> IS NULL` per row, pipelined by executemany
     (bulk_update's CASE arms took 90% of the backfill's time)."""
@@ -243,9 +234,11 @@ class CustomerContactsMigration(StagedMigration):
     description = "customer email/phone: plaintext columns -> Fernet-encrypted columns and an HMAC lookup hash"
 
     def expand(self) -> None:
-        if len(_columns_present("wallets_customer", ["email_ciphertext", "phone_ciphertext", "email_hash"])) != 3:
+        with connection.cursor() as cursor:
+            columns = {column.name for column in connection.introspection.get_table_description(cursor, Customer._meta.db_table)}
+        if not set(_NEW_COLUMNS) <= columns:
             raise StagedMigrationRefused("the encrypted columns are missing: run `manage.py migrate_schemas` (wallets 0009) first")
-        if len(_columns_present("wallets_customer", ["email", "phone"])) != 2:
+        if not {"email", "phone"} <= columns:
             raise StagedMigrationRefused("the plaintext columns are gone: nothing to migrate from")
 
     def backfill_total(self) -> int:
@@ -284,9 +277,7 @@ class CustomerContactsMigration(StagedMigration):
         plaintext ones and the hash matches. Differences name the customer, never the value."""
         report = VerifyReport()
         old_sum, new_sum = hashlib.sha256(), hashlib.sha256()
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        with verify_snapshot():
             old_rows = CustomerLegacyContact.objects.order_by("pk").values_list("pk", "email", "phone").iterator(chunk_size=2000)
             new_rows = (
                 Customer.objects.order_by("pk").values_list("pk", "email_ciphertext", "phone_ciphertext", "email_hash").iterator(chunk_size=2000)
@@ -328,17 +319,8 @@ class CustomerContactsMigration(StagedMigration):
         raise StagedMigrationRefused("could not take the table lock to drop the plaintext columns; contract again later")
 
     def discard(self) -> None:
-        """Empty the new columns, in batches (rollback of expand)."""
-        while True:
-            with transaction.atomic():
-                ids = list(
-                    Customer.objects.filter(Q(email_ciphertext__isnull=False) | Q(phone_ciphertext__isnull=False) | Q(email_hash__isnull=False))
-                    .order_by("pk")
-                    .values_list("pk", flat=True)[:1000]
-                )
-                if not ids:
-                    return
-                Customer.objects.filter(pk__in=ids).update(email_ciphertext=None, phone_ciphertext=None, email_hash=None)
+        written = Q(email_ciphertext__isnull=False) | Q(phone_ciphertext__isnull=False) | Q(email_hash__isnull=False)
+        discard_in_batches(Customer.objects.filter(written), lambda rows: rows.update(**dict.fromkeys(_NEW_COLUMNS)), batch=1000)
 
 
 def customer_contacts_new_tenant(**_: Any) -> None:
