@@ -15,20 +15,7 @@ from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from wallets.errors import AssetUnknown, NotFound
-from wallets.models import (
-    Account,
-    AccountKind,
-    ApiKey,
-    Asset,
-    Balance,
-    Customer,
-    Merchant,
-    PrincipalType,
-    StaffMember,
-    Store,
-    SystemRole,
-    Terminal,
-)
+from wallets.models import Account, AccountKind, ApiKey, Asset, Balance, Customer, Merchant, PrincipalType, StaffMember, Store, SystemRole, Terminal
 
 M = TypeVar("M", bound=Model)
 
