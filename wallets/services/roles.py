@@ -60,23 +60,6 @@ def staff_roles_ensure() -> dict[str, Group]:
 
 
 @transaction.atomic
-def staff_login_ensure(*, username: str, password: str, role: str | None = None, superuser: bool = False) -> StaffMember:
-    """A staff login with this password (set on every call), in `role`'s group, with its
-    StaffMember. Locks: the user row."""
-    user_model = get_user_model()
-    user, _ = user_model.objects.get_or_create(username=username)
-    user.is_staff = True
-    user.is_superuser = superuser
-    user.is_active = True
-    user.set_password(password)
-    user.save()
-    if role is not None:
-        user.groups.set([staff_roles_ensure()[role]])
-    staff, _ = StaffMember.objects.get_or_create(user=user)
-    return staff
-
-
-@transaction.atomic
 def staff_role_set(*, staff: StaffMember, role: str) -> None:
     """Put the staff member's login in `role`'s group alone (audited). Locks: the rows it writes."""
     before = sorted(staff.user.groups.values_list("name", flat=True))
