@@ -303,8 +303,7 @@ class CustomerContactsMigration(StagedMigration):
         return report
 
     def contract(self) -> None:
-        """Drop the plaintext columns (a short lock_timeout, retried: it never queues payments
-        behind a long transaction)."""
+        """Drop the plaintext columns (a short lock_timeout, retried: it never queues payments)."""
         for _ in range(30):
             try:
                 with transaction.atomic(), connection.cursor() as cursor:

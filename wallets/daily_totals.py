@@ -55,12 +55,11 @@ def utc_day(moment: datetime) -> date:
 
 def merchant_daily_totals_record(*, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
     """Add a posting's merchant legs (account, asset, amount) to the day's totals, when the
-    tenant's phase writes them (ledger_post, after its entries).
+    tenant's phase writes them (ledger_post, after its entries). A day's first posting on a
+    shard inserts the row in a savepoint (a lost race updates instead).
 
-    Locks: the summary row (account, asset, day, this connection's shard) of each merchant
-    leg, in key order, after the posting's balance rows, which already hold that shard: it
-    adds no wait. A day's first posting on a shard inserts it in a savepoint (a lost race
-    updates instead)."""
+    Locks: each merchant leg's summary row on this connection's shard, in key order, after
+    the posting's balance rows, which already hold that shard: it adds no wait."""
     totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for account, asset, amount in legs:
         if account.kind == AccountKind.MERCHANT:
@@ -219,8 +218,7 @@ class MerchantDailyTotalsMigration(StagedMigration):
         return BatchResult(cursor=cursor, rows_seen=done, rows_written=len(wrong))
 
     def verify(self) -> VerifyReport:
-        """Every (merchant, asset, day), in one snapshot: the summary (summed over shards)
-        equals the ledger."""
+        """Every (merchant, asset, day), in one snapshot: the summary (shards summed) equals the ledger."""
         with verify_snapshot():
             truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(account__kind=AccountKind.MERCHANT)))
             summary = _keyed(_summary_totals(MerchantDailyTotal.objects.all()))

@@ -43,8 +43,8 @@ class VerifyReport:
 
 
 class StagedMigration(ABC):
-    """One migration from an old representation of some data to a new one, run in the
-    tenant's schema; the owning app's services and selectors ask wallets.staged.phases."""
+    """A migration of some data to a new representation, in the tenant's schema; the owning
+    app's services and selectors ask wallets.staged.phases which to write and read."""
 
     name: str = ""
     description: str = ""
