@@ -152,12 +152,7 @@ class PrincipalType(models.TextChoices):
     STAFF = "staff", "Staff"
 
 
-KEY_PREFIXES = {
-    PrincipalType.CUSTOMER: "ck_",
-    PrincipalType.MERCHANT: "sk_",
-    PrincipalType.TERMINAL: "tk_",
-    PrincipalType.STAFF: "ak_",
-}
+KEY_PREFIXES = {PrincipalType.CUSTOMER: "ck_", PrincipalType.MERCHANT: "sk_", PrincipalType.TERMINAL: "tk_", PrincipalType.STAFF: "ak_"}
 
 
 class ApiKey(PrefixedIdModel, new_id=ids.new_api_key_id):
