@@ -100,8 +100,8 @@ def main() -> None:
     from django.test import Client
     from django_tenants.utils import schema_context
 
+    from devtools.demo_seed import staff_login_ensure
     from payments.models import Payment
-    from wallets.services.roles import staff_login_ensure
 
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
     load_seconds = _load(args.rows) if created else None

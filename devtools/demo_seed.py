@@ -36,7 +36,7 @@ from wallets.services.principals import (
     store_create,
     terminal_create,
 )
-from wallets.services.roles import staff_login_ensure, staff_roles_ensure
+from wallets.services.roles import staff_roles_ensure
 from webhooks.errors import WebhookEndpointLimitReached
 from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
 from webhooks.secrets import WebhookSecretUnavailable, webhook_endpoint_secrets
@@ -56,6 +56,20 @@ def _platform_superuser_ensure(username: str, password: str) -> None:
     user.is_staff = user.is_superuser = user.is_active = True
     user.set_password(password)
     user.save()
+
+
+@transaction.atomic
+def staff_login_ensure(*, username: str, password: str, role: str | None = None, superuser: bool = False) -> StaffMember:
+    """A tenant staff login with this password (set on every call: the one `make run` prints
+    works), in `role`'s group, with its StaffMember (the demo, tests)."""
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    user.is_staff = user.is_active = True
+    user.is_superuser = superuser
+    user.set_password(password)
+    user.save()
+    if role is not None:
+        user.groups.set([staff_roles_ensure()[role]])
+    return StaffMember.objects.get_or_create(user=user)[0]
 
 
 # The demo tenant's back-office logins (one per role, wallets.services.roles), all with the

@@ -919,7 +919,7 @@ STAFF_PASSWORD = "pw-topup-queue-123"
 
 
 def _staff_client(username: str, role: str) -> Client:
-    from wallets.services.roles import staff_login_ensure
+    from devtools.demo_seed import staff_login_ensure
 
     staff_login_ensure(username=username, password=STAFF_PASSWORD, role=role)
     client = Client(HTTP_HOST=RECOVERY_TENANT["domain"], REMOTE_ADDR="203.0.113.9")

@@ -35,11 +35,9 @@ class PrefixedIdField(_CharField):
 
 
 class PrefixedIdModel(models.Model):
-    """A row with an id such as `cus_...`, made by the id factory the model names in its
-    class statement (`class Customer(PrefixedIdModel, new_id=ids.new_customer_id)`: a
-    function of wallets.ids or of the model's module, which its migrations reference), and
-    `created`, set on insert (a model that sets it itself declares its own). A model with a
-    `name` shows as `name (id)`, another as its id, unless it says otherwise."""
+    """A row with an id such as `cus_...`, made by the id factory the class statement names
+    (`class Customer(PrefixedIdModel, new_id=ids.new_customer_id)`, which its migrations
+    reference), and `created`, set on insert. Shown as `name (id)`, or its id."""
 
     new_id: ClassVar[Callable[[], str]]
 

@@ -23,7 +23,6 @@ import hashlib
 import hmac
 import logging
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -36,11 +35,12 @@ from wallets.locks import customer_rows_lock
 from wallets.models import Customer, CustomerLegacyContact
 from wallets.staged.phases import reads_new, staged_phase, writes_new, writes_old
 from wallets.staged.runner import staged_start_contracted
-from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport
+from wallets.staged.spec import BatchResult, StagedMigration, StagedMigrationRefused, VerifyReport, discard_in_batches, verify_snapshot
 
 logger = logging.getLogger("tally.contacts")
 
 MIGRATION: Final = "customer_contacts"
+_NEW_COLUMNS: Final = ("email_ciphertext", "phone_ciphertext", "email_hash")
 
 
 class Unset:
@@ -217,24 +217,15 @@ def contact_changes(*, current: Contact, email: str | Unset | None, phone: str |
     return (None if new_email == current.email else new_email), (None if new_phone == current.phone else new_phone)
 
 
-def _columns_present(table: str, columns: Iterable[str]) -> set[str]:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s AND column_name = ANY(%s)",
-            [table, list(columns)],
-        )
-        return {str(row[0]) for row in cursor.fetchall()}
-
-
-def _fill(columns: list[str], rows: list[tuple[str | None, ...]], *, absent: str) -> None:
-    """One `UPDATE .. WHERE id = %s AND <absent> IS NULL` per row, pipelined by executemany
-    (bulk_update's CASE arms took 90% of the backfill's time)."""
+def _fill(columns: list[str], rows: list[tuple[str | None, ...]]) -> None:
+    """One `UPDATE .. WHERE id = %s AND <first column> IS NULL` per row, pipelined by
+    executemany (bulk_update's CASE arms took 90% of the backfill's time)."""
     if not rows:
         return
-    table = connection.ops.quote_name(Customer._meta.db_table)
-    assignments = ", ".join(f"{connection.ops.quote_name(column)} = %s" for column in columns)
+    qn = connection.ops.quote_name
+    assignments = ", ".join(f"{qn(column)} = %s" for column in columns)
     with connection.cursor() as cursor:
-        sql = f"UPDATE {table} SET {assignments} WHERE id = %s AND {connection.ops.quote_name(absent)} IS NULL"  # noqa: S608 - identifiers ours
+        sql = f"UPDATE {qn(Customer._meta.db_table)} SET {assignments} WHERE id = %s AND {qn(columns[0])} IS NULL"  # noqa: S608 - identifiers ours
         cursor.executemany(sql, rows)
 
 
@@ -243,9 +234,11 @@ class CustomerContactsMigration(StagedMigration):
     description = "customer email/phone: plaintext columns -> Fernet-encrypted columns and an HMAC lookup hash"
 
     def expand(self) -> None:
-        if len(_columns_present("wallets_customer", ["email_ciphertext", "phone_ciphertext", "email_hash"])) != 3:
+        with connection.cursor() as cursor:
+            columns = {column.name for column in connection.introspection.get_table_description(cursor, Customer._meta.db_table)}
+        if not set(_NEW_COLUMNS) <= columns:
             raise StagedMigrationRefused("the encrypted columns are missing: run `manage.py migrate_schemas` (wallets 0009) first")
-        if len(_columns_present("wallets_customer", ["email", "phone"])) != 2:
+        if not {"email", "phone"} <= columns:
             raise StagedMigrationRefused("the plaintext columns are gone: nothing to migrate from")
 
     def backfill_total(self) -> int:
@@ -263,20 +256,18 @@ class CustomerContactsMigration(StagedMigration):
             return BatchResult(cursor=None, rows_seen=0, rows_written=0)
         rows = CustomerLegacyContact.objects.filter(pk__in=ids).values_list("pk", "email", "phone")
         legacy = {pk: (email, phone) for pk, email, phone in rows}
-        email_fill: list[Customer] = []
-        phone_fill: list[Customer] = []
+        email_rows: list[tuple[str | None, ...]] = []
+        phone_rows: list[tuple[str | None, ...]] = []
         for customer in Customer.objects.filter(pk__in=ids).only("id", "email_ciphertext", "phone_ciphertext"):
             email, phone = legacy[customer.pk]
             if customer.email_ciphertext is None:
-                customer.email_ciphertext, customer.email_hash = contact_encrypt(email), email_lookup_hash(email)
-                email_fill.append(customer)
+                email_rows.append((contact_encrypt(email), email_lookup_hash(email), customer.pk))
             if customer.phone_ciphertext is None:
-                customer.phone_ciphertext = contact_encrypt(phone)
-                phone_fill.append(customer)
+                phone_rows.append((contact_encrypt(phone), customer.pk))
         if not dry_run:
-            _fill(["email_ciphertext", "email_hash"], [(c.email_ciphertext, c.email_hash, c.pk) for c in email_fill], absent="email_ciphertext")
-            _fill(["phone_ciphertext"], [(c.phone_ciphertext, c.pk) for c in phone_fill], absent="phone_ciphertext")
-        written = len({c.pk for c in email_fill} | {c.pk for c in phone_fill})
+            _fill(["email_ciphertext", "email_hash"], email_rows)
+            _fill(["phone_ciphertext"], phone_rows)
+        written = len({row[-1] for row in email_rows + phone_rows})
         return BatchResult(cursor=ids[-1] if len(ids) == limit else None, rows_seen=len(ids), rows_written=written)
 
     def verify(self) -> VerifyReport:
@@ -284,9 +275,7 @@ class CustomerContactsMigration(StagedMigration):
         plaintext ones and the hash matches. Differences name the customer, never the value."""
         report = VerifyReport()
         old_sum, new_sum = hashlib.sha256(), hashlib.sha256()
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        with verify_snapshot():
             old_rows = CustomerLegacyContact.objects.order_by("pk").values_list("pk", "email", "phone").iterator(chunk_size=2000)
             new_rows = (
                 Customer.objects.order_by("pk").values_list("pk", "email_ciphertext", "phone_ciphertext", "email_hash").iterator(chunk_size=2000)
@@ -314,8 +303,7 @@ class CustomerContactsMigration(StagedMigration):
         return report
 
     def contract(self) -> None:
-        """Drop the plaintext columns (a short lock_timeout, retried: it never queues payments
-        behind a long transaction)."""
+        """Drop the plaintext columns (a short lock_timeout, retried: it never queues payments)."""
         for _ in range(30):
             try:
                 with transaction.atomic(), connection.cursor() as cursor:
@@ -328,17 +316,8 @@ class CustomerContactsMigration(StagedMigration):
         raise StagedMigrationRefused("could not take the table lock to drop the plaintext columns; contract again later")
 
     def discard(self) -> None:
-        """Empty the new columns, in batches (rollback of expand)."""
-        while True:
-            with transaction.atomic():
-                ids = list(
-                    Customer.objects.filter(Q(email_ciphertext__isnull=False) | Q(phone_ciphertext__isnull=False) | Q(email_hash__isnull=False))
-                    .order_by("pk")
-                    .values_list("pk", flat=True)[:1000]
-                )
-                if not ids:
-                    return
-                Customer.objects.filter(pk__in=ids).update(email_ciphertext=None, phone_ciphertext=None, email_hash=None)
+        written = Q(email_ciphertext__isnull=False) | Q(phone_ciphertext__isnull=False) | Q(email_hash__isnull=False)
+        discard_in_batches(Customer.objects.filter(written), lambda rows: rows.update(**dict.fromkeys(_NEW_COLUMNS)), batch=1000)
 
 
 def customer_contacts_new_tenant(**_: Any) -> None:

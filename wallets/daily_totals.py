@@ -14,20 +14,23 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from itertools import groupby
 from typing import Any, Final
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
 
 from wallets.locks import connection_shard, merchant_balance_rows_lock
 from wallets.models import Account, AccountKind, LedgerEntry, MerchantDailyTotal
 from wallets.staged.phases import reads_new, staged_phase, writes_new
-from wallets.staged.spec import BatchResult, StagedMigration, VerifyReport
+from wallets.staged.spec import BatchResult, StagedMigration, VerifyReport, discard_in_batches, verify_snapshot
 
 MIGRATION: Final = "merchant_daily_totals"
 
 Key = tuple[str, str, date]  # (account id, asset code, day)
+Totals = tuple[int, int, int]  # (credited, debited, entries)
+_SUM_FIELDS = ("credited", "debited", "entries")
 
 
 @dataclass(frozen=True)
@@ -52,12 +55,11 @@ def utc_day(moment: datetime) -> date:
 
 def merchant_daily_totals_record(*, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
     """Add a posting's merchant legs (account, asset, amount) to the day's totals, when the
-    tenant's phase writes them (ledger_post, after its entries).
+    tenant's phase writes them (ledger_post, after its entries). A day's first posting on a
+    shard inserts the row in a savepoint (a lost race updates instead).
 
-    Locks: the summary row (account, asset, day, this connection's shard) of each merchant
-    leg, in key order, after the posting's balance rows, which already hold that shard: it
-    adds no wait. A day's first posting on a shard inserts it in a savepoint (a lost race
-    updates instead)."""
+    Locks: each merchant leg's summary row on this connection's shard, in key order, after
+    the posting's balance rows, which already hold that shard: it adds no wait."""
     totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     for account, asset, amount in legs:
         if account.kind == AccountKind.MERCHANT:
@@ -109,44 +111,29 @@ def merchant_daily_totals(
     if asset_code:
         match &= Q(asset_id=asset_code)
     if reads_new(staged_phase(MIGRATION)):
-        rows = MerchantDailyTotal.objects.filter(match)
-        if day_from is not None:
-            rows = rows.filter(day__gte=day_from)
-        if day_to is not None:
-            rows = rows.filter(day__lte=day_to)
-        totals = _summary_totals(rows)
+        totals = _summary_totals(MerchantDailyTotal.objects.filter(match, _days(day_from, day_to, ledger=False)))
     else:
-        entries = LedgerEntry.objects.filter(match)
-        if day_from is not None:
-            entries = entries.filter(created__gte=_midnight(day_from))
-        if day_to is not None:
-            entries = entries.filter(created__lt=_midnight(day_to + timedelta(days=1)))
-        totals = _ledger_totals(entries)
-    return sorted(
-        (
-            DailyTotal(
-                merchant=str(r["account__merchant_id"]), asset=str(r["asset_id"]), day=r["day"],
-                credited=int(r["s_credited"] or 0), debited=int(r["s_debited"] or 0), entries=int(r["s_entries"] or 0),
-            )
-            for r in totals
-        ),
-        key=lambda t: (t.day, t.merchant, t.asset),
-        reverse=True,
-    )
+        totals = _ledger_totals(LedgerEntry.objects.filter(match, _days(day_from, day_to, ledger=True)))
+    found = (DailyTotal(str(r["account__merchant_id"]), str(r["asset_id"]), r["day"], *_sums(r)) for r in totals)
+    return sorted(found, key=lambda t: (t.day, t.merchant, t.asset), reverse=True)
 
 
-Totals = tuple[int, int, int]  # (credited, debited, entries)
+def _days(day_from: date | None, day_to: date | None, *, ledger: bool) -> Q:
+    """The UTC days `day_from`..`day_to` (None: open), of ledger entries or of summary rows."""
+    match = Q()
+    if day_from is not None:
+        match &= Q(created__gte=_midnight(day_from)) if ledger else Q(day__gte=day_from)
+    if day_to is not None:
+        match &= Q(created__lt=_midnight(day_to + timedelta(days=1))) if ledger else Q(day__lte=day_to)
+    return match
 
 
 def merchant_daily_totals_differences(*, day_from: date, day_to: date) -> list[tuple[Key, Totals | None, Totals | None]]:
     """Each (merchant account, asset, UTC day) between `day_from` and `day_to` (inclusive)
     whose summary (shards summed) differs from the ledger, as (key, ledger, summary).
     Run it in one snapshot (reconciliation's runs are REPEATABLE READ)."""
-    entries = LedgerEntry.objects.filter(
-        account__kind=AccountKind.MERCHANT, created__gte=_midnight(day_from), created__lt=_midnight(day_to + timedelta(days=1))
-    )
-    truth = _keyed(_ledger_totals(entries))
-    summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(day__gte=day_from, day__lte=day_to)))
+    truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(_days(day_from, day_to, ledger=True), account__kind=AccountKind.MERCHANT)))
+    summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(_days(day_from, day_to, ledger=False))))
     return [(key, truth.get(key), summary.get(key)) for key in _differing(truth, summary)]
 
 
@@ -154,11 +141,12 @@ def _differing(truth: dict[Key, Totals], summary: dict[Key, Totals]) -> list[Key
     return sorted(key for key in truth.keys() | summary.keys() if truth.get(key) != summary.get(key))
 
 
+def _sums(row: dict[str, Any]) -> Totals:
+    return int(row["s_credited"] or 0), int(row["s_debited"] or 0), int(row["s_entries"] or 0)
+
+
 def _keyed(rows: Iterable[dict[str, Any]]) -> dict[Key, Totals]:
-    return {
-        (str(r["account_id"]), str(r["asset_id"]), r["day"]): (int(r["s_credited"] or 0), int(r["s_debited"] or 0), int(r["s_entries"] or 0))
-        for r in rows
-    }
+    return {(str(r["account_id"]), str(r["asset_id"]), r["day"]): _sums(r) for r in rows}
 
 
 class MerchantDailyTotalsMigration(StagedMigration):
@@ -218,29 +206,20 @@ class MerchantDailyTotalsMigration(StagedMigration):
         summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(rows)))
         wrong = _differing(truth, summary)
         if wrong and not dry_run:
-            days: dict[tuple[str, str], list[date]] = defaultdict(list)
-            for account_id, asset, day in wrong:
-                days[(account_id, asset)].append(day)
             match = Q()
-            for (account_id, asset), wrong_days in days.items():
-                match |= Q(account_id=account_id, asset_id=asset, day__in=wrong_days)
+            for (account_id, asset), keys in groupby(wrong, key=lambda key: key[:2]):  # `wrong` is sorted
+                match |= Q(account_id=account_id, asset_id=asset, day__in=[day for _, _, day in keys])
             MerchantDailyTotal.objects.filter(match).delete()
             MerchantDailyTotal.objects.bulk_create(
-                [
-                    MerchantDailyTotal(account_id=a, asset_id=s, day=d, shard=0, credited=c, debited=b, entries=n)
-                    for (a, s, d) in wrong
-                    if (a, s, d) in truth
-                    for c, b, n in [truth[(a, s, d)]]
-                ]
+                MerchantDailyTotal(account_id=a, asset_id=s, day=d, shard=0, **dict(zip(_SUM_FIELDS, truth[(a, s, d)], strict=True)))
+                for (a, s, d) in wrong
+                if (a, s, d) in truth
             )
         return BatchResult(cursor=cursor, rows_seen=done, rows_written=len(wrong))
 
     def verify(self) -> VerifyReport:
-        """Every (merchant, asset, day), in one REPEATABLE READ snapshot: the summary (summed
-        over shards) equals the ledger."""
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        """Every (merchant, asset, day), in one snapshot: the summary (shards summed) equals the ledger."""
+        with verify_snapshot():
             truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(account__kind=AccountKind.MERCHANT)))
             summary = _keyed(_summary_totals(MerchantDailyTotal.objects.all()))
         report = VerifyReport()
@@ -259,13 +238,7 @@ class MerchantDailyTotalsMigration(StagedMigration):
         """Nothing to drop: the ledger stays the source of truth."""
 
     def discard(self) -> None:
-        """Delete the summary rows, in batches (rollback of expand)."""
-        while True:
-            with transaction.atomic():
-                ids = list(MerchantDailyTotal.objects.order_by("pk").values_list("pk", flat=True)[:5000])
-                if not ids:
-                    return
-                MerchantDailyTotal.objects.filter(pk__in=ids).delete()
+        discard_in_batches(MerchantDailyTotal.objects.all(), lambda rows: rows.delete(), batch=5000)
 
 
 def _midnight(day: date) -> datetime:

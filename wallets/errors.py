@@ -84,8 +84,7 @@ class NotPermitted(TallyError):
 
 
 class InvalidState(TallyError):
-    """The object is not in a state that allows this (an intent no longer editable, a
-    revoked key rotated)."""
+    """The object is not in a state that allows this (e.g. a revoked key rotated)."""
 
     code: ClassVar[StrEnum] = ErrorCode.INVALID_STATE
 

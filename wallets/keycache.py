@@ -1,12 +1,9 @@
 """The per-process cache of live API keys (fastpath.epochs.EpochCache), trusted through the
 tenant's API key epoch in Redis. A live key is kept per (tenant schema, key hash) for at
-most TALLY_API_KEY_CACHE_SECONDS, with the epoch read BEFORE the database read that filled
-the entry. A hit is trusted only once `api_key_cache_confirm` has compared that epoch with
-the current one (read in the request's throttle call); else the key is read again. Revoke
-and rotate bump the epoch after commit. Unknown, revoked and expired keys are never
-cached, nor staff keys (read from PostgreSQL at each request, as their login is); each hit
-is checked against the key's own `expires_at` and gets copies of the rows.
-Redis down: nothing is cached or trusted.
+most TALLY_API_KEY_CACHE_SECONDS, under the epoch read BEFORE the database read that filled
+it; a hit is trusted only once `api_key_cache_confirm` finds that epoch still current (read
+in the request's throttle call). Revoke and rotate bump the epoch after commit. Unknown,
+revoked, expired and staff keys are never cached. Redis down: nothing is cached or trusted.
 """
 
 from __future__ import annotations
@@ -31,8 +28,8 @@ def api_key_epoch_redis_key(*, schema: str) -> str:
 
 
 def api_key_epoch_bump(*, schema: str) -> bool:
-    """Change the tenant's API key epoch (after commit). False, logged and counted, when
-    Redis cannot take it: other processes then trust their entries until their TTL."""
+    """Change the tenant's API key epoch. False, logged and counted, when Redis cannot take
+    it: other processes then trust their entries until their TTL."""
     if epoch_bump(key=api_key_epoch_redis_key(schema=schema)):
         return True
     API_KEY_EPOCH_BUMP_FAILURES.labels(tenant=schema).inc()
@@ -83,8 +80,7 @@ class ApiKeyCacheHit:
 
 
 def api_key_cache_get(*, raw_key: str) -> ApiKeyCacheHit | None:
-    """The cached entry for `raw_key` in the current schema (a copy), or None: not cached,
-    past its TTL, or past the key's own `expires_at`."""
+    """A copy of the cached entry for `raw_key` in this schema, or None (also once expired)."""
     cache_key = _api_key_cache_key(raw_key)
     cached = _api_key_cache.get(cache_key)
     return None if cached is None else ApiKeyCacheHit(api_key=cached[0], cache_key=cache_key, epoch=cached[1])
@@ -103,8 +99,8 @@ def api_key_cache_fill(*, raw_key: str) -> ApiKey | None:
 
 def api_key_cache_invalidate() -> None:
     """Make every process stop trusting its cached keys of this tenant: this one now and on
-    commit, the others by bumping the epoch after commit (before, a process could cache
-    the old row under the new epoch). Call inside the transaction that writes the change."""
+    commit, the others by bumping the epoch after commit (before it, a process could cache
+    the old row under the new epoch). Call in the transaction that writes the change."""
     schema = str(getattr(connection, "schema_name", "public"))
 
     def after_commit() -> None:

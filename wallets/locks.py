@@ -1,22 +1,17 @@
-"""Every row lock the ledger takes, and the one order it takes them in; and the money
-path's writes of the rows it holds (`balance_rows_add`) and of new rows (`rows_insert`),
-in as few round trips as they can go (fastpath.compiled).
+"""Every row lock the ledger takes, in the one global order; and the money path's writes of
+the rows it holds (`balance_rows_add`) and of new rows (`rows_insert`, fastpath.compiled).
 
 Deadlock freedom depends on every writer using these helpers, never an inline
 `select_for_update()`. The global order:
-  1. business rows (payments/locks.py; a staff member's solo postings in one asset,
-     `staff_solo_postings_lock`, before them; a fenced completion's idempotency record,
-     idempotency/locks.py, too);
-  2. balance rows, all of them in ONE statement per transaction (`balance_rows_lock`,
-     `balance_rows_lock_by_owner`), ORDER BY `LOCK_ORDER`: PostgreSQL locks rows as the
-     sort emits them, so two transactions meet their common rows in the same order. No
-     transaction locks balance rows a second time while it holds them (rows locked in a
-     savepoint it rolled back are no longer held);
-  3. a freeze locks all the account's balance rows, then the account row;
-  4. a posting then takes the daily-total rows of its merchant legs (wallets.daily_totals)
-     in key order, only on shards whose balance row it holds, so they add no wait.
-Customer rows are business rows that no posting takes (contact updates, the contact
-backfill in id order). Other apps' locks.py name the rows no posting takes.
+  1. business rows (payments/locks.py); before them a staff member's solo postings in one
+     asset (`staff_solo_postings_lock`) and a fenced completion's idempotency record;
+  2. balance rows, all in ONE statement per transaction, ORDER BY `LOCK_ORDER`: PostgreSQL
+     locks rows as the sort emits them, so two transactions meet their common rows in the
+     same order. None locks balance rows twice (a rolled-back savepoint's rows are released);
+  3. a freeze: all the account's balance rows, then the account row;
+  4. a posting's merchant daily-total rows (wallets.daily_totals), in key order, only on
+     shards whose balance row it holds, so they add no wait.
+Customer rows are business rows no posting takes; other apps' locks.py name the rest.
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ from django.db.models import BigIntegerField, Case, F, Q, QuerySet, Value, When
 
 from fastpath.compiled import CompiledQuery, CompiledShapes, Param
 
-# New rows in one round trip (in a savepoint of their own, too): the money path's services
-# take them from here, with the locks and `balance_rows_add`.
+# New rows in one round trip (or in a savepoint of their own), for the money path's services.
 from fastpath.compiled import rows_insert as rows_insert
 from fastpath.compiled import rows_insert_in_savepoint as rows_insert_in_savepoint
 from wallets.models import BALANCE_SHARDS, Account, AccountKind, ApiKey, Balance, Customer, Hold, StagedMigrationState
@@ -50,8 +44,7 @@ def connection_shard() -> int:
 
 @dataclass(frozen=True)
 class BalanceWant:
-    """A balance row a movement will touch (ALL_SHARDS: a merchant debit); `creatable` rows
-    are made empty if missing."""
+    """A balance row a movement touches (ALL_SHARDS: a merchant debit); `creatable`: made empty if missing."""
 
     account: Account
     asset_code: str
@@ -96,9 +89,9 @@ class LockedBalances:
 
 
 def balance_rows_lock(*, wants: Iterable[BalanceWant]) -> LockedBalances:
-    """Lock every balance row of `wants` FOR UPDATE with ONE statement in the global order,
-    each with its account and asset. Missing creatable rows are inserted empty first; a
-    missing row that must exist (a debit of an empty wallet) is not: the caller refuses."""
+    """Lock every balance row of `wants` (with its account and asset) in ONE statement, in the
+    global order. Missing creatable rows are inserted empty first; a missing row that must
+    exist (a debit of an empty wallet) is not: the caller refuses."""
     ordered = list(dict.fromkeys(wants))
     if not ordered:
         return LockedBalances([])
@@ -159,15 +152,13 @@ class OwnerRow:
 
 
 def balance_rows_lock_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
-    """Lock the named balance rows FOR UPDATE with ONE statement in the global order, finding
-    their accounts in the same statement (the payment path's one round trip). Missing rows
-    are absent: the caller then uses `balance_rows_lock`, which makes them."""
+    """Like `balance_rows_lock`, for rows named by owner: their accounts are found in the same
+    statement (the payment path's one round trip), and missing rows are not made."""
     return _by_owner(rows=rows, lock=True)
 
 
 def balance_rows_read_by_owner(*, rows: Iterable[OwnerRow]) -> LockedBalances:
-    """The rows `balance_rows_lock_by_owner` would lock, read WITHOUT locking: a plan the
-    caller checks again once it has locked them by account."""
+    """The rows `balance_rows_lock_by_owner` would lock, read WITHOUT locking (a plan)."""
     return _by_owner(rows=rows, lock=False)
 
 
@@ -202,9 +193,8 @@ _BY_OWNER: CompiledShapes[Balance] = CompiledShapes(_by_owner_statement)
 
 
 def balance_rows_add(*, changes: dict[int, int], held_changes: dict[int, int]) -> None:
-    """One UPDATE of every changed balance row: balance = balance + its change, held
-    likewise. Raises RuntimeError if a row is missing. Locks: none of its own (the caller
-    holds every row already, so the order the UPDATE visits them in does not matter)."""
+    """One UPDATE of every changed balance row (balance and held += their changes); RuntimeError
+    if a row is missing. Locks: none of its own (the caller holds every row already)."""
     balances = {pk: delta for pk, delta in changes.items() if delta != 0}
     if not balances and not held_changes:
         return
@@ -244,7 +234,7 @@ _BALANCES_ADD: CompiledShapes[Balance] = CompiledShapes(_balances_add_statement)
 
 
 def account_balance_rows_lock(*, account_id: str) -> list[Balance]:
-    """Lock every balance row of one account in the global order, one statement (a freeze)."""
+    """Every balance row of one account, one statement in the global order (a freeze)."""
     return list(Balance.objects.filter(account_id=account_id).order_by(*LOCK_ORDER).select_for_update())
 
 
@@ -262,14 +252,12 @@ SOLO_POSTINGS_LOCK_SPACE = 0x736F6C6F  # "solo"
 
 
 def staff_solo_postings_lock(*, staff_id: str, asset_code: str) -> None:
-    """What one staff member posts alone (no second approver) in one asset, serialized: a
-    transaction-level advisory lock on (tenant schema, staff member, asset), held until
-    commit while their posting is counted against the maker-checker threshold and made, so
-    two postings of one member in one asset (to any parties) cannot both see room under it
-    (READ COMMITTED: the sum read after the lock sees what the previous holder committed).
-    Taken before any business or balance row. Its keys live in a space of their own (the
-    two-int form), so a hash collision can only make two staff postings wait for each other,
-    never for a session lock of `advisory_lock_try` (a whole top-up recovery pass)."""
+    """Serialize what one staff member posts alone (no second approver) in one asset: a
+    transaction-level advisory lock on (schema, staff member, asset), held until commit, so
+    two such postings cannot both see room under the maker-checker threshold (the sum read
+    after the lock sees what the previous holder committed). Taken before any business or
+    balance row. Its two-int key space is its own: a hash collision can only make two staff
+    postings wait for each other, never for an `advisory_lock_try` session lock."""
     if not connection.in_atomic_block:
         raise RuntimeError("staff_solo_postings_lock outside a transaction would be released at once")
     key = f"{getattr(connection, 'schema_name', 'public')}:{staff_id}:{asset_code}"
@@ -278,8 +266,7 @@ def staff_solo_postings_lock(*, staff_id: str, asset_code: str) -> None:
 
 
 def staff_api_keys_live_lock(*, staff_id: str) -> list[ApiKey]:
-    """Lock a staff member's unrevoked API key rows, in id order (revoking them all when
-    the login is deactivated). Takes no balance row."""
+    """A staff member's unrevoked API key rows, in id order (a login deactivated). No balance row."""
     return list(ApiKey.objects.filter(staff_id=staff_id, revoked_at__isnull=True).order_by("pk").select_for_update())
 
 
@@ -291,15 +278,13 @@ def customer_lock(*, customer_id: str) -> Customer:
 
 
 def customer_rows_lock(*, after: str, limit: int) -> list[str]:
-    """Lock the next `limit` customer rows after id `after`, in id order (the contact
-    backfill's batch); returns their ids."""
+    """The ids of the next `limit` customer rows after `after`, locked in id order (a contact batch)."""
     return list(Customer.objects.filter(pk__gt=after).order_by("pk").select_for_update(no_key=True).values_list("pk", flat=True)[:limit])
 
 
 def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:
-    """Lock every balance row of some merchant accounts with ONE statement in the global
-    order (the daily-totals backfill: no posting can add to their totals meanwhile).
-    Returns how many rows it locked."""
+    """Every balance row of some merchant accounts, ONE statement in the global order (the
+    daily-totals backfill: no posting adds to their totals meanwhile); how many it locked."""
     if not account_ids:
         return 0
     rows = Balance.objects.filter(account_id__in=account_ids).order_by(*LOCK_ORDER).select_for_update().values_list("pk", flat=True)
@@ -314,9 +299,9 @@ def staged_state_lock(*, name: str) -> StagedMigrationState:
 
 @contextmanager
 def advisory_lock_try(*, name: str) -> Iterator[bool]:
-    """A session-level advisory lock named `name` in the tenant schema, tried, never waited
-    for; yields whether it was taken. Released when the block ends, or with the session if
-    the process dies. It orders nothing against the row locks above."""
+    """A session-level advisory lock `name` in the tenant schema, tried, never waited for;
+    yields whether it was taken. Released at the block's end (or with the session). It
+    orders nothing against the row locks above."""
     key = f"{getattr(connection, 'schema_name', 'public')}:{name}"
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(hashtext(%s))", [key])

@@ -1,5 +1,4 @@
-"""A tenant's parties, assets, accounts, API keys, ledger, audit log and staged-migration
-state (tenant schema)."""
+"""A tenant's parties, assets, accounts, API keys, ledger, audit log and staged-migration state."""
 
 from __future__ import annotations
 
@@ -42,8 +41,7 @@ class Asset(models.Model):
 
 class Customer(PrefixedIdModel, new_id=ids.new_customer_id):
     name = models.CharField(max_length=200)
-    # Contact data, encrypted at rest (wallets.contacts). NULL: not written yet (the staged
-    # migration `customer_contacts` backfills it); the token of "" is an explicit empty value.
+    # Contact data, encrypted at rest (wallets.contacts): NULL not written yet, token of "" empty.
     email_ciphertext = models.TextField(null=True, blank=True, editable=False)
     phone_ciphertext = models.TextField(null=True, blank=True, editable=False)
     # Keyed hash of the normalised email, for lookups without decrypting; NULL: no email.
@@ -56,7 +54,7 @@ class Customer(PrefixedIdModel, new_id=ids.new_customer_id):
 
 class CustomerLegacyContact(models.Model):
     """The plaintext contact columns of `wallets_customer`, unmanaged: only wallets.contacts
-    touches them, until the staged migration `customer_contacts` contracts the tenant."""
+    touches them, until the staged migration `customer_contacts` drops them."""
 
     id = models.CharField(max_length=ids.ID_MAX_LENGTH, primary_key=True)
     email = models.CharField(max_length=254, blank=True, default="")
@@ -154,12 +152,7 @@ class PrincipalType(models.TextChoices):
     STAFF = "staff", "Staff"
 
 
-KEY_PREFIXES = {
-    PrincipalType.CUSTOMER: "ck_",
-    PrincipalType.MERCHANT: "sk_",
-    PrincipalType.TERMINAL: "tk_",
-    PrincipalType.STAFF: "ak_",
-}
+KEY_PREFIXES = {PrincipalType.CUSTOMER: "ck_", PrincipalType.MERCHANT: "sk_", PrincipalType.TERMINAL: "tk_", PrincipalType.STAFF: "ak_"}
 
 
 class ApiKey(PrefixedIdModel, new_id=ids.new_api_key_id):
@@ -214,8 +207,8 @@ POINTS_ASSET = "POINT"
 CARBON_ASSET = "CARBON"
 
 # Merchant and system balances are split over this many rows ("shards") so that concurrent
-# payments to one merchant (and the system accounts every payment touches) do not queue on
-# one row lock; the balance is the SUM over the shards. Customer wallets have shard 0 only.
+# payments to one merchant (or system account) do not queue on one row lock; the balance is
+# the SUM over the shards. Customer wallets have shard 0 only.
 BALANCE_SHARDS = 32
 
 
@@ -263,9 +256,8 @@ class LedgerTransaction(PrefixedIdModel, new_id=ids.new_ledger_transaction_id):
     """One movement: two or more entries summing to zero per asset. Append-only (DB trigger)."""
 
     kind = models.CharField(max_length=12, choices=LedgerTransactionKind.choices)
-    # The business object that caused it (pay_..., ref_..., trf_..., top_..., adj_..., pi_...).
-    # Not indexed: every payment would pay for it; the business object points at its
-    # transaction (ledger_transaction_id), which is how lookups go.
+    # The business object that caused it (pay_..., ref_...). Not indexed: every payment would
+    # pay for it; lookups go from the business object's ledger_transaction_id.
     reference = models.CharField(max_length=ids.ID_MAX_LENGTH)
     created = models.DateTimeField(default=timezone.now)
 
@@ -384,8 +376,8 @@ class StagedMigrationState(models.Model):
     verify_ok = models.BooleanField(null=True, blank=True)
     verify_report = models.JSONField(default=dict, blank=True)
     history = models.JSONField(default=list, blank=True)
-    # Set by a rollback of expand until the new representation's data has been discarded:
-    # an expand that finds it set discards first (write-if-absent must not meet stale data).
+    # A rollback of expand left new data to discard: expand discards it first (write-if-absent
+    # must not meet stale data).
     discard_pending = models.BooleanField(default=False)
     updated = models.DateTimeField(auto_now=True)
 

@@ -4,26 +4,14 @@ keys (payments/gateways/credentials.py), stored answers that show a secret once
 
 AES-256-GCM, a fresh 96-bit nonce per value, and associated data naming where the value
 belongs (schema, row, field), so a copied value does not open. The keys are a ring of
-their own, `settings.TALLY_SEALING_KEYS`, never derived from SECRET_KEY:
-
-  TALLY_SEALING_KEYS = "<id>:<key>,<id>:<key>,..."
-
-an id of 1 to 32 letters, digits, `_` or `-` (`legacy` is reserved), and a key of 32
-random bytes in base64 (urlsafe or standard). The first key seals; every key opens. Per
-purpose the AES key is HMAC-SHA256(ring key, purpose), so a value sealed for one purpose
-never opens as another. Stored as
-
-  <tag>:v2:<key id>:<nonce><ciphertext and tag>
-
-so opening picks its key by id, without trial; the header is bound into the associated
-data, so a value relabelled with another id does not open. Rotation (a rolling deploy,
-README "Sealing keys"): add the new key second everywhere, then move it first
-everywhere, run `manage.py secrets_reseal` until it re-seals 0 rows, then drop the old key.
-
-Values from older releases are `<tag>:v1:<nonce><ciphertext>` under HMAC(SECRET_KEY,
-purpose). They open only while TALLY_SEALING_LEGACY_SECRET_KEY holds that old SECRET_KEY
-(the ring's reserved id `legacy`, which never seals): the upgrade is set it, run
-`secrets_reseal`, unset it. SECRET_KEY itself opens nothing.
+their own, `TALLY_SEALING_KEYS = "<id>:<base64 of 32 bytes>,..."`, never derived from
+SECRET_KEY: the first seals, every key opens. Per purpose the AES key is
+HMAC-SHA256(ring key, purpose), so a value sealed for one purpose never opens as another.
+Stored as `<tag>:v2:<key id>:<nonce><ciphertext and tag>`: opening picks its key by id,
+and the header is bound into the associated data, so a relabelled value does not open.
+Older releases' `<tag>:v1:` values (under HMAC(SECRET_KEY, purpose)) open only while
+TALLY_SEALING_LEGACY_SECRET_KEY holds that old key (the ring's reserved id `legacy`, which
+never seals). Rotation and that upgrade: README, "Sealing keys".
 """
 
 from __future__ import annotations
@@ -59,8 +47,7 @@ class SealingRingInvalid(ValueError):
 
 
 class SealingKeyUnknown(ValueError):
-    """A sealed value names a key the ring does not hold (removed too early, or a legacy
-    value without TALLY_SEALING_LEGACY_SECRET_KEY)."""
+    """A sealed value names a key the ring does not hold (removed too early, or legacy)."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +72,8 @@ class SealingRing:
 
     @functools.cached_property
     def fingerprint(self) -> str:
-        """Short and stable for these keys in this order, ids and material (a key
-        regenerated under the same id is another key): it names caches of sealed values,
-        so a changed ring never reads one sealed under a key it lost."""
+        """Stable for these ids and materials in this order: it names caches of sealed values,
+        so a changed ring (even a key regenerated under its id) never reads a lost key's."""
         digest = hashlib.sha256()
         for key_id, material in self.keys.items():
             digest.update(key_id.encode() + b"\x00" + hashlib.sha256(material).digest())
@@ -204,10 +190,8 @@ def secret_unseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) 
 
 
 def secret_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) -> bytes | None:
-    """`sealed` sealed again under the ring's first key, or None if it already is. Raises
-    what secret_unseal raises for a value that does not open, including one under the
-    first key's id that this key does not open (a key regenerated under an old id): it is
-    reported, not skipped as done."""
+    """`sealed` sealed again under the ring's first key, or None if it already is. Raises what
+    secret_unseal raises for a value that does not open, even under the first key's id."""
     if secret_key_id(scheme=scheme, stored=sealed) == sealing_ring().primary:
         secret_unseal(scheme=scheme, sealed=sealed, associated_data=associated_data)
         return None
@@ -221,9 +205,8 @@ UNOPENED: Final = (ValueError, InvalidTag)
 
 
 def secret_needs_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: bytes) -> bool:
-    """Whether a reseal batch must take `sealed` (its rows locked): not under the first key,
-    or malformed, or under the first key's id without opening with it (the batch reports
-    it rather than count it as done)."""
+    """Whether a reseal batch must take `sealed` (and report it if it does not open): not
+    under the first key, malformed, or under the first key's id without opening with it."""
     try:
         if secret_key_id(scheme=scheme, stored=sealed) != sealing_ring().primary:
             return True
@@ -233,8 +216,7 @@ def secret_needs_reseal(*, scheme: SealScheme, sealed: bytes, associated_data: b
     return False
 
 
-# --- Where sealed values are stored ---------------------------------------------------------
-# Each app that stores sealed values registers a batch function here (from its AppConfig),
+# Each app that stores sealed values registers its reseal batch here (from its AppConfig),
 # so `manage.py secrets_reseal` covers every store without importing the apps above it.
 
 

@@ -15,20 +15,7 @@ from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from wallets.errors import AssetUnknown, NotFound
-from wallets.models import (
-    Account,
-    AccountKind,
-    ApiKey,
-    Asset,
-    Balance,
-    Customer,
-    Merchant,
-    PrincipalType,
-    StaffMember,
-    Store,
-    SystemRole,
-    Terminal,
-)
+from wallets.models import Account, AccountKind, ApiKey, Asset, Balance, Customer, Merchant, PrincipalType, StaffMember, Store, SystemRole, Terminal
 
 M = TypeVar("M", bound=Model)
 
@@ -40,8 +27,8 @@ def api_key_hash(raw_key: str) -> str:
 
 
 def api_key_get_active(*, raw_key: str) -> ApiKey | None:
-    """The live key row for `raw_key` with its principal, or None if unknown, revoked or past
-    its overlap window. Most requests take it from wallets.keycache instead."""
+    """The live key row for `raw_key` with its principal, or None (unknown, revoked, expired).
+    Most requests take it from wallets.keycache instead."""
     return api_key_get_active_by_hash(key_hash=api_key_hash(raw_key))
 
 
@@ -50,8 +37,8 @@ def api_key_get_active_by_hash(*, key_hash: str) -> ApiKey | None:
     key = ApiKey.objects.filter(live, key_hash=key_hash, revoked_at__isnull=True).first()
     if key is None:
         return None
-    # The principal may be cached (wallets.keycache), so it carries only columns no write
-    # changes after creation: a customer's contact and a staff member's login load fresh.
+    # The principal may be cached (wallets.keycache): only columns no write changes after
+    # creation (a customer's contact and a staff member's login load fresh).
     if key.customer_id is not None:
         key.customer = Customer.objects.only(*_CUSTOMER_PRINCIPAL_FIELDS).filter(pk=key.customer_id).first()
     elif key.merchant_id is not None:
@@ -147,8 +134,8 @@ def ledger_orphan_references_iter(*, chunk_size: int = 2000) -> Iterator[tuple[s
 
 
 def ledger_orphan_references() -> list[tuple[str, str, str]]:
-    """(table, column, value) of every unconstrained reference that points at no row, each
-    dangling value once (one anti-join per relation). Empty when sound."""
+    """(table, column, value) of each dangling unconstrained reference (one anti-join per
+    relation). Empty when sound."""
     return [(table, column, value) for table, column, value, _ in ledger_orphan_references_iter()]
 
 
@@ -208,8 +195,8 @@ def staff_get(*, staff_id: str, param: str | None = None) -> StaffMember:
 
 
 def staff_login_active(*, staff: StaffMember) -> User | None:
-    """The staff member's login read now, never cached, or None when it is deactivated or no
-    longer staff: a change of role or a deactivation holds from the next request on."""
+    """The staff member's login, read now (never cached), or None when deactivated or no
+    longer staff: so a change holds from the next request on."""
     return User.objects.filter(pk=staff.user_id, is_active=True, is_staff=True).first()
 
 
@@ -282,8 +269,8 @@ class MovementAccounts:
 
 
 def movement_accounts_get(*, customer_id: str | None, merchant_id: str | None, system_roles: tuple[SystemRole, ...] = ()) -> MovementAccounts:
-    """The customer's and the merchant's accounts and the named system accounts, in one
-    query (frozen flags as of now, in the caller's transaction)."""
+    """The customer's, the merchant's and the named system accounts, in one query (frozen
+    flags as of now)."""
     match = Q(system_role__in=system_roles) if system_roles else Q(pk__in=[])
     if customer_id is not None:
         match |= Q(customer_id=customer_id)
@@ -319,8 +306,8 @@ def account_balance(*, account: Account, asset_code: str) -> tuple[int, int]:
 
 
 def account_balance_lines(*, account: Account) -> list[BalanceLine]:
-    """Every asset of the tenant, main currency first (a new wallet shows its zeros), each
-    the SUM over the account's shards."""
+    """Every asset of the tenant, main currency first (a new wallet shows its zeros), each the
+    SUM over the account's shards."""
     totals = {
         row["asset_id"]: (int(row["balance"]), int(row["held"]))
         for row in Balance.objects.filter(account=account).values("asset_id").annotate(balance=Sum("balance"), held=Sum("held"))

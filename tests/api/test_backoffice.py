@@ -18,6 +18,7 @@ from django.db import DatabaseError, connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from devtools.demo_seed import staff_login_ensure
 from payments.models import Payment, PendingAdjustment, Refund
 from payments.services.approvals import adjustment_request, pending_adjustment_approve
 from tenants.models import Tenant
@@ -25,7 +26,7 @@ from tests.api.conftest import Api, World
 from tests.conftest import TENANT_A, run_in_thread_tenant
 from wallets.models import Account, ApiKey, AuditEntry, Balance, LedgerEntry
 from wallets.money import money_format
-from wallets.services.roles import staff_login_ensure, staff_roles_ensure
+from wallets.services.roles import staff_roles_ensure
 
 PASSWORD = "pw-backoffice-123"
 

@@ -23,6 +23,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apikit import fields
+from devtools.demo_seed import staff_login_ensure
 from payments.models import Adjustment, PendingAdjustment
 from payments.selectors import staff_solo_postings_total
 from payments.services.approvals import adjustment_request
@@ -33,7 +34,6 @@ from tests.api.test_backoffice import PASSWORD, _confirm_key, _login
 from tests.conftest import run_in_thread_tenant
 from wallets.models import Balance, Customer, StaffMember
 from wallets.services.principals import api_key_create, customer_create
-from wallets.services.roles import staff_login_ensure
 
 CREDIT = {"asset": "JPY", "direction": "credit", "reason": "goodwill"}
 

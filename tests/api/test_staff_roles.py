@@ -14,6 +14,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.forms import MultiWidget
 
+from devtools.demo_seed import staff_login_ensure
 from fastpath import epochs
 from payments.models import PendingAdjustment
 from payments.services.approvals import adjustment_request
@@ -24,7 +25,6 @@ from tests.api.test_matrix import ENDPOINTS
 from wallets.keycache import api_key_epoch_redis_key
 from wallets.models import Account, ApiKey, AuditEntry, Customer, LedgerEntry, StaffMember
 from wallets.services.principals import api_key_create
-from wallets.services.roles import staff_login_ensure
 
 ROLES = ("viewer", "operator", "finance")
 

@@ -28,10 +28,9 @@ def customer_contact_update(*, customer_id: str, email: str | Unset | None = UNS
 
 
 def customer_contacts_reencrypt(*, after: str = "", limit: int = 500) -> tuple[str | None, int, tuple[str, ...]]:
-    """Re-encrypt under the newest key the older tokens of the next `limit` customers after
-    `after`: (the next cursor or None, how many were rewritten, the ids of customers with a
-    token no configured key opens, left as they are). Locks: the batch's customer rows in
-    id order (customer_rows_lock)."""
+    """Re-encrypt the next `limit` customers' older tokens under the newest key: (next cursor
+    or None, rows rewritten, ids whose token no key opens, left as they are). Locks: the
+    batch's customer rows in id order (customer_rows_lock)."""
 
     def batch() -> tuple[str | None, int, tuple[str, ...]]:
         ids = customer_rows_lock(after=after, limit=limit)

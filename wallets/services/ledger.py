@@ -1,9 +1,7 @@
 """The ledger's one write path: balanced postings that move balances with them, and holds.
-
-Every money movement posts through `ledger_post`, inside the caller's transaction. Its
-rules live here once: frozen wallets, funds (balance - held >= debit), caps (balance +
-credit <= cap) and double entry (each transaction sums to zero per asset). Every check
-comes before the first write, so a refusal leaves nothing behind.
+Every money movement posts through `ledger_post` in the caller's transaction; its rules
+live here once (frozen wallets, funds, caps, double entry), all checked before the first
+write, so a refusal leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -62,16 +60,15 @@ def ledger_post(
     consume_hold: Hold | None = None,
     written: LedgerTransaction | None = None,
 ) -> LedgerTransaction:
-    """Post one balanced ledger transaction and move the balances with it (F() increments).
-    Raises WalletFrozen, InsufficientFunds, CapExceeded before writing. A freeze is refused
-    on the legs' accounts and again on the locked rows, whose flags are current.
+    """Post one balanced ledger transaction and move the balances with it. Raises
+    WalletFrozen (checked on the legs' accounts and again on the locked rows, whose flags
+    are current), InsufficientFunds, CapExceeded before writing.
 
-    `locked`: rows the caller has locked already (to decide the legs, as a payment does
-    for rewards under a cap), covering `ledger_wants(legs)`. `consume_hold`: an active
-    hold, locked by the caller, on a row this posting debits: it counts as available and
-    is released in the same update (an intent capture locks its rows once). `written`:
-    these legs' rows, inserted by `ledger_rows_new` in a savepoint the caller rolls back
-    if this refuses.
+    `locked`: rows the caller locked already (to decide the legs, e.g. rewards under a cap),
+    covering `ledger_wants(legs)`. `consume_hold`: an active hold, locked by the caller, on
+    a row this posting debits: available to it and released in the same update (a capture
+    locks its rows once). `written`: these legs' rows from `ledger_rows_new`, inserted in a
+    savepoint the caller rolls back if this refuses.
 
     Locks: the legs' balance rows in the global order, one statement; then the day's
     summary row of each merchant leg (wallets.daily_totals).
@@ -133,8 +130,8 @@ def ledger_post(
 
 
 def ledger_rows_new(*, kind: str, reference: str, legs: Sequence[Leg], created: datetime) -> tuple[LedgerTransaction, list[LedgerEntry]]:
-    """A balanced transaction and its entries, not yet saved (the payment path inserts them
-    with its own rows, then passes them to `ledger_post(written=)`). Moves no balance."""
+    """A balanced transaction and its entries, unsaved (the payment path inserts them with its
+    own rows, then passes them to `ledger_post(written=)`). Moves no balance."""
     _legs_validate(legs)
     txn = LedgerTransaction(kind=kind, reference=reference, created=created)
     entries = [LedgerEntry(transaction=txn, account=leg.account, asset_id=leg.asset_code, amount=leg.amount, created=created) for leg in legs]
@@ -142,9 +139,8 @@ def ledger_rows_new(*, kind: str, reference: str, legs: Sequence[Leg], created: 
 
 
 def _frozen_refuse(locked: LockedBalances, wants: Sequence[BalanceWant]) -> None:
-    """WalletFrozen if a locked row of a non-system party, or its account, is frozen: checked
-    over every row before any funds or cap check. The account's flag covers a row this
-    posting made from a stale account."""
+    """WalletFrozen if a locked row of a non-system party, or its account (a row made from a
+    stale account), is frozen: every row, before any funds or cap check."""
     for want in wants:
         if want.shard == ALL_SHARDS or want.account.kind == AccountKind.SYSTEM:
             continue
@@ -235,9 +231,9 @@ def hold_release(*, hold: Hold, status: HoldStatus = HoldStatus.RELEASED) -> Hol
 
 
 def balance_rows_create(*, accounts: Iterable[Account], asset_codes: Iterable[str] | None = None) -> None:
-    """Create the empty balance rows of accounts for every asset (or `asset_codes`), every
-    shard of a merchant or system account. Idempotent. Made up front: a row made during a
-    posting is made outside its one locking statement. Locks: none (new rows)."""
+    """The empty balance rows of accounts in every asset (or `asset_codes`), every shard of a
+    merchant or system account; idempotent. Made up front: a row made during a posting is
+    made outside its one locking statement. Locks: none (new rows)."""
     codes = list(asset_codes) if asset_codes is not None else list(Asset.objects.values_list("code", flat=True))
     rows = [
         account.balance_new(asset_code=code, shard=shard)
@@ -262,8 +258,7 @@ def asset_create(*, code: str, name: str, kind: str, exponent: int = 0, cap: int
 
 @transaction.atomic
 def tenant_ledger_bootstrap(*, main_currency: str, exponent: int) -> None:
-    """Create the standard assets and the system accounts (with their balance rows) of a
-    new tenant. Idempotent."""
+    """A new tenant's standard assets and system accounts with their balance rows (idempotent)."""
     Asset.objects.get_or_create(
         code=main_currency, defaults={"name": main_currency, "kind": AssetKind.CURRENCY, "exponent": exponent, "is_main": True}
     )

@@ -49,8 +49,7 @@ def _permissions(names: tuple[str, ...]) -> list[Permission]:
 
 @transaction.atomic
 def staff_roles_ensure() -> dict[str, Group]:
-    """Create or repair the role groups of the current tenant schema (idempotent). Locks:
-    none beyond the rows it writes."""
+    """Create or repair the current tenant's role groups (idempotent). Locks: the rows it writes."""
     view_all = list(Permission.objects.filter(content_type__app_label__in=TENANT_APP_LABELS, codename__startswith="view_"))
     groups: dict[str, Group] = {}
     for role, extra in ROLE_PERMISSIONS.items():
@@ -61,46 +60,23 @@ def staff_roles_ensure() -> dict[str, Group]:
 
 
 @transaction.atomic
-def staff_login_ensure(*, username: str, password: str, role: str | None = None, superuser: bool = False) -> StaffMember:
-    """A staff login with this password (set on every call: the one `make run` prints
-    works), in `role`'s group, with its StaffMember. Locks: the user row."""
-    user_model = get_user_model()
-    user, _ = user_model.objects.get_or_create(username=username)
-    user.is_staff = True
-    user.is_superuser = superuser
-    user.is_active = True
-    user.set_password(password)
-    user.save()
-    if role is not None:
-        user.groups.set([staff_roles_ensure()[role]])
-    staff, _ = StaffMember.objects.get_or_create(user=user)
-    return staff
-
-
-@transaction.atomic
 def staff_role_set(*, staff: StaffMember, role: str) -> None:
-    """Put the staff member's login in `role`'s group alone (audited). Locks: none beyond
-    the rows it writes."""
+    """Put the staff member's login in `role`'s group alone (audited). Locks: the rows it writes."""
     before = sorted(staff.user.groups.values_list("name", flat=True))
     staff.user.groups.set([staff_roles_ensure()[role]])
     audit_record(action="staff.role_set", target_type="staff_member", target_id=staff.pk, before={"roles": before}, after={"roles": [role]})
 
 
 def staff_login_deactivation_apply(*, user: Any, update_fields: Iterable[str] | None = None, raw: bool = False) -> list[str]:
-    """Deactivating a staff login revokes its API keys for good: called (pre_save of the
-    user, wallets.apps) before ANY save of a login, by the admin, a shell or a script.
-    When the login is being deactivated, or was inactive (a reactivation, or a save of an
-    inactive login), every live key of its staff member is revoked, audited, and the
-    tenant's API key epoch bumped after commit (wallets.keycache), so a reactivated login
-    comes back with no key. Returns the ids of the keys it revoked.
+    """Deactivating a staff login revokes its API keys for good (pre_save of any login save,
+    wallets.apps): when the login is being deactivated, or was inactive, every live key of
+    its staff member is revoked, audited, and the API key epoch bumped after commit, so a
+    reactivated login comes back with no key. Returns the revoked keys' ids.
 
-    Runs before the user's row is written: saved inside a transaction (the admin), both
-    commit together; saved in autocommit (a shell), the keys are revoked first, so a failed
-    save leaves a login with fewer keys, never an inactive login with live ones. A write
-    that sends no signal (QuerySet.update, bulk_update, raw SQL) of `is_active` or
-    `is_staff` is caught by the database guard (wallets migration 0015): it revokes the
-    keys in the same statement, audited with actor `database`, but bumps no epoch; staff
-    keys are never cached (wallets.keycache), so that holds from the next request.
+    It runs before the user's row is written, so a failed save in autocommit leaves fewer
+    keys, never an inactive login with live ones. Writes that send no signal (update(), raw
+    SQL) are caught by the database guard (wallets migration 0015), which bumps no epoch:
+    staff keys are never cached, so that holds from the next request.
 
     Locks: the staff member's live key rows (`staff_api_keys_live_lock`)."""
     fields = None if update_fields is None else set(update_fields)

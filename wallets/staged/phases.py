@@ -14,15 +14,7 @@ from django.db import connection
 
 from wallets.models import StagedMigrationState, StagedPhase
 
-PHASE_ORDER: tuple[StagedPhase, ...] = (
-    StagedPhase.ABSENT,
-    StagedPhase.EXPANDED,
-    StagedPhase.BACKFILLED,
-    StagedPhase.VERIFIED,
-    StagedPhase.READS_SWITCHED,
-    StagedPhase.CONTRACTING,
-    StagedPhase.CONTRACTED,
-)
+PHASE_ORDER: tuple[StagedPhase, ...] = tuple(StagedPhase)  # declared in order
 
 _cache: dict[tuple[str, str], tuple[float, StagedPhase]] = {}
 

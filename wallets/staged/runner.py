@@ -92,8 +92,7 @@ def staged_expand(*, migration: StagedMigration) -> Outcome:
 
 
 def staged_start_contracted(*, migration: StagedMigration) -> Outcome:
-    """absent -> contracted at once, for a tenant with no old data to move (one just
-    created); refused when there is old data."""
+    """absent -> contracted at once, for a tenant with no old data (one just created)."""
 
     def decide(locked: StagedMigrationState) -> Outcome:
         if locked.phase != StagedPhase.ABSENT:
@@ -109,10 +108,9 @@ def staged_start_contracted(*, migration: StagedMigration) -> Outcome:
 def staged_backfill(
     *, migration: StagedMigration, batch: int = 500, rows_per_second: float = 0.0, dry_run: bool = False, progress: ProgressFn | None = None
 ) -> Outcome:
-    """expanded -> backfilled: copy every old row into the new representation once every
-    process dual-writes, in batches that each commit the cursor (a killed backfill
-    resumes). `rows_per_second` > 0 throttles; `dry_run` writes nothing, not even the cursor.
-    """
+    """expanded -> backfilled: once every process dual-writes, copy every old row in batches
+    that each commit the cursor (a killed backfill resumes). `rows_per_second` > 0
+    throttles; `dry_run` writes nothing, not even the cursor."""
     state = staged_state(migration=migration)
     if not _at_least(state, StagedPhase.EXPANDED):
         raise StagedMigrationRefused(f"phase is {state.phase}: run expand first")
@@ -126,9 +124,8 @@ def staged_backfill(
     done, written, seen_this_run = state.rows_done, state.rows_written, 0
     started = time.monotonic()
     while cursor is not None:
-        after = cursor
 
-        def one_batch(after: str = after, done: int = done, written: int = written) -> BatchResult:
+        def one_batch(after: str = cursor, done: int = done, written: int = written) -> BatchResult:
             result = migration.backfill_batch(after=after, limit=batch, dry_run=dry_run)
             if not dry_run:
                 StagedMigrationState.objects.filter(pk=migration.name).update(
@@ -245,11 +242,7 @@ def staged_rollback(*, migration: StagedMigration) -> Outcome:
         if phase == StagedPhase.ABSENT:
             raise StagedMigrationRefused("rollback refused: phase is absent, nothing to roll back")
         back = PHASE_ORDER[phase_index(phase) - 1]
-        fields: dict[str, Any] = {}
-        if back == StagedPhase.EXPANDED:
-            fields = _BACKFILL_RESET
-        if back == StagedPhase.ABSENT:
-            fields = {"discard_pending": True, "verify_ok": None}
+        fields = {StagedPhase.EXPANDED: _BACKFILL_RESET, StagedPhase.ABSENT: {"discard_pending": True, "verify_ok": None}}.get(back, {})
         _move(locked, back, note="rollback", **fields)
         return Outcome(f"rolled back from {phase} to {back}", changed=True)
 

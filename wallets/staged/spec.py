@@ -1,10 +1,16 @@
-"""What a staged data migration implements, and the registry the command looks in."""
+"""What a staged data migration implements, the helpers its phases share, and the registry
+the command looks in."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import QuerySet
 
 
 class StagedMigrationRefused(Exception):
@@ -37,8 +43,8 @@ class VerifyReport:
 
 
 class StagedMigration(ABC):
-    """One migration from an old representation of some data to a new one, run in the
-    tenant's schema; the owning app's services and selectors ask wallets.staged.phases."""
+    """A migration of some data to a new representation, in the tenant's schema; the owning
+    app's services and selectors ask wallets.staged.phases which to write and read."""
 
     name: str = ""
     description: str = ""
@@ -71,6 +77,25 @@ class StagedMigration(ABC):
     def discard(self) -> None:
         """Rollback of expand: remove the data the new path wrote (idempotent)."""
         return None
+
+
+@contextmanager
+def verify_snapshot() -> Iterator[None]:
+    """A REPEATABLE READ, read-only transaction: verify compares both sides at one moment."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
+
+
+def discard_in_batches(rows: QuerySet[Any], empty: Callable[[QuerySet[Any]], object], *, batch: int) -> None:
+    """`empty` the next `batch` of `rows` (by pk), one short transaction each, until none is left."""
+    while True:
+        with transaction.atomic():
+            ids = list(rows.order_by("pk").values_list("pk", flat=True)[:batch])
+            if not ids:
+                return
+            empty(rows.model.objects.filter(pk__in=ids))
 
 
 _registry: dict[str, StagedMigration] = {}
