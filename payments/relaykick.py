@@ -1,11 +1,8 @@
-"""The outbox relay's kick after commit, coalesced in Redis (fastpath.kicks): one kick per
-transaction and tenant schema, at most one pending kicked relay per schema, relays of a
-schema at most every RELAY_MIN_INTERVAL_MS. The relay lives above payments, so the task is
-sent by name, with the schema in tenant-schemas-celery's `_schema_name` header. The kick is
-only for latency and never raises: the money has committed, and the transaction marked its
-tenant's relay work due (tenants.duework), and beat ("webhooks.relay_due_tenants") relays
-what a lost kick missed within 10 s.
-"""
+"""The outbox relay's kick after commit (docs/ARCHITECTURE.md, "After the commit"),
+coalesced in Redis (fastpath.kicks): at most one pending kicked relay per schema, relays of
+a schema at most every RELAY_MIN_INTERVAL_MS. The relay lives above payments: the task is
+sent by name, the schema in tenant-schemas-celery's `_schema_name` header. The kick is only
+for latency and never raises: beat relays the due work a lost kick missed."""
 
 from __future__ import annotations
 
@@ -55,7 +52,11 @@ class _RelayKick:
                     task.apply(headers=headers)
                 return
             kick_token = secrets.token_hex(8)
-            wait_ms = _kick_pending_claim(self.schema_name, kick_token=kick_token)
+            # None when a kick is pending already; else how many ms the kicked relay must wait.
+            wait_ms = kick_claim(
+                pending_key=_kick_pending_key(self.schema_name), started_key=_relay_started_key(self.schema_name), token=kick_token,
+                pending_ms=KICK_PENDING_SECONDS * 1000, interval_ms=RELAY_MIN_INTERVAL_MS,
+            )
             if wait_ms is None:
                 return  # a kicked relay has not started yet: it will read this commit's event
             # No publish retries: a broker that is down must not hold the request; the
@@ -69,14 +70,6 @@ class _RelayKick:
             logger.warning("outbox relay kick failed; the beat sweep will relay", exc_info=True)
 
 
-def _kick_pending_claim(schema_name: str, *, kick_token: str) -> int | None:
-    """None when a kick is pending already; else how many ms the kicked relay must wait."""
-    return kick_claim(
-        pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token,
-        pending_ms=KICK_PENDING_SECONDS * 1000, interval_ms=RELAY_MIN_INTERVAL_MS,
-    )
-
-
 def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
     """A kick's publish failed: the next commit kicks again."""
     if kick_token:  # else it failed before it claimed the mark
@@ -84,16 +77,14 @@ def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
 
 
 def outbox_relay_kick_pending_clear(*, schema_name: str, kick_token: str = "") -> None:
-    """A relay of `schema_name` starts (call it before reading the outbox): record its
-    start, and if the pending mark's kick sent it (`kick_token`), clear the mark so the next
-    commit kicks again. A relay no kick sent leaves the mark: the kicked relay is still due."""
+    """A relay of `schema_name` starts (before reading the outbox): record its start, and if
+    the pending mark's kick sent it (`kick_token`), clear the mark so the next commit kicks again."""
     kick_started(pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token)
 
 
 def outbox_relay_kick_on_commit() -> None:
-    """Kick the relay once after the current transaction commits (at once outside one),
-    and mark the tenant's relay work due in the transaction (tenants.duework), so the beat
-    relays it even if the kick is lost. Locks: the tenant's relay due-work lock, SHARED."""
+    """Kick the relay once after the current transaction commits (at once outside one), and
+    mark the tenant's relay work due in it. Locks: the tenant's relay due-work lock, SHARED."""
     kick = _RelayKick(str(getattr(connection, "schema_name", "public")))
     if on_commit_queued(kick):
         return
