@@ -52,11 +52,7 @@ class _RelayKick:
                     task.apply(headers=headers)
                 return
             kick_token = secrets.token_hex(8)
-            # None when a kick is pending already; else how many ms the kicked relay must wait.
-            wait_ms = kick_claim(
-                pending_key=_kick_pending_key(self.schema_name), started_key=_relay_started_key(self.schema_name), token=kick_token,
-                pending_ms=KICK_PENDING_SECONDS * 1000, interval_ms=RELAY_MIN_INTERVAL_MS,
-            )
+            wait_ms = _kick_pending_claim(self.schema_name, kick_token=kick_token)
             if wait_ms is None:
                 return  # a kicked relay has not started yet: it will read this commit's event
             # No publish retries: a broker that is down must not hold the request; the
@@ -70,6 +66,14 @@ class _RelayKick:
             logger.warning("outbox relay kick failed; the beat sweep will relay", exc_info=True)
 
 
+def _kick_pending_claim(schema_name: str, *, kick_token: str) -> int | None:
+    """None when a kick is pending already; else how many ms the kicked relay must wait."""
+    return kick_claim(
+        pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token,
+        pending_ms=KICK_PENDING_SECONDS * 1000, interval_ms=RELAY_MIN_INTERVAL_MS,
+    )
+
+
 def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
     """A kick's publish failed: the next commit kicks again."""
     if kick_token:  # else it failed before it claimed the mark
@@ -78,7 +82,8 @@ def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
 
 def outbox_relay_kick_pending_clear(*, schema_name: str, kick_token: str = "") -> None:
     """A relay of `schema_name` starts (before reading the outbox): record its start, and if
-    the pending mark's kick sent it (`kick_token`), clear the mark so the next commit kicks again."""
+    the pending mark's kick sent it (`kick_token`), clear the mark so the next commit kicks
+    again; a relay no kick sent leaves it (the kicked relay is still due)."""
     kick_started(pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token)
 
 

@@ -207,7 +207,8 @@ class TopUpCursor:
         return cls(created=topup.created, id=topup.pk)
 
 
-def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int, before: TopUpCursor | None = None) -> list[TopUp]:
+def topups_page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
+    """One page of `topups`, oldest first, strictly between the bounds."""
     # Keyset, not OFFSET: rows settled between two pages neither shift nor skip one. The
     # bounds are compared in SQL, in the database's collation, the order the pages come in.
     if after is not None:
@@ -217,23 +218,17 @@ def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int, bef
     return list(topups.order_by("created", "id")[:limit])
 
 
-def topups_pending_stale(
-    *, created_before: datetime, after: TopUpCursor | None = None, limit: int = 100, before: TopUpCursor | None = None
-) -> list[TopUp]:
-    """The recovery's pending card top-ups created before `created_before`: one page."""
-    return _page(_topups_recoverable().filter(created__lt=created_before), after=after, limit=limit, before=before)
-
-
-def _topups_recoverable() -> QuerySet[TopUp]:
-    """Pending card top-ups not waiting for an operator."""
-    return TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=True).exclude(claim_key="")
+def topups_recoverable(*, created_before: datetime | None = None) -> QuerySet[TopUp]:
+    """Pending card top-ups not waiting for an operator (created before `created_before`)."""
+    pending = TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=True).exclude(claim_key="")
+    return pending if created_before is None else pending.filter(created__lt=created_before)
 
 
 def topups_recovery_next_due_at(*, lease_seconds: int, now: datetime) -> datetime | None:
     """When the top-up recovery next has work in this tenant: `now` if a card refund is
     owed, else the oldest recoverable top-up's lease end, or None. Pending top-ups are read
     first: one that fails with a charge in between is then seen by the second read."""
-    oldest = _topups_recoverable().aggregate(oldest=Min("created"))["oldest"]
+    oldest = topups_recoverable().aggregate(oldest=Min("created"))["oldest"]
     if topups_charged_uncredited().exists():
         return now
     return oldest + timedelta(seconds=lease_seconds) if oldest is not None else None
@@ -270,11 +265,6 @@ def topup_queue(*, limit: int = 50) -> TopUpQueue:
         pending=topups_pending_count(), operator_review=topups_operator_review_count(), refunds_owed=topups_charged_uncredited().count(),
         oldest=list(waiting.select_related("asset").order_by("created", "id")[:limit]),
     )
-
-
-def topups_refund_due(*, after: TopUpCursor | None = None, limit: int = 100, before: TopUpCursor | None = None) -> list[TopUp]:
-    """One page of the top-ups whose card money is to be given back."""
-    return _page(topups_charged_uncredited(), after=after, limit=limit, before=before)
 
 
 @dataclass(frozen=True)

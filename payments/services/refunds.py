@@ -18,7 +18,7 @@ from payments.gateways.base import GatewayError
 from payments.gateways.registry import gateway_build
 from payments.locks import payment_lock, topup_lock
 from payments.models import Payment, Refund, TopUp
-from payments.selectors import TopUpCursor, gateway_account_get, topups_refund_due
+from payments.selectors import gateway_account_get, topups_charged_uncredited
 from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.topup_budget import LoopBudget, recovery_step_isolated, topups_in_turn
 from payments.services.topups import topup_last_error_note
@@ -111,11 +111,9 @@ def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None
     Locks: each top-up row, briefly, to record the refund."""
     counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
     names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
-
-    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_refund_due(after=after, before=before, limit=limit)
-
-    owed = topups_in_turn(loop="refunds", fetch=fetch, batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf")))
+    owed = topups_in_turn(
+        loop="refunds", topups=topups_charged_uncredited(), batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf"))
+    )
     for topup in owed:
         outcome = recovery_step_isolated(step="refund", topup_id=topup.pk, fn=functools.partial(_refund_one, topup))
         counts[names[outcome]] += 1

@@ -20,9 +20,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError
+from django.db.models import QuerySet
 
 from payments.models import TopUp
-from payments.selectors import TopUpCursor
+from payments.selectors import TopUpCursor, topups_page
 from payments.services.topups import topup_last_error_note
 from wallets.transactions import is_connection_failure
 
@@ -84,22 +85,18 @@ def _resume_set(loop: str, cursor: TopUpCursor | None) -> None:
         logger.warning("top-up recovery resume point not saved", extra={"loop": loop})
 
 
-# fetch(after, before, limit): one keyset page, oldest first, strictly between the bounds.
-PageFetch = Callable[[TopUpCursor | None, TopUpCursor | None, int], list[TopUp]]
-
-
-def topups_in_turn(*, loop: str, fetch: PageFetch, batch_size: int, budget: LoopBudget) -> Iterator[TopUp]:
-    """Every top-up `fetch` lists, each at most once: from after where this loop last
-    stopped to the end, then from the oldest up to there (bounds compared by `fetch` in SQL,
-    the database's order). Once `budget` is spent, remembers the last one handed out as
-    where the next pass resumes; a loop that got round leaves no resume point."""
+def topups_in_turn(*, loop: str, topups: QuerySet[TopUp], batch_size: int, budget: LoopBudget) -> Iterator[TopUp]:
+    """Every one of `topups`, each at most once, by keyset pages: from after where this loop
+    last stopped to the end, then from the oldest up to there. Once `budget` is spent,
+    remembers the last one handed out as where the next pass resumes; a loop that got round
+    leaves no resume point."""
     start = _resume_get(loop)
     last: TopUpCursor | None = None
     for wrapped in ((False, True) if start is not None else (False,)):
         after = None if wrapped else start
         before = start if wrapped else None
         while True:
-            page = fetch(after, before, batch_size)
+            page = topups_page(topups, after=after, before=before, limit=batch_size)
             for topup in page:
                 if budget.spent():
                     _resume_set(loop, last if last is not None else start)

@@ -42,7 +42,7 @@ from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
 from payments.gateways import metrics
 from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
-from payments.selectors import TopUpCursor, topup_get, topups_operator_review_count, topups_pending_count, topups_pending_stale
+from payments.selectors import topup_get, topups_operator_review_count, topups_pending_count, topups_recoverable
 from payments.services import psp_webhooks, refunds, topups
 from payments.services.topup_budget import LoopBudget, recovery_pass_deadline, recovery_step_isolated, topups_in_turn
 from payments.services.topup_due import topup_due_settle, topup_recovery_due_now
@@ -269,12 +269,8 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
         assert last.lease_expires_at is not None
         after_record = (last.lease_expires_at, last.pk)
 
-    created_before = timezone.now() - timedelta(seconds=lease_seconds)
-
-    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_pending_stale(created_before=created_before, after=after, before=before, limit=limit)
-
-    for topup in topups_in_turn(loop="pending", fetch=fetch, batch_size=batch_size, budget=budget()):
+    stale = topups_recoverable(created_before=timezone.now() - timedelta(seconds=lease_seconds))
+    for topup in topups_in_turn(loop="pending", topups=stale, batch_size=batch_size, budget=budget()):
         if topup.pk not in seen:
             resolve = functools.partial(_pending_resolve, topup, lease_seconds)
             count(recovery_step_isolated(step="resolve", topup_id=topup.pk, fn=resolve))

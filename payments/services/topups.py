@@ -40,9 +40,6 @@ logger = logging.getLogger("tally.topups")
 TOP_UPABLE_KINDS = (AssetKind.CURRENCY, AssetKind.REGIONAL)
 
 
-# --- The tenant's gateway account -------------------------------------------------------
-
-
 @atomic_service(operation="gateway_account_set")
 def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook_secrets: list[str], active: bool = True) -> GatewayAccount:
     """Create or replace the tenant's account at `gateway` (credentials sealed); `active`
@@ -361,9 +358,6 @@ def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
         topup_recovery_due_now()
     outbox_event_create(topic="topup.failed", payload={"id": topup.id, "object": "topup", "failure_code": topup.failure_code})
     return topup
-
-
-# --- For the operator ---------------------------------------------------------------------
 
 
 def topup_last_error_note(*, topup_id: str, error: str) -> None:
