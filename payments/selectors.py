@@ -183,9 +183,6 @@ def mandate_get(*, mandate_id: str, customer_id: str) -> Mandate:
     return _one(Mandate.objects.filter(pk=mandate_id, customer_id=customer_id), missing="no such mandate", param="mandate")
 
 
-# --- Card gateways and top-ups --------------------------------------------------------------
-
-
 def gateway_account_get(*, gateway: str) -> GatewayAccount:
     return _one(GatewayAccount.objects.filter(gateway=gateway), missing="no such gateway", param="gateway")
 

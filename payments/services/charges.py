@@ -52,9 +52,6 @@ class Parties:
     terminal_id: str | None
 
 
-# --- At a terminal ----------------------------------------------------------------------------
-
-
 @atomic_service(operation="payment_create")
 def payment_create(
     *, terminal: Terminal, customer: Customer | None = None, customer_id: str | None = None, asset_code: object, amount: object
@@ -93,9 +90,6 @@ def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: str, a
     )
 
 
-# --- One charge ------------------------------------------------------------------------------
-
-
 def charge(
     *,
     customer_id: str,
@@ -122,9 +116,6 @@ def charge(
         if payment is not None:
             return payment
     return _charge_locking_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams, consume_hold=consume_hold)
-
-
-# --- Lock first ------------------------------------------------------------------------------
 
 
 def _charge_locking_first(
@@ -169,9 +160,6 @@ def _rows_lock(parties: Parties, *, asset_code: str, points: int, grams: int) ->
         raise NotFound("no such customer", param="customer")
     legs = _legs(accounts, asset_code=asset_code, amount=1, points=points, grams=grams)  # only the signs matter here
     return balance_rows_lock(wants=ledger_wants(legs)), accounts
-
-
-# --- Write first -----------------------------------------------------------------------------
 
 
 class _NotPlain(Exception):

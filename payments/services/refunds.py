@@ -101,9 +101,6 @@ def terminal_refund_create(*, terminal: Terminal, payment_id: str, amount: objec
     return refund_create(payment=payment, amount=amount, reason=reason)
 
 
-# --- Card refunds of top-ups never credited ---------------------------------------------------
-
-
 def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None) -> dict[str, int]:
     """Refund the card of every charged top-up that ended without a credit (key
     `<top-up id>:refund`), in turn (topup_budget.topups_in_turn) while `budget` lasts; one

@@ -110,8 +110,6 @@ def _charge_then(*, topup: TopUp) -> Settle:
     return functools.partial(topups.topup_settle, topup_id=topup.pk, result=result)
 
 
-# --- Recovery -------------------------------------------------------------------------------
-
 RECOVERY_PAGE_SIZE = 100  # rows per page, not a cap: a run reads pages until none is left
 
 

@@ -63,9 +63,6 @@ def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook
     return account
 
 
-# --- A top-up's rows and its credit ---------------------------------------------------------
-
-
 def topup_pending_new(*, customer: Customer, asset: Asset, amount: int, payment_method: object, **fields: str) -> TopUp:
     """A pending top-up with the tenant's bonus, not yet saved (`fields`: its id, and the
     saga's columns)."""
@@ -152,9 +149,6 @@ def topup_credit(*, topup: TopUp) -> TopUp:
     result = _topup_credit(topup_id=topup.pk)
     topup.status, topup.ledger_transaction_id = result.status, result.ledger_transaction_id
     return result
-
-
-# --- A card top-up, step by step (topup_saga.py orchestrates them) ----------------------------
 
 
 def topup_pending_ensure(
