@@ -1,8 +1,6 @@
-"""Maker-checker for staff postings: what one staff member posts alone in one asset over
-the tenant's rolling window, across every party and to any one party, stays within the
-tenant's threshold; whatever would cross it is a proposal (PendingAdjustment) until a
-different staff member approves it. Every kind of solo posting asks
-`staff_solo_posting_decide`, so they all count into one sum."""
+"""Maker-checker for staff postings: what one staff member posts alone in one asset over the
+tenant's rolling window (in all, and to any one party) stays within the tenant's threshold;
+beyond it a posting is a proposal (PendingAdjustment) until another staff member approves."""
 
 from __future__ import annotations
 

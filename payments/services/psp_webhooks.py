@@ -1,6 +1,4 @@
-"""Inbound PSP webhooks: an event verified by the signature of the gateway that sent it,
-applied once (its marker and its effect in one transaction), and the markers purged past
-their retention by the top-up recovery pass."""
+"""Inbound PSP webhooks: verified, applied once, and their markers purged past retention."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Refunds. Of a payment: merchant -> customer in the ledger, partial and repeatable, never
-more than is left. Of a card top-up that ended without a credit: the card given back what
-the PSP charged, by the top-up recovery pass."""
+"""Refunds: of a payment (merchant -> customer in the ledger), and of a card top-up that
+ended without a credit (the card given back what the PSP charged, by the recovery pass)."""
 
 from __future__ import annotations
 

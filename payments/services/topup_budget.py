@@ -33,11 +33,6 @@ _CURSOR_KEY = "topups:recovery:resume:{loop}"
 _CURSOR_TTL_SECONDS = 24 * 3600
 
 
-def recovery_pass_deadline() -> float:
-    """The `time.monotonic()` instant a pass starting now stops taking records by."""
-    return time.monotonic() + float(settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)
-
-
 @dataclass
 class LoopBudget:
     """One loop's share of a pass: `spent()` once `seconds` have gone since it started."""
@@ -47,12 +42,9 @@ class LoopBudget:
     exhausted: bool = False
 
     @classmethod
-    def from_settings(cls, *, pass_deadline: float | None = None) -> LoopBudget:
-        """The loop's own budget, cut to the time left before `pass_deadline`."""
-        seconds = float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS)
-        if pass_deadline is not None:
-            seconds = max(0.0, min(seconds, pass_deadline - time.monotonic()))
-        return cls(seconds=seconds)
+    def from_settings(cls, *, pass_deadline: float) -> LoopBudget:
+        """The loop's own budget, cut to the time left before `pass_deadline` (monotonic)."""
+        return cls(seconds=max(0.0, min(float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS), pass_deadline - time.monotonic())))
 
     def spent(self) -> bool:
         if not self.exhausted and time.monotonic() - self.started >= self.seconds:

@@ -1,7 +1,6 @@
-"""The operator queue of card top-ups (`topups.topup_review_hold`): a staff member settles
-one by what the PSP holds for it (a search by the top-up id in the charge's metadata, safe
-however old the key), never by what a person typed. The PSP is asked before the
-settlement's own transaction (PspUnavailable when it does not answer)."""
+"""The operator queue of card top-ups (`topups.topup_review_hold`), settled by what the PSP
+holds under the top-up's id (asked before the settlement's transaction: PspUnavailable when
+it does not answer), never by what a person typed."""
 
 from __future__ import annotations
 

@@ -213,8 +213,7 @@ CHARGE_REFUNDED_CODE = "charge_refunded"
 
 
 def topup_charge_matches(*, topup: TopUp, result: ChargeResult) -> bool:
-    """Whether a PSP charge is this top-up's (amount and currency): only such a charge is
-    ever credited."""
+    """Whether a PSP charge is this top-up's (amount and currency): only such is credited."""
     return result.amount == topup.amount and result.currency.upper() == topup.asset_id.upper()
 
 
