@@ -33,6 +33,11 @@ _CURSOR_KEY = "topups:recovery:resume:{loop}"
 _CURSOR_TTL_SECONDS = 24 * 3600
 
 
+def recovery_pass_deadline() -> float:
+    """The `time.monotonic()` instant a pass starting now stops taking records by."""
+    return time.monotonic() + float(settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)
+
+
 @dataclass
 class LoopBudget:
     """One loop's share of a pass: `spent()` once `seconds` have gone since it started."""

@@ -44,7 +44,7 @@ from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import topup_get, topups_operator_review_count, topups_pending_count, topups_recoverable
 from payments.services import psp_webhooks, refunds, topups
-from payments.services.topup_budget import LoopBudget, recovery_step_isolated, topups_in_turn
+from payments.services.topup_budget import LoopBudget, recovery_pass_deadline, recovery_step_isolated, topups_in_turn
 from payments.services.topup_due import topup_due_settle, topup_recovery_due_now
 from wallets.errors import BusinessRefusal, NotFound, TallyError
 from wallets.transactions import is_connection_failure, run_atomic
@@ -234,7 +234,7 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
             return default
 
     budgets: list[LoopBudget] = []
-    pass_deadline = time.monotonic() + float(settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)
+    pass_deadline = recovery_pass_deadline()
 
     def budget() -> LoopBudget:
         budgets.append(LoopBudget.from_settings(pass_deadline=pass_deadline))
