@@ -54,8 +54,7 @@ T = TypeVar("T")
 
 MINT_NAME = "topup"
 
-# Step 3/4: settles the top-up in the completion's transaction; the top-up, and the
-# refusal that answers it if it failed.
+# Step 3/4, in the completion's transaction: the settled top-up and its refusal, if failed.
 Settle = Callable[[], tuple[TopUp, BusinessRefusal | None]]
 
 

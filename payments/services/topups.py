@@ -75,14 +75,15 @@ def topup_pending_new(*, customer: Customer, asset: Asset, amount: int, payment_
 def topup_pending_save(*, topup: TopUp) -> TopUp:
     """Insert a pending top-up and its `topup.created` event. Locks: none (a new row)."""
     topup.save(force_insert=True)
-    outbox_event_create(
-        topic="topup.created",
-        payload={
-            "id": topup.id, "object": "topup", "customer": topup.customer_id, "asset": topup.asset_id, "amount": topup.amount,
-            "status": topup.status,
-        },
-    )
+    outbox_event_create(topic="topup.created", payload=_event_payload(topup))
     return topup
+
+
+def _event_payload(topup: TopUp, **more: object) -> dict[str, object]:
+    return {
+        "id": topup.id, "object": "topup", "customer": topup.customer_id, "asset": topup.asset_id, "amount": topup.amount,
+        "status": topup.status, **more,
+    }
 
 
 def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
@@ -133,13 +134,7 @@ def _topup_credit(*, topup_id: str) -> TopUp:
     locked.status = TopUpStatus.SUCCEEDED
     locked.ledger_transaction = txn
     locked.save(update_fields=["status", "ledger_transaction", "updated"])
-    outbox_event_create(
-        topic="topup.succeeded",
-        payload={
-            "id": locked.id, "object": "topup", "customer": locked.customer_id, "asset": locked.asset_id,
-            "amount": locked.amount, "bonus_amount": locked.bonus_amount, "status": locked.status,
-        },
-    )
+    outbox_event_create(topic="topup.succeeded", payload=_event_payload(locked, bonus_amount=locked.bonus_amount))
     return locked
 
 
