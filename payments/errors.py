@@ -23,15 +23,13 @@ class PaymentErrorCode(StrEnum):
 
 
 class RefundWindowClosed(InvalidState):
-    """Terminals refund only what they took today (SPEC 4): older refunds go through the
-    merchant's back office, where someone accountable decides."""
+    """Terminals refund only what they took today (SPEC 4); the merchant refunds older ones."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.REFUND_WINDOW_CLOSED
 
 
 class ChargeByCustomerIdNotPermitted(NotPermitted):
-    """SPEC 4: charging by bare customer id needs the tenant's setting or the customer's
-    mandate for this merchant; otherwise the customer's payment token (QR) is the way."""
+    """SPEC 4: charging by bare customer id needs the tenant's setting or a mandate."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.CHARGE_BY_CUSTOMER_ID_NOT_PERMITTED
 
@@ -43,8 +41,7 @@ class ChargeByCustomerIdNotPermitted(NotPermitted):
 
 
 class ApproverIsMaker(NotPermitted):
-    """Maker-checker: an adjustment above the tenant's threshold is approved by a staff
-    member other than the one who proposed it."""
+    """Maker-checker: the approver of an adjustment is not the staff member who proposed it."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.APPROVER_IS_MAKER
 
@@ -59,16 +56,14 @@ class CardDeclined(BusinessRefusal):
 
 
 class PspRefused(BusinessRefusal):
-    """The card was not charged and will not be for this top-up: the PSP refused the
-    request itself (an amount below its minimum), or an operator found no charge at the
-    PSP. Final, like a decline (SPEC 5: a 402, stored and replayed)."""
+    """Not charged, and final like a decline (a 402): the PSP refused the request itself (an
+    amount below its minimum), or an operator found no charge at the PSP."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.PSP_REFUSED
 
 
 class PspUnavailable(Unavailable):
-    """No answer from the PSP (timeout, 5xx): the outcome is unknown. Retryable with the
-    same key (the PSP dedupes on it); the recovery task converges it meanwhile."""
+    """No answer from the PSP (timeout, 5xx), the outcome unknown: retryable with the same key."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.PSP_UNAVAILABLE
     retryable = True
@@ -76,19 +71,17 @@ class PspUnavailable(Unavailable):
 
 
 class PspKeyWindowPassed(PspUnavailable):
-    """The top-up is older than the PSP keeps idempotency keys: asking again could charge
-    twice, so an operator settles it. The client sees an ordinary `psp_unavailable`."""
+    """Older than the PSP keeps idempotency keys (asking again could charge twice): an
+    operator settles it. The client sees an ordinary `psp_unavailable`."""
 
 
 class PspChargeMismatch(PspUnavailable):
-    """The PSP holds a successful charge under the top-up's id whose amount or currency is
-    not the top-up's: nothing is credited, the top-up waits for an operator. The client
-    sees an ordinary `psp_unavailable`."""
+    """The PSP's charge under the top-up's id is not its amount and currency: nothing is
+    credited, an operator settles it. The client sees an ordinary `psp_unavailable`."""
 
 
 class PspNotConfigured(NotPermitted):
-    """The tenant has no active card gateway: card top-ups are not offered here (a 403, not
-    a 503: retrying will not help until the operator sets one up)."""
+    """No active card gateway: a 403, not a 503 (retrying will not help)."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.PSP_NOT_CONFIGURED
 

@@ -1,7 +1,6 @@
-"""Row locks on the payments app's rows. Lock order (wallets/locks.py): one business row
-per movement (payment, top-up, intent, pending adjustment, mandate), before any balance
-row. Gateway accounts and PSP event markers are taken by transactions that take no other
-lock. `topup_recovery_lock` is a session advisory lock, tried, never waited for."""
+"""Row locks on the payments app's rows, in the order of docs/ARCHITECTURE.md ("Locks and
+their order"): one business row per movement before any balance row; gateway accounts and
+PSP event markers alone. `topup_recovery_lock` is a session advisory lock, only tried."""
 
 from __future__ import annotations
 

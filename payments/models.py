@@ -146,7 +146,7 @@ class TopUp(PrefixedIdModel, new_id=ids.new_topup_id):
     failure_code = models.CharField(max_length=50, blank=True, default="")
     ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     # The card saga: the gateway, the idempotency record that owns it (for the recovery),
-    # when the PSP charged (its settlement day) and the PSP refund of an uncredited charge.
+    # when the PSP charged (its settlement day), the PSP refund of an uncredited charge.
     gateway = models.CharField(max_length=20, blank=True, default="")
     claim_principal_id = models.CharField(max_length=64, blank=True, default="")
     claim_key = models.CharField(max_length=255, blank=True, default="")
@@ -155,13 +155,11 @@ class TopUp(PrefixedIdModel, new_id=ids.new_topup_id):
     # The PSP holds a successful charge for this top-up. A declined charge has a reference
     # too, so the reference alone cannot say whether there is money to credit or give back.
     psp_charged = models.BooleanField(default=False)
-    # What the PSP says it charged, as recorded (on a failed top-up, whatever the PSP charged,
-    # matching or not): a card refund gives back this, never what we asked for. Empty on rows
-    # recorded before it was kept (the refund asks the PSP). As long as an asset code.
+    # What the PSP says it charged (on a failed top-up, matching or not): what a card refund
+    # gives back, never what we asked for. Empty on older rows (the refund asks the PSP).
     psp_charged_amount = models.BigIntegerField(null=True, blank=True)
     psp_charged_currency = models.CharField(max_length=Asset._meta.get_field("code").max_length, blank=True, default="", db_default="")
-    # Still pending past the PSP's idempotency-key window: asking again could charge
-    # twice, so it waits for an operator.
+    # Past the PSP's idempotency-key window (asking again could charge twice): an operator's.
     operator_review_at = models.DateTimeField(null=True, blank=True)
     # What the last attempt to settle it ran into: the operator's evidence.
     last_error = models.CharField(max_length=500, blank=True, default="")

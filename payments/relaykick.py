@@ -1,11 +1,8 @@
-"""The outbox relay's kick after commit, coalesced in Redis (fastpath.kicks): one kick per
-transaction and tenant schema, at most one pending kicked relay per schema, relays of a
-schema at most every RELAY_MIN_INTERVAL_MS. The relay lives above payments, so the task is
-sent by name, with the schema in tenant-schemas-celery's `_schema_name` header. The kick is
-only for latency and never raises: the money has committed, and the transaction marked its
-tenant's relay work due (tenants.duework), and beat ("webhooks.relay_due_tenants") relays
-what a lost kick missed within 10 s.
-"""
+"""The outbox relay's kick after commit (docs/ARCHITECTURE.md, "After the commit"),
+coalesced in Redis (fastpath.kicks): at most one pending kicked relay per schema, relays of
+a schema at most every RELAY_MIN_INTERVAL_MS. The relay lives above payments: the task is
+sent by name, the schema in tenant-schemas-celery's `_schema_name` header. The kick is only
+for latency and never raises: beat relays the due work a lost kick missed."""
 
 from __future__ import annotations
 
@@ -84,16 +81,15 @@ def _kick_pending_drop(schema_name: str, *, kick_token: str) -> None:
 
 
 def outbox_relay_kick_pending_clear(*, schema_name: str, kick_token: str = "") -> None:
-    """A relay of `schema_name` starts (call it before reading the outbox): record its
-    start, and if the pending mark's kick sent it (`kick_token`), clear the mark so the next
-    commit kicks again. A relay no kick sent leaves the mark: the kicked relay is still due."""
+    """A relay of `schema_name` starts (before reading the outbox): record its start, and if
+    the pending mark's kick sent it (`kick_token`), clear the mark so the next commit kicks
+    again; a relay no kick sent leaves it (the kicked relay is still due)."""
     kick_started(pending_key=_kick_pending_key(schema_name), started_key=_relay_started_key(schema_name), token=kick_token)
 
 
 def outbox_relay_kick_on_commit() -> None:
-    """Kick the relay once after the current transaction commits (at once outside one),
-    and mark the tenant's relay work due in the transaction (tenants.duework), so the beat
-    relays it even if the kick is lost. Locks: the tenant's relay due-work lock, SHARED."""
+    """Kick the relay once after the current transaction commits (at once outside one), and
+    mark the tenant's relay work due in it. Locks: the tenant's relay due-work lock, SHARED."""
     kick = _RelayKick(str(getattr(connection, "schema_name", "public")))
     if on_commit_queued(kick):
         return

@@ -1,13 +1,13 @@
 """Reads of the payments app: balances (the SUM over an account's shard rows), ledger
-history, and money objects scoped to a principal (another principal's object is NotFound).
-"""
+history, and money objects scoped to a principal (another principal's object is NotFound)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import TypeVar
 
-from django.db.models import F, Min, Q, QuerySet, Sum
+from django.db.models import F, Min, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from payments.models import (
@@ -28,6 +28,15 @@ from payments.models import (
 from wallets.errors import NotFound
 from wallets.models import Account, Customer, LedgerEntry, Merchant, StaffMember
 from wallets.selectors import BalanceLine, account_balance_lines
+
+M = TypeVar("M", bound=Model)
+
+
+def _one(rows: QuerySet[M], *, missing: str, param: str | None) -> M:
+    row = rows.first()
+    if row is None:
+        raise NotFound(missing, param=param)
+    return row
 
 
 def wallet_balances(*, customer: Customer) -> list[BalanceLine]:
@@ -57,8 +66,8 @@ def ledger_entries_for_customer(
     created_lt: datetime | None = None,
     newest_first: bool = True,
 ) -> QuerySet[LedgerEntry]:
-    """The customer's ledger entries, ordered by (created, id) (newest first by default):
-    a stable total order for cursor pagination on (created, id)."""
+    """The customer's ledger entries in (created, id) order, newest first by default (a
+    stable total order for cursor pagination)."""
     entries = LedgerEntry.objects.filter(account__customer_id=customer.pk).select_related("transaction")
     if asset_code:
         entries = entries.filter(asset_id=asset_code)
@@ -82,10 +91,7 @@ def payment_get(
 ) -> Payment:
     """A payment visible to the given principal scope; another principal's payment is NotFound."""
     payments = payments_list(merchant_id=merchant_id, terminal_id=terminal_id, store_id=store_id, customer_id=customer_id)
-    payment = payments.filter(pk=payment_id).first()
-    if payment is None:
-        raise NotFound("no such payment", param="payment")
-    return payment
+    return _one(payments.filter(pk=payment_id), missing="no such payment", param="payment")
 
 
 def payments_list(
@@ -104,17 +110,13 @@ def payments_list(
 
 
 def refund_get(*, refund_id: str, merchant_id: str | None = None, customer_id: str | None = None) -> Refund:
-    refund = refunds_list(merchant_id=merchant_id, customer_id=customer_id).filter(pk=refund_id).first()
-    if refund is None:
-        raise NotFound("no such refund", param="refund")
-    return refund
+    refunds = refunds_list(merchant_id=merchant_id, customer_id=customer_id)
+    return _one(refunds.filter(pk=refund_id), missing="no such refund", param="refund")
 
 
 def payment_intent_get(*, intent_id: str, merchant_id: str) -> PaymentIntent:
-    intent = PaymentIntent.objects.filter(pk=intent_id, merchant_id=merchant_id).first()
-    if intent is None:
-        raise NotFound("no such payment intent", param="payment_intent")
-    return intent
+    intents = PaymentIntent.objects.filter(pk=intent_id, merchant_id=merchant_id)
+    return _one(intents, missing="no such payment intent", param="payment_intent")
 
 
 def payment_intents_list(*, merchant_id: str) -> QuerySet[PaymentIntent]:
@@ -123,20 +125,12 @@ def payment_intents_list(*, merchant_id: str) -> QuerySet[PaymentIntent]:
 
 def transfer_get(*, transfer_id: str, customer_id: str) -> Transfer:
     """A transfer the customer sent or received."""
-    transfer = Transfer.objects.filter(Q(from_customer_id=customer_id) | Q(to_customer_id=customer_id), pk=transfer_id).first()
-    if transfer is None:
-        raise NotFound("no such transfer", param="transfer")
-    return transfer
+    return _one(transfers_list(customer_id=customer_id).filter(pk=transfer_id), missing="no such transfer", param="transfer")
 
 
 def topup_get(*, topup_id: str, customer_id: str | None = None) -> TopUp:
     topups = TopUp.objects.filter(pk=topup_id)
-    if customer_id:
-        topups = topups.filter(customer_id=customer_id)
-    topup = topups.first()
-    if topup is None:
-        raise NotFound("no such top-up", param="topup")
-    return topup
+    return _one(topups.filter(customer_id=customer_id) if customer_id else topups, missing="no such top-up", param="topup")
 
 
 def refunds_list(*, merchant_id: str | None = None, customer_id: str | None = None, store_id: str | None = None) -> QuerySet[Refund]:
@@ -157,10 +151,7 @@ def adjustments_list() -> QuerySet[Adjustment]:
 
 
 def adjustment_get(*, adjustment_id: str) -> Adjustment:
-    adjustment = Adjustment.objects.filter(pk=adjustment_id).first()
-    if adjustment is None:
-        raise NotFound("no such adjustment", param=None)
-    return adjustment
+    return _one(Adjustment.objects.filter(pk=adjustment_id), missing="no such adjustment", param=None)
 
 
 def pending_adjustments_list(*, status: str | None = None) -> QuerySet[PendingAdjustment]:
@@ -169,24 +160,15 @@ def pending_adjustments_list(*, status: str | None = None) -> QuerySet[PendingAd
 
 
 def pending_adjustment_get(*, pending_id: str, param: str | None = None) -> PendingAdjustment:
-    pending = PendingAdjustment.objects.filter(pk=pending_id).first()
-    if pending is None:
-        raise NotFound("no such pending adjustment", param=param)
-    return pending
+    return _one(PendingAdjustment.objects.filter(pk=pending_id), missing="no such pending adjustment", param=param)
 
 
 def payment_token_resolve(*, token: object) -> Customer:
     """The customer a live, unused token belongs to, else NotFound(param="customer_token")."""
     if not payment_token_is_well_formed(token):
         raise NotFound("invalid or expired payment token", param="customer_token")
-    row = (
-        PaymentToken.objects.select_related("customer")
-        .filter(token_hash=payment_token_hash(str(token)), used_at__isnull=True, expires_at__gt=timezone.now())
-        .first()
-    )
-    if row is None:
-        raise NotFound("invalid or expired payment token", param="customer_token")
-    return row.customer
+    live = PaymentToken.objects.filter(token_hash=payment_token_hash(str(token)), used_at__isnull=True, expires_at__gt=timezone.now())
+    return _one(live.select_related("customer"), missing="invalid or expired payment token", param="customer_token").customer
 
 
 def mandate_active_exists(*, customer_id: str, merchant_id: str) -> bool:
@@ -198,20 +180,11 @@ def mandates_list(*, customer_id: str) -> QuerySet[Mandate]:
 
 
 def mandate_get(*, mandate_id: str, customer_id: str) -> Mandate:
-    mandate = Mandate.objects.filter(pk=mandate_id, customer_id=customer_id).first()
-    if mandate is None:
-        raise NotFound("no such mandate", param="mandate")
-    return mandate
-
-
-# --- Card gateways and top-ups --------------------------------------------------------------
+    return _one(Mandate.objects.filter(pk=mandate_id, customer_id=customer_id), missing="no such mandate", param="mandate")
 
 
 def gateway_account_get(*, gateway: str) -> GatewayAccount:
-    account = GatewayAccount.objects.filter(gateway=gateway).first()
-    if account is None:
-        raise NotFound("no such gateway", param="gateway")
-    return account
+    return _one(GatewayAccount.objects.filter(gateway=gateway), missing="no such gateway", param="gateway")
 
 
 def gateway_account_active() -> GatewayAccount | None:
@@ -231,10 +204,10 @@ class TopUpCursor:
         return cls(created=topup.created, id=topup.pk)
 
 
-def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int, before: TopUpCursor | None = None) -> list[TopUp]:
-    # Keyset, not OFFSET: rows settled between two pages neither shift the next page nor
-    # make it skip one, however long the list. Both bounds are compared in SQL, in the
-    # database's collation, the order the pages come in.
+def topups_page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
+    """One page of `topups`, oldest first, strictly between the bounds."""
+    # Keyset, not OFFSET: rows settled between two pages neither shift nor skip one. The
+    # bounds are compared in SQL, in the database's collation, the order the pages come in.
     if after is not None:
         topups = topups.filter(Q(created__gt=after.created) | Q(created=after.created, id__gt=after.id))
     if before is not None:
@@ -242,24 +215,17 @@ def _page(topups: QuerySet[TopUp], *, after: TopUpCursor | None, limit: int, bef
     return list(topups.order_by("created", "id")[:limit])
 
 
-def topups_pending_stale(
-    *, created_before: datetime, after: TopUpCursor | None = None, limit: int = 100, before: TopUpCursor | None = None
-) -> list[TopUp]:
-    """Pending card top-ups created before `created_before` and not waiting for an operator:
-    the recovery task's work list, one page (oldest first) after `after` (and before
-    `before`, when given)."""
-    pending = TopUp.objects.filter(status=TopUpStatus.PENDING, created__lt=created_before, operator_review_at__isnull=True)
-    return _page(pending.exclude(claim_key=""), after=after, limit=limit, before=before)
+def topups_recoverable(*, created_before: datetime | None = None) -> QuerySet[TopUp]:
+    """Pending card top-ups not waiting for an operator (created before `created_before`)."""
+    pending = TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=True).exclude(claim_key="")
+    return pending if created_before is None else pending.filter(created__lt=created_before)
 
 
 def topups_recovery_next_due_at(*, lease_seconds: int, now: datetime) -> datetime | None:
     """When the top-up recovery next has work in this tenant: `now` if a card refund is
-    owed, else the oldest pending top-up's lease end (not one waiting for an operator);
-    None when neither. Pending top-ups are read first: one that fails with a charge in
-    between is then seen by the second read."""
-    oldest = TopUp.objects.filter(status=TopUpStatus.PENDING, operator_review_at__isnull=True).exclude(claim_key="").aggregate(
-        oldest=Min("created")
-    )["oldest"]
+    owed, else the oldest recoverable top-up's lease end, or None. Pending top-ups are read
+    first: one that fails with a charge in between is then seen by the second read."""
+    oldest = topups_recoverable().aggregate(oldest=Min("created"))["oldest"]
     if topups_charged_uncredited().exists():
         return now
     return oldest + timedelta(seconds=lease_seconds) if oldest is not None else None
@@ -275,8 +241,7 @@ def topups_operator_review_count() -> int:
 
 
 def topups_charged_uncredited() -> QuerySet[TopUp]:
-    """Failed top-ups the PSP holds a charge for and whose card refund is not recorded yet,
-    whatever made them fail."""
+    """Failed top-ups the PSP holds a charge for whose card refund is not recorded yet."""
     return TopUp.objects.filter(status=TopUpStatus.FAILED, psp_charged=True, psp_refund_reference="")
 
 
@@ -284,26 +249,19 @@ def topups_charged_uncredited() -> QuerySet[TopUp]:
 class TopUpQueue:
     """A tenant's card top-ups that still hold or owe card money, for the platform admin."""
 
-    pending: int  # the operator queue among them
-    operator_review: int
+    pending: int
+    operator_review: int  # the operator queue among them
     refunds_owed: int
     oldest: list[TopUp]  # pending or refund owed, oldest first, at most the limit asked for
 
 
 def topup_queue(*, limit: int = 50) -> TopUpQueue:
-    """The current tenant's pending top-ups and card refunds owed, counted, and the oldest
-    `limit` of them. Reads only."""
-    waiting = TopUp.objects.filter(Q(status=TopUpStatus.PENDING) | Q(status=TopUpStatus.FAILED, psp_charged=True, psp_refund_reference=""))
+    """The current tenant's pending top-ups and card refunds owed, counted, and the oldest `limit`."""
+    waiting = TopUp.objects.filter(status=TopUpStatus.PENDING) | topups_charged_uncredited()
     return TopUpQueue(
         pending=topups_pending_count(), operator_review=topups_operator_review_count(), refunds_owed=topups_charged_uncredited().count(),
         oldest=list(waiting.select_related("asset").order_by("created", "id")[:limit]),
     )
-
-
-def topups_refund_due(*, after: TopUpCursor | None = None, limit: int = 100, before: TopUpCursor | None = None) -> list[TopUp]:
-    """One page (oldest first, after `after` and before `before`, when given) of the top-ups
-    whose card money is to be given back (`topups_charged_uncredited`)."""
-    return _page(topups_charged_uncredited(), after=after, limit=limit, before=before)
 
 
 @dataclass(frozen=True)
@@ -344,10 +302,9 @@ class SoloPostings:
 def staff_solo_postings_total(
     *, staff: StaffMember, asset_code: str, since: datetime, customer: Customer | None = None, merchant: Merchant | None = None
 ) -> SoloPostings:
-    """What `staff` posted alone in `asset_code` since `since`, across every party and to the
-    given one, credits and debits alike (a debit undoes no credit's risk), in one query.
-    Solo postings are adjustments posted without an approval; a new kind of staff posting
-    (manual payouts) adds its own sum here, so the maker-checker counts them together."""
+    """What `staff` posted alone (adjustments without an approval) in `asset_code` since
+    `since`, across every party and to the given one, credits and debits alike (a debit
+    undoes no credit's risk), in one query. A new kind of solo staff posting adds its sum here."""
     party = Q(customer=customer, merchant=merchant) if customer is not None or merchant is not None else Q(pk__in=[])
     sums = Adjustment.objects.filter(staff=staff, asset_id=asset_code, created__gte=since, approval__isnull=True).aggregate(
         total=Sum("amount"), to_party=Sum("amount", filter=party)

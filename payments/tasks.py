@@ -1,11 +1,6 @@
-"""Recovery of card top-ups (payments/services/topup_saga.py): beat tasks in the public
-schema fan out one task per tenant (tenant-schemas-celery carries the schema), each one
-service call. Every 10 s only the tenants whose recovery work is due (tenants.duework);
-every 30 minutes (TALLY_SAFETY_SWEEP_SECONDS) all of them, the safety sweep (it also
-purges old PSP event markers and refreshes the top-up gauges).
-
-Switched-off tenants included: their PSP webhooks still land, and a charge taken for one
-of their top-ups is settled or given back to the card whatever became of the operator."""
+"""Recovery of card top-ups (payments/services/topup_saga.py), fanned out per tenant by beat
+(docs/ARCHITECTURE.md, "Beat, due work"). Switched-off tenants included: their PSP webhooks
+still land, and a charge taken for one of their top-ups is settled or given back."""
 
 from __future__ import annotations
 
@@ -21,15 +16,13 @@ from tenants.selectors import tenant_schemas_all
 
 @shared_task(base=TenantTask, name="payments.topups_recover_due_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_due_tenants() -> int:
-    """Beat entry point, every 10 s: enqueue `topups_recover_tenant` in each tenant, switched
-    on or off, whose recovery work is due (one query of the public table)."""
+    """Beat, every 10 s: `topups_recover_tenant` in each tenant whose recovery work is due."""
     return task_send_in_each(topups_recover_tenant, schemas=due_work_schemas(kinds=[DueWorkKind.TOPUPS], switched_off_too=True))
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_all_tenants() -> int:
-    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: enqueue
-    `topups_recover_tenant` inside every tenant, switched on or off."""
+    """Beat's safety sweep, every TALLY_SAFETY_SWEEP_SECONDS: `topups_recover_tenant` in every tenant."""
     return task_send_in_each(topups_recover_tenant, schemas=tenant_schemas_all())
 
 

@@ -1,10 +1,8 @@
-"""The gateway interface every PSP adapter implements, and its typed outcomes.
-
-A charge is created with OUR idempotency key (the top-up id), so asking again returns the
-first charge, never a second. An answer we did not get (timeout, 5xx), or one that does
-not speak for the charge under our key (our credentials refused, the PSP's idempotency
-layer objecting), is `GatewayUnavailable`: only asking again with the same key resolves it.
-"""
+"""The gateway interface every PSP adapter implements, and its typed outcomes. A charge is
+created with OUR idempotency key (the top-up id): asking again returns the first charge.
+An answer we did not get (timeout, 5xx), or one that does not speak for the charge under
+our key (our credentials refused, the PSP's idempotency layer objecting), is
+`GatewayUnavailable`: only asking again with the same key resolves it."""
 
 from __future__ import annotations
 
@@ -16,10 +14,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 
 def time_limit_reraise(exc: BaseException) -> None:
-    """Re-raise Celery's SoftTimeLimitExceeded found anywhere in `exc`'s cause or context
-    chain. An HTTP client that wraps every exception of its transport in its own (stripe-
-    python's RequestsClient: `except Exception` -> APIConnectionError) would otherwise turn
-    the task's time being up into "the PSP did not answer", and the pass would go on."""
+    """Re-raise Celery's SoftTimeLimitExceeded found in `exc`'s cause or context chain: an
+    HTTP client that wraps its transport's every exception (stripe-python) would otherwise
+    turn the task's time being up into "the PSP did not answer"."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -39,7 +36,7 @@ class GatewayUnavailable(GatewayError):
 
 class GatewayRejected(GatewayError):
     """The PSP refused the request's parameters (not a decline): nothing was charged, and
-    the same parameters are refused again. `param` and `code` are the PSP's, when given."""
+    would not be on asking again. `param` and `code` are the PSP's, when given."""
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)

@@ -1,19 +1,11 @@
 """The Stripe adapter (production): PaymentIntents confirmed at once with the card's
-PaymentMethod, our top-up id as Stripe's Idempotency-Key.
-
-- A decline is Stripe's 402 CardError: the charge failed, with its decline code.
-- No answer (APIConnectionError, a timeout) or a 5xx / 429: GatewayUnavailable (the
-  outcome is unknown; asking again with the same key returns the first PaymentIntent).
-  stripe-python's own network retries are off: the saga retries, always with the same key.
-- Our key refused (401, 403) or Stripe's idempotency layer objecting (the key in use, or
-  reused with other parameters): GatewayUnavailable too. Neither says anything about the
-  charge an earlier attempt under the same key may have made.
-- Other 4xx (invalid parameters: `amount_too_small`, an unknown currency): GatewayRejected,
-  with Stripe's code. Nothing was charged; Stripe saves no idempotent result for a request
-  that failed validation, and the same parameters are refused again.
-- Webhooks: `Stripe-Signature` (payments.gateways.signing); `payment_intent.succeeded` and
-  `payment_intent.payment_failed` carry our top-up id in `metadata.tally_topup`.
-- Settlement: the day's balance transactions (charges and refunds).
+PaymentMethod, our top-up id as Stripe's Idempotency-Key and in `metadata.tally_topup`.
+A decline is Stripe's 402 CardError. No answer, a 5xx or 429, our key refused (401, 403)
+or Stripe's idempotency layer objecting: GatewayUnavailable, none of which says anything
+about an earlier attempt's charge (stripe-python's own retries are off: the saga retries
+with the same key). Other 4xx (`amount_too_small`, an unknown currency): GatewayRejected;
+Stripe saves no idempotent result for a request that failed validation. Webhooks are
+signed as in payments.gateways.signing; settlement reads the day's balance transactions.
 """
 
 from __future__ import annotations

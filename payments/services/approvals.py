@@ -1,9 +1,6 @@
-"""Maker-checker for staff postings: what one staff member posts alone (no second approver)
-in one asset, over the tenant's rolling window, summed across every party, stays within the
-tenant's threshold (and so does what they post alone to any one party). Whatever would cross
-it is a proposal (PendingAdjustment) until a different staff member approves it. The admin
-and the admin API go through `adjustment_request`; every kind of solo posting asks
-`staff_solo_posting_decide`, so they all count into one sum."""
+"""Maker-checker for staff postings: what one staff member posts alone in one asset over the
+tenant's rolling window (in all, and to any one party) stays within the tenant's threshold;
+beyond it a posting is a proposal (PendingAdjustment) until another staff member approves."""
 
 from __future__ import annotations
 
@@ -32,10 +29,9 @@ logger = logging.getLogger("tally.payments")
 
 
 def adjustment_approval_limits(*, asset_code: str) -> ApprovalLimits:
-    """The tenant's threshold for `asset_code` and its window (tenants.approvals), read from
-    its row now (tenant_extra_settings_fresh), in one query. A stored setting not of the
-    documented form (written around `Tenant.clean()`) fails closed: a threshold of 0, so
-    every solo posting waits for a second staff member, logged."""
+    """The tenant's threshold for `asset_code` and its window, read from its row now. A
+    stored setting not of the documented form (written around `Tenant.clean()`) fails
+    closed, logged: a threshold of 0, so every solo posting waits for a second staff member."""
     try:
         return approval_limits(extra=tenant_extra_settings_fresh(), asset_code=asset_code)
     except ApprovalSettingInvalid as exc:
@@ -45,8 +41,7 @@ def adjustment_approval_limits(*, asset_code: str) -> ApprovalLimits:
 
 @dataclass(frozen=True)
 class SoloPostingDecision:
-    """Whether a staff member may post `amount` alone now, with what they already posted
-    alone in the window (across every party, and to this party) and the limits used."""
+    """Whether a staff member may post `amount` alone now, and what it was decided on."""
 
     alone: bool
     posted_alone_in_window: int
@@ -57,14 +52,10 @@ class SoloPostingDecision:
 def staff_solo_posting_decide(
     *, staff: StaffMember, asset_code: str, amount: int, customer: Customer | None = None, merchant: Merchant | None = None
 ) -> SoloPostingDecision:
-    """May `staff` post `amount` of `asset_code` to this party alone (no second approver)?
-    Only if what they posted alone in this asset within the window, plus `amount`, stays
-    within the threshold, both across every party and to this one. Call it inside the
-    transaction that posts (or proposes): the lock is held until that commits.
-
-    Locks: `staff_solo_postings_lock` (staff member, asset) first, so two concurrent
-    postings of one staff member in one asset, to any parties, are counted one after the
-    other; no row."""
+    """May `staff` post `amount` of `asset_code` to this party alone? Call it inside the
+    transaction that posts (or proposes): its lock is held until that commits.
+    Locks: `staff_solo_postings_lock` (staff member, asset) first, so two concurrent postings
+    of one staff member in one asset are counted one after the other; no row."""
     staff_solo_postings_lock(staff_id=staff.pk, asset_code=asset_code)
     limits = adjustment_approval_limits(asset_code=asset_code)
     posted = staff_solo_postings_total(
@@ -86,10 +77,7 @@ def adjustment_request(
     reason: str,
 ) -> Adjustment | PendingAdjustment:
     """Posted now if `staff_solo_posting_decide` lets `maker` post it alone, else held for a
-    second staff member (audited).
-
-    Locks: as staff_solo_posting_decide (the maker's solo postings in this asset) first;
-    then, when posted, as adjustment_create."""
+    second staff member (audited). Locks: as staff_solo_posting_decide, then adjustment_create."""
     minor = amount_to_minor(amount)
     party = adjustment_request_check(customer=customer, merchant=merchant, direction=direction, reason=reason)
     asset = asset_get(asset_code=asset_code)

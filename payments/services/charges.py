@@ -1,27 +1,12 @@
 """Charges: a customer paying a merchant, at a terminal (by customer id or scanned QR
-token) or through a payment intent, in the caller's transaction.atomic block. Two
-strategies make the same payment, side by side below; a refusal leaves nothing written
-on either.
-
-- **Lock first** (`_charge_locking_first`), which every charge can take: every balance row
-  in one `select_for_update` statement (wallets.locks, in the global lock order),
-  refusals and reward cuts decided on the locked rows, then the ledger and the balances
-  with F() updates (`ledger_post`), the payment and its outbox row.
-- **Write first** (`charge_write_first`), which the usual payment tries first: a speed
-  variant, kept because it measured 11.5 % of a keyed payment's CPU, and remembering the
-  parties' accounts 11.0 % (docs/BENCHMARKS.md). It writes its rows in a savepoint and
-  only then locks the balance rows for the checks and the one UPDATE, so a hot wallet's
-  row is held for less. Anything but the plain case writes nothing, or rolls its
-  savepoint back, and returns None: the charge is then made locking first. Captures
-  never take it. A payment made there takes its `created` when written, before the lock
-  wait (bounded by the claim's `lock_timeout`): `created` order can differ from lock
-  order by that wait.
-
-Both want the same rows, post the same legs and write the same payment and event
-(`_rows_wanted`, `_legs`, `_payment_rows_new`). Rewards, in the tenant's main currency
-only: points at `points_earn_rate` (ROUND_FLOOR) from the bonus pool, carbon at
-`carbon_grams_per_unit` (ROUND_HALF_EVEN) from the carbon registry, each cut to what fits
-under its asset's cap.
+token) or through a payment intent, in the caller's transaction; a refusal leaves nothing
+written. Two strategies make the same payment (docs/ARCHITECTURE.md, "One keyed terminal
+payment"): lock first (`_charge_locking_first`), which every charge can take, and write
+first (`charge_write_first`), a speed variant (docs/BENCHMARKS.md) the usual payment tries
+first; it writes its rows in a savepoint before it locks, so its `created` can precede
+its lock wait. Both want the same rows, post the same legs and write the same payment and
+event. Rewards, in the tenant's main currency only: points (ROUND_FLOOR) from the bonus
+pool, carbon (ROUND_HALF_EVEN) from the carbon registry, each cut to its asset's cap.
 """
 
 from __future__ import annotations
@@ -67,16 +52,12 @@ class Parties:
     terminal_id: str | None
 
 
-# --- At a terminal ----------------------------------------------------------------------------
-
-
 @atomic_service(operation="payment_create")
 def payment_create(
     *, terminal: Terminal, customer: Customer | None = None, customer_id: str | None = None, asset_code: object, amount: object
 ) -> Payment:
-    """Take a payment from `customer` (or its `customer_id`) at `terminal`. Charging by
-    customer id needs the tenant's `charge_by_customer_id` or a mandate
-    (ChargeByCustomerIdNotPermitted, checked first). Locks: see `charge`."""
+    """Take a payment from `customer` (or its `customer_id`) at `terminal`; by customer id
+    only with the tenant's setting or a mandate (checked first). Locks: see `charge`."""
     minor = amount_to_minor(amount)
     if (customer is None) == (customer_id is None):
         raise TypeError("pass exactly one of customer and customer_id")
@@ -109,9 +90,6 @@ def _terminal_charge(*, terminal: Terminal, customer_id: str, asset_code: str, a
     )
 
 
-# --- One charge ------------------------------------------------------------------------------
-
-
 def charge(
     *,
     customer_id: str,
@@ -122,15 +100,12 @@ def charge(
     amount: int,
     consume_hold: Hold | None = None,
 ) -> Payment:
-    """Customer -> merchant, in the caller's transaction; a refusal leaves nothing written.
-    `consume_hold`: a hold (locked by the caller) this charge captures (ledger_post).
-
-    Locks: the customer's balance rows (asset, POINT, CARBON), the merchant's shard and
-    the bonus pool's and carbon registry's shards, in one statement in the global order
-    (wallets.locks), before anything is written. `charge_write_first` takes the same locks
-    after writing its rows in a savepoint. Refusals, in this order: NotFound (terminal or
-    merchant, then customer), AssetUnknown, WalletFrozen, InsufficientFunds.
-    """
+    """Customer -> merchant; `consume_hold`: a hold (locked by the caller) this charge
+    captures (ledger_post). Captures never write first.
+    Locks: the customer's balance rows (asset, POINT, CARBON) and the merchant's, bonus
+    pool's and carbon registry's shards, in one statement in the global order (wallets.locks);
+    write first takes them after writing its rows in a savepoint. Refusals, in this order:
+    NotFound (terminal or merchant, then customer), AssetUnknown, WalletFrozen, InsufficientFunds."""
     tenant = tenant_current()
     rewarded = asset_code == tenant.main_currency
     points = points_for(amount=amount, rate=tenant_rate(tenant, "points_earn_rate")) if rewarded else 0
@@ -141,9 +116,6 @@ def charge(
         if payment is not None:
             return payment
     return _charge_locking_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams, consume_hold=consume_hold)
-
-
-# --- Lock first ------------------------------------------------------------------------------
 
 
 def _charge_locking_first(
@@ -174,9 +146,9 @@ def _charge_locking_first(
 
 
 def _rows_lock(parties: Parties, *, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
-    """Lock the charge's balance rows, finding its accounts in the same statement. When a
-    row is missing (a first reward or shard credit, an empty wallet), the accounts are read
-    and `balance_rows_lock` makes the rows that may be made."""
+    """Lock the charge's balance rows, finding its accounts in the same statement; with a
+    row missing (a first reward or shard credit), the accounts are read and
+    `balance_rows_lock` makes the rows that may be made."""
     wanted = _rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
     locked = balance_rows_lock_by_owner(rows=wanted)
     if len(locked.rows) == len(wanted):
@@ -190,26 +162,17 @@ def _rows_lock(parties: Parties, *, asset_code: str, points: int, grams: int) ->
     return balance_rows_lock(wants=ledger_wants(legs)), accounts
 
 
-# --- Write first -----------------------------------------------------------------------------
-
-
-class _RewardCapMoved(Exception):
-    """The locked rows cut a reward the plan did not: the payment is redone locking first."""
-
-
-class _KnownAccountsWrong(Exception):
-    """The locked rows do not match the remembered accounts: the payment is made locking first."""
+class _NotPlain(Exception):
+    """The locked rows cut a reward the plan did not, or do not bear out the remembered
+    accounts: the payment is made locking first."""
 
 
 def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points: int, grams: int) -> Payment | None:
-    """The ledger rows, the payment and its event are written in a savepoint, then the
-    balance rows are locked and `ledger_post` checks again on them: a refusal rolls the
-    savepoint back and raises; a reward cut that appeared since the plan, or locked rows
-    that do not bear out remembered accounts, roll back and return None.
-
-    Locks: a savepoint; then the balance rows, by account, in one statement in the global
-    order (wallets.locks.balance_rows_lock), the rows the lock-first path locks.
-    """
+    """Write the ledger rows, the payment and its event in a savepoint, then lock the
+    balance rows for `ledger_post`'s checks: a refusal rolls the savepoint back and raises;
+    anything but the plain case (a reward cut since the plan, remembered accounts the locked
+    rows do not bear out) rolls back and returns None, for the lock-first path.
+    Locks: a savepoint; then the lock-first path's balance rows (balance_rows_lock)."""
     if not connection.in_atomic_block:
         return None  # no savepoint outside a transaction: the locking-first path refuses that
     known_key = (str(getattr(connection, "schema_name", "")), parties.customer_id, parties.merchant_id, asset_code, points > 0, grams > 0)
@@ -237,9 +200,9 @@ def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points
             # Accounts from memory are checked on the locked rows, and make no row.
             locked = balance_rows_lock(wants=[replace(want, creatable=False) for want in wants])
             if not _accounts_hold(locked, accounts, parties, wants):
-                raise _KnownAccountsWrong()
+                raise _NotPlain()
         if _rewards_cut(locked, customer=customer, points=points, grams=grams) != (points, grams):
-            raise _RewardCapMoved()
+            raise _NotPlain()
         ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, written=txn)
     except BaseException as failure:
         # Whatever stops it (a refusal, a lock timeout, a deadlock, a bug), the rows it wrote
@@ -251,7 +214,7 @@ def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points
         except DatabaseError:
             pass  # the connection is gone: so is everything this transaction wrote
         _KNOWN_ACCOUNTS.pop(known_key, None)  # the next payment of these parties reads its plan
-        if isinstance(failure, (_RewardCapMoved, _KnownAccountsWrong)):
+        if isinstance(failure, _NotPlain):
             return None
         raise
     if from_plan:
@@ -277,12 +240,10 @@ def _plan_accounts(parties: Parties, *, asset_code: str, amount: int, points: in
     return accounts
 
 
-# Accounts known from an earlier payment of the same parties, per process: only a hint.
-# The account ids of a payment's parties never change, so a remembered entry saves the plan
-# read. Every check is made under the lock anyway; with remembered accounts the lock makes
-# no missing row and checks each locked row belongs to the party it was remembered for.
-# Any failure forgets the entry. A remembered `frozen` can be stale only towards "not
-# frozen", which the locked rows' check overrides.
+# Accounts known from an earlier payment of the same parties, per process: only a hint
+# that saves the plan read (a party's account ids never change). Under the lock, remembered
+# accounts make no missing row and each locked row is checked to be the party's; any
+# failure forgets the entry. A stale `frozen` can only say "not frozen": the rows override.
 
 _KnownKey = tuple[str, str, str, str, bool, bool]  # schema, customer, merchant, asset, points?, carbon?
 _KNOWN_ACCOUNTS_MAX = 4_096  # about 2.5 KB an entry: ~10 MB a process at most
@@ -301,8 +262,8 @@ def known_accounts_forget() -> None:
 
 
 def _accounts_hold(locked: LockedBalances, accounts: MovementAccounts, parties: Parties, wants: list[BalanceWant]) -> bool:
-    """Every wanted row was locked, and each remembered account, as read under the lock, is
-    still the account of the party it was remembered for."""
+    """Every wanted row was locked, and each remembered account is, as read under the
+    lock, still its party's."""
     if len(locked.rows) != len(wants) or not all(locked.covers(want) for want in wants):
         return False
     fresh = {row.account_id: row.account for row in locked.rows.values()}

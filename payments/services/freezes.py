@@ -1,5 +1,4 @@
-"""Wallet freezes by staff: payments, transfers, refunds and top-ups are refused
-(WalletFrozen) until unfrozen; staff adjustments still work."""
+"""Wallet freezes by staff: every movement but a staff adjustment is refused (WalletFrozen)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
-"""Payment intents (SPEC 7): merchant-initiated charges.
-
-Automatic capture: created -> charge_requested -> charged, or charge_failed on a business
-refusal. Manual capture: created -> authorized (a hold) -> captured (a partial capture
-releases the rest), or canceled. The amount changes only while created. Every transition
-is a compare-and-set on `version`, so two concurrent confirms charge once. Each public
-function works on a copy of the caller's intent and copies the new state back only once
-its transaction succeeded: a refused transition leaves the caller's object as it was.
-"""
+"""Payment intents (SPEC 7): merchant-initiated charges. Automatic capture: created ->
+charge_requested -> charged, or charge_failed on a business refusal. Manual capture:
+created -> authorized (a hold) -> captured (a partial capture releases the rest), or
+canceled. The amount changes only while created. Every transition is a compare-and-set on
+`version`, so two concurrent confirms charge once. Each public function works on a copy of
+the caller's intent and copies the new state back only once its transaction succeeded."""
 
 from __future__ import annotations
 
@@ -85,9 +82,6 @@ def payment_intent_cancel(*, intent: PaymentIntent) -> PaymentIntent:
     return _sync(intent, _cancel(intent=copy.copy(intent)))
 
 
-# --- Transitions, each one transaction ---------------------------------------------------
-
-
 @atomic_service(operation="payment_intent_update_amount")
 def _update_amount(*, intent: PaymentIntent, amount: int) -> PaymentIntent:
     return _cas(intent, expected=(PaymentIntentStatus.CREATED,), amount=amount)
@@ -157,9 +151,6 @@ def _cancel(*, intent: PaymentIntent) -> PaymentIntent:
         hold_release(hold=canceled.hold)
     outbox_event_create(topic="payment_intent.canceled", payload=_payload(canceled))
     return canceled
-
-
-# --- Helpers -------------------------------------------------------------------------------
 
 
 def _lock(intent: PaymentIntent) -> PaymentIntent:

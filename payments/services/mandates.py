@@ -16,9 +16,9 @@ from wallets.transactions import atomic_service
 
 
 def charge_by_customer_id_check(*, customer_id: str, merchant_id: str) -> None:
-    """Refuse (ChargeByCustomerIdNotPermitted) a charge by bare customer id unless the
-    tenant allows it or the customer holds an active mandate for this merchant. Checked
-    before the customer is looked up, so a refusal does not tell whether the id exists."""
+    """Refuse a charge by bare customer id unless the tenant allows it or the customer holds
+    an active mandate for this merchant; checked before the customer is looked up, so a
+    refusal does not tell whether the id exists."""
     if tenant_current().charge_by_customer_id:
         return
     if not mandate_active_exists(customer_id=customer_id, merchant_id=merchant_id):
@@ -27,8 +27,8 @@ def charge_by_customer_id_check(*, customer_id: str, merchant_id: str) -> None:
 
 @atomic_service(operation="mandate_grant")
 def mandate_grant(*, customer: Customer, merchant: Merchant) -> Mandate:
-    """Let `merchant` charge `customer` by customer id. Granting again returns the active
-    mandate, also when two grants race (a unique index). Locks: none."""
+    """Let `merchant` charge `customer` by customer id; granting again (or racing, a unique
+    index) returns the active mandate. Locks: none."""
     active = Mandate.objects.filter(customer=customer, merchant=merchant, revoked_at__isnull=True).first()
     if active is not None:
         return active
@@ -46,8 +46,7 @@ def mandate_grant(*, customer: Customer, merchant: Merchant) -> Mandate:
 
 @atomic_service(operation="mandate_revoke")
 def mandate_revoke(*, mandate: Mandate) -> Mandate:
-    """Revoke a mandate: the merchant's next charge by customer id is refused. Revoking
-    twice is a no-op. Locks: the mandate row."""
+    """Revoke a mandate (again: a no-op). Locks: the mandate row."""
     locked = mandate_lock(mandate_id=mandate.pk)
     if locked.revoked_at is None:
         locked.revoked_at = timezone.now()

@@ -39,9 +39,8 @@ def outbox_event_new(
 
 
 def _event_new(*, topic: str, payload: Mapping[str, Any], created: datetime | None, sequence: int | None) -> OutboxEvent:
-    """The event's `sequence` among its object's events (`payload["id"]`) is the last one
-    plus one: the caller holds the object's row lock, or the object is new, so events are
-    numbered in commit order. A caller that knows it (1 for a new object) saves the read."""
+    """The event's `sequence` among its object's events (`payload["id"]`) is the last one plus
+    one: the caller holds the object's row lock, or the object is new (then it passes 1)."""
     object_id = str(payload.get("id") or "")
     if sequence is None and not object_id:
         sequence = 0  # about no object: nothing to order it among

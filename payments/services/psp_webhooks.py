@@ -1,6 +1,4 @@
-"""Inbound PSP webhooks: an event verified by the signature of the gateway that sent it,
-applied once (its marker and its effect in one transaction), and the markers purged past
-their retention by the top-up recovery pass."""
+"""Inbound PSP webhooks: verified, applied once, and their markers purged past retention."""
 
 from __future__ import annotations
 
@@ -27,19 +25,12 @@ logger = logging.getLogger("tally.topups")
 
 
 def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes, now: float | None = None) -> str:
-    """Verify and apply one inbound PSP event; returns the outcome (applied, duplicate,
-    ignored, wrong_gateway, mismatch). The signature first (PspSignatureInvalid /
-    PspSignatureStale, nothing applied); then the event id is recorded in the same
-    transaction as its effect, so a redelivery is a duplicate and a failing effect leaves
-    the retry to be processed.
-
-    An event speaks only for the gateway whose secret signed it: about a top-up of another
-    gateway (`wrong_gateway`) it changes nothing. A successful charge whose amount or
-    currency is not the top-up's (`mismatch`) credits nothing and puts a pending top-up in
-    the operator queue; on a top-up failed with no charge recorded it is recorded with the
-    PSP's amount and currency and refunded (`applied`). Both are recorded and logged, and acknowledged (2xx): the event is
-    authentic, and a provider retries a 4xx for days (Stripe: 3) with nothing to gain, so
-    a person looks instead. Locks: see `_event_apply`."""
+    """Verify (PspSignatureInvalid / PspSignatureStale) and apply one inbound PSP event;
+    returns the outcome (applied, duplicate, ignored, wrong_gateway, mismatch). An event
+    speaks only for the gateway whose secret signed it, and a charge that is not a pending
+    top-up's amount and currency credits nothing (`mismatch`: the operator queue). Both are
+    acknowledged (2xx): the event is authentic, and a provider retries a 4xx for days with
+    nothing to gain, so a person looks instead. Locks: see `_event_apply`."""
     try:
         account = gateway_account_get(gateway=gateway_name)
     except NotFound:
@@ -77,10 +68,10 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
 
 @atomic_service(operation="psp_webhook_apply")
 def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
-    """The event marker (unique per gateway and event id: a concurrent duplicate waits on
-    it), then the effect, in one transaction or savepoint. Locks: the marker's unique
-    index entry, then the top-up row and balance rows (topup_settle), or the top-up row
-    alone (topup_charge_mismatch_hold)."""
+    """The event marker (unique per gateway and event id: a redelivery is a duplicate), then
+    the effect, in one transaction or savepoint: a failing effect records nothing. Locks: the
+    marker's unique index entry, then the top-up row and balance rows (topup_settle), or the
+    top-up row alone (topup_charge_mismatch_hold)."""
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -124,10 +115,7 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
 
 # Providers retry an event for days (Stripe: up to 3); an older marker meets no duplicate.
 PSP_WEBHOOK_EVENT_RETENTION_DAYS = 30
-
-
-# Batches one purge deletes at most: a backlog (a retention shortened, purges missed) is
-# worked off over passes, never in one that outlasts the task's time limit.
+# A backlog is worked off over passes, never in one that outlasts the task's time limit.
 PSP_WEBHOOK_PURGE_MAX_BATCHES = 20
 
 
@@ -135,7 +123,7 @@ def psp_webhook_events_purge(
     *, older_than_days: int = PSP_WEBHOOK_EVENT_RETENTION_DAYS, batch_size: int = 1000, max_batches: int = PSP_WEBHOOK_PURGE_MAX_BATCHES
 ) -> int:
     """Delete inbound event markers past retention, one short transaction a batch, at most
-    `max_batches` batches (the rest is the next run's). Locks: each batch's rows (SKIP LOCKED)."""
+    `max_batches`. Locks: each batch's rows (SKIP LOCKED)."""
     horizon = timezone.now() - timedelta(days=older_than_days)
     total = 0
     for _ in range(max_batches):

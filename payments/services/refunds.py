@@ -1,6 +1,5 @@
-"""Refunds. Of a payment: merchant -> customer in the ledger, partial and repeatable, never
-more than is left. Of a card top-up that ended without a credit: the card given back what
-the PSP charged, by the top-up recovery pass."""
+"""Refunds: of a payment (merchant -> customer in the ledger), and of a card top-up that
+ended without a credit (the card given back what the PSP charged, by the recovery pass)."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from payments.gateways.base import GatewayError
 from payments.gateways.registry import gateway_build
 from payments.locks import payment_lock, topup_lock
 from payments.models import Payment, Refund, TopUp
-from payments.selectors import TopUpCursor, gateway_account_get, topups_refund_due
+from payments.selectors import gateway_account_get, topups_charged_uncredited
 from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.topup_budget import LoopBudget, recovery_step_isolated, topups_in_turn
 from payments.services.topups import topup_last_error_note
@@ -36,12 +35,10 @@ logger = logging.getLogger("tally.topups")
 
 @atomic_service(operation="refund_create")
 def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refund:
-    """Refund part or all of a payment, never more than is left; repeatable. Rewards go
-    back in proportion (cumulative floor, so a full refund returns exactly what was
-    earned), never below what the customer still holds.
-    Locks: the payment row, then the balance rows in one statement (customer rows, every
-    shard of the merchant's asset, the system shards).
-    """
+    """Refund part or all of a payment, never more than is left; repeatable. Rewards go back
+    in proportion (cumulative floor: a full refund returns exactly what was earned), never
+    below what the customer still holds. Locks: the payment row, then the balance rows in
+    one statement (customer rows, every shard of the merchant's asset, the system shards)."""
     minor = amount_to_minor(amount)
     reason = str(reason)[:500]
     locked_payment = payment_lock(payment_id=payment.pk)
@@ -95,32 +92,24 @@ def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refu
 
 
 def terminal_refund_create(*, terminal: Terminal, payment_id: str, amount: object, reason: str = "") -> Refund:
-    """A terminal's refund: only of a payment of its own store (another store's is
-    NotFound, SPEC 4), only on the day it was taken (RefundWindowClosed). Locks: as
-    `refund_create`."""
+    """A terminal's refund: only of its own store's payment (else NotFound, SPEC 4), on the
+    day it was taken (RefundWindowClosed). Locks: as `refund_create`."""
     payment = payment_selectors.payment_get(payment_id=payment_id, store_id=terminal.store_id)
     if timezone.localdate(payment.created) != timezone.localdate():
         raise RefundWindowClosed("a terminal refunds only same-day payments; refund older ones from the merchant account", param="payment")
     return refund_create(payment=payment, amount=amount, reason=reason)
 
 
-# --- Card refunds of top-ups never credited ---------------------------------------------------
-
-
 def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None) -> dict[str, int]:
     """Refund the card of every charged top-up that ended without a credit (key
-    `<top-up id>:refund`), page by page, from where the last run cut short by its budget
-    stopped (topup_budget.topups_in_turn). One that fails is logged, counted and tried
-    again next run; the others go on. With `budget`, stops taking refunds once it is
-    spent (`budget.exhausted`: refunds are left for the next run). Returns counts by
-    outcome. Locks: each top-up row, briefly, to record the refund."""
+    `<top-up id>:refund`), in turn (topup_budget.topups_in_turn) while `budget` lasts; one
+    that fails is counted and tried again next run. Returns counts by outcome.
+    Locks: each top-up row, briefly, to record the refund."""
     counts = {"refunded": 0, "refund_unavailable": 0, "refund_errors": 0}
     names = {"refunded": "refunded", "unavailable": "refund_unavailable", "error": "refund_errors"}
-
-    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_refund_due(after=after, before=before, limit=limit)
-
-    owed = topups_in_turn(loop="refunds", fetch=fetch, batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf")))
+    owed = topups_in_turn(
+        loop="refunds", topups=topups_charged_uncredited(), batch_size=batch_size, budget=budget or LoopBudget(seconds=float("inf"))
+    )
     for topup in owed:
         outcome = recovery_step_isolated(step="refund", topup_id=topup.pk, fn=functools.partial(_refund_one, topup))
         counts[names[outcome]] += 1
@@ -131,9 +120,8 @@ def topup_refunds_run(*, batch_size: int = 100, budget: LoopBudget | None = None
 def _refund_one(topup: TopUp) -> str:
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=topup.gateway))
-        # What the PSP charged, not what we asked for. Rows recorded before it was kept have
-        # none (and an older branch recorded charges without checking the amount): the PSP
-        # is asked what the charge was.
+        # What the PSP charged, not what we asked for; rows recorded before it was kept
+        # (some by an older branch, unchecked) ask the PSP what the charge was.
         amount = topup.psp_charged_amount if topup.psp_charged_amount is not None else _charged_amount_at_psp(gateway, topup)
         if amount is None:
             topup_last_error_note(topup_id=topup.pk, error=f"card refund: the PSP does not list the charge {topup.psp_reference}")
@@ -148,8 +136,8 @@ def _refund_one(topup: TopUp) -> str:
 
 
 def _charged_amount_at_psp(gateway: PspGateway, topup: TopUp) -> int | None:
-    """The amount of the recorded charge as the PSP holds it (its search by the top-up id),
-    or None when it does not list that charge as successful. Raises GatewayError."""
+    """The recorded charge's amount as the PSP lists it under the top-up's id, or None when
+    it does not list it as successful. Raises GatewayError."""
     for charge in gateway.charges_of(reference=topup.pk):
         if charge.psp_reference == topup.psp_reference and charge.status == "succeeded":
             return charge.amount

@@ -1,6 +1,4 @@
-"""Re-seal a tenant's stored secrets under the sealing ring's first key (wallets/sealing.py),
-one store at a time, in batches that each commit: `manage.py secrets_reseal` calls these
-(through the stores registered in wallets.sealing) in every tenant's schema."""
+"""The payments app's sealed stores, re-sealed by `manage.py secrets_reseal` (wallets.sealing)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,8 @@ from wallets.transactions import run_atomic
 
 
 def gateway_accounts_reseal(after: str = "", limit: int = 500) -> ResealBatch:
-    """Every gateway account's sealed credentials (a tenant has one per gateway: one batch).
-    Locks: the gateway account rows (gateway_account_rows_lock), as gateway_account_set does."""
+    """Every gateway account's sealed credentials (one batch: one row per gateway).
+    Locks: the gateway account rows, as gateway_account_set does."""
 
     def batch() -> ResealBatch:
         schema = str(getattr(connection, "schema_name", "public"))
@@ -42,7 +40,7 @@ def gateway_accounts_reseal(after: str = "", limit: int = 500) -> ResealBatch:
 
 
 def customer_contacts_reseal(after: str = "", limit: int = 500) -> ResealBatch:
-    """Customer contact tokens re-encrypted under the newest TALLY_CONTACT_ENCRYPTION_KEYS
-    key (a ring of its own: wallets.contacts). Locks: customer_contacts_reencrypt's."""
+    """Customer contacts re-encrypted under the newest TALLY_CONTACT_ENCRYPTION_KEYS key
+    (wallets.contacts). Locks: customer_contacts_reencrypt's."""
     cursor, rewritten, unopened = customer_contacts_reencrypt(after=after, limit=limit)
     return ResealBatch(cursor=cursor, resealed=rewritten, unopened=unopened)

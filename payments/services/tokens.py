@@ -17,8 +17,8 @@ PAYMENT_TOKEN_RANDOM_LENGTH = 32
 
 
 def payment_token_create(*, customer: Customer) -> tuple[PaymentToken, str]:
-    """A token for the customer's QR code, valid PAYMENT_TOKEN_TTL, good for one payment.
-    Returns the row and the raw token (shown once; only its SHA-256 is stored)."""
+    """A token for the customer's QR code, valid PAYMENT_TOKEN_TTL, good for one payment: the
+    row and the raw token (shown once; only its SHA-256 is stored)."""
     raw = PAYMENT_TOKEN_PREFIX + ids.random_token(PAYMENT_TOKEN_RANDOM_LENGTH)
     token = PaymentToken.objects.create(customer=customer, token_hash=payment_token_hash(raw), expires_at=timezone.now() + PAYMENT_TOKEN_TTL)
     return token, raw
@@ -26,11 +26,9 @@ def payment_token_create(*, customer: Customer) -> tuple[PaymentToken, str]:
 
 def payment_token_consume(*, token: object) -> str:
     """Mark a live, unused token used and return its customer id, in the caller's
-    transaction; else NotFound(param="customer_token").
-
-    Locks: the token row. One conditional `UPDATE .. RETURNING` (the ORM's update() cannot
-    return the row): of two payments racing one token, the second finds it used.
-    """
+    transaction; else NotFound. Locks: the token row, in one conditional `UPDATE ..
+    RETURNING` (which the ORM's update() cannot): of two payments racing one token, the
+    second finds it used."""
     if not payment_token_is_well_formed(token):
         raise NotFound("invalid or expired payment token", param="customer_token")
     assert isinstance(token, str)

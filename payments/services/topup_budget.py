@@ -1,19 +1,10 @@
-"""Time budgets of a top-up recovery pass, and where each of its loops resumes.
-
-A pass runs three loops (card refunds first, then orphaned claims, then pending top-ups),
-each taking records only while its own budget lasts (settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS,
-checked against the task's soft time limit in the settings) and never past the pass's
-one deadline (settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS), so a slow PSP or a backlog
-in one loop never keeps the others, or the pass's due-work settle, from running. The
-record in hand when a budget runs out is finished (one PSP call, at most its timeout).
-
-A loop cut short remembers where it stopped, per tenant, in the cache (Redis): the next
-pass starts after that record and comes round to the start, so records that keep failing
-at the head of the list cannot hold back the ones behind them for ever. The position is a
-hint only: lost (Redis down, evicted), the loop starts from the oldest record.
-
-Each record is worked on in isolation (`recovery_step_isolated`): one that raises is
-logged, noted on its top-up and counted, and the loop goes on.
+"""Time budgets of a top-up recovery pass, and where each of its loops resumes
+(docs/RELIABILITY.md, "A slow PSP"). Each loop (card refunds, orphaned claims, pending
+top-ups) takes records only while its own budget lasts (TALLY_TOPUP_RECOVERY_LOOP_SECONDS)
+and never past the pass's deadline (TALLY_TOPUP_RECOVERY_PASS_SECONDS); the record in hand
+is finished. A loop cut short remembers where it stopped in the cache, per tenant, and the
+next pass resumes after it and comes round to the start, so records failing at the head
+cannot hold back the rest; lost (Redis down, evicted), the loop starts from the oldest.
 """
 
 from __future__ import annotations
@@ -29,9 +20,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError
+from django.db.models import QuerySet
 
 from payments.models import TopUp
-from payments.selectors import TopUpCursor
+from payments.selectors import TopUpCursor, topups_page
 from payments.services.topups import topup_last_error_note
 from wallets.transactions import is_connection_failure
 
@@ -42,8 +34,7 @@ _CURSOR_TTL_SECONDS = 24 * 3600
 
 
 def recovery_pass_deadline() -> float:
-    """The `time.monotonic()` instant a pass starting now must stop taking records by
-    (settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS): its loops' budgets end there at the latest."""
+    """The `time.monotonic()` instant a pass starting now stops taking records by."""
     return time.monotonic() + float(settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)
 
 
@@ -56,13 +47,9 @@ class LoopBudget:
     exhausted: bool = False
 
     @classmethod
-    def from_settings(cls, *, pass_deadline: float | None = None) -> LoopBudget:
-        """The loop's own budget, cut to the time left before `pass_deadline` (a
-        `time.monotonic()` instant: the pass's, settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS)."""
-        seconds = float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS)
-        if pass_deadline is not None:
-            seconds = max(0.0, min(seconds, pass_deadline - time.monotonic()))
-        return cls(seconds=seconds)
+    def from_settings(cls, *, pass_deadline: float) -> LoopBudget:
+        """The loop's own budget, cut to the time left before `pass_deadline` (monotonic)."""
+        return cls(seconds=max(0.0, min(float(settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS), pass_deadline - time.monotonic())))
 
     def spent(self) -> bool:
         if not self.exhausted and time.monotonic() - self.started >= self.seconds:
@@ -95,24 +82,18 @@ def _resume_set(loop: str, cursor: TopUpCursor | None) -> None:
         logger.warning("top-up recovery resume point not saved", extra={"loop": loop})
 
 
-# fetch(after, before, limit): one keyset page, oldest first, strictly between the bounds.
-PageFetch = Callable[[TopUpCursor | None, TopUpCursor | None, int], list[TopUp]]
-
-
-def topups_in_turn(*, loop: str, fetch: PageFetch, batch_size: int, budget: LoopBudget) -> Iterator[TopUp]:
-    """Every top-up `fetch` lists (keyset pages, oldest first), each at most once: from
-    after where this loop last stopped to the end, then from the oldest up to there (the
-    bound applied by `fetch`, in SQL: the database's order, not Python's). Stops
-    when `budget` is spent, before handing out another record, and remembers the last one
-    handed out (finished by the caller) as where the next pass resumes; a loop that got
-    round leaves no resume point."""
+def topups_in_turn(*, loop: str, topups: QuerySet[TopUp], batch_size: int, budget: LoopBudget) -> Iterator[TopUp]:
+    """Every one of `topups`, each at most once, by keyset pages: from after where this loop
+    last stopped to the end, then from the oldest up to there. Once `budget` is spent,
+    remembers the last one handed out as where the next pass resumes; a loop that got round
+    leaves no resume point."""
     start = _resume_get(loop)
     last: TopUpCursor | None = None
     for wrapped in ((False, True) if start is not None else (False,)):
         after = None if wrapped else start
         before = start if wrapped else None
         while True:
-            page = fetch(after, before, batch_size)
+            page = topups_page(topups, after=after, before=before, limit=batch_size)
             for topup in page:
                 if budget.spent():
                     _resume_set(loop, last if last is not None else start)
@@ -126,10 +107,9 @@ def topups_in_turn(*, loop: str, fetch: PageFetch, batch_size: int, budget: Loop
 
 
 def recovery_step_isolated(*, step: str, topup_id: str, fn: Callable[[], str]) -> str:
-    """`fn()`'s outcome, or "error" if it raises: logged and kept as the top-up's last
-    error, so one bad record never stops a recovery run. A lost database connection is no
-    single record's fault: it propagates; so does Celery's soft time limit, which ends the
-    pass (SoftTimeLimitExceeded is an Exception: named first, so it is never swallowed)."""
+    """`fn()`'s outcome, or "error" if it raises (logged, kept as the top-up's last error).
+    A lost database connection is no one record's fault, and Celery's soft time limit ends
+    the pass: both propagate (SoftTimeLimitExceeded is an Exception: named first)."""
     try:
         return fn()
     except SoftTimeLimitExceeded:

@@ -1,6 +1,4 @@
-"""The top-up recovery's due-work row (tenants.duework): marked by the claim that commits
-a pending card top-up, due when its lease ends (the recovery may then have to take it
-over); settled by each recovery pass to when the next one is due."""
+"""The top-up recovery's due-work row (tenants.duework; docs/ARCHITECTURE.md, "Beat, due work")."""
 
 from __future__ import annotations
 
@@ -17,15 +15,14 @@ from tenants.models import DueWorkKind
 
 def topup_due_mark() -> None:
     """In the claim's transaction: the recovery has a look once this top-up's lease ends.
-    Locks: the tenant's top-up due-work lock, SHARED (tenants.duework)."""
+    Locks: the tenant's top-up due-work lock, SHARED."""
     due_work_mark(kind=DueWorkKind.TOPUPS, due_at=timezone.now() + timedelta(seconds=int(settings.TALLY_TOPUP_LEASE_SECONDS)))
 
 
 def topup_recovery_due_now() -> None:
-    """In the caller's transaction: the recovery has work in this tenant at once (a card
-    refund owed, or an operator-queue change its gauges must show). A row already there is
-    left alone; it is due by the end of a lease at the latest.
-    Locks: the tenant's top-up due-work lock, SHARED (tenants.duework)."""
+    """In the caller's transaction: the recovery has work at once (a card refund owed, an
+    operator-queue change for its gauges); a row already there, due by a lease's end at the
+    latest, is left alone. Locks: the tenant's top-up due-work lock, SHARED."""
     due_work_mark(kind=DueWorkKind.TOPUPS, due_at=timezone.now())
 
 
@@ -41,5 +38,5 @@ def _next_due() -> datetime | None:
 
 def topup_due_settle() -> bool:
     """After a recovery pass: the row says when the recovery next has work, or goes.
-    Locks: the tenant's top-up due-work lock, EXCLUSIVE, tried (tenants.duework)."""
+    Locks: the tenant's top-up due-work lock, EXCLUSIVE, tried."""
     return due_work_settle(kind=DueWorkKind.TOPUPS, next_due=_next_due)

@@ -1,6 +1,6 @@
-"""The operator queue of card top-ups (`topups.topup_review_hold`): a staff member
-settles one from the back office by what the PSP holds for it (a search by the top-up id
-in the charge's metadata, safe however old the key), never by what a person typed."""
+"""The operator queue of card top-ups (`topups.topup_review_hold`), settled by what the PSP
+holds under the top-up's id (asked before the settlement's transaction: PspUnavailable when
+it does not answer), never by what a person typed."""
 
 from __future__ import annotations
 
@@ -13,15 +13,14 @@ from payments.locks import topup_lock
 from payments.models import TopUp, TopUpStatus
 from payments.selectors import gateway_account_get, topup_get
 from payments.services.topup_due import topup_recovery_due_now
-from payments.services.topups import CHARGE_REFUNDED_CODE, topup_fail, topup_fail_refunding, topup_settle
+from payments.services.topups import CHARGE_REFUNDED_CODE, topup_charge_matches, topup_fail, topup_fail_refunding, topup_settle
 from wallets.errors import BusinessRefusal, InvalidState, NotFound
 from wallets.transactions import run_atomic
 
 logger = logging.getLogger("tally.topups")
 
 
-def _queued(topup_id: str) -> TopUp:
-    topup = topup_lock(topup_id=topup_id)
+def _queued(topup: TopUp | None) -> TopUp:
     if topup is None:
         raise NotFound("no such top-up", param="topup")
     if topup.status != TopUpStatus.PENDING or topup.operator_review_at is None:
@@ -42,23 +41,12 @@ def _psp_charges(queued: TopUp) -> list[ChargeResult]:
     return succeeded
 
 
-def _waiting(topup_id: str) -> TopUp:
-    queued = topup_get(topup_id=topup_id)
-    if queued.status != TopUpStatus.PENDING or queued.operator_review_at is None:
-        raise InvalidState(f"top-up {queued.pk} is {queued.status} and not waiting for an operator", param=None)
-    return queued
-
-
 def topup_review_fail_refunding(*, topup_id: str, reason: str) -> TopUp:
-    """Fail a queued top-up and give the card back what the PSP charged for it: the way out
-    of the queue for a charge `topup_review_settle` refuses (another amount or currency,
-    which the PSP keeps reporting as succeeded). The PSP's one successful charge under the
-    top-up's id is recorded with the PSP's own amount and currency, the top-up fails as
-    `charge_refunded`, and the recovery's refund loop gives back exactly that amount. None
-    at the PSP: refused (settle it instead). The PSP is asked before the transaction
-    (PspUnavailable when it does not answer). Locks: the top-up row, then the tenant's
-    top-up due-work lock (SHARED)."""
-    queued = _waiting(topup_id)
+    """Fail a queued top-up as `charge_refunded`, recording the PSP's one successful charge
+    under its id with the PSP's own figures, for the recovery to refund exactly that: the
+    way out of the queue for a charge `topup_review_settle` refuses. No charge: refused.
+    Locks: the top-up row, then the tenant's top-up due-work lock (SHARED)."""
+    queued = _queued(topup_get(topup_id=topup_id))
     succeeded = _psp_charges(queued)
     if not succeeded:
         raise InvalidState(f"the PSP holds no successful charge for {queued.pk}: nothing to refund, settle it instead")
@@ -69,7 +57,7 @@ def topup_review_fail_refunding(*, topup_id: str, reason: str) -> TopUp:
     )
 
     def fail() -> TopUp:
-        topup = _queued(topup_id)
+        topup = _queued(topup_lock(topup_id=topup_id))
         topup_recovery_due_now()  # the refund is owed now, and the queue shrinks
         return topup_fail_refunding(topup=topup, result=charge, failure_code=CHARGE_REFUNDED_CODE)
 
@@ -78,17 +66,14 @@ def topup_review_fail_refunding(*, topup_id: str, reason: str) -> TopUp:
 
 def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessRefusal | None]:
     """Settle a queued top-up by what its PSP holds: one matching successful charge is
-    recorded and credited (as `topup_settle`); none fails it as `not_charged`. More than
-    one settles nothing: a person sorts it out at the PSP first; one that does not match
-    settles nothing either (`topup_review_fail_refunding` is the way out for it). The PSP
-    is asked before the settlement's own transaction (PspUnavailable when it does not
-    answer); the admin's staff action runs all of this inside its idempotency
-    claim's transaction, so that read holds the claim row for up to the PSP timeout.
-    Locks: the top-up row, the tenant's top-up due-work lock (SHARED), then (when credited)
-    the balance rows."""
-    queued = _waiting(topup_id)
+    credited (as `topup_settle`); none fails it as `not_charged`; more than one, or one that
+    does not match, settles nothing (a person sorts it out, or `topup_review_fail_refunding`).
+    The admin runs this inside its idempotency claim's transaction, so the PSP read holds the
+    claim row for up to the PSP timeout. Locks: the top-up row, the tenant's top-up due-work
+    lock (SHARED), then (when credited) the balance rows."""
+    queued = _queued(topup_get(topup_id=topup_id))
     succeeded = _psp_charges(queued)
-    if succeeded and (succeeded[0].amount != queued.amount or succeeded[0].currency.upper() != queued.asset_id.upper()):
+    if succeeded and not topup_charge_matches(topup=queued, result=succeeded[0]):
         raise InvalidState(
             f"the PSP's charge {succeeded[0].psp_reference} does not match the top-up's amount and currency:"
             " fail it and refund the charge instead"
@@ -101,7 +86,7 @@ def topup_review_settle(*, topup_id: str, reason: str) -> tuple[TopUp, BusinessR
 
 
 def _settle(topup_id: str, charge: ChargeResult | None) -> tuple[TopUp, BusinessRefusal | None]:
-    topup = _queued(topup_id)
+    topup = _queued(topup_lock(topup_id=topup_id))
     topup_recovery_due_now()  # the queue shrinks: the next pass shows it in the gauges
     if charge is None:
         return topup_fail(topup=topup, failure_code="not_charged"), None

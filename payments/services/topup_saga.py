@@ -1,35 +1,14 @@
-"""The card top-up saga (SPEC 6, external effect) on the idempotency engine's external
-path, and its recovery: the orchestration of the top-up steps (topups.py). The request
-and the recovery store the same answer for the same outcome (`topup_answer`).
-
-1. Claim (the view's `idempotency_on_claim`, one transaction): the idempotency record
-   (in flight, lease, fence), the pre-registered top-up under the id minted at claim time,
-   and its `topup.created` outbox row.
-2. `topup_saga_charge`, outside any transaction: charge the card at the PSP with the
-   top-up id as its idempotency key. No answer (timeout, 5xx) -> 503 `psp_unavailable`,
-   the record left failed_retryable, the top-up pending: a retry with the same key, a PSP
-   webhook or the recovery task converges it. The PSP refusing the request itself
-   (nothing charged) fails the top-up in step 3/4 as `psp_refused`.
-3. / 4. The returned settlement runs inside `idempotency_complete_produced`: in ONE
-   transaction the record is locked and its fence checked, the top-up credited (201) or
-   failed (402 card_declined, psp_refused, cap_exceeded, wallet_frozen), and the answer
-   stored by compare-and-set. A holder whose lease was taken over writes nothing.
-5. `topup_recovery_run` (Celery beat, per tenant, switched off or not): first the card
-   refunds of charged-but-uncredited top-ups (refunds.py); then in-flight top-up records
-   whose lease expired, and pending top-ups whose last attempt failed or left no record,
-   page by page, are taken over (fence + 1), the PSP is asked again with the same key,
-   and the outcome is completed as in 3/4; each on its own, so one that raises is counted
-   and the pass goes on. One past the PSP's key window, or whose PSP charge is not the
-   top-up's amount and currency, goes to the operator queue instead. Then the purge of
-   inbound PSP event markers past their 30-day retention (psp_webhooks.py). Each of the
-   three loops has its own time budget inside the task's soft time limit
-   (payments/services/topup_budget.py): work left when one runs out keeps the tenant due,
-   and the next pass resumes after it. Celery's SoftTimeLimitExceeded is never taken for
-   one record's failure: it ends the pass.
-
-A successful charge is credited only if its amount and currency are the top-up's, on
-every path (the inline answer, the recovery, a webhook); the refund of one never credited
-gives back what the PSP charged (`TopUp.psp_charged_amount`).
+"""The card top-up saga (SPEC 6, external effect; docs/ARCHITECTURE.md, "Card top-ups") on
+the idempotency engine's external path, orchestrating the steps of topups.py, and its
+recovery. 1. The claim commits the record, the pending top-up (id minted at claim time) and
+its event. 2. `topup_saga_charge`, outside any transaction, charges the card under the
+top-up's id; no answer is a 503 `psp_unavailable` (the record failed_retryable, the top-up
+pending), for a retry, a webhook or the recovery to converge. 3./4. The returned settlement
+runs in `idempotency_complete_produced`: one transaction locks the record, checks its fence,
+credits (201) or fails (402) the top-up and stores the answer; a holder whose lease was
+taken over writes nothing. 5. `topup_recovery_run`: card refunds, orphaned claims, pending
+top-ups, then the purge of PSP event markers (docs/RELIABILITY.md, "A slow PSP"). The
+request and the recovery store the same answer for one outcome (`topup_answer`).
 """
 
 from __future__ import annotations
@@ -63,7 +42,7 @@ from payments.errors import PspChargeMismatch, PspKeyWindowPassed, PspRefused
 from payments.gateways import metrics
 from payments.locks import topup_recovery_lock
 from payments.models import TopUp, TopUpStatus
-from payments.selectors import TopUpCursor, topup_get, topups_operator_review_count, topups_pending_count, topups_pending_stale
+from payments.selectors import topup_get, topups_operator_review_count, topups_pending_count, topups_recoverable
 from payments.services import psp_webhooks, refunds, topups
 from payments.services.topup_budget import LoopBudget, recovery_pass_deadline, recovery_step_isolated, topups_in_turn
 from payments.services.topup_due import topup_due_settle, topup_recovery_due_now
@@ -75,17 +54,14 @@ T = TypeVar("T")
 
 MINT_NAME = "topup"
 
-# Step 3/4: settles the top-up in the completion's transaction; the top-up, and the
-# refusal that answers it if it failed.
+# Step 3/4, in the completion's transaction: the settled top-up and its refusal, if failed.
 Settle = Callable[[], tuple[TopUp, BusinessRefusal | None]]
 
 
 def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: str) -> StoredResponse:
-    """The answer a settled top-up's key stores and replays, in the API's bytes: 201 with
-    the top-up (the customer face's `TopUpOut`), or 402 with the SPEC 5 error envelope of
-    a business refusal (apikit.errors). The request's view and the recovery both answer
-    with it, so one outcome has one answer whoever completes the record; a test holds it to
-    the faces' own rendering."""
+    """The answer a settled top-up's key stores and replays, in the API's bytes: 201 with the
+    top-up (as the customer face's `TopUpOut`), or 402 with the SPEC 5 error envelope of the
+    refusal (apikit.errors); a test holds it to the faces' own rendering."""
     data: dict[str, Any]
     if refusal is None:
         status, data = 201, {
@@ -101,13 +77,10 @@ def topup_answer(*, topup: TopUp, refusal: BusinessRefusal | None, request_id: s
 
 
 def topup_saga_charge(*, topup_id: str, first_attempt: bool = True) -> Settle:
-    """Step 2 (no transaction open): refuse early or charge the card; returns step 3/4, to
-    run inside the fenced completion. Raises PspUnavailable when the PSP's answer is unknown.
-
-    Only a first attempt may refuse before charging (frozen wallet, cap). A retry of the
-    key cannot know whether the earlier attempt's charge went through (a timeout after the
-    PSP charged), so it asks the PSP with the same key and lets the settlement refuse the
-    credit: that path records the charge and refunds the card."""
+    """Step 2 (no transaction open): refuse early or charge the card; returns step 3/4, for
+    the fenced completion. Raises PspUnavailable when the PSP's answer is unknown. Only a
+    first attempt refuses before charging: a retry cannot know whether the earlier charge
+    went through, so it asks the PSP and lets the settlement refuse (and refund) the credit."""
     topup = topup_get(topup_id=topup_id)
     if topup.status != TopUpStatus.PENDING:  # settled already (a webhook, or an earlier attempt)
         return functools.partial(topups.topup_outcome, topup_id=topup_id)
@@ -123,8 +96,7 @@ def topup_saga_charge(*, topup_id: str, first_attempt: bool = True) -> Settle:
 
 def _charge_then(*, topup: TopUp) -> Settle:
     """Ask the PSP (same key, same parameters) and return the settlement that applies its
-    answer. A request the PSP refused charged nothing, so the top-up fails now: a 402 like
-    a decline, not a 503 to retry."""
+    answer; a request the PSP refused charged nothing: a 402 like a decline, not a 503."""
     try:
         result = topups.topup_charge(topup=topup)
     except PspRefused as refused:
@@ -137,8 +109,6 @@ def _charge_then(*, topup: TopUp) -> Settle:
     return functools.partial(topups.topup_settle, topup_id=topup.pk, result=result)
 
 
-# --- Recovery -------------------------------------------------------------------------------
-
 RECOVERY_PAGE_SIZE = 100  # rows per page, not a cap: a run reads pages until none is left
 
 
@@ -150,9 +120,8 @@ def _call_of(record: IdempotencyRecord) -> IdempotentCall:
 
 
 def _resolve(*, ctx: IdempotencyContext, call: IdempotentCall, topup_id: str) -> str:
-    """Ask the PSP again with the same key and complete the record. If anything raises,
-    the record is handed back (failed_retryable) first, so the client's retry is not kept
-    waiting."""
+    """Ask the PSP again with the same key and complete the record; if anything raises, the
+    record is handed back (failed_retryable) first, so the client's retry does not wait."""
     try:
         return _resolve_taken(ctx=ctx, call=call, topup_id=topup_id)
     except Exception:
@@ -221,30 +190,20 @@ def _pending_resolve(topup: TopUp, lease_seconds: int) -> str:
 
 
 def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int]:
-    """One tenant's recovery pass (step 5 above). Returns counts by outcome, or
-    {"skipped": 1} when another pass of the tenant is still running. Refunds first, then
-    the orphaned claims, then the pending top-ups, each loop within its own time budget
-    and from where it last stopped, so neither a slow PSP nor a backlog keeps any of them,
-    or the settle, from running; each item and each later step is isolated, so one that
-    raises is logged and counted and the pass goes on. A loop cut short by its budget
-    (`budget_exhausted` in the counts) leaves the tenant due now for the next pass.
-
-    Locks: the tenant's recovery lock (session advisory) for the pass; per item, the
-    idempotency record (takeover, then the fenced completion), the top-up row and the
-    balance rows (in the completion's transaction); then the due-work lock, tried
-    (`topup_due_settle`), and, when work is left, the due-work lock, SHARED
-    (`topup_recovery_due_now`)."""
+    """One tenant's recovery pass (step 5; loops and budgets: topup_budget.py). Returns counts
+    by outcome, or {"skipped": 1} while another pass of the tenant runs. A loop cut short by
+    its budget (`budget_exhausted`) leaves the tenant due now for the next pass.
+    Locks: the tenant's recovery lock (session advisory); per item, the idempotency record
+    (takeover, fenced completion), the top-up row and the balance rows; then the due-work
+    lock, tried (`topup_due_settle`), and, with work left, SHARED (`topup_recovery_due_now`)."""
     with topup_recovery_lock() as taken:
         if not taken:
             return {"skipped": 1}
         counts = _recovery_pass(batch_size=batch_size)
         topup_due_settle()
         if counts.get("budget_exhausted"):
-            # After the settle, which reads only what is due by the records. This inserts a
-            # row due now only if the settle left none; a row the settle wrote is left as it
-            # is (due_work_mark never moves one), and the work left waits until its due_at:
-            # now for a refund owed, an expired lease or a stale pending top-up (all in the
-            # past), later only when the records say nothing is due sooner.
+            # After the settle (which reads only what the records make due): a row due now
+            # only if the settle left none; due_work_mark never moves one it wrote.
             topup_recovery_due_now()
         return counts
 
@@ -307,12 +266,8 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
         assert last.lease_expires_at is not None
         after_record = (last.lease_expires_at, last.pk)
 
-    created_before = timezone.now() - timedelta(seconds=lease_seconds)
-
-    def fetch(after: TopUpCursor | None, before: TopUpCursor | None, limit: int) -> list[TopUp]:
-        return topups_pending_stale(created_before=created_before, after=after, before=before, limit=limit)
-
-    for topup in topups_in_turn(loop="pending", fetch=fetch, batch_size=batch_size, budget=budget()):
+    stale = topups_recoverable(created_before=timezone.now() - timedelta(seconds=lease_seconds))
+    for topup in topups_in_turn(loop="pending", topups=stale, batch_size=batch_size, budget=budget()):
         if topup.pk not in seen:
             resolve = functools.partial(_pending_resolve, topup, lease_seconds)
             count(recovery_step_isolated(step="resolve", topup_id=topup.pk, fn=resolve))

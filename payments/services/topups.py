@@ -1,12 +1,9 @@
 """Top-ups: money entering a wallet from PSP funding, plus the tenant's top-up bonus
-(`topup_bonus_rate`, ROUND_FLOOR) from the bonus pool; the card top-up's steps, which
-topup_saga.py orchestrates, and the tenant's gateway account they charge through.
-
-The PSP is always called with the top-up's id as its idempotency key (minted at claim
-time, kept across retries and takeovers): asking again can only return the first charge.
-Crediting is idempotent on the locked top-up row, so the inline answer, a webhook and the
-recovery task may all try, and one credit results.
-"""
+(`topup_bonus_rate`, ROUND_FLOOR) from the bonus pool; the card top-up's steps (which
+topup_saga.py orchestrates) and the gateway account they charge through. The PSP is always
+asked with the top-up's id as its idempotency key, so asking again returns the first
+charge; crediting is idempotent on the locked top-up row, so the inline answer, a webhook
+and the recovery may all try, and one credit results."""
 
 from __future__ import annotations
 
@@ -43,14 +40,10 @@ logger = logging.getLogger("tally.topups")
 TOP_UPABLE_KINDS = (AssetKind.CURRENCY, AssetKind.REGIONAL)
 
 
-# --- The tenant's gateway account -------------------------------------------------------
-
-
 @atomic_service(operation="gateway_account_set")
 def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook_secrets: list[str], active: bool = True) -> GatewayAccount:
-    """Create or replace the tenant's account at `gateway`; `active` makes it the one card
-    top-ups use. Credentials are sealed before they reach the database.
-    Locks: the gateway account rows."""
+    """Create or replace the tenant's account at `gateway` (credentials sealed); `active`
+    makes it the one card top-ups use. Locks: the gateway account rows."""
     if gateway not in Gateway.values:
         raise InvalidRequest("gateway must be simulator or stripe", param="gateway")
     if not secret_key or not webhook_secrets or not all(isinstance(s, str) and s for s in webhook_secrets):
@@ -70,12 +63,9 @@ def gateway_account_set(*, gateway: str, api_base: str, secret_key: str, webhook
     return account
 
 
-# --- A top-up's rows and its credit ---------------------------------------------------------
-
-
 def topup_pending_new(*, customer: Customer, asset: Asset, amount: int, payment_method: object, **fields: str) -> TopUp:
     """A pending top-up with the tenant's bonus, not yet saved (`fields`: its id, and the
-    saga's columns). Locks: none."""
+    saga's columns)."""
     if not isinstance(payment_method, str) or not payment_method.strip():
         raise InvalidRequest("payment_method is required", param="payment_method")
     bonus = topup_bonus_for(amount=amount, rate=tenant_rate(tenant_current(), "topup_bonus_rate"))
@@ -85,19 +75,20 @@ def topup_pending_new(*, customer: Customer, asset: Asset, amount: int, payment_
 def topup_pending_save(*, topup: TopUp) -> TopUp:
     """Insert a pending top-up and its `topup.created` event. Locks: none (a new row)."""
     topup.save(force_insert=True)
-    outbox_event_create(
-        topic="topup.created",
-        payload={
-            "id": topup.id, "object": "topup", "customer": topup.customer_id, "asset": topup.asset_id, "amount": topup.amount,
-            "status": topup.status,
-        },
-    )
+    outbox_event_create(topic="topup.created", payload=_event_payload(topup))
     return topup
 
 
+def _event_payload(topup: TopUp, **more: object) -> dict[str, object]:
+    return {
+        "id": topup.id, "object": "topup", "customer": topup.customer_id, "asset": topup.asset_id, "amount": topup.amount,
+        "status": topup.status, **more,
+    }
+
+
 def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
-    """Would the credit be refused (frozen wallet, cap on amount + bonus)? A read; the
-    credit checks again under its locks."""
+    """The refusal the credit would make now (frozen wallet, cap on amount + bonus), read
+    without a lock: the credit checks again under its locks."""
     account = account_of(party=topup.customer)
     if account.frozen:
         return WalletFrozen("the wallet is frozen", param=None)
@@ -111,8 +102,8 @@ def topup_refusal_check(*, topup: TopUp) -> BusinessRefusal | None:
 
 @atomic_service(operation="topup_create")
 def topup_create(*, customer: Customer, asset_code: str, amount: object, payment_method: str) -> TopUp:
-    """Record a top-up as `pending`, refusing early what the credit would refuse (frozen
-    wallet, the cap on amount + bonus). Locks: none (the credit locks and checks again)."""
+    """Record a top-up as `pending`, refusing early what the credit would refuse.
+    Locks: none (the credit locks and checks again)."""
     minor = amount_to_minor(amount)
     topup = topup_pending_new(customer=customer, asset=asset_get(asset_code=asset_code), amount=minor, payment_method=payment_method)
     refusal = topup_refusal_check(topup=topup)
@@ -143,13 +134,7 @@ def _topup_credit(*, topup_id: str) -> TopUp:
     locked.status = TopUpStatus.SUCCEEDED
     locked.ledger_transaction = txn
     locked.save(update_fields=["status", "ledger_transaction", "updated"])
-    outbox_event_create(
-        topic="topup.succeeded",
-        payload={
-            "id": locked.id, "object": "topup", "customer": locked.customer_id, "asset": locked.asset_id,
-            "amount": locked.amount, "bonus_amount": locked.bonus_amount, "status": locked.status,
-        },
-    )
+    outbox_event_create(topic="topup.succeeded", payload=_event_payload(locked, bonus_amount=locked.bonus_amount))
     return locked
 
 
@@ -161,17 +146,13 @@ def topup_credit(*, topup: TopUp) -> TopUp:
     return result
 
 
-# --- A card top-up, step by step (topup_saga.py orchestrates them) ----------------------------
-
-
 def topup_pending_ensure(
     *, topup_id: str, customer: Customer, asset_code: str, amount: object, payment_method: str, claim_principal_id: str, claim_key: str
 ) -> TopUp:
-    """Step 1, in the claim's transaction: the pending top-up and its `topup.created` outbox
-    row, and its tenant's recovery due-work row, under the id minted at claim time; a takeover finds it written and returns it.
-    Refuses (nothing written) a non-currency asset, a bad amount, a tenant without an
-    active gateway. Locks: none (the claim row is the caller's) but the due-work lock, shared
-    (`topup_due_mark`: top-up recovery is due in this tenant)."""
+    """Step 1, in the claim's transaction: the pending top-up under the id minted at claim
+    time, its `topup.created` event and the recovery's due-work row; a takeover finds it
+    written and returns it. Refuses (nothing written) a non-currency asset, a bad amount,
+    a tenant without an active gateway. Locks: the due-work lock, SHARED (`topup_due_mark`)."""
     existing = TopUp.objects.filter(pk=topup_id).first()
     if existing is not None:
         topup_due_mark()  # this claim's lease is recovery work, whatever became of the top-up
@@ -194,10 +175,9 @@ _PSP_PARAMS = {"amount": "amount", "currency": "asset", "payment_method": "payme
 
 
 def topup_charge(*, topup: TopUp) -> ChargeResult:
-    """Step 2, outside any transaction: charge the card with the top-up id as the PSP's
-    idempotency key. Raises PspUnavailable when the outcome is unknown; PspKeyWindowPassed
-    when the top-up is too old to ask again (it is held for an operator); PspRefused when
-    the PSP refused the request's parameters (nothing charged)."""
+    """Step 2, outside any transaction: charge the card under the top-up's id. Raises
+    PspUnavailable (outcome unknown), PspKeyWindowPassed (too old to ask again: held for an
+    operator), PspRefused (the PSP refused the request's parameters: nothing charged)."""
     if timezone.now() - topup.created > PSP_KEY_TRUSTED_FOR:
         # A PSP forgets idempotency keys (Stripe after 24 h): asking again could charge twice.
         topup_review_hold(topup_id=topup.pk, reason="past the PSP's idempotency-key window with no known outcome")
@@ -228,18 +208,14 @@ CHARGE_REFUNDED_CODE = "charge_refunded"
 
 
 def topup_charge_matches(*, topup: TopUp, result: ChargeResult) -> bool:
-    """Whether a PSP charge is this top-up's: its amount and currency. Only a matching
-    successful charge is ever credited; on a failed top-up any charge is recorded with the
-    PSP's figures and refunded (`topup_settle`)."""
+    """Whether a PSP charge is this top-up's (amount and currency): only such is credited."""
     return result.amount == topup.amount and result.currency.upper() == topup.asset_id.upper()
 
 
 def topup_charge_mismatch_hold(*, topup_id: str, result: ChargeResult, source: str) -> bool:
-    """A successful PSP charge whose amount or currency is not the top-up's: never credited.
-    A pending top-up goes to the operator queue with the PSP's figures as evidence; one
-    already settled is left as it is (a failed one with no charge recorded is not brought
-    here: `topup_settle` records its charge for the refund). Returns whether the top-up
-    entered the queue now. Locks: the top-up row."""
+    """A successful PSP charge that is not the top-up's: a pending top-up goes to the
+    operator queue with the PSP's figures as evidence (settled ones are left as they are).
+    Returns whether it entered the queue now. Locks: the top-up row."""
     logger.error(
         "psp charge does not match the top-up: not credited, an operator settles it",
         extra={"topup": topup_id, "psp_reference": result.psp_reference, "psp_amount": result.amount,
@@ -271,31 +247,23 @@ def topup_outcome(*, topup_id: str) -> tuple[TopUp, BusinessRefusal | None]:
 
 def topup_settle(*, topup_id: str, result: ChargeResult) -> tuple[TopUp, BusinessRefusal | None]:
     """Step 3 / 4, in the caller's transaction (the fenced completion, or a webhook's):
-    apply the PSP's answer. Succeeded: credit amount + bonus; a credit refused now (cap,
-    frozen) fails the top-up with that code, and the recovery refunds the card, as it does
-    a charge that arrives after the top-up failed. Declined: the top-up fails with the
-    PSP's code. Already settled: unchanged. A charge owed back marks the recovery due now.
-    A successful charge is recorded only with the top-up's amount and currency (the one it
-    gives back if never credited): another raises PspChargeMismatch, nothing written. On a
-    top-up failed before its charge was known, any successful charge is recorded with the
-    PSP's own amount and currency, and the refund gives back exactly that.
+    apply the PSP's answer. Succeeded: credit amount + bonus, or, refused now (cap, frozen),
+    fail with that code for the recovery to refund the card. Declined: fail with the PSP's
+    code. Already settled: unchanged. A pending top-up's charge of another amount or
+    currency raises PspChargeMismatch, nothing written.
     Locks: the top-up row, then the balance rows (ledger_post); the tenant's top-up
     due-work lock, SHARED, when a charge is owed back."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
     if topup.status == TopUpStatus.PENDING and result.status == "succeeded" and not topup_charge_matches(topup=topup, result=result):
-        # One of another amount or currency is never this top-up's money to credit. The
-        # callers hold it for an operator first (topup_charge_mismatch_hold); this is the
-        # last defence.
+        # The callers hold it for an operator first (topup_charge_mismatch_hold): the last defence.
         logger.error("psp charge does not match the top-up", extra={"topup": topup.pk, "psp_reference": result.psp_reference})
         raise PspChargeMismatch("the card processor's charge does not match this top-up: an operator settles it")
     if topup.status == TopUpStatus.FAILED and not topup.psp_reference and result.status == "succeeded":
-        # Refused before we knew an earlier attempt's charge had gone through: record the
-        # charge, so the refund task gives the card its money back (a charged, uncredited
-        # top-up). A failed top-up is never credited, so whatever the PSP charged under its
-        # id, matching or not, is recorded with the PSP's own amount and currency and given
-        # back exactly (the reference is unique: `_charge_record` refuses another top-up's charge).
+        # Refused before an earlier attempt's charge was known: whatever the PSP charged
+        # under its id, matching or not, is recorded with the PSP's own figures and given
+        # back exactly (`_charge_record` refuses another top-up's charge).
         if not topup_charge_matches(topup=topup, result=result):
             logger.error(
                 "a failed top-up was charged another amount: refunding what the PSP charged",
@@ -324,9 +292,8 @@ _CURRENCY_MAX = TopUp._meta.get_field("psp_charged_currency").max_length or 12
 
 
 def _charge_record(topup: TopUp, result: ChargeResult, *, to_refund: bool = False) -> None:
-    """The PSP's answer on the locked top-up: its reference, and for a successful charge
-    what it charged (the refund's amount, if it is never credited). A charge `to_refund`
-    (one this top-up is never credited for) already recorded on another top-up raises
+    """The PSP's answer on the locked top-up: its reference and, charged, what it charged
+    (what a refund gives back). A charge `to_refund` recorded on another top-up raises
     PspChargeMismatch, nothing written: one charge belongs to one top-up."""
     if to_refund and TopUp.objects.filter(psp_reference=result.psp_reference[:200]).exclude(pk=topup.pk).exists():
         raise PspChargeMismatch("the card processor's charge is recorded on another top-up: an operator settles it")
@@ -338,12 +305,9 @@ def _charge_record(topup: TopUp, result: ChargeResult, *, to_refund: bool = Fals
 
 
 def topup_fail_refunding(*, topup: TopUp, result: ChargeResult, failure_code: str) -> TopUp:
-    """Fail a pending top-up whose successful PSP charge is not to be credited (an operator's
-    decision: another amount or currency): the charge is recorded with the PSP's own amount
-    and currency, and the recovery refunds exactly that. Raises PspChargeMismatch, nothing
-    written, if the charge is recorded on another top-up. Needs: the top-up row locked
-    (`topup_lock`) in the caller's transaction. Locks: then the tenant's top-up due-work
-    lock, SHARED."""
+    """Fail a pending top-up whose successful PSP charge an operator will not credit: the
+    charge is recorded with the PSP's figures for the recovery to refund (as `_charge_record`).
+    Needs: the top-up row locked. Locks: then the tenant's top-up due-work lock, SHARED."""
     if topup.status != TopUpStatus.PENDING or result.status != "succeeded":
         raise InvalidRequest("only a pending top-up's successful charge is failed and refunded", param=None)
     _charge_record(topup, result, to_refund=True)
@@ -351,8 +315,8 @@ def topup_fail_refunding(*, topup: TopUp, result: ChargeResult, failure_code: st
 
 
 def topup_refuse(*, topup_id: str, refusal: BusinessRefusal) -> tuple[TopUp, BusinessRefusal | None]:
-    """Refused without a charge: before the card was charged (frozen, cap), or by the PSP
-    itself (PspRefused). The top-up fails with the refusal's code. Locks: the top-up row."""
+    """Fail the top-up with the code of a refusal made without a charge (frozen, cap, or
+    PspRefused). Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None:
         raise NotFound("no such top-up", param="topup")
@@ -374,10 +338,8 @@ def topup_abandon(*, topup_id: str) -> None:
 
 
 def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
-    """Fail a pending top-up and write its `topup.failed` event; one the PSP charged is
-    marked for the recovery, which refunds the card. Needs: the top-up row locked
-    (`topup_lock`) in the caller's transaction. Locks: then the tenant's top-up due-work
-    lock, SHARED, if charged."""
+    """Fail a pending top-up (`topup.failed`); one the PSP charged is due for the recovery's
+    card refund. Needs: the top-up row locked. Locks: then the due-work lock, SHARED, if charged."""
     topup.status, topup.failure_code = TopUpStatus.FAILED, failure_code[:50]
     topup.save(update_fields=["status", "failure_code", "updated"])
     if topup.psp_charged:
@@ -386,21 +348,16 @@ def topup_fail(*, topup: TopUp, failure_code: str) -> TopUp:
     return topup
 
 
-# --- For the operator ---------------------------------------------------------------------
-
-
 def topup_last_error_note(*, topup_id: str, error: str) -> None:
-    """Keep what the last attempt to settle or refund a top-up ran into, for the operator.
-    `updated` is left alone: the reconciliation ages an unrefunded charge by it.
-    Locks: the top-up row, for its one UPDATE."""
+    """Keep what the last attempt to settle or refund a top-up ran into, for the operator
+    (not `updated`: the reconciliation ages an unrefunded charge by it). Locks: the top-up row."""
     TopUp.objects.filter(pk=topup_id).exclude(last_error=error[:500]).update(last_error=error[:500])
 
 
 @atomic_service(operation="topup_review_hold")
 def topup_review_hold(*, topup_id: str, reason: str) -> bool:
-    """Put a pending top-up in the operator queue, saying why in its last error; the
-    recovery no longer asks the PSP about it. Returns whether it entered the queue now.
-    Locks: the top-up row."""
+    """Put a pending top-up in the operator queue (the recovery no longer asks the PSP), saying
+    why in its last error. Returns whether it entered the queue now. Locks: the top-up row."""
     topup = topup_lock(topup_id=topup_id)
     if topup is None or topup.status != TopUpStatus.PENDING or topup.operator_review_at is not None:
         return False

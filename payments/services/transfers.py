@@ -15,8 +15,8 @@ from wallets.transactions import atomic_service
 
 @atomic_service(operation="transfer_create")
 def transfer_create(*, from_customer: Customer, to_customer: Customer, asset_code: str, amount: object) -> Transfer:
-    """Move `amount` between two customers' wallets. Locks: both customers' balance rows
-    in the global order, one statement (ledger_post), so A->B and B->A queue, not deadlock."""
+    """Move `amount` between two customers' wallets. Locks: both customers' balance rows in
+    one statement in the global order (ledger_post): A->B and B->A queue, not deadlock."""
     minor = amount_to_minor(amount)
     if from_customer.pk == to_customer.pk:
         raise InvalidRequest("cannot transfer to the same wallet", param="to_customer")

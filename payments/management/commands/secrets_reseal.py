@@ -1,9 +1,7 @@
-"""Re-seal every stored secret of every tenant (switched off too) under the first key of
-TALLY_SEALING_KEYS, and re-encrypt customer contacts under the newest
-TALLY_CONTACT_ENCRYPTION_KEYS key: online, in batches of one short transaction each,
-rows locked as their other writers lock them. A value already under the first key is left
-as it is, so a run that was stopped is simply run again. Once a run has finished with
-every process on the new ring, the old key can leave the ring (wallets/sealing.py)."""
+"""Re-seal every tenant's stored secrets under the first key of TALLY_SEALING_KEYS (and
+customer contacts under the newest TALLY_CONTACT_ENCRYPTION_KEYS key), online, in short
+batches; a value already under the first key is left as it is, so a stopped run is simply
+run again. Rotation: docs/ARCHITECTURE.md, "Secrets at rest"."""
 
 from __future__ import annotations
 
