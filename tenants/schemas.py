@@ -1,26 +1,20 @@
 """A new tenant's schema made from the migrated template in one transaction, at a cost
-that does not grow with the number of tenants.
+that does not grow with the number of tenants (why django-tenants' `clone_schema` does not:
+docs/BENCHMARKS.md, "A thousand tenants").
 
-django-tenants' `clone_schema` (a PL/pgSQL function) reads `information_schema` views
-that scan every schema's catalog rows, so each clone costs more than the last (0.5 s for
-the 1st tenant, 6 s for the 70th). Here the template's catalog is read by its namespace
-under `search_path = <template>`, once per process and migration state of the template
-(`_script_for`): the deparsed definitions then name no schema, except the table that
-`pg_get_indexdef`, `pg_get_triggerdef` and `pg_get_functiondef` always qualify, which is
-rewritten exactly. The script is replayed under `search_path = <new schema>`, so a serial
-column's `nextval('x_seq')`, a foreign key and a trigger's function resolve to the new
-schema's own objects, never the template's.
-
-What the template may hold is what migrations make here: tables, identity and serial
-sequences, PRIMARY KEY/UNIQUE/EXCLUDE/CHECK/FOREIGN KEY constraints, indexes, triggers and
-their functions, comments, and rows (django_migrations, content types, permissions). Any
-other kind of object (a view, a type, a policy, a partitioned table, ...) is refused
-loudly rather than left out. tests/test_tenant_schemas.py compares a schema made here
-with one made by running every migration.
+The template's catalog is read by its namespace under `search_path = <template>`, so the
+deparsed definitions name no schema, except the table that `pg_get_indexdef`,
+`pg_get_triggerdef` and `pg_get_functiondef` always qualify, which is rewritten exactly.
+The script is replayed under `search_path = <new schema>`, so a serial column's
+`nextval('x_seq')`, a foreign key and a trigger's function resolve to the new schema's own
+objects, never the template's. What migrations make here is copied (tables, sequences,
+constraints, indexes, triggers and their functions, comments, rows); any other kind of
+object is refused loudly rather than left out (tests/test_tenant_schemas.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,8 +49,8 @@ def _unsupported(cursor: Any, nsp: int) -> list[str]:
     found = []
     for what, sql in (
         ("relation of kind", "SELECT relkind::text || ' ' || relname FROM pg_class WHERE relnamespace = %s AND relkind NOT IN ('r', 'i', 'S')"),
-        ("type", "SELECT typname FROM pg_type t WHERE typnamespace = %s AND typtype <> 'b' AND typrelid = 0"
-                 " OR typnamespace = %s AND typrelid <> 0 AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind = 'r')"),
+        ("type", "SELECT typname FROM pg_type t WHERE typnamespace = %s AND (typtype <> 'b' AND typrelid = 0"
+                 " OR typrelid <> 0 AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind = 'r'))"),
         ("routine of kind", "SELECT prokind::text || ' ' || proname FROM pg_proc WHERE pronamespace = %s AND prokind NOT IN ('f', 'p')"),
         ("policy or row security on", "SELECT relname FROM pg_class WHERE relnamespace = %s AND (relrowsecurity OR relhasrules AND relkind = 'r')"),
         ("inheritance on", "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relnamespace = %s"),
@@ -64,15 +58,13 @@ def _unsupported(cursor: Any, nsp: int) -> list[str]:
         ("collation", "SELECT collname FROM pg_collation WHERE collnamespace = %s"),
         ("operator", "SELECT oprname FROM pg_operator WHERE oprnamespace = %s"),
     ):
-        params = [nsp, nsp] if what == "type" else [nsp]
-        found += [f"{what} {name}" for (name,) in _fetch(cursor, sql, params)]
+        found += [f"{what} {name}" for (name,) in _fetch(cursor, sql, [nsp])]
     return found
 
 
 def schema_script_capture(*, source: str) -> SchemaScript:
-    """Read the template schema's definition from the catalog, by its namespace. A few
-    of these queries scan pg_class, whose size grows with the tenants: schema_clone reuses
-    the result while the template's migrations are unchanged."""
+    """Read the template schema's definition from the catalog, by its namespace (schema_clone
+    reuses it while the template's migrations are unchanged: `_script_cache`)."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT oid, quote_ident(nspname) FROM pg_namespace WHERE nspname = %s", [source])
         found = cursor.fetchone()
@@ -129,10 +121,7 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
         """,
         [nsp],
     ):
-        before.append(
-            f"CREATE SEQUENCE {qname} AS {type_} INCREMENT BY {inc} MINVALUE {minv} MAXVALUE {maxv} START WITH {start}"
-            f" CACHE {cache} {'CYCLE' if cycle else 'NO CYCLE'}"
-        )
+        before.append(f"CREATE SEQUENCE {qname} AS {type_} {_sequence_options(start, inc, minv, maxv, cache, cycle)}")
         if owner_table is not None:
             owned_by.append(f"ALTER SEQUENCE {qname} OWNED BY {owner_table}.{owner_col}")
 
@@ -178,12 +167,8 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
             elif default is not None:
                 part += f" DEFAULT {default}"
             if identity:
-                start, inc, minv, maxv, cache, cycle = seq
                 kind = "ALWAYS" if identity == "a" else "BY DEFAULT"
-                part += (
-                    f" GENERATED {kind} AS IDENTITY (SEQUENCE NAME {qseq} INCREMENT BY {inc} MINVALUE {minv}"
-                    f" MAXVALUE {maxv} START WITH {start} CACHE {cache} {'CYCLE' if cycle else 'NO CYCLE'})"
-                )
+                part += f" GENERATED {kind} AS IDENTITY (SEQUENCE NAME {qseq} {_sequence_options(*seq)})"
             if notnull:
                 part += " NOT NULL"
             parts.append(part)
@@ -203,7 +188,7 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
     before += owned_by
 
     for (qseq,) in _fetch(cursor, "SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = %s AND relkind = 'S' ORDER BY oid", [nsp]):
-        rows.append(f"SELECT setval('{_ident_literal(qseq)}', last_value, is_called) FROM {qsource}.{qseq}")  # noqa: S608 - quoted by PostgreSQL
+        rows.append(f"SELECT setval({_literal(qseq)}, last_value, is_called) FROM {qsource}.{qseq}")  # noqa: S608 - quoted by PostgreSQL
 
     # Constraints: the ones that make indexes first (a foreign key needs its target's), then
     # checks, then foreign keys once every table exists.
@@ -249,13 +234,12 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
     return SchemaScript(source=source, ddl_before_rows=tuple(before), rows=tuple(rows), ddl_after_rows=tuple(after))
 
 
+def _sequence_options(start: int, inc: int, minv: int, maxv: int, cache: int, cycle: bool) -> str:
+    return f"INCREMENT BY {inc} MINVALUE {minv} MAXVALUE {maxv} START WITH {start} CACHE {cache} {'CYCLE' if cycle else 'NO CYCLE'}"
+
+
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-def _ident_literal(qident: str) -> str:
-    """A quoted identifier inside a string literal (for regclass)."""
-    return qident.replace("'", "''")
 
 
 def _unqualify_on(definition: str, qsource: str, qtable: str) -> str:
@@ -292,18 +276,12 @@ def clone_session_renew() -> bool:
     """Start a new database session for a clone, unless a transaction holds this one (then
     the clone runs on it, only slower). Returns whether it closed the old one.
 
-    Every relcache invalidation the clone's DDL sends (several thousand in one clone) makes
-    PostgreSQL walk every plan the session has saved (plancache's PlanCacheRelCallback):
-    among them one foreign-key check plan per constraint of every tenant the session has
-    written to. The bench's session that had filled 999 tenants took 2.1 s to create the
-    next one; on a new session it takes 0.28 s (docs/BENCHMARKS.md, "A thousand tenants").
-    DISCARD PLANS does not help.
-
-    The next query opens the session again, with the schema django-tenants had set. What a
-    caller keeps on a session outside a transaction goes with it: a held cursor (an
-    `.iterator()` loop around tenant creation) or a session advisory lock. Behind PgBouncer
-    the pooler may hand back the same server session, plans and all (its DISCARD ALL does
-    not free them)."""
+    Each relcache invalidation of the clone's DDL walks every plan the session has saved
+    (one per foreign key of every tenant it wrote to; DISCARD PLANS does not help):
+    docs/BENCHMARKS.md, "A thousand tenants". The next query opens the session again, with
+    the schema django-tenants had set. What a caller keeps on a session outside a
+    transaction goes with it: a held cursor (an `.iterator()` loop around tenant creation)
+    or a session advisory lock."""
     if connection.in_atomic_block or (connection.connection is not None and not connection.get_autocommit()):
         return False
     connection.close()
@@ -327,16 +305,11 @@ def schema_clone(*, source: str, target: str) -> None:
     connection.search_path_set_schemas = None  # type: ignore[attr-defined]  # django-tenants' database wrapper
 
 
-_graph_cache: dict[str, frozenset[tuple[str, str]]] = {}
-
-
+@functools.cache
 def migrations_on_disk() -> frozenset[tuple[str, str]]:
     """Every migration of the graph on disk, a squash standing for what it replaces (read
     once per process: the files do not change under a running process)."""
-    if "nodes" not in _graph_cache:
-        loader = MigrationLoader(None, ignore_no_migrations=True)
-        _graph_cache["nodes"] = frozenset(loader.graph.nodes)
-    return _graph_cache["nodes"]
+    return frozenset(MigrationLoader(None, ignore_no_migrations=True).graph.nodes)
 
 
 def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
