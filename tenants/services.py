@@ -77,12 +77,3 @@ def tenant_setup(*, tenant: Tenant) -> None:
     with schema_context(tenant.schema_name):
         tenant_created.send(sender=Tenant, tenant=tenant)
 
-
-def platform_ensure(*, public_domain: str) -> Tenant:
-    """The public tenant (platform admin host) and the template schema. Idempotent."""
-    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
-    public: Tenant
-    public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Tally platform", "main_currency": "XXX"})
-    Domain.objects.get_or_create(domain=public_domain, defaults={"tenant": public, "is_primary": True})
-    tenant_template_ensure()
-    return public
