@@ -32,12 +32,9 @@ class SchemaCloneRefused(Exception):
 @dataclass(frozen=True)
 class SchemaScript:
     """A template's schema as statements that name no schema (run them under the new
-    schema's search_path), and the statements that copy its rows and sequence states."""
+    schema's search_path), its rows and sequence states copied before any index exists."""
 
-    source: str
-    ddl_before_rows: tuple[str, ...]
-    rows: tuple[str, ...]
-    ddl_after_rows: tuple[str, ...]
+    statements: tuple[str, ...]
 
 
 def _fetch(cursor: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -88,10 +85,10 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
     rows: list[str] = []
     after: list[str] = []
 
-    for (definition, name) in _fetch(
-        cursor,
-        "SELECT pg_get_functiondef(oid), proname FROM pg_proc WHERE pronamespace = %s ORDER BY oid", [nsp]
-    ):
+    def catalog(sql: str) -> list[tuple[Any, ...]]:
+        return _fetch(cursor, sql, [nsp])
+
+    for (definition, name) in catalog("SELECT pg_get_functiondef(oid), proname FROM pg_proc WHERE pronamespace = %s ORDER BY oid"):
         header, _, rest = definition.partition("\n")
         qualified = f" {qsource}."
         if header.count(qualified) != 1:
@@ -102,11 +99,9 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
             raise SchemaCloneRefused(f"function {name} names the template schema {source!r}: a copy would act on it")
         before.append(header.replace(qualified, " ", 1) + "\n" + rest)
 
-    # Sequences not made by an identity column (serial and free-standing), before the
-    # tables whose defaults name them.
+    # Sequences not made by an identity column, before the tables whose defaults name them.
     owned_by: list[str] = []
-    for (qname, type_, start, inc, minv, maxv, cache, cycle, owner_table, owner_col) in _fetch(
-        cursor,
+    for (qname, type_, start, inc, minv, maxv, cache, cycle, owner_table, owner_col) in catalog(
         """
         SELECT quote_ident(c.relname), format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmin, s.seqmax,
                s.seqcache, s.seqcycle, quote_ident(t.relname), quote_ident(a.attname)
@@ -118,22 +113,18 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
          WHERE c.relnamespace = %s AND c.relkind = 'S'
            AND NOT EXISTS (SELECT 1 FROM pg_depend i WHERE i.classid = 'pg_class'::regclass AND i.objid = c.oid AND i.deptype = 'i')
          ORDER BY c.oid
-        """,
-        [nsp],
+        """
     ):
         before.append(f"CREATE SEQUENCE {qname} AS {type_} {_sequence_options(start, inc, minv, maxv, cache, cycle)}")
         if owner_table is not None:
             owned_by.append(f"ALTER SEQUENCE {qname} OWNED BY {owner_table}.{owner_col}")
 
-    tables = _fetch(
-        cursor,
+    tables = catalog(
         "SELECT oid, quote_ident(relname), relpersistence, reloptions, obj_description(oid, 'pg_class')"
-        " FROM pg_class WHERE relnamespace = %s AND relkind = 'r' ORDER BY oid",
-        [nsp],
+        " FROM pg_class WHERE relnamespace = %s AND relkind = 'r' ORDER BY oid"
     )
     columns: dict[int, list[tuple[Any, ...]]] = {}
-    for row in _fetch(
-        cursor,
+    for row in catalog(
         """
         SELECT a.attrelid, quote_ident(a.attname), format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attidentity,
                a.attgenerated, pg_get_expr(d.adbin, d.adrelid),
@@ -150,8 +141,7 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
           LEFT JOIN pg_sequence s ON s.seqrelid = dep.objid
          WHERE c.relnamespace = %s AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
          ORDER BY a.attrelid, a.attnum
-        """,
-        [nsp],
+        """
     ):
         columns.setdefault(row[0], []).append(row[1:])
 
@@ -187,51 +177,45 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
             rows.append(f"INSERT INTO {qtable} ({cols}) OVERRIDING SYSTEM VALUE SELECT {cols} FROM {qsource}.{qtable}")  # noqa: S608 - quoted by PostgreSQL
     before += owned_by
 
-    for (qseq,) in _fetch(cursor, "SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = %s AND relkind = 'S' ORDER BY oid", [nsp]):
+    for (qseq,) in catalog("SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = %s AND relkind = 'S' ORDER BY oid"):
         rows.append(f"SELECT setval({_literal(qseq)}, last_value, is_called) FROM {qsource}.{qseq}")  # noqa: S608 - quoted by PostgreSQL
 
     # Constraints: the ones that make indexes first (a foreign key needs its target's), then
     # checks, then foreign keys once every table exists.
-    for (qtable, qname, definition) in _fetch(
-        cursor,
+    for (qtable, qname, definition) in catalog(
         """
         SELECT quote_ident(c.relname), quote_ident(con.conname), pg_get_constraintdef(con.oid)
           FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
          WHERE con.connamespace = %s AND c.relkind = 'r'
          ORDER BY array_position(ARRAY['p', 'u', 'x', 'c', 'f'], con.contype::text), con.oid
-        """,
-        [nsp],
+        """
     ):
         after.append(f"ALTER TABLE ONLY {qtable} ADD CONSTRAINT {qname} {definition}")
 
-    for (qtable, definition) in _fetch(
-        cursor,
+    for (qtable, definition) in catalog(
         """
         SELECT quote_ident(t.relname), pg_get_indexdef(i.indexrelid)
           FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
          WHERE ic.relnamespace = %s
            AND NOT EXISTS (SELECT 1 FROM pg_constraint con WHERE con.conindid = i.indexrelid AND con.contype IN ('p', 'u', 'x'))
          ORDER BY i.indexrelid
-        """,
-        [nsp],
+        """
     ):
         after.append(_unqualify_on(definition, qsource, qtable))
 
-    for (qtable, qname, definition, enabled) in _fetch(
-        cursor,
+    for (qtable, qname, definition, enabled) in catalog(
         """
         SELECT quote_ident(c.relname), quote_ident(t.tgname), pg_get_triggerdef(t.oid), t.tgenabled
           FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
          WHERE c.relnamespace = %s AND NOT t.tgisinternal
          ORDER BY t.oid
-        """,
-        [nsp],
+        """
     ):
         after.append(_unqualify_on(definition, qsource, qtable))
         if _TRIGGER_ENABLED[enabled]:
             after.append(f"ALTER TABLE {qtable} {_TRIGGER_ENABLED[enabled]} {qname}")
 
-    return SchemaScript(source=source, ddl_before_rows=tuple(before), rows=tuple(rows), ddl_after_rows=tuple(after))
+    return SchemaScript(statements=(*before, *rows, *after))
 
 
 def _sequence_options(start: int, inc: int, minv: int, maxv: int, cache: int, cycle: bool) -> str:
@@ -249,10 +233,8 @@ def _unqualify_on(definition: str, qsource: str, qtable: str) -> str:
     return definition.replace(qualified, f" ON {qtable} ", 1)
 
 
-# The template's script per process, while its django_migrations is unchanged. Reading
-# the catalog costs more as tenants are added (pg_class has no index on relnamespace, so
-# each of its ~10 queries scans every schema's relations: 20 ms a query at 500 tenants);
-# the template itself only changes when migrations run on it, which changes this key.
+# The template's script per process, keyed by its django_migrations: pg_class has no index on
+# relnamespace, so each catalog query scans every schema's relations (20 ms at 500 tenants).
 _script_cache: dict[str, tuple[tuple[int, int], SchemaScript]] = {}
 
 
@@ -300,7 +282,7 @@ def schema_clone(*, source: str, target: str) -> None:
         (qtarget,) = cursor.fetchone()
         cursor.execute(f"CREATE SCHEMA {qtarget}")
         cursor.execute("SELECT set_config('search_path', %s, true)", [qtarget])
-        cursor.execute(";\n".join(script.ddl_before_rows + script.rows + script.ddl_after_rows))
+        cursor.execute(";\n".join(script.statements))
     # The wrapper caches the search path it last set; ours was local to the transaction.
     connection.search_path_set_schemas = None  # type: ignore[attr-defined]  # django-tenants' database wrapper
 
@@ -322,27 +304,24 @@ def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
     if not schemas:
         return {}
     with connection.cursor() as cursor:
-        present = {
-            name for (name,) in _fetch(
-                cursor,
-                "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE c.relname = 'django_migrations' AND c.relkind = 'r' AND n.nspname = ANY(%s)",
-                [list(schemas)],
-            )
-        }
-        missing = {schema: len(known) for schema in schemas if schema not in present}
-        ordered = [s for s in schemas if s in present]
+        found = _fetch(
+            cursor,
+            "SELECT s, quote_ident(s), EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = s AND c.relname = 'django_migrations' AND c.relkind = 'r')"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i",
+            [list(schemas)],
+        )
+        missing = {schema: len(known) for schema, _, present in found if not present}
+        ordered = [(schema, quoted) for schema, quoted, present in found if present]
         if not ordered:
             return missing
-        cursor.execute("SELECT quote_ident(s) FROM unnest(%s::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i", [ordered])
-        quoted = [q for (q,) in cursor.fetchall()]
         # One statement: a count per schema of the migrations on disk it holds.
         union = " UNION ALL ".join(
             f"SELECT {i} AS i, count(*) AS held FROM {q}.django_migrations m"  # noqa: S608 - quoted by PostgreSQL
             f" JOIN known k ON k.app = m.app AND k.name = m.name"
-            for i, q in enumerate(quoted)
+            for i, (_, q) in enumerate(ordered)
         )
         sql = f"WITH known AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS k(app, name)) {union}"  # noqa: S608 - see above
         for i, held in _fetch(cursor, sql, [[app for app, _ in known], [name for _, name in known]]):
-            missing[ordered[i]] = len(known) - int(held)
+            missing[ordered[i][0]] = len(known) - int(held)
     return missing
