@@ -15,13 +15,9 @@ TEMPLATE_SCHEMA = settings.TENANT_BASE_SCHEMA
 
 
 def tenant_template_ensure() -> Tenant:
-    """Make sure the migrated template schema that new tenants are cloned from exists,
-    and holds every migration on disk.
-
-    It is an inactive tenant row, so `migrate_schemas` keeps it migrated with the rest; a
-    code release whose migrations have not run yet gets them run on the template here,
-    outside any transaction (a migration may build its indexes concurrently).
-    """
+    """Make sure the template schema new tenants are cloned from exists and holds every
+    migration on disk. It is an inactive tenant row, so `migrate_schemas` keeps it migrated;
+    missing migrations run here, outside any transaction (one may build indexes concurrently)."""
     connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     template: Tenant | None = Tenant.objects.filter(schema_name=TEMPLATE_SCHEMA).first()
     if template is None:
@@ -43,26 +39,12 @@ def tenant_creation_prepare() -> None:
     clone_session_renew()
 
 
-def tenant_create(
-    *,
-    schema_name: str,
-    domain: str,
-    name: str,
-    main_currency: str,
-    currency_exponent: int = 0,
-) -> Tenant:
-    """Create a tenant: schema (cloned from the template) and domain; then, inside the new
-    schema, `tenant_created` lets the apps above set up their part (wallets: the assets
-    and system accounts)."""
+def tenant_create(*, schema_name: str, domain: str, name: str, main_currency: str, currency_exponent: int = 0) -> Tenant:
+    """Create a tenant: schema (cloned from the template) and domain; then `tenant_setup`."""
     tenant_creation_prepare()
     connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     with transaction.atomic():
-        tenant = Tenant(
-            schema_name=schema_name,
-            name=name,
-            main_currency=main_currency,
-            currency_exponent=currency_exponent,
-        )
+        tenant = Tenant(schema_name=schema_name, name=name, main_currency=main_currency, currency_exponent=currency_exponent)
         tenant.full_clean(exclude=["schema_name"])
         tenant.save(verbosity=0)
         Domain.objects.create(tenant=tenant, domain=domain, is_primary=True)

@@ -190,8 +190,7 @@ SPECTACULAR_SETTINGS = {
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
-# Celery configured for money, why each: docs/WEBHOOKS.md "Celery configured for money". Every
-# Tally task is safe to run twice, and none may be lost.
+# Celery configured for money (every task safe to run twice, none lost): why each, docs/WEBHOOKS.md.
 CELERY_TASK_ACKS_LATE = True  # a worker that dies mid-task leaves its message to be delivered again
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -216,8 +215,7 @@ CELERY_TASK_ROUTES = {
 CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False  # keep the JSON logging config in workers
 CELERY_TASK_TENANT_CACHE_SECONDS = int(TENANT_CACHE_SECONDS)
-# Beat entries (synced into django_celery_beat by the DatabaseScheduler); add yours by key. The 10 s
-# ones visit the tenants with due work, each sweep every tenant (docs/ARCHITECTURE.md, as above).
+# Beat entries (the DatabaseScheduler syncs them); add yours by key. Which tenants each visits: docs/ARCHITECTURE.md.
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 CELERY_BEAT_SCHEDULE["idempotency-purge"] = {"task": "idempotency.purge_all_tenants", "schedule": 600.0}
 CELERY_BEAT_SCHEDULE["webhooks-relay"] = {"task": "webhooks.relay_due_tenants", "schedule": 10.0}
@@ -263,9 +261,8 @@ TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS = env.float("TALLY_RELAY_TEST_PAUSE_A
 # The lease must outlast the PSP call, so only a crashed or stalled holder's claim is taken over.
 TALLY_PSP_TIMEOUT_SECONDS = env.float("TALLY_PSP_TIMEOUT_SECONDS", default=10.0)
 TALLY_TOPUP_LEASE_SECONDS = env.int("TALLY_TOPUP_LEASE_SECONDS", default=30)
-# A recovery pass's loop budgets (payments/services/topup_budget.py): each loop may overrun by the
-# one PSP call in hand, and the purge and settle come after; all of it must end inside the task's
-# own soft time limit, or the pass is killed before its settle (and, before, its refunds).
+# A recovery pass's loops (payments/services/topup_budget.py), each overrunning by one PSP call at most, and
+# the purge and settle after them must end inside the task's own soft limit, or the pass dies before its settle.
 TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT = env.int("TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT", default=120)
 TALLY_TOPUP_RECOVERY_TIME_LIMIT = env.int("TALLY_TOPUP_RECOVERY_TIME_LIMIT", default=180)
 if TALLY_TOPUP_RECOVERY_TIME_LIMIT <= TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT:
@@ -280,8 +277,7 @@ TOPUP_RECOVERY_TAIL_SECONDS = 15  # purge, gauges, the due-work settle
 _topup_loop_fit = (TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS) / TOPUP_RECOVERY_LOOPS - TALLY_PSP_TIMEOUT_SECONDS
 _topup_loop_set = env("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", default="")
 if not _topup_loop_set:
-    # A soft limit too short for a pass has no budget to give: refuse to start rather than
-    # round it up to one that overruns the limit (the pass killed before its settle).
+    # Too short for a pass: refuse to start rather than round up to a budget that overruns the limit.
     if _topup_loop_fit < 1.0:
         raise ImproperlyConfigured(
             "TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT is too short for a top-up recovery pass: it must be at least"
