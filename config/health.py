@@ -14,6 +14,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 
 from config import metrics
+from config.observability import Middleware
 
 
 def _check(probe: Callable[[], dict[str, Any] | None]) -> dict[str, Any]:
@@ -49,10 +50,7 @@ def readiness() -> tuple[bool, dict[str, Any]]:
     return all(c["ok"] for c in checks.values()), checks
 
 
-class HealthMiddleware:
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
+class HealthMiddleware(Middleware):
     def __call__(self, request: HttpRequest) -> HttpResponse:
         path = request.path
         if path == "/healthz":

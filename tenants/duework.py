@@ -1,12 +1,10 @@
 """Which tenants have due work: rows per (tenant, kind) in the public table `DueWork`, so
 the 10 s beat tasks enqueue work for the tenants that have some instead of visiting them all.
 
-How a writer marks, a worker settles and the safety sweep catches a lost row, and why the
-table has no unique key: docs/ARCHITECTURE.md "Beat, due work and the Celery queues". The
-race between them (a commit that found the row and wrote nothing, while a settle, which
-cannot see that work yet, deletes it) is closed by one advisory lock per (tenant, concern):
-SHARED for a marking writer (writers never wait for each other), EXCLUSIVE and only tried for
-a settle, which then reads after every writer that saw the row has committed.
+How writers mark and workers settle, and why the table has no unique key: docs/ARCHITECTURE.md
+"Beat, due work and the Celery queues". A settle must not delete the row under a commit that
+found it and wrote nothing: one advisory lock per (tenant, concern), SHARED for a marking
+writer, EXCLUSIVE and only tried for a settle, which then reads after every such commit.
 """
 
 from __future__ import annotations

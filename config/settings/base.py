@@ -65,7 +65,6 @@ SHOW_PUBLIC_IF_NO_TENANT_FOUND = False
 # close, so it is set again whenever the database may have lost it (docs/SCALING.md).
 TENANT_LIMIT_SET_CALLS = env.bool("TENANT_LIMIT_SET_CALLS", default=True)
 TENANT_CACHE_SECONDS = env.float("TENANT_CACHE_SECONDS", default=10.0)
-# Why revoke and rotate still hold on the next request: wallets.keycache.
 TALLY_API_KEY_CACHE_SECONDS = env.float("TALLY_API_KEY_CACHE_SECONDS", default=30.0)
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/tally")}
@@ -160,8 +159,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": [],
     "UNAUTHENTICATED_USER": None,
     "COERCE_DECIMAL_TO_STRING": True,
-    # One error envelope for every face (SPEC 5), DRF's own errors included.
-    "EXCEPTION_HANDLER": "apikit.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "apikit.errors.api_exception_handler",  # one error envelope (SPEC 5), DRF's own errors too
     # apikit/throttling.py; a tenant may override them in Tenant.extra_settings["throttle_rates"].
     "DEFAULT_THROTTLE_RATES": {
         "api_key": env("TALLY_THROTTLE_KEY_RATE", default="6000/min"),
@@ -180,8 +178,7 @@ SPECTACULAR_SETTINGS = {
     "SCHEMA_PATH_PREFIX": r"/v1",
     "SECURITY": [{"bearerAuth": []}],
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "apikit.schema.links_add"],
-    # Assets from drf-spectacular-sidecar (static files), never a CDN.
-    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_DIST": "SIDECAR",  # drf-spectacular-sidecar's static files, never a CDN
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
 }
@@ -238,9 +235,7 @@ LOGGING = {
             "rename_fields": {"asctime": "ts", "levelname": "level", "name": "logger"},
         }
     },
-    "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "json", "filters": ["context"]}
-    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json", "filters": ["context"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
@@ -249,7 +244,6 @@ LOGGING = {
 TALLY_PUBLIC_DOMAIN = env("TALLY_PUBLIC_DOMAIN", default="localhost")
 TALLY_METRICS_TOKEN = env("TALLY_METRICS_TOKEN", default="")
 TALLY_METRICS_ON_PLATFORM_HOST = env.bool("TALLY_METRICS_ON_PLATFORM_HOST", default=True)
-# An unknown tenant host answers a plain 404 (the envelope on /v1/) naming nothing internal.
 DEFAULT_NOT_FOUND_TENANT_VIEW = "config.middleware.tenant_not_found"
 TALLY_WEBHOOK_ALLOW_HTTP = env.bool("TALLY_WEBHOOK_ALLOW_HTTP", default=DEBUG)
 TALLY_WEBHOOK_ALLOW_LOOPBACK = env.bool("TALLY_WEBHOOK_ALLOW_LOOPBACK", default=False)

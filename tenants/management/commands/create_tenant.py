@@ -27,9 +27,7 @@ class Command(BaseCommand):
         if Domain.objects.filter(domain=options["domain"]).exists():
             raise CommandError(f"domain {options['domain']!r} is taken")
         currency = options["currency"].upper()
-        exponent = options["exponent"]
-        if exponent is None:
-            exponent = 0 if currency in {"JPY", "KRW", "VND", "CLP", "ISK"} else 2
+        exponent = options["exponent"] if options["exponent"] is not None else (0 if currency in {"JPY", "KRW", "VND", "CLP", "ISK"} else 2)
         started = time.perf_counter()
         try:
             tenant = tenant_create(
