@@ -5,6 +5,7 @@ import os
 from typing import Any
 
 from celery.signals import beat_init, celeryd_init, task_postrun, task_prerun
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 from tenant_schemas_celery.app import CeleryApp
 
@@ -31,8 +32,6 @@ def _sealing_ring_refuse(**_: Any) -> None:
     """A worker or beat without a usable sealing ring does not start (gunicorn refuses in
     config/wsgi.py). Celery logs and swallows what a signal handler raises, so the refusal
     leaves as SystemExit, carrying the check's message and its fix."""
-    from django.core.exceptions import ImproperlyConfigured
-
     from wallets.checks import sealing_ring_enforce
 
     try:

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -31,8 +32,6 @@ def _database() -> None:
 
 
 def _redis() -> None:
-    import redis
-
     redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5).ping()
 
 

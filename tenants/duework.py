@@ -21,10 +21,9 @@ from tenants.models import DueWork, DueWorkKind
 # How long a settle's reads may run while its tenant's marking writers wait for it.
 SETTLE_STATEMENT_TIMEOUT = "500ms"
 
-# The due-work locks' own key space: PostgreSQL's two-int advisory keys never meet its
-# one-bigint keys, where wallets.locks.advisory_lock_try holds session locks (a tenant's
-# whole recovery pass). In one space, a 32-bit hash collision between two tenants' names
-# would make one tenant's payments wait for the other's recovery pass.
+# The due-work locks' own key space: PostgreSQL's two-int advisory keys never meet the one-bigint
+# keys of wallets.locks.advisory_lock_try (a tenant's whole recovery pass), so a 32-bit hash
+# collision between two tenants' names cannot make one's payments wait for the other's pass.
 LOCK_SPACE = 0x64756577  # "duew"
 
 # Kinds that share one lock: the relay's "now" row and its "later" row are settled together.
@@ -80,9 +79,8 @@ def due_work_settle(
             row = cursor.fetchone()
             if not (row and row[0]):
                 return False
-            # While the lock is held, the tenant's writers that mark wait: the reads get a short
-            # budget, and a settle that overruns it gives up (the lock goes with its savepoint
-            # or transaction, and so does this setting).
+            # While the lock is held, the tenant's marking writers wait: the reads get a short budget, and
+            # a settle that overruns it gives up (the lock and this setting go with its transaction).
             cursor.execute(
                 "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)", [SETTLE_STATEMENT_TIMEOUT]
             )

@@ -1,11 +1,9 @@
-"""Tenant resolution by host with a short in-process cache (TENANT_CACHE_SECONDS, README.md):
-django-tenants looks the Domain up on every request, a round trip a payment would spend.
-An unknown host is never cached.
+"""Tenant resolution by host with a short in-process cache (TENANT_CACHE_SECONDS, README.md)
+instead of django-tenants' Domain query on every request. An unknown host is never cached.
 
-A switched-off tenant is served as an unknown host (README.md says what goes on meanwhile):
-beat's business work in it stops, so it must not take payments whose webhooks would wait.
-Two exceptions: the public tenant (the platform admin, where a tenant is switched on again)
-and the PSP's webhooks, which settle top-ups whose card was charged before the switch.
+A switched-off tenant is served as an unknown host (README.md: what goes on meanwhile), so it
+takes no payments whose webhooks would wait. Served anyway: the public tenant (the platform
+admin, where a tenant is switched on again) and the PSP's webhooks (top-ups already charged).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """A new tenant's schema made from the migrated template in one transaction, at a cost
-that does not grow with the number of tenants (why django-tenants' `clone_schema` does not:
-docs/BENCHMARKS.md, "A thousand tenants").
+that does not grow with the number of tenants (docs/ARCHITECTURE.md, "Tenants"; why
+django-tenants' `clone_schema` does: docs/BENCHMARKS.md, "A thousand tenants").
 
-The template's catalog is read by its namespace under `search_path = <template>`, so the
-deparsed definitions name no schema, except the table that `pg_get_indexdef`,
-`pg_get_triggerdef` and `pg_get_functiondef` always qualify, which is rewritten exactly.
-The script is replayed under `search_path = <new schema>`, so a serial column's
-`nextval('x_seq')`, a foreign key and a trigger's function resolve to the new schema's own
-objects, never the template's. What migrations make here is copied (tables, sequences,
-constraints, indexes, triggers and their functions, comments, rows); any other kind of
-object is refused loudly rather than left out (tests/test_tenant_schemas.py).
+Read under `search_path = <template>`, the deparsed definitions name no schema, except the
+table `pg_get_indexdef`, `pg_get_triggerdef` and `pg_get_functiondef` always qualify, which
+is rewritten exactly. What migrations make here is copied; any other kind of object is
+refused loudly rather than left out (tests/test_tenant_schemas.py).
 """
 
 from __future__ import annotations
@@ -259,11 +255,9 @@ def clone_session_renew() -> bool:
     the clone runs on it, only slower). Returns whether it closed the old one.
 
     Each relcache invalidation of the clone's DDL walks every plan the session has saved
-    (one per foreign key of every tenant it wrote to; DISCARD PLANS does not help):
-    docs/BENCHMARKS.md, "A thousand tenants". The next query opens the session again, with
-    the schema django-tenants had set. What a caller keeps on a session outside a
-    transaction goes with it: a held cursor (an `.iterator()` loop around tenant creation)
-    or a session advisory lock."""
+    (docs/BENCHMARKS.md, "A thousand tenants"). The next query opens a session again, with
+    the schema django-tenants had set; what a caller keeps on the old one outside a
+    transaction goes with it (a held cursor, a session advisory lock)."""
     if connection.in_atomic_block or (connection.connection is not None and not connection.get_autocommit()):
         return False
     connection.close()
@@ -295,11 +289,10 @@ def migrations_on_disk() -> frozenset[tuple[str, str]]:
 
 
 def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
-    """For each schema, how many migrations on disk its django_migrations does not hold
-    (0: nothing to migrate), in one query over all of them (no connection or search_path
-    set per schema). Every migration counts, not only each app's last: a schema that holds
-    the last but misses an earlier one (a --fake, a migration merged into history) is
-    behind. A schema without the table counts every migration as missing."""
+    """For each schema, how many migrations on disk its django_migrations does not hold (0:
+    nothing to migrate), in two queries over all of them (no search_path set per schema). Every
+    migration counts, not only each app's last: a schema missing an earlier one (a --fake, a
+    migration merged into history) is behind; one without the table misses them all."""
     known = sorted(migrations_on_disk())
     if not schemas:
         return {}

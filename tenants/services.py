@@ -1,6 +1,9 @@
-"""Write services for tenants (public schema)."""
+"""Write services for tenants (public schema), and beat's per-tenant fan-out."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -32,9 +35,8 @@ def tenant_template_ensure() -> Tenant:
 
 
 def tenant_creation_prepare() -> None:
-    """What creating a tenant needs before its transaction opens: the template migrated
-    (`tenant_template_ensure`) and, outside any transaction, a new database session for the
-    clone (`clone_session_renew`: the clone's cost grows with the plans a session holds)."""
+    """What creating a tenant needs before its transaction opens: the template migrated and,
+    outside any transaction, a new database session for the clone (`clone_session_renew`)."""
     tenant_template_ensure()
     clone_session_renew()
 
@@ -53,9 +55,16 @@ def tenant_create(*, schema_name: str, domain: str, name: str, main_currency: st
 
 
 def tenant_setup(*, tenant: Tenant) -> None:
-    """Inside a new tenant's schema, let the apps above set up their part (wallets: the
-    assets and system accounts). tenant_create calls it; so does the platform admin, which
-    saves the tenant and its domains itself."""
+    """Inside a new tenant's schema, `tenant_created` lets the apps above set up their part
+    (wallets: assets and system accounts). The platform admin, which saves the tenant, calls it too."""
     with schema_context(tenant.schema_name):
         tenant_created.send(sender=Tenant, tenant=tenant)
 
+
+def task_send_in_each(task: Any, *, schemas: Sequence[str]) -> int:
+    """Send `task` (no arguments) once inside each of `schemas` (tenant-schemas-celery carries
+    the schema with the message); returns how many."""
+    for schema_name in schemas:
+        with schema_context(schema_name):
+            task.delay()
+    return len(schemas)

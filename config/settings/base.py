@@ -71,12 +71,11 @@ DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@
 DATABASES["default"]["ENGINE"] = "fastpath.backend"  # django-tenants', with prepared statements (fastpath.prepared)
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DATABASE_CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-DATABASES["default"].setdefault("OPTIONS", {})
-DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=3))
 # Failover (several hosts in DATABASE_URL) and keepalives: docs/RELIABILITY.md. No statement_timeout:
 # cancelling a COMMIT that waits for the synchronous standby reports it committed, on the primary alone.
-for _option, _default in (("keepalives", 1), ("keepalives_idle", 10), ("keepalives_interval", 3), ("keepalives_count", 3)):
-    DATABASES["default"]["OPTIONS"].setdefault(_option, env.int(f"DATABASE_{_option.upper()}", default=_default))
+_db_options = DATABASES["default"].setdefault("OPTIONS", {})
+for _option, _default in {"connect_timeout": 3, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3, "keepalives_count": 3}.items():
+    _db_options.setdefault(_option, env.int(f"DATABASE_{_option.upper()}", default=_default))
 TALLY_DB_PREPARED_STATEMENTS = env.bool("TALLY_DB_PREPARED_STATEMENTS", default=True)
 DATABASE_ROUTERS = ("django_tenants.routers.TenantSyncRouter",)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -223,7 +222,6 @@ if not 60 <= TALLY_SAFETY_SWEEP_SECONDS <= 3600:
 CELERY_BEAT_SCHEDULE["webhooks-relay-sweep"] = {"task": "webhooks.relay_all_tenants", "schedule": TALLY_SAFETY_SWEEP_SECONDS}
 
 # --- Observability ----------------------------------------------------------------
-LOG_LEVEL = env("TALLY_LOG_LEVEL", default="INFO")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -236,7 +234,7 @@ LOGGING = {
         }
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json", "filters": ["context"]}},
-    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "root": {"handlers": ["console"], "level": env("TALLY_LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 

@@ -31,8 +31,7 @@ class Command(BaseCommand):
         started = time.perf_counter()
         try:
             tenant = tenant_create(
-                schema_name=schema, domain=options["domain"], name=options["name"],
-                main_currency=currency, currency_exponent=exponent,
+                schema_name=schema, domain=options["domain"], name=options["name"], main_currency=currency, currency_exponent=exponent
             )
         except Exception as exc:  # a validation error from the model is the operator's input
             raise CommandError(str(exc)) from exc
