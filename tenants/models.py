@@ -88,8 +88,7 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
 
 
 class Domain(DomainMixin):  # type: ignore[misc]  # django-tenants is untyped
-    def __str__(self) -> str:
-        return str(self.domain)
+    """A host name of a tenant (DomainMixin's __str__ is the host name)."""
 
 
 class DueWorkKind(models.TextChoices):
