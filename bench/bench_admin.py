@@ -47,7 +47,8 @@ def _load(rows: int) -> float:
     from django.db import connection
     from django_tenants.utils import schema_context
 
-    from tenants.services import platform_ensure, tenant_create
+    from devtools.demo_seed import platform_ensure
+    from tenants.services import tenant_create
     from wallets.models import Merchant
     from wallets.services.principals import customer_create, merchant_create, store_create, terminal_create
 

@@ -60,10 +60,11 @@ def main() -> None:
 
     import payments.services.topup_saga as topup_saga
     import tenants.duework as duework
+    from devtools.demo_seed import platform_ensure
     from payments.services.outbox import outbox_event_create
     from payments.tasks import topups_recover_all_tenants, topups_recover_due_tenants
     from tenants.models import DueWork, Tenant
-    from tenants.services import platform_ensure, tenant_create
+    from tenants.services import tenant_create
     from webhooks.services.relay import outbox_relay_run
     from webhooks.tasks import webhooks_relay_due_tenants
 

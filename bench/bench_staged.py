@@ -61,7 +61,8 @@ def _setup() -> None:
     django.setup()
     from django.core.management import call_command
 
-    from tenants.services import platform_ensure, tenant_create
+    from devtools.demo_seed import platform_ensure
+    from tenants.services import tenant_create
 
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
     platform_ensure(public_domain="bench.localhost")

@@ -129,8 +129,9 @@ def phase_create(args: argparse.Namespace) -> None:
     from django.core.management import call_command
     from django.db import connection
 
+    from devtools.demo_seed import platform_ensure
     from tenants.models import Tenant
-    from tenants.services import platform_ensure, tenant_create
+    from tenants.services import tenant_create
 
     started = time.perf_counter()
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)

@@ -69,7 +69,7 @@ def _setup(database_url: str, redis_url: str) -> None:
     django.setup()
     from django.core.management import call_command
 
-    from tenants.services import platform_ensure
+    from devtools.demo_seed import platform_ensure
 
     call_command("migrate_schemas", "--shared", verbosity=0, interactive=False)
     platform_ensure(public_domain="bench-public.localhost")

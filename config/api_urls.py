@@ -1,5 +1,4 @@
-"""Routes of the four API faces under /v1/: one FaceRouter per face (apikit/routers.py),
-with that face's viewsets from payments.api and webhooks.api."""
+"""Routes of the four API faces under /v1/: one FaceRouter per face (apikit/routers.py)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """A kombu Redis channel whose connection is already torn down raises a connection error
-instead of an AttributeError that kills the worker.
-
-On a Redis outage with tasks delivered but not acknowledged (acks_late), the consumer's
-close of a channel after `connection.collect()` (which sets `transport.client = None`) built
-a pool from `connection.client.hostname`, and the AttributeError escaped the close path,
-which ignores only connection errors (celery 5.7.0, kombu 5.7.0, redis-py 8.1.0; same
-symptom: celery/kombu#582). As a ConnectionError it is ignored and the consumer reconnects;
-unrestored messages come again after the visibility timeout, and every task is safe to run
-twice (docs/RELIABILITY.md).
+instead of an AttributeError that kills the worker (docs/RELIABILITY.md, "Redis outages"):
+closing a channel after `connection.collect()` built a pool from the detached transport, and
+the close path ignores only connection errors (celery 5.7.0, kombu 5.7.0, redis-py 8.1.0;
+same symptom: celery/kombu#582).
 """
 
 from __future__ import annotations

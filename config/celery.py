@@ -5,6 +5,7 @@ import os
 from typing import Any
 
 from celery.signals import beat_init, celeryd_init, task_postrun, task_prerun
+from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 from tenant_schemas_celery.app import CeleryApp
 
@@ -19,17 +20,9 @@ app = CeleryApp("tally")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
-# Database connections live across tasks, as they do across a web worker's requests.
-# Celery's Django fixup closes every connection before and after each task unless
-# CELERY_DB_REUSE_MAX is set (celery/celery#4116): a new PostgreSQL connection, and a new
-# server backend, for every relay run. The fixup reads that key under its old name, so it
-# is set here; it then closes them every 1,000 tasks (it counts before and after each).
-# Around each task, Django's own close_old_connections does what it does around a request:
-# it applies CONN_MAX_AGE and CONN_HEALTH_CHECKS and drops a connection that saw an error,
-# so a connection the server killed is replaced before the next task uses it
-# (tests/test_celery_worker.py). A task that did not succeed (an exception, a soft time
-# limit) may leave session state behind, such as the top-up recovery's session advisory
-# lock taken just before the limit struck: its connections are closed, which ends it.
+# Database connections live across tasks (docs/WEBHOOKS.md, "Celery configured for money"):
+# Celery's Django fixup closes every connection around each task unless CELERY_DB_REUSE_MAX
+# is set (celery/celery#4116), and it reads that key under its old name, so it is set here.
 app.conf["CELERY_DB_REUSE_MAX"] = 1000
 
 
@@ -39,8 +32,6 @@ def _sealing_ring_refuse(**_: Any) -> None:
     """A worker or beat without a usable sealing ring does not start (gunicorn refuses in
     config/wsgi.py). Celery logs and swallows what a signal handler raises, so the refusal
     leaves as SystemExit, carrying the check's message and its fix."""
-    from django.core.exceptions import ImproperlyConfigured
-
     from wallets.checks import sealing_ring_enforce
 
     try:
@@ -52,6 +43,9 @@ def _sealing_ring_refuse(**_: Any) -> None:
 @task_prerun.connect  # type: ignore[untyped-decorator]  # celery is untyped
 @task_postrun.connect  # type: ignore[untyped-decorator]  # celery is untyped
 def _database_connections_tidy(task: Any = None, state: str | None = None, **_: Any) -> None:
+    """Django's close_old_connections around each task, as around a request. A task that did
+    not succeed may leave session state behind (a session advisory lock taken just before a
+    soft time limit struck): its connections are closed, which ends it."""
     if task is not None and getattr(task.request, "is_eager", False):
         return  # eager: the caller's connection and transaction, not ours to close
     if state is not None and state != "SUCCESS":

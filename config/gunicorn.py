@@ -8,8 +8,7 @@ bind = f"127.0.0.1:{os.environ.get('PORT', '8000')}"
 # Measured on 2 cores (bench/bench_http.py): 3 sync workers beat 4 and 6;
 # a request is mostly Python CPU, and PostgreSQL needs the rest of the second core.
 workers = int(os.environ.get("WEB_CONCURRENCY", "3"))
-# The sync worker, answering the errors gunicorn handles itself in the SPEC 5 envelope.
-worker_class = "config.gunicorn_workers.EnvelopeSyncWorker"
+worker_class = "config.gunicorn_workers.EnvelopeSyncWorker"  # gunicorn's own errors in the SPEC 5 envelope
 timeout = 30
 graceful_timeout = 20
 max_requests = 20000
@@ -24,8 +23,7 @@ logconfig_dict = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "json"}},
     "loggers": {"gunicorn.error": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }
-# Once the application is loaded, its objects are frozen out of every later collection
-# (gunicorn imports the named hook).
+# Once the application is loaded, its objects are frozen out of every later collection.
 post_worker_init = "fastpath.gcfreeze.post_worker_init"
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -14,6 +15,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, HttpResponseNotFound
 
 from config import metrics
+from config.observability import Middleware
 
 
 def _check(probe: Callable[[], dict[str, Any] | None]) -> dict[str, Any]:
@@ -30,8 +32,6 @@ def _database() -> None:
 
 
 def _redis() -> None:
-    import redis
-
     redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=0.5, socket_timeout=0.5).ping()
 
 
@@ -49,10 +49,7 @@ def readiness() -> tuple[bool, dict[str, Any]]:
     return all(c["ok"] for c in checks.values()), checks
 
 
-class HealthMiddleware:
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
+class HealthMiddleware(Middleware):
     def __call__(self, request: HttpRequest) -> HttpResponse:
         path = request.path
         if path == "/healthz":

@@ -5,14 +5,7 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-    multiprocess,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
 from idempotency import metrics as _idempotency_metrics  # noqa: F401
 

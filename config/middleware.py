@@ -9,6 +9,7 @@ from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 
 from apikit.errors import error_response, internal_error_response, is_api_path
+from config.observability import Middleware
 from tenants.middleware import CachedTenantMiddleware
 from wallets.audit import AuditOrigin, audit_origin_set
 from wallets.transactions import is_connection_failure
@@ -38,12 +39,9 @@ def tenant_not_found(request: HttpRequest) -> HttpResponse:
 _STATUS_EXCEPTIONS: dict[int, Callable[[], Exception]] = {400: SuspiciousOperation, 403: PermissionDenied, 404: Http404}
 
 
-class ApiErrorEnvelopeMiddleware:
+class ApiErrorEnvelopeMiddleware(Middleware):
     """Every /v1/ error is the SPEC envelope, DEBUG on or off: Django's technical pages (which
     list routes and internals) are replaced by the envelope with the same status."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
@@ -57,12 +55,9 @@ class ApiErrorEnvelopeMiddleware:
         return error_response(request, exception())
 
 
-class AuditOriginMiddleware:
+class AuditOriginMiddleware(Middleware):
     """Tells the audit log (wallets.audit) a request's address, id and user; the user (session
     or API principal) is resolved only when an entry is written."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         origin = AuditOrigin(

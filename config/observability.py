@@ -1,4 +1,4 @@
-"""Request ids, structured-log context and request metrics."""
+"""Request ids, structured-log context, request metrics, and the base of config's middleware."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ def new_request_id() -> str:
     return "req_" + secrets.token_urlsafe(18)
 
 
+class Middleware:
+    """Django's middleware shape: called with each request, it calls the next handler."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+
 class LogContextFilter(logging.Filter):
     """Adds the request id and tenant schema to every log record."""
 
@@ -35,13 +42,10 @@ class LogContextFilter(logging.Filter):
         return True
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(Middleware):
     """Every request gets an id of ours: a client's `X-Request-Id` is only kept beside it
     (logged, echoed as `Client-Request-Id`), so an id can be trusted in an incident. /v1/
     answers are `Cache-Control: no-store`: some carry a secret shown once."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         rid = new_request_id()
@@ -64,11 +68,8 @@ class RequestIdMiddleware:
         return response
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(Middleware):
     """Counts requests by face, method and status; runs after the tenant is resolved."""
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         started = time.perf_counter()

@@ -12,12 +12,10 @@ admin_sites_split()  # public-schema models belong to the platform admin only
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/schema", SpectacularAPIView.as_view(), name="schema"),
-    # Redoc and Swagger UI from drf-spectacular-sidecar's static files: no CDN.
     path("v1/docs", SpectacularRedocView.as_view(url_name="schema"), name="docs"),
     path("v1/docs/swagger", SpectacularSwaggerView.as_view(url_name="schema"), name="docs-swagger"),
     path("v1/", include("config.api_urls")),  # the four faces, one router each
-    # Inbound PSP webhooks (signed by the PSP, no API key): payments/api/psp_webhooks.py.
-    path("v1/psp/webhooks/<str:gateway>", PspWebhookView.as_view(), name="psp-webhook"),
+    path("v1/psp/webhooks/<str:gateway>", PspWebhookView.as_view(), name="psp-webhook"),  # signed by the PSP, no API key
 ]
 
 # Errors that never reach a DRF view (unknown route or tenant host, crashes outside a

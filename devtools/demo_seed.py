@@ -9,6 +9,7 @@ By hand: `python manage.py shell -c "from devtools.demo_seed import demo_seed; d
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -16,14 +17,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django_tenants.utils import schema_context
 
 from payments.models import Adjustment
 from payments.services.adjustments import adjustment_create
 from payments.services.topups import gateway_account_set
-from tenants.models import Tenant
-from tenants.services import platform_ensure, tenant_create
+from tenants.models import Domain, Tenant
+from tenants.services import tenant_create, tenant_template_ensure
 from wallets.ids import random_token
 from wallets.models import Asset, Customer, Merchant, StaffMember, Store, Terminal
 from wallets.sealing import UNOPENED
@@ -43,9 +44,20 @@ from webhooks.secrets import WebhookSecretUnavailable, webhook_endpoint_secrets
 from webhooks.services.endpoints import webhook_endpoint_create, webhook_endpoint_secret_rotate, webhook_endpoint_update
 
 DEMO_SCHEMA = "demo"
+DEMO_DOMAIN = os.environ.get("TALLY_DEMO_DOMAIN", "demo.localhost")
 KEYS_FILE = Path(settings.BASE_DIR) / "var" / "demo_keys.json"
 DEMO_STARTING_BALANCES = {"alice": 50_000, "bob": 20_000}  # JPY
 DEMO_FUNDING_REASON = "demo starting balance"
+
+
+def platform_ensure(*, public_domain: str) -> Tenant:
+    """The public tenant (platform admin host) and the template schema. Idempotent."""
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
+    public: Tenant
+    public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Tally platform", "main_currency": "XXX"})
+    Domain.objects.get_or_create(domain=public_domain, defaults={"tenant": public, "is_primary": True})
+    tenant_template_ensure()
+    return public
 
 
 def _platform_superuser_ensure(username: str, password: str) -> None:
@@ -87,7 +99,7 @@ def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
     _platform_superuser_ensure("admin", password)  # public-schema admin: tenants and domains
 
     if not Tenant.objects.filter(schema_name=DEMO_SCHEMA).exists():
-        tenant_create(schema_name=DEMO_SCHEMA, domain=settings.TALLY_DEMO_DOMAIN, name="Demo Town", main_currency="JPY")
+        tenant_create(schema_name=DEMO_SCHEMA, domain=DEMO_DOMAIN, name="Demo Town", main_currency="JPY")
     keys: dict[str, str] = saved.get("keys", {})
     with schema_context(DEMO_SCHEMA):
         # The operator's staff: their passwords are (re)set to the printed one on every seed.

@@ -38,8 +38,7 @@ def main() -> int:
     from django.core.management import call_command
     from django.db import connections
 
-    from devtools.demo_seed import demo_psp_ensure, demo_seed, demo_webhook_endpoint_ensure
-    from tenants.services import platform_ensure
+    from devtools.demo_seed import DEMO_DOMAIN, demo_psp_ensure, demo_seed, demo_webhook_endpoint_ensure, platform_ensure
 
     print(f"database: {_redact(env['DATABASE_URL'])}\nredis:    {env['REDIS_URL']}", flush=True)
     call_command("migrate_schemas", "--shared", interactive=False, verbosity=0)
@@ -59,7 +58,7 @@ def main() -> int:
     # Card top-ups: the PSP simulator the Procfile starts is the demo tenant's gateway.
     psp_port = os.environ.setdefault("TALLY_PSP_PORT", "8766")
     port = os.environ.setdefault("PORT", "8000")
-    demo = settings.TALLY_DEMO_DOMAIN
+    demo = DEMO_DOMAIN
     psp = demo_psp_ensure(
         psp_url=f"http://127.0.0.1:{psp_port}", webhook_url=f"http://{demo}:{port}/v1/psp/webhooks/simulator",
         state_file=VAR / "psp_simulator.json",

@@ -7,8 +7,8 @@ from celery import shared_task
 from tenant_schemas_celery.task import TenantTask
 
 from idempotency.engine import idempotency_maintenance_run
-from tenants.fanout import task_send_in_each
 from tenants.selectors import tenant_schemas_active
+from tenants.services import task_send_in_each
 
 
 @shared_task(base=TenantTask, name="idempotency.purge_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped

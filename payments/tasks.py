@@ -9,9 +9,9 @@ from tenant_schemas_celery.task import TenantTask
 
 from payments.services.topup_saga import topup_recovery_run
 from tenants.duework import due_work_schemas
-from tenants.fanout import task_send_in_each
 from tenants.models import DueWorkKind
 from tenants.selectors import tenant_schemas_all
+from tenants.services import task_send_in_each
 
 
 @shared_task(base=TenantTask, name="payments.topups_recover_due_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped

@@ -1,12 +1,7 @@
-"""A tenant's maker-checker settings, kept in `Tenant.extra_settings`, and their one parser:
-
-    {"adjustment_approval_threshold": 100000,             # minor units of any asset, >= 0
-     "adjustment_approval_thresholds": {"EUR": 50000},    # per asset code (upper case), overrides the above
-     "adjustment_approval_window_hours": 24}              # hours, 1 minute (1/60) to a year (0.5: 30 min)
-
-`Tenant.clean()` refuses bad values (the platform admin shows the error on the field); the
-maker-checker (payments.services.approvals) parses them again at each decision, since a
-row written without `clean()` can hold anything.
+"""A tenant's maker-checker settings, kept in `Tenant.extra_settings` (their form: README.md),
+and their one parser. `Tenant.clean()` refuses bad values; the maker-checker
+(payments.services.approvals) parses them again at each decision, since a row written
+without `clean()` can hold anything.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Which tenants have due work: rows per (tenant, kind) in the public table `DueWork`, so
 the 10 s beat tasks enqueue work for the tenants that have some instead of visiting them all.
 
-- **Mark** (`due_work_mark`): the transaction that makes work due (an outbox event, a
-  pending card top-up) inserts its tenant's row in that same transaction, or does nothing
-  when a committed row is there. On the hot path that is two statements (the lock, then
-  the insert) that write nothing while the row exists and lock no row. The table has no
-  unique key on (tenant, kind): after a settle deleted the row, writers that find none
-  each insert their own, instead of waiting for the first one's commit (which would queue
-  a tenant's payments behind each other, and could deadlock a payment that marked before
-  it locked its balance rows against one that locks them first).
-- **Settle** (`due_work_settle`): a worker that has done a tenant's work reads what is
-  still due and deletes the rows, then writes one back if something is still due.
-- **The race between them**: a commit that found the row and wrote nothing, while a
-  worker, which cannot see that uncommitted work yet, deletes the row. Both hold one
-  advisory lock per (tenant, concern), taken in the transaction: a marking writer in
-  SHARED mode (writers never wait for each other), a settling worker in EXCLUSIVE mode,
-  only tried. A settle that cannot take it leaves the row as it is (a writer is in flight:
-  there is work); one that takes it knows every writer that saw the row has committed, so
-  its reads, which start after the lock, see their work. A writer that comes while a settle
-  holds it waits for that short transaction; its insert then finds the row gone and writes
-  it again. The mark looks for the row in a statement that starts after the lock is
-  held, so it never trusts a row the settle has just deleted.
-- **The safety sweep**: every tenant is still visited, every TALLY_SAFETY_SWEEP_SECONDS
-  (30 minutes), by the old fan-outs (settings.CELERY_BEAT_SCHEDULE), so work whose row
-  went missing (a bug, a row deleted by hand) waits at most that long, never for ever.
+How writers mark and workers settle, and why the table has no unique key: docs/ARCHITECTURE.md
+"Beat, due work and the Celery queues". A settle must not delete the row under a commit that
+found it and wrote nothing: one advisory lock per (tenant, concern), SHARED for a marking
+writer, EXCLUSIVE and only tried for a settle, which then reads after every such commit.
 """
 
 from __future__ import annotations
@@ -40,10 +21,9 @@ from tenants.models import DueWork, DueWorkKind
 # How long a settle's reads may run while its tenant's marking writers wait for it.
 SETTLE_STATEMENT_TIMEOUT = "500ms"
 
-# The due-work locks' own key space: PostgreSQL's two-int advisory keys never meet its
-# one-bigint keys, where wallets.locks.advisory_lock_try holds session locks (a tenant's
-# whole recovery pass). In one space, a 32-bit hash collision between two tenants' names
-# would make one tenant's payments wait for the other's recovery pass.
+# The due-work locks' own key space: PostgreSQL's two-int advisory keys never meet the one-bigint
+# keys of wallets.locks.advisory_lock_try (a tenant's whole recovery pass), so a 32-bit hash
+# collision between two tenants' names cannot make one's payments wait for the other's pass.
 LOCK_SPACE = 0x64756577  # "duew"
 
 # Kinds that share one lock: the relay's "now" row and its "later" row are settled together.
@@ -94,36 +74,29 @@ def due_work_settle(
     Locks: the (tenant, concern) advisory lock, EXCLUSIVE, tried, for one short transaction."""
     schema_name = _schema()
     try:
-        return _settle(schema_name=schema_name, kind=kind, next_due=next_due, later_kind=later_kind)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", [LOCK_SPACE, _lock_name(schema_name=schema_name, kind=kind)])
+            row = cursor.fetchone()
+            if not (row and row[0]):
+                return False
+            # While the lock is held, the tenant's marking writers wait: the reads get a short budget, and
+            # a settle that overruns it gives up (the lock and this setting go with its transaction).
+            cursor.execute(
+                "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)", [SETTLE_STATEMENT_TIMEOUT]
+            )
+            (outside, _) = cursor.fetchone()
+            due = next_due()
+            now = timezone.now()
+            kinds = [kind, *([later_kind] if later_kind else [])]
+            keep = None if due is None else (later_kind if later_kind and due > now else kind)
+            DueWork.objects.filter(tenant_id=schema_name, kind__in=kinds).delete()
+            if keep is not None and due is not None:
+                DueWork.objects.create(tenant_id=schema_name, kind=keep, due_at=due)
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [outside])
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != "57014":  # query_canceled: our timeout
             raise
         return False  # rolled back, the rows as they were: the next visit settles
-
-
-def _settle(
-    *, schema_name: str, kind: DueWorkKind, next_due: Callable[[], datetime | None], later_kind: DueWorkKind | None
-) -> bool:
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", [LOCK_SPACE, _lock_name(schema_name=schema_name, kind=kind)])
-        row = cursor.fetchone()
-        if not (row and row[0]):
-            return False
-        # While the lock is held, the tenant's writers that mark wait: the reads get a short
-        # budget, and a settle that overruns it gives up (the lock goes with its savepoint
-        # or transaction, and so does this setting).
-        cursor.execute(
-            "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)", [SETTLE_STATEMENT_TIMEOUT]
-        )
-        (outside, _) = cursor.fetchone()
-        due = next_due()
-        now = timezone.now()
-        kinds = [kind, *([later_kind] if later_kind else [])]
-        keep = None if due is None else (later_kind if later_kind and due > now else kind)
-        DueWork.objects.filter(tenant_id=schema_name, kind__in=kinds).delete()
-        if keep is not None and due is not None:
-            DueWork.objects.create(tenant_id=schema_name, kind=keep, due_at=due)
-        cursor.execute("SELECT set_config('statement_timeout', %s, true)", [outside])
     return True
 
 

@@ -1,21 +1,9 @@
-"""Tenant resolution by host with a short in-process cache.
+"""Tenant resolution by host with a short in-process cache (TENANT_CACHE_SECONDS, README.md)
+instead of django-tenants' Domain query on every request. An unknown host is never cached.
 
-django-tenants looks the Domain up on every request; a payment request would spend a
-round trip on it. The cache holds (tenant, expiry) per host for TENANT_CACHE_SECONDS and
-is emptied in this process whenever a Tenant or Domain is saved or deleted, so another
-process sees a settings change (e.g. an idempotency mode switched in the admin) within
-TENANT_CACHE_SECONDS at most. An unknown host is never cached.
-
-A switched-off tenant (`is_active` unchecked in the platform admin) is served as an unknown
-host, and beat's business work in it stops (the webhook relay, the full reconciliation:
-tenants.selectors.tenant_schemas_active, tenants.duework), so it must not take payments
-whose webhooks would wait for it to be switched on again. What keeps card money safe goes
-on (top-up recovery and card refunds, the PSP settlement check). Two exceptions here: the
-public tenant (the platform admin, where a tenant is switched on again) and the PSP's
-webhooks, which settle top-ups whose card was charged before the switch.
-
-config.middleware wraps it to fail closed (503 in the error envelope) when the database
-is unreachable.
+A switched-off tenant is served as an unknown host (README.md: what goes on meanwhile), so it
+takes no payments whose webhooks would wait. Served anyway: the public tenant (the platform
+admin, where a tenant is switched on again) and the PSP's webhooks (top-ups already charged).
 """
 
 from __future__ import annotations

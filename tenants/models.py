@@ -40,19 +40,16 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     idempotency_tombstone_window_seconds = models.PositiveIntegerField(default=24 * 3600)
     idempotency_wait_ms = models.PositiveIntegerField(default=5000, validators=[MaxValueValidator(30000)])
 
-    # Money rules used by the payments service.
     # Points earned per main-currency minor unit spent; result rounded down (ROUND_FLOOR).
     points_earn_rate = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0.01"), validators=[MinValueValidator(0)])
     # Top-up bonus as a fraction of the top-up, paid from the bonus pool; rounded down (ROUND_FLOOR).
     topup_bonus_rate = models.DecimalField(max_digits=8, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)])
     # Grams of CO2 avoided per main-currency minor unit spent; rounded half-even (ROUND_HALF_EVEN).
     carbon_grams_per_unit = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0.5"), validators=[MinValueValidator(0)])
-    # Anything a later feature needs before it earns a column.
-    # SPEC 4: a terminal or merchant charges a customer by the customer's single-use payment
-    # token (the QR). Charging by bare customer id is allowed only where the tenant turns
-    # this on, or where the customer has granted that merchant a standing mandate.
+    # SPEC 4: charging by bare customer id instead of the single-use payment token (the QR) is
+    # allowed only where the tenant turns this on, or the customer granted that merchant a mandate.
     charge_by_customer_id = models.BooleanField(default=False)
-    extra_settings = models.JSONField(default=dict, blank=True)
+    extra_settings = models.JSONField(default=dict, blank=True)  # what a later feature needs before it earns a column
 
     auto_create_schema = True
     auto_drop_schema = False
@@ -70,12 +67,10 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
             raise ValidationError({"extra_settings": str(exc)}) from exc
 
     def create_schema(self, check_if_exists: bool = False, sync_schema: bool = True, verbosity: int = 1) -> bool:
-        """django-tenants' hook, called by save(): a new tenant's schema is cloned from the
-        template by `tenants.schemas.schema_clone` (its cost does not grow with the tenant
-        count) instead of django-tenants' `clone_schema`. A template behind the migrations
-        on disk is refused, where django-tenants would record the missing migrations as
-        applied in the clone without running them (`tenant_template_ensure` migrates it
-        first)."""
+        """django-tenants' hook, called by save(): the schema is cloned from the template by
+        `tenants.schemas.schema_clone`. A template behind the migrations on disk is refused,
+        where django-tenants would record the missing ones as applied in the clone without
+        running them (`tenant_template_ensure` migrates it first)."""
         base = self.get_base_schema() if get_creation_fakes_migrations() else False
         if not (sync_schema and base and schema_exists(base)):
             return bool(super().create_schema(check_if_exists=check_if_exists, sync_schema=sync_schema, verbosity=verbosity))
@@ -93,27 +88,20 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
 
 
 class Domain(DomainMixin):  # type: ignore[misc]  # django-tenants is untyped
-    def __str__(self) -> str:
-        return str(self.domain)
+    """A host name of a tenant (DomainMixin's __str__ is the host name)."""
 
 
 class DueWorkKind(models.TextChoices):
-    """What a tenant's due work is; the beat task of each concern reads its kinds."""
+    """What a tenant's due work is; who writes and settles each: docs/ARCHITECTURE.md."""
 
-    # Outbox events to publish and deliveries to send now (written by the commit that makes them).
     RELAY = "relay", "Relay: events or deliveries due now"
-    # The relay's next due time when nothing is due now (a webhook retry, a failed
-    # publication's backoff); written only by a relay that settled its tenant.
     RELAY_LATER = "relay_later", "Relay: next retry"
-    # Card top-ups the recovery has to look at (pending past their lease, refunds owed).
     TOPUPS = "topups", "Top-up recovery"
 
 
 class DueWork(models.Model):
-    """A tenant's work of a kind that is due at `due_at` (public schema): the 10 s beat
-    tasks read this table, not every tenant (tenants/duework.py). Usually one row per
-    tenant and kind; not unique on purpose: writers that find none each insert their own
-    rather than wait for another's uncommitted insert, and the settle removes them all."""
+    """A tenant's work of a kind that is due at `due_at` (public schema), read by the 10 s beat
+    tasks (tenants/duework.py). Usually one row per tenant and kind; not unique on purpose."""
 
     id = models.BigAutoField(primary_key=True)
     tenant = models.ForeignKey(Tenant, to_field="schema_name", on_delete=models.CASCADE, related_name="+", db_index=False)

@@ -1,26 +1,16 @@
 """A new tenant's schema made from the migrated template in one transaction, at a cost
-that does not grow with the number of tenants.
+that does not grow with the number of tenants (docs/ARCHITECTURE.md, "Tenants"; why
+django-tenants' `clone_schema` does: docs/BENCHMARKS.md, "A thousand tenants").
 
-django-tenants' `clone_schema` (a PL/pgSQL function) reads `information_schema` views
-that scan every schema's catalog rows, so each clone costs more than the last (0.5 s for
-the 1st tenant, 6 s for the 70th). Here the template's catalog is read by its namespace
-under `search_path = <template>`, once per process and migration state of the template
-(`_script_for`): the deparsed definitions then name no schema, except the table that
-`pg_get_indexdef`, `pg_get_triggerdef` and `pg_get_functiondef` always qualify, which is
-rewritten exactly. The script is replayed under `search_path = <new schema>`, so a serial
-column's `nextval('x_seq')`, a foreign key and a trigger's function resolve to the new
-schema's own objects, never the template's.
-
-What the template may hold is what migrations make here: tables, identity and serial
-sequences, PRIMARY KEY/UNIQUE/EXCLUDE/CHECK/FOREIGN KEY constraints, indexes, triggers and
-their functions, comments, and rows (django_migrations, content types, permissions). Any
-other kind of object (a view, a type, a policy, a partitioned table, ...) is refused
-loudly rather than left out. tests/test_tenant_schemas.py compares a schema made here
-with one made by running every migration.
+Read under `search_path = <template>`, the deparsed definitions name no schema, except the
+table `pg_get_indexdef`, `pg_get_triggerdef` and `pg_get_functiondef` always qualify, which
+is rewritten exactly. What migrations make here is copied; any other kind of object is
+refused loudly rather than left out (tests/test_tenant_schemas.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +28,9 @@ class SchemaCloneRefused(Exception):
 @dataclass(frozen=True)
 class SchemaScript:
     """A template's schema as statements that name no schema (run them under the new
-    schema's search_path), and the statements that copy its rows and sequence states."""
+    schema's search_path), its rows and sequence states copied before any index exists."""
 
-    source: str
-    ddl_before_rows: tuple[str, ...]
-    rows: tuple[str, ...]
-    ddl_after_rows: tuple[str, ...]
+    statements: tuple[str, ...]
 
 
 def _fetch(cursor: Any, sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
@@ -55,8 +42,8 @@ def _unsupported(cursor: Any, nsp: int) -> list[str]:
     found = []
     for what, sql in (
         ("relation of kind", "SELECT relkind::text || ' ' || relname FROM pg_class WHERE relnamespace = %s AND relkind NOT IN ('r', 'i', 'S')"),
-        ("type", "SELECT typname FROM pg_type t WHERE typnamespace = %s AND typtype <> 'b' AND typrelid = 0"
-                 " OR typnamespace = %s AND typrelid <> 0 AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind = 'r')"),
+        ("type", "SELECT typname FROM pg_type t WHERE typnamespace = %s AND (typtype <> 'b' AND typrelid = 0"
+                 " OR typrelid <> 0 AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.typrelid AND c.relkind = 'r'))"),
         ("routine of kind", "SELECT prokind::text || ' ' || proname FROM pg_proc WHERE pronamespace = %s AND prokind NOT IN ('f', 'p')"),
         ("policy or row security on", "SELECT relname FROM pg_class WHERE relnamespace = %s AND (relrowsecurity OR relhasrules AND relkind = 'r')"),
         ("inheritance on", "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relnamespace = %s"),
@@ -64,15 +51,13 @@ def _unsupported(cursor: Any, nsp: int) -> list[str]:
         ("collation", "SELECT collname FROM pg_collation WHERE collnamespace = %s"),
         ("operator", "SELECT oprname FROM pg_operator WHERE oprnamespace = %s"),
     ):
-        params = [nsp, nsp] if what == "type" else [nsp]
-        found += [f"{what} {name}" for (name,) in _fetch(cursor, sql, params)]
+        found += [f"{what} {name}" for (name,) in _fetch(cursor, sql, [nsp])]
     return found
 
 
 def schema_script_capture(*, source: str) -> SchemaScript:
-    """Read the template schema's definition from the catalog, by its namespace. A few
-    of these queries scan pg_class, whose size grows with the tenants: schema_clone reuses
-    the result while the template's migrations are unchanged."""
+    """Read the template schema's definition from the catalog, by its namespace (schema_clone
+    reuses it while the template's migrations are unchanged: `_script_cache`)."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT oid, quote_ident(nspname) FROM pg_namespace WHERE nspname = %s", [source])
         found = cursor.fetchone()
@@ -96,10 +81,10 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
     rows: list[str] = []
     after: list[str] = []
 
-    for (definition, name) in _fetch(
-        cursor,
-        "SELECT pg_get_functiondef(oid), proname FROM pg_proc WHERE pronamespace = %s ORDER BY oid", [nsp]
-    ):
+    def catalog(sql: str) -> list[tuple[Any, ...]]:
+        return _fetch(cursor, sql, [nsp])
+
+    for (definition, name) in catalog("SELECT pg_get_functiondef(oid), proname FROM pg_proc WHERE pronamespace = %s ORDER BY oid"):
         header, _, rest = definition.partition("\n")
         qualified = f" {qsource}."
         if header.count(qualified) != 1:
@@ -110,11 +95,9 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
             raise SchemaCloneRefused(f"function {name} names the template schema {source!r}: a copy would act on it")
         before.append(header.replace(qualified, " ", 1) + "\n" + rest)
 
-    # Sequences not made by an identity column (serial and free-standing), before the
-    # tables whose defaults name them.
+    # Sequences not made by an identity column, before the tables whose defaults name them.
     owned_by: list[str] = []
-    for (qname, type_, start, inc, minv, maxv, cache, cycle, owner_table, owner_col) in _fetch(
-        cursor,
+    for (qname, type_, start, inc, minv, maxv, cache, cycle, owner_table, owner_col) in catalog(
         """
         SELECT quote_ident(c.relname), format_type(s.seqtypid, NULL), s.seqstart, s.seqincrement, s.seqmin, s.seqmax,
                s.seqcache, s.seqcycle, quote_ident(t.relname), quote_ident(a.attname)
@@ -126,25 +109,18 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
          WHERE c.relnamespace = %s AND c.relkind = 'S'
            AND NOT EXISTS (SELECT 1 FROM pg_depend i WHERE i.classid = 'pg_class'::regclass AND i.objid = c.oid AND i.deptype = 'i')
          ORDER BY c.oid
-        """,
-        [nsp],
+        """
     ):
-        before.append(
-            f"CREATE SEQUENCE {qname} AS {type_} INCREMENT BY {inc} MINVALUE {minv} MAXVALUE {maxv} START WITH {start}"
-            f" CACHE {cache} {'CYCLE' if cycle else 'NO CYCLE'}"
-        )
+        before.append(f"CREATE SEQUENCE {qname} AS {type_} {_sequence_options(start, inc, minv, maxv, cache, cycle)}")
         if owner_table is not None:
             owned_by.append(f"ALTER SEQUENCE {qname} OWNED BY {owner_table}.{owner_col}")
 
-    tables = _fetch(
-        cursor,
+    tables = catalog(
         "SELECT oid, quote_ident(relname), relpersistence, reloptions, obj_description(oid, 'pg_class')"
-        " FROM pg_class WHERE relnamespace = %s AND relkind = 'r' ORDER BY oid",
-        [nsp],
+        " FROM pg_class WHERE relnamespace = %s AND relkind = 'r' ORDER BY oid"
     )
     columns: dict[int, list[tuple[Any, ...]]] = {}
-    for row in _fetch(
-        cursor,
+    for row in catalog(
         """
         SELECT a.attrelid, quote_ident(a.attname), format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attidentity,
                a.attgenerated, pg_get_expr(d.adbin, d.adrelid),
@@ -161,8 +137,7 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
           LEFT JOIN pg_sequence s ON s.seqrelid = dep.objid
          WHERE c.relnamespace = %s AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
          ORDER BY a.attrelid, a.attnum
-        """,
-        [nsp],
+        """
     ):
         columns.setdefault(row[0], []).append(row[1:])
 
@@ -178,12 +153,8 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
             elif default is not None:
                 part += f" DEFAULT {default}"
             if identity:
-                start, inc, minv, maxv, cache, cycle = seq
                 kind = "ALWAYS" if identity == "a" else "BY DEFAULT"
-                part += (
-                    f" GENERATED {kind} AS IDENTITY (SEQUENCE NAME {qseq} INCREMENT BY {inc} MINVALUE {minv}"
-                    f" MAXVALUE {maxv} START WITH {start} CACHE {cache} {'CYCLE' if cycle else 'NO CYCLE'})"
-                )
+                part += f" GENERATED {kind} AS IDENTITY (SEQUENCE NAME {qseq} {_sequence_options(*seq)})"
             if notnull:
                 part += " NOT NULL"
             parts.append(part)
@@ -202,60 +173,53 @@ def _capture(cursor: Any, nsp: int, source: str, qsource: str) -> SchemaScript:
             rows.append(f"INSERT INTO {qtable} ({cols}) OVERRIDING SYSTEM VALUE SELECT {cols} FROM {qsource}.{qtable}")  # noqa: S608 - quoted by PostgreSQL
     before += owned_by
 
-    for (qseq,) in _fetch(cursor, "SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = %s AND relkind = 'S' ORDER BY oid", [nsp]):
-        rows.append(f"SELECT setval('{_ident_literal(qseq)}', last_value, is_called) FROM {qsource}.{qseq}")  # noqa: S608 - quoted by PostgreSQL
+    for (qseq,) in catalog("SELECT quote_ident(relname) FROM pg_class WHERE relnamespace = %s AND relkind = 'S' ORDER BY oid"):
+        rows.append(f"SELECT setval({_literal(qseq)}, last_value, is_called) FROM {qsource}.{qseq}")  # noqa: S608 - quoted by PostgreSQL
 
     # Constraints: the ones that make indexes first (a foreign key needs its target's), then
     # checks, then foreign keys once every table exists.
-    for (qtable, qname, definition) in _fetch(
-        cursor,
+    for (qtable, qname, definition) in catalog(
         """
         SELECT quote_ident(c.relname), quote_ident(con.conname), pg_get_constraintdef(con.oid)
           FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid
          WHERE con.connamespace = %s AND c.relkind = 'r'
          ORDER BY array_position(ARRAY['p', 'u', 'x', 'c', 'f'], con.contype::text), con.oid
-        """,
-        [nsp],
+        """
     ):
         after.append(f"ALTER TABLE ONLY {qtable} ADD CONSTRAINT {qname} {definition}")
 
-    for (qtable, definition) in _fetch(
-        cursor,
+    for (qtable, definition) in catalog(
         """
         SELECT quote_ident(t.relname), pg_get_indexdef(i.indexrelid)
           FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
          WHERE ic.relnamespace = %s
            AND NOT EXISTS (SELECT 1 FROM pg_constraint con WHERE con.conindid = i.indexrelid AND con.contype IN ('p', 'u', 'x'))
          ORDER BY i.indexrelid
-        """,
-        [nsp],
+        """
     ):
         after.append(_unqualify_on(definition, qsource, qtable))
 
-    for (qtable, qname, definition, enabled) in _fetch(
-        cursor,
+    for (qtable, qname, definition, enabled) in catalog(
         """
         SELECT quote_ident(c.relname), quote_ident(t.tgname), pg_get_triggerdef(t.oid), t.tgenabled
           FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
          WHERE c.relnamespace = %s AND NOT t.tgisinternal
          ORDER BY t.oid
-        """,
-        [nsp],
+        """
     ):
         after.append(_unqualify_on(definition, qsource, qtable))
         if _TRIGGER_ENABLED[enabled]:
             after.append(f"ALTER TABLE {qtable} {_TRIGGER_ENABLED[enabled]} {qname}")
 
-    return SchemaScript(source=source, ddl_before_rows=tuple(before), rows=tuple(rows), ddl_after_rows=tuple(after))
+    return SchemaScript(statements=(*before, *rows, *after))
+
+
+def _sequence_options(start: int, inc: int, minv: int, maxv: int, cache: int, cycle: bool) -> str:
+    return f"INCREMENT BY {inc} MINVALUE {minv} MAXVALUE {maxv} START WITH {start} CACHE {cache} {'CYCLE' if cycle else 'NO CYCLE'}"
 
 
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-def _ident_literal(qident: str) -> str:
-    """A quoted identifier inside a string literal (for regclass)."""
-    return qident.replace("'", "''")
 
 
 def _unqualify_on(definition: str, qsource: str, qtable: str) -> str:
@@ -265,10 +229,8 @@ def _unqualify_on(definition: str, qsource: str, qtable: str) -> str:
     return definition.replace(qualified, f" ON {qtable} ", 1)
 
 
-# The template's script per process, while its django_migrations is unchanged. Reading
-# the catalog costs more as tenants are added (pg_class has no index on relnamespace, so
-# each of its ~10 queries scans every schema's relations: 20 ms a query at 500 tenants);
-# the template itself only changes when migrations run on it, which changes this key.
+# The template's script per process, keyed by its django_migrations: pg_class has no index on
+# relnamespace, so each catalog query scans every schema's relations (20 ms at 500 tenants).
 _script_cache: dict[str, tuple[tuple[int, int], SchemaScript]] = {}
 
 
@@ -292,18 +254,10 @@ def clone_session_renew() -> bool:
     """Start a new database session for a clone, unless a transaction holds this one (then
     the clone runs on it, only slower). Returns whether it closed the old one.
 
-    Every relcache invalidation the clone's DDL sends (several thousand in one clone) makes
-    PostgreSQL walk every plan the session has saved (plancache's PlanCacheRelCallback):
-    among them one foreign-key check plan per constraint of every tenant the session has
-    written to. The bench's session that had filled 999 tenants took 2.1 s to create the
-    next one; on a new session it takes 0.28 s (docs/BENCHMARKS.md, "A thousand tenants").
-    DISCARD PLANS does not help.
-
-    The next query opens the session again, with the schema django-tenants had set. What a
-    caller keeps on a session outside a transaction goes with it: a held cursor (an
-    `.iterator()` loop around tenant creation) or a session advisory lock. Behind PgBouncer
-    the pooler may hand back the same server session, plans and all (its DISCARD ALL does
-    not free them)."""
+    Each relcache invalidation of the clone's DDL walks every plan the session has saved
+    (docs/BENCHMARKS.md, "A thousand tenants"). The next query opens a session again, with
+    the schema django-tenants had set; what a caller keeps on the old one outside a
+    transaction goes with it (a held cursor, a session advisory lock)."""
     if connection.in_atomic_block or (connection.connection is not None and not connection.get_autocommit()):
         return False
     connection.close()
@@ -322,54 +276,45 @@ def schema_clone(*, source: str, target: str) -> None:
         (qtarget,) = cursor.fetchone()
         cursor.execute(f"CREATE SCHEMA {qtarget}")
         cursor.execute("SELECT set_config('search_path', %s, true)", [qtarget])
-        cursor.execute(";\n".join(script.ddl_before_rows + script.rows + script.ddl_after_rows))
+        cursor.execute(";\n".join(script.statements))
     # The wrapper caches the search path it last set; ours was local to the transaction.
     connection.search_path_set_schemas = None  # type: ignore[attr-defined]  # django-tenants' database wrapper
 
 
-_graph_cache: dict[str, frozenset[tuple[str, str]]] = {}
-
-
+@functools.cache
 def migrations_on_disk() -> frozenset[tuple[str, str]]:
     """Every migration of the graph on disk, a squash standing for what it replaces (read
     once per process: the files do not change under a running process)."""
-    if "nodes" not in _graph_cache:
-        loader = MigrationLoader(None, ignore_no_migrations=True)
-        _graph_cache["nodes"] = frozenset(loader.graph.nodes)
-    return _graph_cache["nodes"]
+    return frozenset(MigrationLoader(None, ignore_no_migrations=True).graph.nodes)
 
 
 def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
-    """For each schema, how many migrations on disk its django_migrations does not hold
-    (0: nothing to migrate), in one query over all of them (no connection or search_path
-    set per schema). Every migration counts, not only each app's last: a schema that holds
-    the last but misses an earlier one (a --fake, a migration merged into history) is
-    behind. A schema without the table counts every migration as missing."""
+    """For each schema, how many migrations on disk its django_migrations does not hold (0:
+    nothing to migrate), in two queries over all of them (no search_path set per schema). Every
+    migration counts, not only each app's last: a schema missing an earlier one (a --fake, a
+    migration merged into history) is behind; one without the table misses them all."""
     known = sorted(migrations_on_disk())
     if not schemas:
         return {}
     with connection.cursor() as cursor:
-        present = {
-            name for (name,) in _fetch(
-                cursor,
-                "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-                " WHERE c.relname = 'django_migrations' AND c.relkind = 'r' AND n.nspname = ANY(%s)",
-                [list(schemas)],
-            )
-        }
-        missing = {schema: len(known) for schema in schemas if schema not in present}
-        ordered = [s for s in schemas if s in present]
+        found = _fetch(
+            cursor,
+            "SELECT s, quote_ident(s), EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = s AND c.relname = 'django_migrations' AND c.relkind = 'r')"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i",
+            [list(schemas)],
+        )
+        missing = {schema: len(known) for schema, _, present in found if not present}
+        ordered = [(schema, quoted) for schema, quoted, present in found if present]
         if not ordered:
             return missing
-        cursor.execute("SELECT quote_ident(s) FROM unnest(%s::text[]) WITH ORDINALITY AS u(s, i) ORDER BY i", [ordered])
-        quoted = [q for (q,) in cursor.fetchall()]
         # One statement: a count per schema of the migrations on disk it holds.
         union = " UNION ALL ".join(
             f"SELECT {i} AS i, count(*) AS held FROM {q}.django_migrations m"  # noqa: S608 - quoted by PostgreSQL
             f" JOIN known k ON k.app = m.app AND k.name = m.name"
-            for i, q in enumerate(quoted)
+            for i, (_, q) in enumerate(ordered)
         )
         sql = f"WITH known AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS k(app, name)) {union}"  # noqa: S608 - see above
         for i, held in _fetch(cursor, sql, [[app for app, _ in known], [name for _, name in known]]):
-            missing[ordered[i]] = len(known) - int(held)
+            missing[ordered[i][0]] = len(known) - int(held)
     return missing

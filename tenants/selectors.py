@@ -24,10 +24,8 @@ def tenant_current() -> Tenant:
 
 
 def tenant_extra_settings_fresh() -> dict[str, Any]:
-    """The current tenant's `extra_settings`, read from its row now. For controls (the
-    maker-checker threshold): the tenant a request carries may be up to
-    TENANT_CACHE_SECONDS old in this process, and an operator who lowers a limit must not
-    wait for every other process's cache to expire."""
+    """The current tenant's `extra_settings`, read from its row now: for controls (the
+    maker-checker threshold), which must not wait for the host cache (TENANT_CACHE_SECONDS)."""
     schema_name: str = getattr(connection, "schema_name")  # noqa: B009 - set by django-tenants' backend
     extra = Tenant.objects.filter(schema_name=schema_name).values_list("extra_settings", flat=True).first()
     return dict(extra or {})
@@ -43,15 +41,13 @@ def tenant_rate(tenant: Tenant, name: str) -> Decimal:
 
 
 def tenant_schemas_active() -> list[str]:
-    """Schemas of the active tenants (not public, not the clone template), for the
-    per-tenant fan-out of periodic tasks and the commands that do business work."""
+    """Schemas of the active tenants (not public, not the template), for business work."""
     return _tenant_schemas(Tenant.objects.filter(is_active=True))
 
 
 def tenant_schemas_all() -> list[str]:
-    """Schemas of every tenant, switched on or off (not public, not the clone template),
-    for the commands that keep data right (staged migrations, key rotation, backfills): a
-    switched-off tenant is switched on again with the data the code expects."""
+    """Schemas of every tenant, switched on or off (not public, not the template), for the
+    commands that keep data right: a tenant switched on again has the data the code expects."""
     return _tenant_schemas(Tenant.objects.all())
 
 

@@ -1,6 +1,9 @@
-"""Write services for tenants (public schema)."""
+"""Write services for tenants (public schema), and beat's per-tenant fan-out."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 from django.conf import settings
 from django.core.management import call_command
@@ -15,13 +18,9 @@ TEMPLATE_SCHEMA = settings.TENANT_BASE_SCHEMA
 
 
 def tenant_template_ensure() -> Tenant:
-    """Make sure the migrated template schema that new tenants are cloned from exists,
-    and holds every migration on disk.
-
-    It is an inactive tenant row, so `migrate_schemas` keeps it migrated with the rest; a
-    code release whose migrations have not run yet gets them run on the template here,
-    outside any transaction (a migration may build its indexes concurrently).
-    """
+    """Make sure the template schema new tenants are cloned from exists and holds every
+    migration on disk. It is an inactive tenant row, so `migrate_schemas` keeps it migrated;
+    missing migrations run here, outside any transaction (one may build indexes concurrently)."""
     connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     template: Tenant | None = Tenant.objects.filter(schema_name=TEMPLATE_SCHEMA).first()
     if template is None:
@@ -36,33 +35,18 @@ def tenant_template_ensure() -> Tenant:
 
 
 def tenant_creation_prepare() -> None:
-    """What creating a tenant needs before its transaction opens: the template migrated
-    (`tenant_template_ensure`) and, outside any transaction, a new database session for the
-    clone (`clone_session_renew`: the clone's cost grows with the plans a session holds)."""
+    """What creating a tenant needs before its transaction opens: the template migrated and,
+    outside any transaction, a new database session for the clone (`clone_session_renew`)."""
     tenant_template_ensure()
     clone_session_renew()
 
 
-def tenant_create(
-    *,
-    schema_name: str,
-    domain: str,
-    name: str,
-    main_currency: str,
-    currency_exponent: int = 0,
-) -> Tenant:
-    """Create a tenant: schema (cloned from the template) and domain; then, inside the new
-    schema, `tenant_created` lets the apps above set up their part (wallets: the assets
-    and system accounts)."""
+def tenant_create(*, schema_name: str, domain: str, name: str, main_currency: str, currency_exponent: int = 0) -> Tenant:
+    """Create a tenant: schema (cloned from the template) and domain; then `tenant_setup`."""
     tenant_creation_prepare()
     connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
     with transaction.atomic():
-        tenant = Tenant(
-            schema_name=schema_name,
-            name=name,
-            main_currency=main_currency,
-            currency_exponent=currency_exponent,
-        )
+        tenant = Tenant(schema_name=schema_name, name=name, main_currency=main_currency, currency_exponent=currency_exponent)
         tenant.full_clean(exclude=["schema_name"])
         tenant.save(verbosity=0)
         Domain.objects.create(tenant=tenant, domain=domain, is_primary=True)
@@ -71,18 +55,16 @@ def tenant_create(
 
 
 def tenant_setup(*, tenant: Tenant) -> None:
-    """Inside a new tenant's schema, let the apps above set up their part (wallets: the
-    assets and system accounts). tenant_create calls it; so does the platform admin, which
-    saves the tenant and its domains itself."""
+    """Inside a new tenant's schema, `tenant_created` lets the apps above set up their part
+    (wallets: assets and system accounts). The platform admin, which saves the tenant, calls it too."""
     with schema_context(tenant.schema_name):
         tenant_created.send(sender=Tenant, tenant=tenant)
 
 
-def platform_ensure(*, public_domain: str) -> Tenant:
-    """The public tenant (platform admin host) and the template schema. Idempotent."""
-    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
-    public: Tenant
-    public, _ = Tenant.objects.get_or_create(schema_name="public", defaults={"name": "Tally platform", "main_currency": "XXX"})
-    Domain.objects.get_or_create(domain=public_domain, defaults={"tenant": public, "is_primary": True})
-    tenant_template_ensure()
-    return public
+def task_send_in_each(task: Any, *, schemas: Sequence[str]) -> int:
+    """Send `task` (no arguments) once inside each of `schemas` (tenant-schemas-celery carries
+    the schema with the message); returns how many."""
+    for schema_name in schemas:
+        with schema_context(schema_name):
+            task.delay()
+    return len(schemas)

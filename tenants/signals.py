@@ -5,6 +5,5 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-# Sent by tenants.services.tenant_create inside the new tenant's schema, once its schema
-# and domain exist; kwargs: tenant.
+# Sent by tenants.services.tenant_setup inside a new tenant's schema, once it exists; kwargs: tenant.
 tenant_created = Signal()

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.contrib.admin.utils import quote
 from django_tenants.utils import schema_context
 
-from devtools.demo_seed import DEMO_SCHEMA, demo_seed
+from devtools.demo_seed import DEMO_DOMAIN, DEMO_SCHEMA, demo_seed
 from payments.models import Payment, Refund
 from payments.services.charges import payment_create_with_token
 from payments.services.tokens import payment_token_create
@@ -43,7 +42,7 @@ def test_staff_refund_in_the_browser(seeded_demo: dict[str, Any], django_db_bloc
     shots = artifacts_dir("browser")
     static_root = tmp_path / "static"
     static_collect(static_root=static_root)
-    host = django_settings.TALLY_DEMO_DOMAIN
+    host = DEMO_DOMAIN
     payment_id = seeded_demo["payment"]
     # Eager Celery: "Run now" runs the reconciliation on commit inside the request, as a
     # worker would moments later (no worker process in this test).

@@ -11,9 +11,9 @@ from django.utils import timezone
 from tenant_schemas_celery.task import TenantTask
 
 from tenants.duework import due_work_schemas
-from tenants.fanout import task_send_in_each
 from tenants.models import DueWorkKind
 from tenants.selectors import tenant_schemas_active
+from tenants.services import task_send_in_each
 from webhooks.selectors import webhook_deliveries_due_exist
 from webhooks.services.relay import outbox_relay_run
 

@@ -17,8 +17,7 @@ CELERY_TASK_TENANT_CACHE_SECONDS = 0
 # The suite sends many bad keys from one address (the route x principal matrix); the
 # failed-authentication limit itself is tested with its own rate.
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {**REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failure": "1000000/min"}}
-# Whitenoise serves from the apps' static folders (finders); no collected STATIC_ROOT
-# unless a test sets one (the live gunicorn test collects into a tmp dir).
+# No collected STATIC_ROOT unless a test sets one (the live gunicorn test collects into a tmp dir).
 STATIC_ROOT = env("TALLY_STATIC_ROOT", default="") or None
 
 # A fixed sealing ring (wallets/sealing.py); tests of rotation change it.
@@ -30,22 +29,14 @@ os.environ.setdefault("TALLY_SEALING_KEYS", ",".join(TALLY_SEALING_KEYS))
 TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=0.2)
 TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=0.3)
 
-
-def _redis_db_of_worker(url: str, worker: str) -> str:
-    """The Redis URL with database `db + 1 + n` (mod 16) for pytest-xdist worker `gw<n>`."""
-    parts = urlsplit(url)
-    db = int(parts.path.strip("/") or 0)
-    return urlunsplit(parts._replace(path=f"/{(db + 1 + int(worker[2:])) % 16}"))
-
-
-# Each pytest-xdist worker has its own test database but the same tenant schema names
-# (test_a, test_b), so Redis keys derived from a schema (throttle windows, replay cache,
-# relay-kick marks, API key epochs) would cross between workers: one worker's kick mark
-# coalesced another's kick. Each worker gets its own Redis database.
+# Each pytest-xdist worker has its own test database but the same tenant schema names, so
+# Redis keys derived from a schema (throttles, kick marks, key epochs) need a database per worker:
+# worker gw<n> uses database `db + 1 + n` (mod 16).
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _WORKER.startswith("gw") and _WORKER[2:].isdigit():
     _shared = REDIS_URL
-    REDIS_URL = _redis_db_of_worker(REDIS_URL, _WORKER)
+    _parts = urlsplit(REDIS_URL)
+    REDIS_URL = urlunsplit(_parts._replace(path=f"/{(int(_parts.path.strip('/') or 0) + 1 + int(_WORKER[2:])) % 16}"))
     CACHES["default"]["LOCATION"] = REDIS_URL
     if CELERY_BROKER_URL == _shared:
         CELERY_BROKER_URL = REDIS_URL

@@ -99,7 +99,9 @@ def install(code: Path, database_url: str, *, tenant_migrated: bool = False) -> 
     the squash's; the current clone is checked against migrations by
     tests/test_tenant_schemas.py."""
     manage(code, database_url, "migrate_schemas", "--shared", "--noinput", "-v", "0")
-    manage(code, database_url, "shell", "-c", "from tenants.services import platform_ensure; platform_ensure(public_domain='localhost')")
+    # platform_ensure moved from tenants.services (the old code's home) to devtools.demo_seed.
+    ensure = "try:\n from devtools.demo_seed import platform_ensure\nexcept ImportError:\n from tenants.services import platform_ensure\n"
+    manage(code, database_url, "shell", "-c", ensure + "platform_ensure(public_domain='localhost')")
     manage(code, database_url, "migrate_schemas", "--noinput", "-v", "0")
     if tenant_migrated:
         # Outside tenant_create's transaction: some migrations build indexes concurrently.

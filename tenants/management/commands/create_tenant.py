@@ -27,14 +27,11 @@ class Command(BaseCommand):
         if Domain.objects.filter(domain=options["domain"]).exists():
             raise CommandError(f"domain {options['domain']!r} is taken")
         currency = options["currency"].upper()
-        exponent = options["exponent"]
-        if exponent is None:
-            exponent = 0 if currency in {"JPY", "KRW", "VND", "CLP", "ISK"} else 2
+        exponent = options["exponent"] if options["exponent"] is not None else (0 if currency in {"JPY", "KRW", "VND", "CLP", "ISK"} else 2)
         started = time.perf_counter()
         try:
             tenant = tenant_create(
-                schema_name=schema, domain=options["domain"], name=options["name"],
-                main_currency=currency, currency_exponent=exponent,
+                schema_name=schema, domain=options["domain"], name=options["name"], main_currency=currency, currency_exponent=exponent
             )
         except Exception as exc:  # a validation error from the model is the operator's input
             raise CommandError(str(exc)) from exc

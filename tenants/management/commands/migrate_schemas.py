@@ -1,12 +1,8 @@
-"""django-tenants' `migrate_schemas`, visiting only the tenants with something to migrate.
-
-A no-op run over every tenant costs one connection setup, one migration loader and one
-post_migrate pass per tenant (0.1-0.17 s each: minutes at 1,000 tenants). Here one query
-over all tenant schemas (tenants.schemas.schemas_missing_migrations) finds those whose
-django_migrations lack a migration on disk, and only they go to the
-executor (standard or multiprocessing). `--all-tenants` visits every tenant as
-django-tenants does; so does any run that names an app or a target migration, fakes,
-prunes, checks or plans, since "holds every migration" is not its question.
+"""django-tenants' `migrate_schemas`, visiting only the tenants with something to migrate
+(one query over all schemas: tenants.schemas.schemas_missing_migrations; the cost of a
+no-op visit: docs/BENCHMARKS.md). `--all-tenants` visits every tenant as django-tenants
+does; so does any run that names an app or a target migration, fakes, prunes, checks or
+plans, since "holds every migration" is not its question.
 """
 
 from __future__ import annotations
