@@ -95,7 +95,6 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
     # Email and phone live in the contact representation of the staged migration
     # (wallets.contacts): shown masked, searched by exact email through its lookup.
     fields = ("id", "name", "contact", "created", "wallet", "frozen", "related")
-    readonly_fields = fields
     staff_actions = (
         StaffAction("freeze", "Freeze wallet", "wallets.freeze_account", ReasonForm,
                     lambda request, obj, data: f"Wallet {wallet_freeze(customer=obj, staff=staff_of(request), reason=data['reason']).pk} frozen",
@@ -144,7 +143,6 @@ class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
     id_search = {"mer": "id"}
     date_hierarchy = "created"
     fields = ("id", "name", "created", "balances", "stores", "payments")
-    readonly_fields = fields
     staff_actions = (_adjust_action("merchant"),)
 
     @admin.display(description="balances (shards summed)")
@@ -188,7 +186,6 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
     search_fields = ("=prefix",)
     date_hierarchy = "created"
     fields = ("id", "prefix", "principal_type", "principal", "created", "expires_at", "revoked_at", "last_used_at", "audit")
-    readonly_fields = fields
     list_select_related = ("customer", "merchant", "terminal", "staff__user")
     staff_actions = (
         StaffAction("rotate", "Rotate key", "wallets.issue_apikey", RotateForm, _rotate,
@@ -212,9 +209,7 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
 
 class RefundInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Refund
-    extra = 0
     fields = ("refund_link", "amount_display", "reason", "created")
-    readonly_fields = fields
 
     @admin.display(description="refund")
     def refund_link(self, obj: Refund) -> str:
@@ -247,7 +242,6 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     list_select_related = ("asset", "customer", "merchant")
     fields = ("id", "status", "created", "amount_display", "refunded_display", "rewards", "customer_link", "merchant_link",
               "store_link", "terminal_link", "ledger", "events", "audit")
-    readonly_fields = fields
     inlines = [RefundInline]
     customer_link = staticmethod(link_column("customer"))
     merchant_link = staticmethod(link_column("merchant"))
@@ -288,7 +282,6 @@ class RefundAdmin(ReadOnlyAdmin):
     date_hierarchy = "created"
     list_select_related = ("payment__asset",)
     fields = ("id", "status", "created", "amount_display", "payment_link", "reason", "points_reversed", "carbon_grams_reversed", "ledger")
-    readonly_fields = fields
     payment_link = staticmethod(link_column("payment"))
     ledger = staticmethod(link_column("ledger_transaction"))
 
@@ -363,7 +356,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "gateway", "psp_lookup", "psp_reference", "psp_charged", "psp_charged_amount", "psp_charged_currency",
               "psp_charged_at", "psp_refund_reference", "last_error", "claim",
               "ledger", "events", "audit")
-    readonly_fields = fields
     customer_link = staticmethod(link_column("customer"))
     ledger = staticmethod(link_column("ledger_transaction"))
     staff_actions = (
@@ -475,7 +467,6 @@ class PaymentTokenAdmin(ReadOnlyAdmin):
     id_search = {"ptk": "id", "cus": "customer_id"}
     date_hierarchy = "created"
     fields = ("id", "customer", "created", "expires_at", "used_at")
-    readonly_fields = fields
     list_select_related = ("customer",)
 
 
@@ -496,7 +487,6 @@ class GatewayAccountAdmin(ReadOnlyAdmin):
     list_display = ("gateway", "active", "api_base", "created", "updated")
     list_filter = ("gateway", "active")
     fields = ("gateway", "active", "api_base", "created", "updated")
-    readonly_fields = fields
 
 
 @admin.register(PspWebhookEvent)

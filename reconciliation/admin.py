@@ -83,7 +83,6 @@ class ReconciliationRunAdmin(_ReadOnly):
     date_hierarchy = "created"
     fields = ("id", "trigger", "status", "requested_by", "created", "started_at", "finished_at", "duration_ms", "findings_count",
               "report_table", "metrics", "error", "findings_link", "csv_link")
-    readonly_fields = fields
     show_full_result_count = False
 
     @admin.display(description="report")
@@ -174,7 +173,6 @@ class ReconciliationFindingAdmin(_ReadOnly):
     search_fields = ("summary",)
     list_select_related = ("run",)
     fields = ("id", "run", "check_name", "kind", "severity", "summary", "details", "links", "created")
-    readonly_fields = fields
     show_full_result_count = False
 
     @admin.display(description="concerns")

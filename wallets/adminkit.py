@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.utils import quote
+from django.contrib.admin.options import BaseModelAdmin
+from django.contrib.admin.utils import flatten, quote
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Model, QuerySet
@@ -65,8 +66,13 @@ class TallyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().get_search_results(request, queryset, search_term)
 
 
-class ReadOnlyMixin:
-    """No add, change or delete in the admin: the rows change only through services."""
+class ReadOnlyMixin(BaseModelAdmin):  # type: ignore[type-arg]
+    """No add, change or delete in the admin: the rows change only through services (an
+    inline on a read-only page gets no extra rows). Every field shown is read-only (`fields`
+    may name the admin's own display methods)."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return flatten(self.fields) if self.fields else super().get_readonly_fields(request, obj)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
