@@ -4,6 +4,7 @@ change is a staff action (payments/admin_actions.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -49,6 +50,15 @@ from wallets.services.principals import api_key_revoke, api_key_rotate
 
 def _audit_link(target_type: str, target_id: str) -> str:
     return link_to_list(AuditEntry, "audit log", target_type=target_type, target_id=target_id)
+
+
+def _audit_column(target_type: str) -> Callable[[Any], str]:
+    return admin.display(description="audit")(lambda obj: _audit_link(target_type, obj.pk))
+
+
+@admin.display(description="amount")
+def _refund_amount(refund: Refund) -> str:
+    return money(refund.amount, refund.payment.asset)
 
 
 # --- Customers (wallets) ------------------------------------------------------------------
@@ -199,9 +209,7 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def principal(self, obj: ApiKey) -> str:
         return link(obj.customer or obj.merchant or obj.terminal or obj.staff)
 
-    @admin.display(description="audit")
-    def audit(self, obj: ApiKey) -> str:
-        return _audit_link("api_key", obj.pk)
+    audit = staticmethod(_audit_column("api_key"))
 
 
 # --- Payments and refunds -------------------------------------------------------------------
@@ -211,13 +219,11 @@ class RefundInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg
     model = Refund
     fields = ("refund_link", "amount_display", "reason", "created")
 
+    amount_display = staticmethod(_refund_amount)
+
     @admin.display(description="refund")
     def refund_link(self, obj: Refund) -> str:
         return link(obj)
-
-    @admin.display(description="amount")
-    def amount_display(self, obj: Refund) -> str:
-        return money(obj.amount, obj.payment.asset)
 
 
 class RefundForm(StaffActionForm):
@@ -248,15 +254,13 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     store_link = staticmethod(link_column("store"))
     terminal_link = staticmethod(link_column("terminal"))
     ledger = staticmethod(link_column("ledger_transaction"))
+    amount_display = staticmethod(money_column("amount"))
+    audit = staticmethod(_audit_column("payments.payment"))
     staff_actions = (
         StaffAction("refund", "Refund", "payments.refund_payment", RefundForm, lambda request, obj, data: _refund(obj, data),
                     description="Refund part or all of this payment through the same service as the API: merchant to customer, rewards"
                     " returned in proportion.", show=lambda obj: obj.amount_refundable > 0),
     )
-
-    @admin.display(description="amount")
-    def amount_display(self, obj: Payment) -> str:
-        return money(obj.amount, obj.asset)
 
     @admin.display(description="refunded")
     def refunded_display(self, obj: Payment) -> str:
@@ -270,9 +274,6 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def events(self, obj: Payment) -> str:
         return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
 
-    @admin.display(description="audit")
-    def audit(self, obj: Payment) -> str:
-        return _audit_link("payments.payment", obj.pk)
 
 
 @admin.register(Refund)
@@ -284,11 +285,7 @@ class RefundAdmin(ReadOnlyAdmin):
     fields = ("id", "status", "created", "amount_display", "payment_link", "reason", "points_reversed", "carbon_grams_reversed", "ledger")
     payment_link = staticmethod(link_column("payment"))
     ledger = staticmethod(link_column("ledger_transaction"))
-
-    @admin.display(description="amount")
-    def amount_display(self, obj: Refund) -> str:
-        return money(obj.amount, obj.payment.asset)
-
+    amount_display = staticmethod(_refund_amount)
 
 
 @admin.register(Transfer)
@@ -358,6 +355,7 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "ledger", "events", "audit")
     customer_link = staticmethod(link_column("customer"))
     ledger = staticmethod(link_column("ledger_transaction"))
+    audit = staticmethod(_audit_column("payments.topup"))
     staff_actions = (
         StaffAction("settle", "Settle from the PSP's records", "payments.settle_topup", SettleFromPspForm,
                     lambda request, obj, data: _settle_from_psp(obj, data),
@@ -399,9 +397,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def events(self, obj: TopUp) -> str:
         return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
 
-    @admin.display(description="audit")
-    def audit(self, obj: TopUp) -> str:
-        return _audit_link("payments.topup", obj.pk)
 
 
 @admin.register(Adjustment)
