@@ -72,12 +72,8 @@ def csv_streaming_response(rows: Iterable[list[Any]], filename: str) -> Streamin
     return response
 
 
-class _ReadOnly(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    pass
-
-
 @admin.register(ReconciliationRun)
-class ReconciliationRunAdmin(_ReadOnly):
+class ReconciliationRunAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("id", "created", "trigger", "status", "findings_count", "duration_ms", "requested_by", "findings_link", "csv_link")
     list_filter = ("status", "trigger")
     date_hierarchy = "created"
@@ -167,7 +163,7 @@ class ReconciliationRunAdmin(_ReadOnly):
 
 
 @admin.register(ReconciliationFinding)
-class ReconciliationFindingAdmin(_ReadOnly):
+class ReconciliationFindingAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("id", "run", "kind", "severity", "summary", "links")
     list_filter = ("kind", "severity", "check_name")
     search_fields = ("summary",)
