@@ -16,8 +16,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from idempotency.admin import StaffActionForm
 from idempotency.models import IdempotencyRecord
-from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionForm, StaffActionsMixin, staff_of
+from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionsMixin, staff_of
 from payments.models import (
     Adjustment,
     AdjustmentDirection,

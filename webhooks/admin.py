@@ -8,7 +8,8 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 
-from payments.admin_actions import StaffAction, StaffActionForm, StaffActionsMixin
+from idempotency.admin import StaffActionForm
+from payments.admin_actions import StaffAction, StaffActionsMixin
 from payments.models import OutboxEvent
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link_column
 from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt, WebhookEndpoint, WebhookEndpointStatus
