@@ -1,6 +1,5 @@
-"""Idempotency records in the tenant admin, read-only (SPEC 9): a stuck key is recovered by
-lease takeover, not by hand. Also the switch of a face's idempotency mode (audited), and the
-confirmation form every staff action submits through (staff_form_submit)."""
+"""Idempotency records in the tenant admin, read-only (SPEC 9): a stuck key is recovered by lease
+takeover, not by hand. Also the audited switch of a face's mode, and every staff confirmation."""
 
 from __future__ import annotations
 
@@ -35,9 +34,8 @@ def staff_form_submit(
     request: HttpRequest, form_class: type[StaffActionForm], *, action: str, target: Any, run: Callable[[dict[str, Any]], str | tuple[str, str]],
     audit: bool = True,
 ) -> tuple[StaffActionForm, StaffActionResult | None]:
-    """A staff action's confirmation: a fresh form (a new idempotency key) on GET; on a valid
-    POST, `run(data)` through staff_action_run (at most once per key, audited) and its
-    result, or the form with the refusal."""
+    """A fresh confirmation (a new idempotency key) on GET; on a valid POST, `run(data)` through
+    staff_action_run (at most once per key, audited) and its result, or the form with the refusal."""
     if request.method != "POST":
         return form_class(initial={"idempotency_key": uuid.uuid4().hex}), None
     form = form_class(request.POST)
@@ -49,12 +47,10 @@ def staff_form_submit(
                 fn=lambda: run(data), audit=audit,
             )
         except IdempotencyError as exc:
-            # In use (a duplicate is running) or reused for other data: keep the key,
-            # so this confirmation still acts at most once.
+            # A duplicate is running, or the key was used for other data: keep it (this confirmation acts at most once).
             form.add_error(None, exc.message)
         except TallyError as exc:
-            # Refused: nothing was done (the claim's transaction rolled back). The
-            # corrected form gets a fresh key (the old one is bound to this data).
+            # Refused, nothing done (the claim rolled back): the corrected form gets a fresh key, the old one is bound to this data.
             form = form_class({**request.POST.dict(), "idempotency_key": uuid.uuid4().hex})
             form.is_valid()
             form.add_error(None, exc.message)
