@@ -43,18 +43,17 @@ from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
 from tenants.admin import tenant_panel_register
 from wallets.admin import balances_html
-from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, money, money_column
+from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, list_link_column, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
 from wallets.services.principals import api_key_revoke, api_key_rotate
 
 
-def _audit_link(target_type: str, target_id: str) -> str:
-    return link_to_list(AuditEntry, "audit log", target_type=target_type, target_id=target_id)
-
-
 def _audit_column(target_type: str) -> Callable[[Any], str]:
-    return admin.display(description="audit")(lambda obj: _audit_link(target_type, obj.pk))
+    return list_link_column(AuditEntry, "audit log", "target_id", description="audit", target_type=target_type)
+
+
+_events = list_link_column(OutboxEvent, "outbox events", "q", description="events")
 
 
 @admin.display(description="amount")
@@ -142,7 +141,7 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
         parts = [
             link(account, "wallet account"), link_to_list(Payment, "payments", customer=obj.pk),
             link_to_list(LedgerEntry, "ledger entries", account=account.pk) if account else "",
-            link_to_list(ApiKey, "API keys", customer=obj.pk), _audit_link("customer", obj.pk),
+            link_to_list(ApiKey, "API keys", customer=obj.pk), _audit_column("customer")(obj),
         ]
         return " · ".join(p for p in parts if p)
 
@@ -155,18 +154,12 @@ class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
     date_hierarchy = "created"
     fields = ("id", "name", "created", "balances", "stores", "payments")
     staff_actions = (_adjust_action("merchant"),)
+    stores = staticmethod(list_link_column(Store, "stores", "merchant"))
+    payments = staticmethod(list_link_column(Payment, "payments", "merchant"))
 
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Merchant) -> str:
         return balances_html(Account.objects.filter(merchant=obj).first())
-
-    @admin.display(description="stores")
-    def stores(self, obj: Merchant) -> str:
-        return link_to_list(Store, "stores", merchant=obj.pk)
-
-    @admin.display(description="payments")
-    def payments(self, obj: Merchant) -> str:
-        return link_to_list(Payment, "payments", merchant=obj.pk)
 
 
 # --- API keys (wallets) ---------------------------------------------------------------------
@@ -256,6 +249,7 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     terminal_link = staticmethod(link_column("terminal"))
     ledger = staticmethod(link_column("ledger_transaction"))
     amount_display = staticmethod(money_column("amount"))
+    events = staticmethod(_events)
     audit = staticmethod(_audit_column("payments.payment"))
     staff_actions = (
         StaffAction("refund", "Refund", "payments.refund_payment", RefundForm, lambda request, obj, data: _refund(obj, data),
@@ -270,10 +264,6 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     @admin.display(description="rewards")
     def rewards(self, obj: Payment) -> str:
         return f"{obj.points_earned - obj.points_reversed} pt, {obj.carbon_grams - obj.carbon_grams_reversed} g CO₂ (net of refunds)"
-
-    @admin.display(description="events")
-    def events(self, obj: Payment) -> str:
-        return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
 
 
 
@@ -356,6 +346,7 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "ledger", "events", "audit")
     customer_link = staticmethod(link_column("customer"))
     ledger = staticmethod(link_column("ledger_transaction"))
+    events = staticmethod(_events)
     audit = staticmethod(_audit_column("payments.topup"))
     staff_actions = (
         StaffAction("settle", "Settle from the PSP's records", "payments.settle_topup", SettleFromPspForm,
@@ -393,10 +384,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
         record = IdempotencyRecord.objects.filter(principal_id=obj.claim_principal_id, key=obj.claim_key).first()
         state = link(record, record.state) if record is not None else "record purged"
         return format_html("{} / {} ({})", obj.claim_principal_id, obj.claim_key, state)
-
-    @admin.display(description="events")
-    def events(self, obj: TopUp) -> str:
-        return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
 
 
 

@@ -9,7 +9,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
-from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, money, money_column
+from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, list_link_column, money, money_column
 from wallets.models import (
     Account,
     Asset,
@@ -92,6 +92,7 @@ class AccountAdmin(ReadOnlyAdmin):
     date_hierarchy = "created"
     fields = ("id", "kind", "owner", "system_role", "frozen", "frozen_reason", "frozen_at", "balances", "entries", "created")
     inlines = [BalanceInline]
+    entries = staticmethod(list_link_column(LedgerEntry, "entries", "account", description="ledger entries"))
 
     @admin.display(description="owner")
     def owner(self, obj: Account) -> str:
@@ -101,9 +102,6 @@ class AccountAdmin(ReadOnlyAdmin):
     def balances(self, obj: Account) -> str:
         return balances_html(obj)
 
-    @admin.display(description="ledger entries")
-    def entries(self, obj: Account) -> str:
-        return link_to_list(LedgerEntry, "entries", account=obj.pk)
 
 
 class LedgerEntryInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
@@ -186,11 +184,6 @@ class AuditEntryAdmin(ReadOnlyAdmin):
             model = None
         target = model._default_manager.filter(pk=obj.target_id).first() if model is not None else None
         return link(target, obj.target_id) if target is not None else obj.target_id
-
-
-admin.site.site_header = "Tally back office"
-admin.site.site_title = "Tally back office"
-admin.site.index_title = "Wallets, payments, webhooks and the audit log"
 
 
 @admin.register(MerchantDailyTotal)

@@ -140,6 +140,16 @@ def link_to_list(model: type[Model], label: str, **filters: object) -> str:
     return format_html('<a href="{}?{}">{}</a>', url, query, label)
 
 
+def list_link_column(model: type[Model], label: str, field: str, *, description: str | None = None, **filters: object) -> Callable[[Any], str]:
+    """A column linking to `model`'s list of the rows whose `field` is this object (and `filters`)."""
+
+    def column(obj: Any) -> str:
+        return link_to_list(model, label, **filters, **{field: obj.pk})
+
+    column.short_description = description or label  # type: ignore[attr-defined]
+    return column
+
+
 def link_column(field: str) -> Callable[[Any], str]:
     """A column linking to the object in `obj.<field>` (a foreign key)."""
 
