@@ -60,7 +60,7 @@ class ContactViewSet(CustomerViewSet):
 
 
 class TransactionViewSet(ListMixin, CustomerViewSet):
-    out, list_params = s.TransactionOut, s.TransactionListParams
+    out, list_params = s.TransactionOut, s.AssetListParams
     summaries = {"list": "Wallet history (ledger entries), newest first"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[LedgerEntry]:
@@ -163,7 +163,7 @@ class TopUpViewSet(CustomerViewSet):
 
 class PaymentViewSet(ListMixin, RetrieveMixin, CustomerViewSet):
     lookup_url_kwarg = "payment_id"
-    out, list_params = s.PaymentOut, s.PaymentListParams
+    out, list_params = s.PaymentOut, s.AssetListParams
     summaries = {"list": "The customer's payments", "retrieve": "Retrieve one of the customer's payments"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[Payment]:

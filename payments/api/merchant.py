@@ -69,7 +69,7 @@ class BalanceViewSet(MerchantViewSet):
 
 class PaymentViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
     lookup_url_kwarg = "payment_id"
-    out, list_params = s.PaymentOut, s.PaymentListParams
+    out, list_params = s.PaymentOut, s.AssetListParams
     summaries = {"list": "The merchant's payments", "retrieve": "Retrieve one of the merchant's payments"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[Payment]:
