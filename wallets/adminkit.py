@@ -30,21 +30,15 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     @cached_property
     def count(self) -> int:
         queryset = self.object_list
-        if isinstance(queryset, QuerySet) and not queryset.query.where:
-            estimate = table_row_estimate(table=queryset.model._meta.db_table)
-            if estimate > COUNT_CAP:
-                return estimate
-        if isinstance(queryset, QuerySet):
-            return int(queryset[: COUNT_CAP + 1].count())
-        return len(queryset)
-
-
-def table_row_estimate(*, table: str) -> int:
-    """The planner's row estimate of `table` in the current schema (-1/0 when never analysed)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
-        row = cursor.fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
+        if not isinstance(queryset, QuerySet):
+            return len(queryset)
+        if not queryset.query.where:
+            with connection.cursor() as cursor:  # the table in the current schema; -1 or 0 when never analysed
+                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [queryset.model._meta.db_table])
+                row = cursor.fetchone()
+            if row and row[0] is not None and row[0] > COUNT_CAP:
+                return int(row[0])
+        return int(queryset[: COUNT_CAP + 1].count())
 
 
 class TallyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
