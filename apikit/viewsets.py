@@ -5,11 +5,13 @@ type the path)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -83,3 +85,25 @@ def _create_schema(cls: Any, summary: str) -> Any:
 
 
 _SCHEMAS = {"list": _list_schema, "retrieve": _retrieve_schema, "create": _create_schema}
+
+
+def object_action(
+    tags: list[str], *, summary: str, body: Shape, out: Shape, status: int = 200, route: bool = True,
+    target: Callable[[Any, str], Any] | None = None,
+) -> Callable[[Callable[[Any, Any, dict[str, Any]], Any]], Any]:
+    """A POST on the object the path names, written once: the object (`target`, else
+    `object_get`: its 404 comes first, whatever the body), then the validated `body`, then
+    the decorated `run(view, obj, data)`, whose result answers as `out`. An @action unless
+    `route=False` (`update`, which FaceRouter routes itself)."""
+
+    def decorate(run: Callable[[Any, Any, dict[str, Any]], Any]) -> Any:
+        def view(self: RetrieveMixin, request: Request, **kwargs: str) -> Response:
+            object_id = kwargs[str(self.lookup_url_kwarg)]
+            obj = target(self, object_id) if target is not None else self.object_get(object_id)
+            return self.render(out, run(self, obj, self.validated(body)), status=status)
+
+        view.__name__, view.__qualname__ = run.__name__, run.__qualname__  # no __doc__: the schema would publish it
+        routed = action(detail=True, methods=["post"])(view) if route else view
+        return extend_schema(tags=tags, summary=summary, request=body, responses={status: out})(routed)
+
+    return decorate

@@ -1,5 +1,5 @@
 """The tenant admin site (`admin.site`, made default by `TallyAdminConfig`): Django's, with
-the reconciliation dashboard listed first in the Reconciliation app."""
+Tally's titles and the reconciliation dashboard listed first in the Reconciliation app."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ DASHBOARD_PERMISSION = "reconciliation.view_reconciliationrun"
 
 
 class TallyAdminSite(admin.AdminSite):
+    site_header = site_title = "Tally back office"
+    index_title = "Wallets, payments, webhooks and the audit log"
+
     def get_app_list(self, request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
         app_list = super().get_app_list(request, app_label)
         for app in app_list:

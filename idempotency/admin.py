@@ -1,9 +1,10 @@
-"""Idempotency records in the tenant admin, read-only (SPEC 9): a stuck key is recovered by
-lease takeover, not by hand. Also the switch of a face's idempotency mode (audited)."""
+"""Idempotency records in the tenant admin, read-only (SPEC 9): a stuck key is recovered by lease
+takeover, not by hand. Also the audited switch of a face's mode, and every staff confirmation."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -13,17 +14,50 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from idempotency.errors import IdempotencyError
 from idempotency.models import IdempotencyRecord
 from idempotency.modes import FACES, idempotency_mode_set
-from idempotency.staff import staff_action_run
+from idempotency.staff import StaffActionResult, staff_action_run
 from tenants.models import IdempotencyMode
 from tenants.selectors import tenant_current
 from wallets.adminkit import ReadOnlyAdmin
 from wallets.errors import TallyError
 
 
-class ModeForm(forms.Form):
+class StaffActionForm(forms.Form):
+    """Base of every confirmation form: the hidden idempotency key of this confirmation."""
+
     idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=255)
+
+
+def staff_form_submit(
+    request: HttpRequest, form_class: type[StaffActionForm], *, action: str, target: Any, run: Callable[[dict[str, Any]], str | tuple[str, str]],
+    audit: bool = True,
+) -> tuple[StaffActionForm, StaffActionResult | None]:
+    """A fresh confirmation (a new idempotency key) on GET; on a valid POST, `run(data)` through
+    staff_action_run (at most once per key, audited) and its result, or the form with the refusal."""
+    if request.method != "POST":
+        return form_class(initial={"idempotency_key": uuid.uuid4().hex}), None
+    form = form_class(request.POST)
+    if form.is_valid():
+        data = {k: v for k, v in form.cleaned_data.items() if k != "idempotency_key"}
+        try:
+            return form, staff_action_run(
+                user_id=request.user.pk, action=action, target=target, idempotency_key=form.cleaned_data["idempotency_key"], data=data,
+                fn=lambda: run(data), audit=audit,
+            )
+        except IdempotencyError as exc:
+            # A duplicate is running, or the key was used for other data: keep it (this confirmation acts at most once).
+            form.add_error(None, exc.message)
+        except TallyError as exc:
+            # Refused, nothing done (the claim rolled back): the corrected form gets a fresh key, the old one is bound to this data.
+            form = form_class({**request.POST.dict(), "idempotency_key": uuid.uuid4().hex})
+            form.is_valid()
+            form.add_error(None, exc.message)
+    return form, None
+
+
+class ModeForm(StaffActionForm):
     face = forms.ChoiceField(choices=[(f, f) for f in FACES])
     mode = forms.ChoiceField(choices=IdempotencyMode.choices)
     reason = forms.CharField(max_length=500, widget=forms.Textarea(attrs={"rows": 2, "cols": 60}))
@@ -46,24 +80,13 @@ class IdempotencyRecordAdmin(ReadOnlyAdmin):
         if not request.user.has_perm("idempotency.switch_idempotency_mode"):
             raise PermissionDenied
         tenant = tenant_current()
-        if request.method == "POST":
-            form = ModeForm(request.POST)
-            if form.is_valid():
-                data = {k: v for k, v in form.cleaned_data.items() if k != "idempotency_key"}
-                try:
-                    result = staff_action_run(
-                        user_id=request.user.pk, action="idempotency_mode_set", target=tenant,
-                        idempotency_key=form.cleaned_data["idempotency_key"], data=data, audit=False,
-                        fn=lambda: f"{data['face']}: {idempotency_mode_set(tenant=tenant, **data).idempotency_mode_for(data['face'])}",
-                    )
-                except TallyError as exc:
-                    form.add_error(None, exc.message)
-                else:
-                    self.message_user(request, ("Already done: " if result.replayed else "Idempotency mode set, ") + result.message,
-                                      level=messages.SUCCESS)
-                    return HttpResponseRedirect(reverse("admin:idempotency_modes", current_app=self.admin_site.name))
-        else:
-            form = ModeForm(initial={"idempotency_key": uuid.uuid4().hex})
+        form, result = staff_form_submit(
+            request, ModeForm, action="idempotency_mode_set", target=tenant, audit=False,
+            run=lambda data: f"{data['face']}: {idempotency_mode_set(tenant=tenant, **data).idempotency_mode_for(data['face'])}",
+        )
+        if result is not None:
+            self.message_user(request, ("Already done: " if result.replayed else "Idempotency mode set, ") + result.message, level=messages.SUCCESS)
+            return HttpResponseRedirect(reverse("admin:idempotency_modes", current_app=self.admin_site.name))
         context: dict[str, Any] = {
             **self.admin_site.each_context(request), "title": "Idempotency mode per face", "opts": self.model._meta, "form": form,
             "modes": [(face, tenant.idempotency_mode_for(face)) for face in FACES],

@@ -4,6 +4,7 @@ change is a staff action (payments/admin_actions.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -15,8 +16,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from idempotency.admin import StaffActionForm
 from idempotency.models import IdempotencyRecord
-from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionForm, StaffActionsMixin, staff_of
+from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionsMixin, staff_of
 from payments.models import (
     Adjustment,
     AdjustmentDirection,
@@ -41,14 +43,22 @@ from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
 from tenants.admin import tenant_panel_register
 from wallets.admin import balances_html
-from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, money, money_column
+from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, list_link_column, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
 from wallets.services.principals import api_key_revoke, api_key_rotate
 
 
-def _audit_link(target_type: str, target_id: str) -> str:
-    return link_to_list(AuditEntry, "audit log", target_type=target_type, target_id=target_id)
+def _audit_column(target_type: str) -> Callable[[Any], str]:
+    return list_link_column(AuditEntry, "audit log", "target_id", description="audit", target_type=target_type)
+
+
+_events = list_link_column(OutboxEvent, "outbox events", "q", description="events")
+
+
+@admin.display(description="amount")
+def _refund_amount(refund: Refund) -> str:
+    return money(refund.amount, refund.payment.asset)
 
 
 # --- Customers (wallets) ------------------------------------------------------------------
@@ -95,7 +105,6 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
     # Email and phone live in the contact representation of the staged migration
     # (wallets.contacts): shown masked, searched by exact email through its lookup.
     fields = ("id", "name", "contact", "created", "wallet", "frozen", "related")
-    readonly_fields = fields
     staff_actions = (
         StaffAction("freeze", "Freeze wallet", "wallets.freeze_account", ReasonForm,
                     lambda request, obj, data: f"Wallet {wallet_freeze(customer=obj, staff=staff_of(request), reason=data['reason']).pk} frozen",
@@ -132,7 +141,7 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
         parts = [
             link(account, "wallet account"), link_to_list(Payment, "payments", customer=obj.pk),
             link_to_list(LedgerEntry, "ledger entries", account=account.pk) if account else "",
-            link_to_list(ApiKey, "API keys", customer=obj.pk), _audit_link("customer", obj.pk),
+            link_to_list(ApiKey, "API keys", customer=obj.pk), _audit_column("customer")(obj),
         ]
         return " · ".join(p for p in parts if p)
 
@@ -144,20 +153,13 @@ class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
     id_search = {"mer": "id"}
     date_hierarchy = "created"
     fields = ("id", "name", "created", "balances", "stores", "payments")
-    readonly_fields = fields
     staff_actions = (_adjust_action("merchant"),)
+    stores = staticmethod(list_link_column(Store, "stores", "merchant"))
+    payments = staticmethod(list_link_column(Payment, "payments", "merchant"))
 
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Merchant) -> str:
         return balances_html(Account.objects.filter(merchant=obj).first())
-
-    @admin.display(description="stores")
-    def stores(self, obj: Merchant) -> str:
-        return link_to_list(Store, "stores", merchant=obj.pk)
-
-    @admin.display(description="payments")
-    def payments(self, obj: Merchant) -> str:
-        return link_to_list(Payment, "payments", merchant=obj.pk)
 
 
 # --- API keys (wallets) ---------------------------------------------------------------------
@@ -188,7 +190,6 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
     search_fields = ("=prefix",)
     date_hierarchy = "created"
     fields = ("id", "prefix", "principal_type", "principal", "created", "expires_at", "revoked_at", "last_used_at", "audit")
-    readonly_fields = fields
     list_select_related = ("customer", "merchant", "terminal", "staff__user")
     staff_actions = (
         StaffAction("rotate", "Rotate key", "wallets.issue_apikey", RotateForm, _rotate,
@@ -202,9 +203,7 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def principal(self, obj: ApiKey) -> str:
         return link(obj.customer or obj.merchant or obj.terminal or obj.staff)
 
-    @admin.display(description="audit")
-    def audit(self, obj: ApiKey) -> str:
-        return _audit_link("api_key", obj.pk)
+    audit = staticmethod(_audit_column("api_key"))
 
 
 # --- Payments and refunds -------------------------------------------------------------------
@@ -212,17 +211,13 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
 
 class RefundInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Refund
-    extra = 0
     fields = ("refund_link", "amount_display", "reason", "created")
-    readonly_fields = fields
+
+    amount_display = staticmethod(_refund_amount)
 
     @admin.display(description="refund")
     def refund_link(self, obj: Refund) -> str:
         return link(obj)
-
-    @admin.display(description="amount")
-    def amount_display(self, obj: Refund) -> str:
-        return money(obj.amount, obj.payment.asset)
 
 
 class RefundForm(StaffActionForm):
@@ -247,22 +242,20 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     list_select_related = ("asset", "customer", "merchant")
     fields = ("id", "status", "created", "amount_display", "refunded_display", "rewards", "customer_link", "merchant_link",
               "store_link", "terminal_link", "ledger", "events", "audit")
-    readonly_fields = fields
     inlines = [RefundInline]
     customer_link = staticmethod(link_column("customer"))
     merchant_link = staticmethod(link_column("merchant"))
     store_link = staticmethod(link_column("store"))
     terminal_link = staticmethod(link_column("terminal"))
     ledger = staticmethod(link_column("ledger_transaction"))
+    amount_display = staticmethod(money_column("amount"))
+    events = staticmethod(_events)
+    audit = staticmethod(_audit_column("payments.payment"))
     staff_actions = (
         StaffAction("refund", "Refund", "payments.refund_payment", RefundForm, lambda request, obj, data: _refund(obj, data),
                     description="Refund part or all of this payment through the same service as the API: merchant to customer, rewards"
                     " returned in proportion.", show=lambda obj: obj.amount_refundable > 0),
     )
-
-    @admin.display(description="amount")
-    def amount_display(self, obj: Payment) -> str:
-        return money(obj.amount, obj.asset)
 
     @admin.display(description="refunded")
     def refunded_display(self, obj: Payment) -> str:
@@ -272,13 +265,6 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     def rewards(self, obj: Payment) -> str:
         return f"{obj.points_earned - obj.points_reversed} pt, {obj.carbon_grams - obj.carbon_grams_reversed} g CO₂ (net of refunds)"
 
-    @admin.display(description="events")
-    def events(self, obj: Payment) -> str:
-        return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
-
-    @admin.display(description="audit")
-    def audit(self, obj: Payment) -> str:
-        return _audit_link("payments.payment", obj.pk)
 
 
 @admin.register(Refund)
@@ -288,14 +274,9 @@ class RefundAdmin(ReadOnlyAdmin):
     date_hierarchy = "created"
     list_select_related = ("payment__asset",)
     fields = ("id", "status", "created", "amount_display", "payment_link", "reason", "points_reversed", "carbon_grams_reversed", "ledger")
-    readonly_fields = fields
     payment_link = staticmethod(link_column("payment"))
     ledger = staticmethod(link_column("ledger_transaction"))
-
-    @admin.display(description="amount")
-    def amount_display(self, obj: Refund) -> str:
-        return money(obj.amount, obj.payment.asset)
-
+    amount_display = staticmethod(_refund_amount)
 
 
 @admin.register(Transfer)
@@ -363,9 +344,10 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
               "gateway", "psp_lookup", "psp_reference", "psp_charged", "psp_charged_amount", "psp_charged_currency",
               "psp_charged_at", "psp_refund_reference", "last_error", "claim",
               "ledger", "events", "audit")
-    readonly_fields = fields
     customer_link = staticmethod(link_column("customer"))
     ledger = staticmethod(link_column("ledger_transaction"))
+    events = staticmethod(_events)
+    audit = staticmethod(_audit_column("payments.topup"))
     staff_actions = (
         StaffAction("settle", "Settle from the PSP's records", "payments.settle_topup", SettleFromPspForm,
                     lambda request, obj, data: _settle_from_psp(obj, data),
@@ -403,13 +385,6 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
         state = link(record, record.state) if record is not None else "record purged"
         return format_html("{} / {} ({})", obj.claim_principal_id, obj.claim_key, state)
 
-    @admin.display(description="events")
-    def events(self, obj: TopUp) -> str:
-        return link_to_list(OutboxEvent, "outbox events", q=obj.pk)
-
-    @admin.display(description="audit")
-    def audit(self, obj: TopUp) -> str:
-        return _audit_link("payments.topup", obj.pk)
 
 
 @admin.register(Adjustment)
@@ -475,7 +450,6 @@ class PaymentTokenAdmin(ReadOnlyAdmin):
     id_search = {"ptk": "id", "cus": "customer_id"}
     date_hierarchy = "created"
     fields = ("id", "customer", "created", "expires_at", "used_at")
-    readonly_fields = fields
     list_select_related = ("customer",)
 
 
@@ -496,7 +470,6 @@ class GatewayAccountAdmin(ReadOnlyAdmin):
     list_display = ("gateway", "active", "api_base", "created", "updated")
     list_filter = ("gateway", "active")
     fields = ("gateway", "active", "api_base", "created", "updated")
-    readonly_fields = fields
 
 
 @admin.register(PspWebhookEvent)

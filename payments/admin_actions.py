@@ -1,10 +1,9 @@
 """Staff actions in the back office: a button opens a confirmation page whose form carries
 an idempotency key of its own; confirming runs the action's one service call through
-idempotency.staff.staff_action_run (at most once per key, audited)."""
+idempotency.admin.staff_form_submit (at most once per key, audited)."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,17 +16,9 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from idempotency.errors import IdempotencyError
-from idempotency.staff import staff_action_run
-from wallets.errors import TallyError
+from idempotency.admin import StaffActionForm, staff_form_submit
 from wallets.models import StaffMember
 from wallets.services.principals import staff_member_get_or_create
-
-
-class StaffActionForm(forms.Form):
-    """Base of every confirmation form: the hidden idempotency key of this confirmation."""
-
-    idempotency_key = forms.CharField(widget=forms.HiddenInput, max_length=255)
 
 
 class ReasonForm(StaffActionForm):
@@ -89,36 +80,18 @@ class StaffActionsMixin(admin.ModelAdmin):  # type: ignore[type-arg]
         back = reverse(
             f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_change", args=[quote(obj.pk)], current_app=self.admin_site.name
         )
-        if request.method == "POST":
-            form = spec.form(request.POST)
-            if form.is_valid():
-                data = {k: v for k, v in form.cleaned_data.items() if k != "idempotency_key"}
-                try:
-                    result = staff_action_run(
-                        user_id=request.user.pk, action=spec.name, target=obj, idempotency_key=form.cleaned_data["idempotency_key"],
-                        data=data, fn=lambda: spec.run(request, obj, data), audit=spec.audit,
-                    )
-                except IdempotencyError as exc:
-                    # In use (a duplicate is running) or reused for other data: keep the key,
-                    # so this confirmation still acts at most once.
-                    form.add_error(None, exc.message)
-                except TallyError as exc:
-                    # Refused: nothing was done (the claim's transaction rolled back). The
-                    # corrected form gets a fresh key (the old one is bound to this data).
-                    form = spec.form({**request.POST.dict(), "idempotency_key": uuid.uuid4().hex})
-                    form.is_valid()
-                    form.add_error(None, exc.message)
-                else:
-                    if result.secret is not None:  # shown on this page only: never in a message cookie
-                        return TemplateResponse(request, "admin/tally/secret_shown.html", {
-                            **self.admin_site.each_context(request), "title": spec.label, "object": obj, "opts": self.model._meta,
-                            "message": result.message, "secret": result.secret, "replayed": result.replayed, "back_url": back,
-                        })
-                    prefix = "Already done (this confirmation was submitted before): " if result.replayed else ""
-                    self.message_user(request, prefix + result.message, level=messages.SUCCESS)
-                    return HttpResponseRedirect(back)
-        else:
-            form = spec.form(initial={"idempotency_key": uuid.uuid4().hex})
+        form, result = staff_form_submit(
+            request, spec.form, action=spec.name, target=obj, run=lambda data: spec.run(request, obj, data), audit=spec.audit
+        )
+        if result is not None:
+            if result.secret is not None:  # shown on this page only: never in a message cookie
+                return TemplateResponse(request, "admin/tally/secret_shown.html", {
+                    **self.admin_site.each_context(request), "title": spec.label, "object": obj, "opts": self.model._meta,
+                    "message": result.message, "secret": result.secret, "replayed": result.replayed, "back_url": back,
+                })
+            prefix = "Already done (this confirmation was submitted before): " if result.replayed else ""
+            self.message_user(request, prefix + result.message, level=messages.SUCCESS)
+            return HttpResponseRedirect(back)
         context = {
             **self.admin_site.each_context(request),
             "title": f"{spec.label}: {obj}",

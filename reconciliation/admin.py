@@ -72,18 +72,13 @@ def csv_streaming_response(rows: Iterable[list[Any]], filename: str) -> Streamin
     return response
 
 
-class _ReadOnly(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    pass
-
-
 @admin.register(ReconciliationRun)
-class ReconciliationRunAdmin(_ReadOnly):
+class ReconciliationRunAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("id", "created", "trigger", "status", "findings_count", "duration_ms", "requested_by", "findings_link", "csv_link")
     list_filter = ("status", "trigger")
     date_hierarchy = "created"
     fields = ("id", "trigger", "status", "requested_by", "created", "started_at", "finished_at", "duration_ms", "findings_count",
               "report_table", "metrics", "error", "findings_link", "csv_link")
-    readonly_fields = fields
     show_full_result_count = False
 
     @admin.display(description="report")
@@ -168,13 +163,12 @@ class ReconciliationRunAdmin(_ReadOnly):
 
 
 @admin.register(ReconciliationFinding)
-class ReconciliationFindingAdmin(_ReadOnly):
+class ReconciliationFindingAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("id", "run", "kind", "severity", "summary", "links")
     list_filter = ("kind", "severity", "check_name")
     search_fields = ("summary",)
     list_select_related = ("run",)
     fields = ("id", "run", "check_name", "kind", "severity", "summary", "details", "links", "created")
-    readonly_fields = fields
     show_full_result_count = False
 
     @admin.display(description="concerns")

@@ -83,10 +83,8 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def panels(self, obj: Tenant) -> SafeString:
         if obj.pk is None or obj.schema_name == get_public_schema_name() or not TENANT_PANELS:
             return format_html("{}", "-")
-        rendered: list[tuple[str, SafeString]] = []
         with schema_context(obj.schema_name):
-            for title, render in TENANT_PANELS.items():
-                rendered.append((title, _panel_render(obj.schema_name, title, render)))
+            rendered = [(title, _panel_render(obj.schema_name, title, render)) for title, render in TENANT_PANELS.items()]
         return format_html_join("", "<h3>{}</h3>{}", rendered)
 
     def get_queryset(self, request):  # type: ignore[no-untyped-def]

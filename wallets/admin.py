@@ -3,15 +3,13 @@ have staff actions, are registered by payments/admin.py beside those actions."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.apps import apps
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
-from wallets.adminkit import ReadOnlyAdmin, link, link_column, link_to_list, money, money_column
+from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, list_link_column, money, money_column
 from wallets.models import (
     Account,
     Asset,
@@ -79,16 +77,10 @@ class StaffMemberAdmin(ReadOnlyAdmin):
     id_search = {"stf": "id"}
 
 
-class BalanceInline(admin.TabularInline):  # type: ignore[type-arg]
+class BalanceInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Balance
-    extra = 0
-    can_delete = False
     fields = ("asset", "shard", "balance", "held", "frozen")
-    readonly_fields = fields
     ordering = ("asset", "shard")
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Account)
@@ -99,8 +91,8 @@ class AccountAdmin(ReadOnlyAdmin):
     list_select_related = ("customer", "merchant")
     date_hierarchy = "created"
     fields = ("id", "kind", "owner", "system_role", "frozen", "frozen_reason", "frozen_at", "balances", "entries", "created")
-    readonly_fields = fields
     inlines = [BalanceInline]
+    entries = staticmethod(list_link_column(LedgerEntry, "entries", "account", description="ledger entries"))
 
     @admin.display(description="owner")
     def owner(self, obj: Account) -> str:
@@ -110,20 +102,11 @@ class AccountAdmin(ReadOnlyAdmin):
     def balances(self, obj: Account) -> str:
         return balances_html(obj)
 
-    @admin.display(description="ledger entries")
-    def entries(self, obj: Account) -> str:
-        return link_to_list(LedgerEntry, "entries", account=obj.pk)
 
 
-class LedgerEntryInline(admin.TabularInline):  # type: ignore[type-arg]
+class LedgerEntryInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = LedgerEntry
-    extra = 0
-    can_delete = False
     fields = ("account_link", "asset", "amount_display", "created")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
         return super().get_queryset(request).select_related("account", "asset")
@@ -146,7 +129,6 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
     ordering = ("-id",)
     id_search = {"txn": "id"}
     fields = ("id", "kind", "reference_link", "created")
-    readonly_fields = fields
     inlines = [LedgerEntryInline]
 
     @admin.display(description="reference")
@@ -188,7 +170,6 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     search_fields = ("=target_id", "=actor", "=request_id")
     date_hierarchy = "created"
     fields = ("created", "actor", "action", "target_type", "target", "reason", "before", "after", "via", "ip", "request_id")
-    readonly_fields = fields
 
     # Short target types written by services -> their model ("app.model" types name it).
     TARGET_MODELS = {"customer": "wallets.customer", "api_key": "wallets.apikey", "adjustment": "payments.adjustment",
@@ -203,11 +184,6 @@ class AuditEntryAdmin(ReadOnlyAdmin):
             model = None
         target = model._default_manager.filter(pk=obj.target_id).first() if model is not None else None
         return link(target, obj.target_id) if target is not None else obj.target_id
-
-
-admin.site.site_header = "Tally back office"
-admin.site.site_title = "Tally back office"
-admin.site.index_title = "Wallets, payments, webhooks and the audit log"
 
 
 @admin.register(MerchantDailyTotal)

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.utils import quote
+from django.contrib.admin.options import BaseModelAdmin
+from django.contrib.admin.utils import flatten, quote
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Model, QuerySet
@@ -29,21 +30,15 @@ class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
     @cached_property
     def count(self) -> int:
         queryset = self.object_list
-        if isinstance(queryset, QuerySet) and not queryset.query.where:
-            estimate = table_row_estimate(table=queryset.model._meta.db_table)
-            if estimate > COUNT_CAP:
-                return estimate
-        if isinstance(queryset, QuerySet):
-            return int(queryset[: COUNT_CAP + 1].count())
-        return len(queryset)
-
-
-def table_row_estimate(*, table: str) -> int:
-    """The planner's row estimate of `table` in the current schema (-1/0 when never analysed)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [table])
-        row = cursor.fetchone()
-    return int(row[0]) if row and row[0] is not None else 0
+        if not isinstance(queryset, QuerySet):
+            return len(queryset)
+        if not queryset.query.where:
+            with connection.cursor() as cursor:  # the table in the current schema; -1 or 0 when never analysed
+                cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", [queryset.model._meta.db_table])
+                row = cursor.fetchone()
+            if row and row[0] is not None and row[0] > COUNT_CAP:
+                return int(row[0])
+        return int(queryset[: COUNT_CAP + 1].count())
 
 
 class TallyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -65,8 +60,13 @@ class TallyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return super().get_search_results(request, queryset, search_term)
 
 
-class ReadOnlyMixin:
-    """No add, change or delete in the admin: the rows change only through services."""
+class ReadOnlyMixin(BaseModelAdmin):  # type: ignore[type-arg]
+    """No add, change or delete in the admin: the rows change only through services (an
+    inline on a read-only page gets no extra rows). Every field shown is read-only (`fields`
+    may name the admin's own display methods)."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return flatten(self.fields) if self.fields else super().get_readonly_fields(request, obj)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -132,6 +132,16 @@ def link_to_list(model: type[Model], label: str, **filters: object) -> str:
     url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
     query = "&".join(f"{k}={v}" for k, v in filters.items())
     return format_html('<a href="{}?{}">{}</a>', url, query, label)
+
+
+def list_link_column(model: type[Model], label: str, field: str, *, description: str | None = None, **filters: object) -> Callable[[Any], str]:
+    """A column linking to `model`'s list of the rows whose `field` is this object (and `filters`)."""
+
+    def column(obj: Any) -> str:
+        return link_to_list(model, label, **filters, **{field: obj.pk})
+
+    column.short_description = description or label  # type: ignore[attr-defined]
+    return column
 
 
 def link_column(field: str) -> Callable[[Any], str]:

@@ -7,11 +7,11 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.http import HttpRequest
 
-from payments.admin_actions import StaffAction, StaffActionForm, StaffActionsMixin
+from idempotency.admin import StaffActionForm
+from payments.admin_actions import StaffAction, StaffActionsMixin
 from payments.models import OutboxEvent
-from wallets.adminkit import ReadOnlyAdmin, link_column
+from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link_column
 from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt, WebhookEndpoint, WebhookEndpointStatus
 from webhooks.services.deliveries import webhook_delivery_redeliver
 from webhooks.services.endpoints import MAX_ENDPOINT_CONCURRENCY, webhook_endpoint_concurrency_set, webhook_endpoint_update
@@ -45,7 +45,6 @@ class WebhookEndpointAdmin(StaffActionsMixin, ReadOnlyAdmin):
     list_select_related = ("merchant",)
     fields = ("id", "merchant", "url", "description", "enabled_events", "status", "max_concurrency", "disabled_reason",
               "previous_secret_expires_at", "created", "updated")
-    readonly_fields = fields
     staff_actions = (
         StaffAction("enable", "Enable (deliveries resume)", "webhooks.manage_webhookendpoint", StaffActionForm,
                     lambda request, obj, data: _status_set(obj, WebhookEndpointStatus.ENABLED),
@@ -59,15 +58,9 @@ class WebhookEndpointAdmin(StaffActionsMixin, ReadOnlyAdmin):
     )
 
 
-class WebhookDeliveryAttemptInline(admin.TabularInline):  # type: ignore[type-arg]
+class WebhookDeliveryAttemptInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = WebhookDeliveryAttempt
-    extra = 0
-    can_delete = False
     fields = ("attempted_at", "succeeded", "status_code", "latency_ms", "address", "error", "response_excerpt")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(WebhookDelivery)

@@ -9,12 +9,11 @@ from typing import Any
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
-from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apikit.base import AdminViewSet
-from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin
+from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin, object_action
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
 from payments.models import Adjustment, PendingAdjustment
@@ -31,6 +30,11 @@ TAG = ["admin"]
 def _permissions(view: str, **actions: str) -> dict[str, str]:
     """Reads need the model's view permission; `actions` name what each write needs."""
     return {"list": view, "retrieve": view, "metadata": view, **actions}
+
+
+def _customer(view: AdminViewSet, customer_id: str) -> Customer:
+    """The customer an action acts on (its contact is read only for the answer)."""
+    return wallet_selectors.customer_get(customer_id=customer_id)
 
 
 class CustomerViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
@@ -55,35 +59,26 @@ class CustomerViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     def object_get(self, customer_id: str) -> Customer:
         return customer_contact_attach(customer=wallet_selectors.customer_get(customer_id=customer_id))
 
-    @extend_schema(
-        tags=TAG, summary="Freeze a customer's wallet (payments, transfers, refunds, top-ups refused)", request=s.FreezeIn,
-        responses={200: s.CustomerOut},
+    @object_action(
+        TAG, summary="Freeze a customer's wallet (payments, transfers, refunds, top-ups refused)", body=s.FreezeIn, out=s.CustomerOut,
+        target=_customer,
     )
-    @action(detail=True, methods=["post"])
-    def freeze(self, request: Request, customer_id: str) -> Response:
-        customer = wallet_selectors.customer_get(customer_id=customer_id)
-        data = self.validated(s.FreezeIn)
+    def freeze(self, customer: Customer, data: dict[str, Any]) -> Customer:
         freezes.wallet_freeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, self.object_get(customer_id))
+        return self.object_get(customer.pk)
 
-    @extend_schema(tags=TAG, summary="Lift a freeze", request=s.UnfreezeIn, responses={200: s.CustomerOut})
-    @action(detail=True, methods=["post"])
-    def unfreeze(self, request: Request, customer_id: str) -> Response:
-        customer = wallet_selectors.customer_get(customer_id=customer_id)
-        data = self.validated(s.UnfreezeIn)
+    @object_action(TAG, summary="Lift a freeze", body=s.UnfreezeIn, out=s.CustomerOut, target=_customer)
+    def unfreeze(self, customer: Customer, data: dict[str, Any]) -> Customer:
         freezes.wallet_unfreeze(customer=customer, staff=self.staff, reason=data["reason"])
-        return self.render(s.CustomerOut, self.object_get(customer_id))
+        return self.object_get(customer.pk)
 
-    @extend_schema(
-        tags=TAG, summary="Set, clear or keep a customer's email and phone (a field left out is unchanged; null clears it)",
-        request=s.ContactUpdateIn, responses={200: s.CustomerOut},
+    @object_action(
+        TAG, summary="Set, clear or keep a customer's email and phone (a field left out is unchanged; null clears it)",
+        body=s.ContactUpdateIn, out=s.CustomerOut, target=_customer,
     )
-    @action(detail=True, methods=["post"])
-    def contact(self, request: Request, customer_id: str) -> Response:
-        customer = wallet_selectors.customer_get(customer_id=customer_id)
-        data = self.validated(s.ContactUpdateIn)
+    def contact(self, customer: Customer, data: dict[str, Any]) -> Customer:
         contact_services.customer_contact_update(customer_id=customer.pk, **data)
-        return self.render(s.CustomerOut, self.object_get(customer_id))
+        return self.object_get(customer.pk)
 
 
 class MerchantViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
@@ -165,26 +160,17 @@ class ApiKeyViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     def object_get(self, api_key_id: str) -> ApiKey:
         return wallet_selectors.api_key_get(api_key_id=api_key_id)
 
-    @extend_schema(
-        tags=TAG, summary="Rotate a key: a new key now, the old one keeps working for the overlap window",
-        request=s.ApiKeyRotateIn, responses={201: s.ApiKeyRotatedOut},
+    @object_action(
+        TAG, summary="Rotate a key: a new key now, the old one keeps working for the overlap window", body=s.ApiKeyRotateIn,
+        out=s.ApiKeyRotatedOut, status=201,
     )
-    @action(detail=True, methods=["post"])
-    def rotate(self, request: Request, api_key_id: str) -> Response:
-        old = self.object_get(api_key_id)
-        data = self.validated(s.ApiKeyRotateIn)
-        new_key, raw_key = party_services.api_key_rotate(
-            api_key=old, issuer=self.staff_login, overlap=timedelta(seconds=data["overlap_seconds"])
-        )
-        return self.render(s.ApiKeyRotatedOut, _with_key(new_key, raw_key, replaces=old), status=201)
+    def rotate(self, old: ApiKey, data: dict[str, Any]) -> ApiKey:
+        new_key, raw_key = party_services.api_key_rotate(api_key=old, issuer=self.staff_login, overlap=timedelta(seconds=data["overlap_seconds"]))
+        return _with_key(new_key, raw_key, replaces=old)
 
-    @extend_schema(tags=TAG, summary="Revoke a key now", request=s.EmptyIn, responses={200: s.ApiKeyOut})
-    @action(detail=True, methods=["post"])
-    def revoke(self, request: Request, api_key_id: str) -> Response:
-        api_key = self.object_get(api_key_id)
-        self.validated(s.EmptyIn)
-        api_key = party_services.api_key_revoke(api_key=api_key)
-        return self.render(s.ApiKeyOut, api_key)
+    @object_action(TAG, summary="Revoke a key now", body=s.EmptyIn, out=s.ApiKeyOut)
+    def revoke(self, api_key: ApiKey, data: dict[str, Any]) -> ApiKey:
+        return party_services.api_key_revoke(api_key=api_key)
 
 
 def _with_key(api_key: ApiKey, raw_key: str, **extra: Any) -> ApiKey:
@@ -240,23 +226,17 @@ class PendingAdjustmentViewSet(ListMixin, RetrieveMixin, AdminViewSet):
     def object_get(self, pending_adjustment_id: str) -> PendingAdjustment:
         return payment_selectors.pending_adjustment_get(pending_id=pending_adjustment_id)
 
-    @extend_schema(
-        tags=TAG, summary="Approve and post another staff member's held adjustment (never your own)", request=s.EmptyIn,
-        responses={200: s.PendingAdjustmentOut},
+    @object_action(
+        TAG, summary="Approve and post another staff member's held adjustment (never your own)", body=s.EmptyIn,
+        out=s.PendingAdjustmentOut,
     )
-    @action(detail=True, methods=["post"])
-    def approve(self, request: Request, pending_adjustment_id: str) -> Response:
-        pending = self.object_get(pending_adjustment_id)
-        self.validated(s.EmptyIn)
+    def approve(self, pending: PendingAdjustment, data: dict[str, Any]) -> PendingAdjustment:
         approvals.pending_adjustment_approve(pending=pending, checker=self.staff)
-        return self.render(s.PendingAdjustmentOut, self.object_get(pending_adjustment_id))
+        return self.object_get(pending.pk)
 
-    @extend_schema(
-        tags=TAG, summary="Reject another staff member's held adjustment (nothing is posted)", request=s.PendingAdjustmentRejectIn,
-        responses={200: s.PendingAdjustmentOut},
+    @object_action(
+        TAG, summary="Reject another staff member's held adjustment (nothing is posted)", body=s.PendingAdjustmentRejectIn,
+        out=s.PendingAdjustmentOut,
     )
-    @action(detail=True, methods=["post"])
-    def reject(self, request: Request, pending_adjustment_id: str) -> Response:
-        pending = self.object_get(pending_adjustment_id)
-        data = self.validated(s.PendingAdjustmentRejectIn)
-        return self.render(s.PendingAdjustmentOut, approvals.pending_adjustment_reject(pending=pending, checker=self.staff, reason=data["reason"]))
+    def reject(self, pending: PendingAdjustment, data: dict[str, Any]) -> PendingAdjustment:
+        return approvals.pending_adjustment_reject(pending=pending, checker=self.staff, reason=data["reason"])

@@ -10,7 +10,6 @@ from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -18,7 +17,7 @@ from apikit.base import CustomerViewSet
 from apikit.idempotency import request_id_of
 from apikit.pagination import ListParamsSerializer
 from apikit.schema import ErrorSerializer
-from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin
+from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin, object_action
 from idempotency.engine import IdempotencyContext
 from idempotency.errors import IdempotencyKeyMissing
 from payments import selectors as payment_selectors
@@ -61,7 +60,7 @@ class ContactViewSet(CustomerViewSet):
 
 
 class TransactionViewSet(ListMixin, CustomerViewSet):
-    out, list_params = s.TransactionOut, s.TransactionListParams
+    out, list_params = s.TransactionOut, s.AssetListParams
     summaries = {"list": "Wallet history (ledger entries), newest first"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[LedgerEntry]:
@@ -164,7 +163,7 @@ class TopUpViewSet(CustomerViewSet):
 
 class PaymentViewSet(ListMixin, RetrieveMixin, CustomerViewSet):
     lookup_url_kwarg = "payment_id"
-    out, list_params = s.PaymentOut, s.PaymentListParams
+    out, list_params = s.PaymentOut, s.AssetListParams
     summaries = {"list": "The customer's payments", "retrieve": "Retrieve one of the customer's payments"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[Payment]:
@@ -206,10 +205,6 @@ class MandateViewSet(ListMixin, CreateMixin, RetrieveMixin, CustomerViewSet):
     def object_get(self, mandate_id: str) -> Mandate:
         return payment_selectors.mandate_get(mandate_id=mandate_id, customer_id=self.customer.pk)
 
-    @extend_schema(tags=TAG, summary="Revoke a mandate: the merchant's next charge by customer id is refused", request=s.EmptyIn,
-                   responses={200: s.MandateOut})
-    @action(detail=True, methods=["post"])
-    def revoke(self, request: Request, mandate_id: str) -> Response:
-        mandate = self.object_get(mandate_id)
-        self.validated(s.EmptyIn)
-        return self.render(s.MandateOut, mandates.mandate_revoke(mandate=mandate))
+    @object_action(TAG, summary="Revoke a mandate: the merchant's next charge by customer id is refused", body=s.EmptyIn, out=s.MandateOut)
+    def revoke(self, mandate: Mandate, data: dict[str, Any]) -> Mandate:
+        return mandates.mandate_revoke(mandate=mandate)

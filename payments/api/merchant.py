@@ -13,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apikit.base import MerchantViewSet
-from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin
+from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin, object_action
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
 from payments.models import Payment, PaymentIntent, Refund
@@ -69,7 +69,7 @@ class BalanceViewSet(MerchantViewSet):
 
 class PaymentViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
     lookup_url_kwarg = "payment_id"
-    out, list_params = s.PaymentOut, s.PaymentListParams
+    out, list_params = s.PaymentOut, s.AssetListParams
     summaries = {"list": "The merchant's payments", "retrieve": "Retrieve one of the merchant's payments"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[Payment]:
@@ -121,51 +121,29 @@ class PaymentIntentViewSet(ListMixin, CreateMixin, RetrieveMixin, MerchantViewSe
     def object_get(self, intent_id: str) -> PaymentIntent:
         return payment_selectors.payment_intent_get(intent_id=intent_id, merchant_id=self.merchant_id)
 
-    @extend_schema(
-        tags=TAG, summary="Change the amount (only while created)", request=s.PaymentIntentUpdateIn, responses={200: s.PaymentIntentOut}
-    )
-    def update(self, request: Request, intent_id: str) -> Response:
-        intent = self.object_get(intent_id)  # another merchant's intent is a 404 whatever the body
-        data = self.validated(s.PaymentIntentUpdateIn)
-        intent = intents.payment_intent_update_amount(intent=intent, amount=data["amount"])
-        return self.render(s.PaymentIntentOut, intent)
+    @object_action(TAG, summary="Change the amount (only while created)", body=s.PaymentIntentUpdateIn, out=s.PaymentIntentOut, route=False)
+    def update(self, intent: PaymentIntent, data: dict[str, Any]) -> PaymentIntent:
+        return intents.payment_intent_update_amount(intent=intent, amount=data["amount"])
 
-    @extend_schema(
-        tags=TAG, summary="Confirm: charge now (automatic capture) or hold the funds (manual capture)",
-        request=s.EmptyIn, responses={200: s.PaymentIntentOut},
+    @object_action(
+        TAG, summary="Confirm: charge now (automatic capture) or hold the funds (manual capture)", body=s.EmptyIn, out=s.PaymentIntentOut
     )
-    @action(detail=True, methods=["post"])
-    def confirm(self, request: Request, intent_id: str) -> Response:
-        intent = self.object_get(intent_id)
-        self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, intents.payment_intent_confirm(intent=intent))
+    def confirm(self, intent: PaymentIntent, data: dict[str, Any]) -> PaymentIntent:
+        return intents.payment_intent_confirm(intent=intent)
 
-    @extend_schema(
-        tags=TAG, summary="Authorize a manual-capture intent: hold the amount on the customer's wallet",
-        request=s.EmptyIn, responses={200: s.PaymentIntentOut},
+    @object_action(
+        TAG, summary="Authorize a manual-capture intent: hold the amount on the customer's wallet", body=s.EmptyIn, out=s.PaymentIntentOut
     )
-    @action(detail=True, methods=["post"])
-    def authorize(self, request: Request, intent_id: str) -> Response:
-        intent = self.object_get(intent_id)
-        self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, intents.payment_intent_authorize(intent=intent))
+    def authorize(self, intent: PaymentIntent, data: dict[str, Any]) -> PaymentIntent:
+        return intents.payment_intent_authorize(intent=intent)
 
-    @extend_schema(
-        tags=TAG, summary="Capture an authorized intent, fully or partly (the rest is released)",
-        request=s.PaymentIntentCaptureIn, responses={200: s.PaymentIntentOut},
+    @object_action(
+        TAG, summary="Capture an authorized intent, fully or partly (the rest is released)", body=s.PaymentIntentCaptureIn,
+        out=s.PaymentIntentOut,
     )
-    @action(detail=True, methods=["post"])
-    def capture(self, request: Request, intent_id: str) -> Response:
-        intent = self.object_get(intent_id)
-        data = self.validated(s.PaymentIntentCaptureIn)
-        intent = intents.payment_intent_capture(intent=intent, amount=data.get("amount_to_capture"))
-        return self.render(s.PaymentIntentOut, intent)
+    def capture(self, intent: PaymentIntent, data: dict[str, Any]) -> PaymentIntent:
+        return intents.payment_intent_capture(intent=intent, amount=data.get("amount_to_capture"))
 
-    @extend_schema(
-        tags=TAG, summary="Cancel a created or authorized intent (releases any hold)", request=s.EmptyIn, responses={200: s.PaymentIntentOut}
-    )
-    @action(detail=True, methods=["post"])
-    def cancel(self, request: Request, intent_id: str) -> Response:
-        intent = self.object_get(intent_id)
-        self.validated(s.EmptyIn)
-        return self.render(s.PaymentIntentOut, intents.payment_intent_cancel(intent=intent))
+    @object_action(TAG, summary="Cancel a created or authorized intent (releases any hold)", body=s.EmptyIn, out=s.PaymentIntentOut)
+    def cancel(self, intent: PaymentIntent, data: dict[str, Any]) -> PaymentIntent:
+        return intents.payment_intent_cancel(intent=intent)

@@ -393,11 +393,7 @@ class CustomerListParams(ListParamsSerializer):
     email = S.EmailField(required=False, max_length=254, help_text="Only customers with this email (case-insensitive).")
 
 
-class TransactionListParams(ListParamsSerializer):
-    asset = AssetFilterField(required=False)
-
-
-class PaymentListParams(ListParamsSerializer):
+class AssetListParams(ListParamsSerializer):  # payments and wallet history
     asset = AssetFilterField(required=False)
 
 

@@ -17,7 +17,7 @@ from payments.services import charges, refunds
 
 class PaymentViewSet(ListMixin, CreateMixin, RetrieveMixin, TerminalViewSet):
     lookup_url_kwarg = "payment_id"
-    out, list_params, create_in = s.PaymentOut, s.PaymentListParams, s.TerminalPaymentCreateIn
+    out, list_params, create_in = s.PaymentOut, s.AssetListParams, s.TerminalPaymentCreateIn
     summaries = {
         "list": "Payments taken at this terminal's store", "create": "Take a payment from a customer (scanned payment token, or customer id)",
         "retrieve": "Retrieve a payment of this terminal's store",

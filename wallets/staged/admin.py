@@ -12,10 +12,7 @@ from wallets.models import StagedMigrationState
 @admin.register(StagedMigrationState)
 class StagedMigrationStateAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     list_display = ("name", "phase", "phase_changed_at", "progress", "rows_written", "backfill_seconds", "verify_ok", "verified_at")
-    readonly_fields = (
-        "name", "phase", "phase_changed_at", "cursor", "rows_total", "rows_done", "rows_written", "backfill_started_at",
-        "backfill_finished_at", "backfill_seconds", "verified_at", "verify_ok", "verify_report", "history", "discard_pending", "updated",
-    )
+    readonly_fields = [f.name for f in StagedMigrationState._meta.fields]
 
     @admin.display(description="backfill")
     def progress(self, obj: StagedMigrationState) -> str:

@@ -44,28 +44,14 @@ def tally_date_hierarchy(cl: Any) -> dict[str, Any]:
         y, m = int(year), int(month)
         days = [datetime.date(y, m, d) for d in range(1, calendar.monthrange(y, m)[1] + 1)]
         days = [d for d in days if first.date() <= d <= last.date()] or days
-        return {
-            "show": True,
-            "back": {"link": link({year_field: y}), "title": str(y)},
-            "choices": [
-                {"link": link({year_field: y, month_field: m, day_field: d.day}), "title": capfirst(formats.date_format(d, "MONTH_DAY_FORMAT"))}
-                for d in days
-            ],
-        }
-    if year:
+        back = {"link": link({year_field: y}), "title": str(y)}
+        choices = [(link({year_field: y, month_field: m, day_field: d.day}), formats.date_format(d, "MONTH_DAY_FORMAT")) for d in days]
+    elif year:
         y = int(year)
         months = [datetime.date(y, m, 1) for m in range(1, 13)]
         months = [d for d in months if (first.year, first.month) <= (d.year, d.month) <= (last.year, last.month)] or months
-        return {
-            "show": True,
-            "back": {"link": link({}), "title": "All dates"},
-            "choices": [
-                {"link": link({year_field: y, month_field: d.month}), "title": capfirst(formats.date_format(d, "YEAR_MONTH_FORMAT"))}
-                for d in months
-            ],
-        }
-    return {
-        "show": True,
-        "back": None,
-        "choices": [{"link": link({year_field: str(y)}), "title": str(y)} for y in range(first.year, last.year + 1)],
-    }
+        back = {"link": link({}), "title": "All dates"}
+        choices = [(link({year_field: y, month_field: d.month}), formats.date_format(d, "YEAR_MONTH_FORMAT")) for d in months]
+    else:
+        back, choices = None, [(link({year_field: str(y)}), str(y)) for y in range(first.year, last.year + 1)]
+    return {"show": True, "back": back, "choices": [{"link": url, "title": capfirst(title)} for url, title in choices]}

@@ -14,12 +14,12 @@ from rest_framework.response import Response
 
 from apikit.base import MerchantViewSet
 from apikit.pagination import ListParamsSerializer
-from apikit.viewsets import ListMixin, RetrieveMixin
+from apikit.viewsets import ListMixin, RetrieveMixin, object_action
 from payments.models import OutboxEvent
 from wallets import selectors as wallet_selectors
 from webhooks import selectors as webhook_selectors
 from webhooks.api import serializers as s
-from webhooks.models import WebhookEndpoint
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.services import deliveries as delivery_services
 from webhooks.services import endpoints as webhook_services
 
@@ -53,23 +53,18 @@ class WebhookEndpointViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
         )
         return self.render(s.WebhookEndpointOut, endpoint, status=201, secret=secret)
 
-    @extend_schema(tags=TAG, summary="Update a webhook endpoint", request=s.WebhookEndpointUpdateIn, responses={200: s.WebhookEndpointOut})
-    def update(self, request: Request, endpoint_id: str) -> Response:
-        endpoint = self.object_get(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
-        data = self.validated(s.WebhookEndpointUpdateIn)
-        endpoint = webhook_services.webhook_endpoint_update(endpoint=endpoint, **data)
-        return self.render(s.WebhookEndpointOut, endpoint)
+    @object_action(TAG, summary="Update a webhook endpoint", body=s.WebhookEndpointUpdateIn, out=s.WebhookEndpointOut, route=False)
+    def update(self, endpoint: WebhookEndpoint, data: dict[str, Any]) -> WebhookEndpoint:
+        return webhook_services.webhook_endpoint_update(endpoint=endpoint, **data)
 
-    @extend_schema(
-        tags=TAG, summary="Rotate the signing secret (the new one is shown once; the old one signs during the overlap)",
-        request=s.WebhookSecretRotateIn, responses={200: s.WebhookEndpointWithSecretOut},
+    @object_action(
+        TAG, summary="Rotate the signing secret (the new one is shown once; the old one signs during the overlap)",
+        body=s.WebhookSecretRotateIn, out=s.WebhookEndpointWithSecretOut,
     )
-    @action(detail=True, methods=["post"])
-    def rotate_secret(self, request: Request, endpoint_id: str) -> Response:
-        endpoint = self.object_get(endpoint_id)
-        data = self.validated(s.WebhookSecretRotateIn)
+    def rotate_secret(self, endpoint: WebhookEndpoint, data: dict[str, Any]) -> WebhookEndpoint:
         endpoint, secret = webhook_services.webhook_endpoint_secret_rotate(endpoint=endpoint, overlap=timedelta(seconds=data["overlap_seconds"]))
-        return self.render(s.WebhookEndpointOut, endpoint, secret=secret)
+        endpoint.secret = secret  # type: ignore[attr-defined]  # in this answer only, never stored
+        return endpoint
 
     @extend_schema(
         tags=TAG, summary="List an endpoint's webhook deliveries (newest first)",
@@ -81,16 +76,13 @@ class WebhookEndpointViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
         self.query(ListParamsSerializer)
         return self.list_response(deliveries, s.WebhookDeliveryOut)
 
-    @extend_schema(
-        tags=TAG, summary="Send one of the endpoint's deliveries again (due now, with a fresh retry window)",
-        request=s.WebhookRedeliverIn, responses={200: s.WebhookDeliveryOut},
+    @object_action(
+        TAG, summary="Send one of the endpoint's deliveries again (due now, with a fresh retry window)", body=s.WebhookRedeliverIn,
+        out=s.WebhookDeliveryOut,
     )
-    @action(detail=True, methods=["post"])
-    def redeliver(self, request: Request, endpoint_id: str) -> Response:
-        self.object_get(endpoint_id)  # another merchant's endpoint is a 404 whatever the body
-        data = self.validated(s.WebhookRedeliverIn)
-        delivery = webhook_selectors.webhook_delivery_get(merchant_id=self.merchant_id, endpoint_id=endpoint_id, delivery_id=data["delivery"])
-        return self.render(s.WebhookDeliveryOut, delivery_services.webhook_delivery_redeliver(delivery=delivery))
+    def redeliver(self, endpoint: WebhookEndpoint, data: dict[str, Any]) -> WebhookDelivery:
+        delivery = webhook_selectors.webhook_delivery_get(merchant_id=self.merchant_id, endpoint_id=endpoint.pk, delivery_id=data["delivery"])
+        return delivery_services.webhook_delivery_redeliver(delivery=delivery)
 
 
 class EventViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
