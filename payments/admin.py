@@ -42,11 +42,13 @@ from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
 from tenants.admin import tenant_panel_register
+from tenants.models import SETTLEMENT_DELAY_MAX_DAYS
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, list_link_column, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
-from wallets.services.principals import api_key_revoke, api_key_rotate
+from wallets.selectors import merchant_funds, merchant_settlement_delay_days
+from wallets.services.principals import api_key_revoke, api_key_rotate, merchant_settlement_delay_set
 
 
 def _audit_column(target_type: str) -> Callable[[Any], str]:
@@ -146,20 +148,49 @@ class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
         return " · ".join(p for p in parts if p)
 
 
+class SettlementDelayForm(OptionalReasonForm):
+    settlement_delay_days = forms.IntegerField(
+        min_value=0, max_value=SETTLEMENT_DELAY_MAX_DAYS, required=False, help_text="Days; empty: the tenant's setting applies."
+    )
+
+
+def _settlement_delay(request: HttpRequest, merchant: Merchant, data: dict[str, Any]) -> str:
+    merchant_settlement_delay_set(merchant=merchant, days=data["settlement_delay_days"])
+    return f"Settlement delay of {merchant.pk}: {merchant_settlement_delay_days(merchant=merchant)} days"
+
+
 @admin.register(Merchant)
 class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
     list_display = ("id", "name", "balances", "stores", "created")
     search_fields = ("name",)
     id_search = {"mer": "id"}
     date_hierarchy = "created"
-    fields = ("id", "name", "created", "balances", "stores", "payments")
-    staff_actions = (_adjust_action("merchant"),)
+    fields = ("id", "name", "created", "balances", "funds", "settlement_delay", "stores", "payments")
+    staff_actions = (
+        _adjust_action("merchant"),
+        StaffAction("settlement_delay", "Set settlement delay", "wallets.change_merchant", SettlementDelayForm, _settlement_delay,
+                    description="How many days the merchant's credits stay pending before they are available; empty: the tenant's."),
+    )
     stores = staticmethod(list_link_column(Store, "stores", "merchant"))
     payments = staticmethod(list_link_column(Payment, "payments", "merchant"))
 
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Merchant) -> str:
         return balances_html(Account.objects.filter(merchant=obj).first())
+
+    @admin.display(description="available / pending")
+    def funds(self, obj: Merchant) -> str:
+        assets = {a.code: a for a in Asset.objects.all()}
+        return format_html_join(
+            "<br>", "{}: {} available, {} pending",
+            ((f.asset_code, money(f.available, assets[f.asset_code]), money(f.pending, assets[f.asset_code]))
+             for f in merchant_funds(merchant=obj) if f.balance),
+        ) or "-"
+
+    @admin.display(description="settlement delay")
+    def settlement_delay(self, obj: Merchant) -> str:
+        days = merchant_settlement_delay_days(merchant=obj)
+        return f"{days} days" + (" (the tenant's)" if obj.settlement_delay_days is None else "")
 
 
 # --- API keys (wallets) ---------------------------------------------------------------------

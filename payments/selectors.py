@@ -27,7 +27,7 @@ from payments.models import (
 )
 from wallets.errors import NotFound
 from wallets.models import Account, Customer, LedgerEntry, Merchant, StaffMember
-from wallets.selectors import BalanceLine, account_balance_lines
+from wallets.selectors import BalanceLine, account_balance_lines, merchant_funds
 
 M = TypeVar("M", bound=Model)
 
@@ -43,8 +43,16 @@ def wallet_balances(*, customer: Customer) -> list[BalanceLine]:
     return account_balance_lines(account=Account.objects.get(customer_id=customer.pk))
 
 
-def merchant_balances(*, merchant: Merchant) -> list[BalanceLine]:
-    return account_balance_lines(account=Account.objects.get(merchant_id=merchant.pk))
+class MerchantBalanceLine(BalanceLine):
+    pending: int
+
+
+def merchant_balances(*, merchant: Merchant) -> list[MerchantBalanceLine]:
+    """Every asset, its available and pending split (wallets.selectors.merchant_funds)."""
+    return [
+        {"asset": f.asset_code, "balance": f.balance, "available": f.available, "pending": f.pending, "held": f.held}
+        for f in merchant_funds(merchant=merchant)
+    ]
 
 
 def carbon_impact_grams(*, customer: Customer | None = None, merchant: Merchant | None = None) -> int:

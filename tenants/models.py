@@ -13,6 +13,8 @@ from django_tenants.utils import get_creation_fakes_migrations, schema_exists
 from tenants.approvals import ApprovalSettingInvalid, approval_settings_validate
 from tenants.schemas import SchemaCloneRefused, schema_clone, schemas_missing_migrations
 
+SETTLEMENT_DELAY_MAX_DAYS = 60
+
 
 class IdempotencyMode(models.TextChoices):
     MANDATORY = "mandatory", "Mandatory (400 without a key)"
@@ -49,6 +51,12 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     # SPEC 4: charging by bare customer id instead of the single-use payment token (the QR) is
     # allowed only where the tenant turns this on, or the customer granted that merchant a mandate.
     charge_by_customer_id = models.BooleanField(default=False)
+    # Days a merchant's credits stay pending before they are available (wallets.selectors.merchant_funds); a merchant may override it.
+    settlement_delay_days = models.PositiveSmallIntegerField(
+        default=2, validators=[MaxValueValidator(SETTLEMENT_DELAY_MAX_DAYS)],
+        help_text=f"Days (0 to {SETTLEMENT_DELAY_MAX_DAYS}) a merchant's credits stay pending before they are available for payout;"
+        " a merchant may override it (its page in the tenant's admin).",
+    )
     extra_settings = models.JSONField(default=dict, blank=True)  # what a later feature needs before it earns a column
 
     auto_create_schema = True
@@ -56,6 +64,9 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
 
     class Meta:
         ordering = ["schema_name"]
+        constraints = [
+            models.CheckConstraint(condition=models.Q(settlement_delay_days__lte=SETTLEMENT_DELAY_MAX_DAYS), name="tenant_settlement_delay_days_max"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.schema_name})"

@@ -7,6 +7,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
+from tenants.models import SETTLEMENT_DELAY_MAX_DAYS
 from wallets import ids
 from wallets.abstract import PrefixedIdModel
 
@@ -67,9 +68,16 @@ class CustomerLegacyContact(models.Model):
 
 class Merchant(PrefixedIdModel, new_id=ids.new_merchant_id):
     name = models.CharField(max_length=200)
+    # None: the tenant's settlement delay applies (wallets.selectors.merchant_settlement_delay_days).
+    settlement_delay_days = models.PositiveSmallIntegerField(null=True, blank=True, validators=[MaxValueValidator(SETTLEMENT_DELAY_MAX_DAYS)])
 
     class Meta:
         ordering = ["created", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(settlement_delay_days__lte=SETTLEMENT_DELAY_MAX_DAYS), name="merchant_settlement_delay_days_max"
+            ),
+        ]
 
 
 class Store(PrefixedIdModel, new_id=ids.new_store_id):

@@ -4,8 +4,9 @@ for an object that does not exist *or* belongs to someone else (SPEC 4)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, time, timedelta
 from typing import Any, TypedDict, TypeVar
 
 from django.apps import apps
@@ -14,8 +15,27 @@ from django.db import connection
 from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
+from tenants.selectors import tenant_current
+from wallets.daily_totals import MIGRATION as DAILY_TOTALS
+from wallets.daily_totals import utc_day
 from wallets.errors import AssetUnknown, NotFound
-from wallets.models import Account, AccountKind, ApiKey, Asset, Balance, Customer, Merchant, PrincipalType, StaffMember, Store, SystemRole, Terminal
+from wallets.models import (
+    Account,
+    AccountKind,
+    ApiKey,
+    Asset,
+    Balance,
+    Customer,
+    LedgerEntry,
+    Merchant,
+    MerchantDailyTotal,
+    PrincipalType,
+    StaffMember,
+    Store,
+    SystemRole,
+    Terminal,
+)
+from wallets.staged.phases import reads_new, staged_phase
 
 M = TypeVar("M", bound=Model)
 
@@ -317,3 +337,70 @@ def account_balance_lines(*, account: Account) -> list[BalanceLine]:
         balance, held = totals.get(code, (0, 0))
         lines.append({"asset": code, "balance": balance, "available": balance - held, "held": held})
     return lines
+
+
+@dataclass(frozen=True)
+class MerchantFunds:
+    """A merchant's funds in one asset: available + pending = balance - held, both >= 0 (a
+    merchant's balance covers its held, a CHECK). Credits younger than the settlement delay
+    are pending, and debits draw on available first (docs/ARCHITECTURE.md, "Pending and available")."""
+
+    asset_code: str
+    balance: int
+    held: int
+    pending: int
+    available: int
+
+    @classmethod
+    def of(cls, *, asset_code: str, balance: int, held: int, recent_credits: int) -> MerchantFunds:
+        """The split of `balance` and `held` (locked or read sums) given the credits of the
+        settlement delay's window (`merchant_recent_credits`). Pure: no query."""
+        available = max(0, balance - held - recent_credits)
+        return cls(asset_code=asset_code, balance=balance, held=held, pending=balance - held - available, available=available)
+
+
+def merchant_settlement_delay_days(*, merchant: Merchant) -> int:
+    """The merchant's override, else its tenant's setting. Pass the merchant as read now
+    (`merchant_get`), not an API key's cached principal."""
+    if merchant.settlement_delay_days is not None:
+        return int(merchant.settlement_delay_days)
+    return int(tenant_current().settlement_delay_days)
+
+
+def merchant_recent_credits(*, account_id: str, asset_code: str, delay_days: int, now: datetime) -> int:
+    """What the merchant account was credited in `asset_code` that is still pending at `now`:
+    a credit on UTC day D is available from 00:00 UTC of D + `delay_days`. No lock."""
+    return _recent_credits(account_id=account_id, asset_codes=[asset_code], delay_days=delay_days, now=now).get(asset_code, 0)
+
+
+def _recent_credits(*, account_id: str, asset_codes: list[str], delay_days: int, now: datetime) -> dict[str, int]:
+    """Credits per asset of the window's UTC days (from today - delay + 1 on): from the daily
+    totals once the tenant reads them (verify proved them complete), else from the window's
+    ledger entries alone (the (account, created) index). Never the whole history."""
+    if delay_days <= 0 or not asset_codes:
+        return {}
+    first_day = utc_day(now) - timedelta(days=delay_days - 1)
+    rows: Iterable[Mapping[str, Any]]
+    if reads_new(staged_phase(DAILY_TOTALS)):
+        days = MerchantDailyTotal.objects.filter(account_id=account_id, asset_id__in=asset_codes, day__gte=first_day)
+        rows = days.values("asset_id").annotate(total=Sum("credited"))
+    else:
+        since = datetime.combine(first_day, time.min, tzinfo=UTC)
+        entries = LedgerEntry.objects.filter(account_id=account_id, created__gte=since, asset_id__in=asset_codes, amount__gt=0)
+        rows = entries.values("asset_id").annotate(total=Sum("amount"))
+    return {str(row["asset_id"]): int(row["total"]) for row in rows}
+
+
+def merchant_funds(*, merchant: Merchant, now: datetime | None = None) -> list[MerchantFunds]:
+    """The merchant's funds per asset (every account has a row per asset), main currency first.
+    Reads, no lock: a payout locks the balance rows and splits their sums itself."""
+    account = Account.objects.only("pk").get(merchant_id=merchant.pk)
+    # Balances before the window's credits: a credit committed in between only errs toward pending.
+    lines = account_balance_lines(account=account)
+    delay = merchant_settlement_delay_days(merchant=merchant)
+    spendable = [line["asset"] for line in lines if line["balance"] > line["held"]]
+    recent = _recent_credits(account_id=account.pk, asset_codes=spendable, delay_days=delay, now=now or timezone.now())
+    return [
+        MerchantFunds.of(asset_code=line["asset"], balance=line["balance"], held=line["held"], recent_credits=recent.get(line["asset"], 0))
+        for line in lines
+    ]

@@ -50,7 +50,10 @@ class TerminalViewSet(ListMixin, RetrieveMixin, MerchantViewSet):
 
 
 class BalanceViewSet(MerchantViewSet):
-    @extend_schema(tags=TAG, summary="The merchant's balances per asset", responses=s.MerchantBalanceOut)
+    @extend_schema(
+        tags=TAG, summary="The merchant's balances per asset, each split into available and pending by the settlement delay",
+        responses=s.MerchantBalanceOut,
+    )
     def list(self, request: Request) -> Response:
         merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
         return self.render(s.MerchantBalanceOut, {"merchant": merchant.pk, "balances": payment_selectors.merchant_balances(merchant=merchant)})

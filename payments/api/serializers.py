@@ -241,10 +241,16 @@ class WalletOut(Serializer):
     balances = BalanceOut(many=True)
 
 
+class MerchantBalanceLineOut(BalanceOut):
+    available = S.IntegerField(help_text="What may be paid out now: balance - held - pending.")
+    pending = S.IntegerField(help_text="Credits younger than the settlement delay (a credit on UTC day D is available from 00:00 UTC of"
+                             " D + delay), less what debits took beyond available.")
+
+
 class MerchantBalanceOut(Serializer):
     object = ConstField("balance")
     merchant = S.CharField()
-    balances = BalanceOut(many=True)
+    balances = MerchantBalanceLineOut(many=True)
 
 
 class DailyTotalOut(Serializer):

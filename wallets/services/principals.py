@@ -11,10 +11,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from tenants.models import SETTLEMENT_DELAY_MAX_DAYS
 from wallets import ids
 from wallets.contacts import MIGRATION as CONTACTS_MIGRATION
 from wallets.contacts import contact_new_fields
-from wallets.errors import InvalidState, NotPermitted
+from wallets.errors import InvalidRequest, InvalidState, NotPermitted
 from wallets.keycache import api_key_cache_invalidate
 from wallets.models import (
     KEY_PREFIXES,
@@ -55,6 +56,16 @@ def merchant_create(*, name: str) -> Merchant:
     """A merchant, its account and its (sharded) balance rows."""
     merchant = Merchant.objects.create(name=name)
     balance_rows_create(accounts=[Account.objects.create(kind=AccountKind.MERCHANT, merchant=merchant)])
+    return merchant
+
+
+def merchant_settlement_delay_set(*, merchant: Merchant, days: int | None) -> Merchant:
+    """Override the tenant's settlement delay for this merchant; None: the tenant's applies
+    again. Locks: the merchant row (one UPDATE)."""
+    if days is not None and not 0 <= days <= SETTLEMENT_DELAY_MAX_DAYS:
+        raise InvalidRequest(f"the settlement delay is 0 to {SETTLEMENT_DELAY_MAX_DAYS} days, or none", param="settlement_delay_days")
+    merchant.settlement_delay_days = days
+    merchant.save(update_fields=["settlement_delay_days"])
     return merchant
 
 

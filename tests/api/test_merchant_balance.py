@@ -1,0 +1,86 @@
+"""`GET /v1/merchant/balance`: balance, held, and their split into available and pending by
+the settlement delay; and the delay's settings in the back office and the platform admin."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import yaml
+from django.contrib.admin.utils import quote
+from django.test import Client
+from django.utils import timezone
+
+from devtools.demo_seed import staff_login_ensure
+from tenants.middleware import tenant_cache_clear
+from tenants.models import Tenant
+from tests.api.conftest import Api, World
+from tests.api.test_money_endpoints import fund, pay
+from tests.conftest import TENANT_A
+from wallets.models import Account, AuditEntry, Merchant, SystemRole
+from wallets.services.ledger import Leg, ledger_post
+from wallets.services.principals import merchant_settlement_delay_set
+
+
+def _jpy(api: Api, key: str) -> dict[str, Any]:
+    r = api.get("/v1/merchant/balance", key)
+    assert r.status_code == 200, r.content
+    return next(line for line in r.json()["balances"] if line["asset"] == "JPY")  # type: ignore[no-any-return]
+
+
+def test_the_balance_splits_into_available_and_pending(api: Api, world: World, tenant: Tenant) -> None:
+    fund(world, world.customer.obj, 5000)
+    account = Account.objects.get(merchant_id=world.merchant.id)
+    source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS)
+    long_ago = timezone.now() - timedelta(days=3)  # older than the tenant's default 2 days
+    ledger_post(kind="adjustment", reference="adj_old", legs=[Leg(account, "JPY", 300), Leg(source, "JPY", -300)], created=long_ago)
+    paid = pay(api, world, 1200)
+    assert _jpy(api, world.merchant.key) == {"asset": "JPY", "balance": 1500, "available": 300, "pending": 1200, "held": 0}
+    # A refund draws on available first, then pending.
+    assert api.post("/v1/merchant/refunds", world.merchant.key, {"payment": paid["id"], "amount": 400}).status_code == 201
+    assert _jpy(api, world.merchant.key) == {"asset": "JPY", "balance": 1100, "available": 0, "pending": 1100, "held": 0}
+    merchant_settlement_delay_set(merchant=world.merchant.obj, days=0)  # the merchant's override: no delay
+    assert _jpy(api, world.merchant.key) == {"asset": "JPY", "balance": 1100, "available": 1100, "pending": 0, "held": 0}
+    body = api.get("/v1/merchant/balance", world.merchant2.key).json()
+    assert body["merchant"] == world.merchant2.id and body["object"] == "balance"
+    assert all(set(line) == {"asset", "balance", "available", "pending", "held"} and line["balance"] == 0 for line in body["balances"])
+    merchant_settlement_delay_set(merchant=world.merchant.obj, days=None)
+    try:
+        Tenant.objects.filter(pk=tenant.pk).update(settlement_delay_days=0)
+        tenant_cache_clear()
+        assert _jpy(api, world.merchant.key)["available"] == 1100  # the tenant's setting, once the override is gone
+    finally:
+        tenant_cache_clear()  # the host cache holds the row this test changed (rolled back after it)
+
+
+def test_the_schema_documents_pending(world: World) -> None:
+    doc = yaml.safe_load(Client(HTTP_HOST=world.host).get("/v1/schema").content)
+    line = doc["components"]["schemas"]["MerchantBalanceLineOut"]
+    assert set(line["required"]) >= {"asset", "balance", "available", "pending", "held"}
+    assert "settlement delay" in line["properties"]["pending"]["description"]
+
+
+def _confirm_key(page: Any) -> str:
+    match = re.search(rb'name="idempotency_key" value="([0-9a-f]+)"', page.content)
+    assert match, page.content[:2000]
+    return match.group(1).decode()
+
+
+def test_finance_sets_a_merchant_s_delay_in_the_back_office_audited(world: World, tenant: Tenant) -> None:
+    merchant_id = world.merchant.id
+    page_url, url = f"/admin/wallets/merchant/{quote(merchant_id)}/change/", f"/admin/wallets/merchant/{quote(merchant_id)}/act/settlement_delay/"
+    staff_login_ensure(username="fin-delay", password="pw-delay-123", role="finance")
+    staff_login_ensure(username="ops-delay", password="pw-delay-123", role="operator")
+    finance, operator = Client(HTTP_HOST=TENANT_A["domain"]), Client(HTTP_HOST=TENANT_A["domain"])
+    assert finance.login(username="fin-delay", password="pw-delay-123") and operator.login(username="ops-delay", password="pw-delay-123")
+    page = finance.get(page_url)
+    assert page.status_code == 200 and b"2 days (the tenant&#x27;s)" in page.content and b"act/settlement_delay" in page.content
+    assert operator.get(url).status_code == 403
+    refused = finance.post(url, {"idempotency_key": _confirm_key(finance.get(url)), "settlement_delay_days": 61})
+    assert refused.status_code == 200 and Merchant.objects.get(pk=merchant_id).settlement_delay_days is None
+    done = finance.post(url, {"idempotency_key": _confirm_key(finance.get(url)), "settlement_delay_days": 7, "reason": "new merchant"})
+    assert done.status_code == 302 and Merchant.objects.get(pk=merchant_id).settlement_delay_days == 7
+    entry = AuditEntry.objects.get(action="admin.settlement_delay", target_id=merchant_id)
+    assert (entry.actor, entry.before["settlement_delay_days"], entry.after["settlement_delay_days"]) == ("user:fin-delay", None, 7)
+    assert b"7 days" in finance.get(page_url).content
