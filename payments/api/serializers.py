@@ -241,10 +241,13 @@ class WalletOut(Serializer):
     balances = BalanceOut(many=True)
 
 
-class MerchantBalanceLineOut(BalanceOut):
+class MerchantBalanceLineOut(Serializer):
+    asset = S.CharField()
+    balance = S.IntegerField()
     available = S.IntegerField(help_text="What may be paid out now: balance - held - pending.")
     pending = S.IntegerField(help_text="Credits younger than the settlement delay (a credit on UTC day D is available from 00:00 UTC of"
                              " D + delay), less what debits took beyond available.")
+    held = S.IntegerField()
 
 
 class MerchantBalanceOut(Serializer):
