@@ -395,7 +395,8 @@ def merchant_funds(*, merchant: Merchant, now: datetime | None = None) -> list[M
     """The merchant's funds per asset (every account has a row per asset), main currency first.
     Reads, no lock: a payout locks the balance rows and splits their sums itself."""
     account = Account.objects.only("pk").get(merchant_id=merchant.pk)
-    # Balances before the window's credits: a credit committed in between only errs toward pending.
+    # Two reads, not one snapshot: a posting committed between them can move this answer's
+    # split by its amount (never the sum, nor below zero). A payout locks the rows first.
     lines = account_balance_lines(account=account)
     delay = merchant_settlement_delay_days(merchant=merchant)
     spendable = [line["asset"] for line in lines if line["balance"] > line["held"]]
