@@ -19,6 +19,11 @@ class IdempotencyMode(models.TextChoices):
     OPTIONAL = "optional", "Optional (executed, counted as missing)"
 
 
+class RefundFeePolicy(models.TextChoices):
+    PROPORTIONAL = "proportional", "Proportional (a refund gives back its share of the payment's fee)"
+    NONE = "none", "None (the fee is kept)"
+
+
 class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     """An operator: one PostgreSQL schema with its own customers, merchants and assets."""
 
@@ -49,6 +54,9 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     # SPEC 4: charging by bare customer id instead of the single-use payment token (the QR) is
     # allowed only where the tenant turns this on, or the customer granted that merchant a mandate.
     charge_by_customer_id = models.BooleanField(default=False)
+    # What a refund does with the payment's fee (payments.services.refunds): proportional gives
+    # back fee x refunded / amount, the cumulative share rounded down (all of it once fully refunded).
+    refund_fee_policy = models.CharField(max_length=12, choices=RefundFeePolicy.choices, default=RefundFeePolicy.PROPORTIONAL)
     extra_settings = models.JSONField(default=dict, blank=True)  # what a later feature needs before it earns a column
 
     auto_create_schema = True

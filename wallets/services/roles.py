@@ -30,7 +30,10 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "webhooks.redeliver_webhookdelivery",
         "webhooks.manage_webhookendpoint", "payments.refund_payment", "idempotency.switch_idempotency_mode",
     ),
-    "finance": ("payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment", "payments.settle_topup"),
+    "finance": (
+        "payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment", "payments.settle_topup",
+        "payments.add_feeschedule",
+    ),
 }
 ROLES = tuple(ROLE_PERMISSIONS)
 
