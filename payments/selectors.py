@@ -121,12 +121,12 @@ def refund_get(*, refund_id: str, merchant_id: str | None = None, customer_id: s
 
 
 def payment_intent_get(*, intent_id: str, merchant_id: str) -> PaymentIntent:
-    intents = PaymentIntent.objects.filter(pk=intent_id, merchant_id=merchant_id)
-    return _one(intents, missing="no such payment intent", param="payment_intent")
+    return _one(payment_intents_list(merchant_id=merchant_id).filter(pk=intent_id), missing="no such payment intent", param="payment_intent")
 
 
 def payment_intents_list(*, merchant_id: str) -> QuerySet[PaymentIntent]:
-    return PaymentIntent.objects.filter(merchant_id=merchant_id).order_by("-created", "-id")
+    """With each one's payment (its fee and net are shown)."""
+    return PaymentIntent.objects.filter(merchant_id=merchant_id).select_related("payment").order_by("-created", "-id")
 
 
 def fee_schedules_list() -> QuerySet[FeeSchedule]:
