@@ -41,6 +41,14 @@ measuring, and splits the CPU per process group (`runner`, `web`, `worker`, `bea
 the load stops are counted in `events_backlog_after`; their relaying falls outside the
 split. `--stack both` runs each, per round; their figures are keyed `sync+make-run` and
 `sync`.
+
+    .venv/bin/python bench/bench_http.py --fees --seconds 10 --clients 16 --workers 3 --rounds 8
+
+measures what a fee costs: half the spread merchants have a fee schedule of their own
+(2.5 %), half none; one gunicorn serves spread traffic to each half in turn, in blocks of
+--seconds, --rounds times (the order swapped each round), and it prints each block's
+payments/s and the server's CPU a payment (gunicorn and its PostgreSQL backends, from /proc),
+each round's ratio with / without a fee and their median.
 """
 
 from __future__ import annotations
@@ -50,6 +58,7 @@ import functools
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -385,6 +394,72 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
     }
 
 
+FEE_RATE = "0.025"
+
+
+def fee_fixtures() -> dict[str, list[str]]:
+    """Terminal keys of the spread merchants with a fee schedule of their own (the first half
+    by name, given one here if they have none) and of those without."""
+    from datetime import UTC, datetime
+    from decimal import Decimal
+
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.models import FeeSchedule
+    from wallets.models import Merchant, Terminal
+    from wallets.services.principals import api_key_create
+
+    with schema_context(SCHEMA):
+        spread = list(Merchant.objects.filter(name__startswith="Spread merchant").order_by("name"))
+        halves = {"fee": spread[: len(spread) // 2], "no_fee": spread[len(spread) // 2 :]}
+        for merchant in halves["fee"]:
+            # In the past, written before the server starts: no process has cached the merchant yet.
+            start = datetime(2026, 1, 1, tzinfo=UTC)
+            FeeSchedule.objects.get_or_create(asset_id="JPY", merchant=merchant, valid_from=start, defaults={"rate": Decimal(FEE_RATE)})
+        keys = {side: [api_key_create(principal=t)[1] for t in Terminal.objects.filter(store__merchant__in=ms)] for side, ms in halves.items()}
+    connection.set_schema_to_public()
+    return keys
+
+
+def compare_fees(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str, Any]:
+    """Spread traffic to the merchants with a fee and to those without, alternating blocks on one server."""
+    keys = fee_fixtures()
+    run = drive_wrk if args.driver == "wrk" else drive
+    server = gunicorn_start(bench_env(args.database_url, args.redis_url), args.port, args.workers)
+    blocks: dict[str, list[dict[str, Any]]] = {"fee": [], "no_fee": []}
+
+    def block(side: str, seconds: float) -> dict[str, Any]:
+        result = run(args.port, keys[side], fixtures["customers"], clients=args.clients, seconds=seconds)
+        statuses = result["statuses"]
+        result["requests"] = sum(statuses.values())
+        result["non2xx"] = result["requests"] - statuses.get(201, statuses.get("2xx", 0))
+        return result
+
+    try:
+        for side in blocks:
+            block(side, 2)  # warm-up
+        for index in range(args.rounds):
+            for side in ("fee", "no_fee") if index % 2 == 0 else ("no_fee", "fee"):
+                result, spent = cpu_per_request(server.pid, _database_of(args.database_url), functools.partial(block, side, args.seconds))
+                # The server's CPU a payment (gunicorn and its PostgreSQL backends): what other work on the machine moves least.
+                result["cpu_ms_per_payment"] = round(spent["web"] + spent["postgres"], 3)
+                blocks[side].append(result)
+    finally:
+        stop(server)
+
+    def paired(figure: str) -> dict[str, Any]:
+        """Each round's fee / no-fee ratio (its two blocks ran back to back) and their median."""
+        ratios = sorted(f[figure] / max(n[figure], 0.001) for f, n in zip(blocks["fee"], blocks["no_fee"], strict=True))
+        means = {side: round(sum(b[figure] for b in runs) / len(runs), 3) for side, runs in blocks.items()}
+        return {"means": means, "round_ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3)}
+
+    return {
+        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "rounds": args.rounds, "driver": args.driver,
+        "fee_rate": FEE_RATE, "blocks": blocks, "payments_per_s": paired("payments_per_s"), "cpu_ms_per_payment": paired("cpu_ms_per_payment"),
+    }
+
+
 def _label(worker_class: str, stack: str) -> str:
     return worker_class if stack == "web" else f"{worker_class}+{stack}"
 
@@ -412,7 +487,9 @@ def main() -> None:
                         help="load generator: Python clients (no extra install) or wrk (lighter on the 2 cores)")
     parser.add_argument("--peer", action="store_true",
                         help="instead: Tally vs the drf-idempotency peer (Redis backend), same wrk script, back to back, and the ratio")
-    parser.add_argument("--rounds", type=int, default=2, help="with --peer: Tally-then-peer rounds")
+    parser.add_argument("--rounds", type=int, default=2, help="with --peer: Tally-then-peer rounds; with --fees: rounds of both blocks")
+    parser.add_argument("--fees", action="store_true",
+                        help="instead: spread payments to merchants with a fee schedule against merchants without one, alternating blocks")
     parser.add_argument("--peers-dir", default=None, help="with --peer: ../shared/peers (found next to the checkout by default)")
     parser.add_argument("--peer-port", type=int, default=8766)
     parser.add_argument("--peer-database-url", default="postgres://postgres@127.0.0.1:5432/peer_idem")
@@ -426,6 +503,9 @@ def main() -> None:
     for stop_signal in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop_signal, lambda signum, _: sys.exit(128 + signum))
     fixtures = seed(args.database_url, args.redis_url)
+    if args.fees:
+        print(json.dumps(compare_fees(args, fixtures), indent=2))
+        return
     if args.peer:
         print(json.dumps(compare_peer(args, fixtures), indent=2))
         return

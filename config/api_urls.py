@@ -42,6 +42,7 @@ admin_router.register("terminals", admin.TerminalViewSet)
 admin_router.register("api_keys", admin.ApiKeyViewSet)
 admin_router.register("adjustments", admin.AdjustmentViewSet)
 admin_router.register("pending_adjustments", admin.PendingAdjustmentViewSet)
+admin_router.register("fee_schedules", admin.FeeScheduleViewSet)
 
 ROUTERS = {"customer": customer_router, "terminal": terminal_router, "merchant": merchant_router, "admin": admin_router}
 

@@ -1,5 +1,6 @@
 """The demo tenant `make run` seeds, idempotently: its logins, parties, API keys and
-balances, the PSP simulator as its card gateway, and the demo merchant's webhook endpoint.
+balances, a fee schedule, the PSP simulator as its card gateway, and the demo merchant's
+webhook endpoint.
 Keys are stored hashed, so the raw demo keys are kept in var/demo_keys.json (local,
 git-ignored) to be printed again.
 
@@ -12,6 +13,7 @@ import json
 import os
 from collections.abc import Callable
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +22,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django_tenants.utils import schema_context
 
-from payments.models import Adjustment
+from payments.models import Adjustment, FeeSchedule
 from payments.services.adjustments import adjustment_create
+from payments.services.fees import fee_schedule_create
 from payments.services.topups import gateway_account_set
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_create, tenant_template_ensure
@@ -48,6 +51,7 @@ DEMO_DOMAIN = os.environ.get("TALLY_DEMO_DOMAIN", "demo.localhost")
 KEYS_FILE = Path(settings.BASE_DIR) / "var" / "demo_keys.json"
 DEMO_STARTING_BALANCES = {"alice": 50_000, "bob": 20_000}  # JPY
 DEMO_FUNDING_REASON = "demo starting balance"
+DEMO_FEE_RATE = Decimal("0.025")  # 2.5 % of each payment in the main currency, half-even, no fixed part
 
 
 def platform_ensure(*, public_domain: str) -> Tenant:
@@ -122,6 +126,9 @@ def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
             if saved_key is None or saved_key.principal_id != principal.pk:
                 _, keys[label] = api_key_create(principal=principal)
         _demo_balances_ensure(customers={"alice": alice, "bob": bob})
+        if not FeeSchedule.objects.exists():
+            # Through the service, so it starts once every process can know it (seconds from now).
+            fee_schedule_create(asset_code=Asset.objects.get(is_main=True).code, rate=DEMO_FEE_RATE)
         ids = {"alice": alice.id, "bob": bob.id, "merchant": merchant.id, "store": store.id, "terminal": terminal.id}
     saved = {"admin_password": password, "keys": keys, "ids": ids}
     keys_file.write_text(json.dumps(saved, indent=2))

@@ -32,8 +32,8 @@ from fastpath.prepared import prepared_statement_register
 M = TypeVar("M", bound=Model)
 # Up to this many rows a compiled insert sends VALUES rows of scalars (cheaper for psycopg
 # to dump), past it one array per column: psycopg caches a statement's conversion only up
-# to 50 parameters, and a payment's batch has 28 besides 5 per entry (48 with four).
-VALUES_ROWS_MAX = 4
+# to 50 parameters, and a payment's batch has 32 besides 5 per entry (47 with three).
+VALUES_ROWS_MAX = 3
 
 
 class _Slot:

@@ -5,23 +5,29 @@ change is a staff action (payments/admin_actions.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from idempotency.admin import StaffActionForm
+from idempotency.admin import StaffActionForm, staff_form_submit
 from idempotency.models import IdempotencyRecord
 from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionsMixin, staff_of
 from payments.models import (
+    FEE_RATE_PLACES,
     Adjustment,
     AdjustmentDirection,
+    FeeRounding,
+    FeeSchedule,
     GatewayAccount,
     Mandate,
     OutboxEvent,
@@ -38,16 +44,18 @@ from payments.models import (
 )
 from payments.selectors import topup_queue
 from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
+from payments.services.fees import fee_schedule_create
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
 from tenants.admin import tenant_panel_register
 from tenants.models import SETTLEMENT_DELAY_MAX_DAYS
+from tenants.selectors import tenant_current
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, list_link_column, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
-from wallets.selectors import merchant_funds, merchant_settlement_delay_days
+from wallets.selectors import merchant_funds, merchant_get, merchant_settlement_delay_days
 from wallets.services.principals import api_key_revoke, api_key_rotate, merchant_settlement_delay_set
 
 
@@ -242,7 +250,7 @@ class ApiKeyAdmin(StaffActionsMixin, ReadOnlyAdmin):
 
 class RefundInline(ReadOnlyMixin, admin.TabularInline):  # type: ignore[type-arg]
     model = Refund
-    fields = ("refund_link", "amount_display", "reason", "created")
+    fields = ("refund_link", "amount_display", "fee", "reason", "created")
 
     amount_display = staticmethod(_refund_amount)
 
@@ -263,15 +271,15 @@ def _refund(obj: Payment, data: dict[str, Any]) -> str:
 
 @admin.register(Payment)
 class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
-    list_display = ("id", "created", money_column("amount"), money_column("amount_refunded", description="refunded"), "status",
-                    link_column("customer"), link_column("merchant"), "store_id")
+    list_display = ("id", "created", money_column("amount"), money_column("fee"), money_column("amount_refunded", description="refunded"),
+                    "status", link_column("customer"), link_column("merchant"), "store_id")
     # No list filters: status has one value and asset has no index of its own (a rare asset
     # would walk the whole table); the date drill-down and id search use indexes.
     # Exact ids only: each is an index lookup (pk; merchant, store and customer indexes).
     id_search = {"pay": "id", "cus": "customer_id", "mer": "merchant_id", "sto": "store_id", "txn": "ledger_transaction_id"}
     date_hierarchy = "created"
     list_select_related = ("asset", "customer", "merchant")
-    fields = ("id", "status", "created", "amount_display", "refunded_display", "rewards", "customer_link", "merchant_link",
+    fields = ("id", "status", "created", "amount_display", "fee_display", "refunded_display", "rewards", "customer_link", "merchant_link",
               "store_link", "terminal_link", "ledger", "events", "audit")
     inlines = [RefundInline]
     customer_link = staticmethod(link_column("customer"))
@@ -285,8 +293,13 @@ class PaymentAdmin(StaffActionsMixin, ReadOnlyAdmin):
     staff_actions = (
         StaffAction("refund", "Refund", "payments.refund_payment", RefundForm, lambda request, obj, data: _refund(obj, data),
                     description="Refund part or all of this payment through the same service as the API: merchant to customer, rewards"
-                    " returned in proportion.", show=lambda obj: obj.amount_refundable > 0),
+                    " returned in proportion, and the fee under the tenant's refund fee policy.", show=lambda obj: obj.amount_refundable > 0),
     )
+
+    @admin.display(description="fee")
+    def fee_display(self, obj: Payment) -> str:
+        net, back = money(obj.net, obj.asset), money(obj.fee_refunded, obj.asset)
+        return f"{money(obj.fee, obj.asset)} (net to the merchant: {net}; given back by refunds: {back})"
 
     @admin.display(description="refunded")
     def refunded_display(self, obj: Payment) -> str:
@@ -304,7 +317,8 @@ class RefundAdmin(ReadOnlyAdmin):
     id_search = {"ref": "id", "pay": "payment_id"}
     date_hierarchy = "created"
     list_select_related = ("payment__asset",)
-    fields = ("id", "status", "created", "amount_display", "payment_link", "reason", "points_reversed", "carbon_grams_reversed", "ledger")
+    fields = ("id", "status", "created", "amount_display", "fee", "payment_link", "reason", "points_reversed", "carbon_grams_reversed",
+              "ledger")
     payment_link = staticmethod(link_column("payment"))
     ledger = staticmethod(link_column("ledger_transaction"))
     amount_display = staticmethod(_refund_amount)
@@ -416,6 +430,71 @@ class TopUpAdmin(StaffActionsMixin, ReadOnlyAdmin):
         state = link(record, record.state) if record is not None else "record purged"
         return format_html("{} / {} ({})", obj.claim_principal_id, obj.claim_key, state)
 
+
+
+class FeeScheduleForm(StaffActionForm):
+    asset = forms.ModelChoiceField(queryset=Asset.objects.all(), to_field_name="code")
+    merchant = forms.CharField(max_length=48, required=False, help_text="A merchant's id (mer_...) for its own schedule; empty: tenant-wide.")
+    rate = forms.DecimalField(min_value=0, max_value=1, max_digits=FEE_RATE_PLACES + 1, decimal_places=FEE_RATE_PLACES,
+                              help_text="Fraction of the amount: 0.029 is 2.9 %.")
+    rounding = forms.ChoiceField(choices=FeeRounding.choices, initial=FeeRounding.HALF_EVEN, help_text="How amount x rate is rounded.")
+    fixed = forms.IntegerField(min_value=0, initial=0, help_text="Added to every fee, in the asset's minor units.")
+    valid_from = forms.DateTimeField(required=False, help_text="When it starts applying; empty: as soon as every process knows it (about"
+                                     " 15 s). It applies only to payments from then on.")
+
+    def clean_asset(self) -> str:
+        return str(self.cleaned_data["asset"].code)
+
+    def clean_valid_from(self) -> str | None:  # the confirmation's data is JSON
+        valid_from = self.cleaned_data["valid_from"]
+        return valid_from.isoformat() if valid_from else None
+
+
+def _fee_schedule_add(request: HttpRequest, obj: Any, data: dict[str, Any]) -> str:
+    merchant = merchant_get(merchant_id=data["merchant"], param="merchant") if data["merchant"] else None
+    schedule = fee_schedule_create(
+        asset_code=data["asset"], merchant=merchant, rate=data["rate"], rounding=data["rounding"], fixed=data["fixed"],
+        valid_from=datetime.fromisoformat(data["valid_from"]) if data["valid_from"] else None,
+    )
+    return f"Fee schedule {schedule.pk} added: {schedule}"
+
+
+FEE_SCHEDULE_ADD = StaffAction(
+    "fee_schedule_create", "Add fee schedule", "payments.add_feeschedule", FeeScheduleForm, _fee_schedule_add, audit=False,
+    description="A schedule is never edited: to change a fee, add a schedule with a later start. A merchant's own schedule beats"
+    " the tenant-wide one.",
+)
+
+
+@admin.register(FeeSchedule)
+class FeeScheduleAdmin(ReadOnlyAdmin):
+    """Fee schedules: added here (finance) or on the admin API, never edited."""
+
+    list_display = ("id", "asset", link_column("merchant"), "rate", "rounding", money_column("fixed"), "valid_from", "created")
+    list_filter = ("asset",)
+    id_search = {"fee": "id", "mer": "merchant_id"}
+    date_hierarchy = "valid_from"
+    list_select_related = ("asset", "merchant")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.has_perm(FEE_SCHEDULE_ADD.permission))
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """The confirmation page of a staff action (its own idempotency key: a double submit adds one)."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        action, back = FEE_SCHEDULE_ADD, reverse("admin:payments_feeschedule_changelist", current_app=self.admin_site.name)
+        form, result = staff_form_submit(
+            request, action.form, action=action.name, target=tenant_current(), audit=False,
+            run=lambda data: action.run(request, None, data),
+        )
+        if result is not None:
+            self.message_user(request, ("Already done: " if result.replayed else "") + result.message, level=messages.SUCCESS)
+            return HttpResponseRedirect(back)
+        return TemplateResponse(request, "admin/tally/confirm_action.html", {
+            **self.admin_site.each_context(request), "title": action.label, "object": "Fee schedules", "opts": self.model._meta,
+            "action": action, "form": form, "back_url": back,
+        })
 
 
 @admin.register(Adjustment)

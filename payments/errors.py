@@ -20,6 +20,7 @@ class PaymentErrorCode(StrEnum):
     SIGNATURE_INVALID = "signature_invalid"
     SIGNATURE_STALE = "signature_timestamp_out_of_tolerance"
     EVENT_INVALID = "event_invalid"
+    FEE_SCHEDULE_START_REFUSED = "fee_schedule_start_refused"
 
 
 class RefundWindowClosed(InvalidState):
@@ -47,6 +48,16 @@ class ApproverIsMaker(NotPermitted):
 
     def __init__(self) -> None:
         super().__init__("an adjustment must be approved by a different staff member than the one who proposed it", param="checker")
+
+
+class FeeScheduleStartRefused(InvalidState):
+    """A schedule starts later than every process can know it, and not when another of its
+    asset and merchant starts: a rule of the clock and the stored schedules, not of the input."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.FEE_SCHEDULE_START_REFUSED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="valid_from")
 
 
 class CardDeclined(BusinessRefusal):

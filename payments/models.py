@@ -4,6 +4,7 @@ constraints are the last line of defence (the services check first)."""
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 
 from django.db import models
@@ -60,6 +61,10 @@ class Payment(PrefixedIdModel, new_id=ids.new_payment_id):
     points_reversed = models.BigIntegerField(default=0)
     carbon_grams = models.BigIntegerField(default=0)
     carbon_grams_reversed = models.BigIntegerField(default=0)
+    # The operator's fee, in the asset, taken in the payment's own ledger transaction (the
+    # merchant gets `net`), and how much of it refunds gave back. db_default: older code inserts.
+    fee = models.BigIntegerField(default=0, db_default=0)
+    fee_refunded = models.BigIntegerField(default=0, db_default=0)
     ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
     created = models.DateTimeField(default=timezone.now)
 
@@ -80,11 +85,18 @@ class Payment(PrefixedIdModel, new_id=ids.new_payment_id):
             models.CheckConstraint(
                 condition=Q(carbon_grams_reversed__gte=0, carbon_grams_reversed__lte=F("carbon_grams")), name="payment_carbon_bounded"
             ),
+            models.CheckConstraint(condition=Q(fee__gte=0, fee__lte=F("amount")), name="payment_fee_bounded"),
+            models.CheckConstraint(condition=Q(fee_refunded__gte=0, fee_refunded__lte=F("fee")), name="payment_fee_refunded_bounded"),
         ]
 
     @property
     def amount_refundable(self) -> int:
         return self.amount - self.amount_refunded
+
+    @property
+    def net(self) -> int:
+        """What the merchant got: the amount less the fee."""
+        return self.amount - self.fee
 
     def __str__(self) -> str:
         return f"{self.id} {self.amount} {self.asset_id}"
@@ -97,12 +109,16 @@ class Refund(PrefixedIdModel, new_id=ids.new_refund_id):
     reason = models.CharField(max_length=500, blank=True, default="")
     points_reversed = models.BigIntegerField(default=0)
     carbon_grams_reversed = models.BigIntegerField(default=0)
+    fee = models.BigIntegerField(default=0, db_default=0)  # the payment's fee this refund gave back (the tenant's policy)
     ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
 
     class Meta:
         ordering = ["-created", "-id"]
         indexes = [models.Index(fields=["-created", "-id"], name="refund_created")]  # the admin's list order
-        constraints = [models.CheckConstraint(condition=Q(amount__gt=0), name="refund_amount_positive")]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="refund_amount_positive"),
+            models.CheckConstraint(condition=Q(fee__gte=0, fee__lte=F("amount")), name="refund_fee_bounded"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.id} {self.amount} of {self.payment_id}"
@@ -190,6 +206,51 @@ class TopUp(PrefixedIdModel, new_id=ids.new_topup_id):
 
     def __str__(self) -> str:
         return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
+
+
+FEE_RATE_PLACES = 6
+
+
+def new_fee_schedule_id() -> str:
+    return ids.new_id("fee")
+
+
+class FeeRounding(models.TextChoices):
+    """How `amount x rate` is rounded to a minor unit: the decimal module's modes, by name."""
+
+    HALF_EVEN = decimal.ROUND_HALF_EVEN, "Half to even (banker's)"
+    HALF_UP = decimal.ROUND_HALF_UP, "Half up"
+    HALF_DOWN = decimal.ROUND_HALF_DOWN, "Half down"
+    UP = decimal.ROUND_UP, "Away from zero"
+    DOWN = decimal.ROUND_DOWN, "Toward zero"
+    CEILING = decimal.ROUND_CEILING, "Ceiling"
+    FLOOR = decimal.ROUND_FLOOR, "Floor"
+
+
+class FeeSchedule(PrefixedIdModel, new_id=new_fee_schedule_id):
+    """The operator's fee on payments in one asset: tenant-wide, or one merchant's own
+    (which beats the tenant-wide one), from `valid_from` on. Never edited: a change is a new
+    schedule with a later `valid_from` (payments.services.fees), so a payment's fee is the
+    one in force at its time. fee = min(amount, amount x rate rounded by `rounding` + fixed)."""
+
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="fee_schedules")
+    rate = models.DecimalField(max_digits=FEE_RATE_PLACES + 1, decimal_places=FEE_RATE_PLACES)
+    rounding = models.CharField(max_length=16, choices=FeeRounding.choices, default=FeeRounding.HALF_EVEN)
+    fixed = models.BigIntegerField(default=0)  # minor units
+    valid_from = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-valid_from", "-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(rate__gte=0, rate__lte=1), name="fee_schedule_rate_bounded"),
+            models.CheckConstraint(condition=Q(fixed__gte=0), name="fee_schedule_fixed_non_negative"),
+            # Also the index of the charge's lookup (asset, then the merchant's or the tenant-wide rows).
+            models.UniqueConstraint(fields=["asset", "merchant", "valid_from"], nulls_distinct=False, name="fee_schedule_one_start"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.asset_id} {self.merchant_id or 'tenant-wide'} from {self.valid_from:%Y-%m-%d %H:%M}"
 
 
 def new_pending_adjustment_id() -> str:

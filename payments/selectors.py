@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from decimal import Decimal
+from time import monotonic
 from typing import TypeVar
 
+from django.conf import settings
+from django.db import connection
 from django.db.models import F, Min, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from payments.models import (
     Adjustment,
+    FeeSchedule,
     GatewayAccount,
     Mandate,
     Payment,
@@ -27,6 +32,7 @@ from payments.models import (
 )
 from wallets.errors import NotFound
 from wallets.models import Account, Customer, LedgerEntry, Merchant, StaffMember
+from wallets.money import fee_for
 from wallets.selectors import BalanceLine, account_balance_lines, merchant_funds
 
 M = TypeVar("M", bound=Model)
@@ -123,12 +129,70 @@ def refund_get(*, refund_id: str, merchant_id: str | None = None, customer_id: s
 
 
 def payment_intent_get(*, intent_id: str, merchant_id: str) -> PaymentIntent:
-    intents = PaymentIntent.objects.filter(pk=intent_id, merchant_id=merchant_id)
-    return _one(intents, missing="no such payment intent", param="payment_intent")
+    return _one(payment_intents_list(merchant_id=merchant_id).filter(pk=intent_id), missing="no such payment intent", param="payment_intent")
 
 
 def payment_intents_list(*, merchant_id: str) -> QuerySet[PaymentIntent]:
-    return PaymentIntent.objects.filter(merchant_id=merchant_id).order_by("-created", "-id")
+    """With each one's payment (its fee and net are shown)."""
+    return PaymentIntent.objects.filter(merchant_id=merchant_id).select_related("payment").order_by("-created", "-id")
+
+
+def fee_schedules_list() -> QuerySet[FeeSchedule]:
+    return FeeSchedule.objects.order_by("-created", "-id")
+
+
+def fee_schedule_get(*, fee_schedule_id: str) -> FeeSchedule:
+    return _one(FeeSchedule.objects.filter(pk=fee_schedule_id), missing="no such fee schedule", param="fee_schedule")
+
+
+@dataclass(frozen=True)
+class FeeTerms:
+    """One fee schedule, as the payment path reads it."""
+
+    schedule_id: str
+    merchant_id: str | None
+    valid_from: datetime
+    rate: Decimal
+    rounding: str
+    fixed: int
+
+    def fee_of(self, amount: int) -> int:
+        return fee_for(amount=amount, rate=self.rate, rounding=self.rounding, fixed=self.fixed)
+
+
+# Per process: (schema, asset, merchant) -> (expiry on the monotonic clock, the merchant's
+# and the tenant-wide schedules, latest start first). A payment reads no schedule from the
+# database: a new one starts no sooner than every process's cache has expired
+# (`fee_schedule_earliest_start`), and schedules are never edited.
+_FEE_TERMS: dict[tuple[str, str, str], tuple[float, tuple[FeeTerms, ...]]] = {}
+_FEE_TERMS_MAX = 4_096
+
+
+def fee_schedule_earliest_start(*, now: datetime) -> datetime:
+    """The earliest `valid_from` a schedule added now may have."""
+    lead = float(settings.TALLY_FEE_SCHEDULE_CACHE_SECONDS) + float(settings.TALLY_FEE_SCHEDULE_GRACE_SECONDS)
+    return now + timedelta(seconds=lead)
+
+
+def fee_terms_in_force(*, merchant_id: str, asset_code: str, at: datetime) -> FeeTerms | None:
+    """The merchant's own schedule in force at `at` (the latest `valid_from` <= at), else the
+    tenant-wide one, else None (no fee). Cached per process (above)."""
+    key = (str(getattr(connection, "schema_name", "")), asset_code, merchant_id)
+    now = monotonic()
+    hit = _FEE_TERMS.get(key)
+    if hit is None or hit[0] <= now:
+        rows = FeeSchedule.objects.filter(Q(merchant_id=merchant_id) | Q(merchant__isnull=True), asset_id=asset_code).order_by("-valid_from")
+        terms = tuple(FeeTerms(*row) for row in rows.values_list("id", "merchant_id", "valid_from", "rate", "rounding", "fixed"))
+        if len(_FEE_TERMS) >= _FEE_TERMS_MAX:
+            _FEE_TERMS.clear()  # bounded; the busiest merchants come back at their next payment
+        hit = _FEE_TERMS[key] = (now + float(settings.TALLY_FEE_SCHEDULE_CACHE_SECONDS), terms)
+    in_force = [terms for terms in hit[1] if terms.valid_from <= at]
+    return next((terms for terms in in_force if terms.merchant_id is not None), in_force[0] if in_force else None)
+
+
+def fee_terms_forget() -> None:
+    """Drop this process's cached schedules (a schedule added here; tests)."""
+    _FEE_TERMS.clear()
 
 
 def transfer_get(*, transfer_id: str, customer_id: str) -> Transfer:

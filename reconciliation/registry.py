@@ -10,6 +10,7 @@ from reconciliation.checks.base import CheckContext, Discrepancy
 from reconciliation.checks.ledger import conservation_check, ledger_balance_check, merchant_daily_totals_check, orphan_references_check
 from reconciliation.checks.payments import (
     duplicate_charges_check,
+    fee_account_check,
     idempotency_stuck_check,
     outbox_check,
     payments_run_metrics,
@@ -30,6 +31,7 @@ CHECKS: list[Check] = [
     Check("conservation", "Every ledger transaction sums to zero per asset; every asset's balances sum to zero", conservation_check),
     Check("orphan_references", "References without a database foreign key point at a row", orphan_references_check),
     Check("duplicate_charges", "Same customer, merchant and amount within 5 minutes", duplicate_charges_check),
+    Check("fee_account", "The fees account per asset against the fees payments took less what refunds gave back", fee_account_check),
     Check("idempotency_stuck", "In-flight idempotency keys past their lease", idempotency_stuck_check),
     Check("outbox", "Outbox lag and dead letters", outbox_check),
     Check("webhook_deliveries", "Webhook deliveries that failed or expired (never delivered)", webhook_dead_letters_check),

@@ -38,20 +38,21 @@ def reconciliation_findings_by_kind(*, run: ReconciliationRun) -> list[dict[str,
 
 
 def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOARD_DAYS) -> list[Chart]:
-    """Daily payment volume per asset (major units), and daily refunds, over `days`."""
+    """Daily payment volume per asset (major units), daily refunds, and daily fee revenue per
+    asset (fees taken less fees refunds gave back, on the day of each), over `days`."""
     today = timezone.localdate(now or timezone.now())
     axis = [today - timedelta(days=days - 1 - i) for i in range(days)]
     since = timezone.make_aware(datetime.combine(axis[0], datetime.min.time()))
     exponents = dict(Asset.objects.values_list("code", "exponent"))
     labels = [d.strftime("%m-%d") for d in axis]
 
-    def daily(rows: QuerySet[Any], asset_field: str) -> tuple[dict[str, dict[date, int]], dict[str, dict[date, int]]]:
-        """Amounts and counts, by asset and day (one SQL aggregate)."""
+    def daily(rows: QuerySet[Any], asset_field: str, field: str = "amount") -> tuple[dict[str, dict[date, int]], dict[str, dict[date, int]]]:
+        """Sums of `field` and counts, by asset and day (one SQL aggregate)."""
         totals: dict[str, dict[date, int]] = {}
         counts: dict[str, dict[date, int]] = {}
         for row in (
             rows.filter(created__gte=since).annotate(day=TruncDate("created")).order_by()
-            .values("day", asset_code=F(asset_field)).annotate(total=Sum("amount"), n=Count("id"))
+            .values("day", asset_code=F(asset_field)).annotate(total=Sum(field), n=Count("id"))
         ):
             totals.setdefault(row["asset_code"], {})[row["day"]] = int(row["total"] or 0)
             counts.setdefault(row["asset_code"], {})[row["day"]] = int(row["n"])
@@ -80,6 +81,11 @@ def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOAR
         series=[Series(name=f"{asset} refunds", values=[refund_counts[asset].get(d, 0) for d in axis]) for asset in sorted(refund_counts)],
     ))
     charts += [amount_chart("refunds", "Daily refunded amount", "refunded", asset, refunded[asset]) for asset in sorted(refunded)]
+    taken, _ = daily(Payment.objects.filter(fee__gt=0), "asset_id", "fee")
+    returned, _ = daily(Refund.objects.filter(fee__gt=0), "payment__asset_id", "fee")
+    for asset in sorted(taken.keys() | returned.keys()):
+        revenue = {day: taken.get(asset, {}).get(day, 0) - returned.get(asset, {}).get(day, 0) for day in axis}
+        charts.append(amount_chart("fees", "Daily fee revenue", "fees", asset, revenue))
     return charts
 
 

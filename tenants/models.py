@@ -21,6 +21,11 @@ class IdempotencyMode(models.TextChoices):
     OPTIONAL = "optional", "Optional (executed, counted as missing)"
 
 
+class RefundFeePolicy(models.TextChoices):
+    PROPORTIONAL = "proportional", "Proportional (a refund gives back its share of the payment's fee)"
+    NONE = "none", "None (the fee is kept)"
+
+
 class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     """An operator: one PostgreSQL schema with its own customers, merchants and assets."""
 
@@ -57,6 +62,9 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
         help_text=f"Days (0 to {SETTLEMENT_DELAY_MAX_DAYS}) a merchant's credits stay pending before they are available for payout;"
         " a merchant may override it (its page in the tenant's admin).",
     )
+    # What a refund does with the payment's fee (payments.services.refunds): proportional gives
+    # back fee x refunded / amount, the cumulative share rounded down (all of it once fully refunded).
+    refund_fee_policy = models.CharField(max_length=12, choices=RefundFeePolicy.choices, default=RefundFeePolicy.PROPORTIONAL)
     extra_settings = models.JSONField(default=dict, blank=True)  # what a later feature needs before it earns a column
 
     auto_create_schema = True

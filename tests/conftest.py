@@ -68,10 +68,13 @@ def _public_tenant_ensure() -> None:
 @pytest.fixture(autouse=True)
 def _payers_forgotten() -> None:
     """Each test starts with no payer's accounts remembered (payments.services.charges):
-    its first payment of a payer reads the plan, its next ones do not, whatever ran before."""
+    its first payment of a payer reads the plan, its next ones do not, whatever ran before;
+    and no fee schedule cached (payments.selectors.fee_terms_in_force)."""
+    from payments.selectors import fee_terms_forget
     from payments.services.charges import known_accounts_forget
 
     known_accounts_forget()
+    fee_terms_forget()
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,12 @@
 """Hypothesis stateful test: random top-ups, payments, refunds, transfers, holds and
 captures against a plain-Python model, with the ledger invariants checked after every step
-on real PostgreSQL (SPEC 1.4)."""
+on real PostgreSQL (SPEC 1.4). The merchant has a JPY fee schedule: its balance and the
+fees account's follow the model too."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, Decimal
+from decimal import ROUND_FLOOR, ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from payments.services.refunds import refund_create
 from payments.services.topups import topup_create, topup_credit
 from payments.services.transfers import transfer_create
 from tests.factories import CustomerFactory, TerminalFactory
+from tests.test_fees import fees_balance, merchant_balance, schedule
 from wallets.errors import AmountInvalid, CapExceeded, InsufficientFunds
 from wallets.models import Asset
 from wallets.selectors import asset_totals, balance_entry_mismatches, ledger_orphan_references, ledger_unbalanced_transactions
@@ -29,7 +31,12 @@ BONUS = Decimal("0.1")
 POINTS_RATE = Decimal("0.01")
 GRAMS_RATE = Decimal("0.5")
 ASSETS = ("JPY", "LOCAL")
+FEE_RATE, FEE_FIXED = Decimal("0.03"), 2  # the merchant's JPY schedule, ROUND_HALF_UP
 amounts = st.integers(min_value=1, max_value=3_000)
+
+
+def fee_of(amount: int) -> int:
+    return min(amount, int((Decimal(amount) * FEE_RATE).to_integral_value(rounding=ROUND_HALF_UP)) + FEE_FIXED)
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -37,6 +44,8 @@ class LedgerMachine(RuleBasedStateMachine):
         super().__init__()
         self.customers = [CustomerFactory() for _ in range(3)]
         self.terminal = TerminalFactory()
+        schedule(merchant=self.terminal.store.merchant, rate=str(FEE_RATE), rounding=ROUND_HALF_UP, fixed=FEE_FIXED)
+        self.merchant_jpy, self.fees_jpy = 0, fees_balance()  # what the merchant and the fees account hold, modelled
         # model[(customer index, asset)] = [balance, held]
         self.model: dict[tuple[int, str], list[int]] = defaultdict(lambda: [0, 0])
         self.payments: list[dict[str, Any]] = []
@@ -70,12 +79,16 @@ class LedgerMachine(RuleBasedStateMachine):
             points = int((Decimal(amount) * POINTS_RATE).to_integral_value(rounding=ROUND_FLOOR))
             grams = int((Decimal(amount) * GRAMS_RATE).to_integral_value(rounding=ROUND_HALF_EVEN))
         assert (payment.points_earned, payment.carbon_grams) == (points, grams)
+        fee = fee_of(amount) if asset == "JPY" else 0
+        assert (payment.fee, payment.net) == (fee, amount - fee)
+        if asset == "JPY":
+            self.merchant_jpy, self.fees_jpy = self.merchant_jpy + amount - fee, self.fees_jpy + fee
         self.model[(who, asset)][0] -= amount
         self.model[(who, "POINT")][0] += points
         self.model[(who, "CARBON")][0] += grams
         self.payments.append(
             {"obj": payment, "who": who, "asset": asset, "amount": amount, "refunded": 0, "points": points, "points_back": 0,
-             "grams": grams, "grams_back": 0}
+             "grams": grams, "grams_back": 0, "fee": fee}
         )
 
     @precondition(lambda self: self.payments)
@@ -97,6 +110,10 @@ class LedgerMachine(RuleBasedStateMachine):
         grams_back = min(p["grams"] * after // p["amount"] - p["grams_back"], self.available(who, "CARBON"))
         points_back, grams_back = max(points_back, 0), max(grams_back, 0)
         assert (refund.points_reversed, refund.carbon_grams_reversed) == (points_back, grams_back)
+        fee_back = p["fee"] * after // p["amount"] - p["fee"] * p["refunded"] // p["amount"]  # the tenant's default: proportional
+        assert refund.fee == fee_back
+        if asset == "JPY":
+            self.merchant_jpy, self.fees_jpy = self.merchant_jpy - (amount - fee_back), self.fees_jpy - fee_back
         p["refunded"], p["points_back"], p["grams_back"] = after, p["points_back"] + points_back, p["grams_back"] + grams_back
         self.model[(who, asset)][0] += amount
         self.model[(who, "POINT")][0] -= points_back
@@ -145,7 +162,9 @@ class LedgerMachine(RuleBasedStateMachine):
             payment_intent_cancel(intent=entry["obj"])
             return
         capture = max(1, amount * fraction // 100)
-        payment_intent_capture(intent=entry["obj"], amount=capture)
+        captured = payment_intent_capture(intent=entry["obj"], amount=capture)
+        assert captured.payment is not None and captured.payment.fee == fee_of(capture)
+        self.merchant_jpy, self.fees_jpy = self.merchant_jpy + capture - fee_of(capture), self.fees_jpy + fee_of(capture)
         points = int((Decimal(capture) * POINTS_RATE).to_integral_value(rounding=ROUND_FLOOR))
         grams = int((Decimal(capture) * GRAMS_RATE).to_integral_value(rounding=ROUND_HALF_EVEN))
         self.model[(who, "JPY")][0] -= capture
@@ -169,6 +188,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 assert line["balance"] >= 0 and line["available"] >= 0
                 if line["asset"] == "LOCAL":
                     assert line["balance"] <= CAP
+        assert (merchant_balance(self.terminal), fees_balance()) == (self.merchant_jpy, self.fees_jpy)
         assert ledger_unbalanced_transactions() == []
         assert balance_entry_mismatches() == []
         assert ledger_orphan_references() == []

@@ -153,6 +153,7 @@ def test_validation_and_rendering_behave_as_before() -> None:
     payment = SimpleNamespace(
         id="pay_1", created=datetime(2026, 11, 24, 12, 0, tzinfo=UTC), status="succeeded", asset_id="JPY", amount=250,
         amount_refunded=0, customer_id="cus_1", merchant_id="mer_1", store_id=None, terminal_id="ter_1", points_earned=2, carbon_grams=125,
+        fee=6, net=244,
     )
     rendered = [payment_shapes.PaymentOut(payment).data for _ in range(2)]
     assert rendered[0] == rendered[1] and rendered[0]["object"] == "payment" and rendered[0]["store"] is None

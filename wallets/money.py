@@ -50,9 +50,21 @@ def carbon_grams_for(*, amount: int, grams_per_unit: Decimal) -> int:
     return _times(amount, grams_per_unit, ROUND_HALF_EVEN)
 
 
+def fee_for(*, amount: int, rate: Decimal, rounding: str, fixed: int) -> int:
+    """A payment's fee: amount x rate rounded with the schedule's own mode, plus the fixed
+    part, never more than the amount (the merchant's side is never negative)."""
+    return min(amount, _times(amount, rate, rounding) + fixed)
+
+
 def proportion_floor(*, total: int, part: int, whole: int) -> int:
     """floor(total x part / whole) in exact integer arithmetic (refunds return rewards in proportion)."""
     return (total * part) // whole
+
+
+def proportion_share(*, total: int, part_from: int, part_to: int, whole: int) -> int:
+    """The share of `total` that the part of `whole` from `part_from` to `part_to` takes, by the
+    cumulative floor: consecutive shares never sum past `total`, and reach it at the whole."""
+    return proportion_floor(total=total, part=part_to, whole=whole) - proportion_floor(total=total, part=part_from, whole=whole)
 
 
 def _times(amount: int, rate: object, rounding: str) -> int:

@@ -302,6 +302,10 @@ TALLY_CONTACT_ENCRYPTION_KEYS = env.list(
 TALLY_CONTACT_HASH_KEY = env("TALLY_CONTACT_HASH_KEY", default=hashlib.sha256(b"tally-contact-hash:" + SECRET_KEY.encode()).hexdigest())
 TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=1.0)
 TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=1.0)
+# Fee schedules: each process caches a merchant's schedules this long (no query on the
+# payment path), so a new schedule starts at least this long + the grace after it is added.
+TALLY_FEE_SCHEDULE_CACHE_SECONDS = env.float("TALLY_FEE_SCHEDULE_CACHE_SECONDS", default=10.0)
+TALLY_FEE_SCHEDULE_GRACE_SECONDS = env.float("TALLY_FEE_SCHEDULE_GRACE_SECONDS", default=5.0)
 # Webhook deliveries: docs/WEBHOOKS.md. The lease must outlast a request's connect and read timeouts.
 TALLY_WEBHOOK_ENDPOINT_CONCURRENCY = env.int("TALLY_WEBHOOK_ENDPOINT_CONCURRENCY", default=8)
 TALLY_WEBHOOK_PROCESS_CONCURRENCY = env.int("TALLY_WEBHOOK_PROCESS_CONCURRENCY", default=32)

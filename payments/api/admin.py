@@ -1,4 +1,5 @@
-"""Admin face (`ak_` staff keys): parties, keys, adjustments and their approvals, freezes.
+"""Admin face (`ak_` staff keys): parties, keys, adjustments and their approvals, freezes,
+fee schedules.
 Routed by config/api_urls.py. Each action needs the permission its back-office twin
 needs (`action_permissions`), checked against the staff member's login at each request."""
 
@@ -16,8 +17,8 @@ from apikit.base import AdminViewSet
 from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin, object_action
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.models import Adjustment, PendingAdjustment
-from payments.services import approvals, freezes
+from payments.models import Adjustment, FeeSchedule, PendingAdjustment
+from payments.services import approvals, fees, freezes
 from wallets import selectors as wallet_selectors
 from wallets.contacts import customer_contact_attach, customers_contact_attach, customers_find_by_email
 from wallets.models import ApiKey, Customer, Merchant, Store, Terminal
@@ -240,3 +241,28 @@ class PendingAdjustmentViewSet(ListMixin, RetrieveMixin, AdminViewSet):
     )
     def reject(self, pending: PendingAdjustment, data: dict[str, Any]) -> PendingAdjustment:
         return approvals.pending_adjustment_reject(pending=pending, checker=self.staff, reason=data["reason"])
+
+
+class FeeScheduleViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
+    lookup_url_kwarg = "fee_schedule_id"
+    action_permissions = _permissions("payments.view_feeschedule", create="payments.add_feeschedule")
+    out, create_in = s.FeeScheduleOut, s.FeeScheduleCreateIn
+    summaries = {
+        "list": "List fee schedules, newest first",
+        "create": "Add a fee schedule for an asset, tenant-wide or a merchant's own (which beats the tenant-wide one), from valid_from on;"
+        " a schedule is never edited: add a new one",
+        "retrieve": "Retrieve a fee schedule",
+    }
+
+    def objects(self, params: dict[str, Any]) -> QuerySet[FeeSchedule]:
+        return payment_selectors.fee_schedules_list()
+
+    def object_create(self, data: dict[str, Any]) -> FeeSchedule:
+        merchant = wallet_selectors.merchant_get(merchant_id=data["merchant"], param="merchant") if data["merchant"] else None
+        return fees.fee_schedule_create(
+            asset_code=data["asset"], merchant=merchant, rate=data["rate"], rounding=data["rounding"], fixed=data["fixed"],
+            valid_from=data["valid_from"],
+        )
+
+    def object_get(self, fee_schedule_id: str) -> FeeSchedule:
+        return payment_selectors.fee_schedule_get(fee_schedule_id=fee_schedule_id)

@@ -4,15 +4,18 @@ syntax (rules live in the services)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apikit.base import StrictSerializer
-from apikit.fields import AmountField, AssetField, AssetFilterField, ConstField, ObjectIdField, strict_char
+from apikit.fields import AmountField, AssetField, AssetFilterField, ConstField, InstantFilterField, ObjectIdField, strict_char
 from apikit.pagination import ListParamsSerializer, list_serializer
 from apikit.shapes import ObjectOut, Serializer
+from payments.models import FEE_RATE_PLACES, FeeRounding
+from wallets.money import MAX_AMOUNT
 
 S = serializers
 
@@ -145,6 +148,8 @@ class PaymentOut(ObjectOut):
     status = S.CharField()
     asset = _ref("asset_id")
     amount = S.IntegerField()
+    fee = S.IntegerField(help_text="The operator's fee, taken from the amount (its fee schedule in force at the payment's time).")
+    net = S.IntegerField(help_text="What the merchant got: amount - fee.")
     amount_refunded = S.IntegerField()
     customer = _ref("customer_id")
     merchant = _ref("merchant_id")
@@ -160,6 +165,7 @@ class RefundOut(ObjectOut):
     payment = _ref("payment_id")
     asset = _ref("payment.asset_id")
     amount = S.IntegerField()
+    fee = S.IntegerField(help_text="The payment's fee this refund gave back (from the operator); the merchant gave amount - fee.")
     reason = S.CharField()
 
 
@@ -224,7 +230,19 @@ class PaymentIntentOut(ObjectOut):
     amount_captured = S.IntegerField()
     capture_method = S.CharField()
     payment = _ref("payment_id", nullable=True)
+    fee = S.IntegerField(source="payment.fee", allow_null=True, help_text="The charge's fee (null until charged or captured).")
+    net = S.IntegerField(source="payment.net", allow_null=True, help_text="What the merchant got: amount_captured - fee.")
     failure_code = S.CharField()
+
+
+class FeeScheduleOut(ObjectOut):
+    object_type = "fee_schedule"
+    asset = _ref("asset_id")
+    merchant = _ref("merchant_id", nullable=True)
+    rate = S.DecimalField(max_digits=FEE_RATE_PLACES + 1, decimal_places=FEE_RATE_PLACES)
+    rounding = S.CharField()
+    fixed = S.IntegerField()
+    valid_from = S.DateTimeField()
 
 
 class BalanceOut(Serializer):
@@ -385,6 +403,39 @@ class PaymentIntentUpdateIn(StrictSerializer):
 
 class PaymentIntentCaptureIn(StrictSerializer):
     amount_to_capture = AmountField(required=False, help_text="Defaults to the full authorized amount; the rest is released.")
+
+
+class RateField(S.RegexField):
+    """A fraction from 0 to 1 written as a string ("0.029"; a JSON number is a float on the way in)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        pattern = rf"^(0(\.[0-9]{{1,{FEE_RATE_PLACES}}})?|1(\.0{{1,{FEE_RATE_PLACES}}})?)$"
+        message = f"must be a decimal string from 0 to 1 with at most {FEE_RATE_PLACES} places, e.g. \"0.029\""
+        super().__init__(pattern, max_length=FEE_RATE_PLACES + 2, error_messages={"invalid": message}, **kwargs)
+
+    def run_validation(self, data: Any = S.empty) -> Any:  # a Decimal, once the text passed the pattern and length
+        return Decimal(super().run_validation(data))
+
+
+class MinorUnitsField(S.IntegerField):
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, bool) or not isinstance(data, int):  # DRF would take "5" and 5.0
+            raise S.ValidationError("must be an integer in the asset's minor unit")
+        return super().to_internal_value(data)
+
+
+class FeeScheduleCreateIn(StrictSerializer):
+    asset = AssetField()
+    merchant = ObjectIdField("mer", required=False, allow_null=True, default=None, help_text="A merchant's own schedule; none: tenant-wide.")
+    rate = RateField(help_text="Fraction of the amount, 0 to 1 (0.029 is 2.9 %).")
+    rounding = S.ChoiceField(choices=FeeRounding.values, required=False, default=FeeRounding.HALF_EVEN,
+                             help_text="How amount x rate is rounded to a minor unit (Python's decimal modes).")
+    fixed = MinorUnitsField(min_value=0, max_value=MAX_AMOUNT, required=False, default=0, help_text="Added to every fee, in minor units.")
+    valid_from = InstantFilterField(
+        required=False, allow_null=True, default=None,
+        help_text="When it starts applying to payments: at least 15 s from now by default (every process must know it first;"
+        " TALLY_FEE_SCHEDULE_CACHE_SECONDS + TALLY_FEE_SCHEDULE_GRACE_SECONDS); omitted: that earliest start.",
+    )
 
 
 class EmptyIn(StrictSerializer):

@@ -3,10 +3,13 @@ token) or through a payment intent, in the caller's transaction; a refusal leave
 written. Two strategies make the same payment (docs/ARCHITECTURE.md, "One keyed terminal
 payment"): lock first (`_charge_locking_first`), which every charge can take, and write
 first (`charge_write_first`), a speed variant (docs/BENCHMARKS.md) the usual payment tries
-first; it writes its rows in a savepoint before it locks, so its `created` can precede
-its lock wait. Both want the same rows, post the same legs and write the same payment and
-event. Rewards, in the tenant's main currency only: points (ROUND_FLOOR) from the bonus
-pool, carbon (ROUND_HALF_EVEN) from the carbon registry, each cut to its asset's cap.
+first; it writes its rows in a savepoint before it locks. Both want the same rows, post the
+same legs and write the same payment and event. The payment's time (`created`) is taken
+before any lock, as it picks the fee schedule, so it can precede the lock wait. Rewards, in
+the tenant's main currency only: points (ROUND_FLOOR) from the bonus pool, carbon
+(ROUND_HALF_EVEN) from the carbon registry, each cut to its asset's cap. The fee of the
+schedule in force (payments.selectors.fee_terms_in_force, no query) goes to the fees account
+in the same posting: the merchant gets amount - fee.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from payments.models import OutboxEvent, Payment, PaymentStatus
+from payments.selectors import fee_terms_in_force
 from payments.services.mandates import charge_by_customer_id_check
 from payments.services.outbox import epoch_seconds, outbox_event_new
 from payments.services.tokens import payment_token_consume
@@ -41,7 +45,7 @@ from wallets.selectors import MovementAccounts, asset_exists, movement_accounts_
 from wallets.services.ledger import Leg, available, cap_room, ledger_post, ledger_rows_new, ledger_wants
 from wallets.transactions import atomic_service
 
-REWARD_SYSTEM_ROLES = (SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY)
+SYSTEM_ROLES = (SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY, SystemRole.FEES)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,19 @@ class Parties:
     merchant_id: str
     store_id: str | None
     terminal_id: str | None
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What a charge moves, decided before any lock: the amount, the fee in force at `now`
+    (the payment's time) and the rewards as planned (the locked rows may cut them)."""
+
+    asset_code: str
+    amount: int
+    fee: int
+    points: int
+    grams: int
+    now: datetime
 
 
 @atomic_service(operation="payment_create")
@@ -103,26 +120,32 @@ def charge(
     """Customer -> merchant; `consume_hold`: a hold (locked by the caller) this charge
     captures (ledger_post). Captures never write first.
     Locks: the customer's balance rows (asset, POINT, CARBON) and the merchant's, bonus
-    pool's and carbon registry's shards, in one statement in the global order (wallets.locks);
-    write first takes them after writing its rows in a savepoint. Refusals, in this order:
-    NotFound (terminal or merchant, then customer), AssetUnknown, WalletFrozen, InsufficientFunds."""
+    pool's, carbon registry's and fees account's shards, in one statement in the global order
+    (wallets.locks); write first takes them after writing its rows in a savepoint. Refusals, in
+    this order: NotFound (terminal or merchant, then customer), AssetUnknown, WalletFrozen, InsufficientFunds."""
     tenant = tenant_current()
     rewarded = asset_code == tenant.main_currency
-    points = points_for(amount=amount, rate=tenant_rate(tenant, "points_earn_rate")) if rewarded else 0
-    grams = carbon_grams_for(amount=amount, grams_per_unit=tenant_rate(tenant, "carbon_grams_per_unit")) if rewarded else 0
+    now = timezone.now()
+    terms = fee_terms_in_force(merchant_id=merchant_id, asset_code=asset_code, at=now)
+    plan = Charge(
+        asset_code=asset_code, amount=amount, fee=terms.fee_of(amount) if terms is not None else 0,
+        points=points_for(amount=amount, rate=tenant_rate(tenant, "points_earn_rate")) if rewarded else 0,
+        grams=carbon_grams_for(amount=amount, grams_per_unit=tenant_rate(tenant, "carbon_grams_per_unit")) if rewarded else 0, now=now,
+    )
     parties = Parties(customer_id=customer_id, merchant_id=merchant_id, store_id=store_id, terminal_id=terminal_id)
-    if consume_hold is None:
-        payment = charge_write_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams)
+    # A fee of the whole amount leaves the merchant no leg, so nothing the write-first path
+    # locks would show the merchant's account: such a charge locks first.
+    if consume_hold is None and plan.fee < amount:
+        payment = charge_write_first(parties, plan)
         if payment is not None:
             return payment
-    return _charge_locking_first(parties, asset_code=asset_code, amount=amount, points=points, grams=grams, consume_hold=consume_hold)
+    return _charge_locking_first(parties, plan, consume_hold=consume_hold)
 
 
-def _charge_locking_first(
-    parties: Parties, *, asset_code: str, amount: int, points: int, grams: int, consume_hold: Hold | None
-) -> Payment:
+def _charge_locking_first(parties: Parties, plan: Charge, *, consume_hold: Hold | None) -> Payment:
     """Locks: see `charge`."""
-    locked, accounts = _rows_lock(parties, asset_code=asset_code, points=points, grams=grams)
+    asset_code = plan.asset_code
+    locked, accounts = _rows_lock(parties, plan)
     customer, merchant = accounts.customer, accounts.merchant
     assert customer is not None and merchant is not None  # _rows_lock raised NotFound otherwise
     # No balance row: an asset this tenant does not have, or a wallet that never held it.
@@ -133,33 +156,32 @@ def _charge_locking_first(
         raise WalletFrozen("the wallet is frozen", param=None)
     if no_row:
         raise InsufficientFunds("insufficient funds", param="amount")
-    points, grams = _rewards_cut(locked, customer=customer, points=points, grams=grams)
+    plan = _rewards_cut(locked, customer=customer, plan=plan)
 
-    now, payment_id = timezone.now(), ids.new_payment_id()
-    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
-    txn = ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, consume_hold=consume_hold)
-    payment, event = _payment_rows_new(
-        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
+    payment_id = ids.new_payment_id()
+    legs = _legs(accounts, plan)
+    txn = ledger_post(
+        kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=plan.now, consume_hold=consume_hold
     )
+    payment, event = _payment_rows_new(parties, plan, payment_id=payment_id, txn_id=txn.id)
     rows_insert([payment], [event])
     return payment
 
 
-def _rows_lock(parties: Parties, *, asset_code: str, points: int, grams: int) -> tuple[LockedBalances, MovementAccounts]:
+def _rows_lock(parties: Parties, plan: Charge) -> tuple[LockedBalances, MovementAccounts]:
     """Lock the charge's balance rows, finding its accounts in the same statement; with a
     row missing (a first reward or shard credit), the accounts are read and
     `balance_rows_lock` makes the rows that may be made."""
-    wanted = _rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
+    wanted = _rows_wanted(parties, plan)
     locked = balance_rows_lock_by_owner(rows=wanted)
     if len(locked.rows) == len(wanted):
         return locked, _accounts_of(locked, parties)
-    accounts = movement_accounts_get(customer_id=parties.customer_id, merchant_id=parties.merchant_id, system_roles=REWARD_SYSTEM_ROLES)
+    accounts = movement_accounts_get(customer_id=parties.customer_id, merchant_id=parties.merchant_id, system_roles=SYSTEM_ROLES)
     if accounts.merchant is None:
         raise NotFound("no such terminal or merchant", param="terminal")
     if accounts.customer is None:
         raise NotFound("no such customer", param="customer")
-    legs = _legs(accounts, asset_code=asset_code, amount=1, points=points, grams=grams)  # only the signs matter here
-    return balance_rows_lock(wants=ledger_wants(legs)), accounts
+    return balance_rows_lock(wants=ledger_wants(_legs(accounts, plan))), accounts
 
 
 class _NotPlain(Exception):
@@ -167,7 +189,7 @@ class _NotPlain(Exception):
     accounts: the payment is made locking first."""
 
 
-def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points: int, grams: int) -> Payment | None:
+def charge_write_first(parties: Parties, plan: Charge) -> Payment | None:
     """Write the ledger rows, the payment and its event in a savepoint, then lock the
     balance rows for `ledger_post`'s checks: a refusal rolls the savepoint back and raises;
     anything but the plain case (a reward cut since the plan, remembered accounts the locked
@@ -175,22 +197,23 @@ def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points
     Locks: a savepoint; then the lock-first path's balance rows (balance_rows_lock)."""
     if not connection.in_atomic_block:
         return None  # no savepoint outside a transaction: the locking-first path refuses that
-    known_key = (str(getattr(connection, "schema_name", "")), parties.customer_id, parties.merchant_id, asset_code, points > 0, grams > 0)
+    known_key = (
+        str(getattr(connection, "schema_name", "")), parties.customer_id, parties.merchant_id, plan.asset_code, plan.points > 0,
+        plan.grams > 0, plan.fee > 0,
+    )
     accounts = _KNOWN_ACCOUNTS.get(known_key)
     from_plan = accounts is None
     if accounts is None:
-        accounts = _plan_accounts(parties, asset_code=asset_code, amount=amount, points=points, grams=grams)
+        accounts = _plan_accounts(parties, plan)
         if accounts is None:
             return None
     customer = accounts.customer
     assert customer is not None
 
-    now, payment_id = timezone.now(), ids.new_payment_id()
-    legs = _legs(accounts, asset_code=asset_code, amount=amount, points=points, grams=grams)
-    txn, entries = ledger_rows_new(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=now)
-    payment, event = _payment_rows_new(
-        parties, payment_id=payment_id, txn_id=txn.id, asset_code=asset_code, amount=amount, points=points, grams=grams, now=now
-    )
+    payment_id = ids.new_payment_id()
+    legs = _legs(accounts, plan)
+    txn, entries = ledger_rows_new(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, created=plan.now)
+    payment, event = _payment_rows_new(parties, plan, payment_id=payment_id, txn_id=txn.id)
     savepoint = rows_insert_in_savepoint([txn], entries, [payment], [event])  # a failure here rolled its rows back already
     try:
         wants = ledger_wants(legs)
@@ -201,9 +224,9 @@ def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points
             locked = balance_rows_lock(wants=[replace(want, creatable=False) for want in wants])
             if not _accounts_hold(locked, accounts, parties, wants):
                 raise _NotPlain()
-        if _rewards_cut(locked, customer=customer, points=points, grams=grams) != (points, grams):
+        if _rewards_cut(locked, customer=customer, plan=plan) != plan:
             raise _NotPlain()
-        ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=now, written=txn)
+        ledger_post(kind=LedgerTransactionKind.PAYMENT, reference=payment_id, legs=legs, locked=locked, created=plan.now, written=txn)
     except BaseException as failure:
         # Whatever stops it (a refusal, a lock timeout, a deadlock, a bug), the rows it wrote
         # go. After a refusal the caller's transaction may carry on; after a statement that
@@ -222,20 +245,20 @@ def charge_write_first(parties: Parties, *, asset_code: str, amount: int, points
     return payment
 
 
-def _plan_accounts(parties: Parties, *, asset_code: str, amount: int, points: int, grams: int) -> MovementAccounts | None:
+def _plan_accounts(parties: Parties, plan: Charge) -> MovementAccounts | None:
     """The payment's accounts, read without a lock, if it is the plain case: every row
     there, no frozen wallet, the funds there, no reward cut."""
-    wanted = _rows_wanted(parties, asset_code=asset_code, points=points, grams=grams)
-    plan = balance_rows_read_by_owner(rows=wanted)
-    if len(plan.rows) != len(wanted):
+    wanted = _rows_wanted(parties, plan)
+    rows = balance_rows_read_by_owner(rows=wanted)
+    if len(rows.rows) != len(wanted):
         return None
-    accounts = _accounts_of(plan, parties)
+    accounts = _accounts_of(rows, parties)
     customer, merchant = accounts.customer, accounts.merchant
     if customer is None or merchant is None or customer.frozen or merchant.frozen:
         return None
-    if available(locked=plan, account=customer, asset_code=asset_code) < amount:
+    if available(locked=rows, account=customer, asset_code=plan.asset_code) < plan.amount:
         return None
-    if _rewards_cut(plan, customer=customer, points=points, grams=grams) != (points, grams):
+    if _rewards_cut(rows, customer=customer, plan=plan) != plan:
         return None
     return accounts
 
@@ -245,7 +268,7 @@ def _plan_accounts(parties: Parties, *, asset_code: str, amount: int, points: in
 # accounts make no missing row and each locked row is checked to be the party's; any
 # failure forgets the entry. A stale `frozen` can only say "not frozen": the rows override.
 
-_KnownKey = tuple[str, str, str, str, bool, bool]  # schema, customer, merchant, asset, points?, carbon?
+_KnownKey = tuple[str, str, str, str, bool, bool, bool]  # schema, customer, merchant, asset, points?, carbon?, fee?
 _KNOWN_ACCOUNTS_MAX = 4_096  # about 2.5 KB an entry: ~10 MB a process at most
 _KNOWN_ACCOUNTS: dict[_KnownKey, MovementAccounts] = {}
 
@@ -282,15 +305,17 @@ def _accounts_hold(locked: LockedBalances, accounts: MovementAccounts, parties: 
 # --- What both strategies want and write (no lock, no read, no write here) ----------------------
 
 
-def _rows_wanted(parties: Parties, *, asset_code: str, points: int, grams: int) -> list[OwnerRow]:
-    """The customer's rows, and this connection's shard of the merchant and reward accounts."""
-    shard = connection_shard()
+def _rows_wanted(parties: Parties, plan: Charge) -> list[OwnerRow]:
+    """The customer's rows, and this connection's shard of the merchant, fees and reward accounts."""
+    shard, asset_code = connection_shard(), plan.asset_code
     customer_id = parties.customer_id
     wanted = [OwnerRow(AccountKind.CUSTOMER, customer_id, asset_code), OwnerRow(AccountKind.MERCHANT, parties.merchant_id, asset_code, shard)]
-    if points:
+    if plan.fee:
+        wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.FEES, asset_code, shard)]
+    if plan.points:
         wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, POINTS_ASSET)]
         wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.BONUS_POOL, POINTS_ASSET, shard)]
-    if grams:
+    if plan.grams:
         wanted += [OwnerRow(AccountKind.CUSTOMER, customer_id, CARBON_ASSET)]
         wanted += [OwnerRow(AccountKind.SYSTEM, SystemRole.CARBON_REGISTRY, CARBON_ASSET, shard)]
     return wanted
@@ -298,7 +323,7 @@ def _rows_wanted(parties: Parties, *, asset_code: str, points: int, grams: int) 
 
 def _accounts_of(rows: LockedBalances, parties: Parties) -> MovementAccounts:
     """The parties' accounts as read with their balance rows (None where a row is missing)."""
-    system = {role: rows.account_of(kind=AccountKind.SYSTEM, owner=role) for role in REWARD_SYSTEM_ROLES}
+    system = {role: rows.account_of(kind=AccountKind.SYSTEM, owner=role) for role in SYSTEM_ROLES}
     return MovementAccounts(
         customer=rows.account_of(kind=AccountKind.CUSTOMER, owner=parties.customer_id),
         merchant=rows.account_of(kind=AccountKind.MERCHANT, owner=parties.merchant_id),
@@ -306,18 +331,26 @@ def _accounts_of(rows: LockedBalances, parties: Parties) -> MovementAccounts:
     )
 
 
-def _rewards_cut(rows: LockedBalances, *, customer: Account, points: int, grams: int) -> tuple[int, int]:
-    """The rewards cut to what the customer's capped reward rows still have room for."""
+def _rewards_cut(rows: LockedBalances, *, customer: Account, plan: Charge) -> Charge:
+    """The plan with its rewards cut to what the customer's capped reward rows still have room for."""
+    points, grams = plan.points, plan.grams
     points_room = cap_room(locked=rows, account=customer, asset_code=POINTS_ASSET) if points else None
     grams_room = cap_room(locked=rows, account=customer, asset_code=CARBON_ASSET) if grams else None
-    return (points if points_room is None else min(points, points_room), grams if grams_room is None else min(grams, grams_room))
+    cut = (points if points_room is None else min(points, points_room), grams if grams_room is None else min(grams, grams_room))
+    return plan if cut == (points, grams) else replace(plan, points=cut[0], grams=cut[1])
 
 
-def _legs(accounts: MovementAccounts, *, asset_code: str, amount: int, points: int, grams: int) -> list[Leg]:
-    """Customer -> merchant, and the rewards from the system accounts to the customer."""
+def _legs(accounts: MovementAccounts, plan: Charge) -> list[Leg]:
+    """Customer -> merchant (amount - fee) and fees account (fee), and the rewards from the
+    system accounts to the customer. A zero side has no leg."""
     customer, merchant = accounts.customer, accounts.merchant
     assert customer is not None and merchant is not None
-    legs = [Leg(customer, asset_code, -amount), Leg(merchant, asset_code, amount)]
+    asset_code, amount, fee, points, grams = plan.asset_code, plan.amount, plan.fee, plan.points, plan.grams
+    legs = [Leg(customer, asset_code, -amount)]
+    if amount > fee:
+        legs += [Leg(merchant, asset_code, amount - fee)]
+    if fee > 0:
+        legs += [Leg(accounts.system_account(SystemRole.FEES), asset_code, fee)]
     if points > 0:
         legs += [Leg(customer, POINTS_ASSET, points), Leg(accounts.system_account(SystemRole.BONUS_POOL), POINTS_ASSET, -points)]
     if grams > 0:
@@ -325,10 +358,9 @@ def _legs(accounts: MovementAccounts, *, asset_code: str, amount: int, points: i
     return legs
 
 
-def _payment_rows_new(
-    parties: Parties, *, payment_id: str, txn_id: str, asset_code: str, amount: int, points: int, grams: int, now: datetime
-) -> tuple[Payment, OutboxEvent]:
+def _payment_rows_new(parties: Parties, plan: Charge, *, payment_id: str, txn_id: str) -> tuple[Payment, OutboxEvent]:
     """The payment row and its `payment.succeeded` event, not yet saved."""
+    asset_code, amount, fee, now = plan.asset_code, plan.amount, plan.fee, plan.now
     payment = Payment(
         id=payment_id,
         status=PaymentStatus.SUCCEEDED,
@@ -338,8 +370,9 @@ def _payment_rows_new(
         terminal_id=parties.terminal_id,
         asset_id=asset_code,
         amount=amount,
-        points_earned=points,
-        carbon_grams=grams,
+        fee=fee,
+        points_earned=plan.points,
+        carbon_grams=plan.grams,
         ledger_transaction_id=txn_id,
         created=now,
     )
@@ -347,8 +380,8 @@ def _payment_rows_new(
         topic="payment.succeeded",
         payload={
             "id": payment_id, "object": "payment", "status": PaymentStatus.SUCCEEDED.value, "asset": asset_code, "amount": amount,
-            "customer": parties.customer_id, "merchant": parties.merchant_id, "store": parties.store_id, "terminal": parties.terminal_id,
-            "points_earned": points, "carbon_grams": grams, "created": epoch_seconds(now),
+            "fee": fee, "net": amount - fee, "customer": parties.customer_id, "merchant": parties.merchant_id, "store": parties.store_id,
+            "terminal": parties.terminal_id, "points_earned": plan.points, "carbon_grams": plan.grams, "created": epoch_seconds(now),
         },
         created=now,
         sequence=1,  # a new payment's first event

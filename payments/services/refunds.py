@@ -21,11 +21,13 @@ from payments.selectors import gateway_account_get, topups_charged_uncredited
 from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.topup_budget import LoopBudget, recovery_step_isolated, topups_in_turn
 from payments.services.topups import topup_last_error_note
+from tenants.models import RefundFeePolicy
+from tenants.selectors import tenant_current
 from wallets import ids
 from wallets.errors import AmountInvalid, NotFound
 from wallets.locks import balance_rows_lock
 from wallets.models import CARBON_ASSET, POINTS_ASSET, LedgerTransactionKind, SystemRole, Terminal
-from wallets.money import amount_to_minor, proportion_floor
+from wallets.money import amount_to_minor, proportion_floor, proportion_share
 from wallets.selectors import movement_accounts_get
 from wallets.services.ledger import Leg, available, ledger_post, ledger_wants
 from wallets.transactions import atomic_service
@@ -37,8 +39,11 @@ logger = logging.getLogger("tally.topups")
 def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refund:
     """Refund part or all of a payment, never more than is left; repeatable. Rewards go back
     in proportion (cumulative floor: a full refund returns exactly what was earned), never
-    below what the customer still holds. Locks: the payment row, then the balance rows in
-    one statement (customer rows, every shard of the merchant's asset, the system shards)."""
+    below what the customer still holds. The fee goes back from the fees account under the
+    tenant's `proportional` policy, its share by the same cumulative floor (never more than
+    the fee, all of it once fully refunded); the merchant gives the rest. Locks: the payment
+    row, then the balance rows in one statement (customer rows, every shard of the
+    merchant's asset, the system shards)."""
     minor = amount_to_minor(amount)
     reason = str(reason)[:500]
     locked_payment = payment_lock(payment_id=payment.pk)
@@ -48,17 +53,25 @@ def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refu
         raise AmountInvalid(f"amount exceeds what is left to refund ({locked_payment.amount_refundable})", param="amount")
     accounts = movement_accounts_get(
         customer_id=locked_payment.customer_id, merchant_id=locked_payment.merchant_id,
-        system_roles=(SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY),
+        system_roles=(SystemRole.BONUS_POOL, SystemRole.CARBON_REGISTRY, SystemRole.FEES),
     )
     customer, merchant = accounts.customer, accounts.merchant
     assert customer is not None and merchant is not None  # accounts are undeletable
     bonus_pool, registry = accounts.system_account(SystemRole.BONUS_POOL), accounts.system_account(SystemRole.CARBON_REGISTRY)
+    fees = accounts.system_account(SystemRole.FEES)
     refunded_after, whole = locked_payment.amount_refunded + minor, locked_payment.amount
+    fee_back = 0
+    if tenant_current().refund_fee_policy == RefundFeePolicy.PROPORTIONAL:  # this refund's share (one under `none` kept its own)
+        fee_back = proportion_share(total=locked_payment.fee, part_from=locked_payment.amount_refunded, part_to=refunded_after, whole=whole)
     points_back = proportion_floor(total=locked_payment.points_earned, part=refunded_after, whole=whole) - locked_payment.points_reversed
     grams_back = proportion_floor(total=locked_payment.carbon_grams, part=refunded_after, whole=whole) - locked_payment.carbon_grams_reversed
 
     def legs_for(points_back: int, grams_back: int) -> list[Leg]:
-        legs = [Leg(merchant, locked_payment.asset_id, -minor), Leg(customer, locked_payment.asset_id, minor)]
+        asset = locked_payment.asset_id
+        legs = [Leg(merchant, asset, fee_back - minor)] if minor > fee_back else []
+        if fee_back > 0:
+            legs += [Leg(fees, asset, -fee_back)]
+        legs += [Leg(customer, asset, minor)]
         if points_back > 0:
             legs += [Leg(customer, POINTS_ASSET, -points_back), Leg(bonus_pool, POINTS_ASSET, points_back)]
         if grams_back > 0:
@@ -74,15 +87,16 @@ def refund_create(*, payment: Payment, amount: object, reason: str = "") -> Refu
         amount_refunded=F("amount_refunded") + minor,
         points_reversed=F("points_reversed") + points_back,
         carbon_grams_reversed=F("carbon_grams_reversed") + grams_back,
+        fee_refunded=F("fee_refunded") + fee_back,
     )
     refund = Refund.objects.create(
         id=refund_id, payment=locked_payment, amount=minor, reason=reason,
-        points_reversed=points_back, carbon_grams_reversed=grams_back, ledger_transaction=txn,
+        points_reversed=points_back, carbon_grams_reversed=grams_back, fee=fee_back, ledger_transaction=txn,
     )
     outbox_event_create(
         topic="refund.succeeded",
         payload={
-            "id": refund.id, "object": "refund", "payment": locked_payment.id, "amount": minor, "asset": locked_payment.asset_id,
+            "id": refund.id, "object": "refund", "payment": locked_payment.id, "amount": minor, "fee": fee_back, "asset": locked_payment.asset_id,
             "merchant": locked_payment.merchant_id, "customer": locked_payment.customer_id, "reason": reason,
             "created": epoch_seconds(refund.created),
         },

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
-from django.db.models import Count, F, Min, QuerySet, Window
+from django.db.models import Count, F, Min, QuerySet, Sum, Window
 from django.db.models.functions import Lag
 from prometheus_client import CollectorRegistry, Counter, multiprocess
 
@@ -19,6 +19,7 @@ from payments.gateways.registry import gateway_build
 from payments.models import OutboxEvent, Payment
 from payments.selectors import gateway_account_active, topup_settlement_lines, topups_charged_uncredited
 from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity
+from wallets.models import Balance, SystemRole
 
 
 def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
@@ -54,6 +55,27 @@ def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
                   ObjectRef("wallets", "customer", customer), ObjectRef("wallets", "merchant", merchant)),
         )
     ctx.stats["payments"] = Payment.objects.count()
+
+
+def fee_account_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Per asset, the fees account's balance (its shards summed) against the fees payments
+    took less what refunds gave back."""
+    held = Balance.objects.filter(account__system_role=SystemRole.FEES).order_by().values("asset_id").annotate(total=Sum("balance"))
+    kept = Payment.objects.filter(fee__gt=0).order_by().values("asset_id").annotate(total=Sum(F("fee") - F("fee_refunded")))
+    balances = {row["asset_id"]: int(row["total"] or 0) for row in held}
+    fees = {row["asset_id"]: int(row["total"] or 0) for row in kept}
+    ctx.stats["fee_assets"] = len(fees)
+    for asset in sorted(balances.keys() | fees.keys()):
+        balance, expected = balances.get(asset, 0), fees.get(asset, 0)
+        if balance != expected:
+            yield Discrepancy(
+                kind="fee_account_mismatch",
+                severity=Severity.CRITICAL,
+                summary=f"the fees account holds {balance} {asset} but payments' fees less refunded fees are {expected} "
+                f"(difference {balance - expected:+d})",
+                details={"asset": asset, "balance": balance, "fees_less_refunded": expected, "difference": balance - expected},
+                refs=(ObjectRef("wallets", "asset", asset),),
+            )
 
 
 def idempotency_stuck_check(ctx: CheckContext) -> Iterator[Discrepancy]:

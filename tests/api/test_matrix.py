@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from django.urls import URLResolver, get_resolver
 
 from payments.models import OutboxEvent
 from payments.services.adjustments import adjustment_create
+from payments.services.fees import fee_schedule_create
 from tests.api.conftest import Api, World, error_of
 from wallets.services.principals import api_key_create, customer_create
 
@@ -46,7 +48,7 @@ def objects(api: Api, world: World) -> Objects:
         "pending_adjustment_id": held["id"],
         "payment_id": payment["id"], "refund_id": refund["id"], "transfer_id": transfer["id"], "topup_id": topup["id"],
         "intent_id": intent["id"], "endpoint_id": hook["id"], "adjustment_id": adj["id"], "customer_id": world.customer.id,
-        "mandate_id": mandate["id"],
+        "mandate_id": mandate["id"], "fee_schedule_id": fee_schedule_create(asset_code="JPY", rate=Decimal("0.01")).pk,
         "event_id": OutboxEvent.objects.get(topic="payment.succeeded", payload__id=payment["id"]).pk,
         "merchant_id": world.merchant.id, "store_id": world.store.pk, "terminal_id": world.terminal.id,
         # a throwaway key: the matrix rotates and revokes it

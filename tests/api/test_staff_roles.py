@@ -44,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
     "/v1/admin/terminals": {"operator"},
     "/v1/admin/pending_adjustments/{pending_adjustment_id}/approve": {"finance"},
     "/v1/admin/pending_adjustments/{pending_adjustment_id}/reject": {"finance"},
+    "/v1/admin/fee_schedules": {"finance"},
 }
 
 
@@ -82,6 +83,7 @@ def _request_for(template: str, world: World) -> tuple[str, dict[str, Any], Call
         "/v1/admin/merchants": {"name": "New merchant"},
         "/v1/admin/stores": {"merchant": world.merchant.id, "name": "New store"},
         "/v1/admin/terminals": {"store": world.store.pk, "name": "New till"},
+        "/v1/admin/fee_schedules": {"asset": "JPY", "rate": "0.01"},  # each from the earliest start: a start of its own
     }
     return template, bodies[template], lambda: (AuditEntry.objects.count(), LedgerEntry.objects.count(), ApiKey.objects.count())
 

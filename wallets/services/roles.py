@@ -33,6 +33,7 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "finance": (
         "payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment", "payments.settle_topup",
         "wallets.change_merchant",
+        "payments.add_feeschedule",
     ),
 }
 ROLES = tuple(ROLE_PERMISSIONS)
