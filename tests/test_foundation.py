@@ -226,7 +226,7 @@ def test_a_tenant_added_in_the_platform_admin_is_set_up_like_one_made_by_tenant_
             "schema_name": schema, "name": "Added", "is_active": "on", "main_currency": "EUR",
             "currency_exponent": 2, "points_earn_rate": "0", "topup_bonus_rate": "0", "carbon_grams_per_unit": "0",
             "idempotency_replay_window_seconds": 86400, "idempotency_tombstone_window_seconds": 604800,
-            "idempotency_wait_ms": 0, "extra_settings": "{}", "refund_fee_policy": "proportional",
+            "idempotency_wait_ms": 0, "extra_settings": "{}", "refund_fee_policy": "proportional", "settlement_delay_days": 2,
             "domains-TOTAL_FORMS": 1, "domains-INITIAL_FORMS": 0,
             "domains-0-domain": f"{schema}.localhost", "domains-0-is_primary": "on",
         })
