@@ -24,10 +24,12 @@ from payments.models import (
     AdjustmentDirection,
     GatewayAccount,
     Mandate,
+    MerchantBankAccount,
     OutboxEvent,
     Payment,
     PaymentIntent,
     PaymentToken,
+    Payout,
     PendingAdjustment,
     PendingAdjustmentStatus,
     PspWebhookEvent,
@@ -480,6 +482,27 @@ class PspWebhookEventAdmin(ReadOnlyAdmin):
     list_filter = ("gateway", "outcome", "type")
     search_fields = ("=event_id",)
     date_hierarchy = "received"
+
+
+@admin.register(Payout)
+class PayoutAdmin(ReadOnlyAdmin):
+    list_display = ("id", "created", "status", money_column("amount"), link_column("merchant"), "origin", "psp_reference",
+                    "arrival_expected_at")
+    list_filter = ("status", "origin", "asset")
+    id_search = {"po": "id", "mer": "merchant_id"}
+    search_fields = ("=psp_reference",)
+    date_hierarchy = "created"
+    list_select_related = ("asset", "merchant")
+
+
+@admin.register(MerchantBankAccount)
+class MerchantBankAccountAdmin(ReadOnlyAdmin):
+    """Where merchants' payouts go: the PSP's reference and the last four digits only."""
+
+    list_display = (link_column("merchant"), "gateway", "psp_reference", "last4", "changed_at")
+    list_filter = ("gateway",)
+    id_search = {"mer": "merchant_id"}
+    list_select_related = ("merchant",)
 
 
 def _topup_queue_panel() -> SafeString:
