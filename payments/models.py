@@ -562,5 +562,9 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
             models.UniqueConstraint(fields=["psp_reference"], condition=~Q(psp_reference=""), name="payout_psp_reference_once"),
         ]
 
+    @property
+    def awaiting_approval(self) -> bool:
+        return self.status == PayoutStatus.PENDING and self.approval_required and self.approved_at is None
+
     def __str__(self) -> str:
         return f"{self.id} {self.amount} {self.asset_id} ({self.status})"
