@@ -39,9 +39,9 @@ answer is sent), `min_charge_amount` (a charge below it is refused with a 400
 idempotent result kept). Payouts: `hang_after_payout` (the next N payouts are made, then the
 answer is held `hang_seconds` and dropped), `fail_after_payout` (the next N payouts are made,
 then answered 500), `payouts_manual` (payouts stay in transit until POST
-/_control/settle_payouts), `payout_settle_ms`; POST /_control/return_payout {id} fails an
-in-transit or paid payout as returned. POST /_control/reset clears faults and data; GET
-/_control/state dumps it.
+/_control/settle_payouts), `payout_settle_ms`, `payout_arrival_seconds` (the arrival it
+promises); POST /_control/return_payout {id} fails an in-transit or paid payout as returned.
+POST /_control/reset clears faults and data; GET /_control/state dumps it.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class Faults:
     fail_after_payout: int = 0
     payouts_manual: bool = False
     payout_settle_ms: int = 500
+    payout_arrival_seconds: int = 86400
 
 
 @dataclass
@@ -238,7 +239,8 @@ class Simulator:
             payout = {
                 "id": _new_id("po"), "object": "payout", "amount": amount, "currency": currency.lower(), "destination": destination,
                 "status": "failed" if declined else "in_transit", "failure_code": bank["fate"].split(":", 1)[1] if declined else "",
-                "metadata": dict(params.get("metadata") or {}), "idempotency_key": key, "created": now, "arrival_date": now + 86400,
+                "metadata": dict(params.get("metadata") or {}), "idempotency_key": key, "created": now,
+                "arrival_date": now + self.faults.payout_arrival_seconds,
             }
             acct.payouts[str(payout["id"])] = payout
             if declined:

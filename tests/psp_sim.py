@@ -39,7 +39,7 @@ class Simulator:
     def faults_clear(self) -> None:
         self.faults(latency_ms=0, charge_latency_ms=0, fail_5xx=0, hang_after_charge=0, hang_seconds=30.0, duplicate_webhooks=False,
                     out_of_order_webhooks=False, webhook_before_response=False, min_charge_amount=0, hang_after_payout=0,
-                    fail_after_payout=0, payouts_manual=False, payout_settle_ms=500)
+                    fail_after_payout=0, payouts_manual=False, payout_settle_ms=500, payout_arrival_seconds=86400)
 
     def flush_webhooks(self) -> int:
         return int(self._call("POST", "/_control/flush_webhooks", {})["flushed"])

@@ -83,14 +83,13 @@ def payout_submit_on_commit(*, payout_id: str) -> None:
     schema = str(getattr(connection, "schema_name", "public"))
 
     def send() -> None:
-        headers = {"_schema_name": schema}
         try:
-            if current_app.conf.task_always_eager:  # send_task ignores eager mode: run the registered task here
-                task = current_app.tasks.get(SUBMIT_TASK_NAME)
-                if task is not None:
-                    task.apply(kwargs={"payout_id": payout_id}, headers=headers)
+            if current_app.conf.task_always_eager:  # send_task ignores eager mode: do the task's work here
+                payout_submit(payout_id=payout_id)
                 return
-            current_app.send_task(SUBMIT_TASK_NAME, kwargs={"payout_id": payout_id}, headers=headers, retry=False, ignore_result=True)
+            current_app.send_task(
+                SUBMIT_TASK_NAME, kwargs={"payout_id": payout_id}, headers={"_schema_name": schema}, retry=False, ignore_result=True
+            )
         except Exception:  # the payout committed; the recovery sends it
             logger.warning("payout submit could not be queued; the recovery sends it", extra={"payout": payout_id}, exc_info=True)
 
