@@ -87,7 +87,7 @@ def test_a_declined_payout_fails_at_once_and_a_returned_one_fails_later(sim: Sim
     returned_to = gateway.bank_account_attach(token="btok_bank_returned", reference="m2").psp_reference
     request = payout_request(returned_to)
     assert gateway.payout_create(request).status == "in_transit"
-    assert sim.settle_payouts() == 1
+    assert sim.settle_payouts() >= 1  # the simulator's every in-transit payout, this one among them
     [late] = gateway.payouts_of(reference=request.reference, destination=returned_to)
     assert late.status == "failed" and late.failure_code == "no_account"
     # A paid payout can be returned too (days later, at a real PSP).
