@@ -54,11 +54,12 @@ _SETTLEMENT_DELAY_DAYS = 2
 
 def _available(*, locked: LockedBalances, account: Account, asset_code: str, now: datetime) -> int:
     """What the merchant may be paid out now: max(0, balance - held - its credits of the last
-    settlement-delay days), read on its locked rows (every shard)."""
+    settlement-delay days), read on its locked rows (every shard). A failed payout's money
+    coming back is no new credit: it was available when it left."""
     shards = locked.shards(account=account, asset_code=asset_code)
     recent = LedgerEntry.objects.filter(
         account_id=account.pk, asset_id=asset_code, amount__gt=0, created__gte=now - timedelta(days=_SETTLEMENT_DELAY_DAYS)
-    ).aggregate(total=Sum("amount"))["total"]
+    ).exclude(transaction__kind=LedgerTransactionKind.PAYOUT_BACK).aggregate(total=Sum("amount"))["total"]
     return max(0, sum(row.balance - row.held for row in shards) - int(recent or 0))
 
 

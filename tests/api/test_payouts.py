@@ -2,7 +2,8 @@
 201 replays under its key), GET lists and retrieves the merchant's own; each bad input is a
 4xx with its own code and moves nothing (over available, an asset not payable, no bank
 account, held, frozen, a malformed amount); two concurrent payouts of the whole balance
-(real threads, real PostgreSQL): one 201, the other 402."""
+(real threads, real PostgreSQL): one 201, the other 402. And the back office's payout
+pages, queues and actions."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from django.utils import timezone
 from payments.models import MerchantBankAccount, Payout
 from payments.services.payouts import bank_account_attach, merchant_payouts_hold
 from tests.api.conftest import Api, World, error_of
+from tests.api.test_backoffice import _confirm_key, _login, q
 from tests.conftest import run_in_thread_tenant
 from tests.payouts_support import PAYOUTS_TENANT, balance, fund
 from wallets.models import Account, Balance
@@ -124,3 +126,44 @@ def test_two_concurrent_payouts_of_the_whole_balance_one_succeeds_one_is_402(pay
     assert sorted(a.status_code for a in answers) == [201, 402]
     assert [a.json()["error"]["code"] for a in answers if a.status_code == 402] == ["insufficient_available"]
     assert Payout.objects.filter(merchant=merchant).count() == 1 and balance(merchant) == 0
+
+
+# --- Back office ---------------------------------------------------------------------------------------
+
+
+def test_the_back_office_shows_payouts_with_their_ledger_and_psp_reference_and_acts_on_them(api: Api, world: World) -> None:
+    merchant = world.merchant.obj
+    fund(merchant, 9_000, days_ago=3)
+    client = _login(f"po-root-{uuid.uuid4().hex[:6]}", superuser=True)
+    page = client.get(f"/admin/wallets/merchant/{q(merchant.pk)}/act/bank_account/")
+    assert client.post(f"/admin/wallets/merchant/{q(merchant.pk)}/act/bank_account/",
+                       {"idempotency_key": _confirm_key(page), "token": "btok_bank"}).status_code == 302
+    assert MerchantBankAccount.objects.get(merchant=merchant).last4 == "6789"
+    made = api.post("/v1/merchant/payouts", world.merchant.key, {"asset": "JPY", "amount": 4_000}).json()
+    assert made["awaiting_approval"] is True  # the account was attached just now
+    for query in ("", "?queue=approval", "?queue=overdue", "?queue=unsent", "?status=pending"):
+        assert client.get(f"/admin/payments/payout/{query}").status_code == 200, query
+    assert made["id"] in client.get("/admin/payments/payout/?queue=approval").content.decode()
+    detail = client.get(f"/admin/payments/payout/{q(made['id'])}/change/").content.decode()
+    payout = Payout.objects.get(pk=made["id"])
+    assert f"/admin/wallets/ledgertransaction/{q(payout.ledger_transaction_id)}/change/" in detail and "6789" in detail
+    assert "/act/approve/" in detail and "/act/cancel/" in detail
+    page = client.get(f"/admin/payments/payout/{q(made['id'])}/act/cancel/")
+    assert client.post(f"/admin/payments/payout/{q(made['id'])}/act/cancel/",
+                       {"idempotency_key": _confirm_key(page), "reason": "asked"}).status_code == 302
+    canceled = Payout.objects.get(pk=made["id"])
+    assert canceled.status == "canceled" and balance(merchant) == 9_000
+    assert f"/admin/wallets/ledgertransaction/{q(str(canceled.returned_transaction_id))}/change/" in client.get(
+        f"/admin/payments/payout/{q(made['id'])}/change/").content.decode()
+    page = client.get(f"/admin/wallets/merchant/{q(merchant.pk)}/act/hold_payouts/")
+    assert client.post(f"/admin/wallets/merchant/{q(merchant.pk)}/act/hold_payouts/",
+                       {"idempotency_key": _confirm_key(page), "reason": "review"}).status_code == 302
+    merchant.refresh_from_db()
+    assert merchant.payouts_held and "held since" in client.get(f"/admin/wallets/merchant/{q(merchant.pk)}/change/").content.decode()
+
+
+def test_a_viewer_cannot_act_on_payouts(api: Api, world: World) -> None:
+    viewer = _login(f"po-viewer-{uuid.uuid4().hex[:6]}", role="viewer")
+    assert viewer.get(f"/admin/wallets/merchant/{q(world.merchant.id)}/act/hold_payouts/").status_code == 403
+    assert viewer.get(f"/admin/wallets/merchant/{q(world.merchant.id)}/act/bank_account/").status_code == 403
+    assert viewer.get("/admin/payments/payout/").status_code == 200
