@@ -380,3 +380,37 @@ def payouts_recovery_next_due_at(*, lease_seconds: int, check_every: timedelta, 
 def payouts_in_transit_overdue(*, now: datetime, limit: int = 50) -> QuerySet[Payout]:
     """The queue of payouts in transit longer than the PSP promised, oldest promise first."""
     return Payout.objects.filter(status=PayoutStatus.IN_TRANSIT, arrival_expected_at__lt=now).order_by("arrival_expected_at", "id")[:limit]
+
+
+@dataclass(frozen=True)
+class PayoutSettlementLine:
+    payout_id: str
+    psp_reference: str
+    asset: str
+    amount: int
+
+
+def payout_settlement_lines(*, day: date, gateway: str | None = None) -> list[PayoutSettlementLine]:
+    """Our payouts the PSP made on `day` (UTC, the PSP's time) and still holds as sent (in
+    transit or paid), for the settlement comparison."""
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    payouts = Payout.objects.filter(
+        status__in=[PayoutStatus.IN_TRANSIT, PayoutStatus.PAID], psp_created_at__gte=start, psp_created_at__lt=start + timedelta(days=1)
+    )
+    if gateway is not None:
+        payouts = payouts.filter(gateway=gateway)
+    return [
+        PayoutSettlementLine(payout_id=p.pk, psp_reference=p.psp_reference, asset=p.asset_id, amount=p.amount)
+        for p in payouts.order_by("psp_created_at", "id")
+    ]
+
+
+def payouts_in_transit_totals() -> dict[str, int]:
+    """Per asset, what payouts not yet paid, failed or canceled hold: what the in-transit account should."""
+    rows = Payout.objects.filter(status__in=[PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT]).values("asset_id").annotate(total=Sum("amount"))
+    return {str(row["asset_id"]): int(row["total"]) for row in rows}
+
+
+def payout_statuses(*, payout_ids: list[str]) -> list[tuple[str, str]]:
+    """(id, status) of those of `payout_ids` that are payouts of ours."""
+    return [(str(pk), str(status)) for pk, status in Payout.objects.filter(pk__in=payout_ids).values_list("pk", "status")]
