@@ -557,12 +557,21 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
 def serve(*, host: str, port: int, accounts_file: str | None = None) -> None:
     sim = Simulator()
     if accounts_file:
-        # {"<api key>": [{"url": ..., "secret": ...}, ...]}: endpoints registered at start.
+        # {"<api key>": [{"url": ..., "secret": ...}, ...]}: endpoints registered at start; and
+        # {"bank_accounts": {"<api key>": [{"id": "ba_...", "token": "btok_bank"}]}}: bank accounts held from the start.
         try:
             with open(accounts_file, encoding="utf-8") as fh:
                 for api_key, endpoints in json.load(fh).items():
                     if isinstance(endpoints, list):
                         sim.account(api_key).endpoints = [{"url": str(e["url"]), "secret": str(e["secret"])} for e in endpoints]
+                    elif api_key == "bank_accounts" and isinstance(endpoints, dict):
+                        for owner, banks in endpoints.items():
+                            for bank in banks:
+                                last4, fate = BANK_TOKENS[str(bank["token"])]
+                                sim.account(owner).bank_accounts[str(bank["id"])] = {
+                                    "id": str(bank["id"]), "object": "bank_account", "last4": last4, "fate": fate, "metadata": {},
+                                    "created": int(time.time()),
+                                }
         except FileNotFoundError:
             pass
     server = ThreadingHTTPServer((host, port), _make_handler(sim))
@@ -580,7 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Tally's PSP simulator")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--accounts-file", default=None, help="JSON {api_key: [{url, secret}]} of webhook endpoints to register at start")
+    parser.add_argument("--accounts-file", default=None,
+                        help="JSON {api_key: [{url, secret}], 'bank_accounts': {api_key: [{id, token}]}}: webhook endpoints and bank accounts"
+                        " held from the start")
     args = parser.parse_args(argv)
     serve(host=args.host, port=args.port, accounts_file=args.accounts_file)
     return 0

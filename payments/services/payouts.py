@@ -85,11 +85,13 @@ def bank_account_attach(*, merchant: Merchant, token: object, staff: StaffMember
         raise InvalidRequest(f"the PSP refused this bank account ({exc.code or 'invalid'})", param="token") from exc
     except GatewayError as exc:
         raise PspUnavailable("no answer from the PSP: try again") from exc
-    return _bank_account_save(merchant=merchant, gateway=account.gateway, psp_reference=held.psp_reference, last4=held.last4, staff=staff)
+    return bank_account_save(merchant=merchant, gateway=account.gateway, psp_reference=held.psp_reference, last4=held.last4, staff=staff)
 
 
 @atomic_service(operation="bank_account_attach")
-def _bank_account_save(*, merchant: Merchant, gateway: str, psp_reference: str, last4: str, staff: StaffMember) -> MerchantBankAccount:
+def bank_account_save(*, merchant: Merchant, gateway: str, psp_reference: str, last4: str, staff: StaffMember) -> MerchantBankAccount:
+    """Keep a bank account the PSP holds (its reference and last four digits) as where the
+    merchant's payouts go, audited. Locks: the bank account row (an upsert)."""
     before = bank_account_of(merchant_id=merchant.pk)
     bank, _ = MerchantBankAccount.objects.update_or_create(
         merchant=merchant, defaults={"gateway": gateway, "psp_reference": psp_reference[:200], "last4": last4[-4:], "changed_at": timezone.now()}
