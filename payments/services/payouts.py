@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -114,10 +113,12 @@ class _Made:
 
 def _payout_make(
     *, merchant: Merchant, asset_code: str, amount: int | None, origin: str, schedule_day: date | None = None,
-    retry_of: Payout | None = None, staff_approval: Callable[[int], tuple[StaffMember | None, StaffMember | None, str]] | None = None,
+    retry_of: Payout | None = None, staff: StaffMember | None = None, staff_alone: bool = False,
 ) -> _Made:
     """The checks, the move and the rows of a new payout (`amount` None: the whole available
-    balance), in the caller's transaction; refuses before it writes.
+    balance), in the caller's transaction; refuses before it writes. Made by `staff` (a
+    retry), it is approved by them if they may post it `staff_alone` and nothing else asks
+    for an approval, else it waits with them as its first approver.
     Locks: the merchant's balance rows in the asset (every shard) and the in-transit row, one statement."""
     asset = asset_get(asset_code=asset_code)
     if not asset.payable:
@@ -150,15 +151,13 @@ def _payout_make(
     payout_id = new_payout_id()
     legs = [Leg(merchant_account, asset.code, -amount), Leg(in_transit, asset.code, amount)]
     txn = ledger_post(kind=LedgerTransactionKind.PAYOUT, reference=payout_id, legs=legs, locked=locked)
-    approver, maker, reason = staff_approval(amount) if staff_approval else (None, None, "")
     reasons = [r for r in (
-        reason,
+        "over the retrying staff member's solo limit" if staff is not None and not staff_alone else "",
         f"above the {asset.code} payout approval threshold" if asset.payout_approval_threshold is not None
         and amount > asset.payout_approval_threshold else "",
         "the bank account was changed in the last 7 days" if timezone.now() - bank.changed_at < BANK_ACCOUNT_COOLING else "",
     ) if r]
-    if reasons and approver is not None:  # a staff retry that needs approval: its staff member proposed it
-        approver, maker = None, approver
+    approver, maker = (staff, None) if staff is not None and not reasons else (None, staff)
     payout = Payout.objects.create(
         id=payout_id, merchant=merchant, asset=asset, amount=amount, origin=origin, schedule_day=schedule_day, retry_of=retry_of,
         gateway=bank.gateway, destination=bank.psp_reference, destination_last4=bank.last4, ledger_transaction=txn,
@@ -230,14 +229,8 @@ def payout_retry(*, payout: Payout, staff: StaffMember) -> Payout:
         raise InvalidState("only a failed payout is retried")
     if Payout.objects.filter(retry_of=failed).exclude(status__in=[PayoutStatus.FAILED, PayoutStatus.CANCELED]).exists():
         raise InvalidState("this payout was retried already")
-
-    def approval(amount: int) -> tuple[StaffMember | None, StaffMember | None, str]:
-        if decision.alone:
-            return staff, None, ""
-        return None, staff, "over the retrying staff member's solo limit"
-
     made = _payout_make(merchant=failed.merchant, asset_code=failed.asset_id, amount=failed.amount, origin=PayoutOrigin.RETRY,
-                        retry_of=failed, staff_approval=approval)
+                        retry_of=failed, staff=staff, staff_alone=decision.alone)
     retry = made.payout
     assert retry is not None
     if retry.approved_at is not None:
