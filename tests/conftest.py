@@ -242,10 +242,12 @@ def payouts_world(
     psp_simulator.faults(payouts_manual=True)  # a payout stays in transit until the test settles it
     with django_db_blocker.unblock():
         connection.set_tenant(payouts_tenant_committed)
-        psp_key = psp_account_configure(psp_simulator, webhook_secrets=[WEBHOOK_SECRET])
-        staff = staff_member_get_or_create(username=f"payouts-{uuid.uuid4().hex[:8]}")
-        with receiver_running() as receiver:
-            psp_simulator.webhook_endpoint(psp_key, receiver.url(), WEBHOOK_SECRET)
-            yield World(sim=psp_simulator, psp_key=psp_key, staff=staff, receiver=receiver)
-        psp_simulator.faults_clear()
-        connection.set_schema_to_public()
+        try:
+            psp_key = psp_account_configure(psp_simulator, webhook_secrets=[WEBHOOK_SECRET])
+            staff = staff_member_get_or_create(username=f"payouts-{uuid.uuid4().hex[:8]}")
+            with receiver_running() as receiver:
+                psp_simulator.webhook_endpoint(psp_key, receiver.url(), WEBHOOK_SECRET)
+                yield World(sim=psp_simulator, psp_key=psp_key, staff=staff, receiver=receiver)
+        finally:
+            psp_simulator.faults_clear()
+            connection.set_schema_to_public()
