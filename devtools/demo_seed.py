@@ -1,6 +1,6 @@
 """The demo tenant `make run` seeds, idempotently: its logins, parties, API keys and
-balances, a fee schedule, the PSP simulator as its card gateway, and the demo merchant's
-webhook endpoint.
+balances, a fee schedule, the PSP simulator as its card gateway and the demo merchant's bank
+account at it (paid out daily), and the demo merchant's webhook endpoint.
 Keys are stored hashed, so the raw demo keys are kept in var/demo_keys.json (local,
 git-ignored) to be printed again.
 
@@ -20,18 +20,21 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.utils import timezone
 from django_tenants.utils import schema_context
 
-from payments.models import Adjustment, FeeSchedule
+from payments.models import Adjustment, FeeSchedule, MerchantBankAccount
 from payments.services.adjustments import adjustment_create
 from payments.services.fees import fee_schedule_create
+from payments.services.payouts import bank_account_save, merchant_payout_schedule_set
 from payments.services.topups import gateway_account_set
 from tenants.models import Domain, Tenant
 from tenants.services import tenant_create, tenant_template_ensure
 from wallets.ids import random_token
-from wallets.models import Asset, Customer, Merchant, StaffMember, Store, Terminal
+from wallets.models import Asset, Customer, LedgerTransactionKind, Merchant, StaffMember, Store, SystemRole, Terminal
 from wallets.sealing import UNOPENED
-from wallets.selectors import api_key_get_active
+from wallets.selectors import account_of, api_key_get_active, system_account_get
+from wallets.services.ledger import Leg, ledger_post
 from wallets.services.principals import (
     api_key_create,
     customer_create,
@@ -52,6 +55,8 @@ KEYS_FILE = Path(settings.BASE_DIR) / "var" / "demo_keys.json"
 DEMO_STARTING_BALANCES = {"alice": 50_000, "bob": 20_000}  # JPY
 DEMO_FUNDING_REASON = "demo starting balance"
 DEMO_FEE_RATE = Decimal("0.025")  # 2.5 % of each payment in the main currency, half-even, no fixed part
+DEMO_MERCHANT_OPENING = 30_000  # JPY, dated before the settlement delay: available for the first daily payout
+DEMO_BANK_ACCOUNT = "ba_demo_corner_cafe"
 
 
 def platform_ensure(*, public_domain: str) -> Tenant:
@@ -149,18 +154,49 @@ def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:
         )
 
 
-def demo_psp_ensure(*, psp_url: str, webhook_url: str, state_file: Path) -> dict[str, str]:
-    """`make run`: make the PSP simulator the demo tenant's card gateway. Its API key and
-    webhook secret are kept in `state_file` (0600), which the simulator reads at start to
-    know where to send the demo tenant's signed webhooks."""
+def demo_psp_ensure(*, psp_url: str, webhook_url: str, state_file: Path, merchant_id: str) -> dict[str, str]:
+    """`make run`: make the PSP simulator the demo tenant's card gateway, holding the demo
+    merchant's bank account. Its API key, webhook secret and that account are kept in
+    `state_file` (0600), which the simulator reads at start (it is not running yet) to know
+    where to send the demo tenant's signed webhooks and which bank account it holds."""
     saved: dict[str, Any] = json.loads(state_file.read_text()) if state_file.exists() else {}
     api_key = str(saved.get("api_key") or f"sk_sim_{random_token(16)}")
     secret = str(saved.get("webhook_secret") or f"whsec_{random_token(24)}")
     with schema_context(DEMO_SCHEMA):
         gateway_account_set(gateway="simulator", api_base=psp_url, secret_key=api_key, webhook_secrets=[secret])
-    state_file.write_text(json.dumps({"api_key": api_key, "webhook_secret": secret, api_key: [{"url": webhook_url, "secret": secret}]}))
+        _demo_payouts_ensure(merchant=Merchant.objects.get(pk=merchant_id))
+    state_file.write_text(json.dumps({
+        "api_key": api_key, "webhook_secret": secret, api_key: [{"url": webhook_url, "secret": secret}],
+        "bank_accounts": {api_key: [{"id": DEMO_BANK_ACCOUNT, "token": "btok_bank"}]},
+    }))
     state_file.chmod(0o600)
     return {"api_key": api_key, "webhook_url": webhook_url}
+
+
+def _demo_payouts_ensure(*, merchant: Merchant) -> None:
+    """The demo merchant is paid out daily to its bank account at the simulator, and starts
+    with an opening balance posted three days back (past the settlement delay: available),
+    so beat's first scheduled run pays it out and a newcomer sees the payout reach `paid`
+    and its webhook arrive. Both once."""
+    staff = staff_member_get_or_create(username="admin")
+    if not MerchantBankAccount.objects.filter(merchant=merchant, psp_reference=DEMO_BANK_ACCOUNT).exists():
+        bank_account_save(merchant=merchant, gateway="simulator", psp_reference=DEMO_BANK_ACCOUNT, last4="6789", staff=staff)
+        # An account the demo has held for long: its payouts need no approval (one changed this week would).
+        MerchantBankAccount.objects.filter(merchant=merchant).update(changed_at=timezone.now() - timedelta(days=30))
+    if merchant.payout_schedule != "daily":
+        merchant_payout_schedule_set(merchant=merchant, schedule="daily")
+    if Adjustment.objects.filter(merchant=merchant, reason=DEMO_FUNDING_REASON).exists():
+        return
+    main_currency = Asset.objects.get(is_main=True).code
+    opened = timezone.now() - timedelta(days=3)
+    with transaction.atomic():
+        adjustment = Adjustment(staff=staff, merchant=merchant, asset_id=main_currency, amount=DEMO_MERCHANT_OPENING, direction="credit",
+                                reason=DEMO_FUNDING_REASON)
+        legs = [Leg(account_of(party=merchant), main_currency, DEMO_MERCHANT_OPENING),
+                Leg(system_account_get(role=SystemRole.ADJUSTMENTS), main_currency, -DEMO_MERCHANT_OPENING)]
+        adjustment.ledger_transaction = ledger_post(kind=LedgerTransactionKind.ADJUSTMENT, reference=adjustment.id, legs=legs, created=opened)
+        adjustment.save(force_insert=True)
+        Adjustment.objects.filter(pk=adjustment.pk).update(created=opened)
 
 
 # The demo merchant's webhook endpoint, pointed at the local receiver the Procfile starts

@@ -12,12 +12,19 @@ opens a new account, like a test-mode key):
     POST /v1/charges            {amount, currency, payment_method, metadata}  + Idempotency-Key
     GET  /v1/charges            ?idempotency_key=...   the account's charges
     POST /v1/refunds            {charge, amount}                              + Idempotency-Key
-    GET  /v1/settlements/<day>  the day's (UTC) settled charges and refunds, with totals
+    POST /v1/bank_accounts      {token, metadata}                             + Idempotency-Key
+    POST /v1/payouts            {amount, currency, destination, metadata}     + Idempotency-Key
+    GET  /v1/payouts            ?reference=...   the account's payouts (metadata tally_payout)
+    GET  /v1/settlements/<day>  the day's (UTC) settled charges, refunds and payouts, with totals
     POST /v1/webhook_endpoints  {url, secret}  where signed events go (Psp-Signature: t=..,v1=..)
 
 Test cards: `pm_card_visa`, `pm_card_mastercard` (succeed), `pm_card_declined`
-(card_declined), `pm_card_insufficient_funds` (insufficient_funds). The same
-Idempotency-Key with the same parameters returns the first answer; with other
+(card_declined), `pm_card_insufficient_funds` (insufficient_funds). Test bank tokens:
+`btok_bank` (payouts arrive), `btok_bank_declined` (a payout to it fails at once,
+account_closed), `btok_bank_returned` (a payout to it goes in transit, then fails as
+returned, no_account). A payout is `in_transit`, then `paid` (or failed, returned)
+`payout_settle_ms` later, each with its signed `payout.paid` / `payout.failed` event. The
+same Idempotency-Key with the same parameters returns the first answer; with other
 parameters a 400 `idempotency_error`.
 
 Faults (POST /_control/faults, JSON; any subset): `latency_ms` (every API call),
@@ -29,7 +36,12 @@ dropped: a timeout after it has charged), `duplicate_webhooks` (each event sent 
 newest first), `webhook_before_response` (the event is delivered before the charge's
 answer is sent), `min_charge_amount` (a charge below it is refused with a 400
 `amount_too_small`, as Stripe refuses amounts under its minimum: nothing charged, no
-idempotent result kept). POST /_control/reset clears faults and data; GET /_control/state dumps it.
+idempotent result kept). Payouts: `hang_after_payout` (the next N payouts are made, then the
+answer is held `hang_seconds` and dropped), `fail_after_payout` (the next N payouts are made,
+then answered 500), `payouts_manual` (payouts stay in transit until POST
+/_control/settle_payouts), `payout_settle_ms`, `payout_arrival_seconds` (the arrival it
+promises); POST /_control/return_payout {id} fails an in-transit or paid payout as returned.
+POST /_control/reset clears faults and data; GET /_control/state dumps it.
 """
 
 from __future__ import annotations
@@ -59,6 +71,12 @@ CARDS: dict[str, str | None] = {
     "pm_card_declined": "card_declined",
     "pm_card_insufficient_funds": "insufficient_funds",
 }
+# token -> (last four digits, what befalls a payout to it: "" paid, "declined:" at once, "returned:" later)
+BANK_TOKENS: dict[str, tuple[str, str]] = {
+    "btok_bank": ("6789", ""),
+    "btok_bank_declined": ("0002", "declined:account_closed"),
+    "btok_bank_returned": ("0003", "returned:no_account"),
+}
 
 
 def _new_id(prefix: str) -> str:
@@ -87,6 +105,11 @@ class Faults:
     out_of_order_webhooks: bool = False
     webhook_before_response: bool = False
     min_charge_amount: int = 0
+    hang_after_payout: int = 0
+    fail_after_payout: int = 0
+    payouts_manual: bool = False
+    payout_settle_ms: int = 500
+    payout_arrival_seconds: int = 86400
 
 
 @dataclass
@@ -95,6 +118,8 @@ class Account:
     endpoints: list[dict[str, str]] = field(default_factory=list)
     charges: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> charge
     refunds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bank_accounts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    payouts: dict[str, dict[str, Any]] = field(default_factory=dict)
     # (operation, idempotency key) -> (params fingerprint, status, body)
     idempotent: dict[tuple[str, str], tuple[str, int, dict[str, Any]]] = field(default_factory=dict)
 
@@ -108,6 +133,9 @@ class Simulator:
         self.faults = Faults()
         self.held_events: list[tuple[Account, dict[str, Any]]] = []
         self.webhook_log: list[dict[str, Any]] = []
+        # In-transit payouts due to settle: (due monotonic time, account, payout id), one thread settles them.
+        self.payouts_due: list[tuple[float, Account, str]] = []
+        threading.Thread(target=self._payouts_settler, daemon=True).start()
 
     def account(self, api_key: str) -> Account:
         with self.lock:
@@ -180,6 +208,81 @@ class Simulator:
         status, body = self.idempotent(acct, "refund", key, params, make)
         return status, body, event
 
+    def bank_account_create(self, acct: Account, key: str, params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        token = params.get("token")
+        if token not in BANK_TOKENS:
+            return 400, _error(f"no such bank account token: {token}", code="resource_missing", param="token")
+
+        def make() -> tuple[int, dict[str, Any]]:
+            last4, fate = BANK_TOKENS[str(token)]
+            bank = {"id": _new_id("ba"), "object": "bank_account", "last4": last4, "fate": fate,
+                    "metadata": dict(params.get("metadata") or {}), "created": int(time.time())}
+            acct.bank_accounts[str(bank["id"])] = bank
+            return 200, {k: v for k, v in bank.items() if k != "fate"}
+
+        return self.idempotent(acct, "bank_account", key, params, make)
+
+    def payout_create(self, acct: Account, key: str, params: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any] | None]:
+        amount, currency, destination = params.get("amount"), params.get("currency"), params.get("destination")
+        if not isinstance(amount, int) or isinstance(amount, bool) or amount <= 0 or not isinstance(currency, str) or not currency:
+            return 400, _error("amount (positive integer) and currency are required"), None
+        with self.lock:
+            bank = acct.bank_accounts.get(str(destination))
+        if bank is None:
+            return 400, _error(f"no such bank account: {destination}", code="resource_missing", param="destination"), None
+        event: dict[str, Any] | None = None
+
+        def make() -> tuple[int, dict[str, Any]]:
+            nonlocal event
+            declined = bank["fate"].startswith("declined:")
+            now = int(time.time())
+            payout = {
+                "id": _new_id("po"), "object": "payout", "amount": amount, "currency": currency.lower(), "destination": destination,
+                "status": "failed" if declined else "in_transit", "failure_code": bank["fate"].split(":", 1)[1] if declined else "",
+                "metadata": dict(params.get("metadata") or {}), "idempotency_key": key, "created": now,
+                "arrival_date": now + self.faults.payout_arrival_seconds,
+            }
+            acct.payouts[str(payout["id"])] = payout
+            if declined:
+                event = self.event_make("payout.failed", payout)
+            elif not self.faults.payouts_manual:
+                self.payouts_due.append((time.monotonic() + self.faults.payout_settle_ms / 1000.0, acct, str(payout["id"])))
+            return 200, dict(payout)
+
+        status, body = self.idempotent(acct, "payout", key, params, make)
+        return status, body, event
+
+    def payout_settle(self, acct: Account, payout_id: str, *, returned: bool = False) -> bool:
+        """An in-transit payout arrives (or fails, to a returning account); `returned`: an
+        in-transit or paid one fails as returned. Its event is sent."""
+        with self.lock:
+            payout = acct.payouts.get(payout_id)
+            if payout is None or payout["status"] not in (("in_transit", "paid") if returned else ("in_transit",)):
+                return False
+            fate = acct.bank_accounts[str(payout["destination"])]["fate"]
+            if returned or fate.startswith("returned:"):
+                payout["status"], payout["failure_code"] = "failed", fate.split(":", 1)[1] if ":" in fate else "no_account"
+            else:
+                payout["status"] = "paid"
+            event = self.event_make(f"payout.{payout['status']}", payout)
+        self.events_dispatch(acct, event)
+        return True
+
+    def payouts_settle_all(self) -> int:
+        with self.lock:
+            in_transit = [(a, p) for a in self.accounts.values() for p, row in a.payouts.items() if row["status"] == "in_transit"]
+        return sum(1 for acct, payout_id in in_transit if self.payout_settle(acct, payout_id))
+
+    def _payouts_settler(self) -> None:
+        while True:
+            time.sleep(0.05)
+            with self.lock:
+                now = time.monotonic()
+                due = [d for d in self.payouts_due if d[0] <= now]
+                self.payouts_due = [d for d in self.payouts_due if d[0] > now]
+            for _, acct, payout_id in due:
+                self.payout_settle(acct, payout_id)
+
     def settlement(self, acct: Account, day: str) -> dict[str, Any]:
         with self.lock:
             def on_day(created: int) -> bool:
@@ -193,6 +296,9 @@ class Simulator:
                 {"type": "refund", "id": r["id"], "charge": r["charge"], "amount": -int(r["amount"]), "currency": r["currency"],
                  "metadata": r["metadata"]}
                 for r in acct.refunds.values() if on_day(int(r["created"]))
+            ] + [
+                {"type": "payout", "id": p["id"], "amount": -int(p["amount"]), "currency": p["currency"], "metadata": p["metadata"]}
+                for p in acct.payouts.values() if p["status"] != "failed" and on_day(int(p["created"]))
             ]
         totals: dict[str, int] = {}
         for line in lines:
@@ -210,6 +316,8 @@ class Simulator:
                 self.held_events.append((acct, event))
                 return
             copies = 2 if self.faults.duplicate_webhooks else 1
+            if not acct.endpoints:
+                return
         for _ in range(copies):
             if inline:
                 self.deliver(acct, event)
@@ -310,7 +418,8 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
             if parts.path == "/_control/state":
                 with sim.lock:
                     state = {
-                        "accounts": {k: {"charges": list(a.charges.values()), "refunds": list(a.refunds.values()), "endpoints": len(a.endpoints)}
+                        "accounts": {k: {"charges": list(a.charges.values()), "refunds": list(a.refunds.values()),
+                                         "payouts": list(a.payouts.values()), "endpoints": len(a.endpoints)}
                                      for k, a in sim.accounts.items()},
                         "webhooks": list(sim.webhook_log), "held_events": len(sim.held_events),
                     }
@@ -323,6 +432,11 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 key = parse_qs(parts.query).get("idempotency_key", [None])[0]
                 with sim.lock:
                     data = [c for c in acct.charges.values() if key is None or c["idempotency_key"] == key]
+                self._send(200, {"object": "list", "data": data})
+            elif parts.path == "/v1/payouts":
+                reference = parse_qs(parts.query).get("reference", [None])[0]
+                with sim.lock:
+                    data = [p for p in acct.payouts.values() if reference is None or p["metadata"].get("tally_payout") == reference]
                 self._send(200, {"object": "list", "data": data})
             elif parts.path.startswith("/v1/settlements/"):
                 self._send(200, sim.settlement(acct, parts.path.rsplit("/", 1)[1]))
@@ -381,8 +495,34 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 if event is not None:
                     sim.events_dispatch(acct, event)
                 self._send(status, body)
+            elif path == "/v1/bank_accounts":
+                self._send(*sim.bank_account_create(acct, key, params))
+            elif path == "/v1/payouts":
+                status, body, event = sim.payout_create(acct, key, params)
+                if event is not None:
+                    sim.events_dispatch(acct, event)
+                if status == 200 and self._payout_fault():
+                    return
+                self._send(status, body)
             else:
                 self._send(404, _error("unknown path"))
+
+        def _payout_fault(self) -> bool:
+            """After a payout was made: a hang then a dropped connection, or a 500. True when answered here."""
+            with sim.lock:
+                hang, fail = sim.faults.hang_after_payout > 0, sim.faults.fail_after_payout > 0
+                if hang:
+                    sim.faults.hang_after_payout -= 1
+                elif fail:
+                    sim.faults.fail_after_payout -= 1
+                hang_seconds = sim.faults.hang_seconds
+            if hang:
+                time.sleep(hang_seconds)
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+            elif fail:
+                self._send(500, _error("injected failure after the payout", kind="api_error"))
+            return hang or fail
 
         def _control(self, path: str, params: dict[str, Any]) -> None:
             if path == "/_control/faults":
@@ -394,12 +534,19 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 self._send(200, current)
             elif path == "/_control/flush_webhooks":
                 self._send(200, {"flushed": sim.flush_held()})
+            elif path == "/_control/settle_payouts":
+                self._send(200, {"settled": sim.payouts_settle_all()})
+            elif path == "/_control/return_payout":
+                with sim.lock:
+                    owner = next((a for a in sim.accounts.values() if str(params.get("id")) in a.payouts), None)
+                self._send(200, {"returned": owner is not None and sim.payout_settle(owner, str(params.get("id")), returned=True)})
             elif path == "/_control/reset":
                 with sim.lock:
                     sim.faults = Faults()
                     sim.accounts.clear()
                     sim.held_events.clear()
                     sim.webhook_log.clear()
+                    sim.payouts_due.clear()
                 self._send(200, {"reset": True})
             else:
                 self._send(404, _error("unknown control"))
@@ -410,12 +557,21 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
 def serve(*, host: str, port: int, accounts_file: str | None = None) -> None:
     sim = Simulator()
     if accounts_file:
-        # {"<api key>": [{"url": ..., "secret": ...}, ...]}: endpoints registered at start.
+        # {"<api key>": [{"url": ..., "secret": ...}, ...]}: endpoints registered at start; and
+        # {"bank_accounts": {"<api key>": [{"id": "ba_...", "token": "btok_bank"}]}}: bank accounts held from the start.
         try:
             with open(accounts_file, encoding="utf-8") as fh:
                 for api_key, endpoints in json.load(fh).items():
                     if isinstance(endpoints, list):
                         sim.account(api_key).endpoints = [{"url": str(e["url"]), "secret": str(e["secret"])} for e in endpoints]
+                    elif api_key == "bank_accounts" and isinstance(endpoints, dict):
+                        for owner, banks in endpoints.items():
+                            for bank in banks:
+                                last4, fate = BANK_TOKENS[str(bank["token"])]
+                                sim.account(owner).bank_accounts[str(bank["id"])] = {
+                                    "id": str(bank["id"]), "object": "bank_account", "last4": last4, "fate": fate, "metadata": {},
+                                    "created": int(time.time()),
+                                }
         except FileNotFoundError:
             pass
     server = ThreadingHTTPServer((host, port), _make_handler(sim))
@@ -433,7 +589,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Tally's PSP simulator")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8766)
-    parser.add_argument("--accounts-file", default=None, help="JSON {api_key: [{url, secret}]} of webhook endpoints to register at start")
+    parser.add_argument("--accounts-file", default=None,
+                        help="JSON {api_key: [{url, secret}], 'bank_accounts': {api_key: [{id, token}]}}: webhook endpoints and bank accounts"
+                        " held from the start")
     args = parser.parse_args(argv)
     serve(host=args.host, port=args.port, accounts_file=args.accounts_file)
     return 0

@@ -61,7 +61,7 @@ def main() -> int:
     demo = DEMO_DOMAIN
     psp = demo_psp_ensure(
         psp_url=f"http://127.0.0.1:{psp_port}", webhook_url=f"http://{demo}:{port}/v1/psp/webhooks/simulator",
-        state_file=VAR / "psp_simulator.json",
+        state_file=VAR / "psp_simulator.json", merchant_id=seeded["ids"]["merchant"],
     )
 
     lines = [
@@ -78,6 +78,8 @@ def main() -> int:
         " (the `receiver` lines below print each event it gets)",
         f"  PSP simulator:        http://127.0.0.1:{psp_port}  (card top-ups: pm_card_visa, pm_card_declined; faults: POST /_control/faults;"
         f" it signs webhooks to {psp['webhook_url']})",
+        "  payouts:              the demo merchant is paid out daily to its bank account at the simulator: beat's first run pays"
+        " its opening ¥30,000, the payout goes paid and its payout.paid reaches the receiver (admin: Payments -> Payouts)",
         "  demo keys (Authorization: Bearer <key>):",
     ]
     lines += [f"    {label:<16} {key}" for label, key in seeded["keys"].items()]

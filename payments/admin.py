@@ -30,10 +30,13 @@ from payments.models import (
     FeeSchedule,
     GatewayAccount,
     Mandate,
+    MerchantBankAccount,
     OutboxEvent,
     Payment,
     PaymentIntent,
     PaymentToken,
+    Payout,
+    PayoutStatus,
     PendingAdjustment,
     PendingAdjustmentStatus,
     PspWebhookEvent,
@@ -42,10 +45,18 @@ from payments.models import (
     TopUpStatus,
     Transfer,
 )
-from payments.selectors import topup_queue
+from payments.selectors import payouts_in_transit_overdue, topup_queue
 from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
 from payments.services.fees import fee_schedule_create
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
+from payments.services.payouts import (
+    bank_account_attach,
+    merchant_payout_schedule_set,
+    merchant_payouts_hold,
+    payout_approve,
+    payout_cancel,
+    payout_retry,
+)
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
 from tenants.admin import tenant_panel_register
@@ -54,7 +65,7 @@ from tenants.selectors import tenant_current
 from wallets.admin import balances_html
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, list_link_column, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
-from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, Store
+from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, PayoutSchedule, Store
 from wallets.selectors import merchant_funds, merchant_get, merchant_settlement_delay_days
 from wallets.services.principals import api_key_revoke, api_key_rotate, merchant_settlement_delay_set
 
@@ -167,20 +178,61 @@ def _settlement_delay(request: HttpRequest, merchant: Merchant, data: dict[str, 
     return f"Settlement delay of {merchant.pk}: {merchant_settlement_delay_days(merchant=merchant)} days"
 
 
+class BankAccountForm(StaffActionForm):
+    token = forms.CharField(max_length=200, help_text="The PSP's token of the bank account (the simulator's: btok_bank). Tally keeps"
+                            " the PSP's reference and the last four digits only.")
+
+
+class PayoutScheduleForm(StaffActionForm):
+    schedule = forms.ChoiceField(choices=PayoutSchedule.choices)
+    weekday = forms.TypedChoiceField(choices=[("", "-"), *((str(i), d) for i, d in enumerate(
+        ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")))], coerce=int, empty_value=None, required=False,
+        help_text="For a weekly schedule only (UTC days).")
+
+
+def _bank_account(request: HttpRequest, merchant: Merchant, data: dict[str, Any]) -> str:
+    bank = bank_account_attach(merchant=merchant, token=data["token"], staff=staff_of(request))
+    return f"Bank account •••• {bank.last4} attached at {bank.gateway}: payouts to it wait for approval for 7 days"
+
+
 @admin.register(Merchant)
 class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
-    list_display = ("id", "name", "balances", "stores", "created")
+    list_display = ("id", "name", "balances", "stores", "payout_schedule", "payouts_held", "created")
+    list_filter = ("payout_schedule", "payouts_held")
     search_fields = ("name",)
     id_search = {"mer": "id"}
     date_hierarchy = "created"
-    fields = ("id", "name", "created", "balances", "funds", "settlement_delay", "stores", "payments")
+    fields = ("id", "name", "created", "balances", "funds", "settlement_delay", "stores", "payments", "bank_account", "payout_schedule",
+              "payout_weekday", "payouts_state", "payouts", "audit")
     staff_actions = (
         _adjust_action("merchant"),
+        StaffAction("bank_account", "Attach or change the bank account", "payments.attach_bank_account", BankAccountForm, _bank_account,
+                    description="Hands the PSP's token to the PSP, which holds the account; audited.", audit=False),
+        StaffAction("payout_schedule", "Set the payout schedule", "payments.manage_payouts", PayoutScheduleForm,
+                    lambda request, obj, data: f"Payouts {merchant_payout_schedule_set(merchant=obj, **data).payout_schedule}",
+                    description="Daily or weekly: one payout of the whole available balance per payable asset.", audit=False),
+        StaffAction("hold_payouts", "Hold payouts", "payments.manage_payouts", ReasonForm,
+                    lambda request, obj, data: f"Payouts of {merchant_payouts_hold(merchant=obj, held=True, reason=data['reason']).pk} held",
+                    description="No payout is made or sent until they are released.", audit=False, show=lambda obj: not obj.payouts_held),
+        StaffAction("release_payouts", "Release payouts", "payments.manage_payouts", OptionalReasonForm,
+                    lambda request, obj, data: f"Payouts of {merchant_payouts_hold(merchant=obj, held=False, reason=data['reason']).pk}"
+                    " released", audit=False, show=lambda obj: obj.payouts_held),
         StaffAction("settlement_delay", "Set settlement delay", "wallets.change_merchant", SettlementDelayForm, _settlement_delay,
                     description="How many days the merchant's credits stay pending before they are available; empty: the tenant's."),
     )
     stores = staticmethod(list_link_column(Store, "stores", "merchant"))
     payments = staticmethod(list_link_column(Payment, "payments", "merchant"))
+    payouts = staticmethod(list_link_column(Payout, "payouts", "merchant"))
+    audit = staticmethod(_audit_column("merchant"))
+
+    @admin.display(description="bank account")
+    def bank_account(self, obj: Merchant) -> str:
+        bank = MerchantBankAccount.objects.filter(merchant=obj).first()
+        return f"•••• {bank.last4} at {bank.gateway} ({bank.psp_reference}), changed {bank.changed_at:%Y-%m-%d %H:%M} UTC" if bank else "-"
+
+    @admin.display(description="payouts held")
+    def payouts_state(self, obj: Merchant) -> str:
+        return f"held since {obj.payouts_held_at:%Y-%m-%d %H:%M} UTC: {obj.payouts_held_reason}" if obj.payouts_held else "no"
 
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Merchant) -> str:
@@ -592,6 +644,95 @@ class PspWebhookEventAdmin(ReadOnlyAdmin):
     date_hierarchy = "received"
 
 
+class PayoutQueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("overdue", "In transit past the PSP's promise"), ("approval", "Waiting for approval"), ("unsent", "Pending, not sent")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Payout]) -> QuerySet[Payout]:
+        from django.utils import timezone
+
+        if self.value() == "overdue":
+            return queryset.filter(status=PayoutStatus.IN_TRANSIT, arrival_expected_at__lt=timezone.now())
+        if self.value() == "approval":
+            return queryset.filter(status=PayoutStatus.PENDING, approval_required=True, approved_at__isnull=True)
+        if self.value() == "unsent":
+            return queryset.filter(status=PayoutStatus.PENDING, attempts=0)
+        return queryset
+
+
+def _approve(request: HttpRequest, obj: Payout, data: dict[str, Any]) -> str:
+    payout = payout_approve(payout=obj, staff=staff_of(request))
+    if payout.approved_at is None:
+        return f"{payout.pk}: your approval is recorded; it is over what you may approve alone, so a second staff member must approve it"
+    return f"{payout.pk} approved: it is sent to the PSP"
+
+
+@admin.register(Payout)
+class PayoutAdmin(StaffActionsMixin, ReadOnlyAdmin):
+    """Payouts. The queues (filter "queue"): in transit past the PSP's promise, waiting for
+    approval, pending and never sent (held)."""
+
+    list_display = ("id", "created", "status", money_column("amount"), link_column("merchant"), "origin", "psp_reference",
+                    "arrival_expected_at", "approval")
+    list_filter = (PayoutQueueFilter, "status", "origin", "asset")
+    id_search = {"po": "id", "mer": "merchant_id"}
+    search_fields = ("=psp_reference",)
+    date_hierarchy = "created"
+    list_select_related = ("asset", "merchant")
+    fields = ("id", "status", "failure_code", "created", "updated", "settled_at", "amount_display", "merchant_link", "origin",
+              "schedule_day", "retry_of_link", "bank_account", "gateway", "psp_reference", "psp_created_at", "arrival_expected_at",
+              "psp_checked_at", "approval", "approval_reason", "attempts", "fence", "lease_expires_at", "last_error", "ledger", "paid_ledger",
+              "returned_ledger", "events", "audit")
+    amount_display = staticmethod(money_column("amount"))
+    merchant_link = staticmethod(link_column("merchant"))
+    retry_of_link = staticmethod(link_column("retry_of"))
+    ledger = staticmethod(link_column("ledger_transaction"))
+    paid_ledger = staticmethod(link_column("paid_transaction"))
+    returned_ledger = staticmethod(link_column("returned_transaction"))
+    events = staticmethod(_events)
+    audit = staticmethod(_audit_column("payout"))
+    staff_actions = (
+        StaffAction("approve", "Approve", "payments.approve_payout", OptionalReasonForm, _approve,
+                    description="Sends it to the PSP. It counts into what you post alone (with adjustments); over your limit a second"
+                    " staff member must approve it too. You cannot approve what you proposed.", audit=False,
+                    show=lambda obj: obj.awaiting_approval),
+        StaffAction("cancel", "Cancel", "payments.manage_payouts", ReasonForm,
+                    lambda request, obj, data: f"{payout_cancel(payout=obj, reason=data['reason']).pk} canceled: the funds are back with"
+                    " the merchant", description="Only a payout the PSP was never asked to make.", audit=False,
+                    show=lambda obj: obj.status == PayoutStatus.PENDING and obj.attempts == 0),
+        StaffAction("retry", "Retry", "payments.approve_payout", OptionalReasonForm,
+                    lambda request, obj, data: f"Retry {payout_retry(payout=obj, staff=staff_of(request)).pk} made",
+                    description="A new payout of this amount from the merchant's available funds to its bank account as it is now."
+                    " Money leaves on your word: it counts into what you post alone, beyond it a second staff member approves.",
+                    audit=False, show=lambda obj: obj.status == PayoutStatus.FAILED),
+    )
+
+    @admin.display(description="bank account")
+    def bank_account(self, obj: Payout) -> str:
+        return f"•••• {obj.destination_last4} ({obj.destination})"
+
+    @admin.display(description="approval")
+    def approval(self, obj: Payout) -> str:
+        if not obj.approval_required:
+            return "-"
+        if obj.approved_at is not None:
+            return f"approved by {obj.approved_by_id}" + (f" after {obj.approval_maker_id}" if obj.approval_maker_id else "")
+        return "waiting" + (f" for a second staff member (first: {obj.approval_maker_id})" if obj.approval_maker_id else "")
+
+
+@admin.register(MerchantBankAccount)
+class MerchantBankAccountAdmin(ReadOnlyAdmin):
+    """Where merchants' payouts go: the PSP's reference and the last four digits only."""
+
+    list_display = (link_column("merchant"), "gateway", "psp_reference", "last4", "changed_at")
+    list_filter = ("gateway",)
+    id_search = {"mer": "merchant_id"}
+    list_select_related = ("merchant",)
+
+
 def _topup_queue_panel() -> SafeString:
     """The platform admin's view of a tenant's card money still in flight (the tenant's
     own admin may be unreachable: a switched-off tenant's hosts answer 404)."""
@@ -625,3 +766,23 @@ def _queue_state(topup: TopUp) -> str:
 
 TOPUP_QUEUE_SHOWN = 50
 tenant_panel_register(title="Card top-ups", render=_topup_queue_panel)
+
+
+def _payouts_overdue_panel() -> SafeString:
+    """The platform admin's view of a tenant's payouts in transit past the PSP's promise."""
+    from django.utils import timezone
+
+    overdue = list(payouts_in_transit_overdue(now=timezone.now()).select_related("asset"))
+    if not overdue:
+        return format_html("<p>{}</p>", "No payout in transit past the PSP's promise.")
+    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+        (p.pk, p.merchant_id, money(p.amount, p.asset), f"{p.arrival_expected_at:%Y-%m-%d %H:%M}", p.psp_reference) for p in overdue
+    ))
+    return format_html(
+        "<p>The oldest {} payouts in transit past the PSP's promise (the recovery asks the PSP about each hourly).</p><table><thead><tr>"
+        "<th>payout</th><th>merchant</th><th>amount</th><th>promised (UTC)</th><th>PSP payout</th></tr></thead><tbody>{}</tbody></table>",
+        len(overdue), rows,
+    )
+
+
+tenant_panel_register(title="Payouts in transit too long", render=_payouts_overdue_panel)

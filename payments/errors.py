@@ -21,6 +21,11 @@ class PaymentErrorCode(StrEnum):
     SIGNATURE_STALE = "signature_timestamp_out_of_tolerance"
     EVENT_INVALID = "event_invalid"
     FEE_SCHEDULE_START_REFUSED = "fee_schedule_start_refused"
+    INSUFFICIENT_AVAILABLE = "insufficient_available"
+    ASSET_NOT_PAYABLE = "asset_not_payable"
+    BANK_ACCOUNT_MISSING = "bank_account_missing"
+    PAYOUTS_HELD = "payouts_held"
+    PAYOUT_NOT_CANCELABLE = "payout_not_cancelable"
 
 
 class RefundWindowClosed(InvalidState):
@@ -42,12 +47,12 @@ class ChargeByCustomerIdNotPermitted(NotPermitted):
 
 
 class ApproverIsMaker(NotPermitted):
-    """Maker-checker: the approver of an adjustment is not the staff member who proposed it."""
+    """Maker-checker: the approver of an adjustment (or payout) is not the staff member who proposed it."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.APPROVER_IS_MAKER
 
-    def __init__(self) -> None:
-        super().__init__("an adjustment must be approved by a different staff member than the one who proposed it", param="checker")
+    def __init__(self, what: str = "an adjustment") -> None:
+        super().__init__(f"{what} must be approved by a different staff member than the one who proposed it", param="checker")
 
 
 class FeeScheduleStartRefused(InvalidState):
@@ -113,3 +118,33 @@ class PspSignatureStale(InvalidRequest):
 
 class PspEventInvalid(InvalidRequest):
     code: ClassVar[StrEnum] = PaymentErrorCode.EVENT_INVALID
+
+
+class InsufficientAvailable(BusinessRefusal):
+    """A payout above the merchant's available funds (balance less held and pending): a 402."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.INSUFFICIENT_AVAILABLE
+
+
+class AssetNotPayable(InvalidRequest):
+    """Merchants are paid out only in the assets the tenant marks payable (its currencies)."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.ASSET_NOT_PAYABLE
+
+
+class BankAccountMissing(InvalidState):
+    """No bank account is attached to the merchant: nowhere to pay out to."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.BANK_ACCOUNT_MISSING
+
+
+class PayoutsHeld(NotPermitted):
+    """Staff hold this merchant's payouts until they release them."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PAYOUTS_HELD
+
+
+class PayoutNotCancelable(InvalidState):
+    """Only a payout the PSP has never been asked to make can be canceled."""
+
+    code: ClassVar[StrEnum] = PaymentErrorCode.PAYOUT_NOT_CANCELABLE

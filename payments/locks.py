@@ -1,6 +1,6 @@
 """Row locks on the payments app's rows, in the order of docs/ARCHITECTURE.md ("Locks and
 their order"): one business row per movement before any balance row; gateway accounts and
-PSP event markers alone. `topup_recovery_lock` is a session advisory lock, only tried."""
+PSP event markers alone. The recovery and schedule locks are session advisory locks, only tried."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from payments.models import GatewayAccount, Mandate, Payment, PaymentIntent, PendingAdjustment, PspWebhookEvent, TopUp
+from payments.models import GatewayAccount, Mandate, Payment, PaymentIntent, Payout, PendingAdjustment, PspWebhookEvent, TopUp
 from wallets.locks import advisory_lock_try
 
 
@@ -20,6 +20,11 @@ def payment_lock(*, payment_id: str) -> Payment | None:
 def topup_lock(*, topup_id: str) -> TopUp | None:
     """A top-up row: a business row, before any balance row (after its idempotency record in a fenced completion)."""
     return TopUp.objects.filter(pk=topup_id).order_by("pk").select_for_update().first()
+
+
+def payout_lock(*, payout_id: str) -> Payout | None:
+    """A payout row: a business row, before any balance row."""
+    return Payout.objects.filter(pk=payout_id).order_by("pk").select_for_update().first()
 
 
 def payment_intent_lock(*, intent_id: str) -> PaymentIntent | None:
@@ -55,4 +60,18 @@ def topup_recovery_lock() -> Iterator[bool]:
     """One top-up recovery pass per tenant at a time (a second would only ask the PSP the
     same questions). Yields whether it was taken."""
     with advisory_lock_try(name="tally.topup-recovery") as taken:
+        yield taken
+
+
+@contextmanager
+def payout_recovery_lock() -> Iterator[bool]:
+    """One payout recovery pass per tenant at a time. Yields whether it was taken."""
+    with advisory_lock_try(name="tally.payout-recovery") as taken:
+        yield taken
+
+
+@contextmanager
+def payout_schedule_lock() -> Iterator[bool]:
+    """One scheduled-payouts run per tenant at a time. Yields whether it was taken."""
+    with advisory_lock_try(name="tally.payout-schedule") as taken:
         yield taken

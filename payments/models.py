@@ -499,3 +499,133 @@ class PspWebhookEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.gateway}/{self.event_id} {self.type}"
+
+
+class MerchantBankAccount(models.Model):
+    """Where a merchant's payouts go: a bank account held at the PSP. Tally keeps the PSP's
+    reference and the last four digits, never the account number. Attached or changed by
+    staff, audited (payments.services.payouts.bank_account_attach)."""
+
+    merchant = models.OneToOneField(Merchant, on_delete=models.PROTECT, primary_key=True, related_name="bank_account")
+    gateway = models.CharField(max_length=20, choices=Gateway.choices)
+    psp_reference = models.CharField(max_length=200)
+    last4 = models.CharField(max_length=4)
+    # A payout to an account changed in the last 7 days waits for a staff member's approval.
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        permissions = [("attach_bank_account", "Can attach or change a merchant's bank account")]
+
+    def __str__(self) -> str:
+        return f"{self.merchant_id}: •••• {self.last4} ({self.gateway})"
+
+
+def new_payout_id() -> str:
+    return ids.new_id("po")
+
+
+class PayoutStatus(models.TextChoices):
+    PENDING = "pending", "Pending (not at the PSP yet)"
+    IN_TRANSIT = "in_transit", "In transit (the PSP has it)"
+    PAID = "paid", "Paid"
+    FAILED = "failed", "Failed (the funds are back with the merchant)"
+    CANCELED = "canceled", "Canceled (the funds are back with the merchant)"
+
+
+class PayoutOrigin(models.TextChoices):
+    MANUAL = "manual", "Manual (the merchant's request)"
+    SCHEDULED = "scheduled", "Scheduled"
+    RETRY = "retry", "Retry of a failed payout (staff)"
+
+
+def _any_of(field: str, values: list[str]) -> Q:
+    any_of = Q()
+    for value in values:
+        any_of |= Q(**{field: value})
+    return any_of
+
+
+class Payout(PrefixedIdModel, new_id=new_payout_id):
+    """Money leaving a merchant for its bank account through the PSP (payments.services.payouts):
+    moved to payouts in transit when made, to the PSP's settlement account when paid, back to
+    the merchant when failed or canceled, each once, in its own ledger transaction."""
+
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payouts", db_index=False)
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    amount = models.BigIntegerField()
+    status = models.CharField(max_length=10, choices=PayoutStatus.choices, default=PayoutStatus.PENDING)
+    origin = models.CharField(max_length=10, choices=PayoutOrigin.choices, default=PayoutOrigin.MANUAL)
+    schedule_day = models.DateField(null=True, blank=True)  # a scheduled payout's UTC day: one per merchant, asset and day
+    retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries")
+    # The bank account it goes to, as it was when the payout was made.
+    gateway = models.CharField(max_length=20, choices=Gateway.choices)
+    destination = models.CharField(max_length=200)
+    destination_last4 = models.CharField(max_length=4)
+    # Maker-checker: a payout above the asset's threshold, or to a bank account changed in the
+    # last 7 days, is sent only once a staff member approves it (alone within their solo
+    # limit, else a second one: `approval_maker` is the first).
+    approval_required = models.BooleanField(default=False)
+    approval_reason = models.CharField(max_length=200, blank=True, default="")
+    approval_maker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approved_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approved_at = models.DateTimeField(null=True, blank=True)
+    # The saga: who may complete a PSP call (fence) and until when (lease); `attempts` > 0
+    # means the PSP may have it, so it can no longer be canceled.
+    fence = models.PositiveIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    psp_reference = models.CharField(max_length=200, blank=True, default="")
+    psp_created_at = models.DateTimeField(null=True, blank=True)
+    arrival_expected_at = models.DateTimeField(null=True, blank=True)  # the PSP's promise
+    psp_checked_at = models.DateTimeField(null=True, blank=True)  # the recovery last asked the PSP about it
+    failure_code = models.CharField(max_length=50, blank=True, default="")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    paid_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    returned_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    settled_at = models.DateTimeField(null=True, blank=True)  # reached paid, failed or canceled
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        permissions = [
+            ("manage_payouts", "Can hold and release a merchant's payouts, and cancel a payout"),
+            ("approve_payout", "Can approve a payout waiting for a staff member, or retry a failed one"),
+        ]
+        indexes = [
+            models.Index(fields=["-created", "-id"], name="payout_created"),
+            models.Index(fields=["merchant", "-created", "-id"], name="payout_merchant_created"),
+            # The recovery's payouts to send or ask about, and the queue of those in transit too long.
+            models.Index(fields=["created"], name="payout_pending_created", condition=Q(status="pending")),
+            models.Index(fields=["arrival_expected_at"], name="payout_in_transit_arrival", condition=Q(status="in_transit")),
+            # The maker-checker's sum of what one staff member approved alone (staff_solo_postings_total).
+            models.Index(
+                fields=["approved_by", "asset", "approved_at"], name="payout_approved_alone",
+                condition=Q(approved_by__isnull=False, approval_maker__isnull=True),
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="payout_amount_positive"),
+            # CHECKs compare with = and OR, never IN: a cloned schema re-reads IN's text differently (tenants.schemas).
+            models.CheckConstraint(condition=_any_of("status", PayoutStatus.values), name="payout_status_known"),
+            models.CheckConstraint(condition=~Q(status="paid") | Q(paid_transaction__isnull=False), name="payout_paid_has_ledger"),
+            models.CheckConstraint(
+                condition=~_any_of("status", ["failed", "canceled"]) | Q(returned_transaction__isnull=False), name="payout_returned_has_ledger"
+            ),
+            models.CheckConstraint(condition=~_any_of("status", ["in_transit", "paid"]) | ~Q(psp_reference=""), name="payout_sent_has_reference"),
+            models.CheckConstraint(condition=~Q(status="canceled") | Q(attempts=0), name="payout_canceled_never_sent"),
+            models.CheckConstraint(
+                condition=Q(approval_maker__isnull=True) | ~Q(approved_by=F("approval_maker")), name="payout_checker_not_maker"
+            ),
+            models.UniqueConstraint(
+                fields=["merchant", "asset", "schedule_day"], condition=Q(schedule_day__isnull=False), name="payout_scheduled_once_a_day"
+            ),
+            models.UniqueConstraint(fields=["psp_reference"], condition=~Q(psp_reference=""), name="payout_psp_reference_once"),
+        ]
+
+    @property
+    def awaiting_approval(self) -> bool:
+        return self.status == PayoutStatus.PENDING and self.approval_required and self.approved_at is None
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.amount} {self.asset_id} ({self.status})"

@@ -12,6 +12,7 @@ from typing import TypeVar
 from django.conf import settings
 from django.db import connection
 from django.db.models import F, Min, Model, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from payments.models import (
@@ -19,9 +20,12 @@ from payments.models import (
     FeeSchedule,
     GatewayAccount,
     Mandate,
+    MerchantBankAccount,
     Payment,
     PaymentIntent,
     PaymentToken,
+    Payout,
+    PayoutStatus,
     PendingAdjustment,
     Refund,
     TopUp,
@@ -381,4 +385,104 @@ def staff_solo_postings_total(
     sums = Adjustment.objects.filter(staff=staff, asset_id=asset_code, created__gte=since, approval__isnull=True).aggregate(
         total=Sum("amount"), to_party=Sum("amount", filter=party)
     )
-    return SoloPostings(total=int(sums["total"] or 0), to_party=int(sums["to_party"] or 0))
+    # Payouts a staff member approved (or retried) alone: money leaving on one person's word.
+    payouts = Payout.objects.filter(approved_by=staff, approval_maker__isnull=True, asset_id=asset_code, approved_at__gte=since).aggregate(
+        total=Sum("amount"), to_party=Sum("amount", filter=Q(merchant=merchant) if merchant is not None else Q(pk__in=[]))
+    )
+    return SoloPostings(
+        total=int(sums["total"] or 0) + int(payouts["total"] or 0), to_party=int(sums["to_party"] or 0) + int(payouts["to_party"] or 0)
+    )
+
+
+def bank_account_of(*, merchant_id: str) -> MerchantBankAccount | None:
+    return MerchantBankAccount.objects.filter(merchant_id=merchant_id).first()
+
+
+def payout_get(*, payout_id: str, merchant_id: str) -> Payout:
+    return _one(Payout.objects.filter(pk=payout_id, **_scope(merchant_id=merchant_id)), missing="no such payout", param="payout")
+
+
+def payouts_list(*, merchant_id: str, asset_code: str | None = None, status: str | None = None) -> QuerySet[Payout]:
+    payouts = Payout.objects.filter(**_scope(merchant_id=merchant_id))
+    if asset_code:
+        payouts = payouts.filter(asset_id=asset_code)
+    if status:
+        payouts = payouts.filter(status=status)
+    return payouts.order_by("-created", "-id")
+
+
+def payouts_sendable(*, created_before: datetime, now: datetime) -> QuerySet[Payout]:
+    """Pending payouts the PSP may be asked to make now: approved or needing no approval,
+    of a merchant whose payouts are not held, with no live lease, oldest first."""
+    return (
+        Payout.objects.filter(status=PayoutStatus.PENDING, created__lt=created_before, merchant__payouts_held=False)
+        .filter(Q(approval_required=False) | Q(approved_at__isnull=False))
+        .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
+        .order_by("created", "id")
+    )
+
+
+def payouts_to_check(*, now: datetime, check_every: timedelta) -> QuerySet[Payout]:
+    """In-transit payouts past the PSP's promise, not asked about within `check_every`:
+    their webhook may be lost, so the recovery asks the PSP."""
+    return (
+        Payout.objects.filter(status=PayoutStatus.IN_TRANSIT)
+        .filter(Q(arrival_expected_at__isnull=True) | Q(arrival_expected_at__lte=now))
+        .filter(Q(psp_checked_at__isnull=True) | Q(psp_checked_at__lte=now - check_every))
+        .order_by("arrival_expected_at", "id")
+    )
+
+
+def payouts_recovery_next_due_at(*, lease_seconds: int, check_every: timedelta, now: datetime) -> datetime | None:
+    """When the payout recovery next has work: the oldest sendable payout's lease end (or
+    its creation plus a lease, when the task sent on commit had its chance), or the first
+    in-transit payout past its promise and its last check; None if neither."""
+    lease = timedelta(seconds=lease_seconds)
+    pending = (
+        Payout.objects.filter(status=PayoutStatus.PENDING, merchant__payouts_held=False)
+        .filter(Q(approval_required=False) | Q(approved_at__isnull=False))
+        .aggregate(due=Min(Coalesce("lease_expires_at", F("created") + lease)))["due"]
+    )
+    checks = Payout.objects.filter(status=PayoutStatus.IN_TRANSIT).aggregate(
+        due=Min(Greatest(Coalesce("arrival_expected_at", F("created") + check_every), Coalesce(F("psp_checked_at") + check_every, now))),
+    )["due"]
+    return min((d for d in (pending, checks) if d is not None), default=None)
+
+
+def payouts_in_transit_overdue(*, now: datetime, limit: int = 50) -> QuerySet[Payout]:
+    """The queue of payouts in transit longer than the PSP promised, oldest promise first."""
+    return Payout.objects.filter(status=PayoutStatus.IN_TRANSIT, arrival_expected_at__lt=now).order_by("arrival_expected_at", "id")[:limit]
+
+
+@dataclass(frozen=True)
+class PayoutSettlementLine:
+    payout_id: str
+    psp_reference: str
+    asset: str
+    amount: int
+
+
+def payout_settlement_lines(*, day: date, gateway: str | None = None) -> list[PayoutSettlementLine]:
+    """Our payouts the PSP made on `day` (UTC, the PSP's time) and still holds as sent (in
+    transit or paid), for the settlement comparison."""
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    payouts = Payout.objects.filter(
+        status__in=[PayoutStatus.IN_TRANSIT, PayoutStatus.PAID], psp_created_at__gte=start, psp_created_at__lt=start + timedelta(days=1)
+    )
+    if gateway is not None:
+        payouts = payouts.filter(gateway=gateway)
+    return [
+        PayoutSettlementLine(payout_id=p.pk, psp_reference=p.psp_reference, asset=p.asset_id, amount=p.amount)
+        for p in payouts.order_by("psp_created_at", "id")
+    ]
+
+
+def payouts_in_transit_totals() -> dict[str, int]:
+    """Per asset, what payouts not yet paid, failed or canceled hold: what the in-transit account should."""
+    rows = Payout.objects.filter(status__in=[PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT]).values("asset_id").annotate(total=Sum("amount"))
+    return {str(row["asset_id"]): int(row["total"]) for row in rows}
+
+
+def payout_statuses(*, payout_ids: list[str]) -> list[tuple[str, str]]:
+    """(id, status) of those of `payout_ids` that are payouts of ours."""
+    return [(str(pk), str(status)) for pk, status in Payout.objects.filter(pk__in=payout_ids).values_list("pk", "status")]

@@ -1,16 +1,20 @@
-"""Recovery of card top-ups (payments/services/topup_saga.py), fanned out per tenant by beat
-(docs/ARCHITECTURE.md, "Beat, due work"). Switched-off tenants included: their PSP webhooks
-still land, and a charge taken for one of their top-ups is settled or given back."""
+"""Recovery of card top-ups and payouts (payments/services/topup_saga.py, payout_saga.py),
+fanned out per tenant by beat (docs/ARCHITECTURE.md, "Beat, due work"). Switched-off tenants
+included: their PSP webhooks still land, and a charge taken for one of their top-ups is
+settled or given back, a payout sent is followed to its end. Scheduled payouts, per active
+tenant; a payout's send to the PSP after the commit that made it."""
 
 from __future__ import annotations
 
 from celery import shared_task
 from tenant_schemas_celery.task import TenantTask
 
+from payments.services.payout_saga import payout_recovery_run, payout_submit
+from payments.services.payouts import payouts_scheduled_run
 from payments.services.topup_saga import topup_recovery_run
 from tenants.duework import due_work_schemas
 from tenants.models import DueWorkKind
-from tenants.selectors import tenant_schemas_all
+from tenants.selectors import tenant_schemas_active, tenant_schemas_all
 from tenants.services import task_send_in_each
 
 
@@ -28,5 +32,25 @@ def topups_recover_all_tenants() -> int:
 
 @shared_task(base=TenantTask, name="payments.topups_recover_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_tenant() -> dict[str, int]:
-    """Runs in one tenant's schema: take over orphaned top-ups, ask the PSP, converge."""
-    return topup_recovery_run()
+    """Runs in one tenant's schema: payouts to send or ask about, then orphaned top-ups (whose
+    pass settles the due-work row both share)."""
+    payouts = payout_recovery_run()
+    return {**{f"payouts_{outcome}": n for outcome, n in payouts.items()}, **topup_recovery_run()}
+
+
+@shared_task(base=TenantTask, name="payments.payout_submit", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def payout_submit_task(payout_id: str) -> str:
+    """Send one payout to the PSP (queued on the commit that made or approved it)."""
+    return payout_submit(payout_id=payout_id)
+
+
+@shared_task(base=TenantTask, name="payments.payouts_scheduled_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def payouts_scheduled_all_tenants() -> int:
+    """Beat, every TALLY_PAYOUT_SCHEDULE_SECONDS: `payouts_scheduled_tenant` in each active tenant."""
+    return task_send_in_each(payouts_scheduled_tenant, schemas=tenant_schemas_active())
+
+
+@shared_task(base=TenantTask, name="payments.payouts_scheduled_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def payouts_scheduled_tenant() -> dict[str, int]:
+    """Runs in one tenant's schema: today's scheduled payouts (once per merchant, asset and day)."""
+    return payouts_scheduled_run()

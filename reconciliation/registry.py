@@ -14,6 +14,7 @@ from reconciliation.checks.payments import (
     idempotency_stuck_check,
     outbox_check,
     payments_run_metrics,
+    payouts_check,
     psp_settlement_check,
 )
 from reconciliation.checks.webhooks import webhook_dead_letters_check, webhooks_run_metrics
@@ -38,6 +39,8 @@ CHECKS: list[Check] = [
     Check("merchant_daily_totals", "Merchant daily totals (once reads switched to the summary) against the ledger", merchant_daily_totals_check),
     Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report; charges neither credited nor refunded",
           psp_settlement_check),
+    Check("payouts", "The payouts-in-transit account against unfinished payouts; payouts against the PSP's; payouts in transit too long",
+          payouts_check),
 ]
 
 # Per-run metrics for the dashboard's charts, one collector per app.

@@ -10,6 +10,7 @@ throwaway test database.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -214,3 +215,42 @@ def loopback_http(settings: Any) -> None:
     """The tests' webhook receivers listen on 127.0.0.1 over plain http (as `make run`'s does)."""
     settings.TALLY_WEBHOOK_ALLOW_HTTP = True
     settings.TALLY_WEBHOOK_ALLOW_LOOPBACK = True
+
+
+@pytest.fixture(scope="session")
+def payouts_tenant_committed(django_db_setup: None, django_db_blocker: Any) -> Tenant:
+    from tests.payouts_support import PAYOUTS_TENANT
+
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        tenant = Tenant.objects.filter(schema_name=PAYOUTS_TENANT["schema_name"]).first() or tenant_create(**PAYOUTS_TENANT)
+        connection.set_schema_to_public()
+        return tenant
+
+
+@pytest.fixture
+def payouts_world(
+    payouts_tenant_committed: Tenant, psp_simulator: Any, settings: Any, django_db_blocker: Any
+) -> Iterator[Any]:
+    """The payouts tenant with real commits (as `live_tenant`), the simulator its gateway
+    (tests/payouts_support.py)."""
+    from tests.payouts_support import WEBHOOK_SECRET, World
+    from tests.receivers import receiver_running
+    from wallets.services.principals import staff_member_get_or_create
+
+    settings.TALLY_PSP_TIMEOUT_SECONDS = 1.0
+    settings.TALLY_PAYOUT_LEASE_SECONDS = 2
+    settings.TALLY_OUTBOX_RELAY_KICK = False
+    psp_simulator.faults_clear()
+    psp_simulator.faults(payouts_manual=True)  # a payout stays in transit until the test settles it
+    with django_db_blocker.unblock():
+        connection.set_tenant(payouts_tenant_committed)
+        try:
+            psp_key = psp_account_configure(psp_simulator, webhook_secrets=[WEBHOOK_SECRET])
+            staff = staff_member_get_or_create(username=f"payouts-{uuid.uuid4().hex[:8]}")
+            with receiver_running() as receiver:
+                psp_simulator.webhook_endpoint(psp_key, receiver.url(), WEBHOOK_SECRET)
+                yield World(sim=psp_simulator, psp_key=psp_key, staff=staff, receiver=receiver)
+        finally:
+            psp_simulator.faults_clear()
+            connection.set_schema_to_public()

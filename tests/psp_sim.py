@@ -38,7 +38,8 @@ class Simulator:
 
     def faults_clear(self) -> None:
         self.faults(latency_ms=0, charge_latency_ms=0, fail_5xx=0, hang_after_charge=0, hang_seconds=30.0, duplicate_webhooks=False,
-                    out_of_order_webhooks=False, webhook_before_response=False, min_charge_amount=0)
+                    out_of_order_webhooks=False, webhook_before_response=False, min_charge_amount=0, hang_after_payout=0,
+                    fail_after_payout=0, payouts_manual=False, payout_settle_ms=500, payout_arrival_seconds=86400)
 
     def flush_webhooks(self) -> int:
         return int(self._call("POST", "/_control/flush_webhooks", {})["flushed"])
@@ -49,6 +50,16 @@ class Simulator:
     def charges(self, api_key: str, idempotency_key: str | None = None) -> list[dict[str, Any]]:
         query = f"?idempotency_key={idempotency_key}" if idempotency_key else ""
         return list(self._call("GET", f"/v1/charges{query}", api_key=api_key)["data"])
+
+    def payouts(self, api_key: str, reference: str | None = None) -> list[dict[str, Any]]:
+        query = f"?reference={reference}" if reference else ""
+        return list(self._call("GET", f"/v1/payouts{query}", api_key=api_key)["data"])
+
+    def settle_payouts(self) -> int:
+        return int(self._call("POST", "/_control/settle_payouts", {})["settled"])
+
+    def return_payout(self, payout_id: str) -> bool:
+        return bool(self._call("POST", "/_control/return_payout", {"id": payout_id})["returned"])
 
     def settlement(self, api_key: str, day: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/v1/settlements/{day}", api_key=api_key))

@@ -57,7 +57,7 @@ def test_new_tenant_has_assets_and_system_accounts(tenant_a: Tenant, tenant_b: T
     with in_tenant(tenant_a):
         assert Asset.objects.get(is_main=True).code == "JPY"
         assert set(Asset.objects.values_list("code", flat=True)) == {"JPY", "POINT", "CARBON"}
-        assert Account.objects.filter(kind="system").count() == 5
+        assert Account.objects.filter(kind="system").count() == 6
     with in_tenant(tenant_b):
         main = Asset.objects.get(is_main=True)
         assert (main.code, main.exponent) == ("EUR", 2)
@@ -238,7 +238,7 @@ def test_a_tenant_added_in_the_platform_admin_is_set_up_like_one_made_by_tenant_
         assert Domain.objects.filter(tenant=tenant, domain=f"{schema}.localhost").exists()
         with in_tenant(tenant):
             assert Asset.objects.get(is_main=True).code == "EUR"
-            assert Account.objects.filter(kind="system").count() == 5
+            assert Account.objects.filter(kind="system").count() == 6
         connection.set_schema_to_public()
 
 

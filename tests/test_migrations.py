@@ -103,6 +103,25 @@ def test_the_carbon_aggregate_goes_back_refilled_and_forward(scratch_tenant: Ten
         payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100)
 
 
+def test_the_payouts_migration_gives_a_tenant_its_in_transit_account_and_a_payable_main_currency(scratch_tenant: Tenant) -> None:
+    from wallets.models import BALANCE_SHARDS, Account, Asset, Balance
+
+    schema = scratch_tenant.schema_name
+    _migrate(schema, "wallets", "0015_staff_login_deactivation_revokes_keys")
+    with in_tenant(scratch_tenant):
+        with connection.cursor() as cursor:  # as a tenant bootstrapped before payouts: no such account
+            cursor.execute("SET session_replication_role = replica")  # past the guard refusing to delete accounts
+            in_transit = "SELECT id FROM wallets_account WHERE system_role = 'payouts_in_transit'"
+            cursor.execute(f"DELETE FROM wallets_balance WHERE account_id IN ({in_transit})")
+            cursor.execute("DELETE FROM wallets_account WHERE system_role = 'payouts_in_transit'")
+            cursor.execute("SET session_replication_role = DEFAULT")
+    _migrate(schema)
+    with in_tenant(scratch_tenant):
+        account = Account.objects.get(system_role="payouts_in_transit")
+        assert Balance.objects.filter(account=account).count() == 3 * BALANCE_SHARDS  # JPY, POINT, CARBON
+        assert list(Asset.objects.filter(payable=True).values_list("code", flat=True)) == ["JPY"]
+
+
 @pytest.mark.skipif(shutil.which("pg_dump") is None, reason="needs pg_dump")
 def test_a_database_migrated_with_the_old_chain_upgrades_to_the_fresh_schema(django_db_setup: None) -> None:
     try:

@@ -21,7 +21,7 @@ import pytest
 import stripe
 from django.test import Client
 
-from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayUnavailable
+from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayUnavailable, PayoutRequest
 from payments.gateways.signing import SignatureStale, signature_compute, signature_verify
 from payments.gateways.stripe_gateway import StripeGateway
 from payments.models import TopUp
@@ -237,3 +237,96 @@ def test_a_top_up_through_the_stripe_gateway(live_tenant: Tenant, stub: Stub) ->
         from payments.models import GatewayAccount
 
         GatewayAccount.objects.filter(gateway="stripe").delete()
+
+
+# --- Payouts through Connect -----------------------------------------------------------------------
+
+
+def payout_request(reference: str = "po_abc") -> PayoutRequest:
+    return PayoutRequest(amount=5000, currency="JPY", destination="acct_1/ba_1", idempotency_key=reference, reference=reference)
+
+
+def stripe_payout(*, status: str = "in_transit", reference: str = "po_abc", amount: int = 5000, **extra: Any) -> dict[str, Any]:
+    return {
+        "id": "po_1OaFDbEcg9tTZuTgNYmX0PKB", "object": "payout", "amount": amount, "arrival_date": NOW + 86400, "automatic": False,
+        "balance_transaction": "txn_1", "created": NOW, "currency": "jpy", "destination": "ba_1", "failure_code": None,
+        "livemode": False, "metadata": {"tally_payout": reference}, "method": "standard", "status": status, "type": "bank_account",
+        **extra,
+    }
+
+
+TRANSFER = {
+    "id": "tr_1MiN3gLkdIwHu7ixNCZvFdgA", "object": "transfer", "amount": 5000, "currency": "jpy", "destination": "acct_1",
+    "transfer_group": "po_abc", "metadata": {"tally_payout": "po_abc"}, "reversed": False, "created": NOW,
+}
+
+
+def test_a_bank_account_is_a_connected_account_with_an_external_account(stub: Stub) -> None:
+    stub.script = [(200, {"id": "acct_1", "object": "account", "type": "custom", "metadata": {"tally_merchant": "mer_1"},
+                          "external_accounts": {"object": "list", "data": [{"id": "ba_1", "object": "bank_account", "last4": "6789"}]}})]
+    bank = gateway(stub).bank_account_attach(token="btok_1", reference="mer_1")
+    assert (bank.psp_reference, bank.last4) == ("acct_1/ba_1", "6789")
+    form = {k: v[0] for k, v in stub.requests[0]["form"].items()}
+    assert stub.requests[0]["path"] == "/v1/accounts" and form["external_account"] == "btok_1" and form["type"] == "custom"
+    stub.script = [(200, {"id": "ba_2", "object": "bank_account", "last4": "1234", "account": "acct_1"})]
+    changed = gateway(stub).bank_account_attach(token="btok_2", reference="mer_1", current=bank.psp_reference)
+    assert changed.psp_reference == "acct_1/ba_2" and stub.requests[1]["path"] == "/v1/accounts/acct_1/external_accounts"
+
+
+def test_a_payout_is_a_transfer_then_a_payout_on_the_connected_account_under_our_id(stub: Stub) -> None:
+    stub.script = [(200, TRANSFER), (200, stripe_payout())]
+    result = gateway(stub).payout_create(payout_request("po_abc"))
+    assert result.status == "in_transit" and result.psp_reference.startswith("po_") and result.amount == 5000
+    assert result.arrival == datetime.fromtimestamp(NOW + 86400, UTC)
+    transfer, payout = stub.requests
+    assert transfer["path"] == "/v1/transfers" and transfer["headers"]["Idempotency-Key"] == "po_abc:transfer"
+    assert {k: v[0] for k, v in transfer["form"].items()}["transfer_group"] == "po_abc"
+    assert payout["path"] == "/v1/payouts" and payout["headers"]["Idempotency-Key"] == "po_abc"
+    assert payout["headers"]["Stripe-Account"] == "acct_1"
+    assert {k: v[0] for k, v in payout["form"].items()}["destination"] == "ba_1"
+
+
+def test_a_payout_stripe_refuses_has_its_transfer_reversed_and_fails(stub: Stub) -> None:
+    refused = {"error": {"type": "invalid_request_error", "code": "balance_insufficient", "message": "Insufficient funds"}}
+    reversal = {"id": "trr_1", "object": "transfer_reversal", "amount": 5000, "currency": "jpy", "transfer": TRANSFER["id"]}
+    stub.script = [(200, TRANSFER), (400, refused), (200, reversal)]
+    result = gateway(stub).payout_create(payout_request("po_abc"))
+    assert result.status == "failed" and result.failure_code == "balance_insufficient"
+    assert stub.requests[2]["path"] == f"/v1/transfers/{TRANSFER['id']}/reversals"
+    assert stub.requests[2]["headers"]["Idempotency-Key"] == "po_abc:reversal"
+
+
+def test_a_5xx_on_either_leg_is_unknown(stub: Stub) -> None:
+    stub.script = [(500, API_ERROR)]
+    with pytest.raises(GatewayUnavailable):
+        gateway(stub).payout_create(payout_request("po_x"))
+    stub.script = [(200, TRANSFER), (500, API_ERROR)]
+    with pytest.raises(GatewayUnavailable):
+        gateway(stub).payout_create(payout_request("po_x"))
+
+
+def test_payouts_of_reads_the_connected_accounts_payouts(stub: Stub) -> None:
+    stub.script = [(200, {"object": "list", "data": [stripe_payout(status="paid"), stripe_payout(reference="po_other")], "has_more": False,
+                          "url": "/v1/payouts"})]
+    [found] = gateway(stub).payouts_of(reference="po_abc", destination="acct_1/ba_1")
+    assert found.status == "paid" and stub.requests[0]["headers"]["Stripe-Account"] == "acct_1"
+    # No payout, but a transfer that was not reversed: the outcome is not known.
+    stub.script = [(200, {"object": "list", "data": [], "has_more": False, "url": "/v1/payouts"}),
+                   (200, {"object": "list", "data": [TRANSFER], "has_more": False, "url": "/v1/transfers"})]
+    with pytest.raises(GatewayUnavailable):
+        gateway(stub).payouts_of(reference="po_abc", destination="acct_1/ba_1")
+
+
+def test_a_payout_event_names_our_payout() -> None:
+    body = json.dumps({"id": "evt_1", "object": "event", "type": "payout.failed", "account": "acct_1",
+                       "data": {"object": stripe_payout(status="failed", failure_code="account_closed")}}).encode()
+    event = StripeGateway(api_base="http://127.0.0.1:9", secret_key="sk_test_x", timeout=1).event_parse(body)
+    assert (event.kind, event.reference, event.failure_code, event.amount) == ("payout_failed", "po_abc", "account_closed", 5000)
+
+
+def test_the_settlement_report_counts_a_payouts_transfer(stub: Stub) -> None:
+    txn = {"id": "txn_9", "object": "balance_transaction", "amount": -5000, "currency": "jpy", "created": NOW, "type": "transfer",
+           "source": TRANSFER}
+    stub.script = [(200, {"object": "list", "data": [txn], "has_more": False, "url": "/v1/balance_transactions"})]
+    report = gateway(stub).settlement_report(day=datetime.now(UTC).date())
+    assert [(line.kind, line.amount, line.reference) for line in report.lines] == [("payout", -5000, "po_abc")]

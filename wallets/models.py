@@ -27,6 +27,10 @@ class Asset(models.Model):
     # Per-wallet cap in minor units: balance + amount <= cap, checked atomically.
     cap = models.BigIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     is_main = models.BooleanField(default=False)
+    # Merchants are paid out in it (a currency of the tenant's, never points or carbon).
+    payable = models.BooleanField(default=False, db_default=False)
+    # A payout above this (minor units) waits for a staff member's approval; none: no limit.
+    payout_approval_threshold = models.BigIntegerField(null=True, blank=True, validators=[MinValueValidator(0)])
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -34,6 +38,9 @@ class Asset(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["is_main"], condition=models.Q(is_main=True), name="asset_one_main"),
             models.CheckConstraint(condition=models.Q(cap__isnull=True) | models.Q(cap__gt=0), name="asset_cap_positive"),
+            models.CheckConstraint(
+                condition=models.Q(payable=False) | models.Q(kind="currency") | models.Q(kind="regional"), name="asset_payable_is_money"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -66,16 +73,35 @@ class CustomerLegacyContact(models.Model):
         db_table = "wallets_customer"
 
 
+class PayoutSchedule(models.TextChoices):
+    DAILY = "daily", "Daily"
+    WEEKLY = "weekly", "Weekly (on its weekday)"
+    MANUAL = "manual", "Manual (POST /v1/merchant/payouts)"
+
+
 class Merchant(PrefixedIdModel, new_id=ids.new_merchant_id):
     name = models.CharField(max_length=200)
     # None: the tenant's settlement delay applies (wallets.selectors.merchant_settlement_delay_days).
     settlement_delay_days = models.PositiveSmallIntegerField(null=True, blank=True, validators=[MaxValueValidator(SETTLEMENT_DELAY_MAX_DAYS)])
+    # Scheduled payouts of the whole available balance (payments.services.payouts); weekly on
+    # `payout_weekday` (0 Monday .. 6 Sunday, UTC days).
+    payout_schedule = models.CharField(max_length=8, choices=PayoutSchedule.choices, default=PayoutSchedule.MANUAL, db_default="manual")
+    payout_weekday = models.PositiveSmallIntegerField(null=True, blank=True, validators=[MaxValueValidator(6)])
+    # Staff hold a merchant's payouts: none is made or sent until they release them (audited).
+    payouts_held = models.BooleanField(default=False, db_default=False)
+    payouts_held_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    payouts_held_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created", "id"]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(settlement_delay_days__lte=SETTLEMENT_DELAY_MAX_DAYS), name="merchant_settlement_delay_days_max"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(payout_schedule="weekly", payout_weekday__isnull=False, payout_weekday__lte=6)
+                | (~models.Q(payout_schedule="weekly") & models.Q(payout_weekday__isnull=True)),
+                name="merchant_weekly_payouts_have_a_weekday",
             ),
         ]
 
@@ -114,11 +140,13 @@ class AccountKind(models.TextChoices):
 class SystemRole(models.TextChoices):
     """System accounts may go negative; they are the other side of money entering or leaving."""
 
-    PSP_FUNDING = "psp_funding", "PSP funding (card top-ups)"
+    # The tenant's position at the PSP: card top-ups come in from it, paid payouts go out to it.
+    PSP_FUNDING = "psp_funding", "PSP settlement (card top-ups in, payouts out)"
     BONUS_POOL = "bonus_pool", "Bonus pool (top-up bonuses, points issuance)"
     FEES = "fees", "Fees"
     CARBON_REGISTRY = "carbon_registry", "Carbon registry"
     ADJUSTMENTS = "adjustments", "Staff adjustments"
+    PAYOUTS_IN_TRANSIT = "payouts_in_transit", "Payouts in transit (left the merchant, not yet paid)"
 
 
 class Account(PrefixedIdModel, new_id=ids.new_account_id):
@@ -258,6 +286,9 @@ class LedgerTransactionKind(models.TextChoices):
     TOPUP = "topup", "Top-up"
     ADJUSTMENT = "adjustment", "Adjustment"
     CAPTURE = "capture", "Intent capture"
+    PAYOUT = "payout", "Payout (merchant to in transit)"
+    PAYOUT_PAID = "payout_paid", "Payout paid (in transit to the PSP)"
+    PAYOUT_BACK = "payout_back", "Payout failed or canceled (back to the merchant)"
 
 
 class LedgerTransaction(PrefixedIdModel, new_id=ids.new_ledger_transaction_id):

@@ -287,6 +287,19 @@ else:
 TALLY_TOPUP_RECOVERY_PASS_SECONDS = max(0.0, TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS - TALLY_PSP_TIMEOUT_SECONDS)
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
+# --- Payouts (payments/services/payout_saga.py, payouts.py) --------------------------------------
+# The lease must outlast the PSP call, as a top-up's; the recovery then sends again under the same key.
+TALLY_PAYOUT_LEASE_SECONDS = env.int("TALLY_PAYOUT_LEASE_SECONDS", default=30)
+# How often the recovery asks the PSP about a payout in transit past the PSP's promise (its webhook may be lost).
+TALLY_PAYOUT_CHECK_SECONDS = env.int("TALLY_PAYOUT_CHECK_SECONDS", default=3600)
+# Scheduled payouts: beat's period, and how many PSP calls one tenant's run makes at once.
+TALLY_PAYOUT_SCHEDULE_SECONDS = env.int("TALLY_PAYOUT_SCHEDULE_SECONDS", default=3600)
+TALLY_PAYOUT_SUBMIT_CONCURRENCY = env.int("TALLY_PAYOUT_SUBMIT_CONCURRENCY", default=16)
+# Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
+TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
+CELERY_TASK_ROUTES["payments.payout_submit"] = {"queue": "recovery"}
+CELERY_TASK_ROUTES["payments.payouts_scheduled_tenant"] = {"queue": "recovery"}
+CELERY_BEAT_SCHEDULE["payouts-scheduled"] = {"task": "payments.payouts_scheduled_all_tenants", "schedule": float(TALLY_PAYOUT_SCHEDULE_SECONDS)}
 CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_due_tenants", "schedule": 10.0}
 CELERY_BEAT_SCHEDULE["topups-recover-sweep"] = {"task": "payments.topups_recover_all_tenants", "schedule": TALLY_SAFETY_SWEEP_SECONDS}
 

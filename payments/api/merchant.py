@@ -1,4 +1,4 @@
-"""Merchant face (`sk_` keys): payments, refunds, intents, balance, stores, terminals.
+"""Merchant face (`sk_` keys): payments, refunds, intents, payouts, balance, stores, terminals.
 Everything is scoped to the key's merchant. Routed by config/api_urls.py; the merchant's
 webhook endpoints live in webhooks.api."""
 
@@ -16,8 +16,8 @@ from apikit.base import MerchantViewSet
 from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin, object_action
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
-from payments.models import Payment, PaymentIntent, Refund
-from payments.services import intents, mandates, refunds
+from payments.models import Payment, PaymentIntent, Payout, Refund
+from payments.services import intents, mandates, payouts, refunds
 from wallets import selectors as wallet_selectors
 from wallets.daily_totals import merchant_daily_totals
 from wallets.models import Store, Terminal
@@ -153,3 +153,23 @@ class PaymentIntentViewSet(ListMixin, CreateMixin, RetrieveMixin, MerchantViewSe
     @object_action(TAG, summary="Cancel a created or authorized intent (releases any hold)", body=s.EmptyIn, out=s.PaymentIntentOut)
     def cancel(self, intent: PaymentIntent, data: dict[str, Any]) -> PaymentIntent:
         return intents.payment_intent_cancel(intent=intent)
+
+
+class PayoutViewSet(ListMixin, CreateMixin, RetrieveMixin, MerchantViewSet):
+    lookup_url_kwarg = "payout_id"
+    out, create_in, list_params = s.PayoutOut, s.PayoutCreateIn, s.PayoutListParams
+    summaries = {
+        "list": "The merchant's payouts, newest first",
+        "create": "Pay out available funds to the merchant's bank account (at most `available`: 402 insufficient_available)",
+        "retrieve": "Retrieve one of the merchant's payouts",
+    }
+
+    def objects(self, params: dict[str, Any]) -> QuerySet[Payout]:
+        return payment_selectors.payouts_list(merchant_id=self.merchant_id, asset_code=params.get("asset"), status=params.get("status"))
+
+    def object_create(self, data: dict[str, Any]) -> Payout:
+        merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
+        return payouts.payout_create(merchant=merchant, asset_code=data["asset"], amount=data["amount"])
+
+    def object_get(self, payout_id: str) -> Payout:
+        return payment_selectors.payout_get(payout_id=payout_id, merchant_id=self.merchant_id)

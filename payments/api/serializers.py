@@ -196,6 +196,19 @@ class TopUpOut(ObjectOut):
     failure_code = S.CharField()
 
 
+class PayoutOut(ObjectOut):
+    object_type = "payout"
+    status = S.ChoiceField(choices=["pending", "in_transit", "paid", "failed", "canceled"])
+    merchant = _ref("merchant_id")
+    asset = _ref("asset_id")
+    amount = S.IntegerField()
+    origin = S.ChoiceField(choices=["manual", "scheduled", "retry"])
+    bank_account_last4 = S.CharField(source="destination_last4")
+    awaiting_approval = S.BooleanField()
+    arrival_date = S.DateTimeField(source="arrival_expected_at", allow_null=True)
+    failure_code = S.CharField()
+
+
 class AdjustmentOut(ObjectOut):
     object_type = "adjustment"
     staff = _ref("staff_id")
@@ -373,6 +386,16 @@ class RefundCreateIn(StrictSerializer):
     payment = ObjectIdField("pay")
     amount = AmountField()
     reason = strict_char(max_length=500, required=False, allow_blank=True, default="")
+
+
+class PayoutCreateIn(StrictSerializer):
+    asset = AssetField()
+    amount = AmountField()
+
+
+class PayoutListParams(ListParamsSerializer):
+    asset = AssetFilterField(required=False)
+    status = S.ChoiceField(choices=["pending", "in_transit", "paid", "failed", "canceled"], required=False)
 
 
 class AdjustmentCreateIn(StrictSerializer):

@@ -1,8 +1,8 @@
 """The gateway interface every PSP adapter implements, and its typed outcomes. A charge is
-created with OUR idempotency key (the top-up id): asking again returns the first charge.
-An answer we did not get (timeout, 5xx), or one that does not speak for the charge under
-our key (our credentials refused, the PSP's idempotency layer objecting), is
-`GatewayUnavailable`: only asking again with the same key resolves it."""
+created with OUR idempotency key (the top-up id), a payout with the payout id: asking again
+returns the first one. An answer we did not get (timeout, 5xx), or one that does not speak
+for the object under our key (our credentials refused, the PSP's idempotency layer
+objecting), is `GatewayUnavailable`: only asking again with the same key resolves it."""
 
 from __future__ import annotations
 
@@ -74,10 +74,42 @@ class RefundResult:
 
 
 @dataclass(frozen=True)
+class BankAccountResult:
+    """A merchant's bank account as the PSP holds it: what payouts are sent to, and the last
+    four digits (all Tally keeps of it)."""
+
+    psp_reference: str
+    last4: str
+
+
+@dataclass(frozen=True)
+class PayoutRequest:
+    amount: int  # minor units
+    currency: str
+    destination: str  # the bank account's PSP reference
+    idempotency_key: str  # our payout id
+    reference: str  # our payout id, sent as metadata (tally_payout)
+
+
+@dataclass(frozen=True)
+class PayoutResult:
+    """The PSP's payout: `in_transit` (it has it), `paid` (arrived) or `failed` (declined at
+    once, or returned later: the money is back at the PSP)."""
+
+    status: Literal["in_transit", "paid", "failed"]
+    psp_reference: str
+    amount: int
+    currency: str
+    failure_code: str = ""
+    arrival: datetime | None = None  # when the PSP promises it arrives
+    created: datetime | None = None
+
+
+@dataclass(frozen=True)
 class SettlementLine:
     psp_reference: str
-    kind: Literal["charge", "refund"]
-    amount: int  # signed: refunds negative
+    kind: Literal["charge", "refund", "payout"]
+    amount: int  # signed: refunds and payouts negative
     currency: str
     reference: str  # our object id from the metadata ("" if none)
 
@@ -94,8 +126,8 @@ class PspEvent:
 
     id: str
     type: str
-    kind: Literal["charge_succeeded", "charge_failed", "other"]
-    reference: str  # our top-up id from the metadata ("" if none)
+    kind: Literal["charge_succeeded", "charge_failed", "payout_paid", "payout_failed", "other"]
+    reference: str  # our top-up or payout id from the metadata ("" if none)
     psp_reference: str
     failure_code: str
     created: datetime | None
@@ -118,3 +150,16 @@ class Gateway(Protocol):
     def settlement_report(self, *, day: date) -> SettlementReport: ...
 
     def event_parse(self, body: bytes) -> PspEvent: ...
+
+    def bank_account_attach(self, *, token: str, reference: str, current: str = "") -> BankAccountResult:
+        """Hold the bank account of PSP `token` for our merchant `reference` (replacing
+        `current`, its earlier PSP reference, if any)."""
+        ...
+
+    def payout_create(self, request: PayoutRequest) -> PayoutResult:
+        """Send money to a bank account under our key; a decline is a `failed` result."""
+        ...
+
+    def payouts_of(self, *, reference: str, destination: str) -> list[PayoutResult]:
+        """Every payout the PSP holds for our payout `reference` (a read: safe however old its key)."""
+        ...

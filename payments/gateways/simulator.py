@@ -12,10 +12,13 @@ from typing import Any
 
 from payments.gateways import metrics
 from payments.gateways.base import (
+    BankAccountResult,
     ChargeRequest,
     ChargeResult,
     GatewayRejected,
     GatewayUnavailable,
+    PayoutRequest,
+    PayoutResult,
     PspEvent,
     RefundResult,
     SettlementLine,
@@ -87,8 +90,9 @@ class SimulatorGateway:
         report = self._call("settlement", "GET", f"/v1/settlements/{day.isoformat()}")
         lines = [
             SettlementLine(
-                psp_reference=str(line["id"]), kind="refund" if line["type"] == "refund" else "charge", amount=int(line["amount"]),
-                currency=str(line["currency"]).upper(), reference=str((line.get("metadata") or {}).get("tally_topup", "")),
+                psp_reference=str(line["id"]), kind=line["type"] if line["type"] in ("refund", "payout") else "charge",
+                amount=int(line["amount"]), currency=str(line["currency"]).upper(),
+                reference=str((line.get("metadata") or {}).get("tally_payout" if line["type"] == "payout" else "tally_topup", "")),
             )
             for line in report["lines"]
         ]
@@ -97,13 +101,45 @@ class SimulatorGateway:
     def event_parse(self, body: bytes) -> PspEvent:
         event = json.loads(body)
         obj = event["data"]["object"]
-        kind = {"charge.succeeded": "charge_succeeded", "charge.failed": "charge_failed"}.get(str(event["type"]), "other")
+        kind = _EVENT_KINDS.get(str(event["type"]), "other")
+        metadata = obj.get("metadata") or {}
         return PspEvent(
             id=str(event["id"]), type=str(event["type"]), kind=kind,  # type: ignore[arg-type]
-            reference=str((obj.get("metadata") or {}).get("tally_topup", "")), psp_reference=str(obj.get("id", "")),
+            reference=str(metadata.get("tally_payout" if kind.startswith("payout") else "tally_topup", "")), psp_reference=str(obj.get("id", "")),
             failure_code=str(obj.get("failure_code") or ""), created=_ts(obj.get("created")),
             amount=int(obj.get("amount") or 0), currency=str(obj.get("currency") or "").upper(),
         )
+
+
+    def bank_account_attach(self, *, token: str, reference: str, current: str = "") -> BankAccountResult:
+        body = {"token": token, "metadata": {"tally_merchant": reference}}
+        bank = self._call("bank_account_attach", "POST", "/v1/bank_accounts", body, idempotency_key=f"{reference}:{token}")
+        return BankAccountResult(psp_reference=str(bank["id"]), last4=str(bank["last4"]))
+
+    def payout_create(self, request: PayoutRequest) -> PayoutResult:
+        body = {
+            "amount": request.amount, "currency": request.currency.lower(), "destination": request.destination,
+            "metadata": {"tally_payout": request.reference},
+        }
+        return _payout_result(self._call("payout", "POST", "/v1/payouts", body, idempotency_key=request.idempotency_key))
+
+    def payouts_of(self, *, reference: str, destination: str) -> list[PayoutResult]:
+        found = self._call("payouts_of", "GET", f"/v1/payouts?reference={urllib.parse.quote(reference)}")
+        return [_payout_result(p) for p in found["data"] if (p.get("metadata") or {}).get("tally_payout") == reference]
+
+
+_EVENT_KINDS = {
+    "charge.succeeded": "charge_succeeded", "charge.failed": "charge_failed", "payout.paid": "payout_paid", "payout.failed": "payout_failed",
+}
+
+
+def _payout_result(payout: dict[str, Any]) -> PayoutResult:
+    status = {"paid": "paid", "failed": "failed", "canceled": "failed"}.get(str(payout["status"]), "in_transit")
+    return PayoutResult(
+        status=status, psp_reference=str(payout["id"]), amount=int(payout["amount"]),  # type: ignore[arg-type]
+        currency=str(payout["currency"]).upper(), failure_code=str(payout.get("failure_code") or ""),
+        arrival=_ts(payout.get("arrival_date")), created=_ts(payout.get("created")),
+    )
 
 
 def _ts(value: Any) -> datetime | None:

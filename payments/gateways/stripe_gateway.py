@@ -6,6 +6,13 @@ about an earlier attempt's charge (stripe-python's own retries are off: the saga
 with the same key). Other 4xx (`amount_too_small`, an unknown currency): GatewayRejected;
 Stripe saves no idempotent result for a request that failed validation. Webhooks are
 signed as in payments.gateways.signing; settlement reads the day's balance transactions.
+
+Payouts go through Connect: each merchant is a connected account holding its bank account
+(our bank-account reference is `acct_.../ba_...`). A payout is a Transfer from the platform
+to that account (`transfer_group` and `metadata.tally_payout`: our payout id; key
+`<payout id>:transfer`), then a Payout on it to the bank account under our payout id as its
+Idempotency-Key. A payout Stripe refuses after the transfer went through has its transfer
+reversed (key `<payout id>:reversal`) before it is failed, so the money is back with us.
 """
 
 from __future__ import annotations
@@ -19,10 +26,13 @@ import stripe
 
 from payments.gateways import metrics
 from payments.gateways.base import (
+    BankAccountResult,
     ChargeRequest,
     ChargeResult,
     GatewayRejected,
     GatewayUnavailable,
+    PayoutRequest,
+    PayoutResult,
     PspEvent,
     RefundResult,
     SettlementLine,
@@ -31,7 +41,10 @@ from payments.gateways.base import (
 )
 
 STRIPE_API_BASE = "https://api.stripe.com"
-_EVENT_KINDS = {"payment_intent.succeeded": "charge_succeeded", "payment_intent.payment_failed": "charge_failed"}
+_EVENT_KINDS = {
+    "payment_intent.succeeded": "charge_succeeded", "payment_intent.payment_failed": "charge_failed",
+    "payout.paid": "payout_paid", "payout.failed": "payout_failed",
+}
 
 
 class StripeGateway:
@@ -127,11 +140,15 @@ class StripeGateway:
         page = self._call("settlement", lambda: self.client.v1.balance_transactions.list(params=params))
         lines: list[SettlementLine] = []
         for txn in page.auto_paging_iter():
-            if txn.type not in ("charge", "payment", "refund"):
+            if txn.type not in ("charge", "payment", "refund", "transfer"):
                 continue
             source = txn.source
-            raw_metadata: Any = getattr(source, "metadata", None) or {}
-            metadata = raw_metadata.to_dict() if hasattr(raw_metadata, "to_dict") else dict(raw_metadata)
+            metadata = _metadata(source)
+            if txn.type == "transfer":  # a payout's first leg: the platform's money leaving for the connected account
+                if metadata.get("tally_payout"):
+                    lines.append(SettlementLine(psp_reference=str(getattr(source, "id", "")), kind="payout", amount=int(txn.amount),
+                                                currency=str(txn.currency).upper(), reference=str(metadata["tally_payout"])))
+                continue
             intent = getattr(source, "payment_intent", None) or getattr(source, "id", "")
             lines.append(
                 SettlementLine(
@@ -144,17 +161,88 @@ class StripeGateway:
     def event_parse(self, body: bytes) -> PspEvent:
         event = json.loads(body)
         obj = event["data"]["object"]
+        kind = _EVENT_KINDS.get(str(event["type"]), "other")
         last_error = obj.get("last_payment_error") or {}
+        failure_code = obj.get("failure_code") if kind.startswith("payout") else last_error.get("decline_code") or last_error.get("code")
         return PspEvent(
-            id=str(event["id"]), type=str(event["type"]), kind=_EVENT_KINDS.get(str(event["type"]), "other"),  # type: ignore[arg-type]
-            reference=str((obj.get("metadata") or {}).get("tally_topup", "")), psp_reference=str(obj.get("id", "")),
-            failure_code=str(last_error.get("decline_code") or last_error.get("code") or ""), created=_ts(obj.get("created")),
+            id=str(event["id"]), type=str(event["type"]), kind=kind,  # type: ignore[arg-type]
+            reference=str((obj.get("metadata") or {}).get("tally_payout" if kind.startswith("payout") else "tally_topup", "")),
+            psp_reference=str(obj.get("id", "")), failure_code=str(failure_code or ""), created=_ts(obj.get("created")),
             amount=int(obj.get("amount") or 0), currency=str(obj.get("currency") or "").upper(),
         )
+
+    def bank_account_attach(self, *, token: str, reference: str, current: str = "") -> BankAccountResult:
+        """A new connected account for the merchant holding the bank account, or, with
+        `current`, the bank account added to the merchant's connected account as its default."""
+        account_id = current.split("/", 1)[0] if current.startswith("acct_") else ""
+        if not account_id:
+            params: Any = {
+                "type": "custom", "metadata": {"tally_merchant": reference}, "external_account": token,
+                "capabilities": {"transfers": {"requested": True}},
+            }
+            options: Any = {"idempotency_key": f"{reference}:account:{token}"}
+            account = self._call("bank_account_attach", lambda: self.client.v1.accounts.create(params=params, options=options))
+            account_id, bank = str(account.id), account.external_accounts.data[0]
+        else:
+            bank_params: Any = {"external_account": token, "default_for_currency": True}
+            bank_options: Any = {"idempotency_key": f"{reference}:bank:{token}"}
+            bank = self._call(
+                "bank_account_attach",
+                lambda: self.client.v1.accounts.external_accounts.create(account_id, params=bank_params, options=bank_options),
+            )
+        return BankAccountResult(psp_reference=f"{account_id}/{bank.id}", last4=str(bank.last4))
+
+    def payout_create(self, request: PayoutRequest) -> PayoutResult:
+        account_id, _, bank_id = request.destination.partition("/")
+        metadata = {"tally_payout": request.reference}
+        transfer_params: Any = {
+            "amount": request.amount, "currency": request.currency.lower(), "destination": account_id,
+            "transfer_group": request.reference, "metadata": metadata,
+        }
+        transfer_options: Any = {"idempotency_key": f"{request.idempotency_key}:transfer"}
+        transfer = self._call("payout", lambda: self.client.v1.transfers.create(params=transfer_params, options=transfer_options))
+        payout_params: Any = {"amount": request.amount, "currency": request.currency.lower(), "destination": bank_id, "metadata": metadata}
+        payout_options: Any = {"idempotency_key": request.idempotency_key, "stripe_account": account_id}
+        try:
+            payout = self._call("payout", lambda: self.client.v1.payouts.create(params=payout_params, options=payout_options))
+        except GatewayRejected as exc:
+            reversal_options: Any = {"idempotency_key": f"{request.idempotency_key}:reversal"}
+            self._call("payout", lambda: self.client.v1.transfers.reversals.create(str(transfer.id), options=reversal_options))
+            return PayoutResult(status="failed", psp_reference="", amount=request.amount, currency=request.currency.upper(),
+                                failure_code=str(exc.code or "payout_refused"))
+        return _payout_result(payout)
+
+    def payouts_of(self, *, reference: str, destination: str) -> list[PayoutResult]:
+        # Stripe lists payouts by account, not by metadata: the connected account's recent ones, ours picked out.
+        account_id = destination.partition("/")[0]
+        options: Any = {"stripe_account": account_id}
+        page = self._call("payouts_of", lambda: self.client.v1.payouts.list(params={"limit": 100}, options=options))
+        found = [_payout_result(p) for p in page.data if _metadata(p).get("tally_payout") == reference]
+        if not found:
+            transfer_params: Any = {"transfer_group": reference, "limit": 10}
+            transfers = self._call("payouts_of", lambda: self.client.v1.transfers.list(params=transfer_params))
+            if any(not getattr(t, "reversed", False) for t in transfers.data):
+                # The money reached the connected account, and no payout of it is in sight.
+                raise GatewayUnavailable(f"payouts_of: a transfer for {reference} without its payout")
+        return found
 
 
 def _ts(value: Any) -> datetime | None:
     return datetime.fromtimestamp(int(value), UTC) if isinstance(value, int) else None
+
+
+def _metadata(obj: Any) -> dict[str, Any]:
+    raw: Any = getattr(obj, "metadata", None) or {}
+    return dict(raw.to_dict() if hasattr(raw, "to_dict") else raw)
+
+
+def _payout_result(payout: Any) -> PayoutResult:
+    status = {"paid": "paid", "failed": "failed", "canceled": "failed"}.get(str(payout.status), "in_transit")
+    return PayoutResult(
+        status=status, psp_reference=str(payout.id), amount=int(payout.amount), currency=str(payout.currency).upper(),  # type: ignore[arg-type]
+        failure_code=str(getattr(payout, "failure_code", None) or ""), arrival=_ts(getattr(payout, "arrival_date", None)),
+        created=_ts(getattr(payout, "created", None)),
+    )
 
 
 def _result_of(intent: Any, *, failure_code: str = "") -> ChargeResult:

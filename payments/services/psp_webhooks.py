@@ -11,12 +11,13 @@ from django.utils import timezone
 
 from payments.errors import PspChargeMismatch, PspEventInvalid, PspSignatureInvalid, PspSignatureStale
 from payments.gateways import metrics
-from payments.gateways.base import ChargeResult, PspEvent
+from payments.gateways.base import ChargeResult, PayoutResult, PspEvent
 from payments.gateways.registry import gateway_build, gateway_webhook_secrets
 from payments.gateways.signing import SignatureInvalid, SignatureStale, signature_verify
 from payments.locks import psp_webhook_events_expired_lock
-from payments.models import PspWebhookEvent, TopUp, TopUpStatus
+from payments.models import Payout, PspWebhookEvent, TopUp, TopUpStatus
 from payments.selectors import gateway_account_get
+from payments.services.payout_saga import payout_settle
 from payments.services.topups import topup_charge_matches, topup_charge_mismatch_hold, topup_settle
 from wallets.errors import NotFound
 from wallets.transactions import atomic_service
@@ -28,7 +29,8 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
     """Verify (PspSignatureInvalid / PspSignatureStale) and apply one inbound PSP event;
     returns the outcome (applied, duplicate, ignored, wrong_gateway, mismatch). An event
     speaks only for the gateway whose secret signed it, and a charge that is not a pending
-    top-up's amount and currency credits nothing (`mismatch`: the operator queue). Both are
+    top-up's amount and currency credits nothing (`mismatch`: the operator queue), nor does
+    a payout event of another amount or currency move a payout's money. Both are
     acknowledged (2xx): the event is authentic, and a provider retries a 4xx for days with
     nothing to gain, so a person looks instead. Locks: see `_event_apply`."""
     try:
@@ -71,7 +73,7 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
     """The event marker (unique per gateway and event id: a redelivery is a duplicate), then
     the effect, in one transaction or savepoint: a failing effect records nothing. Locks: the
     marker's unique index entry, then the top-up row and balance rows (topup_settle), or the
-    top-up row alone (topup_charge_mismatch_hold)."""
+    top-up row alone (topup_charge_mismatch_hold), or the payout row and balance rows (payout_settle)."""
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -80,6 +82,11 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
                 )
         except IntegrityError:
             return "duplicate"
+        if event.kind in ("payout_paid", "payout_failed"):
+            outcome = _payout_event_apply(gateway_name=gateway_name, event=event)
+            marker.outcome = outcome
+            marker.save(update_fields=["outcome"])
+            return outcome
         outcome = "ignored"
         about = (
             TopUp.objects.filter(pk=event.reference).first()
@@ -111,6 +118,20 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
         marker.outcome = outcome
         marker.save(update_fields=["outcome"])
         return outcome
+
+
+def _payout_event_apply(*, gateway_name: str, event: PspEvent) -> str:
+    payout = Payout.objects.filter(pk=event.reference).first() if event.reference else None
+    if payout is None:
+        return "ignored"
+    if payout.gateway != gateway_name:
+        return "wrong_gateway"
+    result = PayoutResult(
+        status="paid" if event.kind == "payout_paid" else "failed", psp_reference=event.psp_reference, amount=event.amount,
+        currency=event.currency, failure_code=event.failure_code, created=event.created,
+    )
+    outcome = payout_settle(payout_id=payout.pk, result=result, source=f"webhook {event.id}")
+    return "mismatch" if outcome == "mismatch" else "applied"
 
 
 # Providers retry an event for days (Stripe: up to 3); an older marker meets no duplicate.

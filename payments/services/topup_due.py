@@ -1,4 +1,5 @@
-"""The top-up recovery's due-work row (tenants.duework; docs/ARCHITECTURE.md, "Beat, due work")."""
+"""The recovery's due-work row (tenants.duework; docs/ARCHITECTURE.md, "Beat, due work"): one
+row of kind `topups` per tenant for both PSP sagas, card top-ups and payouts (payout_saga.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from idempotency.selectors import idempotency_external_lease_next_end
-from payments.selectors import topups_recovery_next_due_at
+from payments.selectors import payouts_recovery_next_due_at, topups_recovery_next_due_at
 from tenants.duework import due_work_mark, due_work_settle
 from tenants.models import DueWorkKind
 
@@ -32,6 +33,10 @@ def _next_due() -> datetime | None:
     dues = [
         idempotency_external_lease_next_end(),
         topups_recovery_next_due_at(lease_seconds=int(settings.TALLY_TOPUP_LEASE_SECONDS), now=now),
+        payouts_recovery_next_due_at(
+            lease_seconds=int(settings.TALLY_PAYOUT_LEASE_SECONDS), check_every=timedelta(seconds=int(settings.TALLY_PAYOUT_CHECK_SECONDS)),
+            now=now,
+        ),
     ]
     return min((d for d in dues if d is not None), default=None)
 

@@ -15,11 +15,21 @@ from prometheus_client import CollectorRegistry, Counter, multiprocess
 from idempotency import metrics as idempotency_metrics
 from idempotency.models import IdempotencyRecord, RecordState
 from payments.errors import PspNotConfigured, PspUnavailable
+from payments.gateways.base import GatewayError
 from payments.gateways.registry import gateway_build
 from payments.models import OutboxEvent, Payment
-from payments.selectors import gateway_account_active, topup_settlement_lines, topups_charged_uncredited
+from payments.selectors import (
+    gateway_account_active,
+    payout_settlement_lines,
+    payout_statuses,
+    payouts_in_transit_overdue,
+    payouts_in_transit_totals,
+    topup_settlement_lines,
+    topups_charged_uncredited,
+)
 from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity
 from wallets.models import Balance, SystemRole
+from wallets.selectors import account_balance_lines, system_account_get
 
 
 def duplicate_charges_check(ctx: CheckContext) -> Iterator[Discrepancy]:
@@ -256,3 +266,84 @@ def _charged_uncredited(ctx: CheckContext) -> Iterator[Discrepancy]:
                      "failed_at": topup.updated.isoformat(), "last_error": topup.last_error},
             refs=(ObjectRef("payments", "topup", topup.pk), ObjectRef("wallets", "customer", topup.customer_id)),
         )
+
+
+@dataclass(frozen=True)
+class PayoutComparison:
+    day: date
+    gateway: str
+    matched: int
+    missing_at_psp: list[str] = field(default_factory=list)  # our payouts (sent, not failed) the PSP does not hold
+    unknown_at_psp: list[str] = field(default_factory=list)  # PSP payouts naming no payout of ours (their PSP references)
+    amount_mismatches: list[str] = field(default_factory=list)  # our payout ids whose amounts differ
+    returned_but_sent: list[str] = field(default_factory=list)  # our failed or canceled payouts the PSP holds as sent
+
+
+def payout_settlement_compare(*, day: date) -> PayoutComparison:
+    """Our payouts the PSP made on `day` against its settlement report's payout lines, matched on our payout id."""
+    account = gateway_account_active()
+    if account is None:
+        raise PspNotConfigured("no active PSP gateway")
+    report = gateway_build(account=account).settlement_report(day=day)
+    lines = [line for line in report.lines if line.kind == "payout"]
+    theirs = {line.reference: line for line in lines}
+    ours = {line.payout_id: line for line in payout_settlement_lines(day=day, gateway=account.gateway)}
+    # Named by a payout of ours not (yet) sent here: pending ones are the recovery's; failed or canceled ones gave the money back.
+    elsewhere = dict(payout_statuses(payout_ids=[line.reference for line in lines if line.reference and line.reference not in ours]))
+    return PayoutComparison(
+        day=day, gateway=account.gateway, matched=len(set(ours) & set(theirs)),
+        missing_at_psp=sorted(payout_id for payout_id in ours if payout_id not in theirs),
+        unknown_at_psp=sorted(line.psp_reference for line in lines if line.reference not in ours and line.reference not in elsewhere),
+        amount_mismatches=sorted(pid for pid, line in ours.items() if pid in theirs and abs(theirs[pid].amount) != line.amount),
+        returned_but_sent=sorted(pid for pid, status in elsewhere.items() if status in ("failed", "canceled")),
+    )
+
+
+def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """The payouts-in-transit account holds exactly what unfinished payouts hold, per asset;
+    payouts in transit a day past the PSP's promise; then, for each of the last
+    `settlement_days` UTC days, `payout_settlement_compare` (the PSP unreachable: one warning)."""
+    owed = payouts_in_transit_totals()
+    held = {line["asset"]: line["balance"] for line in account_balance_lines(account=system_account_get(role=SystemRole.PAYOUTS_IN_TRANSIT))}
+    for asset in sorted(set(owed) | {code for code, amount in held.items() if amount}):
+        if owed.get(asset, 0) != held.get(asset, 0):
+            yield Discrepancy(
+                kind="payouts_in_transit_mismatch", severity=Severity.CRITICAL,
+                summary=f"the payouts-in-transit account holds {held.get(asset, 0)} {asset}, unfinished payouts {owed.get(asset, 0)}",
+                details={"asset": asset, "account": held.get(asset, 0), "payouts": owed.get(asset, 0)},
+            )
+    for payout in payouts_in_transit_overdue(now=ctx.now - timedelta(days=1), limit=ctx.chunk_size):
+        assert payout.arrival_expected_at is not None
+        yield Discrepancy(
+            kind="payout_overdue", severity=Severity.WARNING,
+            summary=f"payout {payout.pk} in transit since {payout.psp_created_at or payout.created:%Y-%m-%d %H:%M}, promised by"
+            f" {payout.arrival_expected_at:%Y-%m-%d %H:%M} UTC",
+            details={"payout": payout.pk, "merchant": payout.merchant_id, "amount": payout.amount, "asset": payout.asset_id,
+                     "psp_reference": payout.psp_reference, "arrival_expected_at": payout.arrival_expected_at.isoformat()},
+            refs=(ObjectRef("payments", "payout", payout.pk),),
+        )
+    if gateway_account_active() is None:
+        return
+    today = ctx.now.date()
+    for day in (today - timedelta(days=back) for back in range(ctx.settlement_days - 1, -1, -1)):
+        try:
+            comparison = payout_settlement_compare(day=day)
+        except (PspUnavailable, PspNotConfigured, GatewayError) as error:
+            yield Discrepancy(kind="payout_settlement_unavailable", severity=Severity.WARNING,
+                              summary=f"the PSP's payouts for {day} could not be read: {error}", details={"day": day.isoformat()})
+            continue
+        ctx.stats[f"payouts_{day.isoformat()}"] = {"matched": comparison.matched}
+        differences = (
+            ("payout_missing_at_psp", "payout", comparison.missing_at_psp, "payout {} was sent on {}, but the PSP holds no such payout"),
+            ("payout_unknown_at_psp", "psp_reference", comparison.unknown_at_psp, "the PSP made payout {} on {}, and no payout of ours is it"),
+            ("payout_amount_mismatch", "payout", comparison.amount_mismatches, "payout {}: our amount and the PSP's on {} differ"),
+            ("payout_returned_but_sent", "payout", comparison.returned_but_sent,
+             "payout {} failed here (its money back with the merchant), but the PSP holds it as sent on {}"),
+        )
+        for kind, key, values, summary in differences:
+            for value in values:
+                yield Discrepancy(
+                    kind=kind, severity=Severity.CRITICAL, summary=summary.format(value, day),
+                    details={"day": day.isoformat(), key: value, "gateway": comparison.gateway},
+                    refs=(ObjectRef("payments", "payout", value),) if key == "payout" else (),
+                )

@@ -44,7 +44,9 @@ def objects(api: Api, world: World) -> Objects:
                    {"customer": world.customer.id, "asset": "POINT", "amount": 5, "direction": "credit", "reason": "x"}).json()
     held = api.post("/v1/admin/adjustments", world.staff.key,
                     {"customer": world.customer.id, "asset": "POINT", "amount": 10**6, "direction": "credit", "reason": "y"}).json()
+    payout = _payout(api, world)
     ids = {
+        "payout_id": payout["id"],
         "pending_adjustment_id": held["id"],
         "payment_id": payment["id"], "refund_id": refund["id"], "transfer_id": transfer["id"], "topup_id": topup["id"],
         "intent_id": intent["id"], "endpoint_id": hook["id"], "adjustment_id": adj["id"], "customer_id": world.customer.id,
@@ -55,6 +57,24 @@ def objects(api: Api, world: World) -> Objects:
         "api_key_id": api_key_create(principal=bystander)[0].pk,
     }
     return Objects(ids=ids, secrets=[hook["secret"], world.customer.key, world.merchant.key, world.terminal.key, world.staff.key])
+
+
+def _payout(api: Api, world: World) -> dict[str, Any]:
+    """A payout of the world's merchant (funds available, a bank account at the simulator)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.models import MerchantBankAccount
+    from payments.services.payouts import bank_account_attach
+    from tests.payouts_support import fund
+
+    fund(world.merchant.obj, 1_000, days_ago=3)
+    bank_account_attach(merchant=world.merchant.obj, token="btok_bank", staff=world.staff.obj)
+    MerchantBankAccount.objects.filter(merchant=world.merchant.obj).update(changed_at=timezone.now() - timedelta(days=8))
+    response = api.post("/v1/merchant/payouts", world.merchant.key, {"asset": "JPY", "amount": 300})
+    assert response.status_code == 201, response.content
+    return dict(response.json())
 
 
 def _routes(patterns: list[Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

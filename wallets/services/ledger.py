@@ -258,9 +258,11 @@ def asset_create(*, code: str, name: str, kind: str, exponent: int = 0, cap: int
 
 @transaction.atomic
 def tenant_ledger_bootstrap(*, main_currency: str, exponent: int) -> None:
-    """A new tenant's standard assets and system accounts with their balance rows (idempotent)."""
+    """A new tenant's standard assets (its main currency payable to merchants) and system
+    accounts with their balance rows (idempotent)."""
     Asset.objects.get_or_create(
-        code=main_currency, defaults={"name": main_currency, "kind": AssetKind.CURRENCY, "exponent": exponent, "is_main": True}
+        code=main_currency,
+        defaults={"name": main_currency, "kind": AssetKind.CURRENCY, "exponent": exponent, "is_main": True, "payable": True},
     )
     Asset.objects.get_or_create(code=POINTS_ASSET, defaults={"name": "Points", "kind": AssetKind.POINTS, "exponent": 0})
     Asset.objects.get_or_create(code=CARBON_ASSET, defaults={"name": "Carbon credits (g CO2)", "kind": AssetKind.CARBON, "exponent": 0})

@@ -29,11 +29,11 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
         "wallets.freeze_account", "wallets.manage_apikey", "wallets.issue_apikey", "payments.requeue_outboxevent",
         "webhooks.redeliver_webhookdelivery",
         "webhooks.manage_webhookendpoint", "payments.refund_payment", "idempotency.switch_idempotency_mode",
+        "payments.attach_bank_account", "payments.manage_payouts",
     ),
     "finance": (
         "payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment", "payments.settle_topup",
-        "wallets.change_merchant",
-        "payments.add_feeschedule",
+        "payments.manage_payouts", "payments.approve_payout", "wallets.change_merchant", "payments.add_feeschedule",
     ),
 }
 ROLES = tuple(ROLE_PERMISSIONS)

@@ -1,0 +1,307 @@
+"""The payout saga, built like card top-ups (topup_saga.py), with the lease and fence on the
+payout's own row: a payout is made (payouts.py: the merchant's money moved to payouts in
+transit, in one transaction with its row and `payout.created`), then sent to the PSP under
+its id as the idempotency key, outside any transaction:
+
+1. `_lease_take`: one short transaction locks the pending payout, bumps its `fence`, sets a
+   lease and counts the attempt (from then on the PSP may have it: it cannot be canceled);
+2. the PSP call, no lock held;
+3. `_complete`: locks the row again and applies the answer only if its fence is still the
+   one taken in 1 (a holder whose lease ran out and was taken over writes nothing);
+4. the answer, a PSP webhook (psp_webhooks.py) or the recovery's question to the PSP apply
+   the same way (`payout_settle`): in transit; paid (in transit -> PSP settlement); failed
+   (back to the merchant, from in transit, or from the PSP settlement for a payout returned
+   after it was paid). Each moves money once: the status is checked on the locked row, and
+   the database refuses a status that goes back (payments migration 0025);
+5. `payout_recovery_run` (beat, with the top-up recovery): sends what was never sent or whose
+   holder died (same key: the PSP answers its first payout), and asks the PSP about payouts
+   in transit past its promise, whose webhook may be lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from celery import current_app
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from payments.gateways.base import GatewayError, GatewayRejected, PayoutRequest, PayoutResult
+from payments.gateways.registry import gateway_build
+from payments.locks import payout_lock, payout_recovery_lock
+from payments.models import Payout, PayoutStatus
+from payments.selectors import gateway_account_get, payouts_sendable, payouts_to_check
+from payments.services.outbox import epoch_seconds, outbox_event_create
+from payments.services.topups import PSP_KEY_TRUSTED_FOR
+from tenants.duework import due_work_mark
+from tenants.models import DueWorkKind
+from wallets.errors import NotFound, TallyError
+from wallets.models import LedgerTransaction, LedgerTransactionKind, SystemRole
+from wallets.selectors import movement_accounts_get
+from wallets.services.ledger import Leg, ledger_post
+from wallets.transactions import atomic_service, is_connection_failure
+
+logger = logging.getLogger("tally.payouts")
+
+SUBMIT_TASK_NAME = "payments.payout_submit"
+RECOVERY_PAGE_SIZE = 100
+
+
+def payout_event_create(*, payout: Payout, topic: str) -> None:
+    """The payout's event (`payout.created`, `.paid`, `.failed`, `.canceled`) with its state,
+    in the caller's transaction. Needs: the payout row locked, or new."""
+    arrival = payout.arrival_expected_at
+    outbox_event_create(
+        topic=topic, sequence=1 if topic == "payout.created" else None,
+        payload={
+            "id": payout.pk, "object": "payout", "merchant": payout.merchant_id, "asset": payout.asset_id, "amount": payout.amount,
+            "status": payout.status, "origin": payout.origin, "failure_code": payout.failure_code,
+            "arrival_date": epoch_seconds(arrival) if arrival else None, "created": epoch_seconds(payout.created),
+        },
+    )
+
+
+def payout_due_mark(*, at: timedelta = timedelta(0)) -> None:
+    """In the caller's transaction: the recovery (the top-up recovery's due-work row, which
+    covers both sagas) has a look `at` from now. Locks: that due-work lock, SHARED."""
+    due_work_mark(kind=DueWorkKind.TOPUPS, due_at=timezone.now() + at)
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=int(settings.TALLY_PAYOUT_LEASE_SECONDS))
+
+
+def payout_submit_on_commit(*, payout_id: str) -> None:
+    """Send the payout to the PSP from a worker once this transaction commits. A lost send
+    is the recovery's: the payout's due-work row is written with it."""
+    schema = str(getattr(connection, "schema_name", "public"))
+
+    def send() -> None:
+        try:
+            if current_app.conf.task_always_eager:  # send_task ignores eager mode: do the task's work here
+                payout_submit(payout_id=payout_id)
+                return
+            current_app.send_task(
+                SUBMIT_TASK_NAME, kwargs={"payout_id": payout_id}, headers={"_schema_name": schema}, retry=False, ignore_result=True
+            )
+        except Exception:  # the payout committed; the recovery sends it
+            logger.warning("payout submit could not be queued; the recovery sends it", extra={"payout": payout_id}, exc_info=True)
+
+    transaction.on_commit(send, robust=True)
+
+
+# --- 1-3: one attempt -------------------------------------------------------------------------
+
+
+@atomic_service(operation="payout_lease")
+def _lease_take(*, payout_id: str) -> tuple[Payout, int] | None:
+    """Step 1: the payout and its new fence, or None when it is not to be sent now (settled,
+    awaiting approval, held, or leased by a live holder). Locks: the payout row; then the
+    due-work lock, SHARED."""
+    payout = payout_lock(payout_id=payout_id)
+    now = timezone.now()
+    if payout is None or payout.status != PayoutStatus.PENDING or (payout.approval_required and payout.approved_at is None):
+        return None
+    if (payout.lease_expires_at is not None and payout.lease_expires_at > now) or payout.merchant.payouts_held:
+        return None
+    payout.fence += 1
+    payout.attempts += 1
+    payout.lease_expires_at = now + _lease()
+    payout.save(update_fields=["fence", "attempts", "lease_expires_at", "updated"])
+    payout_due_mark(at=_lease())  # if this holder dies, the recovery takes over at the lease's end
+    return payout, payout.fence
+
+
+def _psp_answer(payout: Payout) -> PayoutResult:
+    """Step 2, no transaction open: the PSP's payout under our id. Past the PSP's key window
+    it is looked up first (asking again could make a second one). Raises GatewayError when
+    the outcome is unknown, NotFound when the gateway is no longer configured."""
+    gateway = gateway_build(account=gateway_account_get(gateway=payout.gateway))
+    if payout.attempts > 1 and timezone.now() - payout.created > PSP_KEY_TRUSTED_FOR:
+        found = gateway.payouts_of(reference=payout.pk, destination=payout.destination)
+        if found:
+            return found[0]
+    request = PayoutRequest(
+        amount=payout.amount, currency=payout.asset_id, destination=payout.destination, idempotency_key=payout.pk, reference=payout.pk
+    )
+    try:
+        return gateway.payout_create(request)
+    except GatewayRejected as exc:  # the PSP refused the request itself: nothing was sent
+        logger.warning("psp refused a payout request: nothing sent", extra={"payout": payout.pk, "psp_code": exc.code, "param": exc.param})
+        return PayoutResult(status="failed", psp_reference="", amount=payout.amount, currency=payout.asset_id,
+                            failure_code=f"psp_refused:{exc.code}" if exc.code else "psp_refused")
+
+
+def payout_submit(*, payout_id: str) -> str:
+    """Send one payout to the PSP and apply its answer (steps 1-3): returns in_transit, paid,
+    failed, unavailable (the answer unknown: the lease runs out, the recovery asks again),
+    superseded (taken over meanwhile), skipped (not to be sent now), mismatch.
+    Locks: as `_lease_take`, then, no lock held for the PSP call, as `_complete`."""
+    lease = _lease_take(payout_id=payout_id)
+    if lease is None:
+        return "skipped"
+    payout, fence = lease
+    try:
+        result = _psp_answer(payout)
+    except (GatewayError, NotFound, TallyError) as exc:
+        _error_note(payout_id=payout_id, error=str(exc))
+        return "unavailable"
+    pause = float(getattr(settings, "TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS", 0.0))
+    if pause > 0:  # tests only: a window to kill the process between the PSP's answer and the completion
+        time.sleep(pause)
+    return _complete(payout_id=payout_id, fence=fence, result=result)
+
+
+@atomic_service(operation="payout_complete")
+def _complete(*, payout_id: str, fence: int, result: PayoutResult) -> str:
+    """Step 3: apply the PSP's answer if `fence` is still the payout's. Locks: as `payout_settle`."""
+    payout = payout_lock(payout_id=payout_id)
+    if payout is None or payout.fence != fence:
+        return "superseded"
+    payout.lease_expires_at = None
+    return _apply(payout, result, source="the PSP's answer")
+
+
+def _error_note(*, payout_id: str, error: str) -> None:
+    """What the last attempt ran into, for the operator. Locks: the payout row (one UPDATE)."""
+    Payout.objects.filter(pk=payout_id).update(last_error=error[:500])
+
+
+# --- 4: applying what the PSP says -------------------------------------------------------------
+
+
+@atomic_service(operation="payout_settle")
+def payout_settle(*, payout_id: str, result: PayoutResult, source: str) -> str:
+    """Apply what the PSP says of a payout (a webhook, the recovery's question), whatever the
+    fence. Locks: the payout row, then the balance rows (ledger_post)."""
+    payout = payout_lock(payout_id=payout_id)
+    if payout is None:
+        raise NotFound("no such payout", param="payout")
+    return _apply(payout, result, source=source)
+
+
+def _apply(payout: Payout, result: PayoutResult, *, source: str) -> str:
+    """Move the locked payout on by the PSP's word; never back (a late in_transit after paid
+    changes nothing). A payout of another amount or currency applies nothing: a person looks."""
+    sent = bool(result.psp_reference)
+    if sent and (result.amount != payout.amount or result.currency.upper() != payout.asset_id.upper()):
+        logger.error("psp payout does not match ours: nothing applied", extra={
+            "payout": payout.pk, "psp_reference": result.psp_reference, "psp_amount": result.amount, "source": source})
+        payout.last_error = f"the PSP's payout {result.psp_reference} is {result.amount} {result.currency}, not ours ({source})"[:500]
+        payout.save(update_fields=["last_error", "lease_expires_at", "updated"])
+        return "mismatch"
+    if sent and not payout.psp_reference:
+        payout.psp_reference, payout.psp_created_at = result.psp_reference[:200], result.created
+    if result.arrival is not None:
+        payout.arrival_expected_at = result.arrival
+    fields = ["psp_reference", "psp_created_at", "arrival_expected_at", "lease_expires_at", "updated"]
+    outcome = str(result.status)
+    if result.status == "in_transit" and payout.status == PayoutStatus.PENDING:
+        payout.status = PayoutStatus.IN_TRANSIT
+        fields.append("status")
+    elif result.status == "paid" and payout.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT):
+        payout.paid_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_PAID, to_psp=True)
+        payout.status, payout.settled_at = PayoutStatus.PAID, timezone.now()
+        fields += ["status", "paid_transaction", "settled_at"]
+    elif result.status == "failed" and payout.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT, PayoutStatus.PAID):
+        payout.returned_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_BACK, from_psp=payout.status == PayoutStatus.PAID)
+        payout.status, payout.settled_at, payout.failure_code = PayoutStatus.FAILED, timezone.now(), (result.failure_code or "failed")[:50]
+        fields += ["status", "returned_transaction", "settled_at", "failure_code"]
+    else:
+        outcome = "unchanged"
+    payout.save(update_fields=fields)
+    if outcome in ("paid", "failed"):
+        payout_event_create(payout=payout, topic=f"payout.{outcome}")
+    return outcome
+
+
+def _move(payout: Payout, *, kind: str, to_psp: bool = False, from_psp: bool = False) -> LedgerTransaction:
+    """The payout's second ledger transaction: in transit -> PSP settlement (paid), in
+    transit -> merchant (failed, canceled), or PSP settlement -> merchant (returned after
+    paid). A frozen merchant gets its money back all the same. Needs: the payout row locked.
+    Locks: then the balance rows (ledger_post)."""
+    accounts = movement_accounts_get(customer_id=None, merchant_id=payout.merchant_id,
+                                     system_roles=(SystemRole.PAYOUTS_IN_TRANSIT, SystemRole.PSP_FUNDING))
+    in_transit, psp = accounts.system_account(SystemRole.PAYOUTS_IN_TRANSIT), accounts.system_account(SystemRole.PSP_FUNDING)
+    source = psp if from_psp else in_transit
+    target = psp if to_psp else accounts.merchant
+    assert target is not None
+    legs = [Leg(source, payout.asset_id, -payout.amount), Leg(target, payout.asset_id, payout.amount)]
+    return ledger_post(kind=kind, reference=payout.pk, legs=legs, allow_frozen=True)
+
+
+def payout_funds_return(*, payout: Payout, status: str, failure_code: str) -> Payout:
+    """A pending payout the PSP never had ends `canceled` (or `failed` with `failure_code`),
+    its money back with the merchant. Needs: the payout row locked. Locks: the balance rows."""
+    payout.returned_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_BACK)
+    payout.status, payout.settled_at, payout.failure_code, payout.lease_expires_at = status, timezone.now(), failure_code[:50], None
+    payout.save(update_fields=["returned_transaction", "status", "settled_at", "failure_code", "lease_expires_at", "updated"])
+    payout_event_create(payout=payout, topic=f"payout.{status}")
+    return payout
+
+
+# --- 5: recovery ------------------------------------------------------------------------------
+
+
+def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget_seconds: float = 25.0) -> dict[str, int]:
+    """One tenant's payout recovery pass: send the pending payouts whose send was lost or
+    whose holder died, then ask the PSP about payouts in transit past its promise. Returns
+    counts by outcome, or {"skipped": 1} while another pass runs. Locks: the tenant's payout
+    recovery lock (session advisory); per payout, as `payout_submit` or `payout_settle`."""
+    with payout_recovery_lock() as taken:
+        if not taken:
+            return {"skipped": 1}
+        counts: dict[str, int] = {}
+        deadline = time.monotonic() + budget_seconds
+        now = timezone.now()
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            page = [p for p in payouts_sendable(created_before=now - _lease(), now=now).values_list("pk", flat=True)[:batch_size]
+                    if p not in seen]
+            for payout_id in page:
+                seen.add(payout_id)
+                _count(counts, _isolated(functools.partial(payout_submit, payout_id=payout_id), payout_id))
+                if time.monotonic() >= deadline:
+                    break
+            if len(page) < batch_size:
+                break
+        check_every = timedelta(seconds=int(settings.TALLY_PAYOUT_CHECK_SECONDS))
+        for payout in payouts_to_check(now=now, check_every=check_every)[:batch_size]:
+            if time.monotonic() >= deadline:
+                break
+            _count(counts, "checked_" + _isolated(functools.partial(_check, payout), payout.pk))
+        return counts
+
+
+def _check(payout: Payout) -> str:
+    """Ask the PSP what became of an in-transit payout and apply it."""
+    Payout.objects.filter(pk=payout.pk).update(psp_checked_at=timezone.now())
+    gateway = gateway_build(account=gateway_account_get(gateway=payout.gateway))
+    found = [r for r in gateway.payouts_of(reference=payout.pk, destination=payout.destination) if r.psp_reference == payout.psp_reference]
+    if not found:
+        return "unknown"
+    return payout_settle(payout_id=payout.pk, result=found[0], source="the recovery's question")
+
+
+def _isolated(fn: Callable[[], str], payout_id: str) -> str:
+    """One payout's step: an error is logged and counted, the pass goes on."""
+    try:
+        return fn()
+    except SoftTimeLimitExceeded:
+        raise
+    except Exception as exc:
+        if isinstance(exc, DatabaseError) and is_connection_failure(exc):
+            raise
+        logger.exception("a payout recovery step failed; the pass goes on", extra={"payout": payout_id})
+        return "error"
+
+
+def _count(counts: dict[str, int], outcome: str) -> None:
+    counts[outcome] = counts.get(outcome, 0) + 1
+

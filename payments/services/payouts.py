@@ -1,0 +1,374 @@
+"""Payouts: a merchant's available funds to its bank account at the PSP. Making one (the
+merchant's request, the schedule, a staff retry) moves the amount from the merchant to
+payouts in transit in one transaction with the payout row and its `payout.created`; the
+PSP is then asked by the saga (payout_saga.py). Here too: the bank account, the controls
+(approval, hold and release, cancel, retry) and the scheduled run."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+
+from django.conf import settings
+from django.db import connection, connections
+from django.db.models import Sum
+from django.utils import timezone
+
+from payments.errors import (
+    ApproverIsMaker,
+    AssetNotPayable,
+    BankAccountMissing,
+    InsufficientAvailable,
+    PayoutNotCancelable,
+    PayoutsHeld,
+    PspUnavailable,
+)
+from payments.gateways.base import GatewayError, GatewayRejected
+from payments.gateways.registry import gateway_build
+from payments.locks import payout_lock, payout_schedule_lock
+from payments.models import MerchantBankAccount, Payout, PayoutOrigin, PayoutStatus, new_payout_id
+from payments.selectors import bank_account_of, gateway_account_active
+from payments.services.approvals import staff_solo_posting_decide
+from payments.services.payout_saga import payout_due_mark, payout_event_create, payout_funds_return, payout_submit, payout_submit_on_commit
+from wallets.errors import InvalidRequest, InvalidState, NotFound, WalletFrozen
+from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, connection_shard
+from wallets.models import Account, Asset, LedgerEntry, LedgerTransactionKind, Merchant, PayoutSchedule, StaffMember, SystemRole
+from wallets.money import amount_to_minor
+from wallets.selectors import asset_get, merchant_settlement_delay_days, movement_accounts_get
+from wallets.services.audit import audit_record
+from wallets.services.ledger import Leg, ledger_post
+from wallets.transactions import atomic_service
+
+logger = logging.getLogger("tally.payouts")
+
+# A payout to a bank account changed this recently waits for a staff member's approval.
+BANK_ACCOUNT_COOLING = timedelta(days=7)
+def _available(*, locked: LockedBalances, account: Account, asset_code: str, delay_days: int, now: datetime) -> int:
+    """What the merchant may be paid out now: max(0, balance - held - its pending credits),
+    read on its locked rows (every shard). Pending is the credits since 00:00 UTC of today -
+    `delay_days`, as in wallets.selectors.merchant_funds, read from that window's ledger
+    entries. A failed payout's money coming back is no new credit: it was available when it
+    left (merchant_funds, which reads the daily totals, counts it as pending)."""
+    shards = locked.shards(account=account, asset_code=asset_code)
+    recent = 0
+    if delay_days > 0:
+        since = datetime.combine(now.astimezone(UTC).date() - timedelta(days=delay_days), time.min, tzinfo=UTC)
+        recent = LedgerEntry.objects.filter(account_id=account.pk, asset_id=asset_code, amount__gt=0, created__gte=since).exclude(
+            transaction__kind=LedgerTransactionKind.PAYOUT_BACK
+        ).aggregate(total=Sum("amount"))["total"] or 0
+    return max(0, sum(row.balance - row.held for row in shards) - int(recent))
+
+
+# --- Bank accounts --------------------------------------------------------------------------------
+
+
+def bank_account_attach(*, merchant: Merchant, token: object, staff: StaffMember) -> MerchantBankAccount:
+    """Hand the PSP a bank-account token for the merchant and keep what it answers (its
+    reference and last four digits), audited; a change starts the 7 days in which payouts
+    wait for approval. The PSP is asked first, outside any transaction (same token, same
+    account). Locks: then the bank account row (an upsert)."""
+    if not isinstance(token, str) or not token.strip():
+        raise InvalidRequest("token is required: the PSP's token of the bank account", param="token")
+    account = gateway_account_active()
+    if account is None:
+        raise NotFound("no active PSP gateway: set one up first", param="gateway")
+    current = bank_account_of(merchant_id=merchant.pk)
+    try:
+        held = gateway_build(account=account).bank_account_attach(
+            token=token.strip(), reference=merchant.pk, current=current.psp_reference if current and current.gateway == account.gateway else ""
+        )
+    except GatewayRejected as exc:
+        raise InvalidRequest(f"the PSP refused this bank account ({exc.code or 'invalid'})", param="token") from exc
+    except GatewayError as exc:
+        raise PspUnavailable("no answer from the PSP: try again") from exc
+    return bank_account_save(merchant=merchant, gateway=account.gateway, psp_reference=held.psp_reference, last4=held.last4, staff=staff)
+
+
+@atomic_service(operation="bank_account_attach")
+def bank_account_save(*, merchant: Merchant, gateway: str, psp_reference: str, last4: str, staff: StaffMember) -> MerchantBankAccount:
+    """Keep a bank account the PSP holds (its reference and last four digits) as where the
+    merchant's payouts go, audited. Locks: the bank account row (an upsert)."""
+    before = bank_account_of(merchant_id=merchant.pk)
+    bank, _ = MerchantBankAccount.objects.update_or_create(
+        merchant=merchant, defaults={"gateway": gateway, "psp_reference": psp_reference[:200], "last4": last4[-4:], "changed_at": timezone.now()}
+    )
+    audit_record(
+        action="bank_account.attach" if before is None else "bank_account.change", target_type="merchant", target_id=merchant.pk,
+        before={"gateway": before.gateway, "last4": before.last4} if before else None, after={"gateway": gateway, "last4": bank.last4},
+        actor=f"user:{staff.user.get_username()}" if staff.user_id else None,
+    )
+    return bank
+
+
+# --- Making a payout ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Made:
+    payout: Payout | None  # None: nothing to pay out (a scheduled run's zero balance, or its day's payout made already)
+
+
+def _payout_make(
+    *, merchant: Merchant, asset_code: str, amount: int | None, origin: str, schedule_day: date | None = None,
+    retry_of: Payout | None = None, staff: StaffMember | None = None, staff_alone: bool = False,
+) -> _Made:
+    """The checks, the move and the rows of a new payout (`amount` None: the whole available
+    balance), in the caller's transaction; refuses before it writes. Made by `staff` (a
+    retry), it is approved by them if they may post it `staff_alone` and nothing else asks
+    for an approval, else it waits with them as its first approver.
+    Locks: the merchant's balance rows in the asset (every shard) and the in-transit row, one statement."""
+    asset = asset_get(asset_code=asset_code)
+    if not asset.payable:
+        raise AssetNotPayable(f"{asset.code} is not paid out: the tenant pays merchants out in its currencies", param="asset")
+    merchant = Merchant.objects.get(pk=merchant.pk)  # the hold as committed now
+    if merchant.payouts_held:
+        raise PayoutsHeld("this merchant's payouts are held by the operator", param=None)
+    bank = bank_account_of(merchant_id=merchant.pk)
+    if bank is None:
+        raise BankAccountMissing("the merchant has no bank account to pay out to", param=None)
+    accounts = movement_accounts_get(customer_id=None, merchant_id=merchant.pk, system_roles=(SystemRole.PAYOUTS_IN_TRANSIT,))
+    merchant_account, in_transit = accounts.merchant, accounts.system_account(SystemRole.PAYOUTS_IN_TRANSIT)
+    assert merchant_account is not None
+    if merchant_account.frozen:
+        raise WalletFrozen("the merchant's account is frozen", param=None)
+    locked = balance_rows_lock(wants=[
+        BalanceWant(merchant_account, asset.code, ALL_SHARDS, creatable=False), BalanceWant(in_transit, asset.code, connection_shard()),
+    ])
+    if any(row.frozen for row in locked.shards(account=merchant_account, asset_code=asset.code)):
+        raise WalletFrozen("the merchant's account is frozen", param=None)
+    if schedule_day is not None and Payout.objects.filter(merchant=merchant, asset=asset, schedule_day=schedule_day).exists():
+        return _Made(None)  # made by an earlier run (read under the rows' lock, which that run held)
+    delay_days = merchant_settlement_delay_days(merchant=merchant)
+    available = _available(locked=locked, account=merchant_account, asset_code=asset.code, delay_days=delay_days, now=timezone.now())
+    if amount is None:
+        if available <= 0:
+            return _Made(None)
+        amount = available
+    if amount > available:
+        raise InsufficientAvailable(f"the merchant's available {asset.code} balance is {available}", param="amount")
+    payout_id = new_payout_id()
+    legs = [Leg(merchant_account, asset.code, -amount), Leg(in_transit, asset.code, amount)]
+    txn = ledger_post(kind=LedgerTransactionKind.PAYOUT, reference=payout_id, legs=legs, locked=locked)
+    reasons = [r for r in (
+        "over the retrying staff member's solo limit" if staff is not None and not staff_alone else "",
+        f"above the {asset.code} payout approval threshold" if asset.payout_approval_threshold is not None
+        and amount > asset.payout_approval_threshold else "",
+        "the bank account was changed in the last 7 days" if timezone.now() - bank.changed_at < BANK_ACCOUNT_COOLING else "",
+    ) if r]
+    approver, maker = (staff, None) if staff is not None and not reasons else (None, staff)
+    payout = Payout.objects.create(
+        id=payout_id, merchant=merchant, asset=asset, amount=amount, origin=origin, schedule_day=schedule_day, retry_of=retry_of,
+        gateway=bank.gateway, destination=bank.psp_reference, destination_last4=bank.last4, ledger_transaction=txn,
+        approval_required=bool(reasons) or approver is not None, approval_reason="; ".join(reasons)[:200], approval_maker=maker,
+        approved_by=approver, approved_at=timezone.now() if approver is not None else None,
+    )
+    payout_event_create(payout=payout, topic="payout.created")
+    payout_due_mark(at=timedelta(seconds=int(settings.TALLY_PAYOUT_LEASE_SECONDS)))  # the recovery's, if its send is lost
+    return _Made(payout)
+
+
+@atomic_service(operation="payout_create")
+def payout_create(*, merchant: Merchant, asset_code: object, amount: object) -> Payout:
+    """The merchant's payout of `amount` (at most its available funds: InsufficientAvailable),
+    sent to the PSP after commit unless it waits for approval. Refuses, nothing written, an
+    asset not payable, a merchant without a bank account, held or frozen.
+    Locks: as `_payout_make`."""
+    minor = amount_to_minor(amount)
+    made = _payout_make(merchant=merchant, asset_code=str(asset_code), amount=minor, origin=PayoutOrigin.MANUAL)
+    assert made.payout is not None
+    if not made.payout.approval_required:
+        payout_submit_on_commit(payout_id=made.payout.pk)
+    return made.payout
+
+
+# --- Staff controls -------------------------------------------------------------------------------
+
+
+@atomic_service(operation="payout_approve")
+def payout_approve(*, payout: Payout, staff: StaffMember) -> Payout:
+    """A staff member approves a payout waiting for approval. Within what they may post alone
+    (approvals.staff_solo_posting_decide, one sum with adjustments) it is sent; beyond it,
+    theirs is the first approval and a different staff member's sends it.
+    Locks: the staff member's solo-postings lock, then the payout row."""
+    decision = staff_solo_posting_decide(staff=staff, asset_code=payout.asset_id, amount=payout.amount, merchant=payout.merchant)
+    locked = payout_lock(payout_id=payout.pk)
+    if locked is None:
+        raise NotFound("no such payout", param="payout")
+    if locked.status != PayoutStatus.PENDING or not locked.approval_required or locked.approved_at is not None:
+        raise InvalidState(f"this payout is {locked.status} and waits for no approval")
+    if locked.approval_maker_id == staff.pk:
+        raise ApproverIsMaker("a payout")
+    before = {"approval_maker": locked.approval_maker_id}
+    if locked.approval_maker_id is None and not decision.alone:
+        locked.approval_maker = staff  # over this staff member's solo limit: a second one must approve
+        locked.save(update_fields=["approval_maker", "updated"])
+        action = "payout.approve_first"
+    else:
+        locked.approved_by, locked.approved_at = staff, timezone.now()
+        locked.save(update_fields=["approved_by", "approved_at", "updated"])
+        payout_submit_on_commit(payout_id=locked.pk)
+        action = "payout.approve"
+    audit_record(action=action, target_type="payout", target_id=locked.pk, before=before, after={
+        "staff": staff.pk, "amount": locked.amount, "asset": locked.asset_id, "posted_alone_in_window": decision.posted_alone_in_window,
+        "threshold": decision.limits.threshold,
+    })
+    return locked
+
+
+@atomic_service(operation="payout_retry")
+def payout_retry(*, payout: Payout, staff: StaffMember) -> Payout:
+    """A new payout of a failed one's amount (the funds came back to the merchant), made by a
+    staff member: sent on their word if it needs no approval and is within what they may post
+    alone, else it waits for a second staff member. Locks: the staff member's solo-postings
+    lock, the failed payout's row, then as `_payout_make`."""
+    decision = staff_solo_posting_decide(staff=staff, asset_code=payout.asset_id, amount=payout.amount, merchant=payout.merchant)
+    failed = payout_lock(payout_id=payout.pk)
+    if failed is None or failed.status != PayoutStatus.FAILED:
+        raise InvalidState("only a failed payout is retried")
+    if Payout.objects.filter(retry_of=failed).exclude(status__in=[PayoutStatus.FAILED, PayoutStatus.CANCELED]).exists():
+        raise InvalidState("this payout was retried already")
+    made = _payout_make(merchant=failed.merchant, asset_code=failed.asset_id, amount=failed.amount, origin=PayoutOrigin.RETRY,
+                        retry_of=failed, staff=staff, staff_alone=decision.alone)
+    retry = made.payout
+    assert retry is not None
+    if retry.approved_at is not None:
+        payout_submit_on_commit(payout_id=retry.pk)
+    audit_record(action="payout.retry", target_type="payout", target_id=failed.pk, after={
+        "retry": retry.pk, "staff": staff.pk, "waits_for_approval": retry.approved_at is None, "amount": retry.amount})
+    return retry
+
+
+@atomic_service(operation="payout_cancel")
+def payout_cancel(*, payout: Payout, reason: str = "") -> Payout:
+    """Cancel a payout the PSP was never asked to make (waiting for approval, or held): the
+    funds go back to the merchant. Locks: the payout row, then the balance rows."""
+    locked = payout_lock(payout_id=payout.pk)
+    if locked is None:
+        raise NotFound("no such payout", param="payout")
+    if locked.status != PayoutStatus.PENDING or locked.attempts > 0:
+        raise PayoutNotCancelable(f"this payout is {locked.status}{' and the PSP may have it' if locked.attempts else ''}: it cannot be"
+                                  " canceled", param=None)
+    payout_funds_return(payout=locked, status=PayoutStatus.CANCELED, failure_code="")
+    audit_record(action="payout.cancel", target_type="payout", target_id=locked.pk, reason=reason,
+                 before={"status": PayoutStatus.PENDING}, after={"status": PayoutStatus.CANCELED, "returned": locked.returned_transaction_id})
+    return locked
+
+
+@atomic_service(operation="payouts_hold")
+def merchant_payouts_hold(*, merchant: Merchant, held: bool, reason: str = "") -> Merchant:
+    """Hold (`held`) or release a merchant's payouts, audited: while held none is made, and
+    none made already is sent. A release sends those waiting. Locks: the merchant row."""
+    locked = Merchant.objects.select_for_update(no_key=True).get(pk=merchant.pk)
+    if locked.payouts_held == held:
+        return locked
+    before = {"payouts_held": locked.payouts_held, "reason": locked.payouts_held_reason}
+    locked.payouts_held, locked.payouts_held_reason, locked.payouts_held_at = held, reason[:500] if held else "", timezone.now() if held else None
+    locked.save(update_fields=["payouts_held", "payouts_held_reason", "payouts_held_at"])
+    audit_record(action="payouts.hold" if held else "payouts.release", target_type="merchant", target_id=locked.pk, reason=reason,
+                 before=before, after={"payouts_held": held})
+    if not held:
+        payout_due_mark()  # the recovery sends what waited
+    return locked
+
+
+@atomic_service(operation="payout_schedule_set")
+def merchant_payout_schedule_set(*, merchant: Merchant, schedule: str, weekday: int | None = None) -> Merchant:
+    """A merchant's payout schedule: daily, weekly on `weekday` (0 Monday .. 6 Sunday) or
+    manual, audited. Locks: the merchant row."""
+    if schedule not in PayoutSchedule.values:
+        raise InvalidRequest("schedule must be daily, weekly or manual", param="schedule")
+    if (schedule == PayoutSchedule.WEEKLY) != (weekday is not None) or (weekday is not None and not 0 <= weekday <= 6):
+        raise InvalidRequest("a weekly schedule takes a weekday from 0 (Monday) to 6 (Sunday), the others none", param="weekday")
+    locked = Merchant.objects.select_for_update(no_key=True).get(pk=merchant.pk)
+    before = {"schedule": locked.payout_schedule, "weekday": locked.payout_weekday}
+    locked.payout_schedule, locked.payout_weekday = schedule, weekday
+    locked.save(update_fields=["payout_schedule", "payout_weekday"])
+    audit_record(action="payouts.schedule", target_type="merchant", target_id=locked.pk, before=before,
+                 after={"schedule": schedule, "weekday": weekday})
+    return locked
+
+
+# --- Scheduled payouts ----------------------------------------------------------------------------
+
+
+def merchants_due(*, day: date) -> list[str]:
+    """Ids of the merchants whose schedule pays out on `day` (UTC): daily, or weekly on its weekday."""
+    due = Merchant.objects.filter(payouts_held=False, bank_account__isnull=False, account__frozen=False)
+    return list(
+        (due.filter(payout_schedule=PayoutSchedule.DAILY) | due.filter(payout_schedule=PayoutSchedule.WEEKLY, payout_weekday=day.weekday()))
+        .order_by("pk").values_list("pk", flat=True)
+    )
+
+
+@atomic_service(operation="payout_scheduled")
+def _scheduled_make(*, merchant_id: str, asset_code: str, day: date) -> Payout | None:
+    made = _payout_make(merchant=Merchant(pk=merchant_id), asset_code=asset_code, amount=None, origin=PayoutOrigin.SCHEDULED,
+                        schedule_day=day)
+    return made.payout
+
+
+def payouts_scheduled_run(*, day: date | None = None, concurrency: int | None = None) -> dict[str, int]:
+    """One tenant's scheduled payouts for `day` (today, UTC): for each merchant due and each
+    payable asset, one payout of the whole available balance, each in its own transaction,
+    then sent to the PSP from `concurrency` threads (settings.TALLY_PAYOUT_SUBMIT_CONCURRENCY).
+    Idempotent per merchant, asset and day: a second run makes none again. Returns counts.
+    Locks: the tenant's schedule lock (session advisory, tried); per payout, as `_payout_make`
+    then `payout_submit`."""
+    day = day or timezone.now().date()
+    with payout_schedule_lock() as taken:
+        if not taken:
+            return {"skipped": 1}
+        assets = list(Asset.objects.filter(payable=True).values_list("code", flat=True))
+        counts: dict[str, int] = {}
+        work: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
+        for merchant_id in merchants_due(day=day):
+            for code in assets:
+                work.put((merchant_id, code))
+        schema = str(getattr(connection, "schema_name", "public"))
+        lock = threading.Lock()
+
+        def drain() -> None:
+            while (item := work.get()) is not None:
+                outcome = _scheduled_one(merchant_id=item[0], asset_code=item[1], day=day)
+                with lock:
+                    counts[outcome] = counts.get(outcome, 0) + 1
+
+        def worker() -> None:
+            connection.set_schema(schema)  # type: ignore[attr-defined]  # django-tenants' database wrapper
+            try:
+                drain()
+            finally:
+                connections.close_all()
+
+        # The PSP calls (a round trip each) overlap in threads, each with its own connection.
+        threads = max(1, concurrency or int(settings.TALLY_PAYOUT_SUBMIT_CONCURRENCY))
+        for _ in range(threads):
+            work.put(None)
+        if threads == 1:
+            drain()  # on this connection (and in its transaction, if the caller holds one)
+            return counts
+        started = [threading.Thread(target=worker, daemon=True) for _ in range(threads)]
+        for thread in started:
+            thread.start()
+        for thread in started:
+            thread.join()
+        return counts
+
+
+def _scheduled_one(*, merchant_id: str, asset_code: str, day: date) -> str:
+    """Make and send one scheduled payout; an error is logged and counted, the run goes on."""
+    try:
+        payout = _scheduled_make(merchant_id=merchant_id, asset_code=asset_code, day=day)
+        if payout is None:
+            return "nothing_to_pay"
+        if payout.approval_required:
+            return "awaiting_approval"
+        return payout_submit(payout_id=payout.pk)
+    except (PayoutsHeld, WalletFrozen, BankAccountMissing) as refused:
+        return str(refused.code)
+    except Exception:
+        logger.exception("a scheduled payout failed; the run goes on", extra={"merchant": merchant_id, "asset": asset_code})
+        return "error"

@@ -1,0 +1,63 @@
+"""`make run`'s demo payout, end to end: the seed gives the demo merchant a bank account at
+the simulator (held from the simulator's start, through its accounts file), a daily
+schedule and an available opening balance; the scheduled run pays it out, the simulator
+reports it paid with a signed webhook, and the payout ends `paid` with its `payout.paid`
+event for the merchant's webhook endpoint. Seeding again changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+from django.test import Client
+from django_tenants.utils import schema_context
+
+from devtools.demo_seed import DEMO_DOMAIN, DEMO_SCHEMA, demo_psp_ensure, demo_seed
+from payments.models import OutboxEvent, Payout
+from payments.services.payouts import payouts_scheduled_run
+from tests.receivers import free_port, process_stop, receiver_running
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_demo_merchant_is_paid_out_daily_and_the_payout_reaches_paid(django_db_setup: None, django_db_blocker: Any, tmp_path: Path) -> None:
+    with django_db_blocker.unblock(), receiver_running() as receiver:
+        seeded = demo_seed(keys_file=tmp_path / "keys.json")
+        merchant_id = seeded["ids"]["merchant"]
+        port, state = free_port(), tmp_path / "psp.json"
+        for _ in range(2):  # a second seed changes nothing
+            demo_psp_ensure(psp_url=f"http://127.0.0.1:{port}", webhook_url=receiver.url(), state_file=state, merchant_id=merchant_id)
+        sim = subprocess.Popen([sys.executable, "-m", "devtools.psp_simulator", "--port", str(port), "--accounts-file", str(state)], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            with schema_context(DEMO_SCHEMA):
+                assert payouts_scheduled_run(concurrency=1).get("in_transit") == 1
+                payout = Payout.objects.get(merchant_id=merchant_id, origin="scheduled")
+                assert payout.amount == 30_000 and payout.status == "in_transit" and payout.destination_last4 == "6789"
+            while not any(b"payout.paid" in r.body for r in receiver.requests):
+                assert time.monotonic() < deadline + 20, "the simulator never reported the payout paid"
+                time.sleep(0.05)
+            paid = next(r for r in receiver.requests if b"payout.paid" in r.body)
+            answer = Client(HTTP_HOST=DEMO_DOMAIN).post("/v1/psp/webhooks/simulator", data=paid.body, content_type="application/json",
+                                                        HTTP_PSP_SIGNATURE=paid.headers["Psp-Signature"])
+            assert answer.status_code == 200 and answer.json()["outcome"] == "applied"
+            with schema_context(DEMO_SCHEMA):
+                assert Payout.objects.get(pk=payout.pk).status == "paid"
+                assert OutboxEvent.objects.filter(object_id=payout.pk, topic="payout.paid", payload__merchant=merchant_id).exists()
+                assert payouts_scheduled_run(concurrency=1) in ({}, {"nothing_to_pay": 1})  # once a day
+        finally:
+            process_stop(sim, timeout=5)
+            connection.set_schema_to_public()
