@@ -512,6 +512,8 @@ class MerchantBankAccount(models.Model):
     last4 = models.CharField(max_length=4)
     # A payout to an account changed in the last 7 days waits for a staff member's approval.
     changed_at = models.DateTimeField(default=timezone.now)
+    # Who attached or changed it: a payout the change makes wait is theirs to propose, never to approve.
+    changed_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
 
     class Meta:
         permissions = [("attach_bank_account", "Can attach or change a merchant's bank account")]

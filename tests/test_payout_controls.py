@@ -133,6 +133,11 @@ def test_a_payout_to_a_bank_account_changed_this_week_waits(payouts_world: Payou
     bank_account_attach(merchant=merchant, token="btok_bank", staff=payouts_world.staff)  # changed now
     payout = payout_create(merchant=merchant, asset_code="JPY", amount=400)
     assert _fresh(payout).awaiting_approval and "7 days" in _fresh(payout).approval_reason
+    assert _fresh(payout).approval_maker_id == payouts_world.staff.pk  # who changed the account proposes; never approves
+    with pytest.raises(ApproverIsMaker):
+        payout_approve(payout=payout, staff=payouts_world.staff)
+    payout_approve(payout=payout, staff=staff_member_get_or_create(username=f"bob-{uuid.uuid4().hex[:6]}"))
+    assert _fresh(payout).status == "in_transit"
     assert list(AuditEntry.objects.filter(target_id=merchant.pk, action__startswith="bank_account").order_by("id").values_list(
         "action", flat=True)) == [
         "bank_account.attach", "bank_account.change"]
@@ -163,7 +168,7 @@ def test_held_payouts_wait_until_released_and_both_are_audited(payouts_world: Pa
     bank_account_attach(merchant=merchant, token="btok_bank", staff=payouts_world.staff)  # approval needed: made, not sent
     waiting = payout_create(merchant=merchant, asset_code="JPY", amount=1_000)
     merchant_payouts_hold(merchant=merchant, held=True, reason="documents expired")
-    payout_approve(payout=waiting, staff=payouts_world.staff)
+    payout_approve(payout=waiting, staff=staff_member_get_or_create(username=f"bob-{uuid.uuid4().hex[:6]}"))  # not who changed the account
     assert _fresh(waiting).status == "pending" and _fresh(waiting).attempts == 0  # approved, held: not sent
     merchant_payouts_hold(merchant=merchant, held=False, reason="documents received")
     from payments.services.payout_saga import payout_recovery_run

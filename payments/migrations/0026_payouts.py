@@ -49,6 +49,7 @@ class Migration(migrations.Migration):
                 ('psp_reference', models.CharField(max_length=200)),
                 ('last4', models.CharField(max_length=4)),
                 ('changed_at', models.DateTimeField(default=django.utils.timezone.now)),
+                ('changed_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='wallets.staffmember')),
             ],
             options={
                 'permissions': [('attach_bank_account', "Can attach or change a merchant's bank account")],

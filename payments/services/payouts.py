@@ -93,7 +93,9 @@ def bank_account_save(*, merchant: Merchant, gateway: str, psp_reference: str, l
     merchant's payouts go, audited. Locks: the bank account row (an upsert)."""
     before = bank_account_of(merchant_id=merchant.pk)
     bank, _ = MerchantBankAccount.objects.update_or_create(
-        merchant=merchant, defaults={"gateway": gateway, "psp_reference": psp_reference[:200], "last4": last4[-4:], "changed_at": timezone.now()}
+        merchant=merchant, defaults={
+            "gateway": gateway, "psp_reference": psp_reference[:200], "last4": last4[-4:], "changed_at": timezone.now(), "changed_by": staff,
+        },
     )
     audit_record(
         action="bank_account.attach" if before is None else "bank_account.change", target_type="merchant", target_id=merchant.pk,
@@ -152,13 +154,16 @@ def _payout_make(
     payout_id = new_payout_id()
     legs = [Leg(merchant_account, asset.code, -amount), Leg(in_transit, asset.code, amount)]
     txn = ledger_post(kind=LedgerTransactionKind.PAYOUT, reference=payout_id, legs=legs, locked=locked)
+    cooling = timezone.now() - bank.changed_at < BANK_ACCOUNT_COOLING
     reasons = [r for r in (
         "over the retrying staff member's solo limit" if staff is not None and not staff_alone else "",
         f"above the {asset.code} payout approval threshold" if asset.payout_approval_threshold is not None
         and amount > asset.payout_approval_threshold else "",
-        "the bank account was changed in the last 7 days" if timezone.now() - bank.changed_at < BANK_ACCOUNT_COOLING else "",
+        "the bank account was changed in the last 7 days" if cooling else "",
     ) if r]
     approver, maker = (staff, None) if staff is not None and not reasons else (None, staff)
+    if maker is None and cooling:
+        maker = bank.changed_by  # whoever changed the account may not be the one who lets money go to it
     payout = Payout.objects.create(
         id=payout_id, merchant=merchant, asset=asset, amount=amount, origin=origin, schedule_day=schedule_day, retry_of=retry_of,
         gateway=bank.gateway, destination=bank.psp_reference, destination_last4=bank.last4, ledger_transaction=txn,
