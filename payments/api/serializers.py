@@ -169,6 +169,19 @@ class RefundOut(ObjectOut):
     reason = S.CharField()
 
 
+class CustomerPaymentOut(PaymentOut):
+    """A payment as its customer sees it: the operator's fee and the merchant's net are not the customer's business."""
+
+    fee = None  # type: ignore[assignment]  # DRF: a field set to None is removed
+    net = None  # type: ignore[assignment]
+
+
+class CustomerRefundOut(RefundOut):
+    """A refund as its customer sees it: without the fee the operator gave back to the merchant."""
+
+    fee = None  # type: ignore[assignment]  # DRF: a field set to None is removed
+
+
 class TransferOut(ObjectOut):
     object_type = "transfer"
     status = S.CharField()

@@ -1,6 +1,6 @@
 """Fees on the API and in the back office: `/v1/admin/fee_schedules` (create, list, retrieve,
 idempotent, every bad input a 4xx that adds nothing), `fee` and `net` on payments and
-captures of every face, `fee` on refunds, and the Django admin's add page (finance) and the
+captures of every face but the customer's, `fee` on refunds (not the customer's), and the Django admin's add page (finance) and the
 dashboard's fee revenue."""
 
 from __future__ import annotations
@@ -90,14 +90,20 @@ def test_payments_captures_and_refunds_carry_the_fee_on_every_face(api: Api, wor
     r = api.post("/v1/terminal/payments", world.terminal.key, {"customer": world.customer.id, "asset": "JPY", "amount": 1_000})
     assert r.status_code == 201 and (r.json()["fee"], r.json()["net"]) == (51, 949)
     paid = r.json()["id"]
-    for path, key in ((f"/v1/terminal/payments/{paid}", world.terminal.key), (f"/v1/merchant/payments/{paid}", world.merchant.key),
-                      (f"/v1/customer/payments/{paid}", world.customer.key)):
+    for path, key in ((f"/v1/terminal/payments/{paid}", world.terminal.key), (f"/v1/merchant/payments/{paid}", world.merchant.key)):
         shown = api.get(path, key).json()
         assert (shown["amount"], shown["fee"], shown["net"]) == (1_000, 51, 949), path
     refund = api.post("/v1/merchant/refunds", world.merchant.key, {"payment": paid, "amount": 500}).json()
     assert refund["fee"] == 25  # floor(51 x 500 / 1000)
-    assert api.get(f"/v1/customer/refunds/{refund['id']}", world.customer.key).json()["fee"] == 25
+    assert api.get(f"/v1/merchant/refunds/{refund['id']}", world.merchant.key).json()["fee"] == 25
     assert api.get("/v1/merchant/refunds", world.merchant.key).json()["data"][0]["fee"] == 25
+    # The customer face never shows the merchant's fee or net, one object or a list.
+    customer_shown = [api.get(f"/v1/customer/payments/{paid}", world.customer.key).json(),
+                      api.get("/v1/customer/payments", world.customer.key).json()["data"][0],
+                      api.get(f"/v1/customer/refunds/{refund['id']}", world.customer.key).json(),
+                      api.get("/v1/customer/refunds", world.customer.key).json()["data"][0]]
+    assert customer_shown[0]["amount"] == 1_000 and customer_shown[2]["amount"] == 500
+    assert not any({"fee", "net"} & set(shown) for shown in customer_shown), customer_shown
 
     intent = api.post("/v1/merchant/payment_intents", world.merchant.key,
                       {"customer": world.customer.id, "asset": "JPY", "amount": 400, "capture_method": "manual"}).json()
