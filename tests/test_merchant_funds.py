@@ -143,7 +143,8 @@ def test_a_credit_just_before_midnight_waits_at_least_the_delay(tenant: Tenant, 
     (counting only `delay` days back from today would free it 10 s later with a delay of 1)."""
     merchant = MerchantFactory()
     account = Account.objects.get(merchant_id=merchant.pk)
-    taken = datetime.combine(timezone.now().date() - timedelta(days=10), datetime.min.time(), tzinfo=UTC) + timedelta(hours=23, minutes=59, seconds=50)
+    day = timezone.now().date() - timedelta(days=10)
+    taken = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=23, minutes=59, seconds=50)
     with _reading("summary"):
         _post(account, 50, taken)
     with _reading(path):
