@@ -176,7 +176,7 @@ class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
     fields = ("id", "name", "created", "balances", "funds", "settlement_delay", "stores", "payments")
     staff_actions = (
         _adjust_action("merchant"),
-        StaffAction("settlement_delay", "Set settlement delay", "wallets.change_merchant", SettlementDelayForm, _settlement_delay,
+        StaffAction("settlement_delay", "Set settlement delay", "wallets.set_settlement_delay", SettlementDelayForm, _settlement_delay,
                     description="How many days the merchant's credits stay pending before they are available; empty: the tenant's."),
     )
     stores = staticmethod(list_link_column(Store, "stores", "merchant"))

@@ -32,7 +32,7 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     ),
     "finance": (
         "payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment", "payments.settle_topup",
-        "wallets.change_merchant",
+        "wallets.set_settlement_delay",
         "payments.add_feeschedule",
     ),
 }
