@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError
 
+from payments.api.serializers import RateField
 from payments.models import FeeSchedule
 from tests.api.conftest import Api, World, error_of
 from tests.api.test_backoffice import _confirm_key, _login
@@ -72,6 +74,18 @@ def test_every_bad_input_is_a_4xx_in_the_envelope_that_adds_nothing(api: Api, wo
     assert 400 <= r.status_code < 500, (body, r.status_code, r.content)
     assert error_of(r)["param"] == param, (body, r.content)
     assert (FeeSchedule.objects.count(), AuditEntry.objects.count()) == before
+
+
+@pytest.mark.parametrize("rate", [0.029, 0, 1, Decimal("0.029")])
+def test_a_rate_is_a_json_string_never_a_number(api: Api, world: World, rate: Any) -> None:
+    """DRF's CharField would take 0.029 as "0.029": a float on the way in is not a rate. The
+    field refuses it itself, whatever serializer holds it."""
+    r = api.post(URL, world.staff.key, _body(rate=float(rate) if isinstance(rate, Decimal) else rate))
+    assert r.status_code == 400 and error_of(r)["param"] == "rate" and "string" in error_of(r)["message"], r.content
+    with pytest.raises(ValidationError) as refused:
+        RateField().run_validation(rate)
+    assert "JSON string, not a number" in str(refused.value.detail)
+    assert RateField().run_validation("0.029") == Decimal("0.029")
 
 
 def test_a_second_schedule_at_the_same_start_is_refused(api: Api, world: World) -> None:
@@ -135,7 +149,7 @@ def test_finance_adds_a_schedule_in_the_back_office_once_per_confirmation(world:
     listing = finance.get("/admin/payments/feeschedule/")
     assert listing.status_code == 200 and b"/admin/payments/feeschedule/add/" in listing.content
     page = finance.get("/admin/payments/feeschedule/add/")
-    assert page.status_code == 200 and b"never edited" in page.content
+    assert page.status_code == 200 and b"never edited" in page.content and b"Valid from (UTC)" in page.content
     start = (timezone.now() + timedelta(days=2)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
     form = {"idempotency_key": _confirm_key(page), "asset": "JPY", "merchant": world.merchant.id, "rate": "0.015",
             "rounding": "ROUND_HALF_UP", "fixed": "3", "valid_from": start}
