@@ -217,7 +217,7 @@ class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
         StaffAction("release_payouts", "Release payouts", "payments.manage_payouts", OptionalReasonForm,
                     lambda request, obj, data: f"Payouts of {merchant_payouts_hold(merchant=obj, held=False, reason=data['reason']).pk}"
                     " released", audit=False, show=lambda obj: obj.payouts_held),
-        StaffAction("settlement_delay", "Set settlement delay", "wallets.change_merchant", SettlementDelayForm, _settlement_delay,
+        StaffAction("settlement_delay", "Set settlement delay", "wallets.set_settlement_delay", SettlementDelayForm, _settlement_delay,
                     description="How many days the merchant's credits stay pending before they are available; empty: the tenant's."),
     )
     stores = staticmethod(list_link_column(Store, "stores", "merchant"))
@@ -491,8 +491,11 @@ class FeeScheduleForm(StaffActionForm):
                               help_text="Fraction of the amount: 0.029 is 2.9 %.")
     rounding = forms.ChoiceField(choices=FeeRounding.choices, initial=FeeRounding.HALF_EVEN, help_text="How amount x rate is rounded.")
     fixed = forms.IntegerField(min_value=0, initial=0, help_text="Added to every fee, in the asset's minor units.")
-    valid_from = forms.DateTimeField(required=False, help_text="When it starts applying; empty: as soon as every process knows it (about"
-                                     " 15 s). It applies only to payments from then on.")
+    valid_from = forms.DateTimeField(
+        required=False, label="Valid from (UTC)",
+        help_text="When it starts applying, in UTC; empty: as soon as every process knows it (about 15 s). It applies only to payments from"
+        " then on.",
+    )
 
     def clean_asset(self) -> str:
         return str(self.cleaned_data["asset"].code)

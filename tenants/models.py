@@ -57,14 +57,17 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     # allowed only where the tenant turns this on, or the customer granted that merchant a mandate.
     charge_by_customer_id = models.BooleanField(default=False)
     # Days a merchant's credits stay pending before they are available (wallets.selectors.merchant_funds); a merchant may override it.
+    # db_default here and below: the code before a column keeps inserting tenants during a rolling deploy.
     settlement_delay_days = models.PositiveSmallIntegerField(
-        default=2, validators=[MaxValueValidator(SETTLEMENT_DELAY_MAX_DAYS)],
+        default=2, db_default=2, validators=[MaxValueValidator(SETTLEMENT_DELAY_MAX_DAYS)],
         help_text=f"Days (0 to {SETTLEMENT_DELAY_MAX_DAYS}) a merchant's credits stay pending before they are available for payout;"
         " a merchant may override it (its page in the tenant's admin).",
     )
     # What a refund does with the payment's fee (payments.services.refunds): proportional gives
     # back fee x refunded / amount, the cumulative share rounded down (all of it once fully refunded).
-    refund_fee_policy = models.CharField(max_length=12, choices=RefundFeePolicy.choices, default=RefundFeePolicy.PROPORTIONAL)
+    refund_fee_policy = models.CharField(
+        max_length=12, choices=RefundFeePolicy.choices, default=RefundFeePolicy.PROPORTIONAL, db_default=RefundFeePolicy.PROPORTIONAL
+    )
     extra_settings = models.JSONField(default=dict, blank=True)  # what a later feature needs before it earns a column
 
     auto_create_schema = True

@@ -7,10 +7,11 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import given
@@ -180,6 +181,29 @@ def test_a_schedule_is_added_audited_and_a_second_one_at_the_same_start_refused(
         fee_schedule_create(asset_code="JPY", merchant=merchant, rate=Decimal("0.01"), valid_from=first.valid_from)
     assert refused.value.param == "valid_from" and FeeSchedule.objects.filter(merchant=merchant).count() == 1
     fee_schedule_create(asset_code="JPY", rate=Decimal("0.01"), valid_from=first.valid_from)  # tenant-wide: another scope
+
+
+def test_a_start_too_close_by_the_database_s_clock_is_refused_and_adds_nothing(tenant: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The earliest start comes from the process's clock before the insert; a commit that
+    comes later than the grace (here: a process clock a minute behind) would let another
+    process cache the old terms past `valid_from`. The database's clock at the transaction's
+    end decides, and the refusal rolls the schedule and its audit entry back."""
+    behind = SimpleNamespace(now=lambda: timezone.now() - timedelta(minutes=1))
+    monkeypatch.setattr("payments.services.fees.timezone", behind)
+    before = (FeeSchedule.objects.count(), AuditEntry.objects.count())
+    with pytest.raises(FeeScheduleStartRefused) as refused, transaction.atomic():  # the owner's transaction, as a request's
+        fee_schedule_create(asset_code="JPY", rate=Decimal("0.01"))
+    assert refused.value.param == "valid_from" and "database" in str(refused.value)
+    assert (FeeSchedule.objects.count(), AuditEntry.objects.count()) == before
+
+
+def test_only_the_one_start_constraint_is_a_refusal(tenant: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(*args: Any, **kwargs: Any) -> None:
+        raise IntegrityError("some other constraint")
+
+    monkeypatch.setattr(FeeSchedule, "save", fails)
+    with pytest.raises(IntegrityError):
+        fee_schedule_create(asset_code="JPY", rate=Decimal("0.01"))
 
 
 # --- the fee in the payment's own transaction ------------------------------------------------

@@ -82,7 +82,7 @@ def test_available_and_pending_split_the_balance_and_debits_drain_available_firs
     merchant_settlement_delay_set(merchant=merchant, days=delay)
     account = Account.objects.get(merchant_id=merchant.pk)
     now = timezone.now()
-    first_pending_day = now.date() - timedelta(days=delay - 1)
+    first_pending_day = now.date() - timedelta(days=delay)
     balance = held = recent = 0
     before = _jpy(merchant, now)
     for kind, days_ago, seconds, amount in ops:
@@ -115,7 +115,7 @@ def test_available_and_pending_split_the_balance_and_debits_drain_available_firs
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_a_credit_is_available_from_midnight_utc_of_its_day_plus_the_delay(tenant: Tenant, path: str) -> None:
+def test_a_credit_is_available_from_midnight_utc_of_its_day_plus_the_delay_plus_one(tenant: Tenant, path: str) -> None:
     merchant = MerchantFactory()
     merchant_settlement_delay_set(merchant=merchant, days=2)
     account = Account.objects.get(merchant_id=merchant.pk)
@@ -125,15 +125,32 @@ def test_a_credit_is_available_from_midnight_utc_of_its_day_plus_the_delay(tenan
         _post(account, 100, midnight)  # day D, first instant
         _post(account, 20, midnight + timedelta(days=1) - timedelta(microseconds=1))  # day D, last instant
         _post(account, 3, midnight + timedelta(days=1))  # day D + 1
-    d_plus_2 = midnight + timedelta(days=2)
+    d_plus_3 = midnight + timedelta(days=3)
     with _reading(path):
-        assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=2, now=d_plus_2 - timedelta(microseconds=1)) == 123
-        assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=2, now=d_plus_2) == 3
-        assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=2, now=d_plus_2 + timedelta(days=1)) == 0
+        assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=2, now=d_plus_3 - timedelta(microseconds=1)) == 123
+        assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=2, now=d_plus_3) == 3
+        assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=2, now=d_plus_3 + timedelta(days=1)) == 0
         assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=0, now=midnight) == 0  # no delay: at once
-        assert merchant_recent_credits(account_id=account.pk, asset_code="POINT", delay_days=2, now=d_plus_2) == 0
-        funds = next(f for f in merchant_funds(merchant=merchant, now=d_plus_2) if f.asset_code == "JPY")
+        assert merchant_recent_credits(account_id=account.pk, asset_code="POINT", delay_days=2, now=d_plus_3) == 0
+        funds = next(f for f in merchant_funds(merchant=merchant, now=d_plus_3) if f.asset_code == "JPY")
     assert funds == MerchantFunds(asset_code="JPY", balance=123, held=0, pending=3, available=120)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("delay", [1, 2])
+def test_a_credit_just_before_midnight_waits_at_least_the_delay(tenant: Tenant, path: str, delay: int) -> None:
+    """A credit of 23:59:50 UTC is still pending a second before `delay` full days have passed
+    (counting only `delay` days back from today would free it 10 s later with a delay of 1)."""
+    merchant = MerchantFactory()
+    account = Account.objects.get(merchant_id=merchant.pk)
+    day = timezone.now().date() - timedelta(days=10)
+    taken = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(hours=23, minutes=59, seconds=50)
+    with _reading("summary"):
+        _post(account, 50, taken)
+    with _reading(path):
+        for now in (taken + timedelta(seconds=10), taken + timedelta(days=delay) - timedelta(seconds=1), taken + timedelta(days=delay)):
+            assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=delay, now=now) == 50, now
+        assert merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=delay, now=taken + timedelta(days=delay, seconds=10)) == 0
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -144,7 +161,7 @@ def test_each_path_reads_the_window_not_the_history(tenant: Tenant, path: str) -
     with _reading(path), CaptureQueriesContext(connection) as queries:
         merchant_recent_credits(account_id=account.pk, asset_code="JPY", delay_days=3, now=now)
     [sql] = [q["sql"] for q in queries.captured_queries if "SUM(" in q["sql"]]
-    window = (now - timedelta(days=2)).date()
+    window = (now - timedelta(days=3)).date()
     if path == "summary":
         assert "wallets_merchantdailytotal" in sql and '"day" >=' in sql and window.isoformat() in sql
     else:

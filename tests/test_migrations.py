@@ -174,3 +174,33 @@ def test_the_charged_amount_migration_gives_up_on_a_queued_lock_rather_than_bloc
     assert sql.index("SET LOCAL lock_timeout") < sql.index("ALTER TABLE"), sql
     assert 'ADD COLUMN "psp_charged_currency" varchar(12)' in sql, sql
     assert TopUp._meta.get_field("psp_charged_currency").max_length == Asset._meta.get_field("code").max_length
+
+
+def test_the_fees_migration_is_one_transaction_that_runs_again_and_validates_after(tenant: Tenant) -> None:
+    """0024 (payments and refunds, the hottest tables) is atomic, so a run that gave up on its
+    lock_timeout leaves nothing and runs again; its CHECKs come NOT VALID, validated by 0025
+    outside that transaction. New NOT NULL columns have database defaults, so the code before
+    them keeps inserting during a rolling deploy."""
+    from io import StringIO
+
+    out = StringIO()
+    call_command("sqlmigrate", "payments", "0024_fees", stdout=out)
+    sql = out.getvalue()
+    assert sql.lstrip().startswith("BEGIN;") and sql.rstrip().endswith("COMMIT;"), sql
+    assert sql.index("SET LOCAL lock_timeout = '5s'") < sql.index("CREATE TABLE") < sql.index("ALTER TABLE payments_payment ADD COLUMN"), sql
+    assert sql.count("NOT VALID") == 3 and "VALIDATE" not in sql, sql
+    out = StringIO()
+    call_command("sqlmigrate", "payments", "0025_fees_validate", stdout=out)
+    assert out.getvalue().count("VALIDATE CONSTRAINT") == 3 and "BEGIN;" not in out.getvalue()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name, column_default FROM information_schema.columns"
+            " WHERE (table_schema = 'public' AND table_name = 'tenants_tenant' AND column_name IN ('settlement_delay_days', 'refund_fee_policy'))"
+            " OR (table_schema = %s AND table_name IN ('payments_payment', 'payments_refund') AND column_name IN ('fee', 'fee_refunded'))",
+            [connection.schema_name],
+        )
+        defaults = {(table, column): default for table, column, default in cursor.fetchall()}
+    assert defaults == {
+        ("tenants_tenant", "settlement_delay_days"): "2", ("tenants_tenant", "refund_fee_policy"): "'proportional'::character varying",
+        ("payments_payment", "fee"): "0", ("payments_payment", "fee_refunded"): "0", ("payments_refund", "fee"): "0",
+    }, defaults

@@ -94,6 +94,8 @@ class Merchant(PrefixedIdModel, new_id=ids.new_merchant_id):
 
     class Meta:
         ordering = ["created", "id"]
+        # Its own permission, not change_merchant: finance sets the delay and nothing else of a merchant.
+        permissions = [("set_settlement_delay", "Can set a merchant's settlement delay")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(settlement_delay_days__lte=SETTLEMENT_DELAY_MAX_DAYS), name="merchant_settlement_delay_days_max"

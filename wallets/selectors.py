@@ -369,17 +369,20 @@ def merchant_settlement_delay_days(*, merchant: Merchant) -> int:
 
 def merchant_recent_credits(*, account_id: str, asset_code: str, delay_days: int, now: datetime) -> int:
     """What the merchant account was credited in `asset_code` that is still pending at `now`:
-    a credit on UTC day D is available from 00:00 UTC of D + `delay_days`. No lock."""
+    a credit on UTC day D is available from 00:00 UTC of D + `delay_days` + 1, so it waits
+    between `delay_days` and `delay_days` + 1 days, never less than `delay_days` full days. No lock."""
     return _recent_credits(account_id=account_id, asset_codes=[asset_code], delay_days=delay_days, now=now).get(asset_code, 0)
 
 
 def _recent_credits(*, account_id: str, asset_codes: list[str], delay_days: int, now: datetime) -> dict[str, int]:
-    """Credits per asset of the window's UTC days (from today - delay + 1 on): from the daily
+    """Credits per asset of the window's UTC days (today and the `delay_days` before it): from the daily
     totals once the tenant reads them (verify proved them complete), else from the window's
     ledger entries alone (the (account, created) index). Never the whole history."""
     if delay_days <= 0 or not asset_codes:
         return {}
-    first_day = utc_day(now) - timedelta(days=delay_days - 1)
+    # Conservative by a day: counting today and only delay - 1 days before would free a
+    # credit of 23:59:50 ten seconds later with a delay of 1.
+    first_day = utc_day(now) - timedelta(days=delay_days)
     rows: Iterable[Mapping[str, Any]]
     if reads_new(staged_phase(DAILY_TOTALS)):
         days = MerchantDailyTotal.objects.filter(account_id=account_id, asset_id__in=asset_codes, day__gte=first_day)

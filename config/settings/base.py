@@ -316,7 +316,9 @@ TALLY_CONTACT_HASH_KEY = env("TALLY_CONTACT_HASH_KEY", default=hashlib.sha256(b"
 TALLY_STAGED_PHASE_TTL_SECONDS = env.float("TALLY_STAGED_PHASE_TTL_SECONDS", default=1.0)
 TALLY_STAGED_FENCE_GRACE_SECONDS = env.float("TALLY_STAGED_FENCE_GRACE_SECONDS", default=1.0)
 # Fee schedules: each process caches a merchant's schedules this long (no query on the
-# payment path), so a new schedule starts at least this long + the grace after it is added.
+# payment path), so a new schedule starts at least this long + the grace after it is added
+# (and at least this long after its transaction's end, by the database's clock). Set the same
+# value on every process (web, workers): a longer cache elsewhere could apply old terms.
 TALLY_FEE_SCHEDULE_CACHE_SECONDS = env.float("TALLY_FEE_SCHEDULE_CACHE_SECONDS", default=10.0)
 TALLY_FEE_SCHEDULE_GRACE_SECONDS = env.float("TALLY_FEE_SCHEDULE_GRACE_SECONDS", default=5.0)
 # Webhook deliveries: docs/WEBHOOKS.md. The lease must outlast a request's connect and read timeouts.

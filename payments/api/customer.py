@@ -163,7 +163,7 @@ class TopUpViewSet(CustomerViewSet):
 
 class PaymentViewSet(ListMixin, RetrieveMixin, CustomerViewSet):
     lookup_url_kwarg = "payment_id"
-    out, list_params = s.PaymentOut, s.AssetListParams
+    out, list_params = s.CustomerPaymentOut, s.AssetListParams
     summaries = {"list": "The customer's payments", "retrieve": "Retrieve one of the customer's payments"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[Payment]:
@@ -175,7 +175,7 @@ class PaymentViewSet(ListMixin, RetrieveMixin, CustomerViewSet):
 
 class RefundViewSet(ListMixin, RetrieveMixin, CustomerViewSet):
     lookup_url_kwarg = "refund_id"
-    out = s.RefundOut
+    out = s.CustomerRefundOut
     summaries = {"list": "Refunds of the customer's payments", "retrieve": "Retrieve a refund of one of the customer's payments"}
 
     def objects(self, params: dict[str, Any]) -> QuerySet[Refund]:

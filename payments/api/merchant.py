@@ -53,7 +53,8 @@ class BalanceViewSet(MerchantViewSet):
     @extend_schema(
         tags=TAG, summary="The merchant's balances per asset, each split into available and pending by the settlement delay",
         description="Per asset: available + pending = balance - held, both >= 0. Credits younger than the settlement delay (the"
-        " merchant's, else the tenant's; default 2 days) are pending: a credit on UTC day D is available from 00:00 UTC of D + delay."
+        " merchant's, else the tenant's; default 2 days) are pending: a credit on UTC day D is available from 00:00 UTC of D + delay + 1"
+        " (at least `delay` full days)."
         " Refunds and reversals draw on available first, then pending.",
         responses=s.MerchantBalanceOut,
     )

@@ -169,6 +169,19 @@ class RefundOut(ObjectOut):
     reason = S.CharField()
 
 
+class CustomerPaymentOut(PaymentOut):
+    """A payment as its customer sees it: the operator's fee and the merchant's net are not the customer's business."""
+
+    fee = None  # type: ignore[assignment]  # DRF: a field set to None is removed
+    net = None  # type: ignore[assignment]
+
+
+class CustomerRefundOut(RefundOut):
+    """A refund as its customer sees it: without the fee the operator gave back to the merchant."""
+
+    fee = None  # type: ignore[assignment]  # DRF: a field set to None is removed
+
+
 class TransferOut(ObjectOut):
     object_type = "transfer"
     status = S.CharField()
@@ -277,7 +290,7 @@ class MerchantBalanceLineOut(Serializer):
     balance = S.IntegerField()
     available = S.IntegerField(help_text="What may be paid out now: balance - held - pending.")
     pending = S.IntegerField(help_text="Credits younger than the settlement delay (a credit on UTC day D is available from 00:00 UTC of"
-                             " D + delay), less what debits took beyond available.")
+                             " D + delay + 1), less what debits took beyond available.")
     held = S.IntegerField()
 
 
@@ -436,6 +449,13 @@ class RateField(S.RegexField):
         message = f"must be a decimal string from 0 to 1 with at most {FEE_RATE_PLACES} places, e.g. \"0.029\""
         super().__init__(pattern, max_length=FEE_RATE_PLACES + 2, error_messages={"invalid": message}, **kwargs)
 
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):  # DRF's CharField would take 0.029 as "0.029"; a float is not a rate
+            raise S.ValidationError(
+                f"must be a JSON string, not a number: a decimal from 0 to 1 with at most {FEE_RATE_PLACES} places, e.g. \"0.029\""
+            )
+        return super().to_internal_value(data)
+
     def run_validation(self, data: Any = S.empty) -> Any:  # a Decimal, once the text passed the pattern and length
         return Decimal(super().run_validation(data))
 
@@ -450,7 +470,7 @@ class MinorUnitsField(S.IntegerField):
 class FeeScheduleCreateIn(StrictSerializer):
     asset = AssetField()
     merchant = ObjectIdField("mer", required=False, allow_null=True, default=None, help_text="A merchant's own schedule; none: tenant-wide.")
-    rate = RateField(help_text="Fraction of the amount, 0 to 1 (0.029 is 2.9 %).")
+    rate = RateField(help_text="Fraction of the amount, 0 to 1, as a JSON string (\"0.029\" is 2.9 %; a number is refused).")
     rounding = S.ChoiceField(choices=FeeRounding.values, required=False, default=FeeRounding.HALF_EVEN,
                              help_text="How amount x rate is rounded to a minor unit (Python's decimal modes).")
     fixed = MinorUnitsField(min_value=0, max_value=MAX_AMOUNT, required=False, default=0, help_text="Added to every fee, in minor units.")

@@ -2,10 +2,13 @@
 
 payments_payment and payments_refund are the hottest tables: their new columns have
 constant defaults in the database (no table rewrite; the code before this one keeps
-inserting during the deploy), each ALTER gives up after a short lock_timeout rather than
-queue every payment behind a long reader (run it again), and the CHECKs are added NOT VALID
-(no scan under the ACCESS EXCLUSIVE lock) and validated after, each step committed on its
-own, while payments keep writing. Rows from before hold fee 0, which the CHECKs accept."""
+inserting during the deploy), and the CHECKs are added NOT VALID (no scan under the ACCESS
+EXCLUSIVE lock); 0025 validates them, in its own transactions, while payments keep writing.
+Rows from before hold fee 0, which the CHECKs accept.
+
+One transaction, so a failed run leaves nothing behind and runs again: it gives up after a
+short lock_timeout (SET LOCAL, first) rather than queue every payment behind a long
+reader. The ALTERs come last, so the tables' locks are held only for the commit."""
 
 import django.db.models.deletion
 from django.db import migrations, models
@@ -34,8 +37,11 @@ def _drop(table: str) -> str:
     return f"ALTER TABLE {table} " + ", ".join(f'DROP COLUMN "{column}"' for column in COLUMNS[table])
 
 
+LOCK_TIMEOUT = "SET LOCAL lock_timeout = '5s'"
+
+
 class Migration(migrations.Migration):
-    atomic = False  # each step commits on its own (module docstring)
+    atomic = True  # SET LOCAL lasts for the migration's transaction; a failed run leaves nothing (module docstring)
 
     dependencies = [
         ("payments", "0023_adjustment_staff_asset_created_index"),
@@ -43,6 +49,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunSQL(LOCK_TIMEOUT, reverse_sql=LOCK_TIMEOUT),
         migrations.CreateModel(
             name="FeeSchedule",
             fields=[
@@ -85,14 +92,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             database_operations=[
-                migrations.RunSQL(
-                    ["SET lock_timeout = '5s'", *(_add(table) for table in CHECKS), "RESET lock_timeout"],
-                    reverse_sql=[_drop(table) for table in CHECKS],
-                ),
-                migrations.RunSQL(
-                    [f'ALTER TABLE {table} VALIDATE CONSTRAINT "{name}"' for table, checks in CHECKS.items() for name in checks],
-                    reverse_sql=migrations.RunSQL.noop,
-                ),
+                migrations.RunSQL([_add(table) for table in CHECKS], reverse_sql=[_drop(table) for table in CHECKS]),
             ],
         ),
     ]

@@ -36,7 +36,7 @@ DROP FUNCTION IF EXISTS tally_payout_guard();
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('payments', '0024_fees'),
+        ('payments', '0025_fees_validate'),
         ('wallets', '0017_payouts'),
     ]
 

@@ -12,7 +12,7 @@ its id as the idempotency key, outside any transaction:
    the same way (`payout_settle`): in transit; paid (in transit -> PSP settlement); failed
    (back to the merchant, from in transit, or from the PSP settlement for a payout returned
    after it was paid). Each moves money once: the status is checked on the locked row, and
-   the database refuses a status that goes back (payments migration 0025);
+   the database refuses a status that goes back (payments migration 0026);
 5. `payout_recovery_run` (beat, with the top-up recovery): sends what was never sent or whose
    holder died (same key: the PSP answers its first payout), and asks the PSP about payouts
    in transit past its promise, whose webhook may be lost.

@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='tenant',
             name='settlement_delay_days',
-            field=models.PositiveSmallIntegerField(default=2, help_text="Days (0 to 60) a merchant's credits stay pending before they are available for payout; a merchant may override it (its page in the tenant's admin).", validators=[django.core.validators.MaxValueValidator(60)]),
+            field=models.PositiveSmallIntegerField(db_default=2, default=2, help_text="Days (0 to 60) a merchant's credits stay pending before they are available for payout; a merchant may override it (its page in the tenant's admin).", validators=[django.core.validators.MaxValueValidator(60)]),
         ),
         migrations.AddConstraint(
             model_name='tenant',

@@ -16,6 +16,7 @@ class Migration(migrations.Migration):
                     ("proportional", "Proportional (a refund gives back its share of the payment's fee)"),
                     ("none", "None (the fee is kept)"),
                 ],
+                db_default="proportional",
                 default="proportional",
                 max_length=12,
             ),

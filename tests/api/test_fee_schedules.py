@@ -1,6 +1,6 @@
 """Fees on the API and in the back office: `/v1/admin/fee_schedules` (create, list, retrieve,
 idempotent, every bad input a 4xx that adds nothing), `fee` and `net` on payments and
-captures of every face, `fee` on refunds, and the Django admin's add page (finance) and the
+captures of every face but the customer's, `fee` on refunds (not the customer's), and the Django admin's add page (finance) and the
 dashboard's fee revenue."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError
 
+from payments.api.serializers import RateField
 from payments.models import FeeSchedule
 from tests.api.conftest import Api, World, error_of
 from tests.api.test_backoffice import _confirm_key, _login
@@ -74,6 +76,18 @@ def test_every_bad_input_is_a_4xx_in_the_envelope_that_adds_nothing(api: Api, wo
     assert (FeeSchedule.objects.count(), AuditEntry.objects.count()) == before
 
 
+@pytest.mark.parametrize("rate", [0.029, 0, 1, Decimal("0.029")])
+def test_a_rate_is_a_json_string_never_a_number(api: Api, world: World, rate: Any) -> None:
+    """DRF's CharField would take 0.029 as "0.029": a float on the way in is not a rate. The
+    field refuses it itself, whatever serializer holds it."""
+    r = api.post(URL, world.staff.key, _body(rate=float(rate) if isinstance(rate, Decimal) else rate))
+    assert r.status_code == 400 and error_of(r)["param"] == "rate" and "string" in error_of(r)["message"], r.content
+    with pytest.raises(ValidationError) as refused:
+        RateField().run_validation(rate)
+    assert "JSON string, not a number" in str(refused.value.detail)
+    assert RateField().run_validation("0.029") == Decimal("0.029")
+
+
 def test_a_second_schedule_at_the_same_start_is_refused(api: Api, world: World) -> None:
     start = (timezone.now() + timedelta(hours=2)).isoformat()
     assert api.post(URL, world.staff.key, _body(valid_from=start)).status_code == 201
@@ -90,14 +104,20 @@ def test_payments_captures_and_refunds_carry_the_fee_on_every_face(api: Api, wor
     r = api.post("/v1/terminal/payments", world.terminal.key, {"customer": world.customer.id, "asset": "JPY", "amount": 1_000})
     assert r.status_code == 201 and (r.json()["fee"], r.json()["net"]) == (51, 949)
     paid = r.json()["id"]
-    for path, key in ((f"/v1/terminal/payments/{paid}", world.terminal.key), (f"/v1/merchant/payments/{paid}", world.merchant.key),
-                      (f"/v1/customer/payments/{paid}", world.customer.key)):
+    for path, key in ((f"/v1/terminal/payments/{paid}", world.terminal.key), (f"/v1/merchant/payments/{paid}", world.merchant.key)):
         shown = api.get(path, key).json()
         assert (shown["amount"], shown["fee"], shown["net"]) == (1_000, 51, 949), path
     refund = api.post("/v1/merchant/refunds", world.merchant.key, {"payment": paid, "amount": 500}).json()
     assert refund["fee"] == 25  # floor(51 x 500 / 1000)
-    assert api.get(f"/v1/customer/refunds/{refund['id']}", world.customer.key).json()["fee"] == 25
+    assert api.get(f"/v1/merchant/refunds/{refund['id']}", world.merchant.key).json()["fee"] == 25
     assert api.get("/v1/merchant/refunds", world.merchant.key).json()["data"][0]["fee"] == 25
+    # The customer face never shows the merchant's fee or net, one object or a list.
+    customer_shown = [api.get(f"/v1/customer/payments/{paid}", world.customer.key).json(),
+                      api.get("/v1/customer/payments", world.customer.key).json()["data"][0],
+                      api.get(f"/v1/customer/refunds/{refund['id']}", world.customer.key).json(),
+                      api.get("/v1/customer/refunds", world.customer.key).json()["data"][0]]
+    assert customer_shown[0]["amount"] == 1_000 and customer_shown[2]["amount"] == 500
+    assert not any({"fee", "net"} & set(shown) for shown in customer_shown), customer_shown
 
     intent = api.post("/v1/merchant/payment_intents", world.merchant.key,
                       {"customer": world.customer.id, "asset": "JPY", "amount": 400, "capture_method": "manual"}).json()
@@ -129,7 +149,7 @@ def test_finance_adds_a_schedule_in_the_back_office_once_per_confirmation(world:
     listing = finance.get("/admin/payments/feeschedule/")
     assert listing.status_code == 200 and b"/admin/payments/feeschedule/add/" in listing.content
     page = finance.get("/admin/payments/feeschedule/add/")
-    assert page.status_code == 200 and b"never edited" in page.content
+    assert page.status_code == 200 and b"never edited" in page.content and b"Valid from (UTC)" in page.content
     start = (timezone.now() + timedelta(days=2)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
     form = {"idempotency_key": _confirm_key(page), "asset": "JPY", "merchant": world.merchant.id, "rate": "0.015",
             "rounding": "ROUND_HALF_UP", "fixed": "3", "valid_from": start}

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 from django.contrib.admin.utils import quote
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
@@ -70,8 +71,12 @@ def _confirm_key(page: Any) -> str:
 def test_finance_sets_a_merchant_s_delay_in_the_back_office_audited(world: World, tenant: Tenant) -> None:
     merchant_id = world.merchant.id
     page_url, url = f"/admin/wallets/merchant/{quote(merchant_id)}/change/", f"/admin/wallets/merchant/{quote(merchant_id)}/act/settlement_delay/"
-    staff_login_ensure(username="fin-delay", password="pw-delay-123", role="finance")
-    staff_login_ensure(username="ops-delay", password="pw-delay-123", role="operator")
+    fin = staff_login_ensure(username="fin-delay", password="pw-delay-123", role="finance")
+    ops = staff_login_ensure(username="ops-delay", password="pw-delay-123", role="operator")
+    # Its own permission: finance may set the delay, not change a merchant otherwise; Django's
+    # generic change permission does not open the action.
+    assert fin.user.has_perm("wallets.set_settlement_delay") and not fin.user.has_perm("wallets.change_merchant")
+    ops.user.user_permissions.add(Permission.objects.get(content_type__app_label="wallets", codename="change_merchant"))
     finance, operator = Client(HTTP_HOST=TENANT_A["domain"]), Client(HTTP_HOST=TENANT_A["domain"])
     assert finance.login(username="fin-delay", password="pw-delay-123") and operator.login(username="ops-delay", password="pw-delay-123")
     page = finance.get(page_url)

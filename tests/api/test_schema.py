@@ -52,3 +52,15 @@ def test_the_schema_tells_each_tenant_its_truth_and_nothing_internal(world: Worl
     parameters = relaxed["paths"]["/v1/terminal/payments"]["post"]["parameters"]
     assert next(p for p in parameters if p["name"] == "Idempotency-Key").get("required", False) is False
     assert next(p for p in relaxed["paths"]["/v1/customer/transfers"]["post"]["parameters"] if p["name"] == "Idempotency-Key")["required"] is True
+
+
+def test_the_customer_face_documents_payments_and_refunds_without_the_fee(world: World) -> None:
+    doc = yaml.safe_load(Client(HTTP_HOST=world.host).get("/v1/schema").content)
+
+    def shape(path: str, method: str = "get") -> set[str]:
+        ref = doc["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        return set(doc["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"])
+
+    assert {"fee", "net"} <= shape("/v1/merchant/payments/{payment_id}") and "fee" in shape("/v1/merchant/refunds/{refund_id}")
+    assert "amount" in shape("/v1/customer/payments/{payment_id}") and not {"fee", "net"} & shape("/v1/customer/payments/{payment_id}")
+    assert "amount" in shape("/v1/customer/refunds/{refund_id}") and "fee" not in shape("/v1/customer/refunds/{refund_id}")

@@ -16,6 +16,10 @@ class Migration(migrations.Migration):
             name='settlement_delay_days',
             field=models.PositiveSmallIntegerField(blank=True, null=True, validators=[django.core.validators.MaxValueValidator(60)]),
         ),
+        migrations.AlterModelOptions(
+            name='merchant',
+            options={'ordering': ['created', 'id'], 'permissions': [('set_settlement_delay', "Can set a merchant's settlement delay")]},
+        ),
         migrations.AddConstraint(
             model_name='merchant',
             constraint=models.CheckConstraint(condition=models.Q(('settlement_delay_days__lte', 60)), name='merchant_settlement_delay_days_max'),
