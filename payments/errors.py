@@ -126,7 +126,7 @@ class InsufficientAvailable(BusinessRefusal):
     code: ClassVar[StrEnum] = PaymentErrorCode.INSUFFICIENT_AVAILABLE
 
 
-class AssetNotPayable(InvalidRequest):
+class AssetNotPayable(InvalidState):
     """Merchants are paid out only in the assets the tenant marks payable (its currencies)."""
 
     code: ClassVar[StrEnum] = PaymentErrorCode.ASSET_NOT_PAYABLE

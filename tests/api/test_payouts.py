@@ -66,7 +66,7 @@ def test_pending_funds_are_not_available(api: Api, payee: World) -> None:
 
 @pytest.mark.parametrize(
     ("case", "status", "code"),
-    [("not_payable", 400, "asset_not_payable"), ("no_bank_account", 409, "bank_account_missing"), ("held", 403, "payouts_held"),
+    [("not_payable", 409, "asset_not_payable"), ("no_bank_account", 409, "bank_account_missing"), ("held", 403, "payouts_held"),
      ("frozen", 402, "wallet_frozen"), ("unknown_asset", 400, "asset_unknown")],
 )
 def test_each_refusal_has_its_own_code_and_moves_nothing(api: Api, payee: World, case: str, status: int, code: str) -> None:
