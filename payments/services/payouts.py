@@ -46,6 +46,8 @@ logger = logging.getLogger("tally.payouts")
 
 # A payout to a bank account changed this recently waits for a staff member's approval.
 BANK_ACCOUNT_COOLING = timedelta(days=7)
+
+
 def _available(*, locked: LockedBalances, account: Account, asset_code: str, delay_days: int, now: datetime) -> int:
     """What the merchant may be paid out now: max(0, balance - held - its pending credits),
     read on its locked rows (every shard). Pending is the credits since 00:00 UTC of today -
