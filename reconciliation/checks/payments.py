@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
@@ -243,13 +243,7 @@ def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
             ("psp_settlement_amount_mismatch", "topup", comparison.amount_mismatches,
              "top-up {}: our amount and the PSP's settled amount for {} differ"),
         )
-        for kind, key, values, summary in differences:
-            for value in values:
-                yield Discrepancy(
-                    kind=kind, severity=Severity.CRITICAL, summary=summary.format(value, day),
-                    details={"day": day.isoformat(), key: value, "gateway": comparison.gateway},
-                    refs=(ObjectRef("payments", "topup", value),) if key == "topup" else (),
-                )
+        yield from _settlement_differences(differences, day=day, gateway=comparison.gateway, model="topup")
 
 
 def _charged_uncredited(ctx: CheckContext) -> Iterator[Discrepancy]:
@@ -340,10 +334,18 @@ def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
             ("payout_returned_but_sent", "payout", comparison.returned_but_sent,
              "payout {} failed here (its money back with the merchant), but the PSP holds it as sent on {}"),
         )
-        for kind, key, values, summary in differences:
-            for value in values:
-                yield Discrepancy(
-                    kind=kind, severity=Severity.CRITICAL, summary=summary.format(value, day),
-                    details={"day": day.isoformat(), key: value, "gateway": comparison.gateway},
-                    refs=(ObjectRef("payments", "payout", value),) if key == "payout" else (),
-                )
+        yield from _settlement_differences(differences, day=day, gateway=comparison.gateway, model="payout")
+
+
+def _settlement_differences(
+    differences: tuple[tuple[str, str, Iterable[str], str], ...], *, day: date, gateway: str, model: str
+) -> Iterator[Discrepancy]:
+    """One CRITICAL discrepancy per value of each (kind, key, values, summary) of a day's
+    compare with the PSP; a value keyed by `model` links to that object of ours."""
+    for kind, key, values, summary in differences:
+        for value in values:
+            yield Discrepancy(
+                kind=kind, severity=Severity.CRITICAL, summary=summary.format(value, day),
+                details={"day": day.isoformat(), key: value, "gateway": gateway},
+                refs=(ObjectRef("payments", model, value),) if key == model else (),
+            )
