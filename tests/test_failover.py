@@ -54,6 +54,17 @@ def _app(env: dict[str, str], *args: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def ledger_reconcile(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`manage.py reconcile` of the demo tenant's books, without the PSP compares: in a shared
+    test database the demo tenant's card gateway may be an earlier test's simulator, long
+    stopped, and a PSP that does not answer is a warning, which is not what these tests judge."""
+    from reconciliation.registry import CHECKS
+
+    checks = [arg for check in CHECKS if check.name not in ("psp_settlement", "payouts") for arg in ("--check", check.name)]
+    return subprocess.run([sys.executable, "manage.py", "reconcile", "--tenant", "demo", *checks], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
 def _pay(port: int, terminal_key: str, customer: str, amount: int, outcome: Outcome, stop_at: float) -> None:
     """One key, sent again until a final answer (or the test's deadline)."""
     body = json.dumps({"customer": customer, "asset": "JPY", "amount": amount})
@@ -170,8 +181,7 @@ def test_a_failover_under_keyed_payments_loses_no_acknowledged_payment_and_doubl
         finally:
             worker.stop()
             beat.stop()
-        reconcile = subprocess.run([sys.executable, "manage.py", "reconcile", "--tenant", "demo"], cwd=ROOT, env=env,
-                                   capture_output=True, text=True, timeout=300)
+        reconcile = ledger_reconcile(env)
     seconds = time.monotonic() - started
 
     finals = {o.key: o.answers[-1] for o in outcomes if o.answers and o.answers[-1][1] in FINAL}

@@ -24,7 +24,7 @@ from django.db import connection
 from devtools.procfile import procfile_read
 from tests.faults import ROOT, OwnRedis, figures, own_redis, until
 from tests.live import free_port
-from tests.test_failover import FINAL, Outcome, _app, clients_start
+from tests.test_failover import FINAL, Outcome, _app, clients_start, ledger_reconcile
 
 pytestmark = [pytest.mark.proof]
 
@@ -162,9 +162,8 @@ def test_a_process_killed_under_payments_comes_back_and_nothing_is_lost_or_doubl
     answered = {a[2] for a in finals.values() if a[1] == 201}
     unanswered = [o for o in outcomes if finals[o.key][1] != 201]
     assert set(checked["payments"]) == answered, (set(checked["payments"]) - answered, answered - set(checked["payments"]), unanswered)
-    reconcile = subprocess.run([sys.executable, "manage.py", "reconcile", "--tenant", "demo"], cwd=ROOT, env=env,
-                               capture_output=True, text=True, timeout=300)
-    assert reconcile.returncode == 0, reconcile.stdout[-3000:]
+    reconcile = ledger_reconcile(env)
+    assert reconcile.returncode == 0, reconcile.stdout[-3000:] + reconcile.stderr[-3000:]
     figures("processes-killed", requests=sum(len(o.answers) + o.errors for o in outcomes), keys=len(outcomes), faults=len(faults),
             retried=sum(1 for o in outcomes if o.errors or len(o.answers) > 1), lost=0, doubled=0)
 

@@ -198,6 +198,11 @@ class SettlementComparison:
         return not (self.missing_at_psp or self.missing_here or self.amount_mismatches)
 
 
+# The PSP down, refusing or not set up: the day's compare is one warning, never the end of
+# the run (the ledger checks around it still report).
+PSP_UNREADABLE = (PspUnavailable, PspNotConfigured, GatewayError)
+
+
 def topup_settlement_compare(*, day: date) -> SettlementComparison:
     """Our top-ups charged on `day` at the active gateway against its settlement report, matched on the PSP reference."""
     account = gateway_account_active()
@@ -228,7 +233,7 @@ def psp_settlement_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     for day in (today - timedelta(days=back) for back in range(ctx.settlement_days - 1, -1, -1)):
         try:
             comparison = topup_settlement_compare(day=day)
-        except (PspUnavailable, PspNotConfigured) as error:
+        except PSP_UNREADABLE as error:
             yield Discrepancy(
                 kind="psp_settlement_unavailable", severity=Severity.WARNING,
                 summary=f"the PSP's settlement report for {day} could not be read: {error}", details={"day": day.isoformat()},
@@ -322,7 +327,7 @@ def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     for day in (today - timedelta(days=back) for back in range(ctx.settlement_days - 1, -1, -1)):
         try:
             comparison = payout_settlement_compare(day=day)
-        except (PspUnavailable, PspNotConfigured, GatewayError) as error:
+        except PSP_UNREADABLE as error:
             yield Discrepancy(kind="payout_settlement_unavailable", severity=Severity.WARNING,
                               summary=f"the PSP's payouts for {day} could not be read: {error}", details={"day": day.isoformat()})
             continue

@@ -115,3 +115,19 @@ def test_the_psps_daily_settlement_report_matches_our_top_ups(live_tenant: Tenan
         TopUp.objects.filter(customer=customer, amount=300).update(psp_reference="ch_not_ours")
         broken = topup_settlement_compare(day=day)
         assert not broken.balanced and len(broken.missing_here) == 1 and len(broken.missing_at_psp) == 1
+
+
+def test_a_psp_that_does_not_answer_is_one_warning_a_day_and_the_run_goes_on(world: dict[str, Any]) -> None:
+    """The gateway's own error (no answer on its port) is a warning for each compared day, for
+    top-ups and for payouts, and the ledger checks still report: the run never ends in an
+    exception."""
+    from payments.services.topups import gateway_account_set
+    from tests.receivers import free_port
+
+    gateway_account_set(gateway="simulator", api_base=f"http://127.0.0.1:{free_port()}", secret_key="sk_sim_nobody", webhook_secrets=["whsec_x"])
+    run = reconcile()
+    found = kinds(run)
+    assert set(found) == {"psp_settlement_unavailable", "payout_settlement_unavailable"}, found
+    assert found["psp_settlement_unavailable"] == found["payout_settlement_unavailable"] == 2, found  # the last two UTC days
+    assert {f.severity for f in run.findings.all()} == {"warning"}
+    assert run.report["checks"]["ledger_balances"]["findings"] == 0
