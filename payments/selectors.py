@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Min, Model, Q, QuerySet, Sum
+from django.db.models import Exists, F, Min, Model, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -502,6 +502,24 @@ def payout_settlement_lines(*, day: date, gateway: str | None = None) -> list[Pa
         PayoutSettlementLine(payout_id=p.pk, psp_reference=p.psp_reference, asset=p.asset_id, amount=p.amount)
         for p in payouts.order_by("psp_created_at", "id")
     ]
+
+
+def payout_destinations_to_check(*, gateway: str, limit: int) -> list[tuple[str, str]]:
+    """(merchant id, bank account reference) at `gateway` where money may have been left on
+    the way to the bank: the merchant has a payout the PSP saw and then failed, or one an
+    operator resolved; and none unfinished there now (pending and tried, in transit, owed
+    back or in the operator queue), so what the PSP holds for it should be nothing."""
+    payouts = Payout.objects.filter(merchant_id=OuterRef("merchant_id"), gateway=gateway)
+    touched = payouts.filter(Q(status=PayoutStatus.FAILED, attempts__gt=0) | Q(review_resolved_at__isnull=False))
+    unfinished = payouts.filter(
+        Q(status=PayoutStatus.PENDING, attempts__gt=0) | Q(status=PayoutStatus.IN_TRANSIT) | Q(return_owed_at__isnull=False)
+        | Q(review_at__isnull=False)
+    )
+    rows = (
+        MerchantBankAccount.objects.filter(gateway=gateway).filter(Exists(touched)).exclude(Exists(unfinished))
+        .order_by("merchant_id").values_list("merchant_id", "psp_reference")[:limit]
+    )
+    return [(str(merchant), str(reference)) for merchant, reference in rows]
 
 
 def payouts_in_transit_totals() -> dict[str, int]:
