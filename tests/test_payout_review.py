@@ -22,6 +22,7 @@ from django.test import Client
 from django.utils import timezone
 
 from devtools.psp_simulator import signature_header_for
+from payments.admin import _payouts_review_panel
 from payments.errors import ApproverIsMaker
 from payments.gateways.base import PayoutRequest
 from payments.gateways.simulator import SimulatorGateway
@@ -127,6 +128,7 @@ def test_a_return_the_psp_refuses_stops_for_an_operator_and_two_staff_members_re
     stopped = _fresh(paid)
     assert stopped.review_at is not None and "refused" in stopped.review_reason and stopped.status == "paid"
     assert balance(merchant) == 0 and _held_at_psp(payouts_world, stopped) == 3_000  # nothing back on its own
+    assert paid.pk in str(_payouts_review_panel())  # the platform admin's tenant page lists the queue
     _lease_runs_out()
     counts = payout_recovery_run()
     assert not any(k.startswith("return_") for k in counts), counts  # the recovery leaves the queue alone
