@@ -286,9 +286,10 @@ def payout_review_stop(*, payout: Payout, staff: StaffMember, reason: object) ->
     keeps failing to answer, past its lease), audited: it joins the queue that
     `payout_review_resolve` empties. Only a payout the PSP may have (pending and tried, or in
     transit), with no live lease and not in the queue; one the PSP holds as ours, matching,
-    is refused (the saga settles it by the PSP's word). The PSP is asked first, no
-    transaction open, and its answer (or silence) is kept in the reason.
-    Locks: the payout row."""
+    is refused (the saga settles it by the PSP's word). The PSP is asked first (a read,
+    before the stop's transaction; the admin runs this inside its idempotency claim's
+    transaction, so the read holds the claim row for up to the PSP timeout), and its answer
+    (or silence) is kept in the reason. Locks: the payout row."""
     if not isinstance(reason, str) or not reason.strip():
         raise InvalidRequest("reason is required: why the PSP cannot settle this payout", param="reason")
     current = Payout.objects.filter(pk=payout.pk).first()
