@@ -15,6 +15,9 @@ opens a new account, like a test-mode key):
     POST /v1/bank_accounts      {token, metadata}                             + Idempotency-Key
     POST /v1/payouts            {amount, currency, destination, metadata}     + Idempotency-Key
     GET  /v1/payouts            ?reference=...   the account's payouts (metadata tally_payout)
+    POST /v1/payouts/<id>/reversals  {}  take back a failed payout's money     + Idempotency-Key
+    GET  /v1/bank_accounts/<id> the bank account, with `balance` {currency: minor units}: what
+                                the PSP holds for it (a payout failed later, not taken back)
     GET  /v1/settlements/<day>  the day's (UTC) settled charges, refunds and payouts, with totals
     POST /v1/webhook_endpoints  {url, secret}  where signed events go (Psp-Signature: t=..,v1=..)
 
@@ -25,7 +28,11 @@ account_closed), `btok_bank_returned` (a payout to it goes in transit, then fail
 returned, no_account). A payout is `in_transit`, then `paid` (or failed, returned)
 `payout_settle_ms` later, each with its signed `payout.paid` / `payout.failed` event. The
 same Idempotency-Key with the same parameters returns the first answer; with other
-parameters a 400 `idempotency_error`.
+parameters a 400 `idempotency_error`. As at Stripe, where a payout goes through the
+merchant's connected account, the money of a payout that fails after it went in transit
+stays with the bank account (its `balance`) until the caller takes it back (a reversal,
+which takes nothing for one declined at once); a reversal of a payout that has not failed
+is a 400 `payout_not_failed`.
 
 Faults (POST /_control/faults, JSON; any subset): `latency_ms` (every API call),
 `charge_latency_ms` (charges only, before anything is decided: refunds and reads answer at once),
@@ -41,6 +48,8 @@ answer is held `hang_seconds` and dropped), `fail_after_payout` (the next N payo
 then answered 500), `payouts_manual` (payouts stay in transit until POST
 /_control/settle_payouts), `payout_settle_ms`, `payout_arrival_seconds` (the arrival it
 promises); POST /_control/return_payout {id} fails an in-transit or paid payout as returned.
+Reversals: `fail_reversal` (the next N answer 500 before doing anything), `refuse_reversal`
+(the next N are refused, a 400 `insufficient_funds`, nothing taken back).
 POST /_control/reset clears faults and data; GET /_control/state dumps it.
 """
 
@@ -110,6 +119,8 @@ class Faults:
     payouts_manual: bool = False
     payout_settle_ms: int = 500
     payout_arrival_seconds: int = 86400
+    fail_reversal: int = 0
+    refuse_reversal: int = 0
 
 
 @dataclass
@@ -216,9 +227,9 @@ class Simulator:
         def make() -> tuple[int, dict[str, Any]]:
             last4, fate = BANK_TOKENS[str(token)]
             bank = {"id": _new_id("ba"), "object": "bank_account", "last4": last4, "fate": fate,
-                    "metadata": dict(params.get("metadata") or {}), "created": int(time.time())}
+                    "metadata": dict(params.get("metadata") or {}), "created": int(time.time()), "balance": {}}
             acct.bank_accounts[str(bank["id"])] = bank
-            return 200, {k: v for k, v in bank.items() if k != "fate"}
+            return 200, _bank_view(bank)
 
         return self.idempotent(acct, "bank_account", key, params, make)
 
@@ -259,14 +270,43 @@ class Simulator:
             payout = acct.payouts.get(payout_id)
             if payout is None or payout["status"] not in (("in_transit", "paid") if returned else ("in_transit",)):
                 return False
-            fate = acct.bank_accounts[str(payout["destination"])]["fate"]
+            bank = acct.bank_accounts[str(payout["destination"])]
+            fate = bank["fate"]
             if returned or fate.startswith("returned:"):
                 payout["status"], payout["failure_code"] = "failed", fate.split(":", 1)[1] if ":" in fate else "no_account"
+                # Back from the bank to the merchant's holding at the PSP, until the caller takes it back.
+                balance = bank.setdefault("balance", {})
+                balance[payout["currency"]] = int(balance.get(payout["currency"], 0)) + int(payout["amount"])
+                payout["held_back"] = True
             else:
                 payout["status"] = "paid"
             event = self.event_make(f"payout.{payout['status']}", payout)
         self.events_dispatch(acct, event)
         return True
+
+    def payout_reverse(self, acct: Account, payout_id: str, key: str) -> tuple[int, dict[str, Any]]:
+        """Take back what a failed payout left with its bank account (nothing for one declined
+        at once, or taken back already under another key)."""
+        with self.lock:
+            payout = acct.payouts.get(payout_id)
+            if payout is None:
+                return 404, _error(f"no such payout: {payout_id}", code="resource_missing", param="id")
+            if payout["status"] != "failed":
+                return 400, _error(f"payout {payout_id} is {payout['status']}, not failed", code="payout_not_failed")
+            if self.faults.refuse_reversal > 0:
+                self.faults.refuse_reversal -= 1
+                return 400, _error("the bank account's balance does not cover the reversal", code="insufficient_funds")
+
+        def make() -> tuple[int, dict[str, Any]]:
+            amount = int(payout["amount"]) if payout.get("held_back") and not payout.get("reversed") else 0
+            if amount:
+                balance = acct.bank_accounts[str(payout["destination"])]["balance"]
+                balance[payout["currency"]] = int(balance.get(payout["currency"], 0)) - amount
+            payout["reversed"] = True
+            return 200, {"id": _new_id("prv"), "object": "payout_reversal", "payout": payout_id, "amount": amount,
+                         "currency": payout["currency"], "created": int(time.time())}
+
+        return self.idempotent(acct, "payout_reversal", key, {"payout": payout_id}, make)
 
     def payouts_settle_all(self) -> int:
         with self.lock:
@@ -367,6 +407,11 @@ def _post_signed(endpoint: dict[str, str], body: bytes) -> int:
         return 0
 
 
+def _bank_view(bank: dict[str, Any]) -> dict[str, Any]:
+    """A bank account as the API shows it: its fate stays the simulator's."""
+    return {**{k: v for k, v in bank.items() if k != "fate"}, "balance": dict(bank.get("balance") or {})}
+
+
 def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -438,6 +483,14 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 with sim.lock:
                     data = [p for p in acct.payouts.values() if reference is None or p["metadata"].get("tally_payout") == reference]
                 self._send(200, {"object": "list", "data": data})
+            elif parts.path.startswith("/v1/bank_accounts/"):
+                with sim.lock:
+                    bank = acct.bank_accounts.get(parts.path.rsplit("/", 1)[1])
+                    view = _bank_view(bank) if bank is not None else None
+                if view is None:
+                    self._send(404, _error("no such bank account", code="resource_missing", param="id"))
+                else:
+                    self._send(200, view)
             elif parts.path.startswith("/v1/settlements/"):
                 self._send(200, sim.settlement(acct, parts.path.rsplit("/", 1)[1]))
             else:
@@ -497,6 +550,15 @@ def _make_handler(sim: Simulator) -> type[BaseHTTPRequestHandler]:
                 self._send(status, body)
             elif path == "/v1/bank_accounts":
                 self._send(*sim.bank_account_create(acct, key, params))
+            elif path.startswith("/v1/payouts/") and path.endswith("/reversals"):
+                with sim.lock:
+                    fail = sim.faults.fail_reversal > 0
+                    if fail:
+                        sim.faults.fail_reversal -= 1
+                if fail:
+                    self._send(500, _error("injected failure before the reversal", kind="api_error"))
+                    return
+                self._send(*sim.payout_reverse(acct, path.split("/")[3], key))
             elif path == "/v1/payouts":
                 status, body, event = sim.payout_create(acct, key, params)
                 if event is not None:
@@ -570,7 +632,7 @@ def serve(*, host: str, port: int, accounts_file: str | None = None) -> None:
                                 last4, fate = BANK_TOKENS[str(bank["token"])]
                                 sim.account(owner).bank_accounts[str(bank["id"])] = {
                                     "id": str(bank["id"]), "object": "bank_account", "last4": last4, "fate": fate, "metadata": {},
-                                    "created": int(time.time()),
+                                    "created": int(time.time()), "balance": {},
                                 }
         except FileNotFoundError:
             pass

@@ -45,17 +45,20 @@ from payments.models import (
     TopUpStatus,
     Transfer,
 )
-from payments.selectors import payouts_in_transit_overdue, topup_queue
+from payments.selectors import payouts_in_review, payouts_in_transit_overdue, topup_queue
 from payments.services.approvals import adjustment_request, pending_adjustment_approve, pending_adjustment_reject
 from payments.services.fees import fee_schedule_create
 from payments.services.freezes import wallet_freeze, wallet_unfreeze
 from payments.services.payouts import (
+    REVIEW_OUTCOMES,
     bank_account_attach,
     merchant_payout_schedule_set,
     merchant_payouts_hold,
     payout_approve,
     payout_cancel,
     payout_retry,
+    payout_review_resolve,
+    payout_review_stop,
 )
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
@@ -652,11 +655,16 @@ class PayoutQueueFilter(admin.SimpleListFilter):
     parameter_name = "queue"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("overdue", "In transit past the PSP's promise"), ("approval", "Waiting for approval"), ("unsent", "Pending, not sent")]
+        return [("review", "Waiting for an operator"), ("overdue", "In transit past the PSP's promise"), ("approval", "Waiting for approval"),
+                ("unsent", "Pending, not sent"), ("returning", "Failed at the PSP, money not yet taken back")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Payout]) -> QuerySet[Payout]:
         from django.utils import timezone
 
+        if self.value() == "review":
+            return queryset.filter(review_at__isnull=False)
+        if self.value() == "returning":
+            return queryset.filter(return_owed_at__isnull=False, review_at__isnull=True)
         if self.value() == "overdue":
             return queryset.filter(status=PayoutStatus.IN_TRANSIT, arrival_expected_at__lt=timezone.now())
         if self.value() == "approval":
@@ -673,13 +681,33 @@ def _approve(request: HttpRequest, obj: Payout, data: dict[str, Any]) -> str:
     return f"{payout.pk} approved: it is sent to the PSP"
 
 
+def _stop(request: HttpRequest, obj: Payout, data: dict[str, Any]) -> str:
+    payout = payout_review_stop(payout=obj, staff=staff_of(request), reason=data["reason"])
+    return f"{payout.pk} waits for an operator: {payout.review_reason}"
+
+
+def _resolver(outcome: str) -> Callable[[HttpRequest, Payout, dict[str, Any]], str]:
+    def resolve(request: HttpRequest, obj: Payout, data: dict[str, Any]) -> str:
+        payout = payout_review_resolve(payout=obj, staff=staff_of(request), outcome=outcome, reason=data["reason"])
+        if payout.review_at is not None:
+            return f"{payout.pk}: marking it {outcome} is proposed; a second staff member confirms it"
+        return f"{payout.pk} resolved: {payout.status}" + (" (the funds are back with the merchant)" if outcome == "failed" else "")
+
+    return resolve
+
+
+def _stoppable(obj: Payout) -> bool:
+    return obj.review_at is None and (obj.status == PayoutStatus.IN_TRANSIT or (obj.status == PayoutStatus.PENDING and obj.attempts > 0))
+
+
 @admin.register(Payout)
 class PayoutAdmin(StaffActionsMixin, ReadOnlyAdmin):
-    """Payouts. The queues (filter "queue"): in transit past the PSP's promise, waiting for
-    approval, pending and never sent (held)."""
+    """Payouts. The queues (filter "queue"): waiting for an operator (the operator queue,
+    resolved by two staff members), in transit past the PSP's promise, waiting for
+    approval, pending and never sent (held), failed at the PSP with the money not yet taken back."""
 
     list_display = ("id", "created", "status", money_column("amount"), link_column("merchant"), "origin", "psp_reference",
-                    "arrival_expected_at", "approval")
+                    "arrival_expected_at", "approval", "review")
     list_filter = (PayoutQueueFilter, "status", "origin", "asset")
     id_search = {"po": "id", "mer": "merchant_id"}
     search_fields = ("=psp_reference",)
@@ -687,8 +715,8 @@ class PayoutAdmin(StaffActionsMixin, ReadOnlyAdmin):
     list_select_related = ("asset", "merchant")
     fields = ("id", "status", "failure_code", "created", "updated", "settled_at", "amount_display", "merchant_link", "origin",
               "schedule_day", "retry_of_link", "bank_account", "gateway", "psp_reference", "psp_created_at", "arrival_expected_at",
-              "psp_checked_at", "approval", "approval_reason", "attempts", "fence", "lease_expires_at", "last_error", "ledger", "paid_ledger",
-              "returned_ledger", "events", "audit")
+              "psp_checked_at", "approval", "approval_reason", "review", "review_reason", "return_owed", "attempts", "fence",
+              "lease_expires_at", "last_error", "ledger", "paid_ledger", "returned_ledger", "events", "audit")
     amount_display = staticmethod(money_column("amount"))
     merchant_link = staticmethod(link_column("merchant"))
     retry_of_link = staticmethod(link_column("retry_of"))
@@ -711,7 +739,34 @@ class PayoutAdmin(StaffActionsMixin, ReadOnlyAdmin):
                     description="A new payout of this amount from the merchant's available funds to its bank account as it is now."
                     " Money leaves on your word: it counts into what you post alone, beyond it a second staff member approves.",
                     audit=False, show=lambda obj: obj.status == PayoutStatus.FAILED),
+        StaffAction("stop", "Stop for an operator", "payments.resolve_payout", ReasonForm, _stop,
+                    description="For a payout the PSP cannot settle (it never heard of it, or keeps failing to answer) once no send is"
+                    " under way: the PSP is asked first (one that holds it as ours is refused: the saga settles it), then the"
+                    " recovery leaves it alone and it waits in the operator queue to be marked paid or failed.", audit=False,
+                    show=_stoppable),
+        *(StaffAction(f"resolve_{outcome}", f"Mark {outcome}", "payments.resolve_payout", ReasonForm, _resolver(outcome),
+                      description=("The money left for the bank account: in transit -> the PSP settlement account. Only once the"
+                                   " PSP's records say it was paid." if outcome == "paid" else
+                                   "The money is back with us (settle it at the PSP first: a Connect transfer reversed there),"
+                                   " so back with the merchant, once.")
+                      + " Two staff members: the first proposes, a second confirms; the proposer cannot confirm.",
+                      audit=False, show=lambda obj: obj.review_at is not None) for outcome in REVIEW_OUTCOMES),
     )
+
+    @admin.display(description="operator queue")
+    def review(self, obj: Payout) -> str:
+        if obj.review_at is not None:
+            proposed = f"; {obj.review_maker_id} proposes {obj.review_outcome}" if obj.review_maker_id else ""
+            return f"waiting since {obj.review_at:%Y-%m-%d %H:%M} UTC{proposed}"
+        if obj.review_resolved_at is not None:
+            return f"resolved {obj.review_resolved_at:%Y-%m-%d %H:%M} UTC by {obj.review_maker_id} and {obj.review_resolved_by_id}"
+        return "-"
+
+    @admin.display(description="money owed back by the PSP")
+    def return_owed(self, obj: Payout) -> str:
+        if obj.return_owed_at is None:
+            return "-"
+        return f"since {obj.return_owed_at:%Y-%m-%d %H:%M} UTC ({obj.return_failure_code}): the recovery asks the PSP to take it back"
 
     @admin.display(description="bank account")
     def bank_account(self, obj: Payout) -> str:
@@ -789,3 +844,23 @@ def _payouts_overdue_panel() -> SafeString:
 
 
 tenant_panel_register(title="Payouts in transit too long", render=_payouts_overdue_panel)
+
+
+def _payouts_review_panel() -> SafeString:
+    """The platform admin's view of a tenant's operator queue of payouts."""
+    waiting = list(payouts_in_review().select_related("asset")[:PAYOUT_QUEUE_SHOWN])
+    if not waiting:
+        return format_html("<p>{}</p>", "No payout waits for an operator.")
+    rows = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (
+        (p.pk, p.merchant_id, money(p.amount, p.asset), p.status, f"{p.review_at:%Y-%m-%d %H:%M}", p.review_reason) for p in waiting
+    ))
+    return format_html(
+        "<p>The oldest {} payouts waiting for an operator (two staff members mark each paid or failed in the tenant's admin).</p>"
+        "<table><thead><tr><th>payout</th><th>merchant</th><th>amount</th><th>status</th><th>since (UTC)</th><th>why</th></tr></thead>"
+        "<tbody>{}</tbody></table>",
+        len(waiting), rows,
+    )
+
+
+PAYOUT_QUEUE_SHOWN = 50
+tenant_panel_register(title="Payouts waiting for an operator", render=_payouts_review_panel)

@@ -586,6 +586,22 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
     paid_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     returned_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     settled_at = models.DateTimeField(null=True, blank=True)  # reached paid, failed or canceled
+    # The PSP failed or canceled a payout it had: the money it sent on (at Stripe, the transfer
+    # to the merchant's connected account) is taken back through the gateway first
+    # (payout_saga.payout_return), and only then moved back to the merchant, with the PSP's
+    # failure code kept until then. Set until that move (or an operator's resolution).
+    return_owed_at = models.DateTimeField(null=True, blank=True)
+    return_failure_code = models.CharField(max_length=50, blank=True, default="")
+    # The operator queue: a payout the saga stopped for a person (the PSP's payout of another
+    # amount, currency or id; a reversal the PSP refused; staff stopping one the PSP cannot
+    # resolve). Nothing moves it while `review_at` is set: two staff members resolve it,
+    # `review_maker` proposing `review_outcome` (paid or failed), another confirming.
+    review_at = models.DateTimeField(null=True, blank=True)
+    review_reason = models.CharField(max_length=500, blank=True, default="")
+    review_outcome = models.CharField(max_length=10, blank=True, default="")
+    review_maker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    review_resolved_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    review_resolved_at = models.DateTimeField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -593,6 +609,7 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
         permissions = [
             ("manage_payouts", "Can hold and release a merchant's payouts, and cancel a payout"),
             ("approve_payout", "Can approve a payout waiting for a staff member, or retry a failed one"),
+            ("resolve_payout", "Can stop a payout for an operator, and resolve one in the operator queue"),
         ]
         indexes = [
             models.Index(fields=["-created", "-id"], name="payout_created"),
@@ -600,6 +617,9 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
             # The recovery's payouts to send or ask about, and the queue of those in transit too long.
             models.Index(fields=["created"], name="payout_pending_created", condition=Q(status="pending")),
             models.Index(fields=["arrival_expected_at"], name="payout_in_transit_arrival", condition=Q(status="in_transit")),
+            # The recovery's reversals owed, and the operator queue.
+            models.Index(fields=["return_owed_at"], name="payout_return_owed", condition=Q(return_owed_at__isnull=False)),
+            models.Index(fields=["review_at"], name="payout_in_review", condition=Q(review_at__isnull=False)),
             # The maker-checker's sum of what one staff member approved alone (staff_solo_postings_total).
             models.Index(
                 fields=["approved_by", "asset", "approved_at"], name="payout_approved_alone",
@@ -619,6 +639,9 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
             models.CheckConstraint(
                 condition=Q(approval_maker__isnull=True) | ~Q(approved_by=F("approval_maker")), name="payout_checker_not_maker"
             ),
+            models.CheckConstraint(
+                condition=Q(review_maker__isnull=True) | ~Q(review_resolved_by=F("review_maker")), name="payout_review_checker_not_maker"
+            ),
             models.UniqueConstraint(
                 fields=["merchant", "asset", "schedule_day"], condition=Q(schedule_day__isnull=False), name="payout_scheduled_once_a_day"
             ),
@@ -628,6 +651,11 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
     @property
     def awaiting_approval(self) -> bool:
         return self.status == PayoutStatus.PENDING and self.approval_required and self.approved_at is None
+
+    @property
+    def in_review(self) -> bool:
+        """In the operator queue: nothing moves it until two staff members resolve it."""
+        return self.review_at is not None
 
     def __str__(self) -> str:
         return f"{self.id} {self.amount} {self.asset_id} ({self.status})"

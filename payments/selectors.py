@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import F, Min, Model, Q, QuerySet, Sum
+from django.db.models import Exists, F, Min, Model, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -411,12 +411,24 @@ def payouts_list(*, merchant_id: str, asset_code: str | None = None, status: str
     return payouts.order_by("-created", "-id")
 
 
-def payouts_sendable(*, created_before: datetime, now: datetime) -> QuerySet[Payout]:
-    """Pending payouts the PSP may be asked to make now: approved or needing no approval,
-    of a merchant whose payouts are not held, with no live lease, oldest first."""
+# Payouts the saga moves on its own: none in the operator queue, none whose money is owed back.
+_SAGA_OWNS = Q(review_at__isnull=True, return_owed_at__isnull=True)
+
+
+def _pending_to_send() -> QuerySet[Payout]:
+    """Pending payouts the PSP may be asked to make: approved or needing no approval, of a
+    merchant whose payouts are not held and whose account is not frozen."""
     return (
-        Payout.objects.filter(status=PayoutStatus.PENDING, created__lt=created_before, merchant__payouts_held=False)
+        Payout.objects.filter(_SAGA_OWNS, status=PayoutStatus.PENDING, merchant__payouts_held=False, merchant__account__frozen=False)
         .filter(Q(approval_required=False) | Q(approved_at__isnull=False))
+    )
+
+
+def payouts_sendable(*, created_before: datetime, now: datetime) -> QuerySet[Payout]:
+    """Pending payouts the PSP may be asked to make now (`_pending_to_send`) made before
+    `created_before`, with no live lease, oldest first."""
+    return (
+        _pending_to_send().filter(created__lt=created_before)
         .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lte=now))
         .order_by("created", "id")
     )
@@ -426,27 +438,42 @@ def payouts_to_check(*, now: datetime, check_every: timedelta) -> QuerySet[Payou
     """In-transit payouts past the PSP's promise, not asked about within `check_every`:
     their webhook may be lost, so the recovery asks the PSP."""
     return (
-        Payout.objects.filter(status=PayoutStatus.IN_TRANSIT)
+        Payout.objects.filter(_SAGA_OWNS, status=PayoutStatus.IN_TRANSIT)
         .filter(Q(arrival_expected_at__isnull=True) | Q(arrival_expected_at__lte=now))
         .filter(Q(psp_checked_at__isnull=True) | Q(psp_checked_at__lte=now - check_every))
         .order_by("arrival_expected_at", "id")
     )
 
 
+def payouts_returns_owed(*, now: datetime, retry_after: timedelta) -> QuerySet[Payout]:
+    """Payouts the PSP failed after it had them whose money it has not given back yet (not
+    in the operator queue), not tried within `retry_after`, oldest first."""
+    return (
+        Payout.objects.filter(return_owed_at__isnull=False, review_at__isnull=True)
+        .filter(Q(psp_checked_at__isnull=True) | Q(psp_checked_at__lte=now - retry_after))
+        .order_by("return_owed_at", "id")
+    )
+
+
 def payouts_recovery_next_due_at(*, lease_seconds: int, check_every: timedelta, now: datetime) -> datetime | None:
     """When the payout recovery next has work: the oldest sendable payout's lease end (or
-    its creation plus a lease, when the task sent on commit had its chance), or the first
-    in-transit payout past its promise and its last check; None if neither."""
+    its creation plus a lease, when the task sent on commit had its chance), the next try
+    of a return owed (a lease after the last), or the first in-transit payout past its
+    promise and its last check; None if none."""
     lease = timedelta(seconds=lease_seconds)
-    pending = (
-        Payout.objects.filter(status=PayoutStatus.PENDING, merchant__payouts_held=False)
-        .filter(Q(approval_required=False) | Q(approved_at__isnull=False))
-        .aggregate(due=Min(Coalesce("lease_expires_at", F("created") + lease)))["due"]
-    )
-    checks = Payout.objects.filter(status=PayoutStatus.IN_TRANSIT).aggregate(
+    pending = _pending_to_send().aggregate(due=Min(Coalesce("lease_expires_at", F("created") + lease)))["due"]
+    returns = Payout.objects.filter(return_owed_at__isnull=False, review_at__isnull=True).aggregate(
+        due=Min(Coalesce(F("psp_checked_at") + lease, "return_owed_at")),
+    )["due"]
+    checks = Payout.objects.filter(_SAGA_OWNS, status=PayoutStatus.IN_TRANSIT).aggregate(
         due=Min(Greatest(Coalesce("arrival_expected_at", F("created") + check_every), Coalesce(F("psp_checked_at") + check_every, now))),
     )["due"]
-    return min((d for d in (pending, checks) if d is not None), default=None)
+    return min((d for d in (pending, returns, checks) if d is not None), default=None)
+
+
+def payouts_in_review() -> QuerySet[Payout]:
+    """The operator queue: payouts the saga stopped for a person, oldest first."""
+    return Payout.objects.filter(review_at__isnull=False).order_by("review_at", "id")
 
 
 def payouts_in_transit_overdue(*, now: datetime, limit: int = 50) -> QuerySet[Payout]:
@@ -475,6 +502,24 @@ def payout_settlement_lines(*, day: date, gateway: str | None = None) -> list[Pa
         PayoutSettlementLine(payout_id=p.pk, psp_reference=p.psp_reference, asset=p.asset_id, amount=p.amount)
         for p in payouts.order_by("psp_created_at", "id")
     ]
+
+
+def payout_destinations_to_check(*, gateway: str, limit: int) -> list[tuple[str, str]]:
+    """(merchant id, bank account reference) at `gateway` where money may have been left on
+    the way to the bank: the merchant has a payout the PSP saw and then failed, or one an
+    operator resolved; and none unfinished there now (pending and tried, in transit, owed
+    back or in the operator queue), so what the PSP holds for it should be nothing."""
+    payouts = Payout.objects.filter(merchant_id=OuterRef("merchant_id"), gateway=gateway)
+    touched = payouts.filter(Q(status=PayoutStatus.FAILED, attempts__gt=0) | Q(review_resolved_at__isnull=False))
+    unfinished = payouts.filter(
+        Q(status=PayoutStatus.PENDING, attempts__gt=0) | Q(status=PayoutStatus.IN_TRANSIT) | Q(return_owed_at__isnull=False)
+        | Q(review_at__isnull=False)
+    )
+    rows = (
+        MerchantBankAccount.objects.filter(gateway=gateway).filter(Exists(touched)).exclude(Exists(unfinished))
+        .order_by("merchant_id").values_list("merchant_id", "psp_reference")[:limit]
+    )
+    return [(str(merchant), str(reference)) for merchant, reference in rows]
 
 
 def payouts_in_transit_totals() -> dict[str, int]:

@@ -2,14 +2,15 @@
 fanned out per tenant by beat (docs/ARCHITECTURE.md, "Beat, due work"). Switched-off tenants
 included: their PSP webhooks still land, and a charge taken for one of their top-ups is
 settled or given back, a payout sent is followed to its end. Scheduled payouts, per active
-tenant; a payout's send to the PSP after the commit that made it."""
+tenant; a payout's send to the PSP after the commit that made it, and the return of a failed
+payout's money after the webhook that failed it."""
 
 from __future__ import annotations
 
 from celery import shared_task
 from tenant_schemas_celery.task import TenantTask
 
-from payments.services.payout_saga import payout_recovery_run, payout_submit
+from payments.services.payout_saga import payout_recovery_run, payout_return, payout_submit
 from payments.services.payouts import payouts_scheduled_run
 from payments.services.topup_saga import topup_recovery_run
 from tenants.duework import due_work_schemas
@@ -42,6 +43,13 @@ def topups_recover_tenant() -> dict[str, int]:
 def payout_submit_task(payout_id: str) -> str:
     """Send one payout to the PSP (queued on the commit that made or approved it)."""
     return payout_submit(payout_id=payout_id)
+
+
+@shared_task(base=TenantTask, name="payments.payout_return", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
+def payout_return_task(payout_id: str) -> str:
+    """Take back at the PSP a payout's money it failed after it had it, then give it to the
+    merchant (queued on the commit of the webhook that failed it)."""
+    return payout_return(payout_id=payout_id)
 
 
 @shared_task(base=TenantTask, name="payments.payouts_scheduled_all_tenants", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped

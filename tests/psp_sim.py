@@ -39,7 +39,8 @@ class Simulator:
     def faults_clear(self) -> None:
         self.faults(latency_ms=0, charge_latency_ms=0, fail_5xx=0, hang_after_charge=0, hang_seconds=30.0, duplicate_webhooks=False,
                     out_of_order_webhooks=False, webhook_before_response=False, min_charge_amount=0, hang_after_payout=0,
-                    fail_after_payout=0, payouts_manual=False, payout_settle_ms=500, payout_arrival_seconds=86400)
+                    fail_after_payout=0, payouts_manual=False, payout_settle_ms=500, payout_arrival_seconds=86400, fail_reversal=0,
+                    refuse_reversal=0)
 
     def flush_webhooks(self) -> int:
         return int(self._call("POST", "/_control/flush_webhooks", {})["flushed"])
@@ -54,6 +55,10 @@ class Simulator:
     def payouts(self, api_key: str, reference: str | None = None) -> list[dict[str, Any]]:
         query = f"?reference={reference}" if reference else ""
         return list(self._call("GET", f"/v1/payouts{query}", api_key=api_key)["data"])
+
+    def bank_balance(self, api_key: str, bank_account: str) -> dict[str, int]:
+        """What the PSP holds for a bank account: money of payouts failed after they went in transit, not taken back."""
+        return {str(k): int(v) for k, v in self._call("GET", f"/v1/bank_accounts/{bank_account}", api_key=api_key)["balance"].items()}
 
     def settle_payouts(self) -> int:
         return int(self._call("POST", "/_control/settle_payouts", {})["settled"])

@@ -178,3 +178,77 @@ def test_held_payouts_wait_until_released_and_both_are_audited(payouts_world: Pa
     assert _fresh(waiting).status == "in_transit"
     assert list(AuditEntry.objects.filter(target_id=merchant.pk, action__startswith="payouts.").order_by("id").values_list(
         "action", "reason")) == [("payouts.hold", "documents expired"), ("payouts.release", "documents received")]
+
+
+# --- A hold and a send at the same moment; an approval's lost send ------------------------------------
+
+
+def test_a_hold_that_commits_first_stops_a_send_taking_its_lease_at_that_moment(payouts_world: PayoutsWorld, monkeypatch: Any) -> None:
+    """Real threads on real PostgreSQL: the hold's transaction holds the merchant row while a
+    send of the merchant's payout takes its lease; the lease waits for the hold (FOR SHARE)
+    and, once the hold commits, finds the payouts held and sends nothing."""
+    import threading
+    import time as clock
+
+    from django.db import transaction
+
+    from payments.services import payouts as payouts_module
+    from payments.services.payout_saga import payout_submit
+    from tests.conftest import in_background
+
+    merchant = payouts_world.merchant(funds=1_000)
+    monkeypatch.setattr(payouts_module, "payout_submit_on_commit", lambda **kwargs: None)  # the send is the test's to make
+    payout = payout_create(merchant=merchant, asset_code="JPY", amount=1_000)
+    tenant = Tenant.objects.get(schema_name=PAYOUTS_TENANT["schema_name"])
+    connection.set_tenant(tenant)
+    holding, commit = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            merchant_payouts_hold(merchant=merchant, held=True, reason="fraud review")
+            holding.set()
+            assert commit.wait(30)
+
+    held_thread, held_box = in_background(tenant, hold)
+    assert holding.wait(20)
+    sender_pid: list[int] = []
+
+    def send() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            sender_pid.append(int(cursor.fetchone()[0]))
+        return payout_submit(payout_id=payout.pk)
+
+    send_thread, send_box = in_background(tenant, send)
+    deadline = clock.monotonic() + 20
+    while send_thread.is_alive():  # until the send waits on a lock (or, unfixed, is done)
+        assert clock.monotonic() < deadline, "the send neither waited nor finished"
+        if sender_pid:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [sender_pid[0]])
+                row = cursor.fetchone()
+            if row and row[0] == "Lock":
+                break
+        clock.sleep(0.02)
+    commit.set()
+    held_thread.join(30)
+    send_thread.join(30)
+    assert "error" not in held_box and "error" not in send_box, (held_box, send_box)
+    assert send_box["result"] == "skipped"
+    assert _fresh(payout).attempts == 0 and _fresh(payout).status == "pending"
+    assert payouts_world.sim.payouts(payouts_world.psp_key, reference=payout.pk) == []
+
+
+def test_an_approval_whose_send_is_lost_marks_the_recovery_due(payouts_world: PayoutsWorld, monkeypatch: Any) -> None:
+    from payments.services import payouts as payouts_module
+    from tenants.models import DueWork, DueWorkKind
+
+    merchant = payouts_world.merchant(funds=900)
+    bank_account_attach(merchant=merchant, token="btok_bank", staff=payouts_world.staff)  # changed now: the payout waits
+    waiting = payout_create(merchant=merchant, asset_code="JPY", amount=900)
+    assert _fresh(waiting).awaiting_approval
+    DueWork.objects.filter(tenant_id=PAYOUTS_TENANT["schema_name"]).delete()
+    monkeypatch.setattr(payouts_module, "payout_submit_on_commit", lambda **kwargs: None)  # the broker lost the send
+    payout_approve(payout=waiting, staff=staff_member_get_or_create(username=f"bob-{uuid.uuid4().hex[:6]}"))
+    due = DueWork.objects.get(tenant_id=PAYOUTS_TENANT["schema_name"], kind=DueWorkKind.TOPUPS)
+    assert timezone.now() < due.due_at <= timezone.now() + timedelta(seconds=3)  # a lease from now: the send had its chance first

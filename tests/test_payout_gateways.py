@@ -131,3 +131,36 @@ def test_the_settlement_report_lists_the_days_payouts(sim: Simulator) -> None:
     gateway.payout_create(payout_request(gateway.bank_account_attach(token="btok_bank_declined", reference="n").psp_reference))
     report = gateway.settlement_report(day=datetime.now(UTC).date())
     assert [(line.kind, line.psp_reference, line.amount) for line in report.lines] == [("payout", made.psp_reference, -700)]
+
+
+def test_a_payout_failed_later_leaves_its_money_with_the_bank_account_until_it_is_taken_back(sim: Simulator) -> None:
+    """As at Stripe (the connected account): the reversal takes it back once, under its key;
+    refused or unanswered, it stays; a payout that has not failed is refused."""
+    key = f"sk_sim_{uuid.uuid4().hex}"
+    sim.faults(payouts_manual=True)
+    gateway = adapter(sim, key)
+    bank = gateway.bank_account_attach(token="btok_bank", reference="m").psp_reference
+    request = payout_request(bank, amount=900)
+    made = gateway.payout_create(request)
+    with pytest.raises(GatewayRejected) as early:
+        gateway.payout_return(reference=request.reference, psp_reference=made.psp_reference, destination=bank, idempotency_key="k1")
+    assert early.value.code == "payout_not_failed"
+    sim.settle_payouts()
+    assert sim.return_payout(made.psp_reference)
+    assert gateway.destination_balance(destination=bank) == {"JPY": 900}
+    sim.faults(refuse_reversal=1)
+    with pytest.raises(GatewayRejected) as refused:
+        gateway.payout_return(reference=request.reference, psp_reference=made.psp_reference, destination=bank, idempotency_key="k1")
+    assert refused.value.code == "insufficient_funds"
+    sim.faults(fail_reversal=1)
+    with pytest.raises(GatewayUnavailable):
+        gateway.payout_return(reference=request.reference, psp_reference=made.psp_reference, destination=bank, idempotency_key="k1")
+    assert gateway.destination_balance(destination=bank) == {"JPY": 900}
+    for _ in range(2):  # the same key again: the first answer
+        gateway.payout_return(reference=request.reference, psp_reference=made.psp_reference, destination=bank, idempotency_key="k1")
+    gateway.payout_return(reference=request.reference, psp_reference=made.psp_reference, destination=bank, idempotency_key="k2")
+    assert gateway.destination_balance(destination=bank) == {"JPY": 0}  # taken back once
+    declined_to = gateway.bank_account_attach(token="btok_bank_declined", reference="n").psp_reference
+    declined = gateway.payout_create(payout_request(declined_to))
+    gateway.payout_return(reference="x", psp_reference=declined.psp_reference, destination=declined_to, idempotency_key="k3")
+    assert gateway.destination_balance(destination=declined_to) == {}  # declined at once: nothing had left

@@ -268,6 +268,8 @@ def test_a_bank_account_is_a_connected_account_with_an_external_account(stub: St
     assert (bank.psp_reference, bank.last4) == ("acct_1/ba_1", "6789")
     form = {k: v[0] for k, v in stub.requests[0]["form"].items()}
     assert stub.requests[0]["path"] == "/v1/accounts" and form["external_account"] == "btok_1" and form["type"] == "custom"
+    # Stripe pays out only what the saga asks for: money a failed payout leaves there waits to be reversed.
+    assert form["settings[payouts][schedule][interval]"] == "manual"
     stub.script = [(200, {"id": "ba_2", "object": "bank_account", "last4": "1234", "account": "acct_1"})]
     changed = gateway(stub).bank_account_attach(token="btok_2", reference="mer_1", current=bank.psp_reference)
     assert changed.psp_reference == "acct_1/ba_2" and stub.requests[1]["path"] == "/v1/accounts/acct_1/external_accounts"
@@ -330,3 +332,146 @@ def test_the_settlement_report_counts_a_payouts_transfer(stub: Stub) -> None:
     stub.script = [(200, {"object": "list", "data": [txn], "has_more": False, "url": "/v1/balance_transactions"})]
     report = gateway(stub).settlement_report(day=datetime.now(UTC).date())
     assert [(line.kind, line.amount, line.reference) for line in report.lines] == [("payout", -5000, "po_abc")]
+
+
+def _list(data: list[dict[str, Any]], url: str, *, has_more: bool = False) -> dict[str, Any]:
+    return {"object": "list", "data": data, "has_more": has_more, "url": url}
+
+
+def test_payouts_of_pages_past_the_first_100_to_find_an_old_payout(stub: Stub) -> None:
+    """The connected account's payouts newest first, 100 a page: ours is on the second."""
+    others = [stripe_payout(reference=f"po_other{i}", id=f"po_{i:04d}") for i in range(100)]
+    stub.script = [(200, _list(others, "/v1/payouts", has_more=True)), (200, _list([stripe_payout(status="paid")], "/v1/payouts"))]
+    since = datetime.fromtimestamp(NOW, UTC)
+    [found] = gateway(stub).payouts_of(reference="po_abc", destination="acct_1/ba_1", since=since)
+    assert found.status == "paid" and found.psp_reference == "po_1OaFDbEcg9tTZuTgNYmX0PKB"
+    first, second = stub.requests
+    assert "starting_after" not in first["path"] and f"created[gte]={NOW - 3600}" in first["path"].replace("%5B", "[").replace("%5D", "]")
+    assert "starting_after=po_0099" in second["path"]
+    assert second["headers"]["Stripe-Account"] == "acct_1"  # the next page is the connected account's too
+
+
+def test_payouts_of_a_known_payout_retrieves_it_by_its_id(stub: Stub) -> None:
+    stub.script = [(200, stripe_payout(status="failed", failure_code="account_closed"))]
+    [found] = gateway(stub).payouts_of(reference="po_abc", destination="acct_1/ba_1", psp_reference="po_1OaFDbEcg9tTZuTgNYmX0PKB")
+    assert found.status == "failed" and found.failure_code == "account_closed"
+    assert stub.requests[0]["path"] == "/v1/payouts/po_1OaFDbEcg9tTZuTgNYmX0PKB" and stub.requests[0]["headers"]["Stripe-Account"] == "acct_1"
+    stub.script = [(200, stripe_payout(reference="po_someone_else"))]
+    assert gateway(stub).payouts_of(reference="po_abc", destination="acct_1/ba_1", psp_reference="po_1OaFDbEcg9tTZuTgNYmX0PKB") == []
+
+
+def test_a_canceled_payout_is_a_failure() -> None:
+    body = json.dumps({"id": "evt_2", "object": "event", "type": "payout.canceled", "account": "acct_1",
+                       "data": {"object": stripe_payout(status="canceled")}}).encode()
+    event = StripeGateway(api_base="http://127.0.0.1:9", secret_key="sk_test_x", timeout=1).event_parse(body)
+    assert (event.kind, event.reference, event.failure_code) == ("payout_failed", "po_abc", "canceled")
+
+
+REVERSAL = {"id": "trr_1", "object": "transfer_reversal", "amount": 5000, "currency": "jpy", "transfer": TRANSFER["id"]}
+
+
+def test_a_payout_failed_later_has_its_transfer_reversed_under_our_key(stub: Stub) -> None:
+    stub.script = [(200, _list([TRANSFER], "/v1/transfers")), (200, REVERSAL)]
+    gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    listed, reversed_ = stub.requests
+    assert listed["path"].startswith("/v1/transfers?") and "transfer_group=po_abc" in listed["path"]
+    assert reversed_["method"] == "POST" and reversed_["path"] == f"/v1/transfers/{TRANSFER['id']}/reversals"
+    assert reversed_["headers"]["Idempotency-Key"] == "po_abc:reversal" and "Stripe-Account" not in reversed_["headers"]  # the platform's
+
+
+def test_a_transfer_reversed_already_is_not_reversed_again(stub: Stub) -> None:
+    stub.script = [(200, _list([{**TRANSFER, "reversed": True, "amount_reversed": 5000}], "/v1/transfers"))]
+    gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    assert len(stub.requests) == 1
+
+
+def test_a_reversal_stripe_refuses_is_a_rejection_and_no_answer_is_unknown(stub: Stub) -> None:
+    refused = {"error": {"type": "invalid_request_error", "code": "insufficient_funds",
+                         "message": "Insufficient funds in the connected account to reverse this transfer."}}
+    stub.script = [(200, _list([TRANSFER], "/v1/transfers")), (400, refused)]
+    with pytest.raises(GatewayRejected) as refusal:
+        gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    assert refusal.value.code == "insufficient_funds"
+    stub.script = [(200, _list([TRANSFER], "/v1/transfers")), (500, API_ERROR)]
+    with pytest.raises(GatewayUnavailable):
+        gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    stub.script = [(200, _list([], "/v1/transfers"))]  # no transfer to take back: a person looks
+    with pytest.raises(GatewayRejected):
+        gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+
+
+def test_the_settlement_report_nets_reversed_transfers_out(stub: Stub) -> None:
+    """A payout failed later whose transfer was reversed left nothing: no payout line (no
+    `payout_returned_but_sent` alarm); a partly reversed one counts what is left."""
+    reversed_in_full = {"id": "txn_8", "object": "balance_transaction", "amount": -5000, "currency": "jpy", "created": NOW, "type": "transfer",
+                        "source": {**TRANSFER, "reversed": True, "amount_reversed": 5000}}
+    partly = {**reversed_in_full, "id": "txn_9", "source": {**TRANSFER, "id": "tr_2", "amount_reversed": 2000,
+                                                                    "metadata": {"tally_payout": "po_def"}}}
+    reversal = {"id": "txn_10", "object": "balance_transaction", "amount": 5000, "currency": "jpy", "created": NOW, "type": "transfer_refund",
+                "source": REVERSAL}
+    stub.script = [(200, _list([reversed_in_full, partly, reversal], "/v1/balance_transactions"))]
+    report = gateway(stub).settlement_report(day=datetime.now(UTC).date())
+    assert [(line.kind, line.amount, line.reference) for line in report.lines] == [("payout", -3000, "po_def")]
+
+
+def test_the_connected_accounts_balance_is_read_on_that_account(stub: Stub) -> None:
+    stub.script = [(200, {"object": "balance", "livemode": False,
+                          "available": [{"amount": 3000, "currency": "jpy", "source_types": {"card": 3000}}],
+                          "pending": [{"amount": 200, "currency": "jpy"}, {"amount": 0, "currency": "usd"}]})]
+    assert gateway(stub).destination_balance(destination="acct_1/ba_1") == {"JPY": 3200, "USD": 0}
+    assert stub.requests[0]["path"] == "/v1/balance" and stub.requests[0]["headers"]["Stripe-Account"] == "acct_1"
+
+
+def test_a_stripe_payout_failed_after_paid_has_its_transfer_reversed_before_the_merchant_gets_the_money(live_tenant: Tenant, stub: Stub) -> None:
+    """End to end through the saga: paid, then `payout.failed` days later. The money is on the
+    connected account, so the merchant is credited only once the transfer is reversed under
+    `<payout id>:reversal`; Stripe not answering leaves the payout owed, and the retry gives it back once."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.models import GatewayAccount, MerchantBankAccount, Payout
+    from payments.services.payout_saga import payout_return
+    from payments.services.payouts import bank_account_attach, payout_create
+    from tests.payouts_support import balance, fund
+    from wallets.services.principals import merchant_create, staff_member_get_or_create
+
+    gateway_account_set(gateway="stripe", api_base=stub.url, secret_key="sk_test_x", webhook_secrets=["whsec_x"])
+    try:
+        merchant = merchant_create(name=f"Connect {uuid.uuid4().hex[:6]}")
+        fund(merchant, 5_000, days_ago=3)
+        stub.script = [(200, {"id": "acct_1", "object": "account", "type": "custom", "metadata": {"tally_merchant": merchant.pk},
+                              "external_accounts": {"object": "list", "data": [{"id": "ba_1", "object": "bank_account", "last4": "6789"}]}})]
+        bank_account_attach(merchant=merchant, token="btok_1", staff=staff_member_get_or_create(username=f"ops-{uuid.uuid4().hex[:6]}"))
+        MerchantBankAccount.objects.filter(merchant=merchant).update(changed_at=timezone.now() - timedelta(days=8))
+        psp_payout_id = f"po_{uuid.uuid4().hex[:24]}"
+        stub.script = [(200, TRANSFER), (200, stripe_payout(id=psp_payout_id))]
+        payout = payout_create(merchant=merchant, asset_code="JPY", amount=5_000)  # sent after its commit
+        assert Payout.objects.get(pk=payout.pk).status == "in_transit" and balance(merchant) == 0
+        client = Client(HTTP_HOST=TENANT_A["domain"])
+
+        def event(kind: str, **extra: Any) -> Any:
+            body = json.dumps({"id": f"evt_{uuid.uuid4().hex}", "object": "event", "type": kind, "account": "acct_1",
+                               "data": {"object": stripe_payout(id=psp_payout_id, reference=payout.pk, **extra)}}).encode()
+            ts = int(time.time())
+            return client.post("/v1/psp/webhooks/stripe", data=body, content_type="application/json",
+                               HTTP_STRIPE_SIGNATURE=f"t={ts},v1={signature_compute(secret='whsec_x', body=body, timestamp=ts)}")
+
+        assert event("payout.paid", status="paid").json()["outcome"] == "applied"
+        assert Payout.objects.get(pk=payout.pk).status == "paid"
+        stub.requests.clear()
+        stub.script = [(500, API_ERROR)]  # the transfers' list, after the webhook's commit: no answer
+        assert event("payout.failed", status="failed", failure_code="account_closed").json()["outcome"] == "applied"
+        owed = Payout.objects.get(pk=payout.pk)
+        assert owed.status == "paid" and owed.return_owed_at is not None and balance(merchant) == 0  # nothing back before the reversal
+        ours = {**TRANSFER, "transfer_group": payout.pk, "metadata": {"tally_payout": payout.pk}}
+        stub.script = [(200, _list([ours], "/v1/transfers")), (200, REVERSAL)]
+        assert payout_return(payout_id=payout.pk) == "failed"  # the recovery's retry
+        returned = Payout.objects.get(pk=payout.pk)
+        assert returned.status == "failed" and returned.failure_code == "account_closed" and returned.return_owed_at is None
+        assert balance(merchant) == 5_000
+        reversal = stub.requests[-1]
+        assert reversal["path"] == f"/v1/transfers/{TRANSFER['id']}/reversals" and reversal["headers"]["Idempotency-Key"] == f"{payout.pk}:reversal"
+        assert payout_return(payout_id=payout.pk) == "unchanged" and balance(merchant) == 5_000  # once
+    finally:
+        GatewayAccount.objects.filter(gateway="stripe").delete()

@@ -11,7 +11,9 @@ Deadlock freedom depends on every writer using these helpers, never an inline
   3. a freeze: all the account's balance rows, then the account row;
   4. a posting's merchant daily-total rows (wallets.daily_totals), in key order, only on
      shards whose balance row it holds, so they add no wait.
-Customer rows are business rows no posting takes; other apps' locks.py name the rest.
+Customer rows are business rows no posting takes; merchant rows are locked alone (a payout
+hold or schedule, `merchant_lock`) or FOR SHARE after a payout's row (its lease,
+`merchant_share_lock`), never with balance rows; other apps' locks.py name the rest.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from fastpath.compiled import CompiledQuery, CompiledShapes, Param
 # New rows in one round trip (or in a savepoint of their own), for the money path's services.
 from fastpath.compiled import rows_insert as rows_insert
 from fastpath.compiled import rows_insert_in_savepoint as rows_insert_in_savepoint
-from wallets.models import BALANCE_SHARDS, Account, AccountKind, ApiKey, Balance, Customer, Hold, StagedMigrationState
+from wallets.models import BALANCE_SHARDS, Account, AccountKind, ApiKey, Balance, Customer, Hold, Merchant, StagedMigrationState
 
 ALL_SHARDS = -1
 LOCK_ORDER = ("account_id", "asset_id", "shard")
@@ -280,6 +282,20 @@ def customer_lock(*, customer_id: str) -> Customer:
 def customer_rows_lock(*, after: str, limit: int) -> list[str]:
     """The ids of the next `limit` customer rows after `after`, locked in id order (a contact batch)."""
     return list(Customer.objects.filter(pk__gt=after).order_by("pk").select_for_update(no_key=True).values_list("pk", flat=True)[:limit])
+
+
+def merchant_lock(*, merchant_id: str) -> Merchant:
+    """Lock one merchant row FOR NO KEY UPDATE (its payout hold or schedule changed): taken
+    alone, no balance row after it; inserts that reference the merchant never wait on it."""
+    return Merchant.objects.filter(pk=merchant_id).order_by("pk").select_for_update(no_key=True).get()
+
+
+def merchant_share_lock(*, merchant_id: str) -> Merchant:
+    """Lock one merchant row FOR SHARE (a payout's lease, after the payout row): the lease reads
+    the payout hold as committed, and a hold being written and the lease wait for each
+    other, so the one that locked first wins. No balance row after it. (Django's
+    select_for_update has no FOR SHARE.)"""
+    return next(iter(Merchant.objects.raw("SELECT * FROM wallets_merchant WHERE id = %s FOR SHARE", [merchant_id])))
 
 
 def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:

@@ -298,6 +298,7 @@ TALLY_PAYOUT_SUBMIT_CONCURRENCY = env.int("TALLY_PAYOUT_SUBMIT_CONCURRENCY", def
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
 CELERY_TASK_ROUTES["payments.payout_submit"] = {"queue": "recovery"}
+CELERY_TASK_ROUTES["payments.payout_return"] = {"queue": "recovery"}
 CELERY_TASK_ROUTES["payments.payouts_scheduled_tenant"] = {"queue": "recovery"}
 CELERY_BEAT_SCHEDULE["payouts-scheduled"] = {"task": "payments.payouts_scheduled_all_tenants", "schedule": float(TALLY_PAYOUT_SCHEDULE_SECONDS)}
 CELERY_BEAT_SCHEDULE["topups-recover"] = {"task": "payments.topups_recover_due_tenants", "schedule": 10.0}

@@ -160,6 +160,22 @@ class Gateway(Protocol):
         """Send money to a bank account under our key; a decline is a `failed` result."""
         ...
 
-    def payouts_of(self, *, reference: str, destination: str) -> list[PayoutResult]:
-        """Every payout the PSP holds for our payout `reference` (a read: safe however old its key)."""
+    def payouts_of(self, *, reference: str, destination: str, psp_reference: str = "", since: datetime | None = None) -> list[PayoutResult]:
+        """Every payout the PSP holds for our payout `reference` (a read: safe however old its
+        key): the one of `psp_reference` when we know it, else all of `destination`'s made
+        since `since` (our payout's creation: the PSP's cannot be older), every page of them."""
+        ...
+
+    def payout_return(self, *, reference: str, psp_reference: str, destination: str, idempotency_key: str) -> None:
+        """Take back what our payout `reference` sent on, now that the PSP failed or canceled
+        its payout `psp_reference`: at Stripe, reverse the transfer to the merchant's
+        connected account. Done already (or nothing to take back) is success. Raises
+        GatewayRejected when the PSP refuses (a person looks), GatewayUnavailable when the
+        outcome is unknown (asked again later under the same key)."""
+        ...
+
+    def destination_balance(self, *, destination: str) -> dict[str, int]:
+        """What the PSP holds, per currency (upper case, minor units, available and pending),
+        where it keeps a merchant's money on its way to the bank account `destination` (at
+        Stripe: the connected account's balance). Zero once no payout of it is unfinished."""
         ...

@@ -110,7 +110,6 @@ class SimulatorGateway:
             amount=int(obj.get("amount") or 0), currency=str(obj.get("currency") or "").upper(),
         )
 
-
     def bank_account_attach(self, *, token: str, reference: str, current: str = "") -> BankAccountResult:
         body = {"token": token, "metadata": {"tally_merchant": reference}}
         bank = self._call("bank_account_attach", "POST", "/v1/bank_accounts", body, idempotency_key=f"{reference}:{token}")
@@ -123,9 +122,18 @@ class SimulatorGateway:
         }
         return _payout_result(self._call("payout", "POST", "/v1/payouts", body, idempotency_key=request.idempotency_key))
 
-    def payouts_of(self, *, reference: str, destination: str) -> list[PayoutResult]:
+    def payouts_of(self, *, reference: str, destination: str, psp_reference: str = "", since: datetime | None = None) -> list[PayoutResult]:
+        # The simulator looks payouts up by our reference itself: one answer, no pages.
         found = self._call("payouts_of", "GET", f"/v1/payouts?reference={urllib.parse.quote(reference)}")
         return [_payout_result(p) for p in found["data"] if (p.get("metadata") or {}).get("tally_payout") == reference]
+
+    def payout_return(self, *, reference: str, psp_reference: str, destination: str, idempotency_key: str) -> None:
+        self._call("payout_return", "POST", f"/v1/payouts/{urllib.parse.quote(psp_reference, safe='')}/reversals", {},
+                   idempotency_key=idempotency_key)
+
+    def destination_balance(self, *, destination: str) -> dict[str, int]:
+        bank = self._call("destination_balance", "GET", f"/v1/bank_accounts/{urllib.parse.quote(destination, safe='')}")
+        return {str(code).upper(): int(amount) for code, amount in (bank.get("balance") or {}).items()}
 
 
 _EVENT_KINDS = {

@@ -8,11 +8,16 @@ Stripe saves no idempotent result for a request that failed validation. Webhooks
 signed as in payments.gateways.signing; settlement reads the day's balance transactions.
 
 Payouts go through Connect: each merchant is a connected account holding its bank account
-(our bank-account reference is `acct_.../ba_...`). A payout is a Transfer from the platform
-to that account (`transfer_group` and `metadata.tally_payout`: our payout id; key
+(our bank-account reference is `acct_.../ba_...`), created with a manual payout schedule so
+that Stripe never pays out on its own what reaches it. A payout is a Transfer from the
+platform to that account (`transfer_group` and `metadata.tally_payout`: our payout id; key
 `<payout id>:transfer`), then a Payout on it to the bank account under our payout id as its
-Idempotency-Key. A payout Stripe refuses after the transfer went through has its transfer
-reversed (key `<payout id>:reversal`) before it is failed, so the money is back with us.
+Idempotency-Key. A payout Stripe refuses at once has its transfer reversed (key
+`<payout id>:reversal`) before it is failed; one that fails or is canceled later
+(`payout.failed`, `payout.canceled`) leaves the money on the connected account until the saga
+reverses the transfer (`payout_return`, the same key) and only then gives it back to the
+merchant. Settlement nets reversed transfers out; the connected account's balance is read
+for reconciliation (`destination_balance`).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from payments.gateways.base import (
 STRIPE_API_BASE = "https://api.stripe.com"
 _EVENT_KINDS = {
     "payment_intent.succeeded": "charge_succeeded", "payment_intent.payment_failed": "charge_failed",
-    "payout.paid": "payout_paid", "payout.failed": "payout_failed",
+    "payout.paid": "payout_paid", "payout.failed": "payout_failed", "payout.canceled": "payout_failed",
 }
 
 
@@ -145,8 +150,11 @@ class StripeGateway:
             source = txn.source
             metadata = _metadata(source)
             if txn.type == "transfer":  # a payout's first leg: the platform's money leaving for the connected account
-                if metadata.get("tally_payout"):
-                    lines.append(SettlementLine(psp_reference=str(getattr(source, "id", "")), kind="payout", amount=int(txn.amount),
+                # Net of what was reversed since (a payout failed later, its money taken back): a fully
+                # reversed transfer left nothing, and is no line.
+                net = int(txn.amount) + int(getattr(source, "amount_reversed", 0) or 0)
+                if metadata.get("tally_payout") and net:
+                    lines.append(SettlementLine(psp_reference=str(getattr(source, "id", "")), kind="payout", amount=net,
                                                 currency=str(txn.currency).upper(), reference=str(metadata["tally_payout"])))
                 continue
             intent = getattr(source, "payment_intent", None) or getattr(source, "id", "")
@@ -164,6 +172,8 @@ class StripeGateway:
         kind = _EVENT_KINDS.get(str(event["type"]), "other")
         last_error = obj.get("last_payment_error") or {}
         failure_code = obj.get("failure_code") if kind.startswith("payout") else last_error.get("decline_code") or last_error.get("code")
+        if event["type"] == "payout.canceled":
+            failure_code = failure_code or "canceled"
         return PspEvent(
             id=str(event["id"]), type=str(event["type"]), kind=kind,  # type: ignore[arg-type]
             reference=str((obj.get("metadata") or {}).get("tally_payout" if kind.startswith("payout") else "tally_topup", "")),
@@ -179,6 +189,8 @@ class StripeGateway:
             params: Any = {
                 "type": "custom", "metadata": {"tally_merchant": reference}, "external_account": token,
                 "capabilities": {"transfers": {"requested": True}},
+                # Only the saga pays out: money a failed payout leaves here waits to be reversed.
+                "settings": {"payouts": {"schedule": {"interval": "manual"}}},
             }
             options: Any = {"idempotency_key": f"{reference}:account:{token}"}
             account = self._call("bank_account_attach", lambda: self.client.v1.accounts.create(params=params, options=options))
@@ -212,19 +224,62 @@ class StripeGateway:
                                 failure_code=str(exc.code or "payout_refused"))
         return _payout_result(payout)
 
-    def payouts_of(self, *, reference: str, destination: str) -> list[PayoutResult]:
-        # Stripe lists payouts by account, not by metadata: the connected account's recent ones, ours picked out.
+    def payouts_of(self, *, reference: str, destination: str, psp_reference: str = "", since: datetime | None = None) -> list[PayoutResult]:
+        # Stripe lists payouts by account, not by metadata: the one we know by its id, else every
+        # page of the connected account's payouts since ours was made, ours picked out.
         account_id = destination.partition("/")[0]
         options: Any = {"stripe_account": account_id}
-        page = self._call("payouts_of", lambda: self.client.v1.payouts.list(params={"limit": 100}, options=options))
-        found = [_payout_result(p) for p in page.data if _metadata(p).get("tally_payout") == reference]
+        if psp_reference:
+            known = self._call("payouts_of", lambda: self.client.v1.payouts.retrieve(psp_reference, options=options))
+            return [_payout_result(known)] if _metadata(known).get("tally_payout") == reference else []
+        params: Any = {"limit": 100}
+        if since is not None:
+            params["created"] = {"gte": int(since.timestamp()) - 3600}  # an hour of clock skew between us and Stripe
+        page = self._call("payouts_of", lambda: self.client.v1.payouts.list(params=params, options=options))
+        found = [_payout_result(p) for p in self._call("payouts_of", lambda: list(page.auto_paging_iter()))
+                 if _metadata(p).get("tally_payout") == reference]
         if not found:
-            transfer_params: Any = {"transfer_group": reference, "limit": 10}
-            transfers = self._call("payouts_of", lambda: self.client.v1.transfers.list(params=transfer_params))
-            if any(not getattr(t, "reversed", False) for t in transfers.data):
+            if any(_transfer_left(t) for t in self._transfers_of(reference)):
                 # The money reached the connected account, and no payout of it is in sight.
                 raise GatewayUnavailable(f"payouts_of: a transfer for {reference} without its payout")
         return found
+
+    def _transfers_of(self, reference: str) -> list[Any]:
+        """Our payout's transfers to the connected account (one, unless something went wrong)."""
+        params: Any = {"transfer_group": reference, "limit": 10}
+        transfers = self._call("payouts_of", lambda: self.client.v1.transfers.list(params=params))
+        return [t for t in transfers.data if _metadata(t).get("tally_payout") == reference]
+
+    def payout_return(self, *, reference: str, psp_reference: str, destination: str, idempotency_key: str) -> None:
+        """Reverse what is left of the payout's transfer: the money of a payout Stripe failed or
+        canceled is back on the connected account, and comes back to the platform only so.
+        Stripe refuses a reversal the connected account's balance does not cover (a 400:
+        GatewayRejected, a person looks)."""
+        transfers = self._transfers_of(reference)
+        if not transfers:
+            raise GatewayRejected(f"payout_return: Stripe holds no transfer for {reference}", code="transfer_missing")
+        for index, transfer in enumerate(transfers):
+            if not _transfer_left(transfer):
+                continue  # reversed already (by an earlier attempt whose answer was lost, or at once)
+            key = idempotency_key if index == 0 else f"{idempotency_key}:{transfer.id}"
+            options: Any = {"idempotency_key": key}
+            self._call("payout_return", lambda t=transfer, o=options: self.client.v1.transfers.reversals.create(str(t.id), options=o))
+
+    def destination_balance(self, *, destination: str) -> dict[str, int]:
+        account_id = destination.partition("/")[0]
+        options: Any = {"stripe_account": account_id}
+        balance = self._call("destination_balance", lambda: self.client.v1.balance.retrieve(options=options))
+        totals: dict[str, int] = {}
+        for part in ("available", "pending"):
+            for entry in getattr(balance, part, None) or []:
+                code = str(entry.currency).upper()
+                totals[code] = totals.get(code, 0) + int(entry.amount)
+        return totals
+
+
+def _transfer_left(transfer: Any) -> int:
+    """What of a transfer was not reversed."""
+    return int(transfer.amount) - int(getattr(transfer, "amount_reversed", 0) or 0)
 
 
 def _ts(value: Any) -> datetime | None:
@@ -238,9 +293,10 @@ def _metadata(obj: Any) -> dict[str, Any]:
 
 def _payout_result(payout: Any) -> PayoutResult:
     status = {"paid": "paid", "failed": "failed", "canceled": "failed"}.get(str(payout.status), "in_transit")
+    failure_code = str(getattr(payout, "failure_code", None) or ("canceled" if str(payout.status) == "canceled" else ""))
     return PayoutResult(
         status=status, psp_reference=str(payout.id), amount=int(payout.amount), currency=str(payout.currency).upper(),  # type: ignore[arg-type]
-        failure_code=str(getattr(payout, "failure_code", None) or ""), arrival=_ts(getattr(payout, "arrival_date", None)),
+        failure_code=failure_code, arrival=_ts(getattr(payout, "arrival_date", None)),
         created=_ts(getattr(payout, "created", None)),
     )
 

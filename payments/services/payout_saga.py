@@ -9,13 +9,22 @@ its id as the idempotency key, outside any transaction:
 3. `_complete`: locks the row again and applies the answer only if its fence is still the
    one taken in 1 (a holder whose lease ran out and was taken over writes nothing);
 4. the answer, a PSP webhook (psp_webhooks.py) or the recovery's question to the PSP apply
-   the same way (`payout_settle`): in transit; paid (in transit -> PSP settlement); failed
-   (back to the merchant, from in transit, or from the PSP settlement for a payout returned
-   after it was paid). Each moves money once: the status is checked on the locked row, and
-   the database refuses a status that goes back (payments migration 0026);
+   the same way (`payout_settle`): in transit; paid (in transit -> PSP settlement); failed.
+   Failed with nothing sent (refused at once) moves the money back to the merchant there.
+   A payout the PSP had and then failed or canceled (even after paid) is first owed back
+   (`return_owed_at`): `payout_return` asks the gateway to take back what it sent on (at
+   Stripe, the transfer to the connected account, key `<payout id>:reversal`), no
+   transaction open, and only then moves the money back to the merchant (from in transit,
+   or from the PSP settlement for a paid one). Each moves money once: the status is checked
+   on the locked row, and the database refuses a status that goes back (migration 0026);
 5. `payout_recovery_run` (beat, with the top-up recovery): sends what was never sent or whose
-   holder died (same key: the PSP answers its first payout), and asks the PSP about payouts
-   in transit past its promise, whose webhook may be lost.
+   holder died (same key: the PSP answers its first payout), retries the returns the PSP
+   did not answer, and asks the PSP about payouts in transit past its promise, whose webhook
+   may be lost.
+
+What the saga cannot settle by the PSP's word stops for an operator (`payout_review_stop`,
+the queue of payouts.py): the PSP's payout of another amount, currency or id than ours, a
+return the PSP refuses. Nothing moves a payout in the queue but two staff members.
 """
 
 from __future__ import annotations
@@ -36,20 +45,23 @@ from payments.gateways.base import GatewayError, GatewayRejected, PayoutRequest,
 from payments.gateways.registry import gateway_build
 from payments.locks import payout_lock, payout_recovery_lock
 from payments.models import Payout, PayoutStatus
-from payments.selectors import gateway_account_get, payouts_sendable, payouts_to_check
+from payments.selectors import gateway_account_get, payouts_returns_owed, payouts_sendable, payouts_to_check
 from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.topups import PSP_KEY_TRUSTED_FOR
 from tenants.duework import due_work_mark
 from tenants.models import DueWorkKind
 from wallets.errors import NotFound, TallyError
-from wallets.models import LedgerTransaction, LedgerTransactionKind, SystemRole
+from wallets.locks import merchant_share_lock
+from wallets.models import Account, LedgerTransaction, LedgerTransactionKind, StaffMember, SystemRole
 from wallets.selectors import movement_accounts_get
+from wallets.services.audit import audit_record
 from wallets.services.ledger import Leg, ledger_post
 from wallets.transactions import atomic_service, is_connection_failure
 
 logger = logging.getLogger("tally.payouts")
 
 SUBMIT_TASK_NAME = "payments.payout_submit"
+RETURN_TASK_NAME = "payments.payout_return"
 RECOVERY_PAGE_SIZE = 100
 
 
@@ -80,18 +92,27 @@ def _lease() -> timedelta:
 def payout_submit_on_commit(*, payout_id: str) -> None:
     """Send the payout to the PSP from a worker once this transaction commits. A lost send
     is the recovery's: the payout's due-work row is written with it."""
+    _task_on_commit(SUBMIT_TASK_NAME, payout_submit, payout_id=payout_id)
+
+
+def payout_return_on_commit(*, payout_id: str) -> None:
+    """Take back a failed payout's money at the PSP, then give it to the merchant
+    (`payout_return`), from a worker once this transaction commits. A lost one is the
+    recovery's: the transaction that owed it marked the due-work row."""
+    _task_on_commit(RETURN_TASK_NAME, payout_return, payout_id=payout_id)
+
+
+def _task_on_commit(name: str, work: Callable[..., str], *, payout_id: str) -> None:
     schema = str(getattr(connection, "schema_name", "public"))
 
     def send() -> None:
         try:
             if current_app.conf.task_always_eager:  # send_task ignores eager mode: do the task's work here
-                payout_submit(payout_id=payout_id)
+                work(payout_id=payout_id)
                 return
-            current_app.send_task(
-                SUBMIT_TASK_NAME, kwargs={"payout_id": payout_id}, headers={"_schema_name": schema}, retry=False, ignore_result=True
-            )
-        except Exception:  # the payout committed; the recovery sends it
-            logger.warning("payout submit could not be queued; the recovery sends it", extra={"payout": payout_id}, exc_info=True)
+            current_app.send_task(name, kwargs={"payout_id": payout_id}, headers={"_schema_name": schema}, retry=False, ignore_result=True)
+        except Exception:  # the payout committed; the recovery does it
+            logger.warning("payout task could not be queued; the recovery does it", extra={"payout": payout_id, "task": name}, exc_info=True)
 
     transaction.on_commit(send, robust=True)
 
@@ -102,13 +123,20 @@ def payout_submit_on_commit(*, payout_id: str) -> None:
 @atomic_service(operation="payout_lease")
 def _lease_take(*, payout_id: str) -> tuple[Payout, int] | None:
     """Step 1: the payout and its new fence, or None when it is not to be sent now (settled,
-    awaiting approval, held, or leased by a live holder). Locks: the payout row; then the
-    due-work lock, SHARED."""
+    awaiting approval, in the operator queue, owed back, held, frozen, or leased by a live
+    holder). Locks: the payout row; the merchant row, FOR SHARE; then the due-work lock, SHARED."""
     payout = payout_lock(payout_id=payout_id)
     now = timezone.now()
     if payout is None or payout.status != PayoutStatus.PENDING or (payout.approval_required and payout.approved_at is None):
         return None
-    if (payout.lease_expires_at is not None and payout.lease_expires_at > now) or payout.merchant.payouts_held:
+    if payout.review_at is not None or payout.return_owed_at is not None:
+        return None
+    if payout.lease_expires_at is not None and payout.lease_expires_at > now:
+        return None
+    # The hold as committed now: a hold being written waits for this lock, or this for it,
+    # so a hold that committed first is seen here, and one that comes later finds the attempt counted.
+    merchant = merchant_share_lock(merchant_id=payout.merchant_id)
+    if merchant.payouts_held or Account.objects.filter(merchant_id=merchant.pk, frozen=True).exists():
         return None
     payout.fence += 1
     payout.attempts += 1
@@ -124,7 +152,8 @@ def _psp_answer(payout: Payout) -> PayoutResult:
     the outcome is unknown, NotFound when the gateway is no longer configured."""
     gateway = gateway_build(account=gateway_account_get(gateway=payout.gateway))
     if payout.attempts > 1 and timezone.now() - payout.created > PSP_KEY_TRUSTED_FOR:
-        found = gateway.payouts_of(reference=payout.pk, destination=payout.destination)
+        found = gateway.payouts_of(reference=payout.pk, destination=payout.destination, psp_reference=payout.psp_reference,
+                                   since=payout.created)
         if found:
             return found[0]
     request = PayoutRequest(
@@ -141,8 +170,10 @@ def _psp_answer(payout: Payout) -> PayoutResult:
 def payout_submit(*, payout_id: str) -> str:
     """Send one payout to the PSP and apply its answer (steps 1-3): returns in_transit, paid,
     failed, unavailable (the answer unknown: the lease runs out, the recovery asks again),
-    superseded (taken over meanwhile), skipped (not to be sent now), mismatch.
-    Locks: as `_lease_take`, then, no lock held for the PSP call, as `_complete`."""
+    superseded (taken over meanwhile), skipped (not to be sent now), review (stopped for an
+    operator), or, for a payout the PSP made and failed, what `payout_return` returns.
+    Locks: as `_lease_take`, then, no lock held for the PSP call, as `_complete`, then as
+    `payout_return`."""
     lease = _lease_take(payout_id=payout_id)
     if lease is None:
         return "skipped"
@@ -155,7 +186,8 @@ def payout_submit(*, payout_id: str) -> str:
     pause = float(getattr(settings, "TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS", 0.0))
     if pause > 0:  # tests only: a window to kill the process between the PSP's answer and the completion
         time.sleep(pause)
-    return _complete(payout_id=payout_id, fence=fence, result=result)
+    outcome = _complete(payout_id=payout_id, fence=fence, result=result)
+    return payout_return(payout_id=payout_id) if outcome == "returning" else outcome
 
 
 @atomic_service(operation="payout_complete")
@@ -188,14 +220,27 @@ def payout_settle(*, payout_id: str, result: PayoutResult, source: str) -> str:
 
 def _apply(payout: Payout, result: PayoutResult, *, source: str) -> str:
     """Move the locked payout on by the PSP's word; never back (a late in_transit after paid
-    changes nothing). A payout of another amount or currency applies nothing: a person looks."""
+    changes nothing). A payout in the operator queue moves no more (`in_review`: the word is
+    noted for the person). The PSP's payout of another amount, currency or id than ours moves nothing
+    and stops the payout for an operator. A failure of a payout the PSP had owes its money
+    back (`payout_return`, the caller's next step): returns `returning`."""
+    if payout.review_at is not None:
+        payout.last_error = f"in the operator queue; the PSP says {result.status} of {result.psp_reference or 'no payout'} ({source})"[:500]
+        payout.save(update_fields=["last_error", "lease_expires_at", "updated"])
+        return "in_review"
+    if payout.status in (PayoutStatus.FAILED, PayoutStatus.CANCELED):
+        return "unchanged"  # its money is back with the merchant: nothing the PSP says now moves it
     sent = bool(result.psp_reference)
+    if sent and payout.psp_reference and result.psp_reference != payout.psp_reference:
+        return payout_review_stop_locked(
+            payout, reason=f"the PSP's payout {result.psp_reference} is not ours ({payout.psp_reference}): {result.status} ({source})"
+        )
     if sent and (result.amount != payout.amount or result.currency.upper() != payout.asset_id.upper()):
         logger.error("psp payout does not match ours: nothing applied", extra={
             "payout": payout.pk, "psp_reference": result.psp_reference, "psp_amount": result.amount, "source": source})
-        payout.last_error = f"the PSP's payout {result.psp_reference} is {result.amount} {result.currency}, not ours ({source})"[:500]
-        payout.save(update_fields=["last_error", "lease_expires_at", "updated"])
-        return "mismatch"
+        return payout_review_stop_locked(
+            payout, reason=f"the PSP's payout {result.psp_reference} is {result.amount} {result.currency}, not ours ({source})",
+        )
     if sent and not payout.psp_reference:
         payout.psp_reference, payout.psp_created_at = result.psp_reference[:200], result.created
     if result.arrival is not None:
@@ -209,8 +254,16 @@ def _apply(payout: Payout, result: PayoutResult, *, source: str) -> str:
         payout.paid_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_PAID, to_psp=True)
         payout.status, payout.settled_at = PayoutStatus.PAID, timezone.now()
         fields += ["status", "paid_transaction", "settled_at"]
-    elif result.status == "failed" and payout.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT, PayoutStatus.PAID):
-        payout.returned_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_BACK, from_psp=payout.status == PayoutStatus.PAID)
+    elif result.status == "failed" and payout.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT, PayoutStatus.PAID) and sent:
+        # The PSP had it: what it sent on (a Connect transfer) comes back before the merchant's money does.
+        if payout.return_owed_at is None:
+            payout.return_owed_at, payout.return_failure_code = timezone.now(), (result.failure_code or "failed")[:50]
+            fields += ["return_owed_at", "return_failure_code"]
+            payout_due_mark()  # the recovery's, if the return is not done at once
+        outcome = "returning"
+    elif result.status == "failed" and payout.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT):
+        # Refused at once, nothing sent (nor left at the PSP: an adapter takes back what it sent first).
+        payout.returned_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_BACK)
         payout.status, payout.settled_at, payout.failure_code = PayoutStatus.FAILED, timezone.now(), (result.failure_code or "failed")[:50]
         fields += ["status", "returned_transaction", "settled_at", "failure_code"]
     else:
@@ -219,6 +272,23 @@ def _apply(payout: Payout, result: PayoutResult, *, source: str) -> str:
     if outcome in ("paid", "failed"):
         payout_event_create(payout=payout, topic=f"payout.{outcome}")
     return outcome
+
+
+def payout_review_stop_locked(payout: Payout, *, reason: str, staff: StaffMember | None = None) -> str:
+    """Stop the locked payout for an operator (the queue of payouts.py), audited: the saga
+    moves it no more (its fence moves on, so a send in flight cannot complete; the recovery
+    skips it) until two staff members resolve it. Returns `review`. Needs: the payout row
+    locked. Locks: none more."""
+    payout.review_at, payout.review_reason, payout.review_outcome, payout.review_maker = timezone.now(), reason[:500], "", None
+    payout.fence += 1
+    payout.lease_expires_at, payout.last_error = None, reason[:500]
+    payout.save(update_fields=["review_at", "review_reason", "review_outcome", "review_maker", "fence", "lease_expires_at", "last_error",
+                               "updated"])
+    audit_record(action="payout.review_stop", target_type="payout", target_id=payout.pk, reason=reason[:500],
+                 after={"status": payout.status, "return_owed": payout.return_owed_at is not None},
+                 actor=f"user:{staff.user.get_username()}" if staff is not None and staff.user_id else None)
+    logger.error("payout stopped for an operator", extra={"payout": payout.pk, "reason": reason[:500]})
+    return "review"
 
 
 def _move(payout: Payout, *, kind: str, to_psp: bool = False, from_psp: bool = False) -> LedgerTransaction:
@@ -246,14 +316,87 @@ def payout_funds_return(*, payout: Payout, status: str, failure_code: str) -> Pa
     return payout
 
 
+# --- 4b: a failed payout's money, back through the PSP ---------------------------------------
+
+
+def payout_return(*, payout_id: str) -> str:
+    """The money of a payout the PSP had and then failed or canceled goes back to the
+    merchant only once the gateway has taken back what it sent on (at Stripe, the transfer
+    to the merchant's connected account: key `<payout id>:reversal`), asked with no
+    transaction open. Returns failed (the money is back with the merchant), return_unavailable
+    (no answer: the payout stays owed, the recovery asks again), review (the PSP refused:
+    stopped for an operator, the money stays where it is), unchanged (nothing owed now).
+    Locks: the payout row (one UPDATE); then as `_returned` or `_return_refused`."""
+    payout = Payout.objects.filter(pk=payout_id).first()
+    if payout is None or payout.return_owed_at is None or payout.review_at is not None:
+        return "unchanged"
+    Payout.objects.filter(pk=payout_id).update(psp_checked_at=timezone.now())  # the recovery's next try waits a lease
+    try:
+        gateway = gateway_build(account=gateway_account_get(gateway=payout.gateway))
+        gateway.payout_return(reference=payout.pk, psp_reference=payout.psp_reference, destination=payout.destination,
+                              idempotency_key=f"{payout.pk}:reversal")
+    except GatewayRejected as exc:
+        return _return_refused(payout_id=payout_id, error=str(exc))
+    except (GatewayError, NotFound, TallyError) as exc:
+        _error_note(payout_id=payout_id, error=f"taking back the failed payout's money: {exc}")
+        return "return_unavailable"
+    return _returned(payout_id=payout_id)
+
+
+@atomic_service(operation="payout_return")
+def _returned(*, payout_id: str) -> str:
+    """The PSP took the money back: it goes back to the merchant, once. Locks: the payout
+    row, then the balance rows (ledger_post)."""
+    payout = payout_lock(payout_id=payout_id)
+    if payout is None or payout.return_owed_at is None or payout.review_at is not None:
+        return "unchanged"
+    payout_funds_back(payout=payout, failure_code=payout.return_failure_code or "failed")
+    return "failed"
+
+
+@atomic_service(operation="payout_return_refused")
+def _return_refused(*, payout_id: str, error: str) -> str:
+    """The PSP refused to take the money back: nothing goes back to the merchant on its own.
+    Locks: the payout row."""
+    payout = payout_lock(payout_id=payout_id)
+    if payout is None or payout.return_owed_at is None or payout.review_at is not None:
+        return "unchanged"
+    return payout_review_stop_locked(payout, reason=f"the PSP refused to take back the money of its failed payout"
+                                                    f" {payout.psp_reference}: {error}")
+
+
+def payout_paid_move(*, payout: Payout) -> Payout:
+    """A pending or in-transit payout ends `paid`: in transit -> the PSP settlement account.
+    Needs: the payout row locked. Locks: the balance rows."""
+    payout.paid_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_PAID, to_psp=True)
+    payout.status, payout.settled_at, payout.lease_expires_at = PayoutStatus.PAID, timezone.now(), None
+    payout.save(update_fields=["paid_transaction", "status", "settled_at", "lease_expires_at", "updated"])
+    payout_event_create(payout=payout, topic="payout.paid")
+    return payout
+
+
+def payout_funds_back(*, payout: Payout, failure_code: str) -> Payout:
+    """A payout ends `failed` with its money back with the merchant, from in transit, or
+    from the PSP settlement account when it had been paid; no return is owed any more.
+    Needs: the payout row locked. Locks: the balance rows."""
+    payout.returned_transaction = _move(payout, kind=LedgerTransactionKind.PAYOUT_BACK, from_psp=payout.status == PayoutStatus.PAID)
+    payout.status, payout.settled_at, payout.failure_code = PayoutStatus.FAILED, timezone.now(), failure_code[:50]
+    payout.return_owed_at, payout.lease_expires_at = None, None
+    payout.save(update_fields=["returned_transaction", "status", "settled_at", "failure_code", "return_owed_at", "lease_expires_at", "updated"])
+    payout_event_create(payout=payout, topic="payout.failed")
+    return payout
+
+
 # --- 5: recovery ------------------------------------------------------------------------------
 
 
 def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget_seconds: float = 25.0) -> dict[str, int]:
     """One tenant's payout recovery pass: send the pending payouts whose send was lost or
-    whose holder died, then ask the PSP about payouts in transit past its promise. Returns
-    counts by outcome, or {"skipped": 1} while another pass runs. Locks: the tenant's payout
-    recovery lock (session advisory); per payout, as `payout_submit` or `payout_settle`."""
+    whose holder died, take back the money of failed payouts the PSP did not answer about
+    (`return_*` counts), then ask the PSP about payouts in transit past its promise. Payouts
+    in the operator queue are left alone. Returns counts by outcome, or {"skipped": 1} while
+    another pass runs. Locks: the tenant's payout recovery lock (session advisory); per
+    payout, as `payout_submit`, `payout_return` or `payout_settle`."""
     with payout_recovery_lock() as taken:
         if not taken:
             return {"skipped": 1}
@@ -271,6 +414,11 @@ def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget_seconds:
                     break
             if len(page) < batch_size:
                 break
+        for payout_id in payouts_returns_owed(now=now, retry_after=_lease()).values_list("pk", flat=True)[:batch_size]:
+            if time.monotonic() >= deadline:
+                break
+            returned = _isolated(functools.partial(payout_return, payout_id=payout_id), payout_id)
+            _count(counts, returned if returned.startswith("return_") else f"return_{returned}")
         check_every = timedelta(seconds=int(settings.TALLY_PAYOUT_CHECK_SECONDS))
         for payout in payouts_to_check(now=now, check_every=check_every)[:batch_size]:
             if time.monotonic() >= deadline:
@@ -283,10 +431,13 @@ def _check(payout: Payout) -> str:
     """Ask the PSP what became of an in-transit payout and apply it."""
     Payout.objects.filter(pk=payout.pk).update(psp_checked_at=timezone.now())
     gateway = gateway_build(account=gateway_account_get(gateway=payout.gateway))
-    found = [r for r in gateway.payouts_of(reference=payout.pk, destination=payout.destination) if r.psp_reference == payout.psp_reference]
+    found = gateway.payouts_of(reference=payout.pk, destination=payout.destination, psp_reference=payout.psp_reference, since=payout.created)
     if not found:
         return "unknown"
-    return payout_settle(payout_id=payout.pk, result=found[0], source="the recovery's question")
+    # Another PSP payout under our id than the one we hold is settled as a mismatch: a person looks.
+    ours = [r for r in found if r.psp_reference == payout.psp_reference] or found
+    outcome = payout_settle(payout_id=payout.pk, result=ours[0], source="the recovery's question")
+    return payout_return(payout_id=payout.pk) if outcome == "returning" else outcome
 
 
 def _isolated(fn: Callable[[], str], payout_id: str) -> str:

@@ -2,7 +2,8 @@
 merchant's request, the schedule, a staff retry) moves the amount from the merchant to
 payouts in transit in one transaction with the payout row and its `payout.created`; the
 PSP is then asked by the saga (payout_saga.py). Here too: the bank account, the controls
-(approval, hold and release, cancel, retry) and the scheduled run."""
+(approval, hold and release, cancel, retry), the operator queue (stop, resolve) and the
+scheduled run."""
 
 from __future__ import annotations
 
@@ -30,17 +31,26 @@ from payments.gateways.base import GatewayError, GatewayRejected
 from payments.gateways.registry import gateway_build
 from payments.locks import payout_lock, payout_schedule_lock
 from payments.models import MerchantBankAccount, Payout, PayoutOrigin, PayoutStatus, new_payout_id
-from payments.selectors import bank_account_of, gateway_account_active
+from payments.selectors import bank_account_of, gateway_account_active, gateway_account_get
 from payments.services.approvals import staff_solo_posting_decide
-from payments.services.payout_saga import payout_due_mark, payout_event_create, payout_funds_return, payout_submit, payout_submit_on_commit
+from payments.services.payout_saga import (
+    payout_due_mark,
+    payout_event_create,
+    payout_funds_back,
+    payout_funds_return,
+    payout_paid_move,
+    payout_review_stop_locked,
+    payout_submit,
+    payout_submit_on_commit,
+)
 from wallets.errors import InvalidRequest, InvalidState, NotFound, WalletFrozen
-from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, connection_shard
+from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, connection_shard, merchant_lock
 from wallets.models import Account, Asset, LedgerEntry, LedgerTransactionKind, Merchant, PayoutSchedule, StaffMember, SystemRole
 from wallets.money import amount_to_minor
 from wallets.selectors import asset_get, merchant_settlement_delay_days, movement_accounts_get
 from wallets.services.audit import audit_record
 from wallets.services.ledger import Leg, ledger_post
-from wallets.transactions import atomic_service
+from wallets.transactions import atomic_service, run_atomic
 
 logger = logging.getLogger("tally.payouts")
 
@@ -197,9 +207,10 @@ def payout_create(*, merchant: Merchant, asset_code: object, amount: object) -> 
 @atomic_service(operation="payout_approve")
 def payout_approve(*, payout: Payout, staff: StaffMember) -> Payout:
     """A staff member approves a payout waiting for approval. Within what they may post alone
-    (approvals.staff_solo_posting_decide, one sum with adjustments) it is sent; beyond it,
-    theirs is the first approval and a different staff member's sends it.
-    Locks: the staff member's solo-postings lock, then the payout row."""
+    (approvals.staff_solo_posting_decide, one sum with adjustments) it is sent, the recovery
+    marked due should the send be lost; beyond it, theirs is the first approval and a
+    different staff member's sends it. Locks: the staff member's solo-postings lock, the
+    payout row, then the due-work lock, SHARED."""
     decision = staff_solo_posting_decide(staff=staff, asset_code=payout.asset_id, amount=payout.amount, merchant=payout.merchant)
     locked = payout_lock(payout_id=payout.pk)
     if locked is None:
@@ -217,6 +228,7 @@ def payout_approve(*, payout: Payout, staff: StaffMember) -> Payout:
         locked.approved_by, locked.approved_at = staff, timezone.now()
         locked.save(update_fields=["approved_by", "approved_at", "updated"])
         payout_submit_on_commit(payout_id=locked.pk)
+        payout_due_mark(at=timedelta(seconds=int(settings.TALLY_PAYOUT_LEASE_SECONDS)))  # the recovery's, if its send is lost
         action = "payout.approve"
     audit_record(action=action, target_type="payout", target_id=locked.pk, before=before, after={
         "staff": staff.pk, "amount": locked.amount, "asset": locked.asset_id, "posted_alone_in_window": decision.posted_alone_in_window,
@@ -264,11 +276,105 @@ def payout_cancel(*, payout: Payout, reason: str = "") -> Payout:
     return locked
 
 
+# --- The operator queue ----------------------------------------------------------------------------
+
+REVIEW_OUTCOMES = ("paid", "failed")
+
+
+def payout_review_stop(*, payout: Payout, staff: StaffMember, reason: object) -> Payout:
+    """Stop for an operator a payout the saga cannot settle (the PSP never heard of it, or
+    keeps failing to answer, past its lease), audited: it joins the queue that
+    `payout_review_resolve` empties. Only a payout the PSP may have (pending and tried, or in
+    transit), with no live lease and not in the queue; one the PSP holds as ours, matching,
+    is refused (the saga settles it by the PSP's word). The PSP is asked first (a read,
+    before the stop's transaction; the admin runs this inside its idempotency claim's
+    transaction, so the read holds the claim row for up to the PSP timeout), and its answer
+    (or silence) is kept in the reason. Locks: the payout row."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidRequest("reason is required: why the PSP cannot settle this payout", param="reason")
+    current = Payout.objects.filter(pk=payout.pk).first()
+    if current is None:
+        raise NotFound("no such payout", param="payout")
+    _stoppable(current)
+    try:
+        gateway = gateway_build(account=gateway_account_get(gateway=current.gateway))
+        found = gateway.payouts_of(reference=current.pk, destination=current.destination, psp_reference=current.psp_reference,
+                                   since=current.created)
+    except (GatewayError, NotFound) as exc:
+        heard = f"the PSP did not answer ({exc})"
+    else:
+        matching = [r for r in found if r.amount == current.amount and r.currency.upper() == current.asset_id.upper()]
+        if matching:
+            raise InvalidState(f"the PSP holds payout {matching[0].psp_reference} of it ({matching[0].status}): the saga settles it by that")
+        heard = f"the PSP holds {', '.join(f'{r.psp_reference} ({r.status})' for r in found)}" if found else "the PSP holds no payout of it"
+    text = f"stopped by staff: {reason.strip()}; {heard}"
+
+    def stop() -> Payout:
+        locked = payout_lock(payout_id=payout.pk)
+        assert locked is not None
+        _stoppable(locked)
+        payout_review_stop_locked(locked, reason=text, staff=staff)
+        return locked
+
+    return run_atomic(stop, operation="payout_review_stop")
+
+
+def _stoppable(payout: Payout) -> None:
+    if payout.review_at is not None:
+        raise InvalidState("this payout waits for an operator already")
+    if not (payout.status == PayoutStatus.IN_TRANSIT or (payout.status == PayoutStatus.PENDING and payout.attempts > 0)):
+        raise InvalidState(f"only a payout the PSP may have is stopped (this one is {payout.status}"
+                           f"{', never sent: cancel it instead' if payout.status == PayoutStatus.PENDING else ''})")
+    if payout.lease_expires_at is not None and payout.lease_expires_at > timezone.now():
+        raise InvalidState("a send of this payout is under way: try again once its lease ends")
+
+
+@atomic_service(operation="payout_review_resolve")
+def payout_review_resolve(*, payout: Payout, staff: StaffMember, outcome: object, reason: object) -> Payout:
+    """Resolve a payout in the operator queue, audited, by two staff members: the first
+    proposes `outcome` (paid: the money left for the bank account, in transit -> PSP
+    settlement; failed: the money is back with us, so back with the merchant, once), a
+    second confirms it and it is applied. A different outcome is a new proposal, its
+    proposer's; the proposer never confirms. Tally asks the PSP nothing here: whoever
+    resolves has settled it at the PSP (reversed a transfer there) first.
+    Locks: the payout row, then the balance rows (ledger_post)."""
+    if outcome not in REVIEW_OUTCOMES:
+        raise InvalidRequest("outcome must be paid or failed", param="outcome")
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidRequest("reason is required: what the PSP's records say", param="reason")
+    locked = payout_lock(payout_id=payout.pk)
+    if locked is None:
+        raise NotFound("no such payout", param="payout")
+    if locked.review_at is None:
+        raise InvalidState(f"this payout is {locked.status} and waits for no operator")
+    if outcome == "paid" and not locked.psp_reference:
+        raise InvalidState("the PSP never named a payout of it: it cannot be marked paid")
+    before = {"status": locked.status, "review_outcome": locked.review_outcome, "review_maker": locked.review_maker_id}
+    if locked.review_maker_id is None or locked.review_outcome != outcome:
+        locked.review_maker, locked.review_outcome = staff, str(outcome)
+        locked.save(update_fields=["review_maker", "review_outcome", "updated"])
+        audit_record(action="payout.review_propose", target_type="payout", target_id=locked.pk, reason=reason.strip()[:500],
+                     before=before, after={"review_outcome": outcome, "review_maker": staff.pk})
+        return locked
+    if locked.review_maker_id == staff.pk:
+        raise ApproverIsMaker("a payout's resolution")
+    if outcome == "failed" and locked.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT, PayoutStatus.PAID):
+        payout_funds_back(payout=locked, failure_code=locked.return_failure_code or "operator_failed")
+    elif outcome == "paid" and locked.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT):
+        payout_paid_move(payout=locked)
+    locked.review_at, locked.return_owed_at, locked.review_resolved_by, locked.review_resolved_at = None, None, staff, timezone.now()
+    locked.save(update_fields=["review_at", "return_owed_at", "review_resolved_by", "review_resolved_at", "updated"])
+    audit_record(action="payout.review_resolve", target_type="payout", target_id=locked.pk, reason=reason.strip()[:500], before=before,
+                 after={"status": locked.status, "outcome": outcome, "proposed_by": locked.review_maker_id, "confirmed_by": staff.pk})
+    return locked
+
+
 @atomic_service(operation="payouts_hold")
 def merchant_payouts_hold(*, merchant: Merchant, held: bool, reason: str = "") -> Merchant:
     """Hold (`held`) or release a merchant's payouts, audited: while held none is made, and
-    none made already is sent. A release sends those waiting. Locks: the merchant row."""
-    locked = Merchant.objects.select_for_update(no_key=True).get(pk=merchant.pk)
+    none made already is sent (a send taking its lease as the hold commits waits for it, or it
+    for the send: `merchant_share_lock`). A release sends those waiting. Locks: the merchant row."""
+    locked = merchant_lock(merchant_id=merchant.pk)
     if locked.payouts_held == held:
         return locked
     before = {"payouts_held": locked.payouts_held, "reason": locked.payouts_held_reason}
@@ -289,7 +395,7 @@ def merchant_payout_schedule_set(*, merchant: Merchant, schedule: str, weekday: 
         raise InvalidRequest("schedule must be daily, weekly or manual", param="schedule")
     if (schedule == PayoutSchedule.WEEKLY) != (weekday is not None) or (weekday is not None and not 0 <= weekday <= 6):
         raise InvalidRequest("a weekly schedule takes a weekday from 0 (Monday) to 6 (Sunday), the others none", param="weekday")
-    locked = Merchant.objects.select_for_update(no_key=True).get(pk=merchant.pk)
+    locked = merchant_lock(merchant_id=merchant.pk)
     before = {"schedule": locked.payout_schedule, "weekday": locked.payout_weekday}
     locked.payout_schedule, locked.payout_weekday = schedule, weekday
     locked.save(update_fields=["payout_schedule", "payout_weekday"])

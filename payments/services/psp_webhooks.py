@@ -17,7 +17,7 @@ from payments.gateways.signing import SignatureInvalid, SignatureStale, signatur
 from payments.locks import psp_webhook_events_expired_lock
 from payments.models import Payout, PspWebhookEvent, TopUp, TopUpStatus
 from payments.selectors import gateway_account_get
-from payments.services.payout_saga import payout_settle
+from payments.services.payout_saga import payout_return_on_commit, payout_settle
 from payments.services.topups import topup_charge_matches, topup_charge_mismatch_hold, topup_settle
 from wallets.errors import NotFound
 from wallets.transactions import atomic_service
@@ -30,7 +30,8 @@ def psp_webhook_receive(*, gateway_name: str, signature: str | None, body: bytes
     returns the outcome (applied, duplicate, ignored, wrong_gateway, mismatch). An event
     speaks only for the gateway whose secret signed it, and a charge that is not a pending
     top-up's amount and currency credits nothing (`mismatch`: the operator queue), nor does
-    a payout event of another amount or currency move a payout's money. Both are
+    a payout event of another amount, currency or PSP payout than ours move a payout's money
+    (the payout stops in the operator queue). Both are
     acknowledged (2xx): the event is authentic, and a provider retries a 4xx for days with
     nothing to gain, so a person looks instead. Locks: see `_event_apply`."""
     try:
@@ -73,7 +74,8 @@ def _event_apply(*, gateway_name: str, event: PspEvent) -> str:
     """The event marker (unique per gateway and event id: a redelivery is a duplicate), then
     the effect, in one transaction or savepoint: a failing effect records nothing. Locks: the
     marker's unique index entry, then the top-up row and balance rows (topup_settle), or the
-    top-up row alone (topup_charge_mismatch_hold), or the payout row and balance rows (payout_settle)."""
+    top-up row alone (topup_charge_mismatch_hold), or the payout row and balance rows (payout_settle;
+    a payout failed after the PSP had it is given back after the commit, `payout_return`)."""
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -131,7 +133,9 @@ def _payout_event_apply(*, gateway_name: str, event: PspEvent) -> str:
         currency=event.currency, failure_code=event.failure_code, created=event.created,
     )
     outcome = payout_settle(payout_id=payout.pk, result=result, source=f"webhook {event.id}")
-    return "mismatch" if outcome == "mismatch" else "applied"
+    if outcome == "returning":
+        payout_return_on_commit(payout_id=payout.pk)  # the PSP asked for its money back outside this transaction
+    return {"review": "mismatch", "in_review": "ignored"}.get(outcome, "applied")
 
 
 # Providers retry an event for days (Stripe: up to 3); an older marker meets no duplicate.

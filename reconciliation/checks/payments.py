@@ -17,9 +17,10 @@ from idempotency.models import IdempotencyRecord, RecordState
 from payments.errors import PspNotConfigured, PspUnavailable
 from payments.gateways.base import GatewayError
 from payments.gateways.registry import gateway_build
-from payments.models import OutboxEvent, Payment
+from payments.models import GatewayAccount, OutboxEvent, Payment
 from payments.selectors import (
     gateway_account_active,
+    payout_destinations_to_check,
     payout_settlement_lines,
     payout_statuses,
     payouts_in_transit_overdue,
@@ -300,8 +301,10 @@ def payout_settlement_compare(*, day: date) -> PayoutComparison:
 
 def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """The payouts-in-transit account holds exactly what unfinished payouts hold, per asset;
-    payouts in transit a day past the PSP's promise; then, for each of the last
-    `settlement_days` UTC days, `payout_settlement_compare` (the PSP unreachable: one warning)."""
+    payouts in transit a day past the PSP's promise; then, at the active gateway, what the
+    PSP still holds on the way to merchants' bank accounts once none of their payouts is
+    unfinished (`_destination_balances`), and for each of the last `settlement_days` UTC days,
+    `payout_settlement_compare` (the PSP unreachable: one warning)."""
     owed = payouts_in_transit_totals()
     held = {line["asset"]: line["balance"] for line in account_balance_lines(account=system_account_get(role=SystemRole.PAYOUTS_IN_TRANSIT))}
     for asset in sorted(set(owed) | {code for code, amount in held.items() if amount}):
@@ -321,8 +324,10 @@ def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
                      "psp_reference": payout.psp_reference, "arrival_expected_at": payout.arrival_expected_at.isoformat()},
             refs=(ObjectRef("payments", "payout", payout.pk),),
         )
-    if gateway_account_active() is None:
+    account = gateway_account_active()
+    if account is None:
         return
+    yield from _destination_balances(ctx, account=account)
     today = ctx.now.date()
     for day in (today - timedelta(days=back) for back in range(ctx.settlement_days - 1, -1, -1)):
         try:
@@ -340,6 +345,40 @@ def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
              "payout {} failed here (its money back with the merchant), but the PSP holds it as sent on {}"),
         )
         yield from _settlement_differences(differences, day=day, gateway=comparison.gateway, model="payout")
+
+
+def _destination_balances(ctx: CheckContext, *, account: GatewayAccount) -> Iterator[Discrepancy]:
+    """Where the PSP keeps a merchant's money on its way to the bank (at Stripe, the
+    merchant's connected account, paid out manually by us alone) holds nothing once none of
+    the merchant's payouts is unfinished: money there is a failed payout's the PSP never gave
+    back, out of both the merchant's balance and ours. Checked for the merchants a payout
+    failed at the PSP for, or an operator resolved (`payout_destinations_to_check`)."""
+    destinations = payout_destinations_to_check(gateway=account.gateway, limit=ctx.chunk_size)
+    ctx.stats["payout_destinations_checked"] = len(destinations)
+    if not destinations:
+        return
+    try:
+        gateway = gateway_build(account=account)
+    except GatewayError as error:
+        yield Discrepancy(kind="payout_destination_unavailable", severity=Severity.WARNING,
+                          summary=f"the PSP's balances of merchants' bank accounts could not be read: {error}", details={})
+        return
+    for merchant_id, destination in destinations:
+        try:
+            held = {code: amount for code, amount in gateway.destination_balance(destination=destination).items() if amount}
+        except GatewayError as error:
+            yield Discrepancy(kind="payout_destination_unavailable", severity=Severity.WARNING,
+                              summary=f"the PSP's balance for {merchant_id}'s bank account could not be read: {error}",
+                              details={"merchant": merchant_id, "destination": destination}, refs=(ObjectRef("wallets", "merchant", merchant_id),))
+            continue
+        for code, amount in sorted(held.items()):
+            yield Discrepancy(
+                kind="payout_destination_not_empty", severity=Severity.CRITICAL,
+                summary=f"the PSP holds {amount} {code} on the way to {merchant_id}'s bank account ({destination}), and no payout of"
+                " it is unfinished: a failed payout's money the PSP never gave back",
+                details={"merchant": merchant_id, "destination": destination, "asset": code, "amount": amount, "gateway": account.gateway},
+                refs=(ObjectRef("wallets", "merchant", merchant_id),),
+            )
 
 
 def _settlement_differences(

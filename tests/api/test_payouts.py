@@ -167,3 +167,36 @@ def test_a_viewer_cannot_act_on_payouts(api: Api, world: World) -> None:
     assert viewer.get(f"/admin/wallets/merchant/{q(world.merchant.id)}/act/hold_payouts/").status_code == 403
     assert viewer.get(f"/admin/wallets/merchant/{q(world.merchant.id)}/act/bank_account/").status_code == 403
     assert viewer.get("/admin/payments/payout/").status_code == 200
+
+
+def test_the_back_office_operator_queue_stops_a_payout_and_two_staff_members_fail_it(api: Api, payee: World, psp_simulator: Any) -> None:
+    from payments.services.payout_saga import payout_submit
+
+    made = api.post(URL, payee.merchant.key, {"asset": "JPY", "amount": 3_000}).json()
+    psp_simulator.faults(fail_5xx=1)
+    try:
+        assert payout_submit(payout_id=made["id"]) == "unavailable"  # the PSP never heard of it
+    finally:
+        psp_simulator.faults(fail_5xx=0)
+    Payout.objects.filter(pk=made["id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    root = _login(f"po-root-{uuid.uuid4().hex[:6]}", superuser=True)
+    change = f"/admin/payments/payout/{q(made['id'])}/change/"
+    assert "/act/stop/" in root.get(change).content.decode()
+    page = root.get(f"/admin/payments/payout/{q(made['id'])}/act/stop/")
+    assert root.post(f"/admin/payments/payout/{q(made['id'])}/act/stop/",
+                     {"idempotency_key": _confirm_key(page), "reason": "stuck for days"}).status_code == 302
+    assert made["id"] in root.get("/admin/payments/payout/?queue=review").content.decode()
+    detail = root.get(change).content.decode()
+    assert "holds no payout" in detail and "/act/resolve_failed/" in detail and "/act/stop/" not in detail
+
+    finance = _login(f"po-fin-{uuid.uuid4().hex[:6]}", role="finance")
+    for client, proposed in ((finance, True), (root, False)):
+        page = client.get(f"/admin/payments/payout/{q(made['id'])}/act/resolve_failed/")
+        assert client.post(f"/admin/payments/payout/{q(made['id'])}/act/resolve_failed/",
+                           {"idempotency_key": _confirm_key(page), "reason": "nothing at the PSP"}).status_code == 302
+        assert (Payout.objects.get(pk=made["id"]).review_at is not None) is proposed
+    failed = Payout.objects.get(pk=made["id"])
+    assert failed.status == "failed" and balance(payee.merchant.obj) == 5_000 + 2_000
+    assert made["id"] not in root.get("/admin/payments/payout/?queue=review").content.decode()
+    viewer = _login(f"po-view-{uuid.uuid4().hex[:6]}", role="viewer")
+    assert viewer.get(f"/admin/payments/payout/{q(made['id'])}/act/stop/").status_code == 403

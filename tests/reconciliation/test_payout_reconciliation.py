@@ -98,3 +98,24 @@ def test_a_payout_in_transit_a_day_past_the_psps_promise_is_a_warning(world: dic
     assert kinds(run) == {"payout_overdue": 1}
     finding = run.findings.get()
     assert finding.severity == "warning" and finding.details["payout"] == payout.pk
+
+
+def test_money_the_psp_still_holds_on_the_way_to_a_merchants_bank_is_found(world: dict[str, Any], psp_simulator: Any) -> None:
+    """At Stripe, a payout failed later leaves its money on the merchant's connected account
+    until the transfer is reversed; the simulator keeps it with the bank account. Once no
+    payout of the merchant is unfinished, any such money is a finding; taken back, none."""
+    psp_simulator.faults_clear()
+    psp_simulator.faults(payouts_manual=True)
+    psp_key = psp_account_configure(psp_simulator)
+    payout = _sent(1_000)
+    assert psp_simulator.return_payout(payout.psp_reference)  # failed at the PSP, its webhook not applied yet
+    assert "payout_destination_not_empty" not in kinds(reconcile())  # in transit here: the saga's to settle
+    # Failed here (the money back with the merchant) without the PSP giving it back: what a resolution that skipped the PSP leaves.
+    _unguarded("UPDATE payments_payout SET status = 'failed', returned_transaction_id = ledger_transaction_id WHERE id = %s", [payout.pk])
+    run = reconcile()
+    assert kinds(run).get("payout_destination_not_empty") == 1, kinds(run)
+    finding = run.findings.get(kind="payout_destination_not_empty")
+    assert (finding.details["merchant"], finding.details["amount"], finding.details["asset"]) == (payout.merchant_id, 1_000, "JPY")
+    SimulatorGateway(api_base=psp_simulator.url, secret_key=psp_key, timeout=5.0).payout_return(
+        reference=payout.pk, psp_reference=payout.psp_reference, destination=payout.destination, idempotency_key=f"{payout.pk}:reversal")
+    assert "payout_destination_not_empty" not in kinds(reconcile())
