@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_balance.py --entries 1000000 --requests 1000
 
-Uses its own database (tally_bench_balance). The first run loads, outside the timing, one
+Uses its own database (`--db`, default tally_bench_balance). The first run loads, outside the timing, one
 merchant's history with set-based SQL (a bench loader, not the posting path): `--entries`
 entries over 400 days, one in ten a debit, each against the adjustments account, its
 balance rows set to match and its daily totals summed from them. Later runs reuse it
@@ -10,7 +10,8 @@ balance rows set to match and its daily totals summed from them. Later runs reus
 production settings), it times the endpoint with the tenant's default delay (2 days) on
 both of its paths: the window's ledger entries (phase `absent`), then the daily totals
 (`reads_switched`). Beside each, the raw-SQL reference: the same two reads (balance sums,
-the window's credits) sent by a bare psycopg connection; and, once, what reading the whole
+the window's pending credits: payout money coming back left out, by each credit's
+transaction kind or the totals' `returned`) sent by a bare psycopg connection; and, once, what reading the whole
 history would cost.
 """
 
@@ -91,17 +92,19 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=1_000_000, help="the merchant's ledger entries")
     parser.add_argument("--requests", type=int, default=1000, help="timed requests per path")
     parser.add_argument("--fresh", action="store_true", help="re-create the database and reload")
+    parser.add_argument("--db", default=DB, help=f"the bench's own database, dropped by --fresh (default {DB})")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
 
     import psycopg
 
-    database_url = f"postgres://postgres@127.0.0.1:5432/{DB}"
+    db = args.db
+    database_url = f"postgres://postgres@127.0.0.1:5432/{db}"
     with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone() is not None
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone() is not None
         if args.fresh or not exists:
-            admin.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{DB}"')
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{db}"')
     os.environ.update(bench_env(database_url, args.redis_url))
 
     import django
@@ -126,10 +129,11 @@ def main() -> None:
     client = Client(HTTP_HOST=HOST, HTTP_AUTHORIZATION=f"Bearer {key}")
     window_start = datetime.combine(datetime.now(UTC).date() - timedelta(days=1), datetime.min.time(), tzinfo=UTC)
     raw_window = {
-        "ledger": "SELECT asset_id, SUM(amount) FROM wallets_ledgerentry WHERE account_id = %s AND created >= %s AND asset_id = 'JPY'"
-                  " AND amount > 0 GROUP BY asset_id",
-        "summary": "SELECT asset_id, SUM(credited) FROM wallets_merchantdailytotal WHERE account_id = %s AND day >= %s AND asset_id = 'JPY'"
-                   " GROUP BY asset_id",
+        "ledger": "SELECT e.asset_id, SUM(e.amount) FROM wallets_ledgerentry e JOIN wallets_ledgertransaction t ON t.id = e.transaction_id"
+                  " WHERE e.account_id = %s AND e.created >= %s AND e.asset_id = 'JPY' AND e.amount > 0 AND t.kind <> 'payout_back'"
+                  " GROUP BY e.asset_id",
+        "summary": "SELECT asset_id, SUM(credited - returned) FROM wallets_merchantdailytotal WHERE account_id = %s AND day >= %s"
+                   " AND asset_id = 'JPY' GROUP BY asset_id",
     }
     results: dict[str, Any] = {"entries": total, "load_seconds": load_seconds, "requests": args.requests}
     with psycopg.connect(database_url, autocommit=True) as raw:
