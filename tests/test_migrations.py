@@ -246,10 +246,29 @@ def test_the_funds_kinds_migration_gives_earlier_daily_totals_their_returned_pay
         rows = MerchantDailyTotal.objects.filter(account=account).order_by("shard")
         assert [(r.shard, r.credited, r.returned) for r in rows] == [(0, 300, 300), (5, 400, 200)]
     assert merchant_daily_totals_differences(day_from=row.day, day_to=row.day) == []
-    with connection.cursor() as cursor:
+
+
+def test_the_funds_kinds_migration_goes_back_and_runs_again(scratch_tenant: Tenant) -> None:
+    """0018 is not atomic (its index is built CONCURRENTLY): back and forward twice, each
+    step re-runnable, it leaves the column with its database default (the code before it
+    keeps inserting), its CHECK validated and the partial index valid."""
+    schema = scratch_tenant.schema_name
+    for _ in range(2):
+        _migrate(schema, "wallets", "0017_payouts")
+        with in_tenant(scratch_tenant), connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('ledgertxn_payout_back') IS NULL")
+            assert cursor.fetchone() == (True,)
+        _migrate(schema)
+    with in_tenant(scratch_tenant), connection.cursor() as cursor:
         cursor.execute(
             "SELECT column_default FROM information_schema.columns WHERE table_schema = %s AND table_name = 'wallets_merchantdailytotal'"
             " AND column_name = 'returned'",
-            [connection.schema_name],
+            [schema],
         )
         assert cursor.fetchone() == ("0",)
+        cursor.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'merchantdailytotal_returned_in_credited'"
+                       " AND conrelid = 'wallets_merchantdailytotal'::regclass")
+        assert cursor.fetchone() == (True,)
+        cursor.execute("SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index WHERE indexrelid = 'ledgertxn_payout_back'::regclass")
+        valid, definition = cursor.fetchone()
+        assert valid and "WHERE ((kind)::text = 'payout_back'::text)" in definition, definition

@@ -304,6 +304,10 @@ class LedgerTransaction(PrefixedIdModel, new_id=ids.new_ledger_transaction_id):
 
     class Meta:
         ordering = ["created", "id"]
+        # A failed payout's money coming back is available at once: the pending window's read
+        # leaves these out (wallets.selectors), and they are few, so the index costs other
+        # postings nothing.
+        indexes = [models.Index(fields=["created"], name="ledgertxn_payout_back", condition=models.Q(kind="payout_back"))]
 
     def __str__(self) -> str:
         return f"{self.id} {self.kind} {self.reference}"

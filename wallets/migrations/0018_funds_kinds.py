@@ -1,17 +1,41 @@
-"""Merchant daily totals tell payout money coming back from other credits: `returned`, of
-`credited`, what failed or canceled payouts (PAYOUT_BACK) brought back that day. It was
-available when it left, so the pending split reads credited - returned
-(wallets.selectors.merchant_funds_of), as payout creation always did.
+"""A failed or canceled payout's money coming back (PAYOUT_BACK) is available at once, on
+the balance as on payout creation (wallets.selectors.merchant_funds_split), so both reads
+of the pending window tell it from other credits:
 
-The column carries a database default: no table rewrite, and the code before this one keeps
-inserting during the deploy (a PAYOUT_BACK it posts then is left counted as pending, the
-safe side, until the staged migration's backfill rewrites that day; reconciliation names
-it). Rows written before it get each day's returned money from the ledger, spread over the
-day's shard rows up to each row's credited: re-runnable, it sets and never adds."""
+- merchant daily totals get `returned`: of `credited`, what came back that day. Rows written
+  before it get each day's returned money from the ledger, spread over the day's shard rows
+  up to each row's credited (it sets, never adds). The column carries a database default: no
+  table rewrite, and the code before this one keeps inserting during the deploy (a
+  PAYOUT_BACK it posts then counts as pending, the safe side, until the staged migration's
+  backfill rewrites that day; reconciliation names it). Its CHECK comes NOT VALID, then is
+  validated without blocking postings;
+- ledger transactions get a partial index of the PAYOUT_BACK ones by `created` (few rows),
+  so the window's read before reads switch leaves them out without looking up each credit's
+  transaction. Built CONCURRENTLY: payments keep posting meanwhile.
 
+Not atomic (the index cannot be built in a transaction): each step is its own transaction
+and runs again after a failure (a column or CHECK already there is kept; the index as
+0013_payment_created_index's: an invalid one left by a failed build is dropped by hand).
+Adding the column takes ACCESS EXCLUSIVE on the daily totals, which postings write: it gives
+up after a short lock_timeout (run it again) rather than queue behind a long transaction."""
+
+from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
 
-LOCK_TIMEOUT = "SET LOCAL lock_timeout = '5s'"
+COLUMN = """
+SET lock_timeout = '5s';
+ALTER TABLE wallets_merchantdailytotal ADD COLUMN IF NOT EXISTS returned bigint DEFAULT 0 NOT NULL;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'merchantdailytotal_returned_in_credited'
+                   AND conrelid = 'wallets_merchantdailytotal'::regclass) THEN
+        ALTER TABLE wallets_merchantdailytotal ADD CONSTRAINT merchantdailytotal_returned_in_credited
+            CHECK (returned >= 0 AND returned <= credited) NOT VALID;
+    END IF;
+END $$;
+RESET lock_timeout;
+"""
+COLUMN_BACK = "ALTER TABLE wallets_merchantdailytotal DROP COLUMN IF EXISTS returned"
+VALIDATE = "ALTER TABLE wallets_merchantdailytotal VALIDATE CONSTRAINT merchantdailytotal_returned_in_credited"
 
 
 def returned_fill(apps, schema_editor):  # type: ignore[no-untyped-def]
@@ -44,20 +68,30 @@ class Migration(migrations.Migration):
         ('wallets', '0017_payouts'),
     ]
 
-    atomic = True  # SET LOCAL lasts for the migration's transaction
+    atomic = False
 
     operations = [
-        migrations.RunSQL(LOCK_TIMEOUT, reverse_sql=LOCK_TIMEOUT),
-        migrations.AddField(
-            model_name='merchantdailytotal',
-            name='returned',
-            field=models.BigIntegerField(db_default=0, default=0),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunSQL(COLUMN, reverse_sql=COLUMN_BACK)],
+            state_operations=[
+                migrations.AddField(
+                    model_name='merchantdailytotal',
+                    name='returned',
+                    field=models.BigIntegerField(db_default=0, default=0),
+                ),
+                migrations.AddConstraint(
+                    model_name='merchantdailytotal',
+                    constraint=models.CheckConstraint(
+                        condition=models.Q(('returned__gte', 0), ('returned__lte', models.F('credited'))),
+                        name='merchantdailytotal_returned_in_credited',
+                    ),
+                ),
+            ],
         ),
-        migrations.AddConstraint(
-            model_name='merchantdailytotal',
-            constraint=models.CheckConstraint(
-                condition=models.Q(('returned__gte', 0), ('returned__lte', models.F('credited'))), name='merchantdailytotal_returned_in_credited'
-            ),
+        migrations.RunSQL(VALIDATE, reverse_sql=migrations.RunSQL.noop),
+        migrations.RunPython(returned_fill, migrations.RunPython.noop, atomic=True),
+        AddIndexConcurrently(
+            model_name='ledgertransaction',
+            index=models.Index(condition=models.Q(('kind', 'payout_back')), fields=['created'], name='ledgertxn_payout_back'),
         ),
-        migrations.RunPython(returned_fill, migrations.RunPython.noop),
     ]
