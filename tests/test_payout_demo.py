@@ -71,7 +71,10 @@ def test_the_demo_merchant_is_paid_out_daily_and_the_payout_reaches_paid(django_
 
 
 # Beat's scheduled-payouts entry as a freshly started beat holds it, and the banner line,
-# both from the settings of a process started with `make run`'s environment.
+# both from the settings of a process started with `make run`'s environment. (Beat's
+# DatabaseScheduler stores the same entry, its interval updated from the settings at each
+# start, and starts a new entry's clock when it is created, as this one does; an entry
+# that ran before is due at once when its last run is older than the interval.)
 _BEAT_PROBE = """
 import json
 import django
