@@ -2,15 +2,17 @@
 
     .venv/bin/python bench/bench_balance.py --entries 1000000 --requests 1000
 
-Uses its own database (tally_bench_balance). The first run loads, outside the timing, one
+Uses its own database (`--db`, default tally_bench_balance). The first run loads, outside the timing, one
 merchant's history with set-based SQL (a bench loader, not the posting path): `--entries`
-entries over 400 days, one in ten a debit, each against the adjustments account, its
-balance rows set to match and its daily totals summed from them. Later runs reuse it
+entries over 400 days, one in ten a debit, one in a thousand a failed payout's money
+coming back (`payout_back`), each against the adjustments account, its balance rows set to
+match and its daily totals summed from them. Later runs reuse it
 (`--fresh` reloads). Then, in process through the WSGI app (Django's test client, the
 production settings), it times the endpoint with the tenant's default delay (2 days) on
 both of its paths: the window's ledger entries (phase `absent`), then the daily totals
 (`reads_switched`). Beside each, the raw-SQL reference: the same two reads (balance sums,
-the window's credits) sent by a bare psycopg connection; and, once, what reading the whole
+the window's pending credits: payout money coming back left out, by each credit's
+transaction kind or the totals' `returned`) sent by a bare psycopg connection; and, once, what reading the whole
 history would cost.
 """
 
@@ -58,13 +60,14 @@ def _load(entries: int) -> float:
         account = Account.objects.get(merchant=merchant).pk
         source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS).pk
         params = {"rows": entries, "merchant": account, "source": source, "span": DAYS * 86400.0}
-        # Entry g: one in ten a debit; spread evenly over DAYS days up to now.
+        # Entry g: one in ten a debit, one in a thousand (a credit) a payout's money back; spread evenly over DAYS days up to now.
         amount = "(CASE WHEN g %% 10 = 0 THEN -(50 + g %% 50) ELSE 100 + g %% 900 END)"
+        kind = "(CASE WHEN g %% 1000 = 5 THEN 'payout_back' ELSE 'adjustment' END)"
         created = "now() - make_interval(secs => (%(rows)s - g) * %(span)s / %(rows)s)"
         cursor.execute(
             f"""
             INSERT INTO wallets_ledgertransaction (id, kind, reference, created)
-            SELECT 'txn_bench' || lpad(g::text, 19, '0'), 'adjustment', 'adj_bench', {created} FROM generate_series(1, %(rows)s) g;
+            SELECT 'txn_bench' || lpad(g::text, 19, '0'), {kind}, 'adj_bench', {created} FROM generate_series(1, %(rows)s) g;
             INSERT INTO wallets_ledgerentry (transaction_id, account_id, asset_id, amount, created)
             SELECT 'txn_bench' || lpad(g::text, 19, '0'), side.account, 'JPY', side.sign * {amount}, {created}
               FROM generate_series(1, %(rows)s) g, (VALUES (%(merchant)s, 1), (%(source)s, -1)) AS side(account, sign);
@@ -76,9 +79,11 @@ def _load(entries: int) -> float:
             WITH total AS (SELECT SUM(amount) AS s FROM wallets_ledgerentry WHERE account_id = %(merchant)s)
             UPDATE wallets_balance SET balance = balance + CASE WHEN account_id = %(merchant)s THEN total.s ELSE -total.s END
               FROM total WHERE asset_id = 'JPY' AND shard = 0 AND account_id IN (%(merchant)s, %(source)s);
-            INSERT INTO wallets_merchantdailytotal (account_id, asset_id, day, shard, credited, debited, entries)
-            SELECT account_id, asset_id, (created AT TIME ZONE 'UTC')::date, 0, SUM(GREATEST(amount, 0)), SUM(GREATEST(-amount, 0)), COUNT(*)
-              FROM wallets_ledgerentry WHERE account_id = %(merchant)s GROUP BY 1, 2, 3;
+            INSERT INTO wallets_merchantdailytotal (account_id, asset_id, day, shard, credited, debited, entries, returned)
+            SELECT e.account_id, e.asset_id, (e.created AT TIME ZONE 'UTC')::date, 0, SUM(GREATEST(e.amount, 0)), SUM(GREATEST(-e.amount, 0)),
+                   COUNT(*), SUM(CASE WHEN t.kind = 'payout_back' THEN GREATEST(e.amount, 0) ELSE 0 END)
+              FROM wallets_ledgerentry e JOIN wallets_ledgertransaction t ON t.id = e.transaction_id
+             WHERE e.account_id = %(merchant)s GROUP BY 1, 2, 3;
             ANALYZE wallets_ledgertransaction, wallets_ledgerentry, wallets_balance, wallets_merchantdailytotal;
             """,
             params,
@@ -91,17 +96,19 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=1_000_000, help="the merchant's ledger entries")
     parser.add_argument("--requests", type=int, default=1000, help="timed requests per path")
     parser.add_argument("--fresh", action="store_true", help="re-create the database and reload")
+    parser.add_argument("--db", default=DB, help=f"the bench's own database, dropped by --fresh (default {DB})")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
 
     import psycopg
 
-    database_url = f"postgres://postgres@127.0.0.1:5432/{DB}"
+    db = args.db
+    database_url = f"postgres://postgres@127.0.0.1:5432/{db}"
     with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DB]).fetchone() is not None
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone() is not None
         if args.fresh or not exists:
-            admin.execute(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{DB}"')
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{db}"')
     os.environ.update(bench_env(database_url, args.redis_url))
 
     import django
@@ -124,12 +131,14 @@ def main() -> None:
         key = api_key_create(principal=merchant)[1]
         total = LedgerEntry.objects.filter(account_id=account).count()
     client = Client(HTTP_HOST=HOST, HTTP_AUTHORIZATION=f"Bearer {key}")
-    window_start = datetime.combine(datetime.now(UTC).date() - timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+    # The delay's window as the selector reads it: today and the 2 UTC days before.
+    window_start = datetime.combine(datetime.now(UTC).date() - timedelta(days=2), datetime.min.time(), tzinfo=UTC)
     raw_window = {
-        "ledger": "SELECT asset_id, SUM(amount) FROM wallets_ledgerentry WHERE account_id = %s AND created >= %s AND asset_id = 'JPY'"
-                  " AND amount > 0 GROUP BY asset_id",
-        "summary": "SELECT asset_id, SUM(credited) FROM wallets_merchantdailytotal WHERE account_id = %s AND day >= %s AND asset_id = 'JPY'"
-                   " GROUP BY asset_id",
+        "ledger": "SELECT asset_id, SUM(amount) FROM wallets_ledgerentry WHERE account_id = %(a)s AND created >= %(s)s AND asset_id = 'JPY'"
+                  " AND amount > 0 AND transaction_id NOT IN (SELECT id FROM wallets_ledgertransaction WHERE kind = 'payout_back'"
+                  " AND created >= %(s)s) GROUP BY asset_id",
+        "summary": "SELECT asset_id, SUM(credited - returned) FROM wallets_merchantdailytotal WHERE account_id = %(a)s AND day >= %(s)s"
+                   " AND asset_id = 'JPY' GROUP BY asset_id",
     }
     results: dict[str, Any] = {"entries": total, "load_seconds": load_seconds, "requests": args.requests}
     with psycopg.connect(database_url, autocommit=True) as raw:
@@ -152,7 +161,7 @@ def main() -> None:
                 started = time.perf_counter()
                 raw.execute("SELECT asset_id, SUM(balance), SUM(held) FROM wallets_balance WHERE account_id = %s GROUP BY asset_id",
                             [account]).fetchall()
-                raw.execute(raw_window[path], [account, since]).fetchall()
+                raw.execute(raw_window[path], {"a": account, "s": since}).fetchall()
                 raw_times.append((time.perf_counter() - started) * 1000)
             endpoint, reference = _pcts(times), _pcts(raw_times)
             jpy = next(line for line in body["balances"] if line["asset"] == "JPY")

@@ -12,6 +12,7 @@ from tenant_schemas_celery.task import TenantTask
 
 from payments.services.payout_saga import payout_recovery_run, payout_return, payout_submit
 from payments.services.payouts import payouts_scheduled_run
+from payments.services.topup_budget import LoopBudget, recovery_pass_deadline
 from payments.services.topup_saga import topup_recovery_run
 from tenants.duework import due_work_schemas
 from tenants.models import DueWorkKind
@@ -34,9 +35,13 @@ def topups_recover_all_tenants() -> int:
 @shared_task(base=TenantTask, name="payments.topups_recover_tenant", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped
 def topups_recover_tenant() -> dict[str, int]:
     """Runs in one tenant's schema: payouts to send or ask about, then orphaned top-ups (whose
-    pass settles the due-work row both share)."""
-    payouts = payout_recovery_run()
-    return {**{f"payouts_{outcome}": n for outcome, n in payouts.items()}, **topup_recovery_run()}
+    pass settles the due-work row both share). One time budget for both, inside the task's
+    soft limit: the payout pass is one of the pass's loops (its share,
+    TALLY_TOPUP_RECOVERY_LOOP_SECONDS, cut to the pass's deadline), and the top-up pass's
+    loops get what is left before the same deadline; a payout backlog is left due."""
+    pass_deadline = recovery_pass_deadline()
+    payouts = payout_recovery_run(budget=LoopBudget.from_settings(pass_deadline=pass_deadline))
+    return {**{f"payouts_{outcome}": n for outcome, n in payouts.items()}, **topup_recovery_run(pass_deadline=pass_deadline)}
 
 
 @shared_task(base=TenantTask, name="payments.payout_submit", ignore_result=True)  # type: ignore[untyped-decorator]  # celery is untyped

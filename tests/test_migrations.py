@@ -2,7 +2,8 @@
 database migrated with the old chain (0001-0009 as files) upgrades to the same schema as
 a fresh one (tests/tools/payments_squash_proof.py); and the derived carbon aggregate's
 migration goes back (refilling the table from the payments) and forward again, on a
-tenant of its own with payments in it, so the backward step meets real rows."""
+tenant of its own with payments in it, so the backward step meets real rows; and the
+later migrations' deploy-safety and data steps, each its own test."""
 
 from __future__ import annotations
 
@@ -204,3 +205,70 @@ def test_the_fees_migration_is_one_transaction_that_runs_again_and_validates_aft
         ("tenants_tenant", "settlement_delay_days"): "2", ("tenants_tenant", "refund_fee_policy"): "'proportional'::character varying",
         ("payments_payment", "fee"): "0", ("payments_payment", "fee_refunded"): "0", ("payments_refund", "fee"): "0",
     }, defaults
+
+
+def test_the_funds_kinds_migration_gives_earlier_daily_totals_their_returned_payout_money(tenant: Tenant) -> None:
+    """0018 adds `returned` with a database default (the code before it keeps inserting), and
+    fills it on the rows written before it from the ledger's PAYOUT_BACK credits, spread over
+    a day's shard rows up to each one's credited; run again, it sets the same."""
+    import importlib
+    from datetime import timedelta
+
+    from django.apps import apps
+    from django.utils import timezone
+
+    from wallets.daily_totals import MIGRATION, merchant_daily_totals_differences
+    from wallets.models import Account, MerchantDailyTotal, StagedMigrationState, StagedPhase, SystemRole
+    from wallets.services.ledger import Leg, ledger_post
+    from wallets.staged.phases import staged_phase_forget
+
+    StagedMigrationState.objects.update_or_create(name=MIGRATION, defaults={"phase": StagedPhase.EXPANDED})
+    staged_phase_forget()
+    try:
+        account = Account.objects.get(merchant=merchant_create(name="Returned"))
+        adjustments, in_transit = (Account.objects.get(system_role=role) for role in (SystemRole.ADJUSTMENTS, SystemRole.PAYOUTS_IN_TRANSIT))
+        day = timezone.now() - timedelta(days=1)
+        ledger_post(kind="adjustment", reference="adj_m", legs=[Leg(account, "JPY", 200), Leg(adjustments, "JPY", -200)], created=day)
+        ledger_post(kind="payout_back", reference="po_m", legs=[Leg(account, "JPY", 500), Leg(in_transit, "JPY", -500)], created=day)
+    finally:
+        staged_phase_forget()
+    [row] = MerchantDailyTotal.objects.filter(account=account)
+    assert (row.credited, row.returned) == (700, 500)  # the posting keeps it
+    # As the code before 0018 left the day: no `returned`, and its credits on two shard rows.
+    row.delete()
+    MerchantDailyTotal.objects.create(account=account, asset_id="JPY", day=row.day, shard=0, credited=300, debited=0, entries=1)
+    MerchantDailyTotal.objects.create(account=account, asset_id="JPY", day=row.day, shard=5, credited=400, debited=0, entries=1)
+    [(_, ledger, summary)] = merchant_daily_totals_differences(day_from=row.day, day_to=row.day)  # verify and reconciliation see it
+    assert (ledger, summary) == ((700, 0, 2, 500), (700, 0, 2, 0))
+    fill = importlib.import_module("wallets.migrations.0018_funds_kinds").returned_fill
+    for _ in range(2):
+        fill(apps, connection.schema_editor())
+        rows = MerchantDailyTotal.objects.filter(account=account).order_by("shard")
+        assert [(r.shard, r.credited, r.returned) for r in rows] == [(0, 300, 300), (5, 400, 200)]
+    assert merchant_daily_totals_differences(day_from=row.day, day_to=row.day) == []
+
+
+def test_the_funds_kinds_migration_goes_back_and_runs_again(scratch_tenant: Tenant) -> None:
+    """0018 is not atomic (its index is built CONCURRENTLY): back and forward twice, each
+    step re-runnable, it leaves the column with its database default (the code before it
+    keeps inserting), its CHECK validated and the partial index valid."""
+    schema = scratch_tenant.schema_name
+    for _ in range(2):
+        _migrate(schema, "wallets", "0017_payouts")
+        with in_tenant(scratch_tenant), connection.cursor() as cursor:
+            cursor.execute("SELECT to_regclass('ledgertxn_payout_back') IS NULL")
+            assert cursor.fetchone() == (True,)
+        _migrate(schema)
+    with in_tenant(scratch_tenant), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_default FROM information_schema.columns WHERE table_schema = %s AND table_name = 'wallets_merchantdailytotal'"
+            " AND column_name = 'returned'",
+            [schema],
+        )
+        assert cursor.fetchone() == ("0",)
+        cursor.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'merchantdailytotal_returned_in_credited'"
+                       " AND conrelid = 'wallets_merchantdailytotal'::regclass")
+        assert cursor.fetchone() == (True,)
+        cursor.execute("SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index WHERE indexrelid = 'ledgertxn_payout_back'::regclass")
+        valid, definition = cursor.fetchone()
+        assert valid and "WHERE ((kind)::text = 'payout_back'::text)" in definition, definition

@@ -2,10 +2,16 @@
 the simulator (held from the simulator's start, through its accounts file), a daily
 schedule and an available opening balance; the scheduled run pays it out, the simulator
 reports it paid with a signed webhook, and the payout ends `paid` with its `payout.paid`
-event for the merchant's webhook endpoint. Seeding again changes nothing."""
+event for the merchant's webhook endpoint. Seeding again changes nothing. And the banner's
+promise holds: under `make run`'s environment beat first sends that run as soon as the
+banner says, within a minute of its start (not the production default's hour)."""
 
 from __future__ import annotations
 
+import inspect
+import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +23,7 @@ from django.db import connection
 from django.test import Client
 from django_tenants.utils import schema_context
 
+from devtools import run
 from devtools.demo_seed import DEMO_DOMAIN, DEMO_SCHEMA, demo_psp_ensure, demo_seed
 from payments.models import OutboxEvent, Payout
 from payments.services.payouts import payouts_scheduled_run
@@ -61,3 +68,44 @@ def test_the_demo_merchant_is_paid_out_daily_and_the_payout_reaches_paid(django_
         finally:
             process_stop(sim, timeout=5)
             connection.set_schema_to_public()
+
+
+# Beat's scheduled-payouts entry as a freshly started beat holds it, and the banner line,
+# both from the settings of a process started with `make run`'s environment. (Beat's
+# DatabaseScheduler stores the same entry, its interval updated from the settings at each
+# start, and starts a new entry's clock when it is created, as this one does; an entry
+# that ran before is due at once when its last run is older than the interval.)
+_BEAT_PROBE = """
+import json
+import django
+django.setup()
+from celery.beat import ScheduleEntry
+from django.conf import settings
+from config.celery import app
+from devtools.run import payouts_banner_line
+entry = ScheduleEntry(name="payouts-scheduled", app=app, **app.conf.beat_schedule["payouts-scheduled"])
+due, first_in = entry.is_due()
+banner = payouts_banner_line(schedule_seconds=int(settings.TALLY_PAYOUT_SCHEDULE_SECONDS))
+print(json.dumps({"task": entry.task, "due_at_start": due, "first_in": first_in, "banner": banner}))
+"""
+
+
+def test_make_run_s_beat_pays_out_as_soon_as_its_banner_promises() -> None:
+    """The banner promises the demo payout within N s of beat's start. Under `make run`'s
+    environment (the caller's TALLY_PAYOUT_SCHEDULE_SECONDS left out, as a newcomer has
+    none) a fresh beat first sends the scheduled-payouts run within those N s, and N is
+    under a minute: with the production default, an hour, the newcomer would wait an hour
+    for what the banner says is coming."""
+    env = {name: value for name, value in os.environ.items() if name != "TALLY_PAYOUT_SCHEDULE_SECONDS"}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings.local"  # as run.main sets it
+    run.run_defaults_apply(env)
+    probe = subprocess.run([sys.executable, "-c", _BEAT_PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    found = json.loads(probe.stdout.strip().splitlines()[-1])
+    promise = re.search(r"within (\d+) s of beat's start", found["banner"])
+    assert promise, found["banner"]
+    assert found["task"] == "payments.payouts_scheduled_all_tenants"
+    assert not found["due_at_start"] and 0 < found["first_in"] <= int(promise.group(1)) <= 60, found
+    # run.main gives its processes that environment before the settings load (its banner reads them).
+    source = inspect.getsource(run.main)
+    assert source.index("run_defaults_apply(os.environ)") < source.index("django.setup()") < source.index("payouts_banner_line(")

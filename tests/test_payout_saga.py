@@ -220,3 +220,42 @@ def test_a_lost_send_marks_the_tenant_and_beats_due_task_alone_sends_it(payouts_
     topups_recover_due_tenants.apply()
     connection.set_schema(PAYOUTS_TENANT["schema_name"])
     assert _fresh(payout).status == "in_transit"
+
+
+def test_a_payout_backlog_shares_the_recovery_tasks_budget_and_is_left_due(payouts_world: World, settings: Any) -> None:
+    """The recovery task's payout pass is one loop of the pass's one budget: with 12 sends
+    lost while the PSP was down and a PSP that now takes 0.4 s a payout, a task whose pass
+    has 1.5 s (each loop 1 s) returns well inside a 4 s soft limit having sent some, the
+    top-up pass given only what was left; the rest stays due now, and the next passes send
+    it. The payout pass used to take 25 s of its own, then the top-up pass its whole budget."""
+    from django.core.cache import cache
+
+    from payments.tasks import topups_recover_tenant
+    from tests.test_card_topups import _celery_time_limits
+
+    merchant = payouts_world.merchant(funds=12_000)
+    payouts_world.sim.faults(fail_5xx=1_000)  # each send answered 500: pending, the recovery's
+    made = {payout_create(merchant=merchant, asset_code="JPY", amount=1_000).pk for _ in range(12)}
+    payouts_world.sim.faults(fail_5xx=0, latency_ms=400)
+    assert Payout.objects.filter(pk__in=made, status="pending").count() == 12
+    _lease_runs_out()
+    settings.TALLY_TOPUP_RECOVERY_LOOP_SECONDS = 1.0
+    settings.TALLY_TOPUP_RECOVERY_PASS_SECONDS = 1.5
+    schema = connection.schema_name
+    try:
+        DueWork.objects.filter(tenant_id=schema).delete()
+        started = time.monotonic()
+        with _celery_time_limits(soft=4.0, hard=6.0):
+            counts = topups_recover_tenant()
+        assert time.monotonic() - started < 4.0, counts
+        sent = Payout.objects.filter(pk__in=made, status="in_transit").count()
+        assert 1 <= sent < 12 and counts["payouts_budget_exhausted"] == 1, counts
+        assert DueWork.objects.filter(tenant_id=schema, kind=DueWorkKind.TOPUPS, due_at__lte=timezone.now()).exists()
+        for _ in range(12):  # the next passes go on with the rest
+            if sent == 12:
+                break
+            topups_recover_tenant()
+            sent = Payout.objects.filter(pk__in=made, status="in_transit").count()
+        assert sent == 12
+    finally:
+        cache.delete_many([f"topups:recovery:resume:{loop}" for loop in ("refunds", "pending")])

@@ -1,6 +1,7 @@
 """Merchant daily totals: what the ledger posted to each merchant account per UTC day and
-asset, kept by the posting itself; and the staged migration `merchant_daily_totals` that
-builds them from the ledger (the source of truth, which stays) under live traffic.
+asset (and, of the credits, what failed or canceled payouts brought back), kept by the
+posting itself; and the staged migration `merchant_daily_totals` that builds them from the
+ledger (the source of truth, which stays) under live traffic.
 
 The backfill locks every balance row of a batch of merchants (as a merchant debit does),
 so no posting adds to their totals while it recomputes them from the ledger: it never
@@ -22,15 +23,15 @@ from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, 
 from django.db.models.functions import TruncDate
 
 from wallets.locks import connection_shard, merchant_balance_rows_lock
-from wallets.models import Account, AccountKind, LedgerEntry, MerchantDailyTotal
+from wallets.models import Account, AccountKind, LedgerEntry, LedgerTransactionKind, MerchantDailyTotal
 from wallets.staged.phases import reads_new, staged_phase, writes_new
 from wallets.staged.spec import BatchResult, StagedMigration, VerifyReport, discard_in_batches, verify_snapshot
 
 MIGRATION: Final = "merchant_daily_totals"
 
 Key = tuple[str, str, date]  # (account id, asset code, day)
-Totals = tuple[int, int, int]  # (credited, debited, entries)
-_SUM_FIELDS = ("credited", "debited", "entries")
+Totals = tuple[int, int, int, int]  # (credited, debited, entries, returned)
+_SUM_FIELDS = ("credited", "debited", "entries", "returned")
 
 
 @dataclass(frozen=True)
@@ -53,49 +54,54 @@ def utc_day(moment: datetime) -> date:
     return moment.astimezone(UTC).date()
 
 
-def merchant_daily_totals_record(*, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
+def merchant_daily_totals_record(*, kind: str, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
     """Add a posting's merchant legs (account, asset, amount) to the day's totals, when the
-    tenant's phase writes them (ledger_post, after its entries). A day's first posting on a
-    shard inserts the row in a savepoint (a lost race updates instead).
+    tenant's phase writes them (ledger_post, after its entries); a credit of a `kind`
+    PAYOUT_BACK counts as `returned` too. A day's first posting on a shard inserts the row
+    in a savepoint (a lost race updates instead).
 
     Locks: each merchant leg's summary row on this connection's shard, in key order, after
     the posting's balance rows, which already hold that shard: it adds no wait."""
-    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    back = kind == LedgerTransactionKind.PAYOUT_BACK
     for account, asset, amount in legs:
         if account.kind == AccountKind.MERCHANT:
             line = totals[(account.id, asset)]
             line[0 if amount > 0 else 1] += abs(amount)
             line[2] += 1
+            line[3] += amount if back and amount > 0 else 0
     if not totals or not writes_new(staged_phase(MIGRATION)):
         return
     day, shard = utc_day(created), connection_shard()
-    for (account_id, asset), (credited, debited, entries) in sorted(totals.items()):
+    for (account_id, asset), sums in sorted(totals.items()):
         key = {"account_id": account_id, "asset_id": asset, "day": day, "shard": shard}
-        increments = {"credited": F("credited") + credited, "debited": F("debited") + debited, "entries": F("entries") + entries}
+        increments = {name: F(name) + value for name, value in zip(_SUM_FIELDS, sums, strict=True)}
         if MerchantDailyTotal.objects.filter(**key).update(**increments):
             continue
         try:
             with transaction.atomic():
-                MerchantDailyTotal.objects.create(**key, credited=credited, debited=debited, entries=entries)
+                MerchantDailyTotal.objects.create(**key, **dict(zip(_SUM_FIELDS, sums, strict=True)))
         except IntegrityError:
             MerchantDailyTotal.objects.filter(**key).update(**increments)
 
 
-def _ledger_totals(entries: QuerySet[LedgerEntry]) -> Any:
-    return (
-        entries.annotate(day=TruncDate("created", tzinfo=UTC))
-        .values("account_id", "account__merchant_id", "asset_id", "day")
-        .annotate(
-            s_credited=Sum(Case(When(amount__gt=0, then=F("amount")), default=Value(0))),
-            s_debited=Sum(Case(When(amount__lt=0, then=-F("amount")), default=Value(0))),
-            s_entries=Count("id"),
-        )
-    )
+def _ledger_totals(entries: QuerySet[LedgerEntry], *, returned: bool = True) -> Any:
+    """Totals per (account, asset, UTC day) from the entries; `returned` (the PAYOUT_BACK
+    credits) joins each entry's transaction for its kind, so a read that shows no
+    `returned` (the balance history) leaves it at 0 and skips the join."""
+    sums = {
+        "s_credited": Sum(Case(When(amount__gt=0, then=F("amount")), default=Value(0))),
+        "s_debited": Sum(Case(When(amount__lt=0, then=-F("amount")), default=Value(0))),
+        "s_entries": Count("id"),
+    }
+    if returned:
+        sums["s_returned"] = Sum(Case(When(amount__gt=0, transaction__kind=LedgerTransactionKind.PAYOUT_BACK, then=F("amount")), default=Value(0)))
+    return entries.annotate(day=TruncDate("created", tzinfo=UTC)).values("account_id", "account__merchant_id", "asset_id", "day").annotate(**sums)
 
 
 def _summary_totals(rows: QuerySet[MerchantDailyTotal]) -> Any:
     return rows.values("account_id", "account__merchant_id", "asset_id", "day").annotate(
-        s_credited=Sum("credited"), s_debited=Sum("debited"), s_entries=Sum("entries")
+        s_credited=Sum("credited"), s_debited=Sum("debited"), s_entries=Sum("entries"), s_returned=Sum("returned")
     )
 
 
@@ -113,8 +119,8 @@ def merchant_daily_totals(
     if reads_new(staged_phase(MIGRATION)):
         totals = _summary_totals(MerchantDailyTotal.objects.filter(match, _days(day_from, day_to, ledger=False)))
     else:
-        totals = _ledger_totals(LedgerEntry.objects.filter(match, _days(day_from, day_to, ledger=True)))
-    found = (DailyTotal(str(r["account__merchant_id"]), str(r["asset_id"]), r["day"], *_sums(r)) for r in totals)
+        totals = _ledger_totals(LedgerEntry.objects.filter(match, _days(day_from, day_to, ledger=True)), returned=False)
+    found = (DailyTotal(str(r["account__merchant_id"]), str(r["asset_id"]), r["day"], *_sums(r)[:3]) for r in totals)
     return sorted(found, key=lambda t: (t.day, t.merchant, t.asset), reverse=True)
 
 
@@ -130,7 +136,8 @@ def _days(day_from: date | None, day_to: date | None, *, ledger: bool) -> Q:
 
 def merchant_daily_totals_differences(*, day_from: date, day_to: date) -> list[tuple[Key, Totals | None, Totals | None]]:
     """Each (merchant account, asset, UTC day) between `day_from` and `day_to` (inclusive)
-    whose summary (shards summed) differs from the ledger, as (key, ledger, summary).
+    whose summary (shards summed) differs from the ledger, as (key, ledger, summary), each
+    (credited, debited, entries, returned).
     Run it in one snapshot (reconciliation's runs are REPEATABLE READ)."""
     truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(_days(day_from, day_to, ledger=True), account__kind=AccountKind.MERCHANT)))
     summary = _keyed(_summary_totals(MerchantDailyTotal.objects.filter(_days(day_from, day_to, ledger=False))))
@@ -142,7 +149,7 @@ def _differing(truth: dict[Key, Totals], summary: dict[Key, Totals]) -> list[Key
 
 
 def _sums(row: dict[str, Any]) -> Totals:
-    return int(row["s_credited"] or 0), int(row["s_debited"] or 0), int(row["s_entries"] or 0)
+    return int(row["s_credited"] or 0), int(row["s_debited"] or 0), int(row["s_entries"] or 0), int(row.get("s_returned") or 0)
 
 
 def _keyed(rows: Iterable[dict[str, Any]]) -> dict[Key, Totals]:

@@ -12,7 +12,7 @@ from typing import Any, TypedDict, TypeVar
 from django.apps import apps
 from django.contrib.auth.models import User
 from django.db import connection
-from django.db.models import ForeignKey, Model, Q, QuerySet, Sum
+from django.db.models import F, ForeignKey, Model, Q, QuerySet, Sum
 from django.utils import timezone
 
 from tenants.selectors import tenant_current
@@ -27,6 +27,8 @@ from wallets.models import (
     Balance,
     Customer,
     LedgerEntry,
+    LedgerTransaction,
+    LedgerTransactionKind,
     Merchant,
     MerchantDailyTotal,
     PrincipalType,
@@ -343,7 +345,8 @@ def account_balance_lines(*, account: Account) -> list[BalanceLine]:
 class MerchantFunds:
     """A merchant's funds in one asset: available + pending = balance - held, both >= 0 (a
     merchant's balance covers its held, a CHECK). Credits younger than the settlement delay
-    are pending, and debits draw on available first (docs/ARCHITECTURE.md, "Pending and available")."""
+    are pending (not a failed payout's money coming back), and debits draw on available
+    first (docs/ARCHITECTURE.md, "Pending and available")."""
 
     asset_code: str
     balance: int
@@ -353,8 +356,9 @@ class MerchantFunds:
 
     @classmethod
     def of(cls, *, asset_code: str, balance: int, held: int, recent_credits: int) -> MerchantFunds:
-        """The split of `balance` and `held` (locked or read sums) given the credits of the
-        settlement delay's window (`merchant_recent_credits`). Pure: no query."""
+        """The split of `balance` and `held` (locked or read sums) given the pending credits of
+        the settlement delay's window (`merchant_recent_credits`). Pure: no query. Callers go
+        through `merchant_funds_split`."""
         available = max(0, balance - held - recent_credits)
         return cls(asset_code=asset_code, balance=balance, held=held, pending=balance - held - available, available=available)
 
@@ -370,14 +374,18 @@ def merchant_settlement_delay_days(*, merchant: Merchant) -> int:
 def merchant_recent_credits(*, account_id: str, asset_code: str, delay_days: int, now: datetime) -> int:
     """What the merchant account was credited in `asset_code` that is still pending at `now`:
     a credit on UTC day D is available from 00:00 UTC of D + `delay_days` + 1, so it waits
-    between `delay_days` and `delay_days` + 1 days, never less than `delay_days` full days. No lock."""
+    between `delay_days` and `delay_days` + 1 days, never less than `delay_days` full days.
+    A failed or canceled payout's money coming back (PAYOUT_BACK) is never pending: it was
+    available when it left, and is again at once. No lock."""
     return _recent_credits(account_id=account_id, asset_codes=[asset_code], delay_days=delay_days, now=now).get(asset_code, 0)
 
 
 def _recent_credits(*, account_id: str, asset_codes: list[str], delay_days: int, now: datetime) -> dict[str, int]:
-    """Credits per asset of the window's UTC days (today and the `delay_days` before it): from the daily
-    totals once the tenant reads them (verify proved them complete), else from the window's
-    ledger entries alone (the (account, created) index). Never the whole history."""
+    """Pending credits per asset of the window's UTC days (today and the `delay_days` before
+    it), payout money coming back left out: from the daily totals (credited - returned) once
+    the tenant reads them (verify proved them complete), else from the window's ledger
+    entries alone (the (account, created) index) less those of the window's PAYOUT_BACK
+    transactions (their partial index). Never the whole history."""
     if delay_days <= 0 or not asset_codes:
         return {}
     # Conservative by a day: counting today and only delay - 1 days before would free a
@@ -386,25 +394,42 @@ def _recent_credits(*, account_id: str, asset_codes: list[str], delay_days: int,
     rows: Iterable[Mapping[str, Any]]
     if reads_new(staged_phase(DAILY_TOTALS)):
         days = MerchantDailyTotal.objects.filter(account_id=account_id, asset_id__in=asset_codes, day__gte=first_day)
-        rows = days.values("asset_id").annotate(total=Sum("credited"))
+        rows = days.values("asset_id").annotate(total=Sum(F("credited") - F("returned")))
     else:
         since = datetime.combine(first_day, time.min, tzinfo=UTC)
         entries = LedgerEntry.objects.filter(account_id=account_id, created__gte=since, asset_id__in=asset_codes, amount__gt=0)
-        rows = entries.values("asset_id").annotate(total=Sum("amount"))
+        # The window's PAYOUT_BACK transactions, every merchant's (few: their partial index),
+        # hashed once; looking up each credit's transaction for its kind cost 3x the read.
+        # An entry's `created` is its transaction's (ledger_rows_new).
+        back = LedgerTransaction.objects.filter(kind=LedgerTransactionKind.PAYOUT_BACK, created__gte=since).values("pk")
+        rows = entries.exclude(transaction_id__in=back).values("asset_id").annotate(total=Sum("amount"))
     return {str(row["asset_id"]): int(row["total"]) for row in rows}
+
+
+def merchant_funds_split(*, account_id: str, delay_days: int, sums: Mapping[str, tuple[int, int]], now: datetime) -> list[MerchantFunds]:
+    """The one split of a merchant account's (balance, held) per asset (`sums`, in the order
+    given) into available and pending, by `delay_days` at `now`. Both views of a merchant's
+    funds go through it, so they cannot drift: `merchant_funds` (GET /v1/merchant/balance,
+    the back office) with read sums, and a payout (payments.services.payouts) with the sums of
+    the rows it locked. One query for the window's pending credits, none when no asset has
+    anything to spend. No lock."""
+    spendable = [code for code, (balance, held) in sums.items() if balance > held]
+    recent = _recent_credits(account_id=account_id, asset_codes=spendable, delay_days=delay_days, now=now)
+    return [
+        MerchantFunds.of(asset_code=code, balance=balance, held=held, recent_credits=recent.get(code, 0))
+        for code, (balance, held) in sums.items()
+    ]
 
 
 def merchant_funds(*, merchant: Merchant, now: datetime | None = None) -> list[MerchantFunds]:
     """The merchant's funds per asset (every account has a row per asset), main currency first.
-    Reads, no lock: a payout locks the balance rows and splits their sums itself."""
+    Reads, no lock: a payout locks the balance rows and splits their sums itself, through
+    the same `merchant_funds_split`."""
     account = Account.objects.only("pk").get(merchant_id=merchant.pk)
     # Two reads, not one snapshot: a posting committed between them can move this answer's
     # split by its amount (never the sum, nor below zero). A payout locks the rows first.
     lines = account_balance_lines(account=account)
-    delay = merchant_settlement_delay_days(merchant=merchant)
-    spendable = [line["asset"] for line in lines if line["balance"] > line["held"]]
-    recent = _recent_credits(account_id=account.pk, asset_codes=spendable, delay_days=delay, now=now or timezone.now())
-    return [
-        MerchantFunds.of(asset_code=line["asset"], balance=line["balance"], held=line["held"], recent_credits=recent.get(line["asset"], 0))
-        for line in lines
-    ]
+    return merchant_funds_split(
+        account_id=account.pk, delay_days=merchant_settlement_delay_days(merchant=merchant),
+        sums={line["asset"]: (line["balance"], line["held"]) for line in lines}, now=now or timezone.now(),
+    )

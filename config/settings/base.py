@@ -253,8 +253,9 @@ TALLY_RELAY_TEST_PAUSE_AFTER_CLAIM_SECONDS = env.float("TALLY_RELAY_TEST_PAUSE_A
 # The lease must outlast the PSP call, so only a crashed or stalled holder's claim is taken over.
 TALLY_PSP_TIMEOUT_SECONDS = env.float("TALLY_PSP_TIMEOUT_SECONDS", default=10.0)
 TALLY_TOPUP_LEASE_SECONDS = env.int("TALLY_TOPUP_LEASE_SECONDS", default=30)
-# A recovery pass's loops (payments/services/topup_budget.py), each overrunning by one PSP call at most, and
-# the purge and settle after them must end inside the task's own soft limit, or the pass dies before its settle.
+# A recovery pass's loops (payments/services/topup_budget.py; the payout pass is one of them, payments.tasks), each
+# overrunning by one PSP call at most, and the purge and settle after them must end inside the task's own soft
+# limit, or the pass dies before its settle.
 TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT = env.int("TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT", default=120)
 TALLY_TOPUP_RECOVERY_TIME_LIMIT = env.int("TALLY_TOPUP_RECOVERY_TIME_LIMIT", default=180)
 if TALLY_TOPUP_RECOVERY_TIME_LIMIT <= TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT:
@@ -264,7 +265,7 @@ CELERY_TASK_ANNOTATIONS = {
         "soft_time_limit": TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT, "time_limit": TALLY_TOPUP_RECOVERY_TIME_LIMIT,
     },
 }
-TOPUP_RECOVERY_LOOPS = 3
+TOPUP_RECOVERY_LOOPS = 4  # payouts, card refunds, orphaned claims, pending top-ups
 TOPUP_RECOVERY_TAIL_SECONDS = 15  # purge, gauges, the due-work settle
 _topup_loop_fit = (TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS) / TOPUP_RECOVERY_LOOPS - TALLY_PSP_TIMEOUT_SECONDS
 _topup_loop_set = env("TALLY_TOPUP_RECOVERY_LOOP_SECONDS", default="")
@@ -273,14 +274,16 @@ if not _topup_loop_set:
     if _topup_loop_fit < 1.0:
         raise ImproperlyConfigured(
             "TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT is too short for a top-up recovery pass: it must be at least"
-            f" 3 x (1 s + TALLY_PSP_TIMEOUT_SECONDS) + 15 s ({3 * (1 + TALLY_PSP_TIMEOUT_SECONDS) + TOPUP_RECOVERY_TAIL_SECONDS:g} s now)"
+            f" {TOPUP_RECOVERY_LOOPS} x (1 s + TALLY_PSP_TIMEOUT_SECONDS) + 15 s"
+            f" ({TOPUP_RECOVERY_LOOPS * (1 + TALLY_PSP_TIMEOUT_SECONDS) + TOPUP_RECOVERY_TAIL_SECONDS:g} s now)"
         )
     TALLY_TOPUP_RECOVERY_LOOP_SECONDS = _topup_loop_fit
 else:
     TALLY_TOPUP_RECOVERY_LOOP_SECONDS = float(_topup_loop_set)
     if not 0 < TALLY_TOPUP_RECOVERY_LOOP_SECONDS <= _topup_loop_fit:
         raise ImproperlyConfigured(
-            "TALLY_TOPUP_RECOVERY_LOOP_SECONDS: 3 x (it + TALLY_PSP_TIMEOUT_SECONDS) + 15 s must fit in TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT"
+            f"TALLY_TOPUP_RECOVERY_LOOP_SECONDS: {TOPUP_RECOVERY_LOOPS} x (it + TALLY_PSP_TIMEOUT_SECONDS) + 15 s must fit in"
+            " TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT"
             f" (at most {_topup_loop_fit:g} s now)"
         )
 # One deadline for the whole pass, so loops that each stay in budget cannot add up past the soft limit.

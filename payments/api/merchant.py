@@ -54,8 +54,8 @@ class BalanceViewSet(MerchantViewSet):
         tags=TAG, summary="The merchant's balances per asset, each split into available and pending by the settlement delay",
         description="Per asset: available + pending = balance - held, both >= 0. Credits younger than the settlement delay (the"
         " merchant's, else the tenant's; default 2 days) are pending: a credit on UTC day D is available from 00:00 UTC of D + delay + 1"
-        " (at least `delay` full days)."
-        " Refunds and reversals draw on available first, then pending.",
+        " (at least `delay` full days). A failed or canceled payout's money coming back is available at once, as it was when it left."
+        " Refunds and reversals draw on available first, then pending. `available` is what POST /v1/merchant/payouts may take.",
         responses=s.MerchantBalanceOut,
     )
     def list(self, request: Request) -> Response:

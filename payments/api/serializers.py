@@ -290,7 +290,8 @@ class MerchantBalanceLineOut(Serializer):
     balance = S.IntegerField()
     available = S.IntegerField(help_text="What may be paid out now: balance - held - pending.")
     pending = S.IntegerField(help_text="Credits younger than the settlement delay (a credit on UTC day D is available from 00:00 UTC of"
-                             " D + delay + 1), less what debits took beyond available.")
+                             " D + delay + 1; a failed or canceled payout's money coming back is available at once), less what debits"
+                             " took beyond available.")
     held = S.IntegerField()
 
 

@@ -17,7 +17,8 @@ its id as the idempotency key, outside any transaction:
    transaction open, and only then moves the money back to the merchant (from in transit,
    or from the PSP settlement for a paid one). Each moves money once: the status is checked
    on the locked row, and the database refuses a status that goes back (migration 0026);
-5. `payout_recovery_run` (beat, with the top-up recovery): sends what was never sent or whose
+5. `payout_recovery_run` (beat, with the top-up recovery, as one loop of its time budget:
+   payments.tasks): sends what was never sent or whose
    holder died (same key: the PSP answers its first payout), retries the returns the PSP
    did not answer, and asks the PSP about payouts in transit past its promise, whose webhook
    may be lost.
@@ -47,6 +48,7 @@ from payments.locks import payout_lock, payout_recovery_lock
 from payments.models import Payout, PayoutStatus
 from payments.selectors import gateway_account_get, payouts_returns_owed, payouts_sendable, payouts_to_check
 from payments.services.outbox import epoch_seconds, outbox_event_create
+from payments.services.topup_budget import LoopBudget, recovery_pass_deadline
 from payments.services.topups import PSP_KEY_TRUSTED_FOR
 from tenants.duework import due_work_mark
 from tenants.models import DueWorkKind
@@ -390,40 +392,48 @@ def payout_funds_back(*, payout: Payout, failure_code: str) -> Payout:
 # --- 5: recovery ------------------------------------------------------------------------------
 
 
-def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget_seconds: float = 25.0) -> dict[str, int]:
+def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget: LoopBudget | None = None) -> dict[str, int]:
     """One tenant's payout recovery pass: send the pending payouts whose send was lost or
     whose holder died, take back the money of failed payouts the PSP did not answer about
-    (`return_*` counts), then ask the PSP about payouts in transit past its promise. Payouts
-    in the operator queue are left alone. Returns counts by outcome, or {"skipped": 1} while
-    another pass runs. Locks: the tenant's payout recovery lock (session advisory); per
-    payout, as `payout_submit`, `payout_return` or `payout_settle`."""
+    (`return_*` counts), then ask the PSP about payouts in transit past its promise, while
+    `budget` lasts (the recovery task's loop share, cut to its pass's deadline; None: such a
+    share of a pass starting now); the payout in hand is finished. Cut short, it counts
+    `budget_exhausted`: what it left is still due (the top-up pass's settle of the due-work
+    row both share reads it). Payouts in the operator queue are left alone. Returns counts by
+    outcome, or {"skipped": 1} while another pass runs. Locks: the tenant's payout recovery
+    lock (session advisory); per payout, as `payout_submit`, `payout_return` or `payout_settle`."""
     with payout_recovery_lock() as taken:
         if not taken:
             return {"skipped": 1}
+        if budget is None:
+            budget = LoopBudget.from_settings(pass_deadline=recovery_pass_deadline())
         counts: dict[str, int] = {}
-        deadline = time.monotonic() + budget_seconds
         now = timezone.now()
         seen: set[str] = set()
-        while time.monotonic() < deadline:
+        while not budget.spent():
             page = [p for p in payouts_sendable(created_before=now - _lease(), now=now).values_list("pk", flat=True)[:batch_size]
                     if p not in seen]
             for payout_id in page:
+                if budget.spent():
+                    break
                 seen.add(payout_id)
                 _count(counts, _isolated(functools.partial(payout_submit, payout_id=payout_id), payout_id))
-                if time.monotonic() >= deadline:
-                    break
             if len(page) < batch_size:
                 break
         for payout_id in payouts_returns_owed(now=now, retry_after=_lease()).values_list("pk", flat=True)[:batch_size]:
-            if time.monotonic() >= deadline:
+            if budget.spent():
                 break
             returned = _isolated(functools.partial(payout_return, payout_id=payout_id), payout_id)
             _count(counts, returned if returned.startswith("return_") else f"return_{returned}")
         check_every = timedelta(seconds=int(settings.TALLY_PAYOUT_CHECK_SECONDS))
-        for payout in payouts_to_check(now=now, check_every=check_every)[:batch_size]:
-            if time.monotonic() >= deadline:
-                break
-            _count(counts, "checked_" + _isolated(functools.partial(_check, payout), payout.pk))
+        if not budget.exhausted:
+            for payout in payouts_to_check(now=now, check_every=check_every)[:batch_size]:
+                if budget.spent():
+                    break
+                _count(counts, "checked_" + _isolated(functools.partial(_check, payout), payout.pk))
+        if budget.exhausted:
+            counts["budget_exhausted"] = 1
+            logger.warning("payout recovery pass cut short by its time budget: the next pass goes on")
         return counts
 
 

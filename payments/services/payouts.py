@@ -11,11 +11,10 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import date, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, connections
-from django.db.models import Sum
 from django.utils import timezone
 
 from payments.errors import (
@@ -45,9 +44,9 @@ from payments.services.payout_saga import (
 )
 from wallets.errors import InvalidRequest, InvalidState, NotFound, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_lock, connection_shard, merchant_lock
-from wallets.models import Account, Asset, LedgerEntry, LedgerTransactionKind, Merchant, PayoutSchedule, StaffMember, SystemRole
+from wallets.models import Account, Asset, LedgerTransactionKind, Merchant, PayoutSchedule, StaffMember, SystemRole
 from wallets.money import amount_to_minor
-from wallets.selectors import asset_get, merchant_settlement_delay_days, movement_accounts_get
+from wallets.selectors import asset_get, merchant_funds_split, merchant_settlement_delay_days, movement_accounts_get
 from wallets.services.audit import audit_record
 from wallets.services.ledger import Leg, ledger_post
 from wallets.transactions import atomic_service, run_atomic
@@ -59,19 +58,14 @@ BANK_ACCOUNT_COOLING = timedelta(days=7)
 
 
 def _available(*, locked: LockedBalances, account: Account, asset_code: str, delay_days: int, now: datetime) -> int:
-    """What the merchant may be paid out now: max(0, balance - held - its pending credits),
-    read on its locked rows (every shard). Pending is the credits since 00:00 UTC of today -
-    `delay_days`, as in wallets.selectors.merchant_funds, read from that window's ledger
-    entries. A failed payout's money coming back is no new credit: it was available when it
-    left (merchant_funds, which reads the daily totals, counts it as pending)."""
+    """What the merchant may be paid out now, read on its locked rows (every shard): their
+    sums split by wallets.selectors.merchant_funds_split, the one split GET
+    /v1/merchant/balance shows, so a payout never refuses what the balance says is available
+    (nor allows what it says is pending)."""
     shards = locked.shards(account=account, asset_code=asset_code)
-    recent = 0
-    if delay_days > 0:
-        since = datetime.combine(now.astimezone(UTC).date() - timedelta(days=delay_days), time.min, tzinfo=UTC)
-        recent = LedgerEntry.objects.filter(account_id=account.pk, asset_id=asset_code, amount__gt=0, created__gte=since).exclude(
-            transaction__kind=LedgerTransactionKind.PAYOUT_BACK
-        ).aggregate(total=Sum("amount"))["total"] or 0
-    return max(0, sum(row.balance - row.held for row in shards) - int(recent))
+    sums = {asset_code: (sum(row.balance for row in shards), sum(row.held for row in shards))}
+    [funds] = merchant_funds_split(account_id=account.pk, delay_days=delay_days, sums=sums, now=now)
+    return funds.available
 
 
 # --- Bank accounts --------------------------------------------------------------------------------

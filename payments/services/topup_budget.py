@@ -1,8 +1,8 @@
-"""Time budgets of a top-up recovery pass, and where each of its loops resumes
-(docs/RELIABILITY.md, "A slow PSP"). Each loop (card refunds, orphaned claims, pending
+"""Time budgets of a recovery pass, and where each of its loops resumes (docs/RELIABILITY.md,
+"A slow PSP"). Each loop (the payout pass, then card refunds, orphaned claims, pending
 top-ups) takes records only while its own budget lasts (TALLY_TOPUP_RECOVERY_LOOP_SECONDS)
-and never past the pass's deadline (TALLY_TOPUP_RECOVERY_PASS_SECONDS); the record in hand
-is finished. A loop cut short remembers where it stopped in the cache, per tenant, and the
+and never past the pass's one deadline (TALLY_TOPUP_RECOVERY_PASS_SECONDS), which the
+recovery task takes once for both sagas; the record in hand is finished. A loop cut short remembers where it stopped in the cache, per tenant, and the
 next pass resumes after it and comes round to the start, so records failing at the head
 cannot hold back the rest; lost (Redis down, evicted), the loop starts from the oldest.
 """

@@ -189,17 +189,19 @@ def _pending_resolve(topup: TopUp, lease_seconds: int) -> str:
     return _resolve(ctx=ctx, call=_call_of(taken), topup_id=topup.pk)
 
 
-def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int]:
-    """One tenant's recovery pass (step 5; loops and budgets: topup_budget.py). Returns counts
-    by outcome, or {"skipped": 1} while another pass of the tenant runs. A loop cut short by
-    its budget (`budget_exhausted`) leaves the tenant due now for the next pass.
+def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, pass_deadline: float | None = None) -> dict[str, int]:
+    """One tenant's recovery pass (step 5; loops and budgets: topup_budget.py), its loops cut
+    to `pass_deadline` (`time.monotonic()`; None: a pass starting now; the recovery task
+    passes the deadline its payout pass already spent from). Returns counts by outcome, or
+    {"skipped": 1} while another pass of the tenant runs. A loop cut short by its budget
+    (`budget_exhausted`) leaves the tenant due now for the next pass.
     Locks: the tenant's recovery lock (session advisory); per item, the idempotency record
     (takeover, fenced completion), the top-up row and the balance rows; then the due-work
     lock, tried (`topup_due_settle`), and, with work left, SHARED (`topup_recovery_due_now`)."""
     with topup_recovery_lock() as taken:
         if not taken:
             return {"skipped": 1}
-        counts = _recovery_pass(batch_size=batch_size)
+        counts = _recovery_pass(batch_size=batch_size, pass_deadline=recovery_pass_deadline() if pass_deadline is None else pass_deadline)
         topup_due_settle()
         if counts.get("budget_exhausted"):
             # After the settle (which reads only what the records make due): a row due now
@@ -208,7 +210,7 @@ def topup_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE) -> dict[str, int
         return counts
 
 
-def _recovery_pass(*, batch_size: int) -> dict[str, int]:
+def _recovery_pass(*, batch_size: int, pass_deadline: float) -> dict[str, int]:
     lease_seconds = int(settings.TALLY_TOPUP_LEASE_SECONDS)
     counts: dict[str, int] = {}
 
@@ -233,7 +235,6 @@ def _recovery_pass(*, batch_size: int) -> dict[str, int]:
             return default
 
     budgets: list[LoopBudget] = []
-    pass_deadline = recovery_pass_deadline()
 
     def budget() -> LoopBudget:
         budgets.append(LoopBudget.from_settings(pass_deadline=pass_deadline))

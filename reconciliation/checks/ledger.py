@@ -142,7 +142,7 @@ def merchant_daily_totals_check(ctx: CheckContext) -> Iterator[Discrepancy]:
         yield Discrepancy(
             kind="merchant_daily_total_mismatch", severity=Severity.CRITICAL,
             summary=f"merchant account {account_id}, {asset}, {day}: the daily totals table says {summary} "
-            f"(credited, debited, entries), the ledger {ledger}",
+            f"(credited, debited, entries, returned), the ledger {ledger}",
             details={"account": account_id, "asset": asset, "day": day.isoformat(), "ledger": ledger, "summary": summary},
             refs=(account_ref(account_id),),
         )

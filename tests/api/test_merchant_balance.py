@@ -1,5 +1,6 @@
 """`GET /v1/merchant/balance`: balance, held, and their split into available and pending by
-the settlement delay; and the delay's settings in the back office and the platform admin."""
+the settlement delay, the split payout creation uses too (a canceled payout's money is
+available at once to both); and the delay's settings in the back office and the platform admin."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import yaml
 from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission
@@ -14,14 +16,19 @@ from django.test import Client
 from django.utils import timezone
 
 from devtools.demo_seed import staff_login_ensure
+from payments.models import MerchantBankAccount, Payout
+from payments.services.payouts import bank_account_attach, payout_cancel
 from tenants.middleware import tenant_cache_clear
 from tenants.models import Tenant
 from tests.api.conftest import Api, World
 from tests.api.test_money_endpoints import fund, pay
 from tests.conftest import TENANT_A
-from wallets.models import Account, AuditEntry, Merchant, SystemRole
+from tests.payouts_support import fund as fund_days_ago
+from wallets.daily_totals import MIGRATION as DAILY_TOTALS
+from wallets.models import Account, AuditEntry, Merchant, StagedMigrationState, StagedPhase, SystemRole
 from wallets.services.ledger import Leg, ledger_post
 from wallets.services.principals import merchant_settlement_delay_set
+from wallets.staged.phases import staged_phase_forget
 
 
 def _jpy(api: Api, key: str) -> dict[str, Any]:
@@ -53,6 +60,35 @@ def test_the_balance_splits_into_available_and_pending(api: Api, world: World, t
         assert _jpy(api, world.merchant.key)["available"] == 1100  # the tenant's setting, once the override is gone
     finally:
         tenant_cache_clear()  # the host cache holds the row this test changed (rolled back after it)
+
+
+@pytest.mark.parametrize("phase", [StagedPhase.VERIFIED, StagedPhase.READS_SWITCHED])
+def test_a_canceled_payout_s_money_is_available_at_once_to_the_balance_and_to_a_new_payout(
+    api: Api, world: World, tenant: Tenant, phase: StagedPhase
+) -> None:
+    """The balance and payout creation split by one selector: the money of a payout that
+    came back is available at once on both, never pending on one and available on the other.
+    Daily totals written in both phases; read from the ledger's window (`verified`), then
+    from the totals (`reads_switched`), which alone cannot tell a credit's kind."""
+    StagedMigrationState.objects.update_or_create(name=DAILY_TOTALS, defaults={"phase": phase})
+    staged_phase_forget()
+    try:
+        merchant, key = world.merchant.obj, world.merchant.key
+        fund_days_ago(merchant, 5_000, days_ago=3)
+        fund_days_ago(merchant, 2_000, days_ago=0)
+        bank_account_attach(merchant=merchant, token="btok_bank", staff=world.staff.obj)
+        MerchantBankAccount.objects.filter(merchant=merchant).update(changed_at=timezone.now() - timedelta(days=8))
+        made = api.post("/v1/merchant/payouts", key, {"asset": "JPY", "amount": 5_000})
+        assert made.status_code == 201, made.content
+        assert _jpy(api, key) == {"asset": "JPY", "balance": 2_000, "available": 0, "pending": 2_000, "held": 0}
+        payout_cancel(payout=Payout.objects.get(pk=made.json()["id"]), reason="the merchant asked")  # never sent: money back today
+        assert _jpy(api, key) == {"asset": "JPY", "balance": 7_000, "available": 5_000, "pending": 2_000, "held": 0}
+        over = api.post("/v1/merchant/payouts", key, {"asset": "JPY", "amount": 5_001})
+        assert over.status_code == 402 and over.json()["error"]["code"] == "insufficient_available", over.content
+        assert api.post("/v1/merchant/payouts", key, {"asset": "JPY", "amount": 5_000}).status_code == 201
+        assert _jpy(api, key) == {"asset": "JPY", "balance": 2_000, "available": 0, "pending": 2_000, "held": 0}
+    finally:
+        staged_phase_forget()
 
 
 def test_the_schema_documents_pending(world: World) -> None:

@@ -125,7 +125,7 @@ def ledger_post(
         raise ValueError(f"written transaction {written.pk} is not this posting's")
     else:
         txn = written
-    merchant_daily_totals_record(legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=txn.created)
+    merchant_daily_totals_record(kind=kind, legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=txn.created)
     return txn
 
 
