@@ -45,11 +45,12 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
+from payments.gateways import metrics
 from payments.gateways.base import GatewayError, GatewayRejected, GatewayReturnRefused, PayoutRequest, PayoutResult
 from payments.gateways.registry import gateway_build
 from payments.locks import payout_lock, payout_recovery_lock
 from payments.models import Payout, PayoutStatus
-from payments.selectors import gateway_account_get, payouts_returns_owed, payouts_sendable, payouts_to_check
+from payments.selectors import gateway_account_get, payout_queues, payouts_returns_owed, payouts_sendable, payouts_to_check
 from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.topups import PSP_KEY_TRUSTED_FOR
 from tenants.duework import due_work_mark
@@ -442,8 +443,8 @@ def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget_seconds:
     """One tenant's payout recovery pass: send the pending payouts whose send was lost or
     whose holder died, take back the money of failed payouts the PSP did not answer about
     (`return_*` counts), then ask the PSP about payouts in transit past its promise. Payouts
-    in the operator queue are left alone. Returns counts by outcome, or {"skipped": 1} while
-    another pass runs. Locks: the tenant's payout recovery lock (session advisory); per
+    in the operator queue are left alone; last, the payout gauges (`payouts_gauges_refresh`).
+    Returns counts by outcome, or {"skipped": 1} while another pass runs. Locks: the tenant's payout recovery lock (session advisory); per
     payout, as `payout_submit`, `payout_return` or `payout_settle`."""
     with payout_recovery_lock() as taken:
         if not taken:
@@ -472,7 +473,26 @@ def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget_seconds:
             if time.monotonic() >= deadline:
                 break
             _count(counts, "checked_" + _isolated(functools.partial(_check, payout), payout.pk))
+        try:
+            payouts_gauges_refresh()
+        except DatabaseError as exc:
+            if is_connection_failure(exc):
+                raise
+            logger.exception("the payout gauges could not be refreshed; the pass goes on")
         return counts
+
+
+def payouts_gauges_refresh() -> dict[str, int]:
+    """The current tenant's gauges of payouts waiting for a person (the operator queue) or for
+    the PSP (money owed back), with the age of the oldest of each: an alert's threshold."""
+    tenant = str(getattr(connection, "schema_name", "public"))
+    queues = payout_queues()
+    now = timezone.now()
+    metrics.PAYOUTS_OPERATOR_REVIEW.labels(tenant=tenant).set(queues.operator_review)
+    metrics.PAYOUTS_RETURNS_OWED.labels(tenant=tenant).set(queues.returns_owed)
+    for queue, oldest in (("operator_review", queues.operator_review_oldest), ("return_owed", queues.returns_owed_oldest)):
+        metrics.PAYOUTS_WAITING_OLDEST.labels(tenant=tenant, queue=queue).set(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+    return {"operator_review": queues.operator_review, "returns_owed": queues.returns_owed}
 
 
 def _check(payout: Payout) -> str:
