@@ -13,7 +13,7 @@ its id as the idempotency key, outside any transaction:
    Failed with nothing sent (refused at once) moves the money back to the merchant there.
    A payout the PSP had and then failed or canceled (even after paid) is first owed back
    (`return_owed_at`): `payout_return` asks the gateway to take back what it sent on (at
-   Stripe, the transfer to the connected account, key `<payout id>:reversal`), no
+   Stripe, the transfer to the connected account, key `<payout id>:reversal:<transfer>`), no
    transaction open, and only then moves the money back to the merchant (from in transit,
    or from the PSP settlement for a paid one). Each moves money once: the status is checked
    on the locked row, and the database refuses a status that goes back (migration 0026);
@@ -369,10 +369,10 @@ def payout_funds_return(*, payout: Payout, status: str, failure_code: str) -> Pa
 
 
 def payout_return(*, payout_id: str) -> str:
-    """The money of a payout the PSP had and then failed or canceled goes back to the
-    merchant only once the gateway has taken back what it sent on (at Stripe, the transfer
-    to the merchant's connected account: key `<payout id>:reversal`), asked with no
-    transaction open. Returns failed (the money is back with the merchant), return_unavailable
+    """The money of a payout the PSP had and then failed or canceled (or two staff members
+    failed) goes back to the merchant only once the gateway has taken back what it sent on
+    (at Stripe, the transfer to the merchant's connected account: key
+    `<payout id>:reversal:<transfer id>`), asked with no transaction open. Returns failed (the money is back with the merchant), return_unavailable
     (no answer: the payout stays owed, the recovery asks again), review (the PSP refused:
     stopped for an operator, the money stays where it is), unchanged (nothing owed now).
     Locks: the payout row (one UPDATE); then as `_returned` or `_return_refused`."""
