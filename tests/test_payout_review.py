@@ -31,7 +31,7 @@ from payments.services.payout_saga import payout_recovery_run, payout_submit
 from payments.services.payouts import payout_create, payout_review_resolve, payout_review_stop
 from tests.payouts_support import PAYOUTS_TENANT, WEBHOOK_SECRET, World, balance, events, ledger_kinds
 from wallets.errors import InvalidState
-from wallets.models import AuditEntry
+from wallets.models import AuditEntry, Merchant
 from wallets.services.principals import staff_member_get_or_create
 
 
@@ -208,6 +208,7 @@ def test_staff_stop_a_payout_the_psp_never_heard_of_and_two_fail_it_with_the_mon
     merchant = payouts_world.merchant(funds=1_200)
     payouts_world.sim.faults(fail_5xx=1)
     payout = payout_create(merchant=merchant, asset_code="JPY", amount=1_200)
+    Merchant.objects.filter(pk=merchant.pk).update(payouts_held=True)  # no other test's recovery sends it meanwhile
     alice, bob = payouts_world.staff, _bob()
     with pytest.raises(InvalidState):  # its send's lease is live
         payout_review_stop(payout=payout, staff=alice, reason="the PSP says it has nothing")
@@ -238,11 +239,14 @@ def test_a_stop_whose_psp_read_raced_the_recoverys_send_is_refused(payouts_world
     merchant = payouts_world.merchant(funds=1_100)
     payouts_world.sim.faults(fail_5xx=1)
     payout = payout_create(merchant=merchant, asset_code="JPY", amount=1_100)
+    # Held, so that no other test's recovery in this tenant sends it before the moment below (a stop ignores the hold).
+    Merchant.objects.filter(pk=merchant.pk).update(payouts_held=True)
     _lease_runs_out()
     real = SimulatorGateway.payouts_of
 
     def read_then_recovery_sends(self: SimulatorGateway, **kwargs: Any) -> Any:
         found = real(self, **kwargs)  # nothing yet
+        Merchant.objects.filter(pk=merchant.pk).update(payouts_held=False)
         assert payout_submit(payout_id=payout.pk) == "in_transit"  # the recovery, between the PSP's answer and the stop's lock
         return found
 
@@ -263,6 +267,7 @@ def test_the_back_office_stop_asks_the_psp_outside_any_transaction_and_a_resubmi
     merchant = payouts_world.merchant(funds=900)
     payouts_world.sim.faults(fail_5xx=1)
     payout = payout_create(merchant=merchant, asset_code="JPY", amount=900)
+    Merchant.objects.filter(pk=merchant.pk).update(payouts_held=True)  # no other test's recovery sends it meanwhile
     _lease_runs_out()
     in_transaction: list[bool] = []
     real = SimulatorGateway.payouts_of
