@@ -18,7 +18,8 @@ opens a new account, like a test-mode key):
     POST /v1/payouts/<id>/reversals  {}  take back a failed payout's money     + Idempotency-Key
     GET  /v1/bank_accounts/<id> the bank account, with `balance` {currency: minor units}: what
                                 the PSP holds for it (a payout failed later, not taken back)
-    GET  /v1/settlements/<day>  the day's (UTC) settled charges, refunds and payouts, with totals
+    GET  /v1/settlements/<day>  the day's (UTC) settled charges, refunds and payouts (a failed
+                                one only while its money is out, not yet reversed), with totals
     POST /v1/webhook_endpoints  {url, secret}  where signed events go (Psp-Signature: t=..,v1=..)
 
 Test cards: `pm_card_visa`, `pm_card_mastercard` (succeed), `pm_card_declined`
@@ -338,7 +339,10 @@ class Simulator:
                 for r in acct.refunds.values() if on_day(int(r["created"]))
             ] + [
                 {"type": "payout", "id": p["id"], "amount": -int(p["amount"]), "currency": p["currency"], "metadata": p["metadata"]}
-                for p in acct.payouts.values() if p["status"] != "failed" and on_day(int(p["created"]))
+                # A failed payout left nothing once its money is back: declined at once, or taken back by a reversal.
+                # Failed later and not reversed, its money is still out with the bank account, as Stripe's transfer stays.
+                for p in acct.payouts.values()
+                if (p["status"] != "failed" or (p.get("held_back") and not p.get("reversed"))) and on_day(int(p["created"]))
             ]
         totals: dict[str, int] = {}
         for line in lines:

@@ -32,19 +32,23 @@ class StaffActionForm(forms.Form):
 
 def staff_form_submit(
     request: HttpRequest, form_class: type[StaffActionForm], *, action: str, target: Any, run: Callable[[dict[str, Any]], str | tuple[str, str]],
-    audit: bool = True,
+    audit: bool = True, prepare: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[StaffActionForm, StaffActionResult | None]:
     """A fresh confirmation (a new idempotency key) on GET; on a valid POST, `run(data)` through
-    staff_action_run (at most once per key, audited) and its result, or the form with the refusal."""
+    staff_action_run (at most once per key, audited) and its result, or the form with the refusal.
+    `prepare(data)` runs first, before the claim's transaction (a read of a PSP, which must not
+    hold a transaction open): what it returns is added to the data `run` gets, not to the
+    key's fingerprint nor to the audit entry."""
     if request.method != "POST":
         return form_class(initial={"idempotency_key": uuid.uuid4().hex}), None
     form = form_class(request.POST)
     if form.is_valid():
         data = {k: v for k, v in form.cleaned_data.items() if k != "idempotency_key"}
         try:
+            prepared = {**data, **prepare(data)} if prepare is not None else data
             return form, staff_action_run(
                 user_id=request.user.pk, action=action, target=target, idempotency_key=form.cleaned_data["idempotency_key"], data=data,
-                fn=lambda: run(data), audit=audit,
+                fn=lambda: run(prepared), audit=audit,
             )
         except IdempotencyError as exc:
             # A duplicate is running, or the key was used for other data: keep it (this confirmation acts at most once).

@@ -59,6 +59,7 @@ from payments.services.payouts import (
     payout_retry,
     payout_review_resolve,
     payout_review_stop,
+    payout_review_stop_prepare,
 )
 from payments.services.refunds import refund_create
 from payments.services.topup_review import topup_review_fail_refunding, topup_review_settle
@@ -681,8 +682,12 @@ def _approve(request: HttpRequest, obj: Payout, data: dict[str, Any]) -> str:
     return f"{payout.pk} approved: it is sent to the PSP"
 
 
+def _stop_prepare(request: HttpRequest, obj: Payout, data: dict[str, Any]) -> dict[str, Any]:
+    return {"facts": payout_review_stop_prepare(payout=obj)}  # the PSP's read, before the confirmation's transaction
+
+
 def _stop(request: HttpRequest, obj: Payout, data: dict[str, Any]) -> str:
-    payout = payout_review_stop(payout=obj, staff=staff_of(request), reason=data["reason"])
+    payout = payout_review_stop(payout=obj, staff=staff_of(request), reason=data["reason"], facts=data["facts"])
     return f"{payout.pk} waits for an operator: {payout.review_reason}"
 
 
@@ -691,6 +696,9 @@ def _resolver(outcome: str) -> Callable[[HttpRequest, Payout, dict[str, Any]], s
         payout = payout_review_resolve(payout=obj, staff=staff_of(request), outcome=outcome, reason=data["reason"])
         if payout.review_at is not None:
             return f"{payout.pk}: marking it {outcome} is proposed; a second staff member confirms it"
+        if payout.return_owed_at is not None:
+            return (f"{payout.pk} resolved failed: the PSP is asked to take back what it sent on; the funds go back to the merchant"
+                    " once it has (a refusal puts the payout back in the operator queue)")
         return f"{payout.pk} resolved: {payout.status}" + (" (the funds are back with the merchant)" if outcome == "failed" else "")
 
     return resolve
@@ -742,13 +750,15 @@ class PayoutAdmin(StaffActionsMixin, ReadOnlyAdmin):
         StaffAction("stop", "Stop for an operator", "payments.resolve_payout", ReasonForm, _stop,
                     description="For a payout the PSP cannot settle (it never heard of it, or keeps failing to answer) once no send is"
                     " under way: the PSP is asked first (one that holds it as ours is refused: the saga settles it), then the"
-                    " recovery leaves it alone and it waits in the operator queue to be marked paid or failed.", audit=False,
-                    show=_stoppable),
+                    " recovery leaves it alone and it waits in the operator queue to be marked paid or failed. Refused if the"
+                    " payout moved on while the PSP was asked.", audit=False, show=_stoppable, prepare=_stop_prepare),
         *(StaffAction(f"resolve_{outcome}", f"Mark {outcome}", "payments.resolve_payout", ReasonForm, _resolver(outcome),
                       description=("The money left for the bank account: in transit -> the PSP settlement account. Only once the"
                                    " PSP's records say it was paid." if outcome == "paid" else
-                                   "The money is back with us (settle it at the PSP first: a Connect transfer reversed there),"
-                                   " so back with the merchant, once.")
+                                   "The money never reached the bank account. For a payout the PSP may have, Tally asks the PSP"
+                                   " to take back what it sent on (a Connect transfer reversed) and gives the money back to the"
+                                   " merchant only once it has; a refusal puts it back in this queue. A payout failed here already"
+                                   " (the PSP says it sent it) moves no money: settle that with the merchant first.")
                       + " Two staff members: the first proposes, a second confirms; the proposer cannot confirm.",
                       audit=False, show=lambda obj: obj.review_at is not None) for outcome in REVIEW_OUTCOMES),
     )

@@ -40,6 +40,9 @@ class StaffAction:
     description: str = ""
     audit: bool = True  # False when the service writes its own audit entry
     show: Callable[[Any], bool] = lambda obj: True
+    # (request, object, cleaned data) -> more data for `run`, got before the confirmation's
+    # transaction opens: a PSP read, never made inside one.
+    prepare: Callable[[HttpRequest, Any, dict[str, Any]], dict[str, Any]] | None = None
 
 
 def staff_of(request: HttpRequest) -> StaffMember:
@@ -80,8 +83,10 @@ class StaffActionsMixin(admin.ModelAdmin):  # type: ignore[type-arg]
         back = reverse(
             f"admin:{self.model._meta.app_label}_{self.model._meta.model_name}_change", args=[quote(obj.pk)], current_app=self.admin_site.name
         )
+        prepare = spec.prepare
         form, result = staff_form_submit(
-            request, spec.form, action=spec.name, target=obj, run=lambda data: spec.run(request, obj, data), audit=spec.audit
+            request, spec.form, action=spec.name, target=obj, run=lambda data: spec.run(request, obj, data), audit=spec.audit,
+            prepare=None if prepare is None else (lambda data: prepare(request, obj, data)),
         )
         if result is not None:
             if result.secret is not None:  # shown on this page only: never in a message cookie

@@ -591,16 +591,18 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
     # (payout_saga.payout_return), and only then moved back to the merchant, with the PSP's
     # failure code kept until then. Set until that move (or an operator's resolution).
     return_owed_at = models.DateTimeField(null=True, blank=True)
-    return_failure_code = models.CharField(max_length=50, blank=True, default="")
+    # The text columns added to the live table keep their default in the database too (payments 0027).
+    return_failure_code = models.CharField(max_length=50, blank=True, default="", db_default="")
     # The operator queue: a payout the saga stopped for a person (the PSP's payout of another
     # amount, currency or id; a reversal the PSP refused; staff stopping one the PSP cannot
     # resolve). Nothing moves it while `review_at` is set: two staff members resolve it,
     # `review_maker` proposing `review_outcome` (paid or failed), another confirming.
+    # No index on the staff members: only rows in the queue have them, and nothing looks payouts up by them.
     review_at = models.DateTimeField(null=True, blank=True)
-    review_reason = models.CharField(max_length=500, blank=True, default="")
-    review_outcome = models.CharField(max_length=10, blank=True, default="")
-    review_maker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    review_resolved_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    review_reason = models.CharField(max_length=500, blank=True, default="", db_default="")
+    review_outcome = models.CharField(max_length=10, blank=True, default="", db_default="")
+    review_maker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
+    review_resolved_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
     review_resolved_at = models.DateTimeField(null=True, blank=True)
     updated = models.DateTimeField(auto_now=True)
 

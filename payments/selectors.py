@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Exists, F, Min, Model, OuterRef, Q, QuerySet, Sum
+from django.db.models import Count, F, Min, Model, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -504,22 +504,74 @@ def payout_settlement_lines(*, day: date, gateway: str | None = None) -> list[Pa
     ]
 
 
-def payout_destinations_to_check(*, gateway: str, limit: int) -> list[tuple[str, str]]:
-    """(merchant id, bank account reference) at `gateway` where money may have been left on
-    the way to the bank: the merchant has a payout the PSP saw and then failed, or one an
-    operator resolved; and none unfinished there now (pending and tried, in transit, owed
-    back or in the operator queue), so what the PSP holds for it should be nothing."""
-    payouts = Payout.objects.filter(merchant_id=OuterRef("merchant_id"), gateway=gateway)
-    touched = payouts.filter(Q(status=PayoutStatus.FAILED, attempts__gt=0) | Q(review_resolved_at__isnull=False))
-    unfinished = payouts.filter(
-        Q(status=PayoutStatus.PENDING, attempts__gt=0) | Q(status=PayoutStatus.IN_TRANSIT) | Q(return_owed_at__isnull=False)
-        | Q(review_at__isnull=False)
+def payout_destinations_page(*, gateway: str, after: str, limit: int) -> list[tuple[str, str]]:
+    """(merchant id, bank account reference) of up to `limit` merchants with a bank account at
+    `gateway`, in merchant id order from after `after`, going round to the first ones when
+    the end comes first: a rotating page, each merchant's turn coming again."""
+    accounts = MerchantBankAccount.objects.filter(gateway=gateway).order_by("merchant_id").values_list("merchant_id", "psp_reference")
+    rows = list(accounts.filter(merchant_id__gt=after)[:limit])
+    if len(rows) < limit and after:
+        rows += list(accounts.filter(merchant_id__lte=after)[:limit - len(rows)])
+    return [(str(merchant), str(reference)) for merchant, reference in rows]
+
+
+@dataclass(frozen=True)
+class HeldAtPspExplained:
+    """What a merchant's unfinished payouts at a gateway explain the PSP holding on the way to
+    its bank account, per asset: `unsettled`, the payouts whose money may be there (sent and
+    not yet paid out by the PSP, failed with the money owed back, or in the operator queue);
+    `in_transit`, the payouts the PSP is paying out, whose money is there again only if one
+    failed and its word has not reached us yet."""
+
+    unsettled: dict[str, int]
+    in_transit: dict[str, int]
+
+
+def payouts_held_at_psp_explained(*, merchant_ids: list[str], gateway: str) -> dict[str, HeldAtPspExplained]:
+    """Per merchant of `merchant_ids`, what its unfinished payouts at `gateway` explain (HeldAtPspExplained)."""
+    unsettled = (
+        Q(status=PayoutStatus.PENDING, attempts__gt=0) | Q(return_owed_at__isnull=False)
+        | Q(review_at__isnull=False, status__in=[PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT, PayoutStatus.PAID])
     )
     rows = (
-        MerchantBankAccount.objects.filter(gateway=gateway).filter(Exists(touched)).exclude(Exists(unfinished))
-        .order_by("merchant_id").values_list("merchant_id", "psp_reference")[:limit]
+        Payout.objects.filter(merchant_id__in=merchant_ids, gateway=gateway).filter(unsettled | Q(status=PayoutStatus.IN_TRANSIT))
+        .values("merchant_id", "asset_id")
+        .annotate(unsettled=Sum("amount", filter=unsettled, default=0), in_transit=Sum("amount", filter=~unsettled, default=0))
     )
-    return [(str(merchant), str(reference)) for merchant, reference in rows]
+    found: dict[str, HeldAtPspExplained] = {}
+    for row in rows:
+        explained = found.setdefault(str(row["merchant_id"]), HeldAtPspExplained(unsettled={}, in_transit={}))
+        explained.unsettled[str(row["asset_id"])] = int(row["unsettled"])
+        explained.in_transit[str(row["asset_id"])] = int(row["in_transit"])
+    return found
+
+
+@dataclass(frozen=True)
+class PayoutQueues:
+    """The payouts stuck for a person or the PSP: in the operator queue, and owing money back
+    (not in the queue), each with its oldest's time."""
+
+    operator_review: int
+    operator_review_oldest: datetime | None
+    returns_owed: int
+    returns_owed_oldest: datetime | None
+
+
+def payout_queues() -> PayoutQueues:
+    review = Payout.objects.filter(review_at__isnull=False).aggregate(n=Count("pk"), oldest=Min("review_at"))
+    owed = Payout.objects.filter(return_owed_at__isnull=False, review_at__isnull=True).aggregate(n=Count("pk"), oldest=Min("return_owed_at"))
+    return PayoutQueues(operator_review=int(review["n"]), operator_review_oldest=review["oldest"], returns_owed=int(owed["n"]),
+                        returns_owed_oldest=owed["oldest"])
+
+
+def payouts_returns_owed_since(*, before: datetime) -> QuerySet[Payout]:
+    """Payouts owing their money back (not in the operator queue) since before `before`, oldest first."""
+    return Payout.objects.filter(return_owed_at__lt=before, review_at__isnull=True).order_by("return_owed_at", "id")
+
+
+def payouts_in_review_since(*, before: datetime) -> QuerySet[Payout]:
+    """Payouts in the operator queue since before `before`, oldest first."""
+    return Payout.objects.filter(review_at__lt=before).order_by("review_at", "id")
 
 
 def payouts_in_transit_totals() -> dict[str, int]:

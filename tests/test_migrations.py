@@ -272,3 +272,69 @@ def test_the_funds_kinds_migration_goes_back_and_runs_again(scratch_tenant: Tena
         cursor.execute("SELECT indisvalid, pg_get_indexdef(indexrelid) FROM pg_index WHERE indexrelid = 'ledgertxn_payout_back'::regclass")
         valid, definition = cursor.fetchone()
         assert valid and "WHERE ((kind)::text = 'payout_back'::text)" in definition, definition
+
+
+def _payout_catalog() -> tuple[dict[str, bool], dict[str, bool], dict[str, str | None]]:
+    """payments_payout's operator-queue constraints (name: validated), indexes (name: valid)
+    and new text columns' database defaults, in the current schema."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT con.conname, con.convalidated FROM pg_constraint con JOIN pg_class c ON c.oid = con.conrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema() AND c.relname = 'payments_payout'"
+            " AND (con.conname LIKE 'payments_payout_review%%' OR con.conname = 'payout_review_checker_not_maker')"
+        )
+        constraints = {str(name): bool(valid) for name, valid in cursor.fetchall()}
+        cursor.execute(
+            "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = current_schema() AND c.relname IN ('payout_return_owed', 'payout_in_review')"
+        )
+        indexes = {str(name): bool(valid) for name, valid in cursor.fetchall()}
+        cursor.execute(
+            "SELECT column_name, column_default FROM information_schema.columns WHERE table_schema = current_schema()"
+            " AND table_name = 'payments_payout' AND column_name IN ('return_failure_code', 'review_reason', 'review_outcome')"
+        )
+        defaults = {str(column): default for column, default in cursor.fetchall()}
+    return constraints, indexes, defaults
+
+
+def test_the_payout_review_migration_adds_columns_in_one_short_transaction_then_builds_and_validates_concurrently(
+    scratch_tenant: Tenant,
+) -> None:
+    """0027 (payments_payout takes every payout's writes) is one transaction under a short
+    lock_timeout: columns the code before it can insert without, its foreign keys and CHECK
+    NOT VALID, no index build; 0028, outside any transaction, builds the partial indexes
+    CONCURRENTLY and validates the constraints. Down to 0026 and up again."""
+    from io import StringIO
+
+    with in_tenant(scratch_tenant):  # the tenant apps' SQL, as migrate_schemas runs it in a tenant's schema
+        out = StringIO()
+        call_command("sqlmigrate", "payments", "0027_payout_review", stdout=out)
+        sql = out.getvalue()
+        assert sql.lstrip().startswith("BEGIN;") and sql.rstrip().endswith("COMMIT;"), sql
+        assert sql.index("SET LOCAL lock_timeout = '5s'") < sql.index("ALTER TABLE payments_payout"), sql
+        assert sql.count("NOT VALID") == 3 and "VALIDATE" not in sql and "CREATE INDEX" not in sql, sql
+        out = StringIO()
+        call_command("sqlmigrate", "payments", "0028_payout_review_fixes", stdout=out)
+        sql = out.getvalue()
+        assert "BEGIN;" not in sql and sql.count("CREATE INDEX CONCURRENTLY") == 2 and sql.count("VALIDATE CONSTRAINT") == 3, sql
+
+    schema = scratch_tenant.schema_name
+    with in_tenant(scratch_tenant):
+        assert _payout_catalog() == (
+            {"payments_payout_review_maker_id_09ae09a9_fk_wallets_s": True, "payments_payout_review_resolved_by_i_59dfda4c_fk_wallets_s": True,
+             "payout_review_checker_not_maker": True},
+            {"payout_return_owed": True, "payout_in_review": True},
+            {"return_failure_code": "''::character varying", "review_reason": "''::character varying",
+             "review_outcome": "''::character varying"},
+        )
+    _migrate(schema, "payments", "0026_payouts")
+    with in_tenant(scratch_tenant):
+        assert _payout_catalog() == ({}, {}, {})
+    _migrate(schema, "payments", "0027_payout_review")
+    with in_tenant(scratch_tenant):
+        constraints, indexes, _ = _payout_catalog()
+        assert set(constraints.values()) == {False} and len(constraints) == 3 and indexes == {}
+    _migrate(schema)
+    with in_tenant(scratch_tenant):
+        constraints, indexes, _ = _payout_catalog()
+        assert set(constraints.values()) == {True} and len(constraints) == 3 and indexes == {"payout_return_owed": True, "payout_in_review": True}

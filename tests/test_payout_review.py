@@ -27,13 +27,11 @@ from payments.errors import ApproverIsMaker
 from payments.gateways.base import PayoutRequest
 from payments.gateways.simulator import SimulatorGateway
 from payments.models import Payout
-from payments.services.payout_saga import payout_recovery_run
+from payments.services.payout_saga import payout_recovery_run, payout_submit
 from payments.services.payouts import payout_create, payout_review_resolve, payout_review_stop
-from reconciliation.checks.base import CheckContext
-from reconciliation.checks.payments import payouts_check
 from tests.payouts_support import PAYOUTS_TENANT, WEBHOOK_SECRET, World, balance, events, ledger_kinds
 from wallets.errors import InvalidState
-from wallets.models import AuditEntry
+from wallets.models import AuditEntry, Merchant
 from wallets.services.principals import staff_member_get_or_create
 
 
@@ -134,24 +132,22 @@ def test_a_return_the_psp_refuses_stops_for_an_operator_and_two_staff_members_re
     assert not any(k.startswith("return_") for k in counts), counts  # the recovery leaves the queue alone
     assert _fresh(paid).psp_checked_at == stopped.psp_checked_at
 
-    # Finance settles it at the PSP, then one proposes and another confirms.
+    # One proposes, another confirms: Tally asks the PSP to take the money back (now it does), then credits the merchant.
     alice, bob = payouts_world.staff, _bob()
-    proposed = payout_review_resolve(payout=paid, staff=alice, outcome="failed", reason="the PSP's support reversed it by hand")
+    proposed = payout_review_resolve(payout=paid, staff=alice, outcome="failed", reason="the PSP's support says try again")
     assert proposed.review_at is not None and proposed.review_outcome == "failed" and balance(merchant) == 0
     with pytest.raises(ApproverIsMaker):
         payout_review_resolve(payout=paid, staff=alice, outcome="failed", reason="again")
-    resolved = payout_review_resolve(payout=paid, staff=bob, outcome="failed", reason="checked the PSP's records")
+    payout_review_resolve(payout=paid, staff=bob, outcome="failed", reason="checked the PSP's records")
+    resolved = _fresh(paid)
     assert resolved.status == "failed" and resolved.review_at is None and resolved.review_resolved_by_id == bob.pk
+    assert resolved.failure_code == "no_account" and _held_at_psp(payouts_world, resolved) == 0
     assert balance(merchant) == 3_000 and ledger_kinds(resolved) == ["payout", "payout_paid", "payout_back"]
     with pytest.raises(InvalidState):
         payout_review_resolve(payout=paid, staff=bob, outcome="failed", reason="twice")
     assert balance(merchant) == 3_000
     assert list(AuditEntry.objects.filter(target_id=paid.pk, action__startswith="payout.review").order_by("id").values_list(
         "action", flat=True)) == ["payout.review_stop", "payout.review_propose", "payout.review_resolve"]
-
-    # The PSP still holds it (the reversal was refused, nobody took it back there): reconciliation finds it.
-    found = [d for d in payouts_check(CheckContext(now=timezone.now())) if d.kind == "payout_destination_not_empty"]
-    assert [(d.details["merchant"], d.details["amount"]) for d in found if d.details["merchant"] == merchant.pk] == [(merchant.pk, 3_000)]
 
 
 # --- The PSP's payout is not ours ---------------------------------------------------------------------
@@ -212,6 +208,7 @@ def test_staff_stop_a_payout_the_psp_never_heard_of_and_two_fail_it_with_the_mon
     merchant = payouts_world.merchant(funds=1_200)
     payouts_world.sim.faults(fail_5xx=1)
     payout = payout_create(merchant=merchant, asset_code="JPY", amount=1_200)
+    Merchant.objects.filter(pk=merchant.pk).update(payouts_held=True)  # no other test's recovery sends it meanwhile
     alice, bob = payouts_world.staff, _bob()
     with pytest.raises(InvalidState):  # its send's lease is live
         payout_review_stop(payout=payout, staff=alice, reason="the PSP says it has nothing")
@@ -223,7 +220,8 @@ def test_staff_stop_a_payout_the_psp_never_heard_of_and_two_fail_it_with_the_mon
     with pytest.raises(InvalidState):  # the PSP never named a payout of it
         payout_review_resolve(payout=payout, staff=bob, outcome="paid", reason="?")
     payout_review_resolve(payout=payout, staff=bob, outcome="failed", reason="never reached the PSP")
-    failed = payout_review_resolve(payout=payout, staff=alice, outcome="failed", reason="agreed")
+    payout_review_resolve(payout=payout, staff=alice, outcome="failed", reason="agreed")  # the PSP asked first: nothing to take back
+    failed = _fresh(payout)
     assert failed.status == "failed" and failed.failure_code == "operator_failed" and balance(merchant) == 1_200
     assert [e[0] for e in events(failed)] == ["payout.created", "payout.failed"]
 
@@ -232,3 +230,119 @@ def test_staff_stop_a_payout_the_psp_never_heard_of_and_two_fail_it_with_the_mon
     with pytest.raises(InvalidState, match="the saga settles it"):
         payout_review_stop(payout=sent, staff=alice, reason="impatient")
     assert _fresh(sent).review_at is None
+
+
+def test_a_stop_whose_psp_read_raced_the_recoverys_send_is_refused(payouts_world: World, monkeypatch: Any) -> None:
+    """The PSP is asked while the payout is pending and unsent; meanwhile the recovery sends it
+    and the PSP answers in transit. The stop must not go ahead on the stale "the PSP holds no
+    payout of it": two staff members could then fail a payout whose money is on its way."""
+    merchant = payouts_world.merchant(funds=1_100)
+    payouts_world.sim.faults(fail_5xx=1)
+    payout = payout_create(merchant=merchant, asset_code="JPY", amount=1_100)
+    # Held, so that no other test's recovery in this tenant sends it before the moment below (a stop ignores the hold).
+    Merchant.objects.filter(pk=merchant.pk).update(payouts_held=True)
+    _lease_runs_out()
+    real = SimulatorGateway.payouts_of
+
+    def read_then_recovery_sends(self: SimulatorGateway, **kwargs: Any) -> Any:
+        found = real(self, **kwargs)  # nothing yet
+        Merchant.objects.filter(pk=merchant.pk).update(payouts_held=False)
+        assert payout_submit(payout_id=payout.pk) == "in_transit"  # the recovery, between the PSP's answer and the stop's lock
+        return found
+
+    monkeypatch.setattr(SimulatorGateway, "payouts_of", read_then_recovery_sends)
+    with pytest.raises(InvalidState, match="moved on while the PSP was asked"):
+        payout_review_stop(payout=payout, staff=payouts_world.staff, reason="the PSP says it has nothing")
+    sent = _fresh(payout)
+    assert sent.status == "in_transit" and sent.review_at is None and sent.psp_reference and sent.fence == 2
+    assert not AuditEntry.objects.filter(target_id=payout.pk, action="payout.review_stop").exists()
+
+
+def test_the_back_office_stop_asks_the_psp_outside_any_transaction_and_a_resubmission_replays(
+    payouts_world: World, monkeypatch: Any
+) -> None:
+    from devtools.demo_seed import staff_login_ensure
+    from tests.api.test_backoffice import PASSWORD, _confirm_key, q
+
+    merchant = payouts_world.merchant(funds=900)
+    payouts_world.sim.faults(fail_5xx=1)
+    payout = payout_create(merchant=merchant, asset_code="JPY", amount=900)
+    Merchant.objects.filter(pk=merchant.pk).update(payouts_held=True)  # no other test's recovery sends it meanwhile
+    _lease_runs_out()
+    in_transaction: list[bool] = []
+    real = SimulatorGateway.payouts_of
+
+    def watched(self: SimulatorGateway, **kwargs: Any) -> Any:  # the real read, its transaction state noted
+        in_transaction.append(connection.in_atomic_block)
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(SimulatorGateway, "payouts_of", watched)
+    username = f"po-stop-{uuid.uuid4().hex[:6]}"
+    staff_login_ensure(username=username, password=PASSWORD, superuser=True)
+    client = Client(HTTP_HOST=PAYOUTS_TENANT["domain"], REMOTE_ADDR="203.0.113.9")
+    assert client.login(username=username, password=PASSWORD)
+    url = f"/admin/payments/payout/{q(payout.pk)}/act/stop/"
+    form = {"idempotency_key": _confirm_key(client.get(url)), "reason": "the PSP has nothing"}
+    assert client.post(url, form).status_code == 302
+    connection.set_schema(PAYOUTS_TENANT["schema_name"])
+    assert in_transaction == [False]  # the PSP's read ran before the confirmation's claim transaction
+    stopped = _fresh(payout)
+    assert stopped.review_at is not None and "holds no payout" in stopped.review_reason
+    answer = client.post(url, form, follow=True)  # the same confirmation again: replayed, not refused
+    connection.set_schema(PAYOUTS_TENANT["schema_name"])
+    assert "Already done" in answer.content.decode() and _fresh(payout).review_at == stopped.review_at
+
+
+def test_a_confirmed_failure_of_a_payout_the_psp_has_is_refused_by_the_psp_and_goes_back_to_the_queue(payouts_world: World) -> None:
+    """Two staff members fail a payout the PSP holds in transit (stopped on a webhook of another
+    amount): Tally asks the PSP for the money first, the PSP refuses (it is on its way to the
+    bank), so nothing is credited and the payout is back in the queue, where its last
+    confirmer may propose again. The PSP's next word voids a proposal made before it."""
+    merchant = payouts_world.merchant(funds=2_200)
+    payout = payout_create(merchant=merchant, asset_code="JPY", amount=2_200)
+    assert _signed_payout_event(payouts_world, _fresh(payout), kind="payout.paid", status="paid", amount=2_201).json()["outcome"] == "mismatch"
+    alice, bob = payouts_world.staff, _bob()
+    payout_review_resolve(payout=payout, staff=alice, outcome="failed", reason="looks failed")
+    payout_review_resolve(payout=payout, staff=bob, outcome="failed", reason="agreed")
+    back = _fresh(payout)
+    assert back.status == "in_transit" and back.review_at is not None and "refused to take back" in back.review_reason
+    assert balance(merchant) == 0 and ledger_kinds(back) == ["payout"] and back.returned_transaction_id is None
+    assert back.review_resolved_by_id is None  # no one's checker on this stop
+
+    # Bob confirmed the failure the PSP refused; he may propose on the new facts (no CHECK violation).
+    proposed = payout_review_resolve(payout=payout, staff=bob, outcome="paid", reason="the PSP has it in transit")
+    assert proposed.review_maker_id == bob.pk and proposed.review_outcome == "paid"
+    payouts_world.sim.settle_payouts()
+    assert [a.json()["outcome"] for a in payouts_world.webhooks_relay()] == ["ignored"]
+    voided = _fresh(payout)
+    assert voided.review_maker_id is None and voided.review_outcome == "" and "the PSP says paid" in voided.last_error
+    assert AuditEntry.objects.filter(target_id=payout.pk, action="payout.review_proposal_void").count() == 1
+    payout_review_resolve(payout=payout, staff=bob, outcome="paid", reason="the PSP says paid")
+    paid = payout_review_resolve(payout=payout, staff=alice, outcome="paid", reason="agreed")
+    assert paid.status == "paid" and paid.review_at is None and ledger_kinds(paid) == ["payout", "payout_paid"] and balance(merchant) == 0
+
+
+def test_the_psp_saying_sent_of_a_payout_failed_here_stops_it_for_an_operator(payouts_world: World) -> None:
+    """A payout declined at once is failed here, its money back with the merchant. A later
+    `payout.paid` naming another PSP payout under our id is money sent twice: audited and
+    queued, not dropped. One naming the very payout the PSP failed is older than its failure
+    (a PSP payout never comes back from failed): nothing to do."""
+    merchant = payouts_world.merchant(funds=700, token="btok_bank_declined")
+    payout = payout_create(merchant=merchant, asset_code="JPY", amount=700)
+    payouts_world.webhooks_relay()
+    failed = _fresh(payout)
+    assert failed.status == "failed" and balance(merchant) == 700 and failed.psp_reference
+    stale = _signed_payout_event(payouts_world, failed, kind="payout.paid", status="paid")
+    assert stale.json()["outcome"] == "applied" and _fresh(payout).review_at is None
+    other = _signed_payout_event(payouts_world, failed, kind="payout.paid", status="paid", id=f"po_{uuid.uuid4().hex[:24]}")
+    assert other.json()["outcome"] == "mismatch"
+    queued = _fresh(payout)
+    assert queued.status == "failed" and queued.review_at is not None and "its money is back with the merchant" in queued.review_reason
+    assert AuditEntry.objects.filter(target_id=payout.pk, action="payout.review_stop").exists() and balance(merchant) == 700
+    alice, bob = payouts_world.staff, _bob()
+    with pytest.raises(InvalidState, match="settle that with the merchant"):
+        payout_review_resolve(payout=payout, staff=alice, outcome="paid", reason="the bank got it")
+    payout_review_resolve(payout=payout, staff=alice, outcome="failed", reason="recovered from the merchant by an adjustment")
+    payout_review_resolve(payout=payout, staff=bob, outcome="failed", reason="agreed")
+    done = _fresh(payout)
+    assert done.review_at is None and done.status == "failed" and balance(merchant) == 700 and ledger_kinds(done) == ["payout", "payout_back"]

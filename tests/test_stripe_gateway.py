@@ -21,7 +21,7 @@ import pytest
 import stripe
 from django.test import Client
 
-from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayUnavailable, PayoutRequest
+from payments.gateways.base import ChargeRequest, GatewayRejected, GatewayReturnRefused, GatewayUnavailable, PayoutRequest
 from payments.gateways.signing import SignatureStale, signature_compute, signature_verify
 from payments.gateways.stripe_gateway import StripeGateway
 from payments.models import TopUp
@@ -270,9 +270,19 @@ def test_a_bank_account_is_a_connected_account_with_an_external_account(stub: St
     assert stub.requests[0]["path"] == "/v1/accounts" and form["external_account"] == "btok_1" and form["type"] == "custom"
     # Stripe pays out only what the saga asks for: money a failed payout leaves there waits to be reversed.
     assert form["settings[payouts][schedule][interval]"] == "manual"
-    stub.script = [(200, {"id": "ba_2", "object": "bank_account", "last4": "1234", "account": "acct_1"})]
+    # A change: the account (perhaps made before Tally asked for a manual schedule, or changed at Stripe since) is set
+    # to pay out manually again before its new bank account is added.
+    stub.script = [(200, {"id": "acct_1", "object": "account", "settings": {"payouts": {"schedule": {"interval": "manual"}}}}),
+                   (200, {"id": "ba_2", "object": "bank_account", "last4": "1234", "account": "acct_1"})]
     changed = gateway(stub).bank_account_attach(token="btok_2", reference="mer_1", current=bank.psp_reference)
-    assert changed.psp_reference == "acct_1/ba_2" and stub.requests[1]["path"] == "/v1/accounts/acct_1/external_accounts"
+    update, added = stub.requests[1:]
+    assert update["method"] == "POST" and update["path"] == "/v1/accounts/acct_1"
+    assert {k: v[0] for k, v in update["form"].items()}["settings[payouts][schedule][interval]"] == "manual"
+    assert changed.psp_reference == "acct_1/ba_2" and added["path"] == "/v1/accounts/acct_1/external_accounts"
+    stub.script = [(400, {"error": {"type": "invalid_request_error", "code": "account_invalid", "message": "No such account"}})]
+    with pytest.raises(GatewayRejected):  # not made manual: no bank account added to it
+        gateway(stub).bank_account_attach(token="btok_3", reference="mer_1", current=changed.psp_reference)
+    assert len(stub.requests) == 4
 
 
 def test_a_payout_is_a_transfer_then_a_payout_on_the_connected_account_under_our_id(stub: Stub) -> None:
@@ -295,7 +305,21 @@ def test_a_payout_stripe_refuses_has_its_transfer_reversed_and_fails(stub: Stub)
     result = gateway(stub).payout_create(payout_request("po_abc"))
     assert result.status == "failed" and result.failure_code == "balance_insufficient"
     assert stub.requests[2]["path"] == f"/v1/transfers/{TRANSFER['id']}/reversals"
-    assert stub.requests[2]["headers"]["Idempotency-Key"] == "po_abc:reversal"
+    assert stub.requests[2]["headers"]["Idempotency-Key"] == f"po_abc:reversal:{TRANSFER['id']}"  # as payout_return would reverse it
+
+
+def test_a_payout_stripe_refuses_whose_transfer_it_will_not_reverse_is_no_refusal(stub: Stub) -> None:
+    """The payout refused on the connected account, then its transfer's reversal refused: the
+    money is on the connected account. Not a GatewayRejected (which the saga reads as nothing
+    sent, and gives the merchant its money back): GatewayReturnRefused, for an operator."""
+    refused = {"error": {"type": "invalid_request_error", "code": "balance_insufficient", "message": "Insufficient funds"}}
+    no_reversal = {"error": {"type": "invalid_request_error", "code": "insufficient_funds",
+                             "message": "Insufficient funds in the connected account to reverse this transfer."}}
+    stub.script = [(200, TRANSFER), (400, refused), (400, no_reversal)]
+    with pytest.raises(GatewayReturnRefused) as stuck:
+        gateway(stub).payout_create(payout_request("po_abc"))
+    assert not isinstance(stuck.value, GatewayRejected) and stuck.value.failure_code == "balance_insufficient"
+    assert TRANSFER["id"] in str(stuck.value)
 
 
 def test_a_5xx_on_either_leg_is_unknown(stub: Stub) -> None:
@@ -376,7 +400,23 @@ def test_a_payout_failed_later_has_its_transfer_reversed_under_our_key(stub: Stu
     listed, reversed_ = stub.requests
     assert listed["path"].startswith("/v1/transfers?") and "transfer_group=po_abc" in listed["path"]
     assert reversed_["method"] == "POST" and reversed_["path"] == f"/v1/transfers/{TRANSFER['id']}/reversals"
-    assert reversed_["headers"]["Idempotency-Key"] == "po_abc:reversal" and "Stripe-Account" not in reversed_["headers"]  # the platform's
+    assert reversed_["headers"]["Idempotency-Key"] == f"po_abc:reversal:{TRANSFER['id']}"
+    assert "Stripe-Account" not in reversed_["headers"]  # the platform's
+
+
+def test_each_transfers_reversal_key_is_its_own_whatever_the_listing_order(stub: Stub) -> None:
+    """Two transfers under one payout (something went wrong): each reversal's key is made of its
+    transfer's id, so a retry that lists them in another order asks for each under its first key."""
+    second = {**TRANSFER, "id": "tr_2", "amount": 100}
+    stub.script = [(200, _list([TRANSFER, second], "/v1/transfers")), (200, REVERSAL), (200, {**REVERSAL, "id": "trr_2", "transfer": "tr_2"})]
+    gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    first_round = {r["path"]: r["headers"]["Idempotency-Key"] for r in stub.requests[1:]}
+    stub.requests.clear()
+    stub.script = [(200, _list([second, TRANSFER], "/v1/transfers")), (200, {**REVERSAL, "id": "trr_2", "transfer": "tr_2"}), (200, REVERSAL)]
+    gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    assert {r["path"]: r["headers"]["Idempotency-Key"] for r in stub.requests[1:]} == first_round == {
+        f"/v1/transfers/{TRANSFER['id']}/reversals": f"po_abc:reversal:{TRANSFER['id']}", "/v1/transfers/tr_2/reversals": "po_abc:reversal:tr_2",
+    }
 
 
 def test_a_transfer_reversed_already_is_not_reversed_again(stub: Stub) -> None:
@@ -395,9 +435,9 @@ def test_a_reversal_stripe_refuses_is_a_rejection_and_no_answer_is_unknown(stub:
     stub.script = [(200, _list([TRANSFER], "/v1/transfers")), (500, API_ERROR)]
     with pytest.raises(GatewayUnavailable):
         gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
-    stub.script = [(200, _list([], "/v1/transfers"))]  # no transfer to take back: a person looks
-    with pytest.raises(GatewayRejected):
-        gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    stub.script = [(200, _list([], "/v1/transfers"))]  # no transfer: no money of it reached the account, nothing to take back
+    gateway(stub).payout_return(reference="po_abc", psp_reference="po_1", destination="acct_1/ba_1", idempotency_key="po_abc:reversal")
+    assert len(stub.requests) == 5  # the list alone
 
 
 def test_the_settlement_report_nets_reversed_transfers_out(stub: Stub) -> None:
@@ -471,7 +511,55 @@ def test_a_stripe_payout_failed_after_paid_has_its_transfer_reversed_before_the_
         assert returned.status == "failed" and returned.failure_code == "account_closed" and returned.return_owed_at is None
         assert balance(merchant) == 5_000
         reversal = stub.requests[-1]
-        assert reversal["path"] == f"/v1/transfers/{TRANSFER['id']}/reversals" and reversal["headers"]["Idempotency-Key"] == f"{payout.pk}:reversal"
+        assert reversal["path"] == f"/v1/transfers/{TRANSFER['id']}/reversals"
+        assert reversal["headers"]["Idempotency-Key"] == f"{payout.pk}:reversal:{TRANSFER['id']}"
         assert payout_return(payout_id=payout.pk) == "unchanged" and balance(merchant) == 5_000  # once
+    finally:
+        GatewayAccount.objects.filter(gateway="stripe").delete()
+
+
+def test_a_stripe_payout_refused_with_its_transfer_stuck_stops_for_an_operator_and_is_failed_only_through_a_reversal(
+    live_tenant: Tenant, stub: Stub
+) -> None:
+    """Stripe refuses the payout on the connected account, then the reversal of its transfer:
+    the money is there, so the merchant is not credited and the payout stops in the operator
+    queue. Two staff members failing it make Tally reverse the transfer first, under the key
+    the refused payout's reversal had; the merchant gets the money once Stripe gave it back."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from payments.models import GatewayAccount, MerchantBankAccount, Payout
+    from payments.services.payouts import bank_account_attach, payout_create, payout_review_resolve
+    from tests.payouts_support import balance, fund
+    from wallets.services.principals import merchant_create, staff_member_get_or_create
+
+    gateway_account_set(gateway="stripe", api_base=stub.url, secret_key="sk_test_x", webhook_secrets=["whsec_x"])
+    try:
+        merchant = merchant_create(name=f"Connect {uuid.uuid4().hex[:6]}")
+        fund(merchant, 5_000, days_ago=3)
+        stub.script = [(200, {"id": "acct_1", "object": "account", "type": "custom", "metadata": {"tally_merchant": merchant.pk},
+                              "external_accounts": {"object": "list", "data": [{"id": "ba_1", "object": "bank_account", "last4": "6789"}]}})]
+        alice, bob = (staff_member_get_or_create(username=f"ops-{uuid.uuid4().hex[:6]}") for _ in range(2))
+        bank_account_attach(merchant=merchant, token="btok_1", staff=alice)
+        MerchantBankAccount.objects.filter(merchant=merchant).update(changed_at=timezone.now() - timedelta(days=8))
+        refused = {"error": {"type": "invalid_request_error", "code": "balance_insufficient", "message": "Insufficient funds"}}
+        no_reversal = {"error": {"type": "invalid_request_error", "code": "insufficient_funds", "message": "Insufficient funds"}}
+        stub.script = [(200, TRANSFER), (400, refused), (400, no_reversal)]
+        payout = payout_create(merchant=merchant, asset_code="JPY", amount=5_000)  # sent after its commit
+        stuck = Payout.objects.get(pk=payout.pk)
+        assert stuck.status == "pending" and stuck.review_at is not None and "neither sent nor back" in stuck.review_reason
+        assert balance(merchant) == 0 and stuck.returned_transaction_id is None  # the transfer is on the connected account
+        assert stuck.return_failure_code == "balance_insufficient"
+
+        payout_review_resolve(payout=payout, staff=alice, outcome="failed", reason="Stripe shows the transfer on the account")
+        ours = {**TRANSFER, "transfer_group": payout.pk, "metadata": {"tally_payout": payout.pk}}
+        stub.requests.clear()
+        stub.script = [(200, _list([ours], "/v1/transfers")), (200, REVERSAL)]
+        payout_review_resolve(payout=payout, staff=bob, outcome="failed", reason="agreed")  # the reversal after its commit
+        failed = Payout.objects.get(pk=payout.pk)
+        assert failed.status == "failed" and failed.failure_code == "balance_insufficient" and failed.review_at is None
+        assert failed.return_owed_at is None and balance(merchant) == 5_000
+        assert stub.requests[-1]["headers"]["Idempotency-Key"] == f"{payout.pk}:reversal:{TRANSFER['id']}"
     finally:
         GatewayAccount.objects.filter(gateway="stripe").delete()

@@ -298,6 +298,8 @@ TALLY_PAYOUT_CHECK_SECONDS = env.int("TALLY_PAYOUT_CHECK_SECONDS", default=3600)
 # Scheduled payouts: beat's period, and how many PSP calls one tenant's run makes at once.
 TALLY_PAYOUT_SCHEDULE_SECONDS = env.int("TALLY_PAYOUT_SCHEDULE_SECONDS", default=3600)
 TALLY_PAYOUT_SUBMIT_CONCURRENCY = env.int("TALLY_PAYOUT_SUBMIT_CONCURRENCY", default=16)
+# Reconciliation reads this many merchants' balances at the PSP a run (one call each), going round them run after run.
+TALLY_RECONCILIATION_PAYOUT_DESTINATIONS = env.int("TALLY_RECONCILIATION_PAYOUT_DESTINATIONS", default=200)
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_PAYOUT_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
 CELERY_TASK_ROUTES["payments.payout_submit"] = {"queue": "recovery"}

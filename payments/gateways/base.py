@@ -44,6 +44,18 @@ class GatewayRejected(GatewayError):
         self.code = code
 
 
+class GatewayReturnRefused(GatewayError):
+    """The PSP refused a payout after part of it had gone (at Stripe: the payout on the
+    connected account refused, after the transfer to it was made), then refused to take that
+    part back: money sits at the PSP on its way to the merchant, neither sent nor returned.
+    Not a refusal of the request (nothing moves back to the merchant on it): a person looks.
+    `failure_code` is the PSP's code for the payout's refusal."""
+
+    def __init__(self, message: str, *, failure_code: str = "") -> None:
+        super().__init__(message)
+        self.failure_code = failure_code
+
+
 class GatewayNotConfigured(GatewayError):
     """The tenant has no (active) account for this gateway."""
 
@@ -157,7 +169,9 @@ class Gateway(Protocol):
         ...
 
     def payout_create(self, request: PayoutRequest) -> PayoutResult:
-        """Send money to a bank account under our key; a decline is a `failed` result."""
+        """Send money to a bank account under our key; a decline is a `failed` result (what
+        it sent on first taken back). Raises GatewayReturnRefused when the PSP refused the
+        payout and then refused to take back what it had sent on for it."""
         ...
 
     def payouts_of(self, *, reference: str, destination: str, psp_reference: str = "", since: datetime | None = None) -> list[PayoutResult]:
@@ -168,10 +182,13 @@ class Gateway(Protocol):
 
     def payout_return(self, *, reference: str, psp_reference: str, destination: str, idempotency_key: str) -> None:
         """Take back what our payout `reference` sent on, now that the PSP failed or canceled
-        its payout `psp_reference`: at Stripe, reverse the transfer to the merchant's
-        connected account. Done already (or nothing to take back) is success. Raises
-        GatewayRejected when the PSP refuses (a person looks), GatewayUnavailable when the
-        outcome is unknown (asked again later under the same key)."""
+        its payout `psp_reference` (or two staff members confirmed it failed): at Stripe,
+        reverse each transfer to the merchant's connected account, under a key made of
+        `idempotency_key` and the transfer's id. Done already, or nothing to take back (no
+        money of it ever left; `psp_reference` may be empty when the PSP never named a
+        payout), is success. Raises GatewayRejected when the PSP refuses (the money is not
+        there to take: a person looks), GatewayUnavailable when the outcome is unknown
+        (asked again later under the same key)."""
         ...
 
     def destination_balance(self, *, destination: str) -> dict[str, int]:

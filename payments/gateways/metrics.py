@@ -1,4 +1,4 @@
-"""Metrics of card top-ups and the PSPs (exported at /metrics)."""
+"""Metrics of card top-ups, payouts and the PSPs (exported at /metrics)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,18 @@ TOPUPS_PENDING = Gauge(
 TOPUPS_OPERATOR_REVIEW = Gauge(
     "tally_topups_operator_review", "Pending card top-ups waiting for an operator (past the PSP's key window)", ["tenant"],
     multiprocess_mode="max",
+)
+PAYOUTS_OPERATOR_REVIEW = Gauge(
+    "tally_payouts_operator_review", "Payouts waiting in the operator queue for two staff members", ["tenant"], multiprocess_mode="max"
+)
+PAYOUTS_RETURNS_OWED = Gauge(
+    "tally_payouts_returns_owed", "Payouts failed at the PSP whose money it has not given back yet (outside the operator queue)",
+    ["tenant"], multiprocess_mode="max",
+)
+PAYOUTS_WAITING_OLDEST = Gauge(
+    "tally_payouts_waiting_oldest_seconds",
+    "Age of the oldest payout in the operator queue (queue=operator_review) or owing its money back (queue=return_owed); 0: none",
+    ["tenant", "queue"], multiprocess_mode="max",
 )
 TOPUP_ORPHANS_RECOVERED = Counter(
     "tally_topup_orphans_recovered_total",

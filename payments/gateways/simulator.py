@@ -128,8 +128,11 @@ class SimulatorGateway:
         return [_payout_result(p) for p in found["data"] if (p.get("metadata") or {}).get("tally_payout") == reference]
 
     def payout_return(self, *, reference: str, psp_reference: str, destination: str, idempotency_key: str) -> None:
-        self._call("payout_return", "POST", f"/v1/payouts/{urllib.parse.quote(psp_reference, safe='')}/reversals", {},
-                   idempotency_key=idempotency_key)
+        # The PSP never named a payout of it: each it holds under our reference is reversed (none: nothing to take back).
+        found = [psp_reference] if psp_reference else [p.psp_reference for p in self.payouts_of(reference=reference, destination=destination)]
+        for psp_id in found:
+            self._call("payout_return", "POST", f"/v1/payouts/{urllib.parse.quote(psp_id, safe='')}/reversals", {},
+                       idempotency_key=f"{idempotency_key}:{psp_id}")
 
     def destination_balance(self, *, destination: str) -> dict[str, int]:
         bank = self._call("destination_balance", "GET", f"/v1/bank_accounts/{urllib.parse.quote(destination, safe='')}")

@@ -13,11 +13,14 @@ that Stripe never pays out on its own what reaches it. A payout is a Transfer fr
 platform to that account (`transfer_group` and `metadata.tally_payout`: our payout id; key
 `<payout id>:transfer`), then a Payout on it to the bank account under our payout id as its
 Idempotency-Key. A payout Stripe refuses at once has its transfer reversed (key
-`<payout id>:reversal`) before it is failed; one that fails or is canceled later
-(`payout.failed`, `payout.canceled`) leaves the money on the connected account until the saga
-reverses the transfer (`payout_return`, the same key) and only then gives it back to the
-merchant. Settlement nets reversed transfers out; the connected account's balance is read
-for reconciliation (`destination_balance`).
+`<payout id>:reversal:<transfer id>`) before it is failed; a reversal refused then is
+GatewayReturnRefused (the payout stops for an operator, nothing given back). One that fails
+or is canceled later (`payout.failed`, `payout.canceled`) leaves the money on the connected
+account until the saga reverses the transfer (`payout_return`, the same key) and only then
+gives it back to the merchant; no transfer at all is nothing to take back. Attaching a bank
+account sets the connected account to pay out manually, a new one or one already there.
+Settlement nets reversed transfers out; the connected account's balance is read for
+reconciliation (`destination_balance`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from payments.gateways.base import (
     ChargeRequest,
     ChargeResult,
     GatewayRejected,
+    GatewayReturnRefused,
     GatewayUnavailable,
     PayoutRequest,
     PayoutResult,
@@ -183,19 +187,24 @@ class StripeGateway:
 
     def bank_account_attach(self, *, token: str, reference: str, current: str = "") -> BankAccountResult:
         """A new connected account for the merchant holding the bank account, or, with
-        `current`, the bank account added to the merchant's connected account as its default."""
+        `current`, the bank account added to the merchant's connected account as its default,
+        the account set (again) to pay out manually first: one made before Tally asked for
+        that, or changed at Stripe since, would otherwise pay out on its own what a failed
+        payout leaves there."""
         account_id = current.split("/", 1)[0] if current.startswith("acct_") else ""
+        # Only the saga pays out: money a failed payout leaves on the account waits to be reversed.
+        manual: Any = {"payouts": {"schedule": {"interval": "manual"}}}
         if not account_id:
             params: Any = {
                 "type": "custom", "metadata": {"tally_merchant": reference}, "external_account": token,
-                "capabilities": {"transfers": {"requested": True}},
-                # Only the saga pays out: money a failed payout leaves here waits to be reversed.
-                "settings": {"payouts": {"schedule": {"interval": "manual"}}},
+                "capabilities": {"transfers": {"requested": True}}, "settings": manual,
             }
             options: Any = {"idempotency_key": f"{reference}:account:{token}"}
             account = self._call("bank_account_attach", lambda: self.client.v1.accounts.create(params=params, options=options))
             account_id, bank = str(account.id), account.external_accounts.data[0]
         else:
+            schedule: Any = {"settings": manual}
+            self._call("bank_account_attach", lambda: self.client.v1.accounts.update(account_id, params=schedule))
             bank_params: Any = {"external_account": token, "default_for_currency": True}
             bank_options: Any = {"idempotency_key": f"{reference}:bank:{token}"}
             bank = self._call(
@@ -218,8 +227,15 @@ class StripeGateway:
         try:
             payout = self._call("payout", lambda: self.client.v1.payouts.create(params=payout_params, options=payout_options))
         except GatewayRejected as exc:
-            reversal_options: Any = {"idempotency_key": f"{request.idempotency_key}:reversal"}
-            self._call("payout", lambda: self.client.v1.transfers.reversals.create(str(transfer.id), options=reversal_options))
+            # Refused on the connected account: the transfer's money is there, and only its reversal brings it back.
+            reversal_options: Any = {"idempotency_key": _reversal_key(f"{request.idempotency_key}:reversal", transfer)}
+            try:
+                self._call("payout", lambda: self.client.v1.transfers.reversals.create(str(transfer.id), options=reversal_options))
+            except GatewayRejected as refused:
+                raise GatewayReturnRefused(
+                    f"payout: Stripe refused the payout ({exc.code or 'payout_refused'}), then the reversal of its transfer {transfer.id}"
+                    f" ({refused.code or 'invalid_request'})", failure_code=str(exc.code or "payout_refused"),
+                ) from refused
             return PayoutResult(status="failed", psp_reference="", amount=request.amount, currency=request.currency.upper(),
                                 failure_code=str(exc.code or "payout_refused"))
         return _payout_result(payout)
@@ -255,14 +271,11 @@ class StripeGateway:
         canceled is back on the connected account, and comes back to the platform only so.
         Stripe refuses a reversal the connected account's balance does not cover (a 400:
         GatewayRejected, a person looks)."""
-        transfers = self._transfers_of(reference)
-        if not transfers:
-            raise GatewayRejected(f"payout_return: Stripe holds no transfer for {reference}", code="transfer_missing")
-        for index, transfer in enumerate(transfers):
+        # No transfer: no money of it reached the connected account, so nothing is there to take back.
+        for transfer in self._transfers_of(reference):
             if not _transfer_left(transfer):
                 continue  # reversed already (by an earlier attempt whose answer was lost, or at once)
-            key = idempotency_key if index == 0 else f"{idempotency_key}:{transfer.id}"
-            options: Any = {"idempotency_key": key}
+            options: Any = {"idempotency_key": _reversal_key(idempotency_key, transfer)}
             self._call("payout_return", lambda t=transfer, o=options: self.client.v1.transfers.reversals.create(str(t.id), options=o))
 
     def destination_balance(self, *, destination: str) -> dict[str, int]:
@@ -275,6 +288,13 @@ class StripeGateway:
                 code = str(entry.currency).upper()
                 totals[code] = totals.get(code, 0) + int(entry.amount)
         return totals
+
+
+def _reversal_key(key: str, transfer: Any) -> str:
+    """A transfer's reversal key, `<payout id>:reversal:<transfer id>`: the same transfer gets
+    the same key whichever step reverses it (the refused payout's at once, or `payout_return`)
+    and in whatever order Stripe lists the transfers."""
+    return f"{key}:{transfer.id}"
 
 
 def _transfer_left(transfer: Any) -> int:

@@ -13,7 +13,7 @@ its id as the idempotency key, outside any transaction:
    Failed with nothing sent (refused at once) moves the money back to the merchant there.
    A payout the PSP had and then failed or canceled (even after paid) is first owed back
    (`return_owed_at`): `payout_return` asks the gateway to take back what it sent on (at
-   Stripe, the transfer to the connected account, key `<payout id>:reversal`), no
+   Stripe, the transfer to the connected account, key `<payout id>:reversal:<transfer>`), no
    transaction open, and only then moves the money back to the merchant (from in transit,
    or from the PSP settlement for a paid one). Each moves money once: the status is checked
    on the locked row, and the database refuses a status that goes back (migration 0026);
@@ -25,7 +25,11 @@ its id as the idempotency key, outside any transaction:
 
 What the saga cannot settle by the PSP's word stops for an operator (`payout_review_stop`,
 the queue of payouts.py): the PSP's payout of another amount, currency or id than ours, a
-return the PSP refuses. Nothing moves a payout in the queue but two staff members.
+return the PSP refuses (also right after refusing the payout itself: GatewayReturnRefused),
+the PSP saying sent of a payout whose money is back with the merchant. Nothing moves a
+payout in the queue but two staff members, and a failure they confirm of a payout the PSP
+may have goes through `payout_return` too: the money comes back to the merchant only once
+the PSP has given it back.
 """
 
 from __future__ import annotations
@@ -42,11 +46,12 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from payments.gateways.base import GatewayError, GatewayRejected, PayoutRequest, PayoutResult
+from payments.gateways import metrics
+from payments.gateways.base import GatewayError, GatewayRejected, GatewayReturnRefused, PayoutRequest, PayoutResult
 from payments.gateways.registry import gateway_build
 from payments.locks import payout_lock, payout_recovery_lock
 from payments.models import Payout, PayoutStatus
-from payments.selectors import gateway_account_get, payouts_returns_owed, payouts_sendable, payouts_to_check
+from payments.selectors import gateway_account_get, payout_queues, payouts_returns_owed, payouts_sendable, payouts_to_check
 from payments.services.outbox import epoch_seconds, outbox_event_create
 from payments.services.topup_budget import LoopBudget, recovery_pass_deadline
 from payments.services.topups import PSP_KEY_TRUSTED_FOR
@@ -61,6 +66,9 @@ from wallets.services.ledger import Leg, ledger_post
 from wallets.transactions import atomic_service, is_connection_failure
 
 logger = logging.getLogger("tally.payouts")
+
+# The failure code of a payout two staff members failed (`return_failure_code` until its money is back).
+OPERATOR_FAILED = "operator_failed"
 
 SUBMIT_TASK_NAME = "payments.payout_submit"
 RETURN_TASK_NAME = "payments.payout_return"
@@ -182,6 +190,8 @@ def payout_submit(*, payout_id: str) -> str:
     payout, fence = lease
     try:
         result = _psp_answer(payout)
+    except GatewayReturnRefused as exc:
+        return _refused_half_sent(payout_id=payout_id, fence=fence, error=exc)
     except (GatewayError, NotFound, TallyError) as exc:
         _error_note(payout_id=payout_id, error=str(exc))
         return "unavailable"
@@ -200,6 +210,21 @@ def _complete(*, payout_id: str, fence: int, result: PayoutResult) -> str:
         return "superseded"
     payout.lease_expires_at = None
     return _apply(payout, result, source="the PSP's answer")
+
+
+@atomic_service(operation="payout_complete")
+def _refused_half_sent(*, payout_id: str, fence: int, error: GatewayReturnRefused) -> str:
+    """The PSP refused the payout after part of it had gone (a Connect transfer), then refused
+    to take that back: the money sits at the PSP, so nothing goes back to the merchant on its
+    own; the payout stops for an operator, the PSP's code kept for its failure. Locks: the
+    payout row."""
+    payout = payout_lock(payout_id=payout_id)
+    if payout is None or payout.fence != fence:
+        return "superseded"
+    logger.error("psp refused a payout and the return of what it had sent on", extra={"payout": payout_id, "error": str(error)})
+    payout.return_failure_code = (error.failure_code or "psp_refused")[:50]
+    payout.save(update_fields=["return_failure_code", "updated"])
+    return payout_review_stop_locked(payout, reason=f"{error}: the money is at the PSP, neither sent nor back")
 
 
 def _error_note(*, payout_id: str, error: str) -> None:
@@ -223,16 +248,38 @@ def payout_settle(*, payout_id: str, result: PayoutResult, source: str) -> str:
 def _apply(payout: Payout, result: PayoutResult, *, source: str) -> str:
     """Move the locked payout on by the PSP's word; never back (a late in_transit after paid
     changes nothing). A payout in the operator queue moves no more (`in_review`: the word is
-    noted for the person). The PSP's payout of another amount, currency or id than ours moves nothing
-    and stops the payout for an operator. A failure of a payout the PSP had owes its money
-    back (`payout_return`, the caller's next step): returns `returning`."""
+    noted for the person, and a resolution proposed before it is void: proposed again on the
+    facts as they are now). The PSP's payout of another amount, currency or id than ours moves
+    nothing and stops the payout for an operator, as does the PSP saying sent (in transit,
+    paid) of a payout failed or canceled here, whose money is back with the merchant (unless
+    the PSP had failed that very payout: then the word is an old one). A failure of a payout
+    the PSP had owes its money back (`payout_return`, the caller's next step): returns
+    `returning`."""
+    heard = f"the PSP says {result.status} of {result.psp_reference or 'no payout'} ({source})"
     if payout.review_at is not None:
-        payout.last_error = f"in the operator queue; the PSP says {result.status} of {result.psp_reference or 'no payout'} ({source})"[:500]
-        payout.save(update_fields=["last_error", "lease_expires_at", "updated"])
+        payout.last_error = f"in the operator queue; {heard}"[:500]
+        fields = ["last_error", "lease_expires_at", "updated"]
+        if payout.review_maker_id is not None:
+            # Proposed on what was known before this word: it is proposed again, on the facts as they are now.
+            audit_record(action="payout.review_proposal_void", target_type="payout", target_id=payout.pk, reason=heard[:500],
+                         before={"review_outcome": payout.review_outcome, "review_maker": payout.review_maker_id},
+                         after={"review_outcome": "", "review_maker": None})
+            payout.review_maker, payout.review_outcome = None, ""
+            fields += ["review_maker", "review_outcome"]
+        payout.save(update_fields=fields)
         return "in_review"
-    if payout.status in (PayoutStatus.FAILED, PayoutStatus.CANCELED):
-        return "unchanged"  # its money is back with the merchant: nothing the PSP says now moves it
     sent = bool(result.psp_reference)
+    if payout.status in (PayoutStatus.FAILED, PayoutStatus.CANCELED):
+        # Its money is back with the merchant: nothing the PSP says moves it again.
+        if result.status == "failed" or not sent:
+            return "unchanged"
+        if result.psp_reference == payout.psp_reference and payout.return_failure_code not in ("", OPERATOR_FAILED):
+            # The PSP itself failed this very payout, and its payouts never come back from failed:
+            # this word is older than that one (webhooks come in any order).
+            logger.warning("psp word older than the payout's failure: nothing applied", extra={"payout": payout.pk, "source": source})
+            return "unchanged"
+        # The PSP sent money whose payout gave it back to the merchant here: paid twice, a person looks.
+        return payout_review_stop_locked(payout, reason=f"{heard}, but this payout is {payout.status}: its money is back with the merchant")
     if sent and payout.psp_reference and result.psp_reference != payout.psp_reference:
         return payout_review_stop_locked(
             payout, reason=f"the PSP's payout {result.psp_reference} is not ours ({payout.psp_reference}): {result.status} ({source})"
@@ -282,10 +329,12 @@ def payout_review_stop_locked(payout: Payout, *, reason: str, staff: StaffMember
     skips it) until two staff members resolve it. Returns `review`. Needs: the payout row
     locked. Locks: none more."""
     payout.review_at, payout.review_reason, payout.review_outcome, payout.review_maker = timezone.now(), reason[:500], "", None
+    # An earlier resolution's confirmer is no one's checker on this stop: anyone may propose anew.
+    payout.review_resolved_by, payout.review_resolved_at = None, None
     payout.fence += 1
     payout.lease_expires_at, payout.last_error = None, reason[:500]
-    payout.save(update_fields=["review_at", "review_reason", "review_outcome", "review_maker", "fence", "lease_expires_at", "last_error",
-                               "updated"])
+    payout.save(update_fields=["review_at", "review_reason", "review_outcome", "review_maker", "review_resolved_by", "review_resolved_at",
+                               "fence", "lease_expires_at", "last_error", "updated"])
     audit_record(action="payout.review_stop", target_type="payout", target_id=payout.pk, reason=reason[:500],
                  after={"status": payout.status, "return_owed": payout.return_owed_at is not None},
                  actor=f"user:{staff.user.get_username()}" if staff is not None and staff.user_id else None)
@@ -322,10 +371,10 @@ def payout_funds_return(*, payout: Payout, status: str, failure_code: str) -> Pa
 
 
 def payout_return(*, payout_id: str) -> str:
-    """The money of a payout the PSP had and then failed or canceled goes back to the
-    merchant only once the gateway has taken back what it sent on (at Stripe, the transfer
-    to the merchant's connected account: key `<payout id>:reversal`), asked with no
-    transaction open. Returns failed (the money is back with the merchant), return_unavailable
+    """The money of a payout the PSP had and then failed or canceled (or two staff members
+    failed) goes back to the merchant only once the gateway has taken back what it sent on
+    (at Stripe, the transfer to the merchant's connected account: key
+    `<payout id>:reversal:<transfer id>`), asked with no transaction open. Returns failed (the money is back with the merchant), return_unavailable
     (no answer: the payout stays owed, the recovery asks again), review (the PSP refused:
     stopped for an operator, the money stays where it is), unchanged (nothing owed now).
     Locks: the payout row (one UPDATE); then as `_returned` or `_return_refused`."""
@@ -399,9 +448,10 @@ def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget: LoopBud
     `budget` lasts (the recovery task's loop share, cut to its pass's deadline; None: such a
     share of a pass starting now); the payout in hand is finished. Cut short, it counts
     `budget_exhausted`: what it left is still due (the top-up pass's settle of the due-work
-    row both share reads it). Payouts in the operator queue are left alone. Returns counts by
-    outcome, or {"skipped": 1} while another pass runs. Locks: the tenant's payout recovery
-    lock (session advisory); per payout, as `payout_submit`, `payout_return` or `payout_settle`."""
+    row both share reads it). Payouts in the operator queue are left alone; last, the payout
+    gauges (`payouts_gauges_refresh`). Returns counts by outcome, or {"skipped": 1} while
+    another pass runs. Locks: the tenant's payout recovery lock (session advisory); per
+    payout, as `payout_submit`, `payout_return` or `payout_settle`."""
     with payout_recovery_lock() as taken:
         if not taken:
             return {"skipped": 1}
@@ -434,7 +484,26 @@ def payout_recovery_run(*, batch_size: int = RECOVERY_PAGE_SIZE, budget: LoopBud
         if budget.exhausted:
             counts["budget_exhausted"] = 1
             logger.warning("payout recovery pass cut short by its time budget: the next pass goes on")
+        try:
+            payouts_gauges_refresh()
+        except DatabaseError as exc:
+            if is_connection_failure(exc):
+                raise
+            logger.exception("the payout gauges could not be refreshed; the pass goes on")
         return counts
+
+
+def payouts_gauges_refresh() -> dict[str, int]:
+    """The current tenant's gauges of payouts waiting for a person (the operator queue) or for
+    the PSP (money owed back), with the age of the oldest of each: an alert's threshold."""
+    tenant = str(getattr(connection, "schema_name", "public"))
+    queues = payout_queues()
+    now = timezone.now()
+    metrics.PAYOUTS_OPERATOR_REVIEW.labels(tenant=tenant).set(queues.operator_review)
+    metrics.PAYOUTS_RETURNS_OWED.labels(tenant=tenant).set(queues.returns_owed)
+    for queue, oldest in (("operator_review", queues.operator_review_oldest), ("return_owed", queues.returns_owed_oldest)):
+        metrics.PAYOUTS_WAITING_OLDEST.labels(tenant=tenant, queue=queue).set(max(0.0, (now - oldest).total_seconds()) if oldest else 0.0)
+    return {"operator_review": queues.operator_review, "returns_owed": queues.returns_owed}
 
 
 def _check(payout: Payout) -> str:

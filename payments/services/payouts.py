@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 
 from django.conf import settings
@@ -33,11 +33,13 @@ from payments.models import MerchantBankAccount, Payout, PayoutOrigin, PayoutSta
 from payments.selectors import bank_account_of, gateway_account_active, gateway_account_get
 from payments.services.approvals import staff_solo_posting_decide
 from payments.services.payout_saga import (
+    OPERATOR_FAILED,
     payout_due_mark,
     payout_event_create,
     payout_funds_back,
     payout_funds_return,
     payout_paid_move,
+    payout_return_on_commit,
     payout_review_stop_locked,
     payout_submit,
     payout_submit_on_commit,
@@ -275,38 +277,76 @@ def payout_cancel(*, payout: Payout, reason: str = "") -> Payout:
 REVIEW_OUTCOMES = ("paid", "failed")
 
 
-def payout_review_stop(*, payout: Payout, staff: StaffMember, reason: object) -> Payout:
-    """Stop for an operator a payout the saga cannot settle (the PSP never heard of it, or
-    keeps failing to answer, past its lease), audited: it joins the queue that
-    `payout_review_resolve` empties. Only a payout the PSP may have (pending and tried, or in
-    transit), with no live lease and not in the queue; one the PSP holds as ours, matching,
-    is refused (the saga settles it by the PSP's word). The PSP is asked first (a read,
-    before the stop's transaction; the admin runs this inside its idempotency claim's
-    transaction, so the read holds the claim row for up to the PSP timeout), and its answer
-    (or silence) is kept in the reason. Locks: the payout row."""
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidRequest("reason is required: why the PSP cannot settle this payout", param="reason")
+@dataclass(frozen=True)
+class PayoutStopFacts:
+    """What `payout_review_stop_prepare` saw of a payout and heard from the PSP: the stop goes
+    ahead only if the payout is still as seen (`fence`, `status`, `psp_reference`)."""
+
+    payout_id: str
+    fence: int
+    status: str
+    psp_reference: str
+    heard: str  # the PSP's answer (or silence), kept in the stop's reason
+    holds_ours: str = ""  # the PSP's payout of it, matching ours: the saga settles it, no stop
+    refused: str = ""  # why it could not be stopped as it was seen (the PSP was not asked)
+
+
+def payout_review_stop_prepare(*, payout: Payout) -> PayoutStopFacts:
+    """The payout as it is now and what the PSP holds of it, for `payout_review_stop`: a read
+    of the PSP, to be made with no transaction open (callers in one, as the admin's
+    idempotency claim, prepare first). Refuses nothing: the stop does, on these facts.
+    Locks: none."""
     current = Payout.objects.filter(pk=payout.pk).first()
     if current is None:
         raise NotFound("no such payout", param="payout")
-    _stoppable(current)
+    seen = PayoutStopFacts(payout_id=current.pk, fence=current.fence, status=current.status, psp_reference=current.psp_reference, heard="")
+    try:
+        _stoppable(current)
+    except InvalidState as exc:
+        return replace(seen, refused=exc.message)
     try:
         gateway = gateway_build(account=gateway_account_get(gateway=current.gateway))
         found = gateway.payouts_of(reference=current.pk, destination=current.destination, psp_reference=current.psp_reference,
                                    since=current.created)
     except (GatewayError, NotFound) as exc:
-        heard = f"the PSP did not answer ({exc})"
-    else:
-        matching = [r for r in found if r.amount == current.amount and r.currency.upper() == current.asset_id.upper()]
-        if matching:
-            raise InvalidState(f"the PSP holds payout {matching[0].psp_reference} of it ({matching[0].status}): the saga settles it by that")
-        heard = f"the PSP holds {', '.join(f'{r.psp_reference} ({r.status})' for r in found)}" if found else "the PSP holds no payout of it"
-    text = f"stopped by staff: {reason.strip()}; {heard}"
+        return replace(seen, heard=f"the PSP did not answer ({exc})")
+    matching = [r for r in found if r.amount == current.amount and r.currency.upper() == current.asset_id.upper()]
+    if matching:
+        return replace(seen, holds_ours=f"{matching[0].psp_reference} ({matching[0].status})")
+    heard = f"the PSP holds {', '.join(f'{r.psp_reference} ({r.status})' for r in found)}" if found else "the PSP holds no payout of it"
+    return replace(seen, heard=heard)
+
+
+def payout_review_stop(*, payout: Payout, staff: StaffMember, reason: object, facts: PayoutStopFacts | None = None) -> Payout:
+    """Stop for an operator a payout the saga cannot settle (the PSP never heard of it, or
+    keeps failing to answer, past its lease), audited: it joins the queue that
+    `payout_review_resolve` empties. Only a payout the PSP may have (pending and tried, or in
+    transit), with no live lease and not in the queue; one the PSP holds as ours, matching,
+    is refused (the saga settles it by the PSP's word). The PSP's answer comes from `facts`
+    (`payout_review_stop_prepare`, asked here when not given: call this with no transaction
+    open then), and is kept in the reason. The payout must be as the facts saw it: a send, an
+    answer or a webhook that moved it meanwhile (its fence, status or PSP reference changed)
+    refuses the stop, whose facts are stale. Locks: the payout row."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidRequest("reason is required: why the PSP cannot settle this payout", param="reason")
+    if facts is None:
+        facts = payout_review_stop_prepare(payout=payout)
+    if facts.payout_id != payout.pk:
+        raise InvalidRequest("these facts are another payout's", param="payout")
+    text = f"stopped by staff: {reason.strip()}; {facts.heard}"
 
     def stop() -> Payout:
         locked = payout_lock(payout_id=payout.pk)
-        assert locked is not None
+        if locked is None:
+            raise NotFound("no such payout", param="payout")
         _stoppable(locked)
+        if facts.refused:
+            raise InvalidState(facts.refused)
+        if (locked.fence, locked.status, locked.psp_reference) != (facts.fence, facts.status, facts.psp_reference):
+            raise InvalidState(f"this payout moved on while the PSP was asked (it is {locked.status} now"
+                               f"{f', PSP payout {locked.psp_reference}' if locked.psp_reference else ''}): look at it again")
+        if facts.holds_ours:
+            raise InvalidState(f"the PSP holds payout {facts.holds_ours} of it: the saga settles it by that")
         payout_review_stop_locked(locked, reason=text, staff=staff)
         return locked
 
@@ -326,12 +366,17 @@ def _stoppable(payout: Payout) -> None:
 @atomic_service(operation="payout_review_resolve")
 def payout_review_resolve(*, payout: Payout, staff: StaffMember, outcome: object, reason: object) -> Payout:
     """Resolve a payout in the operator queue, audited, by two staff members: the first
-    proposes `outcome` (paid: the money left for the bank account, in transit -> PSP
-    settlement; failed: the money is back with us, so back with the merchant, once), a
-    second confirms it and it is applied. A different outcome is a new proposal, its
-    proposer's; the proposer never confirms. Tally asks the PSP nothing here: whoever
-    resolves has settled it at the PSP (reversed a transfer there) first.
-    Locks: the payout row, then the balance rows (ledger_post)."""
+    proposes `outcome`, a second confirms it and it is applied. Paid: the money left for the
+    bank account (in transit -> PSP settlement). Failed: the money never left us, or is back
+    at the PSP; for a payout the PSP may have (it named one, or was asked) that is not staff's
+    word alone: the payout leaves the queue owing its money back (`return_owed_at`) and
+    `payout_return` asks the PSP to take back what it sent on after this commit, the merchant
+    credited only once it has (a refusal puts the payout back in the queue; no answer is the
+    recovery's to ask again). A payout failed or canceled here already (stopped because the
+    PSP says it sent it) moves no money on either: it leaves the queue, the operator having
+    settled it with the merchant. A different outcome is a new proposal, its proposer's; the
+    proposer never confirms; any word from the PSP meanwhile voids the proposal (payout_saga).
+    Locks: the payout row, then the balance rows (ledger_post), then the due-work lock, SHARED."""
     if outcome not in REVIEW_OUTCOMES:
         raise InvalidRequest("outcome must be paid or failed", param="outcome")
     if not isinstance(reason, str) or not reason.strip():
@@ -343,6 +388,9 @@ def payout_review_resolve(*, payout: Payout, staff: StaffMember, outcome: object
         raise InvalidState(f"this payout is {locked.status} and waits for no operator")
     if outcome == "paid" and not locked.psp_reference:
         raise InvalidState("the PSP never named a payout of it: it cannot be marked paid")
+    if outcome == "paid" and locked.status in (PayoutStatus.FAILED, PayoutStatus.CANCELED):
+        raise InvalidState(f"this payout is {locked.status}, its money back with the merchant: settle that with the merchant,"
+                           " then mark it failed")
     before = {"status": locked.status, "review_outcome": locked.review_outcome, "review_maker": locked.review_maker_id}
     if locked.review_maker_id is None or locked.review_outcome != outcome:
         locked.review_maker, locked.review_outcome = staff, str(outcome)
@@ -352,14 +400,24 @@ def payout_review_resolve(*, payout: Payout, staff: StaffMember, outcome: object
         return locked
     if locked.review_maker_id == staff.pk:
         raise ApproverIsMaker("a payout's resolution")
-    if outcome == "failed" and locked.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT, PayoutStatus.PAID):
-        payout_funds_back(payout=locked, failure_code=locked.return_failure_code or "operator_failed")
+    unsettled = locked.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT, PayoutStatus.PAID)
+    returning = outcome == "failed" and unsettled and bool(locked.psp_reference or locked.attempts > 0)
+    if returning:
+        locked.return_owed_at = locked.return_owed_at or timezone.now()
+        locked.return_failure_code = locked.return_failure_code or OPERATOR_FAILED
+        payout_due_mark()  # the recovery's, if the return after this commit is lost or not answered
+        payout_return_on_commit(payout_id=locked.pk)
+    elif outcome == "failed" and unsettled:
+        payout_funds_back(payout=locked, failure_code=locked.return_failure_code or OPERATOR_FAILED)
     elif outcome == "paid" and locked.status in (PayoutStatus.PENDING, PayoutStatus.IN_TRANSIT):
         payout_paid_move(payout=locked)
-    locked.review_at, locked.return_owed_at, locked.review_resolved_by, locked.review_resolved_at = None, None, staff, timezone.now()
-    locked.save(update_fields=["review_at", "return_owed_at", "review_resolved_by", "review_resolved_at", "updated"])
+    if not returning:
+        locked.return_owed_at = None
+    locked.review_at, locked.review_resolved_by, locked.review_resolved_at = None, staff, timezone.now()
+    locked.save(update_fields=["review_at", "return_owed_at", "return_failure_code", "review_resolved_by", "review_resolved_at", "updated"])
     audit_record(action="payout.review_resolve", target_type="payout", target_id=locked.pk, reason=reason.strip()[:500], before=before,
-                 after={"status": locked.status, "outcome": outcome, "proposed_by": locked.review_maker_id, "confirmed_by": staff.pk})
+                 after={"status": locked.status, "outcome": outcome, "proposed_by": locked.review_maker_id, "confirmed_by": staff.pk,
+                        "returning": returning})
     return locked
 
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
 
@@ -47,6 +48,11 @@ class CheckContext:
     daily_totals_days: int = 2
     # How long the top-up recovery may take to give back a charge it could not credit, before it is a finding.
     topup_recovery_window_seconds: int = 3600
+    # How long a payout may wait in the operator queue, or owe its money back (the PSP not answering), before it is a finding.
+    payout_review_warn_seconds: int = 86400
+    payout_return_warn_seconds: int = 3600
+    # Merchants whose balance at the PSP one run reads (a PSP call each), the next run going on after the last.
+    payout_destinations_per_run: int = field(default_factory=lambda: int(settings.TALLY_RECONCILIATION_PAYOUT_DESTINATIONS))
     stats: dict[str, Any] = field(default_factory=dict)
     # The outbox backlog (count, oldest age in seconds), read once for the outbox check and the run's metrics.
     outbox_backlog: tuple[int, float] | None = None

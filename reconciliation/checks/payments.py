@@ -19,16 +19,21 @@ from payments.gateways.base import GatewayError
 from payments.gateways.registry import gateway_build
 from payments.models import GatewayAccount, OutboxEvent, Payment
 from payments.selectors import (
+    HeldAtPspExplained,
     gateway_account_active,
-    payout_destinations_to_check,
+    payout_destinations_page,
     payout_settlement_lines,
     payout_statuses,
+    payouts_held_at_psp_explained,
+    payouts_in_review_since,
     payouts_in_transit_overdue,
     payouts_in_transit_totals,
+    payouts_returns_owed_since,
     topup_settlement_lines,
     topups_charged_uncredited,
 )
 from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity
+from reconciliation.models import ReconciliationRun
 from wallets.models import Balance, SystemRole
 from wallets.selectors import account_balance_lines, system_account_get
 
@@ -301,9 +306,11 @@ def payout_settlement_compare(*, day: date) -> PayoutComparison:
 
 def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     """The payouts-in-transit account holds exactly what unfinished payouts hold, per asset;
-    payouts in transit a day past the PSP's promise; then, at the active gateway, what the
-    PSP still holds on the way to merchants' bank accounts once none of their payouts is
-    unfinished (`_destination_balances`), and for each of the last `settlement_days` UTC days,
+    payouts in transit a day past the PSP's promise; payouts waiting in the operator queue
+    longer than `payout_review_warn_seconds`, or owing their money back (the PSP not
+    answering) longer than `payout_return_warn_seconds`; then, at the active gateway, what
+    the PSP holds on the way to merchants' bank accounts beyond what their unfinished payouts
+    explain (`_destination_balances`), and for each of the last `settlement_days` UTC days,
     `payout_settlement_compare` (the PSP unreachable: one warning)."""
     owed = payouts_in_transit_totals()
     held = {line["asset"]: line["balance"] for line in account_balance_lines(account=system_account_get(role=SystemRole.PAYOUTS_IN_TRANSIT))}
@@ -324,6 +331,7 @@ def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
                      "psp_reference": payout.psp_reference, "arrival_expected_at": payout.arrival_expected_at.isoformat()},
             refs=(ObjectRef("payments", "payout", payout.pk),),
         )
+    yield from _payouts_stuck(ctx)
     account = gateway_account_active()
     if account is None:
         return
@@ -347,14 +355,59 @@ def payouts_check(ctx: CheckContext) -> Iterator[Discrepancy]:
         yield from _settlement_differences(differences, day=day, gateway=comparison.gateway, model="payout")
 
 
+def _payouts_stuck(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """Payouts a person (the operator queue) or the PSP (a return it does not answer about)
+    has kept waiting too long: their money is neither with the merchant nor at the bank."""
+    for payout in payouts_in_review_since(before=ctx.now - timedelta(seconds=ctx.payout_review_warn_seconds))[:ctx.chunk_size]:
+        assert payout.review_at is not None
+        yield Discrepancy(
+            kind="payout_review_waiting", severity=Severity.WARNING,
+            summary=f"payout {payout.pk} ({payout.status}) waits in the operator queue since {payout.review_at:%Y-%m-%d %H:%M} UTC:"
+            f" {payout.review_reason}"[:500],
+            details={"payout": payout.pk, "merchant": payout.merchant_id, "amount": payout.amount, "asset": payout.asset_id,
+                     "status": payout.status, "review_at": payout.review_at.isoformat(), "proposed": payout.review_outcome},
+            refs=(ObjectRef("payments", "payout", payout.pk),),
+        )
+    for payout in payouts_returns_owed_since(before=ctx.now - timedelta(seconds=ctx.payout_return_warn_seconds))[:ctx.chunk_size]:
+        assert payout.return_owed_at is not None
+        yield Discrepancy(
+            kind="payout_return_overdue", severity=Severity.WARNING,
+            summary=f"payout {payout.pk} owes its money back since {payout.return_owed_at:%Y-%m-%d %H:%M} UTC, and the PSP has not"
+            f" given it back yet: {payout.last_error or 'no answer'}"[:500],
+            details={"payout": payout.pk, "merchant": payout.merchant_id, "amount": payout.amount, "asset": payout.asset_id,
+                     "status": payout.status, "return_owed_at": payout.return_owed_at.isoformat()},
+            refs=(ObjectRef("payments", "payout", payout.pk),),
+        )
+
+
+# The stat in which a run keeps the last merchant whose balance at the PSP it read: the next run goes on after it.
+DESTINATIONS_CURSOR = "payout_destinations_next"
+
+
+def _destinations_cursor() -> str:
+    """Where the last run that read merchants' balances at the PSP stopped ("": the start)."""
+    last = (
+        ReconciliationRun.objects.filter(report__checks__payouts__stats__has_key=DESTINATIONS_CURSOR)
+        .order_by("-created", "-id").values_list("report", flat=True).first()
+    )
+    return str(last["checks"]["payouts"]["stats"][DESTINATIONS_CURSOR]) if last else ""
+
+
 def _destination_balances(ctx: CheckContext, *, account: GatewayAccount) -> Iterator[Discrepancy]:
     """Where the PSP keeps a merchant's money on its way to the bank (at Stripe, the
-    merchant's connected account, paid out manually by us alone) holds nothing once none of
-    the merchant's payouts is unfinished: money there is a failed payout's the PSP never gave
-    back, out of both the merchant's balance and ours. Checked for the merchants a payout
-    failed at the PSP for, or an operator resolved (`payout_destinations_to_check`)."""
-    destinations = payout_destinations_to_check(gateway=account.gateway, limit=ctx.chunk_size)
+    merchant's connected account, paid out manually by us alone) holds no more than the
+    merchant's unfinished payouts explain: sent and not yet paid out, failed and owed back,
+    or in the operator queue. More is a failed payout's money whose word never reached us (a
+    lost `payout.failed`, even after paid) or an operator's resolution the PSP never
+    followed: out of both the merchant's balance and ours (CRITICAL). Held only as much as
+    payouts in transit may have brought back is a WARNING: one of them may have failed, its
+    word on the way (the recovery asks the PSP about those past their promise). Every
+    merchant with a bank account at the gateway is read in turn,
+    `ctx.payout_destinations_per_run` a run, each run going on after the merchant the last
+    one read (kept in its stats)."""
+    destinations = payout_destinations_page(gateway=account.gateway, after=_destinations_cursor(), limit=ctx.payout_destinations_per_run)
     ctx.stats["payout_destinations_checked"] = len(destinations)
+    ctx.stats[DESTINATIONS_CURSOR] = destinations[-1][0] if destinations else ""
     if not destinations:
         return
     try:
@@ -363,6 +416,7 @@ def _destination_balances(ctx: CheckContext, *, account: GatewayAccount) -> Iter
         yield Discrepancy(kind="payout_destination_unavailable", severity=Severity.WARNING,
                           summary=f"the PSP's balances of merchants' bank accounts could not be read: {error}", details={})
         return
+    explained = payouts_held_at_psp_explained(merchant_ids=[merchant for merchant, _ in destinations], gateway=account.gateway)
     for merchant_id, destination in destinations:
         try:
             held = {code: amount for code, amount in gateway.destination_balance(destination=destination).items() if amount}
@@ -371,13 +425,26 @@ def _destination_balances(ctx: CheckContext, *, account: GatewayAccount) -> Iter
                               summary=f"the PSP's balance for {merchant_id}'s bank account could not be read: {error}",
                               details={"merchant": merchant_id, "destination": destination}, refs=(ObjectRef("wallets", "merchant", merchant_id),))
             continue
+        known = explained.get(merchant_id, HeldAtPspExplained(unsettled={}, in_transit={}))
         for code, amount in sorted(held.items()):
+            unsettled, in_transit = known.unsettled.get(code, 0), known.in_transit.get(code, 0)
+            if amount <= unsettled:
+                continue
+            details = {"merchant": merchant_id, "destination": destination, "asset": code, "amount": amount, "explained": unsettled,
+                       "in_transit": in_transit, "gateway": account.gateway}
+            if amount <= unsettled + in_transit:
+                yield Discrepancy(
+                    kind="payout_destination_held_in_transit", severity=Severity.WARNING,
+                    summary=f"the PSP holds {amount} {code} on the way to {merchant_id}'s bank account ({destination}), more than its"
+                    f" unfinished payouts explain ({unsettled}) unless a payout in transit ({in_transit}) failed and its word has not"
+                    " reached us yet", details=details, refs=(ObjectRef("wallets", "merchant", merchant_id),),
+                )
+                continue
             yield Discrepancy(
                 kind="payout_destination_not_empty", severity=Severity.CRITICAL,
-                summary=f"the PSP holds {amount} {code} on the way to {merchant_id}'s bank account ({destination}), and no payout of"
-                " it is unfinished: a failed payout's money the PSP never gave back",
-                details={"merchant": merchant_id, "destination": destination, "asset": code, "amount": amount, "gateway": account.gateway},
-                refs=(ObjectRef("wallets", "merchant", merchant_id),),
+                summary=f"the PSP holds {amount} {code} on the way to {merchant_id}'s bank account ({destination}), more than its"
+                f" unfinished payouts explain ({unsettled}, and {in_transit} in transit): a failed payout's money the PSP never gave"
+                " back, or whose failure never reached us", details=details, refs=(ObjectRef("wallets", "merchant", merchant_id),),
             )
 
 

@@ -170,7 +170,7 @@ def test_a_viewer_cannot_act_on_payouts(api: Api, world: World) -> None:
 
 
 def test_the_back_office_operator_queue_stops_a_payout_and_two_staff_members_fail_it(api: Api, payee: World, psp_simulator: Any) -> None:
-    from payments.services.payout_saga import payout_submit
+    from payments.services.payout_saga import payout_return, payout_submit
 
     made = api.post(URL, payee.merchant.key, {"asset": "JPY", "amount": 3_000}).json()
     psp_simulator.faults(fail_5xx=1)
@@ -195,6 +195,11 @@ def test_the_back_office_operator_queue_stops_a_payout_and_two_staff_members_fai
         assert client.post(f"/admin/payments/payout/{q(made['id'])}/act/resolve_failed/",
                            {"idempotency_key": _confirm_key(page), "reason": "nothing at the PSP"}).status_code == 302
         assert (Payout.objects.get(pk=made["id"]).review_at is not None) is proposed
+    # Confirmed: the PSP may have it (it was asked), so its money is owed back through the PSP, asked after the
+    # confirmation's commit (which this test's transaction never makes: asked here).
+    owed = Payout.objects.get(pk=made["id"])
+    assert owed.status == "pending" and owed.return_owed_at is not None and balance(payee.merchant.obj) == 2_000 + 2_000
+    assert payout_return(payout_id=made["id"]) == "failed"  # the PSP holds nothing of it: nothing to take back
     failed = Payout.objects.get(pk=made["id"])
     assert failed.status == "failed" and balance(payee.merchant.obj) == 5_000 + 2_000
     assert made["id"] not in root.get("/admin/payments/payout/?queue=review").content.decode()
