@@ -73,6 +73,7 @@ class TenantAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         (None, {"fields": ("schema_name", "name", "is_active", "created")}),
         ("Money still in flight (read in the tenant's schema, switched on or off)", {"fields": ("panels",)}),
         ("Money", {"fields": ("main_currency", "currency_exponent", "points_earn_rate", "topup_bonus_rate", "carbon_grams_per_unit")}),
+        ("Books", {"fields": ("time_zone",)}),
         ("Charging", {"fields": ("charge_by_customer_id", "refund_fee_policy")}),
         ("Merchant balances", {"fields": ("settlement_delay_days",)}),
         ("Idempotency rollout (per face)", {"fields": ("idempotency_customer", "idempotency_terminal", "idempotency_merchant", "idempotency_admin")}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -14,6 +15,13 @@ from tenants.approvals import ApprovalSettingInvalid, approval_settings_validate
 from tenants.schemas import SchemaCloneRefused, schema_clone, schemas_missing_migrations
 
 SETTLEMENT_DELAY_MAX_DAYS = 60
+
+
+def time_zone_validate(name: str) -> None:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValidationError(f"{name!r} is not an IANA time zone name (for example Europe/Berlin)") from exc
 
 
 class IdempotencyMode(models.TextChoices):
@@ -67,6 +75,12 @@ class Tenant(TenantMixin):  # type: ignore[misc]  # django-tenants is untyped
     # back fee x refunded / amount, the cumulative share rounded down (all of it once fully refunded).
     refund_fee_policy = models.CharField(
         max_length=12, choices=RefundFeePolicy.choices, default=RefundFeePolicy.PROPORTIONAL, db_default=RefundFeePolicy.PROPORTIONAL
+    )
+    # Where a day and a month begin for statements, the month-end report and the daily figures
+    # (the ledger and its daily totals stay in UTC instants and days).
+    time_zone = models.CharField(
+        max_length=64, default="UTC", db_default="UTC", validators=[time_zone_validate],
+        help_text="IANA time zone name, e.g. Europe/Berlin or Asia/Tokyo: where the tenant's days and months begin.",
     )
     extra_settings = models.JSONField(default=dict, blank=True)  # what a later feature needs before it earns a column
 

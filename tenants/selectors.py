@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any, cast
+from zoneinfo import ZoneInfo
 
 from django.conf import settings
 from django.db import connection
@@ -54,3 +55,8 @@ def tenant_schemas_all() -> list[str]:
 def _tenant_schemas(tenants: QuerySet[Tenant]) -> list[str]:
     excluded = ["public", str(settings.TENANT_BASE_SCHEMA)]
     return [str(s) for s in tenants.exclude(schema_name__in=excluded).values_list("schema_name", flat=True)]
+
+
+def tenant_zone() -> ZoneInfo:
+    """The current tenant's time zone (`Tenant.time_zone`): where its days and months begin."""
+    return ZoneInfo(tenant_current().time_zone)
