@@ -222,7 +222,9 @@ def test_a_bad_settlement_delay_is_refused_and_changes_nothing(tenant: Tenant, b
     assert Merchant.objects.get(pk=merchant.pk).settlement_delay_days == 4
     # The back office's form and the platform admin's tenant form refuse it before any service runs.
     assert "settlement_delay_days" in SettlementDelayForm({"idempotency_key": "k", "settlement_delay_days": bad}).errors
-    tenant_form = forms.modelform_factory(Tenant, fields=["settlement_delay_days"])({"settlement_delay_days": bad}, instance=tenant)
+    # A copy: a ModelForm writes the field onto its instance, and `tenant` is the connection's.
+    tenant_form = forms.modelform_factory(Tenant, fields=["settlement_delay_days"])(
+        {"settlement_delay_days": bad}, instance=Tenant.objects.get(pk=tenant.pk))
     assert "settlement_delay_days" in tenant_form.errors
     # The database refuses what slips past both (a queryset update).
     for rows in (Merchant.objects.filter(pk=merchant.pk), Tenant.objects.filter(pk=tenant.pk)):
