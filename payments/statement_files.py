@@ -4,7 +4,7 @@ faces and the back office alike; the content comes from payments.statements.
 CSV layout, one header row then:
 - `opening_balance` row: the period's start (local time) and the opening balance;
 - one row per ledger line: time (ISO 8601 in the tenant's zone, with its offset), kind,
-  object id, counterparty id and name (where the viewer may see them), amount (signed,
+  reference (the object's id), counterparty id and name (where the viewer may see them), amount (signed,
   minor units), fee (minor units, where shown), running balance;
 - `closing_balance` row (`provisional_balance` while the statement is not final): the
   period's end, the sum of the lines' amounts and fees, the closing balance.
@@ -26,7 +26,7 @@ from reportlab.pdfgen import canvas
 
 from payments.statements import StatementHead, StatementLine
 
-CSV_COLUMNS = ["time", "kind", "object", "counterparty", "counterparty_name", "amount", "fee", "balance"]
+CSV_COLUMNS = ["time", "kind", "reference", "counterparty", "counterparty_name", "amount", "fee", "balance"]
 
 
 def statement_filename(head: StatementHead, extension: str) -> str:

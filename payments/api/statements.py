@@ -115,14 +115,9 @@ class StatementLineOut(Serializer):
 
 class StatementPeriodOut(Serializer):
     month = S.CharField(allow_null=True)
-    from_ = LocalInstantField(help_text="Start, included (the tenant's time zone).")
+    locals()["from"] = LocalInstantField(help_text="Start, included (the tenant's time zone).")  # `from` is a Python keyword
     to = LocalInstantField(help_text="End, excluded (the tenant's time zone).")
     time_zone = S.CharField()
-
-    def get_fields(self) -> dict[str, Any]:
-        fields = super().get_fields()
-        fields["from"] = fields.pop("from_")
-        return fields
 
 
 class StatementOut(Serializer):
@@ -196,6 +191,6 @@ class StatementMixin(FaceViewSet):
         more = len(lines) > limit
         lines = lines[:limit]
         next_cursor = cursor_of(created=lines[-1].created, pk=lines[-1].entry_id) if more else None
-        return {**vars(head), "party_id": head.party_id, "month": params.get("month"), "from_": head.start.astimezone(head.zone),
+        return {**vars(head), "party_id": head.party_id, "month": params.get("month"), "from": head.start.astimezone(head.zone),
                 "to": head.end.astimezone(head.zone), "time_zone": str(head.zone), "as_of": head.as_of.astimezone(head.zone),
                 "lines": lines, "next_cursor": next_cursor}
