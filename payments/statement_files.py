@@ -39,30 +39,37 @@ def _local(head: StatementHead, instant: datetime) -> str:
     return instant.astimezone(head.zone).isoformat()
 
 
+CSV_PIECE = 32 * 1024  # characters per streamed piece: few enough pieces to be cheap, small enough to stay flat
+
+
 def statement_csv_rows(head: StatementHead, lines: Iterable[StatementLine]) -> Iterator[str]:
-    """The CSV text, one row per item: a generator, so a streamed response holds one row at a time."""
+    """The CSV text in pieces of about CSV_PIECE characters: a generator, so a streamed
+    response holds one piece at a time whatever the period holds."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
 
-    def row(values: list[Any]) -> str:
+    def piece() -> str:
+        text = buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
-        writer.writerow(values)
-        return buffer.getvalue()
+        return text
 
-    yield row(CSV_COLUMNS)
-    yield row([_local(head, head.start), "opening_balance", "", "", "", "", "", head.opening])
+    writer.writerow(CSV_COLUMNS)
+    writer.writerow([_local(head, head.start), "opening_balance", "", "", "", "", "", head.opening])
     total = fees = 0
     balance = head.opening
     for line in lines:
         total += line.amount
         fees += line.fee or 0
         balance = line.balance
-        yield row([line.time.isoformat(), line.kind, line.object_id, line.counterparty or "", _csv_text(line.counterparty_name),
-                   line.amount, "" if line.fee is None else line.fee, line.balance])
+        writer.writerow([line.time.isoformat(), line.kind, line.object_id, line.counterparty or "", _csv_text(line.counterparty_name),
+                         line.amount, "" if line.fee is None else line.fee, line.balance])
+        if buffer.tell() >= CSV_PIECE:
+            yield piece()
     # The closing is the lines' own running balance: the file adds up whatever was committed
     # while it streamed; once final, it is the balance before the end.
-    yield row([_local(head, head.end), "closing_balance" if head.final else "provisional_balance", "", "", "", total, fees, balance])
+    writer.writerow([_local(head, head.end), "closing_balance" if head.final else "provisional_balance", "", "", "", total, fees, balance])
+    yield piece()
 
 
 def _csv_text(value: str | None) -> str:

@@ -157,8 +157,8 @@ def _csv_peak(merchant: Merchant, start: datetime, end: datetime) -> tuple[int, 
     tracemalloc.start()
     try:
         rows = 0
-        for _ in statement_csv_rows(head, statement_lines(head=head, viewer=Viewer.MERCHANT)):
-            rows += 1
+        for piece in statement_csv_rows(head, statement_lines(head=head, viewer=Viewer.MERCHANT)):
+            rows += piece.count("\n")
         return rows, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
