@@ -143,7 +143,7 @@ def statement_schema(tag: str) -> Callable[[F], F]:
         parameters=[StatementParams],
         responses={
             (200, "application/json"): StatementOut,
-            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="format=csv: streamed; layout in docs/STATEMENTS.md."),
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="format=csv: streamed; layout in README.md, Statements."),
             (200, "application/pdf"): OpenApiResponse(OpenApiTypes.BINARY, description="format=pdf"),
             400: OpenApiResponse(ErrorSerializer, description="A bad period, format, cursor or asset (`asset_unknown`)."),
         },
