@@ -80,11 +80,24 @@ class CursorPagination(BasePagination):
         rows = list(qs.order_by("-created", "-pk")[: limit + 1])
         page = rows[:limit]
         if len(rows) > limit and page:
-            self.next_cursor = f"{(page[-1].created - _EPOCH) // timedelta(microseconds=1)}.{page[-1].pk}"
+            self.next_cursor = cursor_of(created=page[-1].created, pk=page[-1].pk)
         return page
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response({"object": "list", "data": data, "next_cursor": self.next_cursor})
+
+
+def cursor_of(*, created: datetime, pk: int | str) -> str:
+    """The cursor of a position (created, pk), as `next_cursor` states it."""
+    return f"{(created - _EPOCH) // timedelta(microseconds=1)}.{pk}"
+
+
+def cursor_position(cursor: str) -> tuple[datetime, str]:
+    """(created, pk as sent) of a cursor; 400 `cursor_invalid` if it is not of the form."""
+    match = _CURSOR_RE.fullmatch(cursor)
+    if match is None:
+        raise serializers.ValidationError({"cursor": [serializers.ErrorDetail("invalid cursor", code="cursor_invalid")]})
+    return _EPOCH + timedelta(microseconds=int(match.group(1))), match.group(2)
 
 
 def _after(qs: QuerySet[M], cursor: str) -> QuerySet[M]:

@@ -22,6 +22,7 @@ from django.utils.safestring import SafeString
 from idempotency.admin import StaffActionForm, staff_form_submit
 from idempotency.models import IdempotencyRecord
 from payments.admin_actions import OptionalReasonForm, ReasonForm, StaffAction, StaffActionsMixin, staff_of
+from payments.admin_statements import StatementDownloadMixin
 from payments.models import (
     FEE_RATE_PLACES,
     Adjustment,
@@ -122,7 +123,7 @@ def _frozen(customer: Customer) -> bool:
 
 
 @admin.register(Customer)
-class CustomerAdmin(StaffActionsMixin, ReadOnlyAdmin):
+class CustomerAdmin(StatementDownloadMixin, StaffActionsMixin, ReadOnlyAdmin):
     list_display = ("id", "name", "wallet", "created")
     search_fields = ("name",)
     id_search = {"cus": "id"}
@@ -200,7 +201,7 @@ def _bank_account(request: HttpRequest, merchant: Merchant, data: dict[str, Any]
 
 
 @admin.register(Merchant)
-class MerchantAdmin(StaffActionsMixin, ReadOnlyAdmin):
+class MerchantAdmin(StatementDownloadMixin, StaffActionsMixin, ReadOnlyAdmin):
     list_display = ("id", "name", "balances", "stores", "payout_schedule", "payouts_held", "created")
     list_filter = ("payout_schedule", "payouts_held")
     search_fields = ("name",)

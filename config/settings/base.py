@@ -290,6 +290,14 @@ else:
 TALLY_TOPUP_RECOVERY_PASS_SECONDS = max(0.0, TALLY_TOPUP_RECOVERY_SOFT_TIME_LIMIT - TOPUP_RECOVERY_TAIL_SECONDS - TALLY_PSP_TIMEOUT_SECONDS)
 # Test-only: the saga sleeps this long between the PSP's answer and the completion (the SIGKILL test). 0 = off.
 TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS = env.float("TALLY_TOPUP_TEST_PAUSE_AFTER_PSP_SECONDS", default=0.0)
+# --- Statements (payments/statements.py) ----------------------------------------------------------
+# A posting stamps `created` before it commits, and no statement_timeout bounds its transaction
+# (above); what bounds it is the process that holds it: gunicorn kills a request after 30 s
+# (config/gunicorn.py), Celery a task after its hard time limit, and PostgreSQL rolls back the dead
+# session's transaction. A period is final this long after its end: the longest of those plus a minute.
+TALLY_STATEMENT_FINAL_AFTER_SECONDS = env.int(
+    "TALLY_STATEMENT_FINAL_AFTER_SECONDS", default=max(30, CELERY_TASK_TIME_LIMIT, TALLY_TOPUP_RECOVERY_TIME_LIMIT) + 60
+)
 # --- Payouts (payments/services/payout_saga.py, payouts.py) --------------------------------------
 # The lease must outlast the PSP call, as a top-up's; the recovery then sends again under the same key.
 TALLY_PAYOUT_LEASE_SECONDS = env.int("TALLY_PAYOUT_LEASE_SECONDS", default=30)

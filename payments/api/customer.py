@@ -22,11 +22,13 @@ from idempotency.engine import IdempotencyContext
 from idempotency.errors import IdempotencyKeyMissing
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
+from payments.api.statements import StatementMixin, statement_schema
 from payments.models import Mandate, Payment, Refund, Transfer
 from payments.services import mandates, tokens, topup_saga, topups, transfers
+from payments.statements import Viewer, statement_account_get
 from wallets import selectors as wallet_selectors
 from wallets.contacts import customer_contact_attach
-from wallets.models import LedgerEntry
+from wallets.models import Account, LedgerEntry
 from wallets.services import contacts as contact_services
 
 TAG = ["customer"]
@@ -208,3 +210,17 @@ class MandateViewSet(ListMixin, CreateMixin, RetrieveMixin, CustomerViewSet):
     @object_action(TAG, summary="Revoke a mandate: the merchant's next charge by customer id is refused", body=s.EmptyIn, out=s.MandateOut)
     def revoke(self, mandate: Mandate, data: dict[str, Any]) -> Mandate:
         return mandates.mandate_revoke(mandate=mandate)
+
+
+# --- Statements (payments/api/statements.py) -------------------------------------------
+
+
+class StatementViewSet(StatementMixin, CustomerViewSet):
+    viewer = Viewer.CUSTOMER
+
+    def statement_account(self) -> tuple[Account, str, str]:
+        return statement_account_get(customer_id=self.customer.pk)
+
+    @statement_schema(TAG[0])
+    def list(self, request: Request) -> HttpResponseBase:
+        return self.statement()

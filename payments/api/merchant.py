@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http.response import HttpResponseBase
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -16,11 +17,13 @@ from apikit.base import MerchantViewSet
 from apikit.viewsets import CreateMixin, ListMixin, RetrieveMixin, object_action
 from payments import selectors as payment_selectors
 from payments.api import serializers as s
+from payments.api.statements import StatementMixin, statement_schema
 from payments.models import Payment, PaymentIntent, Payout, Refund
 from payments.services import intents, mandates, payouts, refunds
+from payments.statements import Viewer, statement_account_get
 from wallets import selectors as wallet_selectors
 from wallets.daily_totals import merchant_daily_totals
-from wallets.models import Store, Terminal
+from wallets.models import Account, Store, Terminal
 
 TAG = ["merchant"]
 
@@ -174,3 +177,17 @@ class PayoutViewSet(ListMixin, CreateMixin, RetrieveMixin, MerchantViewSet):
 
     def object_get(self, payout_id: str) -> Payout:
         return payment_selectors.payout_get(payout_id=payout_id, merchant_id=self.merchant_id)
+
+
+# --- Statements (payments/api/statements.py) -------------------------------------------
+
+
+class StatementViewSet(StatementMixin, MerchantViewSet):
+    viewer = Viewer.MERCHANT
+
+    def statement_account(self) -> tuple[Account, str, str]:
+        return statement_account_get(merchant_id=self.merchant_id)
+
+    @statement_schema(TAG[0])
+    def list(self, request: Request) -> HttpResponseBase:
+        return self.statement()
