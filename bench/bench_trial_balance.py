@@ -126,8 +126,8 @@ def main() -> None:
         results["sum_jpy"] = sum(line.balance for line in lines if line.asset == "JPY")
         results["selector_trial_balance_at"] = timed(lambda: trial_balance_at(at=timezone.now()))
         results["page_summary"] = timed(lambda: trial_balance_summary(at=timezone.now()))
-    client = Client(HTTP_HOST=HOST)
-    client.force_login(user)
+        client = Client(HTTP_HOST=HOST)
+        client.force_login(user)  # the session lives in the tenant's schema
 
     def page() -> None:
         response = client.get("/admin/reconciliation/reconciliationrun/trial-balance/")
