@@ -1,6 +1,8 @@
 """The demo tenant `make run` seeds, idempotently: its logins, parties, API keys and
 balances, a fee schedule, the PSP simulator as its card gateway and the demo merchant's bank
-account at it (paid out daily), and the demo merchant's webhook endpoint.
+account at it (paid out daily), the demo merchant's webhook endpoint, and a history of
+activity from the first day of last month to yesterday (demo_history_ensure), after which
+reconciliation runs once.
 Keys are stored hashed, so the raw demo keys are kept in var/demo_keys.json (local,
 git-ignored) to be printed again.
 
@@ -11,29 +13,41 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import time_machine
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
 from django_tenants.utils import schema_context
 
-from payments.models import Adjustment, FeeSchedule, MerchantBankAccount
+from payments.models import Adjustment, FeeSchedule, MerchantBankAccount, Payment
+from payments.selectors import fee_terms_forget
 from payments.services.adjustments import adjustment_create
+from payments.services.charges import payment_create_with_token
 from payments.services.fees import fee_schedule_create
 from payments.services.payouts import bank_account_save, merchant_payout_schedule_set
+from payments.services.refunds import refund_create
+from payments.services.tokens import payment_token_create
 from payments.services.topups import gateway_account_set
+from payments.services.transfers import transfer_create
+from reconciliation.models import ReconciliationRun, RunStatus, RunTrigger
+from reconciliation.services import reconciliation_run_execute, reconciliation_run_request
 from tenants.models import Domain, Tenant
+from tenants.selectors import tenant_zone
 from tenants.services import tenant_create, tenant_template_ensure
 from wallets.ids import random_token
 from wallets.models import Asset, Customer, LedgerTransactionKind, Merchant, StaffMember, Store, SystemRole, Terminal
 from wallets.sealing import UNOPENED
 from wallets.selectors import account_of, api_key_get_active, system_account_get
+from wallets.services.audit import audit_record
 from wallets.services.ledger import Leg, ledger_post
 from wallets.services.principals import (
     api_key_create,
@@ -131,14 +145,158 @@ def demo_seed(*, keys_file: Path = KEYS_FILE) -> dict[str, Any]:
             if saved_key is None or saved_key.principal_id != principal.pk:
                 _, keys[label] = api_key_create(principal=principal)
         _demo_balances_ensure(customers={"alice": alice, "bob": bob})
+        demo_history_ensure(customers=[alice, bob], terminal=terminal)
         if not FeeSchedule.objects.exists():
             # Through the service, so it starts once every process can know it (seconds from now).
             fee_schedule_create(asset_code=Asset.objects.get(is_main=True).code, rate=DEMO_FEE_RATE)
         ids = {"alice": alice.id, "bob": bob.id, "merchant": merchant.id, "store": store.id, "terminal": terminal.id}
+        demo_reconciliation_ensure()
     saved = {"admin_password": password, "keys": keys, "ids": ids}
     keys_file.write_text(json.dumps(saved, indent=2))
     keys_file.chmod(0o600)
     return saved
+
+
+# The demo's history: a few weeks of a small town's activity, written THROUGH THE SAME
+# SERVICES as live traffic, each call under a dev-only clock (time-machine) set to the
+# moment it happens, so every stamp agrees: the ledger's `created`, the merchants' daily
+# totals, the payments', refunds', transfers' and outbox events' rows, the fee in force.
+# The ledger is append-only: nothing is backdated by UPDATE.
+
+DEMO_HISTORY_TOPUP = "demo history: cash top-up at the town office"
+DEMO_HISTORY_SEED = 2026  # the same history on every fresh database
+DEMO_HISTORY_CUSTOMERS = (("Chika", "chika@example.com"), ("Dan", "dan@example.com"))
+DEMO_HISTORY_SHOPS = (("Book Nook", "Station Road"), ("Green Grocer", "Market Square"))
+DEMO_HISTORY_PRICES = (350, 480, 520, 780, 980, 1200, 1500, 2400, 3200)  # JPY
+DEMO_HISTORY_WEEKLY_TOPUP = 15_000  # JPY, each customer, every Monday (and on the first day)
+
+
+@dataclass
+class _History:
+    """What the history has put in each party's hands so far: a payment, refund or transfer
+    is written only when the party held enough at its moment, so a balance read at any
+    instant of the history is never below zero (the live balance row would allow more)."""
+
+    held: dict[str, int] = field(default_factory=dict)
+    written: int = 0
+
+    def has(self, party_id: str, amount: int) -> bool:
+        return self.held.get(party_id, 0) >= amount
+
+    def move(self, party_id: str, amount: int) -> None:
+        self.held[party_id] = self.held.get(party_id, 0) + amount
+        self.written += 1
+
+
+def demo_history_start(*, today: date) -> date:
+    """The first day of last month (in the tenant's zone): last month is complete."""
+    return (today.replace(day=1) - timedelta(days=1)).replace(day=1)
+
+
+def demo_history_ensure(*, customers: list[Customer], terminal: Terminal, say: Callable[[str], None] = print) -> int:
+    """Write the demo's history once (none when its first top-up is there), in one
+    transaction: a fresh or a reused database gets all of it or none. Returns the number of
+    business operations written. Locks: those of the services it calls."""
+    if Adjustment.objects.filter(reason=DEMO_HISTORY_TOPUP).exists():
+        return 0
+    zone = tenant_zone()
+    today = timezone.now().astimezone(zone).date()
+    first = demo_history_start(today=today)
+    start = datetime.combine(first, time(7), tzinfo=zone)
+    rng = random.Random(DEMO_HISTORY_SEED)
+    staff = staff_member_get_or_create(username="admin")
+    main_currency = Asset.objects.get(is_main=True).code
+    history = _History()
+    with transaction.atomic():
+        # The statements and the trial balance answer from the tenant's creation on: the
+        # tenant's row says it existed when its history began.
+        opened = datetime.combine(first, time(0), tzinfo=zone)
+        Tenant.objects.filter(schema_name=DEMO_SCHEMA, created__gt=opened).update(created=opened)
+        _demo_history_fee_schedule(asset_code=main_currency, valid_from=start - timedelta(minutes=30))
+        with time_machine.travel(start - timedelta(minutes=20), tick=False):
+            people = customers + [Customer.objects.filter(name=name).first() or customer_create(name=name, email=email)
+                                  for name, email in DEMO_HISTORY_CUSTOMERS]
+            tills = [terminal]
+            for name, street in DEMO_HISTORY_SHOPS:
+                shop = Merchant.objects.filter(name=name).first() or merchant_create(name=name)
+                store = Store.objects.filter(merchant=shop).first() or store_create(merchant=shop, name=street)
+                tills.append(Terminal.objects.filter(store=store).first() or terminal_create(store=store, name="Till 1"))
+        day = first
+        while day < today:
+            _demo_history_day(day=day, zone=zone, rng=rng, history=history, people=people, tills=tills, staff=staff,
+                              asset_code=main_currency, topup=day == first or day.weekday() == 0)
+            day += timedelta(days=1)
+    say(f"demo history: {history.written} operations from {first} to {today - timedelta(days=1)} ({zone.key})")
+    return history.written
+
+
+def _demo_history_fee_schedule(*, asset_code: str, valid_from: datetime) -> None:
+    """The demo's fee from before its history: fee_schedule_create refuses a start in the
+    past by design (a process may have cached the schedules), so the demo, before anything
+    reads them, writes its schedule row itself, audited, unless one is in force then."""
+    if FeeSchedule.objects.filter(asset_id=asset_code, merchant__isnull=True, valid_from__lte=valid_from).exists():
+        return
+    schedule = FeeSchedule.objects.create(asset_id=asset_code, rate=DEMO_FEE_RATE, valid_from=valid_from)
+    audit_record(action="fee_schedule.create", target_type="fee_schedule", target_id=schedule.pk, reason="demo history",
+                 after={"asset": asset_code, "merchant": None, "rate": str(DEMO_FEE_RATE), "valid_from": valid_from.isoformat()})
+    fee_terms_forget()
+
+
+def _demo_history_day(
+    *, day: date, zone: Any, rng: random.Random, history: _History, people: list[Customer], tills: list[Terminal], staff: StaffMember,
+    asset_code: str, topup: bool,
+) -> None:
+    """One local day: top-ups on Mondays, 3 to 8 payments between 08:00 and 20:00 (never
+    the same customer, shop and amount within minutes: that is a duplicate suspect), now and
+    then a refund of one of them, and a transfer between friends."""
+    def at(minutes: int) -> datetime:
+        return datetime.combine(day, time(0), tzinfo=zone) + timedelta(minutes=minutes)
+
+    if topup:
+        for n, person in enumerate(people):
+            with time_machine.travel(at(7 * 60 + 30 + n), tick=False):
+                adjustment_create(staff=staff, customer=person, asset_code=asset_code, amount=DEMO_HISTORY_WEEKLY_TOPUP,
+                                  direction="credit", reason=DEMO_HISTORY_TOPUP)
+            history.move(person.pk, DEMO_HISTORY_WEEKLY_TOPUP)
+    slots = sorted(rng.sample(range(8 * 4, 20 * 4), rng.randint(3, 8)))  # quarter hours
+    paid: list[tuple[Payment, int]] = []
+    for slot in slots:
+        person, till, amount = rng.choice(people), rng.choice(tills), rng.choice(DEMO_HISTORY_PRICES)
+        if not history.has(person.pk, amount):
+            continue
+        with time_machine.travel(at(slot * 15 + rng.randint(0, 9)), tick=False):
+            # As at the till: the customer shows a one-time QR token (the demo tenant does not
+            # let a shop charge a customer by id).
+            _, token = payment_token_create(customer=person)
+            payment = payment_create_with_token(terminal=till, customer_token=token, asset_code=asset_code, amount=amount)
+        history.move(person.pk, -amount)
+        history.move(payment.merchant_id, amount - payment.fee)
+        paid.append((payment, slot))
+    if paid and rng.random() < 0.2:
+        payment, slot = rng.choice(paid)
+        amount = payment.amount if rng.random() < 0.5 else payment.amount // 2
+        if history.has(payment.merchant_id, amount):
+            with time_machine.travel(at(slot * 15 + 12), tick=False):
+                refund = refund_create(payment=payment, amount=amount, reason="demo: returned goods")
+            history.move(payment.merchant_id, -(amount - refund.fee))
+            history.move(payment.customer_id or "", amount)
+    if rng.random() < 0.3:
+        giver, taker = rng.sample(people, 2)
+        amount = rng.choice((500, 1000, 2000))
+        if history.has(giver.pk, amount):
+            with time_machine.travel(at(21 * 60 + rng.randint(0, 59)), tick=False):
+                transfer_create(from_customer=giver, to_customer=taker, asset_code=asset_code, amount=amount)
+            history.move(giver.pk, -amount)
+            history.move(taker.pk, amount)
+
+
+def demo_reconciliation_ensure() -> ReconciliationRun | None:
+    """Run reconciliation once (the service, in this process) when the demo tenant has no
+    finished run, so the dashboard shows one at first look."""
+    if ReconciliationRun.objects.filter(status__in=[RunStatus.CLEAN, RunStatus.FINDINGS]).exists():
+        return None
+    run = reconciliation_run_request(trigger=RunTrigger.COMMAND, requested_by="demo seed")
+    return reconciliation_run_execute(run_id=run.pk)
 
 
 def _demo_balances_ensure(*, customers: dict[str, Customer]) -> None:

@@ -38,7 +38,8 @@ def payouts_banner_line(*, schedule_seconds: int) -> str:
     """The banner's promise about the demo payout, from beat's period as the settings have it."""
     return (
         "  payouts:              the demo merchant is paid out daily to its bank account at the simulator: beat's scheduled-payouts"
-        f" run, every {schedule_seconds} s here (TALLY_PAYOUT_SCHEDULE_SECONDS), pays its opening ¥30,000 within {schedule_seconds} s"
+        f" run, every {schedule_seconds} s here (TALLY_PAYOUT_SCHEDULE_SECONDS), pays what it holds (its opening ¥30,000 and its takings)"
+        f" within {schedule_seconds} s"
         " of beat's start; the payout goes paid and its payout.paid reaches the receiver (admin: Payments -> Payouts)"
     )
 
@@ -102,6 +103,12 @@ def main() -> int:
         f"  PSP simulator:        http://127.0.0.1:{psp_port}  (card top-ups: pm_card_visa, pm_card_declined; faults: POST /_control/faults;"
         f" it signs webhooks to {psp['webhook_url']})",
         payouts_banner_line(schedule_seconds=int(settings.TALLY_PAYOUT_SCHEDULE_SECONDS)),
+        "  history:              the demo has activity from the first of last month to yesterday (payments at three shops, refunds,"
+        " transfers, top-ups) and one reconciliation run:",
+        f"    dashboard            http://{demo}:{port}/admin/reconciliation/reconciliationrun/dashboard/",
+        f"    trial balance        http://{demo}:{port}/admin/reconciliation/reconciliationrun/trial-balance/   (admin or finance)",
+        f"    month-end report     http://{demo}:{port}/admin/reconciliation/reconciliationrun/month-end/   (last month by default)",
+        f"    statements           GET http://{demo}:{port}/v1/merchant/statements?asset=JPY&month=<last month>  (merchant key below)",
         "  demo keys (Authorization: Bearer <key>):",
     ]
     lines += [f"    {label:<16} {key}" for label, key in seeded["keys"].items()]

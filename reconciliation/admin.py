@@ -5,8 +5,8 @@ exports of a run's report and of the ledger for a date range."""
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
-from datetime import date, timedelta
+from collections.abc import Callable, Iterable
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -20,6 +20,15 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
+from reconciliation.books import (
+    TRIAL_BALANCE_TOP,
+    AssetTrial,
+    assets_known,
+    month_end_csv_rows,
+    month_end_report,
+    trial_balance_csv_rows,
+    trial_balance_summary,
+)
 from reconciliation.charts import chart_svg
 from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunTrigger
 from reconciliation.selectors import (
@@ -32,10 +41,14 @@ from reconciliation.selectors import (
 )
 from reconciliation.services import reconciliation_run_request
 from reconciliation.tasks import reconciliation_run_enqueue_on_commit
+from tenants.selectors import tenant_current, tenant_zone
 from wallets.adminkit import ReadOnlyMixin
+from wallets.models import Asset
+from wallets.money import money_format
 
 RUN_PERMISSION = "reconciliation.add_reconciliationrun"
 LEDGER_EXPORT_PERMISSION = "wallets.view_ledgerentry"
+BOOKS_PERMISSION = "reconciliation.view_books"
 
 
 def ref_link(ref: dict[str, str]) -> SafeString:
@@ -106,6 +119,10 @@ class ReconciliationRunAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[t
             path("run-now/", wrap(require_POST(self.run_now_view)), name="reconciliation_run_now"),
             path("<int:run_id>/report.csv", wrap(self.run_csv_view), name="reconciliation_run_csv"),
             path("ledger.csv", wrap(self.ledger_csv_view), name="reconciliation_ledger_csv"),
+            path("trial-balance/", wrap(self.trial_balance_view), name="reconciliation_trial_balance"),
+            path("trial-balance.csv", wrap(self.trial_balance_csv_view), name="reconciliation_trial_balance_csv"),
+            path("month-end/", wrap(self.month_end_view), name="reconciliation_month_end"),
+            path("month-end.csv", wrap(self.month_end_csv_view), name="reconciliation_month_end_csv"),
             *super().get_urls(),
         ]
 
@@ -160,6 +177,119 @@ class ReconciliationRunAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[t
         if end < start:
             return HttpResponseBadRequest("end must not be before start", content_type="text/plain")
         return csv_streaming_response(ledger_csv_rows(start=start, end=end), f"ledger-{start}-{end}.csv")
+
+    # The books: the trial balance at an instant and the month-end report (reconciliation.books).
+
+    def _books_context(self, request: HttpRequest, title: str) -> dict[str, Any]:
+        if not request.user.has_perm(BOOKS_PERMISSION):
+            raise PermissionDenied
+        return {**self.admin_site.each_context(request), "title": title, "opts": self.model._meta, "zone": tenant_zone().key}
+
+    def trial_balance_view(self, request: HttpRequest) -> HttpResponse:
+        context = self._books_context(request, "Trial balance")
+        at, error = books_instant(request.GET.get("at", ""))
+        context.update(at=at, at_text=request.GET.get("at", ""), error=error, top=TRIAL_BALANCE_TOP)
+        if error is None:
+            assert at is not None
+            assets = {a.code: a for a in Asset.objects.all()}
+            trials = trial_balance_summary(at=at)
+            context["trials"] = [_trial_rows(trial, _formatter(assets.get(trial.asset))) for trial in trials]
+            context["at_local"] = at.astimezone(tenant_zone())
+        return TemplateResponse(request, "admin/reconciliation/trial_balance.html", context, status=400 if error else 200)
+
+    def trial_balance_csv_view(self, request: HttpRequest) -> HttpResponseBase:
+        self._books_context(request, "")
+        at, error = books_instant(request.GET.get("at", ""))
+        if error is not None:
+            return HttpResponseBadRequest(error, content_type="text/plain")
+        assert at is not None
+        return csv_streaming_response(trial_balance_csv_rows(at=at), f"trial-balance-{at.astimezone(UTC):%Y%m%dT%H%M%S}Z.csv")
+
+    def month_end_view(self, request: HttpRequest) -> HttpResponse:
+        context = self._books_context(request, "Month-end report")
+        assets = assets_known()
+        asset_code = request.GET.get("asset") or (assets[0].code if assets else "")
+        month, error = books_month(request.GET.get("month", ""), asset_code=asset_code, assets=assets)
+        context.update(assets=assets, asset_code=asset_code, month_text=request.GET.get("month", ""), error=error)
+        if error is None:
+            assert month is not None
+            report = month_end_report(asset_code=asset_code, month=month)
+            zone = tenant_zone()
+            fmt = _formatter(next(a for a in assets if a.code == asset_code))
+            context.update(
+                report=report, month=month, start_local=report.start.astimezone(zone), end_local=report.end.astimezone(zone),
+                opening=fmt(report.opening), closing=fmt(report.closing), inflow_total=fmt(report.inflow_total),
+                outflow_total=fmt(report.outflow_total), balanced=report.opening + report.inflow_total - report.outflow_total == report.closing,
+                inflows=[(f.kind, f.counterparty, fmt(f.amount)) for f in report.inflows],
+                outflows=[(f.kind, f.counterparty, fmt(f.amount)) for f in report.outflows],
+            )
+        return TemplateResponse(request, "admin/reconciliation/month_end.html", context, status=400 if error else 200)
+
+    def month_end_csv_view(self, request: HttpRequest) -> HttpResponseBase:
+        self._books_context(request, "")
+        assets = assets_known()
+        asset_code = request.GET.get("asset", "")
+        month, error = books_month(request.GET.get("month", ""), asset_code=asset_code, assets=assets)
+        if error is not None:
+            return HttpResponseBadRequest(error, content_type="text/plain")
+        assert month is not None
+        report = month_end_report(asset_code=asset_code, month=month)
+        return csv_streaming_response(month_end_csv_rows(report=report), f"month-end-{asset_code}-{month:%Y-%m}.csv")
+
+
+def _trial_rows(trial: AssetTrial, fmt: Callable[[int], str]) -> dict[str, Any]:
+    """One asset's trial balance as the page shows it (amounts formatted in the asset's units)."""
+    return {
+        "asset": trial.asset, "accounts": trial.accounts, "balanced": trial.balanced, "total": fmt(trial.total),
+        "debits": fmt(trial.debits), "credits": fmt(trial.credits), "total_minor": trial.total,
+        "system": [(role, label, fmt(balance)) for role, label, balance in trial.system],
+        "top": [(line.account, line.kind, line.party, fmt(line.balance)) for line in trial.top],
+    }
+
+
+def _formatter(asset: Asset | None) -> Callable[[int], str]:
+    if asset is None:
+        return lambda amount: str(amount)
+    return lambda amount: money_format(amount=amount, code=asset.code, kind=asset.kind, exponent=asset.exponent)
+
+
+def books_instant(text: str) -> tuple[datetime | None, str | None]:
+    """The instant a books page asks for: now when blank; an ISO 8601 instant, a wall clock
+    without an offset read in the tenant's time zone. Refused (the message): malformed, in
+    the future (the books of then are not written yet), or before the tenant existed."""
+    now = timezone.now()
+    if not text.strip():
+        return now, None
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None, "at must be an ISO 8601 instant, e.g. 2026-11-30T23:59:59+09:00"
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=tenant_zone())
+    if at > now:
+        return None, "at is in the future"
+    created = tenant_current().created
+    if at < created:
+        return None, f"at is before the tenant existed (created {created.isoformat()})"
+    return at, None
+
+
+def books_month(text: str, *, asset_code: str, assets: list[Asset]) -> tuple[date | None, str | None]:
+    """The month a month-end report asks for (YYYY-MM; blank: last month in the tenant's
+    zone) and an asset it knows. A month that has not begun is refused; the current one is
+    the month so far."""
+    if asset_code not in {a.code for a in assets}:
+        return None, "asset must be one of the tenant's assets: " + ", ".join(a.code for a in assets)
+    today = timezone.now().astimezone(tenant_zone()).date()
+    if not text.strip():
+        return (today.replace(day=1) - timedelta(days=1)).replace(day=1), None
+    try:
+        month = datetime.strptime(text.strip(), "%Y-%m").date()
+    except ValueError:
+        return None, "month must be YYYY-MM"
+    if month > today:
+        return None, "month has not begun"
+    return month, None
 
 
 @admin.register(ReconciliationFinding)

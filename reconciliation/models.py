@@ -40,6 +40,9 @@ class ReconciliationRun(models.Model):
     class Meta:
         ordering = ["-created", "-id"]
         indexes = [models.Index(fields=["-created", "-id"], name="reconrun_created")]
+        # The trial balance and the month-end report show every party's money at once: the
+        # finance role's, not every viewer's (wallets.services.roles).
+        permissions = [("view_books", "Can see the books: the trial balance and the month-end report")]
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.status}, {self.findings_count} findings)"

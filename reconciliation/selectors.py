@@ -16,6 +16,7 @@ from django.utils import timezone
 from payments.models import Payment, Refund
 from reconciliation.charts import Chart, Series
 from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus
+from tenants.selectors import tenant_zone
 from wallets.models import Asset, LedgerEntry
 
 DASHBOARD_DAYS = 30
@@ -39,10 +40,13 @@ def reconciliation_findings_by_kind(*, run: ReconciliationRun) -> list[dict[str,
 
 def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOARD_DAYS) -> list[Chart]:
     """Daily payment volume per asset (major units), daily refunds, and daily fee revenue per
-    asset (fees taken less fees refunds gave back, on the day of each), over `days`."""
-    today = timezone.localdate(now or timezone.now())
+    asset (fees taken less fees refunds gave back, on the day of each), over `days`. A day is
+    the tenant's local day (its time zone): PostgreSQL truncates each row's instant `AT TIME
+    ZONE` the tenant's zone, and the window starts at local midnight."""
+    zone = tenant_zone()
+    today = (now or timezone.now()).astimezone(zone).date()
     axis = [today - timedelta(days=days - 1 - i) for i in range(days)]
-    since = timezone.make_aware(datetime.combine(axis[0], datetime.min.time()))
+    since = datetime.combine(axis[0], datetime.min.time(), tzinfo=zone)
     exponents = dict(Asset.objects.values_list("code", "exponent"))
     labels = [d.strftime("%m-%d") for d in axis]
 
@@ -51,7 +55,7 @@ def dashboard_volume_charts(*, now: datetime | None = None, days: int = DASHBOAR
         totals: dict[str, dict[date, int]] = {}
         counts: dict[str, dict[date, int]] = {}
         for row in (
-            rows.filter(created__gte=since).annotate(day=TruncDate("created")).order_by()
+            rows.filter(created__gte=since).annotate(day=TruncDate("created", tzinfo=zone)).order_by()
             .values("day", asset_code=F(asset_field)).annotate(total=Sum(field), n=Count("id"))
         ):
             totals.setdefault(row["asset_code"], {})[row["day"]] = int(row["total"] or 0)

@@ -28,6 +28,8 @@ from devtools.demo_seed import DEMO_DOMAIN, DEMO_SCHEMA, demo_psp_ensure, demo_s
 from payments.models import OutboxEvent, Payout
 from payments.services.payouts import payouts_scheduled_run
 from tests.receivers import free_port, process_stop, receiver_running
+from wallets.models import Merchant
+from wallets.selectors import merchant_funds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,9 +53,12 @@ def test_the_demo_merchant_is_paid_out_daily_and_the_payout_reaches_paid(django_
                     assert time.monotonic() < deadline
                     time.sleep(0.05)
             with schema_context(DEMO_SCHEMA):
+                # Its opening ¥30,000 and what the demo history's shoppers paid it (days back: available).
+                funds = {f.asset_code: f for f in merchant_funds(merchant=Merchant.objects.get(pk=merchant_id))}
+                assert funds["JPY"].available > 30_000
                 assert payouts_scheduled_run(concurrency=1).get("in_transit") == 1
                 payout = Payout.objects.get(merchant_id=merchant_id, origin="scheduled")
-                assert payout.amount == 30_000 and payout.status == "in_transit" and payout.destination_last4 == "6789"
+                assert payout.amount == funds["JPY"].available and payout.status == "in_transit" and payout.destination_last4 == "6789"
             while not any(b"payout.paid" in r.body for r in receiver.requests):
                 assert time.monotonic() < deadline + 20, "the simulator never reported the payout paid"
                 time.sleep(0.05)

@@ -34,7 +34,7 @@ ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {
     "finance": (
         "payments.refund_payment", "payments.add_pendingadjustment", "payments.approve_pendingadjustment", "payments.settle_topup",
         "payments.manage_payouts", "payments.approve_payout", "payments.resolve_payout", "wallets.set_settlement_delay",
-        "payments.add_feeschedule",
+        "payments.add_feeschedule", "reconciliation.view_books",
     ),
 }
 ROLES = tuple(ROLE_PERMISSIONS)
