@@ -227,6 +227,7 @@ def test_a_tenant_added_in_the_platform_admin_is_set_up_like_one_made_by_tenant_
             "currency_exponent": 2, "points_earn_rate": "0", "topup_bonus_rate": "0", "carbon_grams_per_unit": "0",
             "idempotency_replay_window_seconds": 86400, "idempotency_tombstone_window_seconds": 604800,
             "idempotency_wait_ms": 0, "extra_settings": "{}", "refund_fee_policy": "proportional", "settlement_delay_days": 2,
+            "time_zone": "Europe/Berlin",
             "domains-TOTAL_FORMS": 1, "domains-INITIAL_FORMS": 0,
             "domains-0-domain": f"{schema}.localhost", "domains-0-is_primary": "on",
         })
@@ -236,6 +237,7 @@ def test_a_tenant_added_in_the_platform_admin_is_set_up_like_one_made_by_tenant_
             assert cursor.fetchone()[0] == 0
         tenant = Tenant.objects.get(schema_name=schema)
         assert Domain.objects.filter(tenant=tenant, domain=f"{schema}.localhost").exists()
+        assert tenant.time_zone == "Europe/Berlin"
         with in_tenant(tenant):
             assert Asset.objects.get(is_main=True).code == "EUR"
             assert Account.objects.filter(kind="system").count() == 6
