@@ -12,13 +12,13 @@ from django.utils.html import format_html_join
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, list_link_column, money, money_column
 from wallets.models import (
     Account,
+    AccountDailyTotal,
     Asset,
     AuditEntry,
     Balance,
     Hold,
     LedgerEntry,
     LedgerTransaction,
-    MerchantDailyTotal,
     StaffMember,
     Store,
     Terminal,
@@ -186,8 +186,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
         return link(target, obj.target_id) if target is not None else obj.target_id
 
 
-@admin.register(MerchantDailyTotal)
-class MerchantDailyTotalAdmin(ReadOnlyAdmin):
+@admin.register(AccountDailyTotal)
+class AccountDailyTotalAdmin(ReadOnlyAdmin):
     """One row per shard; a day's total is the sum of its shards."""
 
     list_display = ("day", link_column("account"), "asset", "shard", money_column("credited"), money_column("debited"), "entries")
