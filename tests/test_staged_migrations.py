@@ -473,7 +473,7 @@ def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tena
 
     def findings() -> dict[str, int]:
         run = reconciliation_run_execute(run_id=reconciliation_run_request(trigger=RunTrigger.COMMAND).pk)
-        return {kind: n for kind, n in run.report["by_kind"].items() if kind == "merchant_daily_total_mismatch"}
+        return {kind: n for kind, n in run.report["by_kind"].items() if kind == "daily_total_mismatch"}
 
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 10_000)
@@ -487,4 +487,4 @@ def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tena
     AccountDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).update(credited=F("credited") + 1)
     found = findings()
     days = AccountDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).values("day").distinct().count()
-    assert found == {"merchant_daily_total_mismatch": days}
+    assert found == {"daily_total_mismatch": days}

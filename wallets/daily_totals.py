@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from itertools import groupby
 from typing import Any, Final
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
 
@@ -179,31 +179,42 @@ def daily_totals_differences(*, migration: str, day_from: date, day_to: date) ->
     return [(key, truth.get(key), summary.get(key)) for key in _differing(truth, summary)]
 
 
-def daily_totals_latest_differences(*, migration: str) -> list[tuple[Key, Totals | None, Totals | None]]:
-    """For each account `migration` builds and asset, its latest day in the summary (or in
-    the ledger, whichever is later) against the ledger's totals of that day: a day the
-    window of `daily_totals_differences` does not reach (an account quiet for weeks) is
-    still checked where its balance at an instant starts adding up entries. One grouped
-    read of each side, no scan of a whole history. Run it in one snapshot."""
-    kinds = _kinds_match(migration)
-    latest: dict[tuple[str, str], date] = {}
-    for account_id, asset_id, day in (AccountDailyTotal.objects.filter(kinds).values_list("account_id", "asset_id")
-                                      .annotate(Max("day")).order_by()):
-        latest[(account_id, asset_id)] = day
-    ledger_last = LedgerEntry.objects.filter(kinds).values_list("account_id", "asset_id").annotate(Max("created")).order_by()
-    for account_id, asset_id, created in ledger_last:
-        day = utc_day(created)
-        if day > latest.get((account_id, asset_id), date.min):
-            latest[(account_id, asset_id)] = day
-    if not latest:
-        return []
-    entries, rows = Q(), Q()
-    for (account_id, asset_id), day in latest.items():
-        entries |= Q(account_id=account_id, asset_id=asset_id, created__gte=_midnight(day), created__lt=_midnight(day + timedelta(days=1)))
-        rows |= Q(account_id=account_id, asset_id=asset_id, day=day)
-    truth = _keyed(_ledger_totals(LedgerEntry.objects.filter(entries)))
-    summary = _keyed(_summary_totals(AccountDailyTotal.objects.filter(rows)))
-    return [(key, truth.get(key), summary.get(key)) for key in _differing(truth, summary)]
+# Per (account, asset) of the kind: its latest day in the summary or in the ledger (the
+# entry found backwards through ledgerentry_account_created), that day's totals on both sides.
+_LATEST_SQL = """
+WITH keys AS (SELECT DISTINCT b.account_id, b.asset_id FROM wallets_balance b JOIN wallets_account a ON a.id = b.account_id
+               WHERE (a.kind = 'merchant') = %(merchants)s),
+     latest AS (SELECT k.account_id, k.asset_id, GREATEST(
+                  (SELECT MAX(d.day) FROM wallets_merchantdailytotal d WHERE d.account_id = k.account_id AND d.asset_id = k.asset_id),
+                  (SELECT (e.created AT TIME ZONE 'UTC')::date FROM wallets_ledgerentry e
+                    WHERE e.account_id = k.account_id AND e.asset_id = k.asset_id ORDER BY e.created DESC LIMIT 1)) AS day
+                  FROM keys k)
+SELECT l.account_id, l.asset_id, l.day, t.credited, t.debited, t.entries, s.credited, s.debited, s.entries
+  FROM latest l
+  CROSS JOIN LATERAL (SELECT COALESCE(SUM(GREATEST(e.amount, 0)), 0) AS credited, COALESCE(SUM(GREATEST(-e.amount, 0)), 0) AS debited,
+                             COUNT(*) AS entries FROM wallets_ledgerentry e
+                       WHERE e.account_id = l.account_id AND e.asset_id = l.asset_id
+                         AND e.created >= l.day::timestamp AT TIME ZONE 'UTC' AND e.created < (l.day + 1)::timestamp AT TIME ZONE 'UTC') t
+  CROSS JOIN LATERAL (SELECT COALESCE(SUM(d.credited), 0) AS credited, COALESCE(SUM(d.debited), 0) AS debited,
+                             COALESCE(SUM(d.entries), 0) AS entries FROM wallets_merchantdailytotal d
+                       WHERE d.account_id = l.account_id AND d.asset_id = l.asset_id AND d.day = l.day) s
+ WHERE l.day IS NOT NULL AND (t.credited, t.debited, t.entries) IS DISTINCT FROM (s.credited, s.debited, s.entries)
+ ORDER BY 1, 2
+"""
+
+
+def daily_totals_latest_differences(*, migration: str, chunk_size: int = 2000) -> Iterator[tuple[Key, Totals, Totals]]:
+    """For each (account, asset) of the kind `migration` builds, its latest day (in the
+    summary or in the ledger, whichever is later) whose summary differs from the ledger, as
+    (key, ledger, summary), each (credited, debited, entries, 0): where a balance at an
+    instant stops adding up summary rows and starts adding up entries, checked for an
+    account quiet for longer than any window. One day per account through its index,
+    streamed. Run it in one snapshot."""
+    with connection.chunked_cursor() as cursor:
+        cursor.execute(_LATEST_SQL, {"merchants": migration == MIGRATION})
+        while rows := cursor.fetchmany(chunk_size):
+            for account_id, asset_id, day, t_cr, t_db, t_n, s_cr, s_db, s_n in rows:
+                yield ((str(account_id), str(asset_id), day), (int(t_cr), int(t_db), int(t_n), 0), (int(s_cr), int(s_db), int(s_n), 0))
 
 
 def _differing(truth: dict[Key, Totals], summary: dict[Key, Totals]) -> list[Key]:
