@@ -27,7 +27,7 @@ from django.db import connection
 from django.db.models import Sum
 
 from wallets.daily_totals import daily_totals_read
-from wallets.models import Account, AccountKind, LedgerEntry
+from wallets.models import Account, AccountKind, Balance, LedgerEntry
 
 MICROSECOND = timedelta(microseconds=1)
 
@@ -73,6 +73,15 @@ def account_balances_at(*, account_id: str, at: datetime) -> dict[str, int]:
     """The account's balance per asset as of `at`, the entries created at `at` included;
     assets the account never held are absent."""
     return _balances_before(account_id=account_id, instant=at + MICROSECOND, asset_code=None)
+
+
+def account_balance_lines_at(*, account_id: str, at: datetime) -> list[dict[str, int | str]]:
+    """The account's balance as of `at` in every asset it holds now or held then, by asset
+    (what `?at=` answers): an asset it had not yet held at `at`, or an instant before the
+    account existed, answers 0."""
+    then = account_balances_at(account_id=account_id, at=at)
+    held = set(Balance.objects.filter(account_id=account_id).values_list("asset_id", flat=True).distinct())
+    return [{"asset": asset, "balance": then.get(asset, 0)} for asset in sorted(held | then.keys())]
 
 
 @dataclass(frozen=True)
