@@ -90,3 +90,33 @@ def test_an_unknown_parameter_or_party_is_refused(api: Api, world: World, tenant
     assert r.status_code == 400 and error_of(r)["param"] == "as_of"
     r = api.get("/v1/admin/customers/cus_doesnotexist0000000000/balances", world.staff.key)
     assert r.status_code == 404
+
+
+def test_the_back_office_shows_an_accounts_balance_as_of_a_local_time(world: World, tenant: Tenant) -> None:
+    """From the customer's page, "balance as of": a wall clock read in the tenant's zone (UTC
+    here), or an instant with its offset; a future or malformed one is said, not a 500."""
+    from django.contrib.auth.models import Permission
+    from django.test import Client
+    from django.urls import reverse
+
+    from devtools.demo_seed import staff_login_ensure
+    from tests.conftest import TENANT_A
+
+    wallet = Account.objects.get(customer_id=world.customer.id)
+    t0 = datetime.now(UTC).replace(microsecond=0) - timedelta(days=2)
+    _post(wallet, 700, t0, "adj_bo1")
+    _post(wallet, 50, t0 + timedelta(hours=1), "adj_bo2")
+    staff = staff_login_ensure(username="fin-at", password="pw-at-12345", role="finance")
+    staff.user.user_permissions.add(*Permission.objects.filter(content_type__app_label="wallets", codename__in=["view_account", "view_customer"]))
+    client = Client(HTTP_HOST=TENANT_A["domain"])
+    assert client.login(username="fin-at", password="pw-at-12345")
+    url = reverse("admin:wallets_account_balance_at", args=[wallet.pk])
+    customer_page = client.get(reverse("admin:wallets_customer_change", args=[world.customer.id]))
+    assert customer_page.status_code == 200 and url.encode() in customer_page.content
+    for at, shown in ((t0.strftime("%Y-%m-%dT%H:%M:%S"), b"700"), ((t0 + timedelta(hours=1)).isoformat(), b"750")):
+        page = client.get(url, {"at": at})
+        assert page.status_code == 200 and b'id="balance-at-result"' in page.content and shown in page.content, page.content
+    for bad, says in (("2999-01-01T00:00", b"in the future"), ("next tuesday", b"is not a date and time")):
+        page = client.get(url, {"at": bad})
+        assert page.status_code == 200 and b'id="balance-at-error"' in page.content and says in page.content
+    assert client.get(reverse("admin:wallets_account_balance_at", args=["acc_nope"])).status_code == 404
