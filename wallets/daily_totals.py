@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from itertools import groupby
 from typing import Any, Final
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection
 from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
 
@@ -77,8 +77,8 @@ def _kinds_match(migration: str) -> Q:
 def account_daily_totals_record(*, kind: str, legs: Iterable[tuple[Account, str, int]], created: datetime) -> None:
     """Add a posting's legs (account, asset, amount) to the day's totals, for the kinds of
     account whose staged migration's phase writes them (ledger_post, after its entries); a
-    merchant's credit of a `kind` PAYOUT_BACK counts as `returned` too. A day's first
-    posting on a shard inserts the row in a savepoint (a lost race updates instead).
+    merchant's credit of a `kind` PAYOUT_BACK counts as `returned` too. One statement: a
+    day's first posting on a shard inserts the row, the others add to it.
 
     Locks: each leg's summary row on this connection's shard, in key order, after the
     posting's balance rows: a merchant's or system account's on that shard (or every shard),
@@ -100,16 +100,24 @@ def account_daily_totals_record(*, kind: str, legs: Iterable[tuple[Account, str,
     if not totals:
         return
     day, shard = utc_day(created), connection_shard()
-    for (account_id, asset), sums in sorted(totals.items()):
-        key = {"account_id": account_id, "asset_id": asset, "day": day, "shard": shard}
-        increments = {name: F(name) + value for name, value in zip(_SUM_FIELDS, sums, strict=True)}
-        if AccountDailyTotal.objects.filter(**key).update(**increments):
-            continue
-        try:
-            with transaction.atomic():
-                AccountDailyTotal.objects.create(**key, **dict(zip(_SUM_FIELDS, sums, strict=True)))
-        except IntegrityError:
-            AccountDailyTotal.objects.filter(**key).update(**increments)
+    rows = sorted(totals.items())
+    params: list[Any] = []
+    for (account_id, asset), sums in rows:
+        params += [account_id, asset, day, shard, *sums]
+    with connection.cursor() as cursor:
+        cursor.execute(_UPSERT_SQL.format(rows=", ".join([_UPSERT_ROW] * len(rows))), params)
+
+
+# Every leg's row in one round trip, in key order: a day's first posting on a shard inserts
+# it, the others add to it (ON CONFLICT on the key's unique index; no savepoint).
+_UPSERT_ROW = "(%s, %s, %s::date, %s::smallint, %s::bigint, %s::bigint, %s::bigint, %s::bigint)"
+_UPSERT_SQL = """
+INSERT INTO wallets_merchantdailytotal AS t (account_id, asset_id, day, shard, credited, debited, entries, returned)
+VALUES {rows}
+ON CONFLICT (account_id, asset_id, day, shard) DO UPDATE SET
+    credited = t.credited + EXCLUDED.credited, debited = t.debited + EXCLUDED.debited,
+    entries = t.entries + EXCLUDED.entries, returned = t.returned + EXCLUDED.returned
+"""
 
 
 def _ledger_totals(entries: QuerySet[LedgerEntry], *, returned: bool = True) -> Any:
