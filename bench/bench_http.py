@@ -49,6 +49,11 @@ measures what a fee costs: half the spread merchants have a fee schedule of thei
 --seconds, --rounds times (the order swapped each round), and it prints each block's
 payments/s and the server's CPU a payment (gunicorn and its PostgreSQL backends, from /proc),
 each round's ratio with / without a fee and their median.
+
+    .venv/bin/python bench/bench_http.py --daily-totals --seconds 10 --clients 16 --workers 3 --rounds 6
+
+measures, the same way, what the customer and system accounts' daily totals cost a payment:
+blocks with the staged migration `account_daily_totals` expanded (written) and absent (not).
 """
 
 from __future__ import annotations
@@ -460,6 +465,62 @@ def compare_fees(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
     }
 
 
+def _daily_totals_phase(phase: str) -> None:
+    """Put the bench tenant's `account_daily_totals` at `phase` (expanded: payments write their
+    customer and system legs' daily totals; absent: not), then wait until every gunicorn
+    worker has seen it (the phase cache's TTL and grace)."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from wallets.daily_totals import ACCOUNTS_MIGRATION
+    from wallets.models import StagedMigrationState
+    from wallets.staged.phases import staged_fence_seconds
+
+    with schema_context(SCHEMA):
+        StagedMigrationState.objects.update_or_create(name=ACCOUNTS_MIGRATION, defaults={"phase": phase})
+    connection.set_schema_to_public()
+    time.sleep(staged_fence_seconds())
+
+
+def compare_daily_totals(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str, Any]:
+    """Spread payments with the customer and system accounts' daily totals written (staged
+    migration `account_daily_totals` expanded) and not (absent), alternating blocks on one server."""
+    run = drive_wrk if args.driver == "wrk" else drive
+    server = gunicorn_start(bench_env(args.database_url, args.redis_url), args.port, args.workers)
+    blocks: dict[str, list[dict[str, Any]]] = {"written": [], "not_written": []}
+    phases = {"written": "expanded", "not_written": "absent"}
+
+    def block(side: str, seconds: float) -> dict[str, Any]:
+        result = run(args.port, fixtures["spread"], fixtures["customers"], clients=args.clients, seconds=seconds)
+        statuses = result["statuses"]
+        result["requests"] = sum(statuses.values())
+        result["non2xx"] = result["requests"] - statuses.get(201, statuses.get("2xx", 0))
+        return result
+
+    try:
+        block("not_written", 2)  # warm-up
+        for index in range(args.rounds):
+            for side in ("written", "not_written") if index % 2 == 0 else ("not_written", "written"):
+                _daily_totals_phase(phases[side])
+                result, spent = cpu_per_request(server.pid, _database_of(args.database_url), functools.partial(block, side, args.seconds))
+                result["cpu_ms_per_payment"] = round(spent["web"] + spent["postgres"], 3)
+                blocks[side].append(result)
+    finally:
+        stop(server)
+        _daily_totals_phase("absent")
+
+    def paired(figure: str) -> dict[str, Any]:
+        """Each round's written / not-written ratio (its two blocks ran back to back) and their median."""
+        ratios = sorted(w[figure] / max(n[figure], 0.001) for w, n in zip(blocks["written"], blocks["not_written"], strict=True))
+        means = {side: round(sum(b[figure] for b in runs) / len(runs), 3) for side, runs in blocks.items()}
+        return {"means": means, "round_ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3)}
+
+    return {
+        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "rounds": args.rounds, "driver": args.driver,
+        "blocks": blocks, "payments_per_s": paired("payments_per_s"), "cpu_ms_per_payment": paired("cpu_ms_per_payment"),
+    }
+
+
 def _label(worker_class: str, stack: str) -> str:
     return worker_class if stack == "web" else f"{worker_class}+{stack}"
 
@@ -490,6 +551,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="with --peer: Tally-then-peer rounds; with --fees: rounds of both blocks")
     parser.add_argument("--fees", action="store_true",
                         help="instead: spread payments to merchants with a fee schedule against merchants without one, alternating blocks")
+    parser.add_argument("--daily-totals", action="store_true",
+                        help="instead: spread payments with the customer and system accounts' daily totals written and not, alternating blocks")
     parser.add_argument("--peers-dir", default=None, help="with --peer: ../shared/peers (found next to the checkout by default)")
     parser.add_argument("--peer-port", type=int, default=8766)
     parser.add_argument("--peer-database-url", default="postgres://postgres@127.0.0.1:5432/peer_idem")
@@ -505,6 +568,9 @@ def main() -> None:
     fixtures = seed(args.database_url, args.redis_url)
     if args.fees:
         print(json.dumps(compare_fees(args, fixtures), indent=2))
+        return
+    if args.daily_totals:
+        print(json.dumps(compare_daily_totals(args, fixtures), indent=2))
         return
     if args.peer:
         print(json.dumps(compare_peer(args, fixtures), indent=2))

@@ -67,7 +67,7 @@ from payments.services.topup_review import topup_review_fail_refunding, topup_re
 from tenants.admin import tenant_panel_register
 from tenants.models import SETTLEMENT_DELAY_MAX_DAYS
 from tenants.selectors import tenant_current
-from wallets.admin import balances_html
+from wallets.admin import balance_at_link, balances_html
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, link_to_list, list_link_column, money, money_column
 from wallets.contacts import customer_contact_masked, customers_find_by_email
 from wallets.models import Account, ApiKey, Asset, AuditEntry, Customer, LedgerEntry, Merchant, PayoutSchedule, Store
@@ -130,7 +130,7 @@ class CustomerAdmin(StatementDownloadMixin, StaffActionsMixin, ReadOnlyAdmin):
     date_hierarchy = "created"
     # Email and phone live in the contact representation of the staged migration
     # (wallets.contacts): shown masked, searched by exact email through its lookup.
-    fields = ("id", "name", "contact", "created", "wallet", "frozen", "related")
+    fields = ("id", "name", "contact", "created", "wallet", "balance_at", "frozen", "related")
     staff_actions = (
         StaffAction("freeze", "Freeze wallet", "wallets.freeze_account", ReasonForm,
                     lambda request, obj, data: f"Wallet {wallet_freeze(customer=obj, staff=staff_of(request), reason=data['reason']).pk} frozen",
@@ -145,6 +145,10 @@ class CustomerAdmin(StatementDownloadMixin, StaffActionsMixin, ReadOnlyAdmin):
     @admin.display(description="wallet (shards summed)")
     def wallet(self, obj: Customer) -> str:
         return balances_html(Account.objects.filter(customer=obj).first())
+
+    @admin.display(description="balance as of")
+    def balance_at(self, obj: Customer) -> str:
+        return balance_at_link(Account.objects.filter(customer=obj).first())
 
     @admin.display(description="contact (masked)")
     def contact(self, obj: Customer) -> str:
@@ -208,7 +212,7 @@ class MerchantAdmin(StatementDownloadMixin, StaffActionsMixin, ReadOnlyAdmin):
     id_search = {"mer": "id"}
     date_hierarchy = "created"
     fields = ("id", "name", "created", "balances", "funds", "settlement_delay", "stores", "payments", "bank_account", "payout_schedule",
-              "payout_weekday", "payouts_state", "payouts", "audit")
+              "payout_weekday", "payouts_state", "payouts", "audit", "balance_at")
     staff_actions = (
         _adjust_action("merchant"),
         StaffAction("bank_account", "Attach or change the bank account", "payments.attach_bank_account", BankAccountForm, _bank_account,
@@ -242,6 +246,10 @@ class MerchantAdmin(StatementDownloadMixin, StaffActionsMixin, ReadOnlyAdmin):
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Merchant) -> str:
         return balances_html(Account.objects.filter(merchant=obj).first())
+
+    @admin.display(description="balance as of")
+    def balance_at(self, obj: Merchant) -> str:
+        return balance_at_link(Account.objects.filter(merchant=obj).first())
 
     @admin.display(description="available / pending")
     def funds(self, obj: Merchant) -> str:

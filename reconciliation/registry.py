@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciliation.checks.base import CheckContext, Discrepancy
-from reconciliation.checks.ledger import conservation_check, ledger_balance_check, merchant_daily_totals_check, orphan_references_check
+from reconciliation.checks.ledger import conservation_check, daily_totals_check, ledger_balance_check, orphan_references_check
 from reconciliation.checks.payments import (
     duplicate_charges_check,
     fee_account_check,
@@ -36,7 +36,7 @@ CHECKS: list[Check] = [
     Check("idempotency_stuck", "In-flight idempotency keys past their lease", idempotency_stuck_check),
     Check("outbox", "Outbox lag and dead letters", outbox_check),
     Check("webhook_deliveries", "Webhook deliveries that failed or expired (never delivered)", webhook_dead_letters_check),
-    Check("merchant_daily_totals", "Merchant daily totals (once reads switched to the summary) against the ledger", merchant_daily_totals_check),
+    Check("daily_totals", "Every account's daily totals (once reads switched to the summary) against the sum of its entries", daily_totals_check),
     Check("psp_settlement", "Charged card top-ups against the PSP's daily settlement report; charges neither credited nor refunded",
           psp_settlement_check),
     Check("payouts", "The payouts-in-transit account against unfinished payouts; payouts against the PSP's; payouts in transit too long",

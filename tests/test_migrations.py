@@ -214,11 +214,11 @@ def test_the_funds_kinds_migration_gives_earlier_daily_totals_their_returned_pay
     import importlib
     from datetime import timedelta
 
-    from django.apps import apps
+    from django.db.migrations.loader import MigrationLoader
     from django.utils import timezone
 
     from wallets.daily_totals import MIGRATION, merchant_daily_totals_differences
-    from wallets.models import Account, MerchantDailyTotal, StagedMigrationState, StagedPhase, SystemRole
+    from wallets.models import Account, AccountDailyTotal, StagedMigrationState, StagedPhase, SystemRole
     from wallets.services.ledger import Leg, ledger_post
     from wallets.staged.phases import staged_phase_forget
 
@@ -232,18 +232,20 @@ def test_the_funds_kinds_migration_gives_earlier_daily_totals_their_returned_pay
         ledger_post(kind="payout_back", reference="po_m", legs=[Leg(account, "JPY", 500), Leg(in_transit, "JPY", -500)], created=day)
     finally:
         staged_phase_forget()
-    [row] = MerchantDailyTotal.objects.filter(account=account)
+    [row] = AccountDailyTotal.objects.filter(account=account)
     assert (row.credited, row.returned) == (700, 500)  # the posting keeps it
     # As the code before 0018 left the day: no `returned`, and its credits on two shard rows.
     row.delete()
-    MerchantDailyTotal.objects.create(account=account, asset_id="JPY", day=row.day, shard=0, credited=300, debited=0, entries=1)
-    MerchantDailyTotal.objects.create(account=account, asset_id="JPY", day=row.day, shard=5, credited=400, debited=0, entries=1)
+    AccountDailyTotal.objects.create(account=account, asset_id="JPY", day=row.day, shard=0, credited=300, debited=0, entries=1)
+    AccountDailyTotal.objects.create(account=account, asset_id="JPY", day=row.day, shard=5, credited=400, debited=0, entries=1)
     [(_, ledger, summary)] = merchant_daily_totals_differences(day_from=row.day, day_to=row.day)  # verify and reconciliation see it
     assert (ledger, summary) == ((700, 0, 2, 500), (700, 0, 2, 0))
     fill = importlib.import_module("wallets.migrations.0018_funds_kinds").returned_fill
+    # The models as 0018 knew them (the summary's model has been renamed since).
+    state_apps = MigrationLoader(connection).project_state(("wallets", "0018_funds_kinds")).apps
     for _ in range(2):
-        fill(apps, connection.schema_editor())
-        rows = MerchantDailyTotal.objects.filter(account=account).order_by("shard")
+        fill(state_apps, connection.schema_editor())
+        rows = AccountDailyTotal.objects.filter(account=account).order_by("shard")
         assert [(r.shard, r.credited, r.returned) for r in rows] == [(0, 300, 300), (5, 400, 200)]
     assert merchant_daily_totals_differences(day_from=row.day, day_to=row.day) == []
 

@@ -33,7 +33,7 @@ from wallets.contacts import (
     mask_phone,
 )
 from wallets.daily_totals import merchant_daily_totals
-from wallets.models import Customer, CustomerLegacyContact, MerchantDailyTotal, StagedMigrationState, StagedPhase
+from wallets.models import AccountDailyTotal, Customer, CustomerLegacyContact, StagedMigrationState, StagedPhase
 from wallets.services.contacts import customer_contact_update
 from wallets.services.principals import customer_create
 from wallets.staged.phases import staged_phase_forget
@@ -340,7 +340,7 @@ def test_daily_totals_read_the_same_from_the_ledger_and_from_the_summary(scratch
     assert not any("wallets_ledgerentry" in q["sql"] for q in queries.captured_queries)
     payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=5)
     assert [(t.credited, t.entries) for t in merchant_daily_totals(merchant_id=merchant_id, asset_code="JPY")] == [(1005, 4)]
-    assert MerchantDailyTotal.objects.filter(account__merchant_id=merchant_id).count() >= 1
+    assert AccountDailyTotal.objects.filter(account__merchant_id=merchant_id).count() >= 1
     with schema_context(scratch.schema_name):
         assert staged(TOTALS, "verify", tenant=scratch).code == 0
 
@@ -371,7 +371,7 @@ def test_the_totals_backfill_walks_a_long_history_in_day_windows(scratch: Tenant
     assert run.code == 0, run
     state = StagedMigrationState.objects.get(name=TOTALS)
     assert (state.rows_done, state.rows_total) == (3, 3)
-    assert MerchantDailyTotal.objects.count() == 15  # 3 merchants x 5 days, one row each
+    assert AccountDailyTotal.objects.count() == 15  # 3 merchants x 5 days, one row each
     assert staged(TOTALS, "verify", tenant=scratch).code == 0
     for _ in range(2):  # back to expanded (the cursor starts over), then backfill again: nothing to write
         assert staged(TOTALS, "rollback", tenant=scratch).code == 0
@@ -439,7 +439,7 @@ def test_the_totals_backfill_resumed_with_another_batch_skips_no_merchant_day(
     assert (state.phase, state.rows_done, state.rows_total) == (StagedPhase.BACKFILLED, 5, 5)
     today = datetime.now(UTC).date()
     assert merchant_daily_totals_differences(day_from=today - timedelta(days=30), day_to=today + timedelta(days=1)) == []
-    assert MerchantDailyTotal.objects.count() == 25  # 5 merchants x 5 days, each once
+    assert AccountDailyTotal.objects.count() == 25  # 5 merchants x 5 days, each once
     verified = staged(TOTALS, "verify", tenant=scratch)
     assert verified.code == 0, verified
 
@@ -463,7 +463,7 @@ def test_a_totals_cursor_names_a_merchant_and_a_day_and_the_earlier_form_resumes
     assert first.cursor is not None and first.cursor.startswith(f"{accounts[0]}/")
     StagedMigrationState.objects.filter(name=TOTALS).update(cursor=f"@{datetime.now(UTC).date() - timedelta(days=2)}")
     assert staged(TOTALS, "backfill", tenant=scratch, batch=2).code == 0
-    assert MerchantDailyTotal.objects.count() == 6
+    assert AccountDailyTotal.objects.count() == 6
     assert staged(TOTALS, "verify", tenant=scratch).code == 0
 
 
@@ -473,7 +473,7 @@ def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tena
 
     def findings() -> dict[str, int]:
         run = reconciliation_run_execute(run_id=reconciliation_run_request(trigger=RunTrigger.COMMAND).pk)
-        return {kind: n for kind, n in run.report["by_kind"].items() if kind == "merchant_daily_total_mismatch"}
+        return {kind: n for kind, n in run.report["by_kind"].items() if kind == "daily_total_mismatch"}
 
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 10_000)
@@ -484,7 +484,7 @@ def test_reconciliation_reads_the_daily_totals_once_reads_switched(scratch: Tena
     payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=300)
     assert findings() == {}
     # A summary row edited behind the posting's back: the history endpoint would show it.
-    MerchantDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).update(credited=F("credited") + 1)
+    AccountDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).update(credited=F("credited") + 1)
     found = findings()
-    days = MerchantDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).values("day").distinct().count()
-    assert found == {"merchant_daily_total_mismatch": days}
+    days = AccountDailyTotal.objects.filter(account__merchant_id=terminal.store.merchant_id).values("day").distinct().count()
+    assert found == {"daily_total_mismatch": days}

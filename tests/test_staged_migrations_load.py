@@ -34,7 +34,7 @@ from tests.factories import CustomerFactory, MerchantFactory, StoreFactory, Term
 from tests.staged_support import db_env, scratch_tenants, staged
 from tests.test_ledger_concurrency import _deadlocks_retried
 from wallets.contacts import UNSET, Unset, customer_contact
-from wallets.models import Customer, CustomerLegacyContact, MerchantDailyTotal, StagedMigrationState, StagedPhase
+from wallets.models import AccountDailyTotal, Customer, CustomerLegacyContact, StagedMigrationState, StagedPhase
 from wallets.selectors import balance_entry_mismatches, ledger_orphan_references, ledger_unbalanced_transactions
 from wallets.services.contacts import customer_contact_update
 from wallets.services.principals import customer_create
@@ -239,5 +239,5 @@ def test_a_backfill_killed_with_sigkill_halfway_resumes_and_converges_with_no_du
             assert customer_contact(customer=Customer.objects.get(pk=late.pk)).email == "kept@example.com"
             assert not Customer.objects.filter(email_ciphertext__isnull=True).exists()
         else:
-            keys = MerchantDailyTotal.objects.values("account_id", "asset_id", "day").annotate(n=Count("id"))
+            keys = AccountDailyTotal.objects.values("account_id", "asset_id", "day").annotate(n=Count("id"))
             assert len(keys) == 40 and all(k["n"] == 1 for k in keys)  # one row per merchant day: nothing twice

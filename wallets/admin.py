@@ -3,22 +3,30 @@ have staff actions, are registered by payments/admin.py beside those actions."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
 from django.apps import apps
 from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
 
+from tenants.selectors import tenant_zone
 from wallets.adminkit import ReadOnlyAdmin, ReadOnlyMixin, link, link_column, list_link_column, money, money_column
+from wallets.books import account_balance_lines_at
 from wallets.models import (
     Account,
+    AccountDailyTotal,
     Asset,
     AuditEntry,
     Balance,
     Hold,
     LedgerEntry,
     LedgerTransaction,
-    MerchantDailyTotal,
     StaffMember,
     Store,
     Terminal,
@@ -90,7 +98,7 @@ class AccountAdmin(ReadOnlyAdmin):
     id_search = {"acc": "id", "cus": "customer_id", "mer": "merchant_id"}
     list_select_related = ("customer", "merchant")
     date_hierarchy = "created"
-    fields = ("id", "kind", "owner", "system_role", "frozen", "frozen_reason", "frozen_at", "balances", "entries", "created")
+    fields = ("id", "kind", "owner", "system_role", "frozen", "frozen_reason", "frozen_at", "balances", "balance_at", "entries", "created")
     inlines = [BalanceInline]
     entries = staticmethod(list_link_column(LedgerEntry, "entries", "account", description="ledger entries"))
 
@@ -101,6 +109,63 @@ class AccountAdmin(ReadOnlyAdmin):
     @admin.display(description="balances (shards summed)")
     def balances(self, obj: Account) -> str:
         return balances_html(obj)
+
+    @admin.display(description="balance as of")
+    def balance_at(self, obj: Account) -> str:
+        return balance_at_link(obj)
+
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view(self.balance_at_view)
+        return [path("<path:object_id>/balance-at/", view, name="wallets_account_balance_at"), *super().get_urls()]
+
+    def balance_at_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The account's balance per asset as of `at` (wallets.books): a local date and time
+        in the tenant's zone (the form's), or an instant with its offset; not in the future."""
+        account = Account.objects.filter(pk=object_id).first()
+        if account is None or not self.has_view_permission(request, account):
+            raise Http404("no such account")
+        zone = tenant_zone()
+        context: dict[str, Any] = {**self.admin_site.each_context(request), "account": account, "zone": zone.key, "lines": None,
+                                   "title": f"{account}: balance as of", "opts": self.model._meta}
+        raw = request.GET.get("at", "").strip()
+        if raw:
+            try:
+                at = _admin_instant(raw, zone)
+            except ValueError as exc:
+                context["error"] = str(exc)
+            else:
+                assets = {a.code: a for a in Asset.objects.all()}
+                context.update(
+                    at_local=at.astimezone(zone).strftime("%Y-%m-%dT%H:%M:%S"), at_utc=at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+                    lines=[{"asset": line["asset"], "amount": money(int(line["balance"]), assets.get(str(line["asset"])))}
+                           for line in account_balance_lines_at(account_id=account.pk, at=at)],
+                )
+        return TemplateResponse(request, "admin/wallets/account_balance_at.html", context)
+
+
+def _admin_instant(raw: str, zone: ZoneInfo) -> datetime:
+    """A staff member's `at`: ISO 8601, a wall clock read in `zone` (a time a DST change
+    skips or repeats resolves as zoneinfo's fold=0 does), never in the future."""
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"{raw[:40]!r} is not a date and time (YYYY-MM-DDTHH:MM[:SS])") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=zone)
+    try:
+        at = parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("that instant is out of range") from None
+    if at > datetime.now(UTC):
+        raise ValueError("that instant is in the future: no balance is known yet")
+    return at
+
+
+def balance_at_link(account: Account | None) -> str:
+    """A link to the account's "balance as of" page (for the customer's and merchant's pages too)."""
+    if account is None:
+        return "-"
+    return format_html('<a href="{}">Balance as of an instant…</a>', reverse("admin:wallets_account_balance_at", args=[account.pk]))
 
 
 
@@ -186,8 +251,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
         return link(target, obj.target_id) if target is not None else obj.target_id
 
 
-@admin.register(MerchantDailyTotal)
-class MerchantDailyTotalAdmin(ReadOnlyAdmin):
+@admin.register(AccountDailyTotal)
+class AccountDailyTotalAdmin(ReadOnlyAdmin):
     """One row per shard; a day's total is the sum of its shards."""
 
     list_display = ("day", link_column("account"), "asset", "shard", money_column("credited"), money_column("debited"), "entries")

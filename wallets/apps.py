@@ -20,13 +20,14 @@ class WalletsConfig(AppConfig):
         pre_save.connect(_staff_login_saving, sender=settings.AUTH_USER_MODEL, dispatch_uid="wallets-staff-login-deactivation")
 
         from wallets.contacts import CustomerContactsMigration, customer_contacts_new_tenant
-        from wallets.daily_totals import MerchantDailyTotalsMigration
+        from wallets.daily_totals import AccountDailyTotalsMigration, MerchantDailyTotalsMigration
         from wallets.staged.spec import staged_migration_register
 
         staged_migration_register(CustomerContactsMigration())
         # A new tenant has no plaintext contacts: it starts encrypted, as webhook secrets start sealed.
         tenant_created.connect(customer_contacts_new_tenant, dispatch_uid="wallets-contacts-new-tenant")
         staged_migration_register(MerchantDailyTotalsMigration())
+        staged_migration_register(AccountDailyTotalsMigration())
         import wallets.staged.admin  # noqa: F401
 
 

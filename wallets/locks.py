@@ -9,8 +9,10 @@ Deadlock freedom depends on every writer using these helpers, never an inline
      locks rows as the sort emits them, so two transactions meet their common rows in the
      same order. None locks balance rows twice (a rolled-back savepoint's rows are released);
   3. a freeze: all the account's balance rows, then the account row;
-  4. a posting's merchant daily-total rows (wallets.daily_totals), in key order, only on
-     shards whose balance row it holds, so they add no wait.
+  4. a posting's daily-total rows (wallets.daily_totals: merchants', and customers' and
+     system accounts' once their staged migration writes them), in key order, only where it
+     holds a balance row every other writer of that summary row holds too (the same shard,
+     every shard, or a customer's single row), so they add no wait.
 Customer rows are business rows no posting takes; merchant rows are locked alone (a payout
 hold or schedule, `merchant_lock`) or FOR SHARE after a payout's row (its lease,
 `merchant_share_lock`), never with balance rows; other apps' locks.py name the rest.
@@ -299,8 +301,9 @@ def merchant_share_lock(*, merchant_id: str) -> Merchant:
 
 
 def merchant_balance_rows_lock(*, account_ids: list[str]) -> int:
-    """Every balance row of some merchant accounts, ONE statement in the global order (the
-    daily-totals backfill: no posting adds to their totals meanwhile); how many it locked."""
+    """Every balance row of some accounts, ONE statement in the global order (the daily-totals
+    backfills, merchants' and other accounts': no posting adds to their totals meanwhile);
+    how many it locked."""
     if not account_ids:
         return 0
     rows = Balance.objects.filter(account_id__in=account_ids).order_by(*LOCK_ORDER).select_for_update().values_list("pk", flat=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.indexes import BrinIndex
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
@@ -330,7 +331,11 @@ class LedgerEntry(models.Model):
         verbose_name = "ledger entry"
         verbose_name_plural = "ledger entries"
         ordering = ["created", "id"]
-        indexes = [models.Index(fields=["account", "created", "id"], name="ledgerentry_account_created")]
+        indexes = [
+            models.Index(fields=["account", "created", "id"], name="ledgerentry_account_created"),
+            # A whole tenant's partial day (the trial balance): entries arrive in about `created` order.
+            BrinIndex(fields=["created"], name="ledgerentry_created_brin"),
+        ]
         constraints = [models.CheckConstraint(condition=~models.Q(amount=0), name="ledgerentry_amount_non_zero")]
 
     def __str__(self) -> str:
@@ -433,9 +438,11 @@ class StagedMigrationState(models.Model):
         return f"{self.name}: {self.phase}"
 
 
-class MerchantDailyTotal(models.Model):
-    """What the ledger posted to a merchant account on one UTC day in one asset (kept by
-    wallets.daily_totals), sharded like merchant balances: a day's totals are the SUM."""
+class AccountDailyTotal(models.Model):
+    """What the ledger posted to an account (merchant, customer or system) on one UTC day in
+    one asset (kept by wallets.daily_totals), sharded like balances: a day's totals are the
+    SUM of its shard rows. The table keeps the name it had when it held merchants only: a
+    rename would break the code still running during a deploy, which writes it."""
 
     id = models.BigAutoField(primary_key=True)
     account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="+", db_constraint=False, db_index=False)
@@ -445,11 +452,13 @@ class MerchantDailyTotal(models.Model):
     credited = models.BigIntegerField(default=0)
     debited = models.BigIntegerField(default=0)
     entries = models.BigIntegerField(default=0)
-    # Of `credited`, the money of failed or canceled payouts coming back (PAYOUT_BACK): it was
-    # available when it left, so it is available again at once, never pending.
+    # Of a merchant's `credited`, the money of failed or canceled payouts coming back
+    # (PAYOUT_BACK): it was available when it left, so it is available again at once, never
+    # pending. Always 0 on other accounts.
     returned = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
+        db_table = "wallets_merchantdailytotal"
         constraints = [
             models.UniqueConstraint(fields=["account", "asset", "day", "shard"], name="merchantdailytotal_key_uniq"),
             models.CheckConstraint(condition=models.Q(credited__gte=0, debited__gte=0, entries__gte=0), name="merchantdailytotal_non_negative"),

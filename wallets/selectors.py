@@ -21,6 +21,7 @@ from wallets.daily_totals import utc_day
 from wallets.errors import AssetUnknown, NotFound
 from wallets.models import (
     Account,
+    AccountDailyTotal,
     AccountKind,
     ApiKey,
     Asset,
@@ -30,7 +31,6 @@ from wallets.models import (
     LedgerTransaction,
     LedgerTransactionKind,
     Merchant,
-    MerchantDailyTotal,
     PrincipalType,
     StaffMember,
     Store,
@@ -393,7 +393,7 @@ def _recent_credits(*, account_id: str, asset_codes: list[str], delay_days: int,
     first_day = utc_day(now) - timedelta(days=delay_days)
     rows: Iterable[Mapping[str, Any]]
     if reads_new(staged_phase(DAILY_TOTALS)):
-        days = MerchantDailyTotal.objects.filter(account_id=account_id, asset_id__in=asset_codes, day__gte=first_day)
+        days = AccountDailyTotal.objects.filter(account_id=account_id, asset_id__in=asset_codes, day__gte=first_day)
         rows = days.values("asset_id").annotate(total=Sum(F("credited") - F("returned")))
     else:
         since = datetime.combine(first_day, time.min, tzinfo=UTC)

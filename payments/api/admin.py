@@ -9,7 +9,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
+from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -20,6 +22,7 @@ from payments.api import serializers as s
 from payments.models import Adjustment, FeeSchedule, PendingAdjustment
 from payments.services import approvals, fees, freezes
 from wallets import selectors as wallet_selectors
+from wallets.books import account_balance_lines_at
 from wallets.contacts import customer_contact_attach, customers_contact_attach, customers_find_by_email
 from wallets.models import ApiKey, Customer, Merchant, Store, Terminal
 from wallets.services import contacts as contact_services
@@ -38,11 +41,20 @@ def _customer(view: AdminViewSet, customer_id: str) -> Customer:
     return wallet_selectors.customer_get(customer_id=customer_id)
 
 
+BALANCES_AT = ("Each asset the account holds now or held then, its `balance` as of `at`: the ledger's entries created at or before"
+               " it. Before the account existed every balance is 0. A malformed `at`, one without an offset, or one in the future: 400.")
+
+
+def _balances_at(view: AdminViewSet, account_id: str) -> Response:
+    at = view.query(s.BalanceAtParams).get("at") or timezone.now()
+    return view.render(s.PartyBalancesAtOut, {"account": account_id, "at": at, "balances": account_balance_lines_at(account_id=account_id, at=at)})
+
+
 class CustomerViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "customer_id"
     action_permissions = _permissions(
         "wallets.view_customer", create="wallets.add_customer", freeze="wallets.freeze_account",
-        unfreeze="wallets.freeze_account", contact="wallets.change_customer",
+        unfreeze="wallets.freeze_account", contact="wallets.change_customer", balances="wallets.view_customer",
     )
     out, list_params, create_in = s.CustomerOut, s.CustomerListParams, s.CustomerCreateIn
     summaries = {"list": "List customers (optionally by email)", "create": "Create a customer (and their wallet)", "retrieve": "Retrieve a customer"}
@@ -81,10 +93,16 @@ class CustomerViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
         contact_services.customer_contact_update(customer_id=customer.pk, **data)
         return self.object_get(customer.pk)
 
+    @extend_schema(tags=TAG, summary="A customer's balance per asset as of an instant (`at`, default now), from the ledger",
+                   description=BALANCES_AT, parameters=[s.BalanceAtParams], responses=s.PartyBalancesAtOut)
+    @action(detail=True, methods=["get"])
+    def balances(self, request: Request, customer_id: str) -> Response:
+        return _balances_at(self, wallet_selectors.customer_get(customer_id=customer_id).account.pk)
+
 
 class MerchantViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
     lookup_url_kwarg = "merchant_id"
-    action_permissions = _permissions("wallets.view_merchant", create="wallets.add_merchant")
+    action_permissions = _permissions("wallets.view_merchant", create="wallets.add_merchant", balances="wallets.view_merchant")
     out, create_in = s.MerchantOut, s.MerchantCreateIn
     summaries = {"list": "List merchants", "create": "Create a merchant", "retrieve": "Retrieve a merchant"}
 
@@ -96,6 +114,12 @@ class MerchantViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):
 
     def object_get(self, merchant_id: str) -> Merchant:
         return wallet_selectors.merchant_get(merchant_id=merchant_id)
+
+    @extend_schema(tags=TAG, summary="A merchant's balance per asset as of an instant (`at`, default now), from the ledger",
+                   description=BALANCES_AT, parameters=[s.BalanceAtParams], responses=s.PartyBalancesAtOut)
+    @action(detail=True, methods=["get"])
+    def balances(self, request: Request, merchant_id: str) -> Response:
+        return _balances_at(self, wallet_selectors.merchant_get(merchant_id=merchant_id).account.pk)
 
 
 class StoreViewSet(ListMixin, CreateMixin, RetrieveMixin, AdminViewSet):

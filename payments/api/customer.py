@@ -27,6 +27,7 @@ from payments.models import Mandate, Payment, Refund, Transfer
 from payments.services import mandates, tokens, topup_saga, topups, transfers
 from payments.statements import Viewer, statement_account_get
 from wallets import selectors as wallet_selectors
+from wallets.books import account_balance_lines_at
 from wallets.contacts import customer_contact_attach
 from wallets.models import Account, LedgerEntry
 from wallets.services import contacts as contact_services
@@ -35,15 +36,21 @@ TAG = ["customer"]
 
 
 class WalletViewSet(CustomerViewSet):
-    @extend_schema(tags=TAG, summary="Wallet balances per asset (available = balance - held)", responses=s.WalletOut)
+    @extend_schema(
+        tags=TAG, summary="Wallet balances per asset (available = balance - held), now or as of an instant (`at`)",
+        description="With `at`: each asset's `balance` as of that instant, from the ledger (`available` and `held` null); an asset"
+        " the wallet holds now but did not then answers 0. A malformed `at`, one without an offset, or one in the future: 400.",
+        parameters=[s.BalanceAtParams], responses=s.WalletOut,
+    )
     def list(self, request: Request) -> Response:
         customer = self.customer
-        wallet = {
-            "customer": customer.pk,
-            "frozen": wallet_selectors.customer_get(customer_id=customer.pk).account.frozen,
-            "balances": payment_selectors.wallet_balances(customer=customer),
-        }
-        return self.render(s.WalletOut, wallet)
+        at = self.query(s.BalanceAtParams).get("at")
+        account = wallet_selectors.customer_get(customer_id=customer.pk).account
+        if at is None:
+            balances: list[Any] = list(payment_selectors.wallet_balances(customer=customer))
+        else:
+            balances = [{**line, "available": None, "held": None} for line in account_balance_lines_at(account_id=account.pk, at=at)]
+        return self.render(s.WalletOut, {"customer": customer.pk, "frozen": account.frozen, "at": at, "balances": balances})
 
 
 class ContactViewSet(CustomerViewSet):

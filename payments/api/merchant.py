@@ -22,6 +22,7 @@ from payments.models import Payment, PaymentIntent, Payout, Refund
 from payments.services import intents, mandates, payouts, refunds
 from payments.statements import Viewer, statement_account_get
 from wallets import selectors as wallet_selectors
+from wallets.books import account_balance_lines_at
 from wallets.daily_totals import merchant_daily_totals
 from wallets.models import Account, Store, Terminal
 
@@ -58,12 +59,20 @@ class BalanceViewSet(MerchantViewSet):
         description="Per asset: available + pending = balance - held, both >= 0. Credits younger than the settlement delay (the"
         " merchant's, else the tenant's; default 2 days) are pending: a credit on UTC day D is available from 00:00 UTC of D + delay + 1"
         " (at least `delay` full days). A failed or canceled payout's money coming back is available at once, as it was when it left."
-        " Refunds and reversals draw on available first, then pending. `available` is what POST /v1/merchant/payouts may take.",
-        responses=s.MerchantBalanceOut,
+        " Refunds and reversals draw on available first, then pending. `available` is what POST /v1/merchant/payouts may take."
+        " With `at`: each asset's `balance` as of that instant, from the ledger (`available`, `pending` and `held` null); an asset"
+        " held now but not then answers 0. A malformed `at`, one without an offset, or one in the future: 400.",
+        parameters=[s.BalanceAtParams], responses=s.MerchantBalanceOut,
     )
     def list(self, request: Request) -> Response:
+        at = self.query(s.BalanceAtParams).get("at")
         merchant = wallet_selectors.merchant_get(merchant_id=self.merchant_id)
-        return self.render(s.MerchantBalanceOut, {"merchant": merchant.pk, "balances": payment_selectors.merchant_balances(merchant=merchant)})
+        if at is None:
+            balances: list[Any] = list(payment_selectors.merchant_balances(merchant=merchant))
+        else:
+            balances = [{**line, "available": None, "pending": None, "held": None}
+                        for line in account_balance_lines_at(account_id=merchant.account.pk, at=at)]
+        return self.render(s.MerchantBalanceOut, {"merchant": merchant.pk, "at": at, "balances": balances})
 
     @extend_schema(
         tags=TAG, summary="The merchant's balance history: credited, debited and net per UTC day and asset, newest first",

@@ -271,34 +271,84 @@ class FeeScheduleOut(ObjectOut):
     valid_from = S.DateTimeField()
 
 
+AT_NULL = " Null with `at`: holds and the settlement window are not kept per instant."
+
+
+class BalanceAtField(InstantFilterField):
+    """`at`: the instant a balance is asked as of. It must carry its offset or zone (a wall
+    clock alone names no instant) and must not be in the future (no balance is known yet)."""
+
+    default_error_messages = {
+        "naive": "must carry a UTC offset or Z (e.g. 2026-11-30T23:59:59+09:00): a date and time alone name no instant",
+        "future": "must not be in the future",
+    }
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        if value.tzinfo is None or value.utcoffset() is None:
+            self.fail("naive")
+        return super().enforce_timezone(value)
+
+    def to_internal_value(self, value: Any) -> datetime:
+        instant = super().to_internal_value(value)
+        if instant > datetime.now(UTC):
+            self.fail("future")
+        return instant
+
+
+AT_HELP = ("An ISO 8601 instant with its offset (e.g. 2026-11-30T23:59:59+09:00 or ...Z), not in the future: each asset's `balance`"
+           " as of that instant (the ledger's entries created at or before it), whose other amounts are null. Before the account"
+           " existed every balance is 0.")
+
+
+class BalanceAtParams(StrictSerializer):
+    at = BalanceAtField(required=False, help_text=AT_HELP)
+
+
 class BalanceOut(Serializer):
     asset = S.CharField()
     balance = S.IntegerField()
-    available = S.IntegerField()
-    held = S.IntegerField()
+    available = S.IntegerField(allow_null=True, help_text="balance - held." + AT_NULL)
+    held = S.IntegerField(allow_null=True, help_text="Held by authorizations." + AT_NULL)
 
 
 class WalletOut(Serializer):
     object = ConstField("wallet")
     customer = S.CharField()
     frozen = S.BooleanField()
+    at = S.DateTimeField(allow_null=True, help_text="The instant asked with `at` (UTC), else null (balances now).")
     balances = BalanceOut(many=True)
 
 
 class MerchantBalanceLineOut(Serializer):
     asset = S.CharField()
     balance = S.IntegerField()
-    available = S.IntegerField(help_text="What may be paid out now: balance - held - pending.")
-    pending = S.IntegerField(help_text="Credits younger than the settlement delay (a credit on UTC day D is available from 00:00 UTC of"
+    available = S.IntegerField(allow_null=True, help_text="What may be paid out now: balance - held - pending." + AT_NULL)
+    pending = S.IntegerField(allow_null=True,
+                             help_text="Credits younger than the settlement delay (a credit on UTC day D is available from 00:00 UTC of"
                              " D + delay + 1; a failed or canceled payout's money coming back is available at once), less what debits"
-                             " took beyond available.")
-    held = S.IntegerField()
+                             " took beyond available." + AT_NULL)
+    held = S.IntegerField(allow_null=True, help_text=AT_NULL.strip())
 
 
 class MerchantBalanceOut(Serializer):
     object = ConstField("balance")
     merchant = S.CharField()
+    at = S.DateTimeField(allow_null=True, help_text="The instant asked with `at` (UTC), else null (balances now).")
     balances = MerchantBalanceLineOut(many=True)
+
+
+class AccountBalanceAtOut(Serializer):
+    asset = S.CharField()
+    balance = S.IntegerField()
+
+
+class PartyBalancesAtOut(Serializer):
+    """A customer's or merchant's balance per asset as of an instant, from the ledger."""
+
+    object = ConstField("balances_at")
+    account = S.CharField()
+    at = S.DateTimeField(help_text="The instant (UTC): `at` as asked, else the moment of the answer.")
+    balances = AccountBalanceAtOut(many=True)
 
 
 class DailyTotalOut(Serializer):

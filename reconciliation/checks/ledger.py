@@ -8,8 +8,9 @@ from datetime import timedelta
 from django.db.models import Count, Sum
 
 from reconciliation.checks.base import CheckContext, Discrepancy, ObjectRef, Severity, rows_stream
+from wallets.daily_totals import ACCOUNTS_MIGRATION as ACCOUNT_TOTALS_MIGRATION
 from wallets.daily_totals import MIGRATION as DAILY_TOTALS_MIGRATION
-from wallets.daily_totals import merchant_daily_totals_differences
+from wallets.daily_totals import daily_totals_differences, daily_totals_latest_differences
 from wallets.models import Balance, Hold, HoldStatus, LedgerEntry
 from wallets.selectors import ledger_orphan_references_iter
 from wallets.staged.phases import reads_new, staged_phase
@@ -129,21 +130,28 @@ def orphan_references_check(ctx: CheckContext) -> Iterator[Discrepancy]:
     ctx.stats["orphans"] = relations
 
 
-def merchant_daily_totals_check(ctx: CheckContext) -> Iterator[Discrepancy]:
-    """Once the tenant reads merchant daily totals from the summary table (the staged migration
-    switched reads), the summary against the ledger for the last `daily_totals_days` UTC days."""
-    if not reads_new(staged_phase(DAILY_TOTALS_MIGRATION)):
-        ctx.stats["merchant_daily_totals"] = "reads from the ledger: nothing to compare"
-        return
-    today = ctx.now.date()
-    differences = merchant_daily_totals_differences(day_from=today - timedelta(days=ctx.daily_totals_days - 1), day_to=today)
-    ctx.stats["merchant_daily_totals"] = {"differences": len(differences)}
-    for (account_id, asset, day), ledger, summary in differences:
-        yield Discrepancy(
-            kind="merchant_daily_total_mismatch", severity=Severity.CRITICAL,
-            summary=f"merchant account {account_id}, {asset}, {day}: the daily totals table says {summary} "
-            f"(credited, debited, entries, returned), the ledger {ledger}",
-            details={"account": account_id, "asset": asset, "day": day.isoformat(), "ledger": ledger, "summary": summary},
-            refs=(account_ref(account_id),),
-        )
+def daily_totals_check(ctx: CheckContext) -> Iterator[Discrepancy]:
+    """For each kind of account whose daily totals the tenant reads from the summary table
+    (merchants', and every other account's: each staged migration switched reads), the
+    summary against the sum of its entries, per (account, asset, UTC day): every day of the
+    last `daily_totals_days`, and each account's latest day however old (where its balance
+    at an instant starts adding up entries)."""
+    for migration, label in ((DAILY_TOTALS_MIGRATION, "merchant"), (ACCOUNT_TOTALS_MIGRATION, "customer and system")):
+        if not reads_new(staged_phase(migration)):
+            ctx.stats[migration] = "reads from the ledger: nothing to compare"
+            continue
+        today = ctx.now.date()
+        window = daily_totals_differences(migration=migration, day_from=today - timedelta(days=ctx.daily_totals_days - 1), day_to=today)
+        seen = {key for key, _, _ in window}
+        latest = [(key, ledger, summary) for key, ledger, summary in daily_totals_latest_differences(migration=migration, chunk_size=ctx.chunk_size)
+                  if key not in seen]
+        ctx.stats[migration] = {"differences": len(window), "latest_day_differences": len(latest)}
+        for (account_id, asset, day), ledger, summary in [*window, *latest]:
+            yield Discrepancy(
+                kind="daily_total_mismatch", severity=Severity.CRITICAL,
+                summary=f"{label} account {account_id}, {asset}, {day}: the daily totals table says {summary} "
+                f"(credited, debited, entries, returned), the ledger {ledger}",
+                details={"account": account_id, "asset": asset, "day": day.isoformat(), "ledger": ledger, "summary": summary},
+                refs=(account_ref(account_id),),
+            )
 

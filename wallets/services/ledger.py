@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from wallets.daily_totals import merchant_daily_totals_record
+from wallets.daily_totals import account_daily_totals_record
 from wallets.errors import CapExceeded, InsufficientFunds, WalletFrozen
 from wallets.locks import ALL_SHARDS, BalanceWant, LockedBalances, balance_rows_add, balance_rows_lock, balance_want, hold_lock, rows_insert
 from wallets.models import (
@@ -71,7 +71,7 @@ def ledger_post(
     savepoint the caller rolls back if this refuses.
 
     Locks: the legs' balance rows in the global order, one statement; then the day's
-    summary row of each merchant leg (wallets.daily_totals).
+    summary row of each leg (wallets.daily_totals).
     """
     if written is None:
         _legs_validate(legs)
@@ -125,7 +125,7 @@ def ledger_post(
         raise ValueError(f"written transaction {written.pk} is not this posting's")
     else:
         txn = written
-    merchant_daily_totals_record(kind=kind, legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=txn.created)
+    account_daily_totals_record(kind=kind, legs=[(leg.account, leg.asset_code, leg.amount) for leg in legs], created=txn.created)
     return txn
 
 
