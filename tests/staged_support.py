@@ -20,12 +20,15 @@ from tenants.services import tenant_create
 from wallets.models import StagedMigrationState
 from wallets.staged.phases import staged_phase_forget
 
+LEGACY = ("customer_contacts", "merchant_daily_totals", "account_daily_totals")
+
 
 @contextmanager
-def scratch_tenants(count: int, prefix: str = "test_sm", legacy: tuple[str, ...] = ("customer_contacts",)) -> Iterator[list[Tenant]]:
+def scratch_tenants(count: int, prefix: str = "test_sm", legacy: tuple[str, ...] = LEGACY) -> Iterator[list[Tenant]]:
     """`count` fresh tenants (charging by customer id on), dropped afterwards. A new tenant
     starts some migrations contracted; those named in `legacy` are put back to `absent`,
-    as in a tenant from before them (the default: the contacts tests' starting point)."""
+    as in a tenant from before them (the default: the contacts' and daily totals' tests'
+    starting point)."""
     tenants = []
     try:
         for _ in range(count):

@@ -104,6 +104,7 @@ def test_balance_at_t2_is_balance_at_t1_plus_the_lines_between(
 
 
 def test_the_summary_holds_customer_and_system_legs_only_once_their_migration_writes(tenant: Tenant) -> None:
+    _phases(StagedPhase.ABSENT)  # as a tenant from before the summary (a new one starts contracted)
     customer, terminal = CustomerFactory(), TerminalFactory()
     fund(customer, 5_000)
     wallet = Account.objects.get(customer=customer)
@@ -255,3 +256,15 @@ def test_the_trial_balance_sums_to_zero_per_asset_mid_load(scratch: Tenant, swit
             thread.join(timeout=30)
     assert not errors, errors
     assert set(_sums_by_asset(datetime.now(UTC)).values()) == {0}
+
+
+def test_a_new_tenant_starts_with_both_summaries_complete(django_db_setup: None, django_db_blocker: Any) -> None:
+    """Nothing to backfill in a tenant just made: both migrations start contracted, so its
+    first postings are summarized and its reads use the summary at once."""
+    with django_db_blocker.unblock(), scratch_tenants(1, prefix="test_new", legacy=()) as (tenant,):
+        connection.set_tenant(tenant)
+        phases = dict(StagedMigrationState.objects.filter(name__in=BOTH).values_list("name", "phase"))
+        assert phases == dict.fromkeys(BOTH, StagedPhase.CONTRACTED)
+        customer = CustomerFactory()
+        fund(customer, 400)
+        assert AccountDailyTotal.objects.filter(account__customer=customer).exists()

@@ -92,7 +92,8 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
     no lock), opens a savepoint and inserts the ledger transaction, entries, payment and
     event (five statements sent in one round trip: wallets.locks.rows_insert_in_savepoint), and only
     then locks every balance row with one statement in lock order and moves them with one
-    F() update. No SQL function is involved. The next payment of the same parties in this
+    F() update; last, one statement adds its legs to their accounts' daily totals (a new
+    tenant keeps them from its start). No SQL function is involved. The next payment of the same parties in this
     process skips the plan read: it knows their accounts (payments.services.charges). (The
     staged-migration phase a posting asks for is read once per process and TTL, here by
     the warm-up payment.)"""
@@ -124,13 +125,14 @@ def test_payment_is_an_orm_posting_that_writes_before_it_locks(tenant, settings)
         ],
         [("SELECT", "wallets_balance")],
         [("UPDATE", "wallets_balance")],
+        [("INSERT", "wallets_merchantdailytotal")],  # the table of every account's daily totals
     ]
     for queries, expected in [(first, [[("SELECT", "wallets_balance")], *writes_then_locks]), (next_one, writes_then_locks)]:
         # django-tenants re-issues SET search_path per cursor unless TENANT_LIMIT_SET_CALLS is on.
         statements = [q["sql"] for q in queries if not q["sql"].startswith("SET search_path")]
         # One entry per round trip; a round trip that carries several statements lists each.
         assert [[shape(one) for one in sql.split(";\n")] for sql in statements] == expected, statements
-        assert statements[-2].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[-2]
+        assert statements[-3].rstrip().endswith('FOR UPDATE OF "wallets_balance"'), statements[-3]
         assert not any("tally_payment_create" in sql for sql in statements)
     plan = next(q["sql"] for q in first.captured_queries if not q["sql"].startswith("SET search_path"))
     assert "FOR UPDATE" not in plan, plan

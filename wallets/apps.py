@@ -20,7 +20,7 @@ class WalletsConfig(AppConfig):
         pre_save.connect(_staff_login_saving, sender=settings.AUTH_USER_MODEL, dispatch_uid="wallets-staff-login-deactivation")
 
         from wallets.contacts import CustomerContactsMigration, customer_contacts_new_tenant
-        from wallets.daily_totals import AccountDailyTotalsMigration, MerchantDailyTotalsMigration
+        from wallets.daily_totals import AccountDailyTotalsMigration, MerchantDailyTotalsMigration, daily_totals_new_tenant
         from wallets.staged.spec import staged_migration_register
 
         staged_migration_register(CustomerContactsMigration())
@@ -28,6 +28,7 @@ class WalletsConfig(AppConfig):
         tenant_created.connect(customer_contacts_new_tenant, dispatch_uid="wallets-contacts-new-tenant")
         staged_migration_register(MerchantDailyTotalsMigration())
         staged_migration_register(AccountDailyTotalsMigration())
+        tenant_created.connect(daily_totals_new_tenant, dispatch_uid="wallets-daily-totals-new-tenant")
         import wallets.staged.admin  # noqa: F401
 
 

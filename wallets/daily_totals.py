@@ -22,12 +22,13 @@ from itertools import groupby
 from typing import Any, Final
 
 from django.db import connection
-from django.db.models import Case, Count, F, Max, Min, Q, QuerySet, Sum, Value, When
+from django.db.models import Case, Count, Exists, F, Max, Min, OuterRef, Q, QuerySet, Sum, Value, When
 from django.db.models.functions import TruncDate
 
 from wallets.locks import connection_shard, merchant_balance_rows_lock
 from wallets.models import Account, AccountDailyTotal, AccountKind, LedgerEntry, LedgerTransactionKind
 from wallets.staged.phases import reads_new, staged_phase, writes_new
+from wallets.staged.runner import staged_start_contracted
 from wallets.staged.spec import BatchResult, StagedMigration, VerifyReport, discard_in_batches, verify_snapshot
 
 MIGRATION: Final = "merchant_daily_totals"
@@ -250,7 +251,8 @@ class MerchantDailyTotalsMigration(StagedMigration):
         return Account.objects.filter(kind=AccountKind.MERCHANT)
 
     def backfill_total(self) -> int:
-        return self._accounts().count()
+        """The accounts with a history to summarize (a new tenant's system accounts have none)."""
+        return self._accounts().filter(Exists(LedgerEntry.objects.filter(account_id=OuterRef("pk")))).count()
 
     def backfill_batch(self, *, after: str, limit: int, dry_run: bool) -> BatchResult:
         """The history of the next `limit` merchants, at most `window_days` days of each (a
@@ -381,3 +383,11 @@ def _checksum(totals: dict[Key, Totals]) -> str:
     for key in sorted(totals):
         digest.update(f"{key[0]}|{key[1]}|{key[2].isoformat()}|{totals[key]}\n".encode())
     return digest.hexdigest()
+
+
+def daily_totals_new_tenant(**_: Any) -> None:
+    """A new tenant has no ledger to summarize: its daily totals are complete from its first
+    posting, so both migrations start contracted and its reads (pending funds, balances at
+    an instant, the trial balance) use them at once."""
+    staged_start_contracted(migration=MerchantDailyTotalsMigration())
+    staged_start_contracted(migration=AccountDailyTotalsMigration())
