@@ -20,9 +20,10 @@ from django.http.response import HttpResponseBase
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from payments.api.statements import StatementParams
+from payments import statements
+from payments.api.statements import StatementParams, pdf_too_long_message
 from payments.statement_files import statement_csv_rows, statement_filename, statement_pdf
-from payments.statements import Viewer, statement_account_get, statement_head, statement_lines
+from payments.statements import Viewer, statement_account_get, statement_head, statement_line_count_exceeds, statement_lines
 from tenants.selectors import tenant_zone
 from wallets.models import Asset, Customer
 from wallets.services.audit import audit_record
@@ -33,8 +34,9 @@ LEDGER_VIEW = "wallets.view_ledgerentry"
 class StatementForm(forms.Form):
     asset = forms.ChoiceField(choices=())
     month = forms.CharField(required=False, max_length=7, help_text="YYYY-MM (the tenant's calendar month).")
-    start = forms.CharField(required=False, max_length=40, label="From", help_text="Or a range: ISO 8601, e.g. 2026-10-01T00:00:00+02:00.")
-    end = forms.CharField(required=False, max_length=40, label="To", help_text="Excluded.")
+    start = forms.CharField(required=False, max_length=40, label="From",
+                            help_text="Or a range: ISO 8601 with its offset, e.g. 2026-10-01T00:00:00+02:00.")
+    end = forms.CharField(required=False, max_length=40, label="To", help_text="Excluded; at most 366 days after From.")
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("pdf", "PDF")])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -85,18 +87,24 @@ class StatementDownloadMixin(admin.ModelAdmin):  # type: ignore[type-arg]
                        current_app=self.admin_site.name)
         form = StatementForm(request.GET if "download" in request.GET else None)
         if form.is_bound and form.is_valid() and form.params:
-            return _download(party, form.params)
+            response = _download(party, form.params)
+            if response is not None:
+                return response
+            form.add_error("format", pdf_too_long_message())
         return TemplateResponse(request, "admin/tally/statement.html", {
             **self.admin_site.each_context(request), "title": f"Statement: {party}", "object": party, "opts": self.model._meta,
             "form": form, "back_url": back, "time_zone": str(tenant_zone()),
         })
 
 
-def _download(party: Any, params: dict[str, Any]) -> HttpResponseBase:
+def _download(party: Any, params: dict[str, Any]) -> HttpResponseBase | None:
+    """The file, audited; None for a PDF of more lines than one may hold (the form says so)."""
     is_customer = isinstance(party, Customer)
     account, party_type, name = statement_account_get(**({"customer_id": party.pk} if is_customer else {"merchant_id": party.pk}))
     head = statement_head(account=account, party_type=party_type, party_name=name, asset=Asset.objects.get(code=params["asset"]),
                           start=params["start"], end=params["end"])
+    if params["format"] == "pdf" and statement_line_count_exceeds(head=head, limit=statements.PDF_MAX_LINES):
+        return None
     audit_record(action="statement.download", target_type=party_type, target_id=party.pk,
                  after={"asset": head.asset.code, "from": head.start.isoformat(), "to": head.end.isoformat(), "format": params["format"]})
     lines = statement_lines(head=head, viewer=Viewer.STAFF)

@@ -5,9 +5,10 @@ CSV layout, one header row then:
 - `opening_balance` row: the period's start (local time) and the opening balance;
 - one row per ledger line: time (ISO 8601 in the tenant's zone, with its offset), kind,
   reference (the object's id), counterparty id and name (where the viewer may see them), amount (signed,
-  minor units), fee (minor units, where shown), running balance;
+  minor units), fee (signed as it moved the balance: taken negative, given back positive; where shown),
+  running balance;
 - `closing_balance` row (`provisional_balance` while the statement is not final): the
-  period's end, the sum of the lines' amounts and fees, the closing balance.
+  period's end, the sum of the lines' amounts and of their signed fees, the closing balance.
 Amounts are integers in the asset's minor unit, as everywhere in the API.
 """
 
@@ -155,20 +156,25 @@ def statement_pdf(head: StatementHead, lines: Iterable[StatementLine]) -> bytes:
         return current
 
     cells(next_row(), [_local(head, head.start)[:19], "opening balance"], ["", "", _amount(head.opening, exponent)])
-    credits = debits = fees = count = 0
+    credits = debits = fees_taken = fees_back = count = 0
     balance = head.opening
     for line in lines:
         count += 1
         credits += max(line.amount, 0)
         debits += min(line.amount, 0)
-        fees += line.fee or 0
+        fees_taken += min(line.fee or 0, 0)
+        fees_back += max(line.fee or 0, 0)
         balance = line.balance
         cells(next_row(), [line.time.isoformat()[:19], line.kind, line.object_id, line.counterparty or "", (line.counterparty_name or "")[:28]],
               [_amount(line.amount, exponent), "" if line.fee is None else _amount(line.fee, exponent), _amount(line.balance, exponent)])
     closing = "closing balance" if head.final else "provisional balance"
     cells(next_row(), [_local(head, head.end)[:19], closing], ["", "", _amount(balance, exponent)])
-    for label, value in (("Opening balance", head.opening), ("Credits", credits), ("Debits", debits), ("Fees", fees),
-                         (closing.capitalize(), balance)):
+    # Fees are signed as they moved the balance (taken negative, given back positive), so the
+    # net is the CSV closing row's fee and a fully refunded payment's fees net to zero.
+    totals = [("Opening balance", head.opening), ("Credits", credits), ("Debits", debits)]
+    if head.party_type == "merchant":
+        totals += [("Fees taken", fees_taken), ("Fees given back", fees_back), ("Fees (net)", fees_taken + fees_back)]
+    for label, value in (*totals, (closing.capitalize(), balance)):
         cells(next_row(), ["", label], [_amount(value, exponent), "", ""])
     cells(next_row(), ["", f"{count} lines"], ["", "", ""])
     pdf.showPage()

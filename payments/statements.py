@@ -13,8 +13,10 @@ Who sees what of the other party follows what each face already shows:
   id of a transfer (never their name), and no fee (the operator's fee is the merchant's
   business, as on GET /v1/customer/payments);
 - a merchant sees the customer's id of a payment or refund (as on its payments), and the
-  operator's fee of each payment (taken: the line's amount is the payment's amount less
-  it) and of each refund (given back: the merchant paid the refund's amount less it);
+  operator's fee of each line, signed as it moved the merchant's balance: a payment's fee
+  taken is negative (the line's amount is the payment's amount plus it), a refund's fee
+  given back positive (the merchant paid the refund's amount less it); so a fully refunded
+  payment's fees sum to zero, as its amounts do;
 - staff see both parties' ids and names and every fee.
 Top-ups, adjustments and payouts have no counterparty (the operator and the PSP are not
 parties).
@@ -46,6 +48,8 @@ from wallets.errors import NotFound
 from wallets.models import Account, Asset, Customer, LedgerEntry, LedgerTransactionKind, Merchant
 
 CHUNK = 2000  # entries per server-side fetch; the chunk's payments and parties in one query each
+MAX_PERIOD = timedelta(days=366)  # a statement's longest period: a year, leap or not (a month is always within it)
+PDF_MAX_LINES = 20_000  # a PDF is built in memory (about 480 pages at this count); longer periods are for the streamed CSV
 PAYMENT_KINDS = {LedgerTransactionKind.PAYMENT.value, LedgerTransactionKind.CAPTURE.value}
 
 
@@ -121,8 +125,14 @@ def statement_head(
         asset=asset, start=start, end=end, zone=tenant_zone(),
         opening=account_balance_before(account_id=account.pk, asset_code=asset.code, instant=start),
         closing=account_balance_before(account_id=account.pk, asset_code=asset.code, instant=end),
-        final=end + statement_final_after() <= now, as_of=now,
+        final=end <= now - statement_final_after(), as_of=now,  # `end + ...` would overflow for an end near 9999
     )
+
+
+def statement_line_count_exceeds(*, head: StatementHead, limit: int) -> bool:
+    """Whether the period holds more than `limit` lines (counts at most limit + 1 entries)."""
+    entries = LedgerEntry.objects.filter(account_id=head.account_id, asset_id=head.asset.code, created__gte=head.start, created__lt=head.end)
+    return entries.order_by()[: limit + 1].count() > limit
 
 
 def _balance_through(*, head: StatementHead, created: datetime, entry_id: int) -> int:
@@ -176,16 +186,16 @@ def _details(chunk: tuple[tuple[int, datetime, int, str, str], ...], *, viewer: 
             refs["refund"].add(reference)
         elif kind == LedgerTransactionKind.TRANSFER:
             refs["transfer"].add(reference)
-    # reference -> (customer, merchant, fee, the object's asset)
+    # reference -> (customer, merchant, fee as it moved the merchant's balance, the object's asset)
     facts: dict[str, tuple[str, str, int, str]] = {}
     if refs["payment"]:
         for pk, customer, merchant, fee, asset in Payment.objects.filter(pk__in=refs["payment"]).values_list(
                 "pk", "customer_id", "merchant_id", "fee", "asset_id"):
-            facts[pk] = (customer, merchant, fee, asset)
+            facts[pk] = (customer, merchant, -fee, asset)  # taken from the merchant
     if refs["refund"]:
         for pk, customer, merchant, fee, asset in Refund.objects.filter(pk__in=refs["refund"]).values_list(
                 "pk", "payment__customer_id", "payment__merchant_id", "fee", "payment__asset_id"):
-            facts[pk] = (customer, merchant, fee, asset)
+            facts[pk] = (customer, merchant, fee, asset)  # given back to the merchant
     transfers: dict[str, tuple[str, str]] = {}
     if refs["transfer"]:
         transfers = {pk: (src, dst) for pk, src, dst in Transfer.objects.filter(pk__in=refs["transfer"]).values_list(

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 from reconciliation.books import (
     TRIAL_BALANCE_TOP,
     AssetTrial,
+    MonthEndReport,
     assets_known,
     month_end_csv_rows,
     month_end_report,
@@ -211,9 +212,13 @@ class ReconciliationRunAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[t
         asset_code = request.GET.get("asset") or (assets[0].code if assets else "")
         month, error = books_month(request.GET.get("month", ""), asset_code=asset_code, assets=assets)
         context.update(assets=assets, asset_code=asset_code, month_text=request.GET.get("month", ""), error=error)
+        report = None
         if error is None:
             assert month is not None
-            report = month_end_report(asset_code=asset_code, month=month)
+            report, error = _month_end_report(asset_code=asset_code, month=month)
+        context["error"] = error
+        if report is not None:
+            assert month is not None
             zone = tenant_zone()
             fmt = _formatter(next(a for a in assets if a.code == asset_code))
             context.update(
@@ -230,11 +235,23 @@ class ReconciliationRunAdmin(ReadOnlyMixin, admin.ModelAdmin):  # type: ignore[t
         assets = assets_known()
         asset_code = request.GET.get("asset", "")
         month, error = books_month(request.GET.get("month", ""), asset_code=asset_code, assets=assets)
+        if error is None:
+            assert month is not None
+            report, error = _month_end_report(asset_code=asset_code, month=month)
         if error is not None:
             return HttpResponseBadRequest(error, content_type="text/plain")
-        assert month is not None
-        report = month_end_report(asset_code=asset_code, month=month)
+        assert month is not None and report is not None
         return csv_streaming_response(month_end_csv_rows(report=report), f"month-end-{asset_code}-{month:%Y-%m}.csv")
+
+
+def _month_end_report(*, asset_code: str, month: date) -> tuple[MonthEndReport | None, str | None]:
+    """The report, or the message why the month cannot be shown (a bound outside the calendar
+    in the tenant's zone: books_month refuses such months already; this keeps it a 400)."""
+    try:
+        report = month_end_report(asset_code=asset_code, month=month)
+    except (ValueError, OverflowError):
+        return None, "month is outside the calendar's range in the tenant's time zone"
+    return report, None
 
 
 def _trial_rows(trial: AssetTrial, fmt: Callable[[int], str]) -> dict[str, Any]:
@@ -276,19 +293,26 @@ def books_instant(text: str) -> tuple[datetime | None, str | None]:
 
 def books_month(text: str, *, asset_code: str, assets: list[Asset]) -> tuple[date | None, str | None]:
     """The month a month-end report asks for (YYYY-MM; blank: last month in the tenant's
-    zone) and an asset it knows. A month that has not begun is refused; the current one is
-    the month so far."""
+    zone, or the first month of a tenant younger than that) and an asset it knows. Refused:
+    a month that has not begun (the current one is the month so far) or that ended before
+    the tenant existed (as books_instant; year 1 would also fall outside the calendar in a
+    zone east of UTC)."""
     if asset_code not in {a.code for a in assets}:
         return None, "asset must be one of the tenant's assets: " + ", ".join(a.code for a in assets)
-    today = timezone.now().astimezone(tenant_zone()).date()
+    zone = tenant_zone()
+    today = timezone.now().astimezone(zone).date()
+    created = tenant_current().created
+    first = created.astimezone(zone).date().replace(day=1)
     if not text.strip():
-        return (today.replace(day=1) - timedelta(days=1)).replace(day=1), None
+        return max((today.replace(day=1) - timedelta(days=1)).replace(day=1), first), None
     try:
         month = datetime.strptime(text.strip(), "%Y-%m").date()
     except ValueError:
         return None, "month must be YYYY-MM"
     if month > today:
         return None, "month has not begun"
+    if month < first:
+        return None, f"month is before the tenant existed (created {created.isoformat()})"
     return month, None
 
 

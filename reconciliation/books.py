@@ -8,6 +8,9 @@ transaction has a leg on a system account (PSP funding, fees, bonus pool, adjust
 carbon registry, payouts in transit). Every transaction sums to zero per asset, so the
 participants' total moves by minus the sum of those system legs: a system leg that is
 debited brings money in (an inflow), one that is credited takes it out (an outflow).
+Only transactions that also have a participant's leg in the asset count: one between
+system accounts alone (a payout paid: in transit to the PSP) moves nothing of the
+participants' and would otherwise show as an inflow and an outflow of the same money.
 Hence opening + inflows - outflows = closing, exactly, grouped by the transaction's kind
 and the system account on the other side. The opening and closing are the participants'
 total before the month's first and after its last instant, read as minus the system
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Any
 
-from django.db.models import BigIntegerField, Case, Sum, Value, When
+from django.db.models import BigIntegerField, Case, Exists, OuterRef, Sum, Value, When
 from django.db.models.functions import Abs
 
 from tenants.selectors import tenant_zone
@@ -132,8 +135,11 @@ def month_end_report(*, asset_code: str, month: date) -> MonthEndReport:
     start, end = month_bounds(month=month, zone=tenant_zone())
     system_accounts = {pk: str(role) for pk, role in Account.objects.filter(kind=AccountKind.SYSTEM).values_list("id", "system_role")}
     labels = dict(SystemRole.choices)
+    participant_leg = LedgerEntry.objects.filter(transaction_id=OuterRef("transaction_id"), asset_id=asset_code).exclude(
+        account_id__in=list(system_accounts))
     legs = (
         LedgerEntry.objects.filter(account_id__in=list(system_accounts), asset_id=asset_code, created__gte=start, created__lt=end)
+        .filter(Exists(participant_leg))
         .values("transaction__kind", "account_id").order_by()
         .annotate(
             inflow=Sum(Case(When(amount__lt=0, then=Abs("amount")), default=Value(0), output_field=BigIntegerField())),

@@ -26,7 +26,14 @@ def test_a_month_begins_at_local_midnight_and_lasts_its_local_hours(zone: str, m
     assert month_bounds(month=end.astimezone(ZoneInfo(zone)).date(), zone=ZoneInfo(zone))[0] == end  # months tile, no gap
 
 
-@pytest.mark.parametrize("name", ["Europe/Berln", "", "../etc/passwd", "UTC+9"])
+@pytest.mark.parametrize("name", ["Europe/Berln", "", "../etc/passwd", "UTC+9",
+                                  # files of the tz database that name no place's civil time
+                                  "right/UTC", "right/Asia/Tokyo", "posix/Europe/Berlin", "posixrules", "localtime", "Factory"])
 def test_a_time_zone_that_is_not_an_iana_name_is_refused(name: str) -> None:
     with pytest.raises(ValidationError):
         time_zone_validate(name)
+
+
+@pytest.mark.parametrize("name", ["UTC", "Europe/Berlin", "Asia/Tokyo", "America/New_York", "Etc/UTC"])
+def test_an_iana_time_zone_name_is_accepted(name: str) -> None:
+    time_zone_validate(name)

@@ -134,6 +134,8 @@ def test_a_statement_is_provisional_until_postings_in_flight_are_over(tenant: Te
     assert rows[-1][1] == "provisional_balance"
     assert "PROVISIONAL" in PdfReader(io.BytesIO(statement_pdf(just_after, []))).pages[0].extract_text()
     assert list(csv.reader(io.StringIO("".join(statement_csv_rows(later, [])))))[-1][1] == "closing_balance"
+    last = datetime.max.replace(tzinfo=UTC)  # the latest instant: `end + bound` would overflow
+    assert _head(merchant, last - timedelta(days=1), last).final is False
 
 
 def _bulk(account: Account, count: int, start: datetime) -> None:

@@ -2,10 +2,13 @@
 `GET .../statements` run (payments/statements.py reads, payments/statement_files.py renders).
 
 The period: `month=YYYY-MM` (the tenant's calendar month, in its time zone) or `from` and
-`to` (ISO 8601 instants with offsets, end excluded), one or the other. A period that starts
-in the future is refused (400); one that has not ended yet answers what the ledger holds so
-far, with `final: false` (CSV and PDF say "provisional"). A period before the tenant's first
-entry answers zero balances and no lines.
+`to` (ISO 8601 instants with offsets, end excluded), one or the other. Refused (400): a period
+that starts in the future, one longer than MAX_PERIOD (366 days), an instant without an offset
+(the trial balance would read it in the tenant's zone, UTC would be a guess), an instant the
+tenant's zone cannot show (year 1 or 9999 shifted out of the calendar), and a PDF of more than
+PDF_MAX_LINES lines (the CSV streams any size). One that has not ended yet answers what the
+ledger holds so far, with `final: false` (CSV and PDF say "provisional"). A period before the
+tenant's first entry answers zero balances and no lines.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from apikit.fields import AssetFilterField, ConstField, InstantFilterField
 from apikit.pagination import CURSOR_MAX_LENGTH, CURSOR_PATTERN, DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, cursor_of, cursor_position
 from apikit.schema import ErrorSerializer
 from apikit.shapes import Serializer
+from payments import statements
 from payments.statement_files import statement_csv_rows, statement_filename, statement_pdf
-from payments.statements import StatementHead, Viewer, statement_head, statement_lines
+from payments.statements import MAX_PERIOD, StatementHead, Viewer, statement_head, statement_line_count_exceeds, statement_lines
 from tenants.selectors import tenant_zone
 from wallets.books import month_bounds
 from wallets.models import Account, Asset
@@ -46,17 +50,44 @@ def _period_error(param: str, message: str) -> S.ValidationError:
     return S.ValidationError({param: [S.ErrorDetail(message, code="invalid")]})
 
 
+class StatementInstantField(InstantFilterField):
+    """`from` or `to`: an instant, so it must carry its offset (a wall clock alone names none)."""
+
+    default_error_messages = {
+        "naive": "must carry a UTC offset or Z (e.g. 2026-11-01T00:00:00+09:00): a date and time alone name no instant",
+    }
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        if value.tzinfo is None or value.utcoffset() is None:
+            self.fail("naive")
+        return super().enforce_timezone(value)
+
+
+PERIOD_DAYS = MAX_PERIOD.days
+
+
+def pdf_too_long_message() -> str:
+    return f"too many lines for a PDF (more than {statements.PDF_MAX_LINES:,}): use format=csv"
+
+
 class StatementParams(StrictSerializer):
     asset = AssetFilterField(help_text="Asset code (required), e.g. JPY: a code this tenant lacks is 400 `asset_unknown`.")
     month = S.RegexField(
         _MONTH_RE, required=False, max_length=7,
         help_text="A calendar month, YYYY-MM, in the tenant's time zone (local midnight of its first day to that of the next month's).",
     )
-    locals()["from"] = InstantFilterField(  # `from` is a Python keyword
-        required=False, help_text="Start of the period (ISO 8601 with offset), included. With `to`, instead of `month`.",
+    locals()["from"] = StatementInstantField(  # `from` is a Python keyword
+        required=False, help_text="Start of the period (ISO 8601 with its offset or Z; without one: 400), included. With `to`, instead of"
+        f" `month`; the period is at most {PERIOD_DAYS} days.",
     )
-    to = InstantFilterField(required=False, help_text="End of the period (ISO 8601 with offset), excluded. With `from`, instead of `month`.")
-    format = S.ChoiceField(FORMATS, required=False, default="json", help_text="json (paginated), csv (streamed) or pdf.")
+    to = StatementInstantField(
+        required=False, help_text="End of the period (ISO 8601 with its offset or Z; without one: 400), excluded. With `from`, instead of"
+        f" `month`; at most {PERIOD_DAYS} days after `from`.",
+    )
+    format = S.ChoiceField(
+        FORMATS, required=False, default="json",
+        help_text=f"json (paginated), csv (streamed, any size) or pdf (at most {statements.PDF_MAX_LINES:,} lines; more: 400, use csv).",
+    )
     limit = S.IntegerField(
         required=False, min_value=1, max_value=10**6, help_text=f"JSON page size, default {DEFAULT_PAGE_SIZE}, capped at {MAX_PAGE_SIZE}."
     )
@@ -82,6 +113,14 @@ class StatementParams(StrictSerializer):
             raise S.ValidationError({missing: [S.ErrorDetail("from and to go together", code="required")]})
         if start >= end:
             raise _period_error("to", "the period must end after it starts")
+        if end - start > MAX_PERIOD:
+            raise _period_error("to", f"the period is longer than {PERIOD_DAYS} days: ask for it in parts")
+        zone = tenant_zone()
+        for param, instant in (("from", start), ("to", end)):
+            try:  # every face shows the period in the tenant's zone: year 1 or 9999 may shift out of the calendar
+                instant.astimezone(zone)
+            except (OverflowError, ValueError):
+                raise _period_error("month" if "month" in attrs else param, "outside the calendar's range in the tenant's time zone") from None
         if start > timezone.now():
             raise _period_error("month" if "month" in attrs else "from", "the period starts in the future")
         if "cursor" in attrs and not _ENTRY_ID_RE.fullmatch(attrs["cursor"].split(".", 1)[1]):
@@ -107,8 +146,9 @@ class StatementLineOut(Serializer):
     counterparty_name = S.CharField(allow_null=True, help_text="The merchant's name on a customer's statement; else null.")
     amount = S.IntegerField(help_text="Signed, minor units: positive credits the account. A merchant's payment line is its net.")
     fee = S.IntegerField(
-        allow_null=True, help_text="Merchant statements: the operator's fee of a payment (taken: amount is the payment less it) or "
-        "of a refund (given back: the merchant paid the refund less it). Null elsewhere.",
+        allow_null=True, help_text="Merchant statements: the operator's fee, signed as it moved the balance and already in `amount`: "
+        "a payment's fee taken is negative (amount = the payment + fee), a refund's fee given back positive (amount = -the refund + "
+        "fee). A fully refunded payment's fees sum to zero. Null elsewhere.",
     )
     balance = S.IntegerField(help_text="The running balance after this line.")
 
@@ -145,7 +185,10 @@ def statement_schema(tag: str) -> Callable[[F], F]:
             (200, "application/json"): StatementOut,
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="format=csv: streamed; layout in README.md, Statements."),
             (200, "application/pdf"): OpenApiResponse(OpenApiTypes.BINARY, description="format=pdf"),
-            400: OpenApiResponse(ErrorSerializer, description="A bad period, format, cursor or asset (`asset_unknown`)."),
+            400: OpenApiResponse(
+                ErrorSerializer, description=f"A bad period (an instant without an offset, longer than {PERIOD_DAYS} days), format (a PDF"
+                f" of more than {statements.PDF_MAX_LINES:,} lines: use csv), cursor or asset (`asset_unknown`).",
+            ),
         },
     )
 
@@ -174,6 +217,8 @@ class StatementMixin(FaceViewSet):
             response: HttpResponseBase = StreamingHttpResponse(rows, content_type="text/csv; charset=utf-8")
             response["Content-Disposition"] = f'attachment; filename="{statement_filename(head, "csv")}"'
         elif params["format"] == "pdf":
+            if statement_line_count_exceeds(head=head, limit=statements.PDF_MAX_LINES):
+                raise _period_error("format", pdf_too_long_message())
             response = HttpResponse(statement_pdf(head, statement_lines(head=head, viewer=self.viewer)), content_type="application/pdf")
             response["Content-Disposition"] = f'attachment; filename="{statement_filename(head, "pdf")}"'
         else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -53,8 +54,8 @@ def test_json_pages_csv_and_pdf_tell_the_same_statement_to_each_face(api: Api, w
     assert [line["reference"] for line in lines[:3]] == [p["id"] for p in paid]
     assert {line["counterparty"] for line in lines} == {world.customer.id}
     assert {line["counterparty_name"] for line in lines} == {None}  # a merchant sees its customers' ids, not their names
-    assert [line["amount"] + (line["fee"] or 0) for line in lines[:3]] == [1000, 300, 700]  # net + fee = the payment
-    assert [line["fee"] for line in lines[:3]] == [p["fee"] for p in paid]
+    assert [line["amount"] - line["fee"] for line in lines[:3]] == [1000, 300, 700]  # the fee taken is in the net amount
+    assert [-line["fee"] for line in lines[:3]] == [p["fee"] for p in paid]
     running = head["opening_balance"]
     for line in lines:
         running += line["amount"]
@@ -128,6 +129,12 @@ def test_a_refund_of_last_months_payment_is_this_months_and_last_months_statemen
     ({"asset": "JPY", "month": "2026-01", "cursor": "nope"}, "cursor"),
     ({"asset": "JPY", "month": "2026-01", "limit": "0"}, "limit"),
     ({"asset": "JPY", "month": "2026-01", "at": "2026-01-01T00:00:00Z"}, "at"),
+    ({"asset": "JPY", "from": "2026-01-01T00:00:00", "to": "2026-01-02T00:00:00Z"}, "from"),  # no offset: no instant
+    ({"asset": "JPY", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02"}, "to"),
+    ({"asset": "JPY", "from": "2025-01-01T00:00:00Z", "to": "2026-01-02T00:00:01Z"}, "to"),  # 366 days and a second
+    ({"asset": "JPY", "from": "2026-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z"}, "to"),
+    ({"asset": "JPY", "from": "2026-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z", "format": "csv"}, "to"),
+    ({"asset": "JPY", "from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z", "format": "pdf"}, "to"),
 ])
 @pytest.mark.parametrize("face", ["customer", "merchant"])
 def test_bad_input_is_a_400_naming_the_parameter(api: Api, world: World, face: str, params: dict[str, str], param: str) -> None:
@@ -137,9 +144,82 @@ def test_bad_input_is_a_400_naming_the_parameter(api: Api, world: World, face: s
 
 
 def test_a_period_before_the_tenant_or_far_back_answers_zero_and_no_lines(api: Api, world: World) -> None:
-    for params in ({"month": "0001-01"}, {"from": "0001-01-01T00:00:00+09:00", "to": "1970-01-01T00:00:00Z"}):
+    for params in ({"month": "0001-01"}, {"from": "0001-01-01T00:00:00+09:00", "to": "0001-06-01T00:00:00Z"},
+                   {"from": "2024-01-01T00:00:00Z", "to": "2025-01-01T00:00:00Z"}):  # 366 days: the longest period
         body = api.get(URL["customer"], world.customer.key, {"asset": "JPY", **params}).json()
         assert (body["opening_balance"], body["closing_balance"], body["lines"], body["final"]) == (0, 0, [], True)
+
+
+@pytest.fixture
+def zoned(world: World, tenant: Any) -> Iterator[Callable[[str], None]]:
+    """Set the tenant's time zone for the test's requests (the row rolls back; the tenant object
+    the connection holds outside requests is put back)."""
+    from django.db import connection
+
+    from tenants.models import Tenant
+
+    def set_zone(name: str) -> None:
+        Tenant.objects.filter(pk=tenant.pk).update(time_zone=name)
+
+    yield set_zone
+    connection.set_tenant(tenant)
+
+
+@pytest.mark.parametrize(("zone", "params", "param"), [
+    # The tenant's zone would carry year 1 or 9999 out of the calendar when the period is shown.
+    ("America/New_York", {"from": "0001-01-01T01:00:00Z", "to": "0001-02-01T00:00:00Z"}, "from"),
+    ("Asia/Tokyo", {"from": "2026-01-01T00:00:00Z", "to": "9999-12-31T20:00:00Z"}, "to"),
+    ("Asia/Tokyo", {"month": "0001-01"}, "month"),
+])
+@pytest.mark.parametrize("format", ["json", "csv", "pdf"])
+def test_a_period_outside_the_calendar_in_the_tenants_zone_is_a_400(
+    api: Api, world: World, zoned: Callable[[str], None], zone: str, params: dict[str, str], param: str, format: str,
+) -> None:
+    zoned(zone)
+    r = api.get(URL["merchant"], world.merchant.key, {"asset": "JPY", "format": format, **params})
+    assert r.status_code == 400, r.content
+    assert error_of(r)["param"] == param
+
+
+def test_a_fully_refunded_payments_fees_net_to_zero_in_json_csv_and_pdf(api: Api, world: World) -> None:
+    from tests.test_fees import schedule
+
+    schedule(merchant=world.merchant.obj)  # 3% + 5
+    start = datetime.now(UTC) - timedelta(minutes=1)
+    fund(world, world.customer.obj, 5000)
+    paid = pay(api, world, 2000)
+    assert paid["fee"] == 65  # the proportional policy gives all of it back with the whole refund
+    assert api.post("/v1/merchant/refunds", world.merchant.key, {"payment": paid["id"], "amount": 2000}).status_code == 201
+    params = {"asset": "JPY", "from": start.isoformat(), "to": (datetime.now(UTC) + timedelta(seconds=1)).isoformat()}
+    _, lines = _walk(api, world.merchant.key, "merchant", params)
+    assert [(line["kind"], line["fee"]) for line in lines] == [("payment", -paid["fee"]), ("refund", paid["fee"])]
+    assert sum(line["amount"] for line in lines) == 0  # the merchant is back where it was, fee and all
+    rows = list(csv.reader(io.StringIO(b"".join(api.get(URL["merchant"], world.merchant.key, {**params, "format": "csv"})
+                                                  .streaming_content).decode())))
+    assert rows[-1][1] == "provisional_balance" and (rows[-1][5], rows[-1][6]) == ("0", "0")  # amounts, fees (was 2 x the fee)
+    r = api.get(URL["merchant"], world.merchant.key, {**params, "format": "pdf"})
+    text = PdfReader(io.BytesIO(r.content)).pages[0].extract_text()
+    totals = text.split("provisional balance", 1)[1].split()  # the totals block, one cell a word (labels joined back)
+    assert " ".join(totals).count("Fees taken -65 Fees given back 65 Fees (net) 0") == 1, totals
+
+
+def test_a_pdf_of_too_many_lines_is_a_400_pointing_to_csv(api: Api, world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.api.test_backoffice import _login, q
+
+    start = datetime.now(UTC) - timedelta(minutes=1)
+    fund(world, world.customer.obj, 5000)
+    for amount in (100, 200, 300):
+        pay(api, world, amount)
+    monkeypatch.setattr("payments.statements.PDF_MAX_LINES", 2)  # the cap is 20,000: three lines stand for them
+    params = {"asset": "JPY", "from": start.isoformat(), "to": (datetime.now(UTC) + timedelta(seconds=1)).isoformat()}
+    r = api.get(URL["merchant"], world.merchant.key, {**params, "format": "pdf"})
+    assert r.status_code == 400 and error_of(r)["param"] == "format" and "use format=csv" in error_of(r)["message"], r.content
+    assert api.get(URL["merchant"], world.merchant.key, {**params, "format": "csv"}).status_code == 200
+    client = _login("stmt-pdf-viewer", role="viewer")
+    r = client.get(f"/admin/wallets/merchant/{q(world.merchant.id)}/statement/",
+                   {"asset": "JPY", "start": params["from"], "end": params["to"], "format": "pdf", "download": "1"})
+    assert r.status_code == 200 and r["Content-Type"].startswith("text/html") and b"too many lines for a PDF" in r.content
+    assert not AuditEntry.objects.filter(action="statement.download", target_id=world.merchant.id).exists()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -168,13 +248,18 @@ def test_staff_download_any_partys_statement_from_the_back_office_and_it_is_audi
     rows = list(csv.DictReader(io.StringIO(b"".join(r.streaming_content).decode())))
     line = next(row for row in rows if row["reference"] == paid["id"])
     # Staff see the customer's name and the fee, which no face shows together.
-    assert (line["counterparty"], line["counterparty_name"], int(line["fee"])) == (world.customer.id, world.customer.obj.name, paid["fee"])
+    assert (line["counterparty"], line["counterparty_name"], int(line["fee"])) == (world.customer.id, world.customer.obj.name, -paid["fee"])
     audit = AuditEntry.objects.filter(action="statement.download", target_id=world.merchant.id).get()
     assert audit.actor == "user:stmt-viewer" and audit.after["asset"] == "JPY"
 
     r = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/statement/",
                    {"asset": "JPY", "start": "2026-01-01T00:00:00+09:00", "end": "2025-01-01T00:00:00Z", "format": "pdf", "download": "1"})
     assert r.status_code == 200 and b"the period must end after it starts" in r.content  # the form again, with the API's rule
+    for start, end, words in [("2026-01-01T00:00:00", "2026-01-02T00:00:00Z", b"must carry a UTC offset"),
+                              ("2026-01-01T00:00:00Z", "9999-12-31T23:59:59Z", b"longer than 366 days")]:
+        r = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/statement/",
+                       {"asset": "JPY", "start": start, "end": end, "format": "csv", "download": "1"})
+        assert r.status_code == 200 and words in r.content and not isinstance(r, StreamingHttpResponse), (start, end)
     r = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/statement/", {"asset": "JPY", "month": month, "format": "pdf", "download": "1"})
     assert r.status_code == 200 and r["Content-Type"] == "application/pdf"
     assert paid["id"] in PdfReader(io.BytesIO(r.content)).pages[0].extract_text()

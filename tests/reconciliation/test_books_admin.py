@@ -141,6 +141,9 @@ def test_month_end_report_identity_month_edges_in_the_tenants_zone_and_an_empty_
     _post(LedgerTransactionKind.PAYMENT, [Leg(cus, "JPY", -2_000), Leg(mer, "JPY", 1_950), Leg(fees, "JPY", 50)],
           datetime(2026, 10, 31, 23, 30, tzinfo=UTC))
     _post(LedgerTransactionKind.PAYOUT, [Leg(mer, "JPY", -5_000), Leg(transit, "JPY", 5_000)], datetime(2026, 11, 20, tzinfo=UTC))
+    psp = system_account_get(role=SystemRole.PSP_FUNDING)
+    # The payout is paid: in transit to the PSP, system accounts alone; the participants' money left with the payout.
+    _post(LedgerTransactionKind.PAYOUT_PAID, [Leg(transit, "JPY", -5_000), Leg(psp, "JPY", 5_000)], datetime(2026, 11, 22, tzinfo=UTC))
 
     october = month_end_report(asset_code="JPY", month=date(2026, 10, 1))
     november = month_end_report(asset_code="JPY", month=date(2026, 11, 17))
@@ -149,6 +152,7 @@ def test_month_end_report_identity_month_edges_in_the_tenants_zone_and_an_empty_
     assert [(f.kind, f.amount) for f in october.inflows] == [("adjustment", 10_000)]
     assert [(f.kind, f.counterparty, f.amount) for f in october.outflows] == [("payment", "Fees", 100)]
     assert [(f.kind, f.amount) for f in november.outflows] == [("payment", 50), ("payout", 5_000)]
+    assert november.inflows == []  # the paid payout is neither an inflow nor a second outflow
     for report in (october, november, december):
         assert report.opening + report.inflow_total - report.outflow_total == report.closing
         assert report.opening == _participants_before("JPY", report.start) and report.closing == _participants_before("JPY", report.end)
@@ -191,3 +195,18 @@ def test_month_bounds_come_from_the_tenants_zone(recon_tenant: Tenant, zone_of: 
     report = month_end_report(asset_code="JPY", month=date(2026, 12, 1))
     assert (report.start, report.end) == month_bounds(month=date(2026, 12, 1), zone=ZoneInfo("Asia/Tokyo"))
     assert report.start == datetime(2026, 11, 30, 15, tzinfo=UTC)
+
+
+def test_a_month_before_the_tenant_or_out_of_the_calendar_is_a_400(world: dict[str, Any], recon_tenant: Tenant, zone_of: Any) -> None:
+    zone_of("Asia/Tokyo")  # 0001-01's local midnight is in year 0 in UTC
+    finance = _client("tb-finance", "finance")
+    created = recon_tenant.created.astimezone(ZoneInfo("Asia/Tokyo"))
+    before = (created.date().replace(day=1) - timedelta(days=1)).strftime("%Y-%m")
+    for month in ("0001-01", "1999-12", before):
+        params = {"asset": "JPY", "month": month}
+        page = finance.get("/admin/reconciliation/reconciliationrun/month-end/", params)
+        assert page.status_code == 400 and "before the tenant existed" in page.content.decode(), month
+        response = finance.get("/admin/reconciliation/reconciliationrun/month-end.csv", params)
+        assert response.status_code == 400 and "before the tenant existed" in response.content.decode(), month
+    assert finance.get("/admin/reconciliation/reconciliationrun/month-end/", {"asset": "JPY", "month": created.strftime("%Y-%m")}).status_code == 200
+    assert finance.get("/admin/reconciliation/reconciliationrun/month-end/").status_code == 200  # blank: last month, or the tenant's first
