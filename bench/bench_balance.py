@@ -29,7 +29,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.harness import bench_env  # noqa: E402 - after the path
+from bench.harness import bench_database_open  # noqa: E402 - after the path
 
 DB = "tally_bench_balance"
 SCHEMA = "benchbal"
@@ -100,21 +100,9 @@ def main() -> None:
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
 
+    load = bench_database_open(db=args.db, fresh=args.fresh, redis_url=args.redis_url)
+    database_url = f"postgres://postgres@127.0.0.1:5432/{args.db}"
     import psycopg
-
-    db = args.db
-    database_url = f"postgres://postgres@127.0.0.1:5432/{db}"
-    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone() is not None
-        if args.fresh or not exists:
-            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{db}"')
-    os.environ.update(bench_env(database_url, args.redis_url))
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
     from django.test import Client
     from django_tenants.utils import schema_context
 
@@ -123,8 +111,7 @@ def main() -> None:
     from wallets.services.principals import api_key_create
     from wallets.staged.phases import staged_phase_forget
 
-    call_command("migrate_schemas", interactive=False, verbosity=0)
-    load_seconds = None if exists and not args.fresh else round(_load(args.entries), 1)
+    load_seconds = None if not load else round(_load(args.entries), 1)
     with schema_context(SCHEMA):
         merchant = Merchant.objects.get(name="Busy merchant")
         account = Account.objects.get(merchant=merchant).pk

@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.harness import bench_env  # noqa: E402 - after the path
+from bench.harness import bench_database_open  # noqa: E402 - after the path
 
 DB = "tally_stmt_bench"
 SCHEMA = "benchstmt"
@@ -96,20 +96,7 @@ def main() -> None:
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
 
-    import psycopg
-
-    database_url = f"postgres://postgres@127.0.0.1:5432/{args.db}"
-    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [args.db]).fetchone() is not None
-        if args.fresh or not exists:
-            admin.execute(f'DROP DATABASE IF EXISTS "{args.db}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{args.db}"')
-    os.environ.update(bench_env(database_url, args.redis_url))
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    bench_database_open(db=args.db, fresh=args.fresh, redis_url=args.redis_url)
     from django.db import connection
     from django.test import Client
     from django_tenants.utils import schema_context
@@ -119,7 +106,6 @@ def main() -> None:
     from wallets.models import Merchant
     from wallets.services.principals import api_key_create
 
-    call_command("migrate_schemas", interactive=False, verbosity=0)
     connection.set_schema_to_public()
     if not Tenant.objects.filter(schema_name=SCHEMA).exists():
         tenant_create(schema_name=SCHEMA, domain=HOST, name="Bench statements", main_currency="JPY")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.harness import bench_env  # noqa: E402 - after the path
+from bench.harness import bench_database_open  # noqa: E402 - after the path
 
 DB = "tally_report_bench_tb"
 SCHEMA = "benchtb"
@@ -86,22 +86,8 @@ def main() -> None:
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     args = parser.parse_args()
 
-    import psycopg
-
-    db = args.db
-    database_url = f"postgres://postgres@127.0.0.1:5432/{db}"
-    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
-        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone() is not None
-        if args.fresh or not exists:
-            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{db}"')
-    os.environ.update(bench_env(database_url, args.redis_url))
-
-    import django
-
-    django.setup()
+    load = bench_database_open(db=args.db, fresh=args.fresh, redis_url=args.redis_url)
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from django.test import Client
     from django.utils import timezone
     from django_tenants.utils import schema_context
@@ -110,8 +96,7 @@ def main() -> None:
     from wallets.books import trial_balance_at
     from wallets.models import Account, LedgerEntry
 
-    call_command("migrate_schemas", interactive=False, verbosity=0)
-    load_seconds = None if exists and not args.fresh else round(_load(args.accounts, args.per_account), 1)
+    load_seconds = None if not load else round(_load(args.accounts, args.per_account), 1)
 
     def timed(fn: object) -> dict[str, float]:
         times = []

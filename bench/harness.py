@@ -67,6 +67,26 @@ def bench_env(database_url: str, redis_url: str) -> dict[str, str]:
     return env
 
 
+def bench_database_open(*, db: str, fresh: bool, redis_url: str) -> bool:
+    """Make the bench's own database (again with `fresh`), point this process's production
+    settings at it, set Django up and migrate it. Returns whether it must be loaded (new)."""
+    import psycopg
+
+    with psycopg.connect("postgres://postgres@127.0.0.1:5432/postgres", autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone() is not None
+        if fresh or not exists:
+            admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{db}"')
+    os.environ.update(bench_env(f"postgres://postgres@127.0.0.1:5432/{db}", redis_url))
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate_schemas", interactive=False, verbosity=0)
+    return fresh or not exists
+
+
 def seed(database_url: str, redis_url: str) -> dict[str, Any]:
     """Tenant, parties and fresh keys; returns the keys and customer ids for the clients."""
     os.environ.update(bench_env(database_url, redis_url))

@@ -1,21 +1,21 @@
 """Statements on the customer and merchant faces: the shapes and the one view both faces'
 `GET .../statements` run (payments/statements.py reads, payments/statement_files.py renders).
 
-The period: `month=YYYY-MM` (the tenant's calendar month, in its time zone) or `from` and
-`to` (ISO 8601 instants with offsets, end excluded), one or the other. Refused (400): a period
-that starts in the future, one longer than MAX_PERIOD (366 days), an instant without an offset
-(the trial balance would read it in the tenant's zone, UTC would be a guess), an instant the
-tenant's zone cannot show (year 1 or 9999 shifted out of the calendar), and a PDF of more than
-PDF_MAX_LINES lines (the CSV streams any size). One that has not ended yet answers what the
-ledger holds so far, with `final: false` (CSV and PDF say "provisional"). A period before the
-tenant's first entry answers zero balances and no lines.
+The period: `month=YYYY-MM` (the tenant's calendar month, in its time zone), else `from`
+and `to` (ISO 8601 instants with offsets, end excluded). Every period the schema allows has
+an answer, since no rule the schema cannot state may be a 400 (docs/SCHEMA_CHECK.md): see
+`StatementParams.validate`. Refused (400) are what the schema states (an instant without an
+offset, a malformed month) and a PDF of more than PDF_MAX_LINES lines (the CSV streams any
+size). One that has not ended yet answers what the ledger holds so far, with `final: false`
+(CSV and PDF say "provisional"). A period before the tenant's first entry answers zero
+balances and no lines.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from django.http import HttpResponse, StreamingHttpResponse
@@ -42,8 +42,11 @@ from wallets.models import Account, Asset
 S = serializers
 F = TypeVar("F", bound=Callable[..., Any])
 FORMATS = ("json", "csv", "pdf")
-_MONTH_RE = r"^[0-9]{4}-(0[1-9]|1[0-2])$"
+_MONTH_RE = r"^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})-(0[1-9]|1[0-2])$"
+# Instants a tenant's zone can always show: year 1 or 9999 shifted by an offset leaves the calendar.
+_EARLIEST, _LATEST = datetime(1, 1, 2, tzinfo=UTC), datetime(9999, 12, 30, tzinfo=UTC)
 _ENTRY_ID_RE = re.compile(r"[0-9]{1,18}")
+_AFTER_EVERY_ENTRY = 2**63 - 1  # the largest bigint id
 
 
 def _period_error(param: str, message: str) -> S.ValidationError:
@@ -74,15 +77,17 @@ class StatementParams(StrictSerializer):
     asset = AssetFilterField(help_text="Asset code (required), e.g. JPY: a code this tenant lacks is 400 `asset_unknown`.")
     month = S.RegexField(
         _MONTH_RE, required=False, max_length=7,
-        help_text="A calendar month, YYYY-MM, in the tenant's time zone (local midnight of its first day to that of the next month's).",
+        help_text="A calendar month, YYYY-MM, in the tenant's time zone (local midnight of its first day to that of the next month's);"
+        " when given, it decides the period and `from`/`to` are ignored. With neither: the current month so far.",
     )
     locals()["from"] = StatementInstantField(  # `from` is a Python keyword
-        required=False, help_text="Start of the period (ISO 8601 with its offset or Z; without one: 400), included. With `to`, instead of"
-        f" `month`; the period is at most {PERIOD_DAYS} days.",
+        required=False, help_text="Start of the period (ISO 8601 with its offset or Z; without one: 400), included; ignored with `month`. Default:"
+        f" the start of the month (tenant's zone) of `to`. A period is at most {PERIOD_DAYS} days: a longer one ends {PERIOD_DAYS} days"
+        " after its start (the answer's `period.to` says where).",
     )
     to = StatementInstantField(
-        required=False, help_text="End of the period (ISO 8601 with its offset or Z; without one: 400), excluded. With `from`, instead of"
-        f" `month`; at most {PERIOD_DAYS} days after `from`.",
+        required=False, help_text="End of the period (ISO 8601 with its offset or Z; without one: 400), excluded; ignored with `month`. Default:"
+        " now. Before `from`: an empty period (opening = closing, no lines). In the future: what the ledger holds so far, not final.",
     )
     format = S.ChoiceField(
         FORMATS, required=False, default="json",
@@ -97,34 +102,26 @@ class StatementParams(StrictSerializer):
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        start, end = attrs.get("from"), attrs.get("to")
+        """Every schema-valid period has an answer (no rule here that the schema cannot state
+        is a 400): `month` decides when given; else `from` (default: the start of the month
+        of `to`, or of now) to `to` (default: now). A period ending before it starts is
+        empty; one longer than PERIOD_DAYS ends PERIOD_DAYS after its start; instants are
+        kept inside the years the tenant's zone can show; a period in the future is empty
+        and not final."""
+        zone = tenant_zone()
         if "month" in attrs:
-            if start is not None or end is not None:
-                raise _period_error("month", "give either month or from and to, not both")
             year, month = (int(part) for part in attrs["month"].split("-"))
             try:
-                start, end = month_bounds(month=date(year, month, 1), zone=tenant_zone())
-            except (ValueError, OverflowError):
-                raise _period_error("month", "the month is outside the calendar's range") from None
-        elif start is None and end is None:
-            raise S.ValidationError({"month": [S.ErrorDetail("give month, or from and to", code="required")]})
-        elif start is None or end is None:
-            missing = "from" if start is None else "to"
-            raise S.ValidationError({missing: [S.ErrorDetail("from and to go together", code="required")]})
-        if start >= end:
-            raise _period_error("to", "the period must end after it starts")
-        if end - start > MAX_PERIOD:
-            raise _period_error("to", f"the period is longer than {PERIOD_DAYS} days: ask for it in parts")
-        zone = tenant_zone()
-        for param, instant in (("from", start), ("to", end)):
-            try:  # every face shows the period in the tenant's zone: year 1 or 9999 may shift out of the calendar
-                instant.astimezone(zone)
-            except (OverflowError, ValueError):
-                raise _period_error("month" if "month" in attrs else param, "outside the calendar's range in the tenant's time zone") from None
-        if start > timezone.now():
-            raise _period_error("month" if "month" in attrs else "from", "the period starts in the future")
-        if "cursor" in attrs and not _ENTRY_ID_RE.fullmatch(attrs["cursor"].split(".", 1)[1]):
-            raise S.ValidationError({"cursor": [S.ErrorDetail("invalid cursor", code="cursor_invalid")]})
+                start, end = month_bounds(month=date(year, month, 1), zone=zone)
+            except (ValueError, OverflowError):  # January of year 1 east of UTC, December 9999: the calendar's edge
+                start, end = (_EARLIEST, _EARLIEST + timedelta(days=30)) if year == 1 else (_LATEST - timedelta(days=30), _LATEST)
+        else:
+            end = attrs.get("to") or timezone.now()
+            start = attrs.get("from") or month_bounds(month=min(max(end, _EARLIEST), _LATEST).astimezone(zone).date(), zone=zone)[0]
+        start = min(max(start, _EARLIEST), _LATEST)
+        end = min(max(end, start), _LATEST)
+        if end - start > MAX_PERIOD:  # never start + MAX_PERIOD first: near year 9999 it leaves the calendar
+            end = start + MAX_PERIOD
         return {**attrs, "start": start, "end": end}
 
 
@@ -231,7 +228,8 @@ class StatementMixin(FaceViewSet):
         after: tuple[datetime, int] | None = None
         if params.get("cursor"):
             created, entry_id = cursor_position(params["cursor"])
-            after = (created, int(entry_id))
+            # An id that is no entry's (another list's cursor, as apikit's lists read it): after its instant.
+            after = (created, int(entry_id) if _ENTRY_ID_RE.fullmatch(entry_id) else _AFTER_EVERY_ENTRY)
         lines = list(statement_lines(head=head, viewer=self.viewer, after=after, limit=limit + 1))
         more = len(lines) > limit
         lines = lines[:limit]

@@ -110,31 +110,18 @@ def test_a_refund_of_last_months_payment_is_this_months_and_last_months_statemen
 
 @pytest.mark.parametrize(("params", "param"), [
     ({}, "asset"),
-    ({"asset": "JPY"}, "month"),
     ({"asset": "NOPE", "month": "2026-01"}, "asset"),
     ({"asset": "jpy", "month": "2026-01"}, "asset"),
     ({"asset": "JPY", "month": "2026-13"}, "month"),
     ({"asset": "JPY", "month": "26-01"}, "month"),
-    ({"asset": "JPY", "month": "9999-12"}, "month"),
-    ({"asset": "JPY", "month": "2026-01", "from": "2026-01-01T00:00:00Z"}, "month"),
-    ({"asset": "JPY", "from": "2026-01-01T00:00:00Z"}, "to"),
-    ({"asset": "JPY", "to": "2026-01-01T00:00:00Z"}, "from"),
-    ({"asset": "JPY", "from": "2026-02-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "to"),
-    ({"asset": "JPY", "from": "2026-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "to"),
+    ({"asset": "JPY", "month": "0000-01"}, "month"),
     ({"asset": "JPY", "from": "yesterday", "to": "2026-01-01T00:00:00Z"}, "from"),
-    ({"asset": "JPY", "from": "3026-01-01T00:00:00Z", "to": "3027-01-01T00:00:00Z"}, "from"),
-    ({"asset": "JPY", "month": "3026-01"}, "month"),
     ({"asset": "JPY", "month": "2026-01", "format": "xlsx"}, "format"),
-    ({"asset": "JPY", "month": "2026-01", "cursor": "12.abc"}, "cursor"),
     ({"asset": "JPY", "month": "2026-01", "cursor": "nope"}, "cursor"),
     ({"asset": "JPY", "month": "2026-01", "limit": "0"}, "limit"),
     ({"asset": "JPY", "month": "2026-01", "at": "2026-01-01T00:00:00Z"}, "at"),
     ({"asset": "JPY", "from": "2026-01-01T00:00:00", "to": "2026-01-02T00:00:00Z"}, "from"),  # no offset: no instant
     ({"asset": "JPY", "from": "2026-01-01T00:00:00Z", "to": "2026-01-02"}, "to"),
-    ({"asset": "JPY", "from": "2025-01-01T00:00:00Z", "to": "2026-01-02T00:00:01Z"}, "to"),  # 366 days and a second
-    ({"asset": "JPY", "from": "2026-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z"}, "to"),
-    ({"asset": "JPY", "from": "2026-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z", "format": "csv"}, "to"),
-    ({"asset": "JPY", "from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z", "format": "pdf"}, "to"),
 ])
 @pytest.mark.parametrize("face", ["customer", "merchant"])
 def test_bad_input_is_a_400_naming_the_parameter(api: Api, world: World, face: str, params: dict[str, str], param: str) -> None:
@@ -165,20 +152,31 @@ def zoned(world: World, tenant: Any) -> Iterator[Callable[[str], None]]:
     connection.set_tenant(tenant)
 
 
-@pytest.mark.parametrize(("zone", "params", "param"), [
-    # The tenant's zone would carry year 1 or 9999 out of the calendar when the period is shown.
-    ("America/New_York", {"from": "0001-01-01T01:00:00Z", "to": "0001-02-01T00:00:00Z"}, "from"),
-    ("Asia/Tokyo", {"from": "2026-01-01T00:00:00Z", "to": "9999-12-31T20:00:00Z"}, "to"),
-    ("Asia/Tokyo", {"month": "0001-01"}, "month"),
+@pytest.mark.parametrize(("zone", "params", "period"), [
+    # Neither month nor from: the current month so far; month decides over from/to.
+    ("UTC", {}, None),
+    ("UTC", {"month": "2026-01", "from": "2020-01-01T00:00:00Z"}, ("2026-01-01T00:00:00+00:00", "2026-02-01T00:00:00+00:00")),
+    # Ends before it starts: empty. Longer than 366 days: ends 366 days after its start.
+    ("UTC", {"from": "2026-02-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, ("2026-02-01T00:00:00+00:00", "2026-02-01T00:00:00+00:00")),
+    ("UTC", {"from": "2025-01-01T00:00:00Z", "to": "2027-01-01T00:00:00Z"}, ("2025-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00")),
+    # In the future: empty, not final. At the calendar's edges in a zone: kept inside it.
+    ("UTC", {"month": "3026-01"}, ("3026-01-01T00:00:00+00:00", "3026-02-01T00:00:00+00:00")),
+    ("America/New_York", {"from": "0001-01-01T01:00:00Z", "to": "0001-02-01T00:00:00Z"}, None),
+    ("Asia/Tokyo", {"from": "9999-01-01T00:00:00Z", "to": "9999-12-31T20:00:00Z"}, None),
+    ("Asia/Tokyo", {"month": "0001-01"}, None),
+    ("UTC", {"month": "9999-12"}, None),
 ])
 @pytest.mark.parametrize("format", ["json", "csv", "pdf"])
-def test_a_period_outside_the_calendar_in_the_tenants_zone_is_a_400(
-    api: Api, world: World, zoned: Callable[[str], None], zone: str, params: dict[str, str], param: str, format: str,
+def test_every_period_the_schema_allows_has_its_documented_answer(
+    api: Api, world: World, zoned: Callable[[str], None], zone: str, params: dict[str, str], period: tuple[str, str] | None, format: str,
 ) -> None:
     zoned(zone)
     r = api.get(URL["merchant"], world.merchant.key, {"asset": "JPY", "format": format, **params})
-    assert r.status_code == 400, r.content
-    assert error_of(r)["param"] == param
+    assert r.status_code == 200, r.content
+    if format == "json" and period is not None:
+        body = r.json()
+        assert (body["period"]["from"], body["period"]["to"]) == period, body["period"]
+        assert body["closing_balance"] == body["opening_balance"] + sum(line["amount"] for line in body["lines"])
 
 
 def test_a_fully_refunded_payments_fees_net_to_zero_in_json_csv_and_pdf(api: Api, world: World) -> None:
@@ -253,13 +251,8 @@ def test_staff_download_any_partys_statement_from_the_back_office_and_it_is_audi
     assert audit.actor == "user:stmt-viewer" and audit.after["asset"] == "JPY"
 
     r = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/statement/",
-                   {"asset": "JPY", "start": "2026-01-01T00:00:00+09:00", "end": "2025-01-01T00:00:00Z", "format": "pdf", "download": "1"})
-    assert r.status_code == 200 and b"the period must end after it starts" in r.content  # the form again, with the API's rule
-    for start, end, words in [("2026-01-01T00:00:00", "2026-01-02T00:00:00Z", b"must carry a UTC offset"),
-                              ("2026-01-01T00:00:00Z", "9999-12-31T23:59:59Z", b"longer than 366 days")]:
-        r = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/statement/",
-                       {"asset": "JPY", "start": start, "end": end, "format": "csv", "download": "1"})
-        assert r.status_code == 200 and words in r.content and not isinstance(r, StreamingHttpResponse), (start, end)
+                   {"asset": "JPY", "start": "2026-01-01T00:00:00", "end": "2026-01-02T00:00:00Z", "format": "csv", "download": "1"})
+    assert r.status_code == 200 and b"must carry a UTC offset" in r.content and not isinstance(r, StreamingHttpResponse)  # the form again
     r = client.get(f"/admin/wallets/customer/{q(world.customer.id)}/statement/", {"asset": "JPY", "month": month, "format": "pdf", "download": "1"})
     assert r.status_code == 200 and r["Content-Type"] == "application/pdf"
     assert paid["id"] in PdfReader(io.BytesIO(r.content)).pages[0].extract_text()

@@ -35,7 +35,9 @@ def tally_date_hierarchy(cl: Any) -> dict[str, Any]:
     first, last = bounds["first"], bounds["last"]
     if first is None or last is None:
         return {"show": False}
-    first, last = timezone.localtime(first), timezone.localtime(last)
+    # A DateField (the daily totals' day) is a calendar day already; a DateTimeField an instant.
+    first, last = ((timezone.localtime(v) if isinstance(v, datetime.datetime) else datetime.datetime.combine(v, datetime.time.min))
+                   for v in (first, last))
     if not year and first.year == last.year:
         year = first.year
         if first.month == last.month:
