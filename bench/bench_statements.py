@@ -47,7 +47,7 @@ def _load(name: str, lines: int) -> None:
     account = Account.objects.get(merchant=merchant).pk
     source = Account.objects.get(system_role=SystemRole.ADJUSTMENTS).pk
     with connection.cursor() as cursor:
-        for count, start, span in ((2000, "2025-11-01T00:00:00+00", "365 days"), (lines, MONTH_START, "29 days")):
+        for part, count, start, span in (("y", 2000, "2025-11-01T00:00:00+00", "365 days"), ("m", lines, MONTH_START, "29 days")):
             cursor.execute(
                 """
                 WITH t AS (
@@ -61,7 +61,7 @@ def _load(name: str, lines: int) -> None:
                 SELECT t.id, side.account, 'JPY', side.amount, t.created
                 FROM t, LATERAL (VALUES (%(account)s, 100), (%(source)s, -100)) AS side(account, amount)
                 """,
-                {"name": f"{name[:3].lower()}{count}_", "start": start, "span": span, "count": count, "account": account, "source": source},
+                {"name": f"{name[:3].lower()}{part}{count}_", "start": start, "span": span, "count": count, "account": account, "source": source},
             )
 
 
