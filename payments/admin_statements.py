@@ -36,7 +36,7 @@ class StatementForm(forms.Form):
     month = forms.CharField(required=False, max_length=7, help_text="YYYY-MM (the tenant's calendar month).")
     start = forms.CharField(required=False, max_length=40, label="From",
                             help_text="Or a range: ISO 8601 with its offset, e.g. 2026-10-01T00:00:00+02:00.")
-    end = forms.CharField(required=False, max_length=40, label="To", help_text="Excluded; at most 366 days after From.")
+    end = forms.CharField(required=False, max_length=40, label="To", help_text="Excluded; a longer period than 366 days ends 366 days after From.")
     format = forms.ChoiceField(choices=[("csv", "CSV"), ("pdf", "PDF")])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

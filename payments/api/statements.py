@@ -183,8 +183,8 @@ def statement_schema(tag: str) -> Callable[[F], F]:
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="format=csv: streamed; layout in README.md, Statements."),
             (200, "application/pdf"): OpenApiResponse(OpenApiTypes.BINARY, description="format=pdf"),
             400: OpenApiResponse(
-                ErrorSerializer, description=f"A bad period (an instant without an offset, longer than {PERIOD_DAYS} days), format (a PDF"
-                f" of more than {statements.PDF_MAX_LINES:,} lines: use csv), cursor or asset (`asset_unknown`).",
+                ErrorSerializer, description="A malformed month or instant, an instant without an offset, a format not offered (or a PDF"
+                f" of more than {statements.PDF_MAX_LINES:,} lines: use csv), a malformed cursor or an unknown asset (`asset_unknown`).",
             ),
         },
     )
