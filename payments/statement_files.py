@@ -106,6 +106,9 @@ class _NumberedCanvas(canvas.Canvas):  # type: ignore[misc]  # reportlab ships n
 
 
 PDF_ROWS_PER_PAGE = 42
+# A place on the PDF page in typographic points, as reportlab takes it (a float by its API).
+# Only text positions are these; amounts stay int minor units and are formatted as text.
+PagePoints = float
 _COLUMNS_X = [15, 58, 85, 130, 165, 215, 240, 265]  # mm: time, kind, object, counterparty, name, amount, fee, balance (right-aligned from amount)
 
 
@@ -121,7 +124,7 @@ def statement_pdf(head: StatementHead, lines: Iterable[StatementLine]) -> bytes:
     period = f"{_local(head, head.start)} to {_local(head, head.end)} ({zone}, end excluded)"
     status = "final" if head.final else f"PROVISIONAL (as of {_local(head, head.as_of)}; may still change)"
 
-    def page_top() -> float:
+    def page_top() -> PagePoints:
         pdf.setFont("Helvetica-Bold", 13)
         pdf.drawString(15 * mm, height - 15 * mm, f"{head.tenant_name}: statement of account")
         pdf.setFont("Helvetica", 9)
@@ -134,9 +137,9 @@ def statement_pdf(head: StatementHead, lines: Iterable[StatementLine]) -> bytes:
         for x, title in zip(_COLUMNS_X[5:], ["Amount", "Fee", "Balance"], strict=True):
             pdf.drawRightString((x + 20) * mm, y, title)
         pdf.setFont("Helvetica", 8)
-        return float(y - 5 * mm)
+        return PagePoints(y - 5 * mm)
 
-    def cells(y: float, left: list[str], right: list[str]) -> None:
+    def cells(y: PagePoints, left: list[str], right: list[str]) -> None:
         for x, text in zip(_COLUMNS_X, left, strict=False):
             pdf.drawString(x * mm, y, text)
         for x, text in zip(_COLUMNS_X[5:], right, strict=True):
@@ -145,7 +148,7 @@ def statement_pdf(head: StatementHead, lines: Iterable[StatementLine]) -> bytes:
     y = page_top()
     rows = 0
 
-    def next_row() -> float:
+    def next_row() -> PagePoints:
         nonlocal y, rows
         if rows == PDF_ROWS_PER_PAGE:
             pdf.showPage()
