@@ -54,6 +54,18 @@ each round's ratio with / without a fee and their median.
 
 measures, the same way, what the customer and system accounts' daily totals cost a payment:
 blocks with the staged migration `account_daily_totals` expanded (written) and absent (not).
+
+    .venv/bin/python bench/bench_http.py --webhook-cost --seconds 15 --clients 8 --workers 3 --rounds 2
+
+measures what delivering each payment's event costs, as a user sees it: `make run`'s stack
+(as `--stack make-run`), keyed payments from wrk (the peers' script, one wallet row, as
+`--peer`), in blocks with the hot merchant's endpoint subscribed to every event and
+subscribed to none (no delivery is made), alternating, --rounds times (the order swapped
+each round). Each block waits for the relay to drain, then prints its payments/s, p99, the
+CPU per process group, the deliveries that succeeded for its events, the worker's CPU per
+delivered event (the worker's CPU over the block, and over and above the block without),
+and the delivery lag from each event's `created` to its successful attempt's start, p50 and
+p99. Then each round's with / without ratio of payments/s and their median.
 """
 
 from __future__ import annotations
@@ -521,6 +533,94 @@ def compare_daily_totals(args: argparse.Namespace, fixtures: dict[str, Any]) -> 
     }
 
 
+def _hot_endpoint_subscribe(*, every_event: bool) -> None:
+    """The hot merchant's enabled endpoint subscribed to every event, or to none a payment
+    writes (its payments then make no delivery)."""
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from webhooks.models import WebhookEndpoint, WebhookEndpointStatus
+
+    with schema_context(SCHEMA):
+        WebhookEndpoint.objects.filter(merchant__name="Hot merchant", status=WebhookEndpointStatus.ENABLED).update(
+            enabled_events=["*"] if every_event else ["payout.paid"]
+        )
+    connection.set_schema_to_public()
+
+
+def _deliveries_since(since: Any) -> dict[str, Any]:
+    """The bench tenant's deliveries that succeeded for events created at or after `since`:
+    how many, and the lag from the event's `created` to its delivered attempt's start."""
+    from django.db import connection
+    from django.db.models import F
+    from django_tenants.utils import schema_context
+
+    from webhooks.models import WebhookDelivery, WebhookDeliveryStatus
+
+    with schema_context(SCHEMA):
+        lags = sorted(
+            lag.total_seconds() * 1000
+            for lag in WebhookDelivery.objects.filter(event_created__gte=since, status=WebhookDeliveryStatus.SUCCEEDED)
+            .annotate(lag=F("delivered_at") - F("event_created")).values_list("lag", flat=True)
+        )
+    connection.set_schema_to_public()
+
+    def pct(q: float) -> float:
+        return round(lags[min(len(lags) - 1, int(q * len(lags)))], 1) if lags else 0.0
+
+    return {"delivered": len(lags), "lag_p50_ms": pct(0.5), "lag_p99_ms": pct(0.99), "lag_max_ms": pct(1.0)}
+
+
+def compare_webhook_cost(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str, Any]:
+    """Keyed payments on `make run`'s stack with the hot merchant's endpoint subscribed to every
+    event and to none, alternating blocks: payments/s, p99, CPU per process, the worker's CPU per
+    delivered event and the delivery lag."""
+    from django.utils import timezone
+
+    lua = _peers_dir(args.peers_dir) / "http" / "keyed_post.lua"
+    body = json.dumps({"customer": fixtures["customers"][0], "asset": "JPY", "amount": 1})
+    auth = f"Bearer {fixtures['hot'][0]}"
+    url = f"http://127.0.0.1:{args.port}/v1/terminal/payments"
+    stack = _MakeRunStack(
+        bench_env(args.database_url, args.redis_url), port=args.port, receiver_port=args.receiver_port, workers=args.workers,
+        worker_class="sync",
+    )
+    blocks: dict[str, list[dict[str, Any]]] = {"with": [], "without": []}
+    try:
+        wrk_keyed(url, lua=lua, body=body, auth=auth, host=DOMAIN, clients=args.clients, seconds=2)  # warm-up
+        for index in range(args.rounds):
+            for side in ("with", "without") if index % 2 == 0 else ("without", "with"):
+                _hot_endpoint_subscribe(every_event=side == "with")
+                _events_drained(timeout=300)
+                since = timezone.now()
+                result, spent = cpu_per_request(stack.groups, _database_of(args.database_url), functools.partial(
+                    wrk_keyed, url, lua=lua, body=body, auth=auth, host=DOMAIN, clients=args.clients, seconds=args.seconds
+                ))
+                result["cpu_ms_per_payment"] = spent
+                result["drained_s_after"] = _events_drained(timeout=300)
+                result.update(_deliveries_since(since))
+                ok = result["requests"] - result["non2xx"]
+                result["worker_cpu_s"] = round(spent["worker"] * ok / 1000, 2)
+                if result["delivered"]:
+                    result["worker_ms_per_delivery"] = round(spent["worker"] * ok / result["delivered"], 3)
+                blocks[side].append(result)
+    finally:
+        stack.stop()
+        _hot_endpoint_subscribe(every_event=True)
+
+    rounds = []
+    for with_, without in zip(blocks["with"], blocks["without"], strict=True):
+        extra_s = with_["worker_cpu_s"] - without["worker_cpu_s"] * with_["seconds"] / without["seconds"]
+        rounds.append({
+            "payments_per_s_ratio": round(with_["ok_per_s"] / max(without["ok_per_s"], 0.1), 3),
+            "worker_ms_per_delivery_over_without": round(extra_s * 1000 / max(with_["delivered"], 1), 3),
+        })
+    return {
+        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "rounds": rounds, "blocks": blocks,
+        "median_payments_per_s_ratio": statistics.median(r["payments_per_s_ratio"] for r in rounds),
+    }
+
+
 def _label(worker_class: str, stack: str) -> str:
     return worker_class if stack == "web" else f"{worker_class}+{stack}"
 
@@ -553,6 +653,8 @@ def main() -> None:
                         help="instead: spread payments to merchants with a fee schedule against merchants without one, alternating blocks")
     parser.add_argument("--daily-totals", action="store_true",
                         help="instead: spread payments with the customer and system accounts' daily totals written and not, alternating blocks")
+    parser.add_argument("--webhook-cost", action="store_true",
+                        help="instead: keyed payments on make run's stack with the hot merchant's endpoint subscribed and not, alternating blocks")
     parser.add_argument("--peers-dir", default=None, help="with --peer: ../shared/peers (found next to the checkout by default)")
     parser.add_argument("--peer-port", type=int, default=8766)
     parser.add_argument("--peer-database-url", default="postgres://postgres@127.0.0.1:5432/peer_idem")
@@ -571,6 +673,9 @@ def main() -> None:
         return
     if args.daily_totals:
         print(json.dumps(compare_daily_totals(args, fixtures), indent=2))
+        return
+    if args.webhook_cost:
+        print(json.dumps(compare_webhook_cost(args, fixtures), indent=2))
         return
     if args.peer:
         print(json.dumps(compare_peer(args, fixtures), indent=2))

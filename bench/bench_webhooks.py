@@ -21,12 +21,25 @@ first arrived. Two scenarios, each after the outbox and the deliveries have drai
   poison one's state (pending, retried on its own).
 
 Every process it starts is stopped at the end, whatever happens.
+
+    .venv/bin/python bench/bench_webhooks.py --scenario cpu --events 3000 --per-run 15
+
+`cpu` measures the relay's own CPU per delivered event, in this process, with no Celery:
+the hot merchant's endpoint alone enabled (every event) at a receiver in a process of its
+own (answering at once), and events arriving as a payment load brings them to a kicked
+relay: --per-run committed payment events, then one `outbox_relay_run` (publish, claim,
+sign, send, record), until --events are delivered. It prints this process's CPU (every
+thread's, from `time.process_time`; and the dispatching thread's alone, the rest being the
+sending threads') over the relay runs alone, per delivered event; the SQL
+statements per delivered event; and, with --profile, the functions that took it (cProfile,
+the dispatching thread only: the sending threads' share is the rest).
 """
 
 from __future__ import annotations
 
 import argparse
 import http.server
+import io
 import json
 import os
 import sys
@@ -259,9 +272,96 @@ def _spread(args: argparse.Namespace, fixtures: dict[str, Any], receiver_url: st
     return result
 
 
+def _fast_receiver(port: int) -> None:
+    """A child process: answers every POST 200 at once, keeping connections open."""
+
+    class Fast(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Fast)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+def _cpu(args: argparse.Namespace, receiver_url: str) -> dict[str, Any]:
+    """The relay's CPU per delivered event in this process (see the module's docstring)."""
+    import cProfile
+    import pstats
+
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from payments.models import OutboxEvent
+    from wallets.models import Merchant
+    from webhooks.models import WebhookDelivery
+    from webhooks.services.relay import outbox_relay_run
+
+    _endpoints_only(receiver_url, hot=True)
+    statements = 0
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal statements
+        statements += 1
+        return execute(sql, params, many, context)
+
+    profile = cProfile.Profile() if args.profile else None
+    cpu = own = 0.0
+    delivered = 0
+    with schema_context(SCHEMA):
+        hot = Merchant.objects.get(name="Hot merchant").pk
+        stamp = int(time.time() * 1000)
+        before = WebhookDelivery.objects.filter(status="succeeded").count()
+        made = 0
+        while made < args.events:
+            OutboxEvent.objects.bulk_create(
+                [
+                    OutboxEvent(
+                        topic="payment.succeeded", object_id=f"pay_cpu{stamp}_{made + n}", sequence=1,
+                        payload={"id": f"pay_cpu{stamp}_{made + n}", "object": "payment", "merchant": hot, "amount": n,
+                                 "currency": "JPY", "status": "succeeded"},
+                    )
+                    for n in range(args.per_run)
+                ]
+            )
+            made += args.per_run
+            started, own_started = time.process_time(), time.thread_time()
+            with connection.execute_wrapper(count):
+                if profile is not None:
+                    profile.enable()
+                outbox_relay_run()
+                if profile is not None:
+                    profile.disable()
+            cpu += time.process_time() - started
+            own += time.thread_time() - own_started
+        delivered = WebhookDelivery.objects.filter(status="succeeded").count() - before
+    connection.set_schema_to_public()
+    _set_aside_pending()
+    result: dict[str, Any] = {
+        "events": made, "per_run": args.per_run, "delivered": delivered, "cpu_s": round(cpu, 3),
+        "cpu_ms_per_delivery": round(cpu * 1000 / max(delivered, 1), 3),
+        "of_which_dispatching_thread_ms": round(own * 1000 / max(delivered, 1), 3),
+        "statements_per_delivery": round(statements / max(delivered, 1), 2),
+    }
+    if profile is not None:
+        out = io.StringIO()
+        pstats.Stats(profile, stream=out).sort_stats(args.profile_sort).print_stats(args.profile)
+        result["profile"] = out.getvalue().splitlines()
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=["one-endpoint", "spread", "both"], default="both")
+    parser.add_argument("--scenario", choices=["one-endpoint", "spread", "both", "cpu"], default="both")
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=8)
@@ -273,7 +373,27 @@ def main() -> None:
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/tally_bench_webhooks")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     parser.add_argument("--drain-timeout", type=int, default=180)
+    parser.add_argument("--events", type=int, default=3000, help="cpu: events delivered in all")
+    parser.add_argument("--per-run", type=int, default=15, help="cpu: events committed before each relay run")
+    parser.add_argument("--profile", type=int, default=0, help="cpu: print this many functions of a cProfile run")
+    parser.add_argument("--log-level", default="WARNING", help="cpu: the root logger's level (`make run` logs at INFO)")
+    parser.add_argument("--profile-sort", default="tottime", help="cpu: the order of --profile (pstats keys: tottime, cumulative)")
     args = parser.parse_args()
+    if args.scenario == "cpu":
+        os.environ["TALLY_WEBHOOK_ALLOW_HTTP"] = os.environ["TALLY_WEBHOOK_ALLOW_LOOPBACK"] = "true"
+        import multiprocessing
+
+        child = multiprocessing.get_context("fork").Process(target=_fast_receiver, args=(args.receiver_port,), daemon=True)
+        child.start()
+        seed(args.database_url, args.redis_url)
+        import logging
+
+        logging.getLogger().setLevel(args.log_level)  # `make run` logs at INFO, the bench's settings at WARNING
+        try:
+            print(json.dumps(_cpu(args, f"http://127.0.0.1:{args.receiver_port}/hooks"), indent=2))
+        finally:
+            child.terminate()
+        return
 
     _Receiver.delay = args.receiver_ms / 1000
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", args.receiver_port), _Receiver)

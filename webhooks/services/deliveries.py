@@ -15,12 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, CharField, DateTimeField, F, PositiveSmallIntegerField, Q, QuerySet, Value, When
-from django.db.models.functions import Cast
+from django.db.models import Case, CharField, F, Q, QuerySet, Value, When
 from django.utils import timezone
 
 from payments.models import OutboxEvent
@@ -28,7 +26,10 @@ from payments.relaykick import outbox_relay_kick_on_commit
 from webhooks import metrics
 from webhooks.errors import WebhookDeliveryNotRedeliverable, WebhookTargetRefused
 from webhooks.locks import (
+    webhook_attempts_insert,
+    webhook_deliveries_delivered,
     webhook_deliveries_due_lock,
+    webhook_deliveries_lease,
     webhook_deliveries_waited_out_lock,
     webhook_endpoint_then_delivery_lock,
     webhook_endpoints_due_lock,
@@ -66,6 +67,9 @@ EXPIRE_MAX_BATCHES = 20
 CLAIM_ENDPOINTS = 64  # a claim's endpoints at a time
 # While requests are in flight, the dispatcher also looks for new due work this often.
 POLL_SECONDS = 0.1
+# Once one answer is back, how long the dispatcher waits for the rest in flight before it
+# records them: a round (one transaction) then records and refills many slots, not one.
+GATHER_SECONDS = 0.01
 
 
 def retry_delay(*, attempts: int) -> timedelta:
@@ -196,7 +200,7 @@ def _deliveries_claim(*, now: datetime, limit: int, refill: Mapping[str, int] | 
                 else:
                     taken.append((d, endpoint))
         if taken:
-            WebhookDelivery.objects.filter(pk__in=[d.pk for d, _ in taken]).update(next_attempt_at=lease, leased_until=lease)
+            webhook_deliveries_lease(delivery_ids=[d.pk for d, _ in taken], lease=lease)
         if waited_out:
             _expire(WebhookDelivery.objects.filter(pk__in=waited_out))
     return [_claim_prepare(delivery=d, endpoint=e, lease=lease, now=now) for d, e in taken], contended, len(waited_out)
@@ -273,7 +277,10 @@ def _delivery_send(*, claim: _Claim, connections: WebhookConnections) -> _Outcom
     metrics.WEBHOOK_LATENCY_SECONDS.observe(latency)
     if error:
         metrics.WEBHOOK_FAILURES.labels(reason=reason).inc()
-    logger.info(
+    # A failed attempt at INFO; a delivered one at DEBUG: its row says the same, and at INFO
+    # its line cost a tenth of the delivery's CPU (docs/BENCHMARKS.md "Webhook deliveries").
+    logger.log(
+        logging.INFO if error else logging.DEBUG,
         "webhook attempt",
         extra={"delivery": claim.delivery.id, "endpoint": endpoint.id, "event": claim.delivery.event_id, "status_code": status_code,
                "latency_ms": int(latency * 1000), "succeeded": not error, "error": error},
@@ -331,7 +338,9 @@ def webhook_deliveries_dispatch(
             if not in_flight and not expired:  # a round that only expired rows: more may be due
                 return attempts
             # Wait for an answer; while claiming, look for new due work now and then too.
-            done, _ = wait(list(in_flight), timeout=POLL_SECONDS if claiming else None, return_when=FIRST_COMPLETED)
+            done, pending = wait(list(in_flight), timeout=POLL_SECONDS if claiming else None, return_when=FIRST_COMPLETED)
+            if done and pending:
+                done |= wait(pending, timeout=GATHER_SECONDS)[0]
             answered = _collected(done, in_flight)
             attempts += len(answered)
     finally:
@@ -390,8 +399,8 @@ def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
     SKIP LOCKED (never waited for: see `_failure_record`)."""
     if not outcomes:
         return []
-    WebhookDeliveryAttempt.objects.bulk_create(
-        [
+    webhook_attempts_insert(
+        attempts=[
             WebhookDeliveryAttempt(
                 delivery=o.claim.delivery, attempted_at=o.attempted_at, succeeded=o.succeeded, status_code=o.status_code,
                 latency_ms=o.latency_ms, address=o.address, response_excerpt=o.excerpt, error=o.error,
@@ -400,19 +409,13 @@ def _outcomes_write(outcomes: Sequence[_Outcome]) -> _Counted:
         ]
     )
     delivered = [o for o in outcomes if o.succeeded]
-
-    def per_row(attribute: str, output_field: Any) -> Cast:
-        # Each row its own attempt's value. Cast, as Django's bulk_update does on
-        # PostgreSQL: a CASE of bound parameters has no type under server-side binding.
-        whens = [When(pk=o.claim.delivery.pk, then=getattr(o, attribute)) for o in delivered]
-        return Cast(Case(*whens, output_field=output_field), output_field)
-
-    if delivered:  # only rows still pending: a delivery sent twice (lease ran out) is delivered once
-        WebhookDelivery.objects.filter(pk__in=[o.claim.delivery.pk for o in delivered], status=WebhookDeliveryStatus.PENDING).update(
-            attempts=F("attempts") + 1, last_attempt_at=per_row("attempted_at", DateTimeField()),
-            delivered_at=per_row("attempted_at", DateTimeField()), last_status_code=per_row("status_code", PositiveSmallIntegerField()),
-            last_error="", status=WebhookDeliveryStatus.SUCCEEDED, leased_until=None,
-        )
+    # One UPDATE per (attempted at, status code): a round's claims share their attempt's
+    # instant, so a round is one or two statements, not a CASE over every row.
+    same: dict[tuple[datetime, int | None], list[str]] = {}
+    for o in delivered:
+        same.setdefault((o.attempted_at, o.status_code), []).append(o.claim.delivery.pk)
+    for (attempted_at, status_code), ids in same.items():
+        webhook_deliveries_delivered(delivery_ids=ids, at=attempted_at, status_code=status_code)
     return [(o, ("succeeded", False)) for o in delivered] + [(o, _failure_record(o)) for o in outcomes if not o.succeeded]
 
 
