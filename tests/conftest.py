@@ -78,6 +78,17 @@ def _payers_forgotten() -> None:
     fee_terms_forget()
 
 
+@pytest.fixture(autouse=True)
+def _webhook_connections_fresh() -> Iterator[None]:
+    """No test sends on a connection another test's run kept (to a receiver long gone, or
+    one a test's TLS context trusted), and a test's receiver sees its connections end."""
+    from webhooks.services.deliveries import webhook_kept_connections_close
+
+    webhook_kept_connections_close()
+    yield
+    webhook_kept_connections_close()
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(
     django_test_environment: None, django_db_blocker: Any, django_db_modify_db_settings: None

@@ -22,7 +22,7 @@ from tests.factories import MerchantFactory
 from tests.receivers import receiver_running
 from tests.test_webhooks import _endpoint, _event
 from webhooks.models import WebhookDelivery, WebhookEndpoint
-from webhooks.services.deliveries import webhook_deliveries_dispatch
+from webhooks.services.deliveries import webhook_deliveries_dispatch, webhook_kept_connections_close
 from webhooks.services.relay import outbox_batch_publish
 from webhooks.targets import Target
 
@@ -229,9 +229,10 @@ def test_a_delivery_to_another_address_gets_a_new_connection() -> None:
     assert [number for number, _ in rx.requests] == [1, 2, 3]
 
 
-def test_a_run_sends_on_kept_connections_and_closes_them(tenant: Tenant, loopback_http: None) -> None:
+def test_runs_send_on_kept_connections_and_close_them_once_idle(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
     """An endpoint capped at one request at a time gets a run's six deliveries on one
-    connection, closed when the run ends; the next run opens a new one."""
+    connection, and the next run's on the same one; a run after the target sat idle past
+    KEPT_IDLE_SECONDS closes it first and opens a new one."""
     merchant = MerchantFactory()
     with receiver_running() as rx:
         endpoint, _ = _endpoint(merchant, rx.url())
@@ -240,18 +241,23 @@ def test_a_run_sends_on_kept_connections_and_closes_them(tenant: Tenant, loopbac
         outbox_batch_publish()
         assert webhook_deliveries_dispatch() == 6
         assert sorted(rx.event_ids()) == sorted(e.id for e in events) and rx.connections == 1
-        _until(lambda: rx.closed == 1)  # the run closed it: the receiver's handler saw the end
         more = [_event(merchant, n) for n in range(6, 8)]
         outbox_batch_publish()
-        assert webhook_deliveries_dispatch() == 2  # a new run, a new connection
-        assert sorted(rx.event_ids()[6:]) == sorted(e.id for e in more) and rx.connections == 2
-    assert set(WebhookDelivery.objects.filter(event__in=events + more).values_list("status", flat=True)) == {"succeeded"}
+        assert webhook_deliveries_dispatch() == 2  # the next run: the kept connection
+        assert sorted(rx.event_ids()[6:]) == sorted(e.id for e in more) and rx.connections == 1 and rx.closed == 0
+        monkeypatch.setattr(transport, "KEPT_IDLE_SECONDS", 0.0)
+        last = [_event(merchant, 8)]
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 1  # idle past the limit: closed, a new one opened
+        _until(lambda: rx.closed == 1)  # the receiver's handler saw the end of the first
+        assert rx.connections == 2
+    assert set(WebhookDelivery.objects.filter(event__in=events + more + last).values_list("status", flat=True)) == {"succeeded"}
 
 
 def test_concurrent_requests_reuse_at_most_one_connection_each(tenant: Tenant, loopback_http: None) -> None:
     """40 deliveries at the default cap (8 at once): no more connections than the cap (a
     connection per request would be 40), none with more than 8 requests in flight, all
-    closed when the run ends. (How many are in flight at one instant depends on the
+    closed once they are let go. (How many are in flight at one instant depends on the
     machine's load, so the connections are bounded by the cap, not by that peak.)"""
     merchant = MerchantFactory()
     with receiver_running(delay=0.02) as rx:
@@ -261,6 +267,7 @@ def test_concurrent_requests_reuse_at_most_one_connection_each(tenant: Tenant, l
         assert webhook_deliveries_dispatch() == 40
         assert sorted(rx.event_ids()) == sorted(e.id for e in events)
         assert rx.connections <= 8 and rx.max_in_flight["/hook"] <= 8
+        webhook_kept_connections_close()
         _until(lambda: rx.closed == rx.connections)
 
 

@@ -31,6 +31,10 @@ READ_TIMEOUT_SECONDS = 10.0
 MAX_RESPONSE_BYTES = 4096  # read this much of the answer, at most; keep an excerpt
 UNFRAMED_IDLE_SECONDS = 1.0  # an answer with no length: how long a silence ends it
 KEPT_TARGETS = 256  # target URLs with kept connections; the least recently used beyond are closed
+# A target's kept connections close once none was used for this long: under the 5 s idle
+# timeout common to servers (Apache, Node), so a connection is rarely closed by the
+# receiver just as a request goes on it.
+KEPT_IDLE_SECONDS = 4.0
 
 # What a failed POST raises: the socket, TLS or HTTP error (unwrapped from urllib3's), or a urllib3 error that wraps none.
 SEND_ERRORS = (OSError, http.client.HTTPException, HTTPError)
@@ -142,8 +146,9 @@ class _HTTPSPool(HTTPSConnectionPool):
 
 
 class WebhookConnections(PoolManager):
-    """Kept connections for the threads of one run, up to `per_target` per target URL, reused
-    only for the address just checked; closed by `clear()` (or as a context manager)."""
+    """Kept connections for sending threads, up to `per_target` per target URL, reused only
+    for the address just checked; a target's closed by `idle_close` once unused for a while,
+    all by `clear()` (or as a context manager)."""
 
     def __init__(self, *, per_target: int = 1) -> None:
         super().__init__(num_pools=KEPT_TARGETS, maxsize=per_target, on_open=self._opened)
@@ -152,10 +157,29 @@ class WebhookConnections(PoolManager):
         self.key_fn_by_scheme = {"http": itemgetter("target"), "https": itemgetter("target")}  # type: ignore[dict-item]  # a pool per Target
         self._opened_lock = threading.Lock()
         self.opened = 0  # connections made, for the tests and benchmarks
+        self._used: dict[Target, float] = {}  # target -> when a request to it last ended (monotonic)
 
     def _opened(self) -> None:
         with self._opened_lock:
             self.opened += 1
+
+    def idle_close(self, *, idle_seconds: float | None = None) -> int:
+        """Close the connections of every target none of whose was used in `idle_seconds`
+        (KEPT_IDLE_SECONDS); return how many targets."""
+        cutoff = time.monotonic() - (KEPT_IDLE_SECONDS if idle_seconds is None else idle_seconds)
+        with self._opened_lock:
+            idle = [target for target, used in self._used.items() if used <= cutoff]
+            for target in idle:
+                del self._used[target]
+        for target in idle:
+            with contextlib.suppress(KeyError):  # gone already (the least recently used beyond KEPT_TARGETS)
+                del self.pools[target]
+        return len(idle)
+
+    def clear(self) -> None:
+        with self._opened_lock:
+            self._used.clear()
+        super().clear()
 
     def _new_pool(self, scheme: str, host: str, port: int, request_context: dict[str, Any] | None = None) -> HTTPConnectionPool:
         """A pool for a target new to the run (under the pools' lock); the same URL's pool for
@@ -171,6 +195,8 @@ class WebhookConnections(PoolManager):
         """POST `body`; return the status and an excerpt of the answer. Raises
         WebhookTargetRefused (an address off the allow-list) or one of SEND_ERRORS."""
         timeout = Timeout(connect=CONNECT_TIMEOUT_SECONDS, read=READ_TIMEOUT_SECONDS)
+        with self._opened_lock:
+            self._used[target] = time.monotonic()  # in use: not idle while a slow answer comes
         try:
             while True:
                 pool = self.connection_from_host(target.host, target.port, target.scheme, pool_kwargs={"target": target})
@@ -188,6 +214,9 @@ class WebhookConnections(PoolManager):
                 response.release_conn()
         except HTTPError as exc:
             raise _cause(exc) from None
+        finally:
+            with self._opened_lock:
+                self._used[target] = time.monotonic()
 
 
 def _answer_read(response: BaseHTTPResponse) -> Answer:

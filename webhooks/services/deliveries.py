@@ -92,14 +92,17 @@ def _process_concurrency() -> int:
 
 
 class _Senders:
-    """The process's one thread pool for sends (its threads start on first use) and its slots,
-    shared by every dispatch: a dispatch claims only as many deliveries as it took slots, so a
-    leased delivery never waits for a thread."""
+    """The process's one thread pool for sends (its threads start on first use), its slots and
+    its kept connections, shared by every dispatch: a dispatch claims only as many deliveries
+    as it took slots, so a leased delivery never waits for a thread; and a run's requests go on
+    the connections the runs before it kept (a TCP and TLS handshake per connection, not per run)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._used = 0
         self._executor = ThreadPoolExecutor(max_workers=_process_concurrency(), thread_name_prefix="webhook-send")
+        # Up to one per request in flight to a target: as many as the process sends at once.
+        self.connections = WebhookConnections(per_target=_process_concurrency())
 
     def take(self, wanted: int) -> int:
         with self._lock:
@@ -119,9 +122,15 @@ _SENDERS = _Senders()
 
 
 def _senders_renew() -> None:
-    """A forked child (a prefork worker) has neither the parent's threads nor its requests in flight."""
+    """A forked child (a prefork worker) has neither the parent's threads nor its requests in
+    flight, and must not share its sockets."""
     global _SENDERS
     _SENDERS = _Senders()
+
+
+def webhook_kept_connections_close() -> None:
+    """Close every connection this process keeps to webhook receivers (the tests, between them)."""
+    _SENDERS.connections.clear()
 
 
 os.register_at_fork(after_in_child=_senders_renew)
@@ -306,8 +315,8 @@ def webhook_deliveries_dispatch(
     are due; `publish` (the relay's) is called between claims. Locks: `_round`'s; none across an HTTP call."""
     budget = float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS) if time_budget_seconds is None else time_budget_seconds
     deadline = time.monotonic() + budget
-    # Kept connections, shared by the sending threads: up to one per request in flight to a target.
-    connections = WebhookConnections(per_target=_process_concurrency())
+    connections = _SENDERS.connections
+    connections.idle_close()
     in_flight: dict[Future[_Outcome], _Claim] = {}
     answered: list[_Outcome] = []
     attempts, expired = 0, 0
@@ -346,14 +355,11 @@ def webhook_deliveries_dispatch(
     finally:
         # Also when cut short (a soft time limit): what is in flight is recorded, so none
         # of it is sent again. A process killed outright leaves its leases to run out.
-        try:
-            if in_flight:
-                done, _ = wait(list(in_flight))
-                answered += _collected(done, in_flight)
-            if answered:
-                _round(answered=answered)
-        finally:
-            connections.clear()
+        if in_flight:
+            done, _ = wait(list(in_flight))
+            answered += _collected(done, in_flight)
+        if answered:
+            _round(answered=answered)
 
 
 def _collected(done: set[Future[_Outcome]], in_flight: dict[Future[_Outcome], _Claim]) -> list[_Outcome]:
