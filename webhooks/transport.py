@@ -173,7 +173,7 @@ class WebhookConnections(PoolManager):
                 del self._used[target]
         for target in idle:
             with contextlib.suppress(KeyError):  # gone already (the least recently used beyond KEPT_TARGETS)
-                del self.pools[target]
+                del self.pools[target]  # type: ignore[arg-type]  # our pools are keyed by Target (key_fn_by_scheme)
         return len(idle)
 
     def clear(self) -> None:
