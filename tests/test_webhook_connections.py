@@ -21,7 +21,7 @@ from tenants.models import Tenant
 from tests.factories import MerchantFactory
 from tests.receivers import receiver_running
 from tests.test_webhooks import _endpoint, _event
-from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.models import WebhookDelivery, WebhookDeliveryAttempt, WebhookEndpoint
 from webhooks.services.deliveries import webhook_deliveries_dispatch, webhook_kept_connections_close
 from webhooks.services.relay import outbox_batch_publish
 from webhooks.targets import Target
@@ -452,3 +452,45 @@ def test_a_connection_opens_no_socket_to_an_address_off_the_allow_list(settings:
         with transport.WebhookConnections() as connections, pytest.raises(WebhookTargetRefused):
             connections.post(target=rx.target(), body=b"event", headers={})
     assert rx.connections == 0 and rx.requests == []
+
+
+def test_a_kept_connection_idle_past_the_limit_is_not_used_again(monkeypatch: Any) -> None:
+    """A connection that sat idle longer than KEPT_IDLE_SECONDS is dropped when next wanted
+    (the receiver may be closing it just then), even while its target stays busy."""
+    monkeypatch.setattr(transport, "KEPT_IDLE_SECONDS", 0.2)
+    with raw_receiver(lambda number, served: (OK, False)) as rx:
+        assert _post_all(rx, 2) == [200] * 2  # back to back: one connection
+        assert _post_all(rx, 2, pause=0.3) == [200] * 2  # idle 0.3 s between: a new one each
+    assert [number for number, _ in rx.requests] == [1, 1, 2, 3]
+
+
+def test_idle_targets_are_closed_by_the_process_without_a_run(tenant: Tenant, loopback_http: None, monkeypatch: Any) -> None:
+    """A worker that gets no more relay runs still closes what it kept: the process's reaper
+    closes a target idle past KEPT_IDLE_SECONDS (the receiver sees the end)."""
+    from webhooks.services import deliveries
+
+    monkeypatch.setattr(deliveries, "KEPT_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(transport, "KEPT_IDLE_SECONDS", 0.2)
+    monkeypatch.setattr(deliveries, "_SENDERS", deliveries._Senders())  # its reaper reads the short limit
+    merchant = MerchantFactory()
+    with receiver_running() as rx:
+        _endpoint(merchant, rx.url())
+        _event(merchant, 1)
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 1 and rx.connections == 1
+        _until(lambda: rx.closed == 1, seconds=3.0)
+
+
+def test_an_answer_carrying_a_nul_is_recorded_and_holds_back_no_other(tenant: Tenant, loopback_http: None) -> None:
+    """PostgreSQL's text refuses NUL: an excerpt carrying one is stored with it replaced, and
+    the round that records it records the others too (one failing would leave them all leased)."""
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nok\x00!"
+    merchant = MerchantFactory()
+    with raw_receiver(lambda number, served: (reply, False)) as rx:
+        _endpoint(merchant, f"http://127.0.0.1:{rx.port}/hook")
+        events = [_event(merchant, n) for n in range(3)]
+        outbox_batch_publish()
+        assert webhook_deliveries_dispatch() == 3
+    deliveries = WebhookDelivery.objects.filter(event__in=events)
+    assert set(deliveries.values_list("status", flat=True)) == {"succeeded"}
+    assert set(WebhookDeliveryAttempt.objects.filter(delivery__in=deliveries).values_list("response_excerpt", flat=True)) == {"ok\ufffd!"}

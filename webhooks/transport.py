@@ -30,10 +30,10 @@ CONNECT_TIMEOUT_SECONDS = 3.0
 READ_TIMEOUT_SECONDS = 10.0
 MAX_RESPONSE_BYTES = 4096  # read this much of the answer, at most; keep an excerpt
 UNFRAMED_IDLE_SECONDS = 1.0  # an answer with no length: how long a silence ends it
-KEPT_TARGETS = 256  # target URLs with kept connections; the least recently used beyond are closed
-# A target's kept connections close once none was used for this long: under the 5 s idle
-# timeout common to servers (Apache, Node), so a connection is rarely closed by the
-# receiver just as a request goes on it.
+KEPT_TARGETS = 64  # target URLs with kept connections; the least recently used beyond are closed
+# A kept connection idle this long is not used again (under the 5 s idle timeout common to
+# servers, Apache's and Node's, so one is rarely closed by the receiver just as a request
+# goes on it), and a target's close once none of them was used for this long.
 KEPT_IDLE_SECONDS = 4.0
 
 # What a failed POST raises: the socket, TLS or HTTP error (unwrapped from urllib3's), or a urllib3 error that wraps none.
@@ -84,6 +84,7 @@ class _PinnedHTTPConnection(HTTPConnection):
         super().__init__(host, port, **kwargs)
         self.target, self.on_open = target, on_open
         self.answers = 0  # on the current socket: a request after one goes on a kept connection
+        self.answered_at = 0.0  # when its last answer came (monotonic)
 
     def _new_conn(self) -> socket.socket:
         target_address_check(host=self.target.host, address=self.target.address)
@@ -94,8 +95,11 @@ class _PinnedHTTPConnection(HTTPConnection):
     @property
     def is_connected(self) -> bool:
         """urllib3's check (nothing readable on the socket: no close, no stray bytes that
-        would read as the next answer), and no TLS bytes decrypted but unread, which polling
-        the socket does not see."""
+        would read as the next answer), no TLS bytes decrypted but unread, which polling
+        the socket does not see, and not idle past KEPT_IDLE_SECONDS (urllib3 then opens
+        a new one)."""
+        if self.answers and time.monotonic() - self.answered_at > KEPT_IDLE_SECONDS:
+            return False
         if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return False
         return super().is_connected
@@ -117,6 +121,7 @@ class _PinnedHTTPConnection(HTTPConnection):
         _ack_promptly(sock)
         response = super().getresponse()
         self.answers += 1
+        self.answered_at = time.monotonic()
         if response.length_remaining is None and not response.chunked and sock is not None:
             sock.settimeout(UNFRAMED_IDLE_SECONDS)  # it ends where the receiver closes, or falls silent
         return response
@@ -169,11 +174,12 @@ class WebhookConnections(PoolManager):
         cutoff = time.monotonic() - (KEPT_IDLE_SECONDS if idle_seconds is None else idle_seconds)
         with self._opened_lock:
             idle = [target for target, used in self._used.items() if used <= cutoff]
-            for target in idle:
-                del self._used[target]
         for target in idle:
             with contextlib.suppress(KeyError):  # gone already (the least recently used beyond KEPT_TARGETS)
                 del self.pools[target]  # type: ignore[arg-type]  # our pools are keyed by Target (key_fn_by_scheme)
+            with self._opened_lock:
+                if self._used.get(target, cutoff + 1) <= cutoff:  # not used again meanwhile
+                    del self._used[target]
         return len(idle)
 
     def clear(self) -> None:

@@ -45,7 +45,7 @@ from webhooks.models import (
 from webhooks.services.endpoints import webhook_endpoint_signing_secrets
 from webhooks.signing import SIGNATURE_HEADER, signature_header
 from webhooks.targets import webhook_target_resolve
-from webhooks.transport import SEND_ERRORS, WebhookConnections
+from webhooks.transport import KEPT_IDLE_SECONDS, SEND_ERRORS, WebhookConnections
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,23 @@ class _Senders:
         self._executor = ThreadPoolExecutor(max_workers=_process_concurrency(), thread_name_prefix="webhook-send")
         # Up to one per request in flight to a target: as many as the process sends at once.
         self.connections = WebhookConnections(per_target=_process_concurrency())
+        self._reaper: threading.Thread | None = None
+
+    def reaper_start(self) -> None:
+        """Close idle targets' connections every KEPT_IDLE_SECONDS, from a thread of the process's
+        own: a worker that stops getting relay runs does not keep sockets its receivers closed."""
+        with self._lock:
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap, name="webhook-kept-reaper", daemon=True)
+                self._reaper.start()
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(KEPT_IDLE_SECONDS)
+            try:
+                self.connections.idle_close()
+            except Exception:  # a failed pass leaves them to the next
+                logger.exception("closing idle webhook connections failed")
 
     def take(self, wanted: int) -> int:
         with self._lock:
@@ -295,8 +312,15 @@ def _delivery_send(*, claim: _Claim, connections: WebhookConnections) -> _Outcom
                "latency_ms": int(latency * 1000), "succeeded": not error, "error": error},
     )
     return _Outcome(
-        claim=claim, status_code=status_code, latency_ms=int(latency * 1000), address=address, excerpt=excerpt, error=error, refused=refused,
+        claim=claim, status_code=status_code, latency_ms=int(latency * 1000), address=address, excerpt=_storable(excerpt),
+        error=_storable(error), refused=refused,
     )
+
+
+def _storable(text: str) -> str:
+    """`text` with any NUL replaced: PostgreSQL's text refuses it, and one answer carrying one
+    (a binary body, an error quoting it) would fail its whole round's record."""
+    return text.replace("\x00", "\ufffd")
 
 
 def _sent_safely(claim: _Claim, connections: WebhookConnections) -> _Outcome:
@@ -304,7 +328,7 @@ def _sent_safely(claim: _Claim, connections: WebhookConnections) -> _Outcome:
         return _delivery_send(claim=claim, connections=connections)
     except Exception as exc:  # a bug in one send must not lose the others' records
         logger.exception("webhook send failed", extra={"delivery": claim.delivery.id})
-        return _Outcome(claim=claim, status_code=None, latency_ms=0, address="", excerpt="", error=f"{type(exc).__name__}: {exc}"[:500])
+        return _Outcome(claim=claim, status_code=None, latency_ms=0, address="", excerpt="", error=_storable(f"{type(exc).__name__}: {exc}"[:500]))
 
 
 def webhook_deliveries_dispatch(
@@ -317,6 +341,7 @@ def webhook_deliveries_dispatch(
     deadline = time.monotonic() + budget
     connections = _SENDERS.connections
     connections.idle_close()
+    _SENDERS.reaper_start()
     in_flight: dict[Future[_Outcome], _Claim] = {}
     answered: list[_Outcome] = []
     attempts, expired = 0, 0
