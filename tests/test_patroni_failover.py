@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.faults import OwnRedis, celery_beat, celery_worker, figures, until
@@ -97,9 +98,10 @@ def _scenario(name: str, fault: Callable[[PatroniCluster], None], tmp_path: Path
             worker = celery_worker(env, tmp_path / "worker.log")
             beat = celery_beat(env, tmp_path / "beat.log")
             web_env = {k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL")}
-            web_env.update(TALLY_LOG_LEVEL="WARNING", PORT=str(web_port))
+            web_env["TALLY_LOG_LEVEL"] = "WARNING"
             try:
-                with gunicorn_running(workers=2, log=tmp_path / "gunicorn.log", TALLY_OUTBOX_RELAY_KICK="true", **web_env) as port:
+                with gunicorn_running(workers=2, log=tmp_path / "gunicorn.log", port=web_port,
+                                      TALLY_OUTBOX_RELAY_KICK="true", **web_env) as port:
                     outcomes: list[Outcome] = []
                     deadline = time.monotonic() + before + after + 180  # a key in flight is retried until this
                     with WriteProbe(cluster) as probe:
@@ -170,3 +172,26 @@ def test_a_planned_switchover(django_db_setup: None, tmp_path: Path) -> None:
 @pytest.mark.long_only
 def test_the_replica_lost_and_brought_back(django_db_setup: None, tmp_path: Path) -> None:
     _scenario("replica-loss", fault_replica_loss, tmp_path, clients=6, before=8.0, after=12.0)
+
+
+def _served_by(url: str) -> int | None:
+    """The PostgreSQL port behind `url` when it takes writes, else None."""
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
+            row = conn.execute("SELECT inet_server_port(), pg_is_in_recovery()").fetchone()
+    except psycopg.Error:
+        return None
+    return int(row[0]) if row is not None and not row[1] else None
+
+
+@pytest.mark.long_only
+def test_haproxy_checking_patronis_rest_api_follows_the_leader() -> None:
+    """devtools/ops/haproxy.cfg in front of the cluster: its one address reaches the leader,
+    and the new leader after a switchover and after the leader's postmaster is killed."""
+    with patroni_cluster() as cluster, cluster.haproxy() as url:
+        for fault in (None, fault_switchover, fault_postmaster_kill):
+            if fault is not None:
+                fault(cluster)
+            leader = cluster.leader_wait()
+            until(lambda leader_port=leader.pg_port: _served_by(url) == leader_port, f"HAProxy to reach {leader.name}",
+                  seconds=30, poll=0.3, why=cluster.logs)
