@@ -271,6 +271,23 @@ class PatroniCluster:
         subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(leader.pg_port), "-U", "postgres", "-d", database, "-q", "-v",
                         "ON_ERROR_STOP=1"], input=dump.stdout, check=True, capture_output=True)
 
+    @contextmanager
+    def haproxy(self) -> Iterator[str]:
+        """HAProxy with the shipped configuration (devtools/ops/haproxy.cfg, two nodes) in front
+        of the cluster; yields the libpq URL of its one address."""
+        config = Path(__file__).resolve().parent.parent / "devtools" / "ops" / "haproxy.cfg"
+        env = {**os.environ, "HAPROXY_BIND": f"127.0.0.1:{self.haproxy_port}"}
+        for n, node in enumerate(self.nodes[:2], start=1):
+            env.update({f"NODE{n}": f"127.0.0.1:{node.pg_port}", f"NODE{n}_API": str(node.api_port)})
+        with (self.root / "haproxy.log").open("ab") as out:
+            process = subprocess.Popen(["haproxy", "-db", "-f", str(config)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        try:
+            yield f"postgres://postgres@127.0.0.1:{self.haproxy_port}/postgres"
+        finally:
+            process.kill()
+            process.wait()
+
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(f"--- {node.name}\n{node.log.read_text(errors='replace')[-tail:]}" for node in self.nodes if node.log.exists())
 
