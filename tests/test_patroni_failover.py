@@ -14,11 +14,13 @@ is the time without a writable primary). The fault, one per test:
 2. the leader's Patroni SIGKILLed, and started again 5 s later, as a service manager
    restarts it: PostgreSQL never stopped and the restarted Patroni keeps the leader key;
 3. a planned `patronictl switchover` to the replica;
-4. the replica's machine lost (Patroni and PostgreSQL SIGKILLed) and brought back 8 s later.
+4. the replica's machine lost (Patroni and PostgreSQL SIGKILLed) and brought back 8 s later;
+5. the leader's machine lost (Patroni and PostgreSQL SIGKILLed together): the replica takes
+   the key once its lease expires (ttl), and the old leader, started again, follows it.
 
 Then: every payment answered 201 is on the leader once, no key has two payments, no payment
 lacks its key's answer, no request got a 500, every outbox event is relayed and
-`manage.py reconcile` finds nothing. `make test` runs a short form of 1; `make proof` all four.
+`manage.py reconcile` finds nothing. `make test` runs a short form of 1; `make proof` all five.
 """
 
 from __future__ import annotations
@@ -52,9 +54,19 @@ def _leader_is_not(cluster: PatroniCluster, name: str) -> Callable[[], bool]:
 
 
 def fault_postmaster_kill(cluster: PatroniCluster) -> None:
+    cluster.synchronous_wait()  # with no synchronous replica to promote, Patroni restarts the crashed primary in place
     old = cluster.leader_wait()
     old.postmaster_kill()
     until(_leader_is_not(cluster, old.name), "Patroni to promote the replica", seconds=90, poll=0.2, why=cluster.logs)
+
+
+def fault_leader_machine_lost(cluster: PatroniCluster) -> None:
+    """No agent left to give up the key: the replica takes it once its lease (ttl) expires."""
+    cluster.synchronous_wait()
+    old = cluster.leader_wait()
+    old.machine_kill()
+    until(_leader_is_not(cluster, old.name), "the replica to take the expired leader key", seconds=90, poll=0.2, why=cluster.logs)
+    old.start()  # the machine back: Patroni rewinds the old leader onto the new one
 
 
 def fault_patroni_kill(cluster: PatroniCluster) -> None:
@@ -162,6 +174,11 @@ def test_the_leaders_postmaster_killed_patroni_promotes_the_replica(django_db_se
 @pytest.mark.long_only
 def test_the_leaders_patroni_killed_and_restarted_keeps_the_primary(django_db_setup: None, tmp_path: Path) -> None:
     _scenario("patroni-kill", fault_patroni_kill, tmp_path, clients=6, before=8.0, after=12.0)
+
+
+@pytest.mark.long_only
+def test_the_leaders_machine_lost_the_replica_takes_the_expired_key(django_db_setup: None, tmp_path: Path) -> None:
+    _scenario("leader-machine-lost", fault_leader_machine_lost, tmp_path, clients=6, before=8.0, after=12.0)
 
 
 @pytest.mark.long_only
