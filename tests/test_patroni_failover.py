@@ -19,7 +19,7 @@ is the time without a writable primary). The fault, one per test:
    the key once its lease expires (ttl), and the old leader, started again, follows it.
 
 Then: every payment answered 201 is on the leader once, no key has two payments, no payment
-lacks its key's answer, no request got a 500, every outbox event is relayed and
+lacks its key's answer, no request got a 500, beat sweeps again, every outbox event is relayed and
 `manage.py reconcile` finds nothing. `make test` runs a short form of 1; `make proof` all five.
 """
 
@@ -128,8 +128,12 @@ def _scenario(name: str, fault: Callable[[PatroniCluster], None], tmp_path: Path
                         for thread in threads:
                             thread.join(timeout=200)
                     without_primary = probe.longest_gap(after=fault_at)
+                    sweeps_sent = beat.log.read_text().count("Sending due task webhooks-relay")
                 for proc in (worker, beat):
                     assert proc.alive(), proc.output()
+                # Beat reads its schedule from the database: it carries on against the leader.
+                until(lambda: beat.log.read_text().count("Sending due task webhooks-relay") > sweeps_sent, "beat's next sweep",
+                      seconds=30, why=beat.output)
                 checked = _app(env, "check", str(seeded_file))
                 until(lambda: _app(env, "check", str(seeded_file))["events_unpublished"] == 0, "every outbox event to be relayed",
                       seconds=120, poll=2, why=lambda: worker.output() + beat.output())
