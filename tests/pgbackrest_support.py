@@ -129,8 +129,8 @@ class BackupNode:
         restored = Cluster(directory, free_port_in(range(self.cluster.port + 1, PORTS.stop)))
         self.restored.append(restored)
         restored.start()
-        # pg_ctl -w returns once connections are accepted, which a server in recovery does
-        # not do until it reaches the target and promotes (or hot standby is reached).
+        # pg_ctl -w returns once it answers, read-only while it replays (hot standby): the
+        # copy is done once it has reached the target and promoted.
         while restored.sql("SELECT pg_is_in_recovery()") != "f":
             time.sleep(0.2)
         return restored, time.monotonic() - started
