@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test proof lint chromium pgbouncer
+.PHONY: install run test proof lint chromium pgbouncer pgbackrest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,11 +32,18 @@ pgbouncer:
 	@test -x /usr/sbin/pgbouncer || { echo "installing pgbouncer (apt)"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbouncer; }
 
+# The backup tests (tests/test_backups.py) and bench/bench_backup.py archive and back up with
+# Debian's pgBackRest (never a backup script of our own); installed with apt when absent
+# (needs root or sudo).
+pgbackrest:
+	@test -x /usr/bin/pgbackrest || { echo "installing pgbackrest (apt)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbackrest; }
+
 # Installs, checks ruff (every Python file but the migrations: the apps, devtools/, tests/ and
 # bench/), mypy (strict on apikit/, idempotency/, wallets/, payments/, webhooks/, tenants/, config/,
 # reconciliation/, fastpath/ and devtools/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
-test: install chromium pgbouncer
+test: install chromium pgbouncer pgbackrest
 	$(BIN)/ruff check .
 	$(BIN)/mypy apikit idempotency wallets payments webhooks tenants config reconciliation fastpath devtools
 	$(BIN)/lint-imports --no-logo
@@ -49,7 +56,7 @@ test: install chromium pgbouncer
 # process or server the tests start (their own Redis and PostgreSQL pair); each scenario
 # prints a line of figures, gathered at the end. Needs PostgreSQL's server binaries
 # (initdb, pg_ctl, pg_basebackup) and redis-server, as `make test` does.
-proof: install
+proof: install pgbackrest
 	@eval "$$($(BIN)/python -m devtools.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} -m proof --long $(PYTEST_ARGS)
 

@@ -43,11 +43,13 @@ def live_redis_env() -> dict[str, str]:
 
 
 @contextmanager
-def gunicorn_running(*, workers: int = 1, static_root: Path | None = None, log: Path | None = None, **extra_env: str) -> Iterator[int]:
-    """gunicorn (config/gunicorn.py) on a free port against the test database; yields the
-    port once it answers /healthz. With `static_root`, static files come from there only
-    (collected, no finders), as in production."""
-    port = free_port()
+def gunicorn_running(
+    *, workers: int = 1, static_root: Path | None = None, log: Path | None = None, port: int | None = None, **extra_env: str
+) -> Iterator[int]:
+    """gunicorn (config/gunicorn.py) on `port` (default: a free one) against the test database;
+    yields the port once it answers /healthz. With `static_root`, static files come from there
+    only (collected, no finders), as in production."""
+    port = port or free_port()
     database = connection.settings_dict
     env = {
         **os.environ,
