@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +21,13 @@ import psycopg
 import pytest
 from django.conf import settings
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections
 from django_tenants.utils import schema_context
 from psycopg.conninfo import make_conninfo
 
 from payments.services.charges import payment_create
 from tenants.models import Tenant
+from tenants.restore import TenantRestoreRefused, TenantRestoreReport, tenant_restore
 from tenants.services import tenant_create
 from tests.factories import CustomerFactory, TerminalFactory, fund
 from wallets.models import Customer, Terminal
@@ -215,3 +218,71 @@ def test_a_schema_that_is_no_tenant_is_refused(restoring: World) -> None:
         with pytest.raises(CommandError, match="refused"):
             _restore(restoring, schema=schema)
     assert _schemas_like("no_such_tenant") == []
+
+
+def _reader_holding(schema: str, *, seconds: float, started: threading.Event) -> threading.Thread:
+    """A transaction of the tenant in flight: it has read a table (its lock held to the end)."""
+    def body() -> None:
+        with psycopg.connect(_dsn(str(connection.settings_dict["NAME"]))) as conn:
+            conn.execute(f"SELECT count(*) FROM {schema}.wallets_balance")
+            started.set()
+            time.sleep(seconds)
+            conn.commit()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    return thread
+
+
+def _restore_with_reader(world: World, *, holding: float, lock_timeout_ms: int, readers: list[threading.Thread]) -> TenantRestoreReport:
+    """The service, with a transaction of the tenant started just before the swap."""
+    def progress(line: str) -> None:
+        if line.startswith("swapping"):
+            readers.append(_reader_holding(RESTORED, seconds=holding, started=threading.Event()))
+
+    try:
+        return tenant_restore(schema_name=RESTORED, source=world.source, lock_timeout_ms=lock_timeout_ms, progress=progress)
+    finally:
+        connection.set_schema_to_public()
+
+
+def test_the_swap_waits_for_the_tenants_transactions_in_flight_and_other_tenants_pay_meanwhile(restoring: World) -> None:
+    # Busy past the lock timeout: refused, nothing swapped, the tenant switched on again.
+    _pay(RESTORED, restoring.payer, 321)
+    before = _ledger(RESTORED)
+    readers: list[threading.Thread] = []
+    with pytest.raises(TenantRestoreRefused, match="stayed busy past 500 ms"):
+        _restore_with_reader(restoring, holding=3.0, lock_timeout_ms=500, readers=readers)
+    assert _ledger(RESTORED) == before
+    assert _schemas_like(f"{RESTORED}_") == []
+    assert Tenant.objects.get(schema_name=RESTORED).is_active
+    readers[0].join()
+
+    # Busy for a moment: the swap waits for it; another tenant's payment does not wait for the swap.
+    box: dict[str, Any] = {}
+
+    def restore() -> None:
+        try:
+            box["report"] = _restore_with_reader(restoring, holding=3.0, lock_timeout_ms=10_000, readers=readers)
+        finally:
+            connections.close_all()
+
+    swapping = threading.Thread(target=restore, daemon=True)
+    swapping.start()
+    deadline = time.monotonic() + 30
+    while len(readers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the swap now waits for the reader
+    started = time.monotonic()
+    _pay(OTHER, restoring.payer, 77)
+    other_paid_in = time.monotonic() - started
+    assert "report" not in box  # still waiting
+    swapping.join(30)
+    readers[1].join()
+    assert box["report"].replaced_schema is not None, box
+    assert other_paid_in < 1.0
+    connection.set_schema_to_public()
+    assert _ledger(RESTORED) == restoring.ledger_at_t
+    restoring.other_after_t = _ledger(OTHER)
+    _reconcile_clean(RESTORED)
