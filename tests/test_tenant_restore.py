@@ -278,8 +278,24 @@ def test_the_swap_waits_for_the_tenants_transactions_in_flight_and_other_tenants
     _pay(OTHER, restoring.payer, 77)
     other_paid_in = time.monotonic() - started
     assert "report" not in box  # still waiting
+
+    # A statement of the tenant arriving now queues behind the swap, then reads the restored table.
+    queued: dict[str, Any] = {}
+
+    def query() -> None:
+        with psycopg.connect(_dsn(str(connection.settings_dict["NAME"])), autocommit=True) as conn:
+            conn.execute(f"SET search_path = {RESTORED}, public")  # as django-tenants sets it
+            row = conn.execute("SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t.id), '')) FROM wallets_balance t").fetchone()
+            queued["balances"] = ("wallets_balance", *row) if row else None
+
+    querying = threading.Thread(target=query, daemon=True)
+    querying.start()
+    querying.join(0.5)
+    assert querying.is_alive()  # waiting behind the swap's lock
     swapping.join(30)
     readers[1].join()
+    querying.join(10)
+    assert queued["balances"] == restoring.ledger_at_t[1]
     assert box["report"].replaced_schema is not None, box
     assert other_paid_in < 1.0
     connection.set_schema_to_public()
