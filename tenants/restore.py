@@ -267,10 +267,11 @@ def _tables_count(*, schema: str) -> int:
 
 
 def _live_dsn() -> str:
-    """The live database as Django reaches it; the password goes through the environment."""
-    db = connection.settings_dict
-    parts = {"host": db.get("HOST") or None, "port": str(db.get("PORT") or "") or None, "user": db.get("USER") or None, "dbname": db["NAME"]}
-    return make_conninfo("", **{k: v for k, v in parts.items() if v})
+    """The live database as Django connects to it (hosts, target_session_attrs, timeouts: the
+    libpq ones of its connection parameters); the password goes through the environment."""
+    libpq = {bytes(option.keyword).decode() for option in psycopg.pq.Conninfo.get_defaults()}
+    params = connection.get_connection_params()
+    return make_conninfo("", **{k: v for k, v in params.items() if k in libpq and k != "password" and v not in (None, "")})
 
 
 def _live_env() -> dict[str, str]:
