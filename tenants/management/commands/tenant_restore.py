@@ -18,7 +18,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--schema", required=True, help="the tenant's schema name")
         parser.add_argument("--source", required=True, help="libpq DSN of the database restored to the instant (a scratch server)")
-        parser.add_argument("--dry-run", action="store_true", help="stage and check the copy, then drop it: nothing live changes")
+        parser.add_argument("--dry-run", action="store_true", help="stage and check the copy, then drop it: no tenant's data changes")
         parser.add_argument("--keep-replaced", action="store_true", help="keep the live schema as <schema>_replaced_<stamp> (default: dropped)")
         parser.add_argument("--lock-timeout-ms", type=int, default=10_000, help="how long the swap waits for the tenant's tables")
 
