@@ -131,7 +131,8 @@ def _tenant_restorable(*, schema_name: str) -> Tenant:
     if tenant is None:
         raise TenantRestoreRefused(
             f"no tenant with schema {schema_name!r}: its public rows (Tenant, Domain) must exist; create it again "
-            "(manage.py create_tenant with the same schema, then restore over the new schema)"
+            "(manage.py create_tenant with the same schema and domain, after renaming aside a schema its deleted row left behind, "
+            "then restore over the new schema)"
         )
     return tenant
 
