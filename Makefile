@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test proof lint chromium pgbouncer patroni-servers
+.PHONY: install run test proof lint chromium pgbouncer pgbackrest patroni-servers
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,13 @@ pgbouncer:
 	@test -x /usr/sbin/pgbouncer || { echo "installing pgbouncer (apt)"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbouncer; }
 
+# The backup tests (tests/test_backups.py) and bench/bench_backup.py archive and back up with
+# Debian's pgBackRest (never a backup script of our own); installed with apt when absent
+# (needs root or sudo).
+pgbackrest:
+	@test -x /usr/bin/pgbackrest || { echo "installing pgbackrest (apt)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbackrest; }
+
 # The Patroni failover tests (tests/test_patroni_failover.py) start Debian's etcd (etcd-server,
 # v3 API) and the HAProxy check runs Debian's haproxy; installed with apt when absent (needs root
 # or sudo). Patroni itself comes from requirements-dev.txt.
@@ -43,7 +50,7 @@ patroni-servers:
 # bench/), mypy (strict on apikit/, idempotency/, wallets/, payments/, webhooks/, tenants/, config/,
 # reconciliation/, fastpath/ and devtools/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
-test: install chromium pgbouncer patroni-servers
+test: install chromium pgbouncer pgbackrest patroni-servers
 	$(BIN)/ruff check .
 	$(BIN)/mypy apikit idempotency wallets payments webhooks tenants config reconciliation fastpath devtools
 	$(BIN)/lint-imports --no-logo
@@ -56,7 +63,7 @@ test: install chromium pgbouncer patroni-servers
 # process or server the tests start (their own Redis and PostgreSQL pair); each scenario
 # prints a line of figures, gathered at the end. Needs PostgreSQL's server binaries
 # (initdb, pg_ctl, pg_basebackup) and redis-server, as `make test` does.
-proof: install patroni-servers
+proof: install pgbackrest patroni-servers
 	@eval "$$($(BIN)/python -m devtools.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} -m proof --long $(PYTEST_ARGS)
 

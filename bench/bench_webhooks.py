@@ -33,6 +33,12 @@ thread's, from `time.process_time`; and the dispatching thread's alone, the rest
 sending threads') over the relay runs alone, per delivered event; the SQL
 statements per delivered event; and, with --profile, the functions that took it (cProfile,
 the dispatching thread only: the sending threads' share is the rest).
+
+    .venv/bin/python bench/bench_webhooks.py --scenario transport --events 3000
+
+`transport` measures what one POST costs the sending thread's CPU on a kept connection to
+the same receiver: through `webhooks.transport` (urllib3, the SSRF-checked resolve
+included) and as bare bytes on a socket (the floor a hand-written client would approach).
 """
 
 from __future__ import annotations
@@ -293,6 +299,35 @@ def _fast_receiver(port: int) -> None:
     server.serve_forever()
 
 
+def _transport(args: argparse.Namespace, receiver_url: str) -> dict[str, Any]:
+    """CPU of one POST on a kept connection: webhooks.transport against bare bytes on a socket."""
+    import socket
+
+    from webhooks.targets import webhook_target_resolve
+    from webhooks.transport import WebhookConnections
+
+    body = json.dumps({"id": "evt_bench", "type": "payment.succeeded", "data": {"object": {"amount": 1, "currency": "JPY"}}}).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "Tally-Webhooks/1.0", "Tally-Signature": "t=1,v1=" + "0" * 64}
+    result: dict[str, Any] = {"posts": args.events}
+    with WebhookConnections(per_target=1) as connections:
+        for _ in range(200):  # warm-up
+            connections.post(target=webhook_target_resolve(url=receiver_url), body=body, headers=headers)
+        started = time.thread_time()
+        for _ in range(args.events):
+            connections.post(target=webhook_target_resolve(url=receiver_url), body=body, headers=headers)
+        result["transport_ms_per_post"] = round((time.thread_time() - started) * 1000 / args.events, 4)
+    request = f"POST /hooks HTTP/1.1\r\nHost: 127.0.0.1:{args.receiver_port}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+    with socket.create_connection(("127.0.0.1", args.receiver_port)) as sock:
+        started = time.thread_time()
+        for _ in range(args.events):
+            sock.sendall(request)
+            answer = b""
+            while not answer.endswith(b"ok"):
+                answer += sock.recv(4096)
+        result["bare_socket_ms_per_post"] = round((time.thread_time() - started) * 1000 / args.events, 4)
+    return result
+
+
 def _cpu(args: argparse.Namespace, receiver_url: str) -> dict[str, Any]:
     """The relay's CPU per delivered event in this process (see the module's docstring)."""
     import cProfile
@@ -361,7 +396,7 @@ def _cpu(args: argparse.Namespace, receiver_url: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenario", choices=["one-endpoint", "spread", "both", "cpu"], default="both")
+    parser.add_argument("--scenario", choices=["one-endpoint", "spread", "both", "cpu", "transport"], default="both")
     parser.add_argument("--seconds", type=int, default=15)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=8)
@@ -379,7 +414,7 @@ def main() -> None:
     parser.add_argument("--log-level", default="WARNING", help="cpu: the root logger's level (`make run` logs at INFO)")
     parser.add_argument("--profile-sort", default="tottime", help="cpu: the order of --profile (pstats keys: tottime, cumulative)")
     args = parser.parse_args()
-    if args.scenario == "cpu":
+    if args.scenario in ("cpu", "transport"):
         os.environ["TALLY_WEBHOOK_ALLOW_HTTP"] = os.environ["TALLY_WEBHOOK_ALLOW_LOOPBACK"] = "true"
         import multiprocessing
 
@@ -390,7 +425,8 @@ def main() -> None:
 
         logging.getLogger().setLevel(args.log_level)  # `make run` logs at INFO, the bench's settings at WARNING
         try:
-            print(json.dumps(_cpu(args, f"http://127.0.0.1:{args.receiver_port}/hooks"), indent=2))
+            measure = _cpu if args.scenario == "cpu" else _transport
+            print(json.dumps(measure(args, f"http://127.0.0.1:{args.receiver_port}/hooks"), indent=2))
         finally:
             child.terminate()
         return

@@ -19,6 +19,7 @@ from reconciliation.checks.base import CheckContext
 from reconciliation.locks import reconciliation_run_lock
 from reconciliation.models import ReconciliationFinding, ReconciliationRun, RunStatus, RunTrigger
 from reconciliation.registry import CHECKS, METRICS, Check
+from tenants.signals import StagedCheck
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +29,12 @@ FINDINGS_BATCH = 500
 
 # The task's hard time limit (tasks.py): a run "running" longer was killed, and runs again when its task is redelivered.
 RUN_TIME_LIMIT_SECONDS = 1800
+
+# The checks whose findings refuse a restored schema (tenants.restore): the ledger's own
+# consistency. The others judge the restore point's moment against now (outbox lag, keys in
+# flight, the PSP's reports) and are told to the operator, who restored that moment on purpose.
+RESTORE_BLOCKING_CHECKS = ("ledger_balances", "conservation", "orphan_references", "daily_totals", "fee_account")
+SHOWN_PER_CHECK = 3
 
 SCHEDULE_NAME = "reconciliation: every tenant"
 SCHEDULE_TASK = "reconciliation.run_all_tenants"
@@ -112,6 +119,23 @@ def reconciliation_run_execute(
         raise
     logger.info("reconciliation run finished", extra={"run": run.pk, "findings": run.findings_count, "duration_ms": run.duration_ms})
     return run
+
+
+def reconciliation_restored_schema_check(**_: Any) -> StagedCheck:
+    """`tenant_restore_staged`: reconcile the restored copy of a tenant (the connection is set
+    to its staging schema) with every check, as `manage.py reconcile` does. The run is stored
+    there, so once swapped in the tenant's history shows the check its data passed."""
+    run = reconciliation_run_request(trigger=RunTrigger.COMMAND, requested_by="manage.py tenant_restore")
+    run = reconciliation_run_execute(run_id=run.pk)
+    blocking: list[str] = []
+    notes: list[str] = []
+    for name, entry in run.report["checks"].items():
+        if not entry["findings"]:
+            continue
+        shown = [str(f.summary) for f in run.findings.filter(check_name=name).order_by("id")[:SHOWN_PER_CHECK]]
+        line = f"{name}: {entry['findings']} finding(s): " + " | ".join(shown)
+        (blocking if name in RESTORE_BLOCKING_CHECKS else notes).append(line)
+    return StagedCheck(blocking=tuple(blocking), notes=tuple(notes))
 
 
 def reconciliation_schedule_ensure(*, hours: int = SCHEDULE_DEFAULT_HOURS) -> Any:

@@ -8,11 +8,12 @@ class WalletsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tenants.signals import tenant_created
+        from tenants.signals import tenant_created, tenant_restored
         from wallets import checks  # noqa: F401  - registers the sealing ring check
 
         tenant_created.connect(_tenant_ledger_bootstrap, dispatch_uid="wallets-ledger-bootstrap")
         tenant_created.connect(_tenant_roles_ensure, dispatch_uid="wallets-roles-ensure")
+        tenant_restored.connect(_tenant_restored, dispatch_uid="wallets-tenant-restored")
 
         from django.conf import settings
         from django.db.models.signals import pre_save
@@ -42,6 +43,14 @@ def _tenant_roles_ensure(**_: Any) -> None:
     from wallets.services.roles import staff_roles_ensure
 
     staff_roles_ensure()
+
+
+def _tenant_restored(*, schema_name: str, **_: Any) -> None:
+    # API keys made or revoked after the restore point: every process's cached keys of the
+    # tenant are distrusted at once instead of at their TTL.
+    from wallets.keycache import api_key_epoch_bump
+
+    api_key_epoch_bump(schema=schema_name)
 
 
 def _staff_login_saving(*, instance: Any, update_fields: Any = None, raw: bool = False, **_: Any) -> None:

@@ -66,6 +66,9 @@ SHOW_PUBLIC_IF_NO_TENANT_FOUND = False
 TENANT_LIMIT_SET_CALLS = env.bool("TENANT_LIMIT_SET_CALLS", default=True)
 TENANT_CACHE_SECONDS = env.float("TENANT_CACHE_SECONDS", default=10.0)
 TALLY_API_KEY_CACHE_SECONDS = env.float("TALLY_API_KEY_CACHE_SECONDS", default=30.0)
+# The server's pg_dump and pg_restore, for `manage.py tenant_restore` (tenants/restore.py): the
+# same major version as the server, which the Debian wrappers on PATH may not pick.
+TALLY_PG_BIN_DIR = env("TALLY_PG_BIN_DIR", default="/usr/lib/postgresql/15/bin")
 
 DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/tally")}
 DATABASES["default"]["ENGINE"] = "fastpath.backend"  # django-tenants', with prepared statements (fastpath.prepared)
