@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test proof lint chromium pgbouncer pgbackrest
+.PHONY: install run test proof lint chromium pgbouncer pgbackrest patroni-servers
 
 $(STAMP): requirements.txt requirements-dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,11 +39,18 @@ pgbackrest:
 	@test -x /usr/bin/pgbackrest || { echo "installing pgbackrest (apt)"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y pgbackrest; }
 
+# The Patroni failover tests (tests/test_patroni_failover.py) start Debian's etcd (etcd-server,
+# v3 API) and the HAProxy check runs Debian's haproxy; installed with apt when absent (needs root
+# or sudo). Patroni itself comes from requirements-dev.txt.
+patroni-servers:
+	@test -x /usr/bin/etcd -a -x /usr/sbin/haproxy || { echo "installing etcd-server and haproxy (apt)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); $$SUDO apt-get update -qq && $$SUDO apt-get install -y etcd-server haproxy; }
+
 # Installs, checks ruff (every Python file but the migrations: the apps, devtools/, tests/ and
 # bench/), mypy (strict on apikit/, idempotency/, wallets/, payments/, webhooks/, tenants/, config/,
 # reconciliation/, fastpath/ and devtools/) and the import-linter layer contracts (pyproject.toml), then runs the
 # whole suite against real PostgreSQL and Redis.
-test: install chromium pgbouncer pgbackrest
+test: install chromium pgbouncer pgbackrest patroni-servers
 	$(BIN)/ruff check .
 	$(BIN)/mypy apikit idempotency wallets payments webhooks tenants config reconciliation fastpath devtools
 	$(BIN)/lint-imports --no-logo
@@ -56,7 +63,7 @@ test: install chromium pgbouncer pgbackrest
 # process or server the tests start (their own Redis and PostgreSQL pair); each scenario
 # prints a line of figures, gathered at the end. Needs PostgreSQL's server binaries
 # (initdb, pg_ctl, pg_basebackup) and redis-server, as `make test` does.
-proof: install pgbackrest
+proof: install pgbackrest patroni-servers
 	@eval "$$($(BIN)/python -m devtools.localservices --database tally)" && \
 	  $(BIN)/python -m pytest -n $${TEST_WORKERS:-2} -m proof --long $(PYTEST_ARGS)
 
