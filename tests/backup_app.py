@@ -4,6 +4,8 @@ the shared test database); DATABASE_URL names the instance:
 
     python -m tests.backup_app tenant SCHEMA N   a second tenant, besides the demo one: a merchant and
                                                  N funded customers, each paying it once through the services
+    python -m tests.backup_app pay SCHEMA SEEDED N  N payments in that tenant by the customers of SEEDED (the
+                                                 failover app's seed output), at the terminal they paid at
     python -m tests.backup_app check SCHEMA      that tenant's payments and ledger size, as JSON"""
 
 from __future__ import annotations
@@ -43,6 +45,20 @@ def main(argv: list[str]) -> None:
                 # Amounts differ by customer: reconciliation flags a customer paying a merchant
                 # the same amount twice within minutes as a possible duplicate charge.
                 payment_create(terminal=terminal, customer=customer, asset_code="JPY", amount=100 + n)
+    elif argv[0] == "pay":
+        from pathlib import Path
+
+        from payments.services.charges import payment_create
+        from wallets.models import Customer
+
+        customers = json.loads(Path(argv[2]).read_text())["customers"]
+        with schema_context(schema):
+            terminal = Payment.objects.filter(customer_id__in=customers).order_by("pk").first().terminal  # type: ignore[union-attr]
+            # Amounts no client sent (theirs are small): no duplicate-charge suspects.
+            made = [payment_create(terminal=terminal, customer=Customer.objects.get(pk=customers[n % len(customers)]), asset_code="JPY",
+                                   amount=9_000 + n).pk for n in range(int(argv[3]))]
+        print(json.dumps({"payments": made}))
+        return
     elif argv[0] != "check":
         raise SystemExit(f"unknown step {argv[0]!r}")
     with schema_context(schema):

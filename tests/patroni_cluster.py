@@ -16,7 +16,10 @@ mode: the replica Patroni promotes has every acknowledged commit).
 
 `extra_parameters` (PostgreSQL settings every node gets through the DCS, e.g.
 `archive_mode`/`archive_command`) is the hook for what a backup tool needs on whichever node
-leads."""
+leads; `node_env` (called once per node, before it starts) returns environment variables for
+that node's Patroni, which its PostgreSQL and so its `archive_command` inherit: what differs
+by node, e.g. PGBACKREST_CONFIG naming the node's own pgbackrest.conf, as
+/etc/pgbackrest/pgbackrest.conf does on a machine of its own."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -87,6 +90,7 @@ class Node:
         self.config = self.directory / "patroni.yml"
         self.log = self.directory / "patroni.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
         self.directory.mkdir()
         if os.geteuid() == 0:
             shutil.chown(self.directory, "postgres", "postgres")
@@ -126,6 +130,7 @@ class Node:
     def start(self) -> None:
         with self.log.open("ab") as out:
             argv, env = _patroni_command()
+            env.update(self.env)
             self.process = subprocess.Popen([*argv, str(self.config)], stdout=out, stderr=subprocess.STDOUT, cwd=self.directory,
                                             env=env, start_new_session=True, **_as_postgres())
 
@@ -350,8 +355,8 @@ class WriteProbe:
 
 
 @contextmanager
-def patroni_cluster(*, nodes: int = 2, dump_from: str | None = None, extra_parameters: dict[str, str] | None = None
-                    ) -> Iterator[PatroniCluster]:
+def patroni_cluster(*, nodes: int = 2, dump_from: str | None = None, extra_parameters: dict[str, str] | None = None,
+                    node_env: Callable[[Node], dict[str, str]] | None = None) -> Iterator[PatroniCluster]:
     """Yield a running cluster: etcd, `nodes` Patroni nodes, a leader and a synchronous replica
     streaming; with `dump_from` (a libpq URL), that database copied into `tally`."""
     root = Path(tempfile.mkdtemp(prefix="tally-patroni-"))
@@ -359,6 +364,8 @@ def patroni_cluster(*, nodes: int = 2, dump_from: str | None = None, extra_param
         shutil.chown(root, "postgres", "postgres")
     cluster = PatroniCluster(root, ports_of_worker(), nodes, extra_parameters or {})
     try:
+        for node in cluster.nodes:
+            node.env = node_env(node) if node_env is not None else {}
         cluster.etcd_start()
         cluster.nodes[0].start()  # the first bootstraps (initdb); the others then clone it
         cluster.leader_wait()

@@ -45,6 +45,23 @@ class NodeSettings:
     conf: str
 
 
+def pgbackrest_parameters(*, config_path: Path | None = None) -> dict[str, str]:
+    """The PostgreSQL parameters of a node archiving to the repository. Without `config_path`
+    the command names no `--config` (pgBackRest reads /etc/pgbackrest/pgbackrest.conf, or the
+    file PGBACKREST_CONFIG names): the same text on every node of a Patroni cluster, each
+    node's own pgbackrest.conf holding its `pg1-path` (`archive-push` refuses a `pg1-path`
+    that is not the directory PostgreSQL runs it in)."""
+    config = f"--config={config_path} " if config_path is not None else ""
+    return {
+        "wal_level": "replica",
+        "archive_mode": "on",
+        "archive_command": f"pgbackrest {config}--stanza={STANZA} archive-push %p",
+        # A quiet primary still closes a segment a minute: the archive is never more than
+        # that behind on idle time (under load segments fill and go much sooner).
+        "archive_timeout": "60s",
+    }
+
+
 def pgbackrest_node_settings(
     *, config_path: Path, repo_path: Path, log_path: Path, pg_path: Path, pg_port: int, socket_path: Path,
     retention_full: int = 2, retention_diff: int = 6,
@@ -53,14 +70,7 @@ def pgbackrest_node_settings(
     kept (each with the WAL needed to replay from it); an expired full takes its
     differentials and incrementals with it; `retention_diff` differentials at most."""
     command = f"pgbackrest --config={config_path} --stanza={STANZA}"
-    parameters = {
-        "wal_level": "replica",
-        "archive_mode": "on",
-        "archive_command": f"{command} archive-push %p",
-        # A quiet primary still closes a segment a minute: the archive is never more than
-        # that behind on idle time (under load segments fill and go much sooner).
-        "archive_timeout": "60s",
-    }
+    parameters = pgbackrest_parameters(config_path=config_path)
     conf = (
         "[global]\n"
         f"repo1-path={repo_path}\n"

@@ -11,6 +11,12 @@ SCHEMA <tenant> CASCADE`. pgBackRest restores into a NEW data directory, replayi
 up to T (`--type=time`), and PostgreSQL starts on it on another port. Against that copy,
 Tally's own code shows: every payment answered 201 is there, the dropped tenant is back
 with its payments, and `manage.py reconcile` reports nothing for any tenant.
+
+Then the one-tenant restore into the running database: the demo tenant took payments after T
+(before the DROP), so the cluster is not rolled back; `manage.py tenant_restore --schema
+harbour --source <the copy>` runs against the ORIGINAL instance, where harbour was dropped.
+After it, harbour is back there with every payment it had at T, `manage.py reconcile --tenant
+harbour` finds nothing, and the demo tenant's payments after T are still there.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
+from devtools.demo_seed import DEMO_SCHEMA
 from tests.faults import ROOT, celery_beat, celery_worker, figures, free_port_in, until
 from tests.live import gunicorn_running
 from tests.pgbackrest_support import PORTS, pgbackrest_node
@@ -41,14 +48,19 @@ def _step(env: dict[str, str], *args: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _reconcile_every_tenant(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`manage.py reconcile` of every active tenant, without the PSP compares (no PSP answers
+def _reconcile(env: dict[str, str], *tenant: str) -> subprocess.CompletedProcess[str]:
+    """`manage.py reconcile` of every active tenant (or `--tenant SCHEMA`), without the PSP compares (no PSP answers
     a restored copy; tests/test_failover.py's `ledger_reconcile` says why)."""
     from reconciliation.registry import CHECKS
 
     checks = [arg for check in CHECKS if check.name not in ("psp_settlement", "payouts") for arg in ("--check", check.name)]
-    return subprocess.run([sys.executable, "manage.py", "reconcile", *checks], cwd=ROOT, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "manage.py", "reconcile", *tenant, *checks], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
+
+
+def _tenant_restore(env: dict[str, str], source: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "manage.py", "tenant_restore", "--schema", DROPPED, "--source", source], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 def _env(port: int) -> dict[str, str]:
@@ -89,6 +101,8 @@ def test_a_point_in_time_restore_brings_back_every_acknowledged_payment_and_a_dr
         # restore target is the server's time, not this process's).
         target = node.cluster.sql("SELECT clock_timestamp()")
         time.sleep(0.5)
+        # Work after T that a whole-cluster restore would lose: the demo tenant's payments.
+        after_t = _step(env, "pay", DEMO_SCHEMA, str(seeded_file), "5")["payments"]
         node.cluster.sql(f"DROP SCHEMA {DROPPED} CASCADE", "tally")
         assert DROPPED not in node.cluster.sql("SELECT string_agg(nspname, ',') FROM pg_namespace", "tally").split(",")
         node.archive_wait()  # the WAL up to the DROP is in the repository
@@ -108,7 +122,16 @@ def test_a_point_in_time_restore_brings_back_every_acknowledged_payment_and_a_dr
         finally:
             worker.stop()
             beat.stop()
-        reconcile = _reconcile_every_tenant(restored_env)
+        reconcile = _reconcile(restored_env)
+
+        # The one tenant put back into the running instance from the copy.
+        tenant_started = time.monotonic()
+        tenant_restore = _tenant_restore(env, f"postgres://postgres@127.0.0.1:{restored.port}/tally")
+        tenant_restore_seconds = time.monotonic() - tenant_started
+        assert tenant_restore.returncode == 0, tenant_restore.stdout[-3000:] + tenant_restore.stderr[-3000:]
+        harbour_live = _step(env, "check", DROPPED)
+        reconcile_live = _reconcile(env, "--tenant", DROPPED)
+        live = _app(env, "check", str(seeded_file))
     seconds = time.monotonic() - started
 
     unanswered = [o.key for o in outcomes if not o.answers or o.answers[-1][1] not in FINAL]
@@ -118,9 +141,14 @@ def test_a_point_in_time_restore_brings_back_every_acknowledged_payment_and_a_dr
     assert acknowledged <= set(checked["payments"]), sorted(acknowledged - set(checked["payments"]))[:5]
     assert harbour_restored == harbour  # the dropped tenant is back, every payment and posting of it
     assert reconcile.returncode == 0, reconcile.stdout[-3000:] + reconcile.stderr[-3000:]
+    assert not set(after_t) & set(checked["payments"])  # the copy stops at T
+    assert harbour_live == harbour  # back in the running instance: every payment and posting it had at T
+    assert reconcile_live.returncode == 0, reconcile_live.stdout[-3000:] + reconcile_live.stderr[-3000:]
+    assert set(after_t) | acknowledged <= set(live["payments"])  # the other tenant's work, before and after T, untouched
     assert [b["type"] for b in backups] == ["full", "diff"]
     full, diff = backups
     figures("pitr-restore", payments=len(acknowledged), full_s=round(full_seconds, 1), diff_s=round(diff_seconds, 1),
             full_mb=round(full["info"]["size"] / 1e6, 1), full_repo_mb=round(full["info"]["repository"]["size"] / 1e6, 1),
             diff_repo_mb=round(diff["info"]["repository"]["delta"] / 1e6, 1), restore_s=round(restore_seconds, 1),
-            lost=0, seconds=round(seconds, 1))
+            tenant_restore_s=round(tenant_restore_seconds, 1), harbour_payments=len(harbour["payments"]), after_t=len(after_t), lost=0,
+            seconds=round(seconds, 1))
