@@ -511,3 +511,19 @@ def test_credentials_revoked_after_the_instant_stay_revoked(restoring: World) ->
     assert _ledger(RESTORED) == restoring.ledger_at_t
     assert "carried into the restored one: 2 API key(s) revoked, 1 login(s) deactivated, 1 password(s)" in said, said
     assert "webhook signing secrets are the instant's" in said
+
+
+def test_replay_cache_entries_recorded_after_the_instant_are_dropped_and_other_tenants_kept(restoring: World) -> None:
+    from idempotency.hotpath import CachedResponse, replay_cache_get, replay_cache_set
+
+    entry = CachedResponse(fingerprint="f", status=201, headers={}, body=b"{}", request_id="r", replay_until=time.time() + 600)
+    for schema in (RESTORED, OTHER):
+        with schema_context(schema):
+            replay_cache_set(principal_id="cus_x", key="k-after-t", entry=entry)
+            assert replay_cache_get(principal_id="cus_x", key="k-after-t") == entry
+    _restore(restoring)
+    with schema_context(RESTORED):
+        assert replay_cache_get(principal_id="cus_x", key="k-after-t") is None
+    with schema_context(OTHER):
+        assert replay_cache_get(principal_id="cus_x", key="k-after-t") == entry
+    connection.set_schema_to_public()
