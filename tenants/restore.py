@@ -101,11 +101,11 @@ def tenant_restore(
     `tenant_restore_cleanup` has switched the tenant on and dropped it.
     """
     say = progress or (lambda _: None)
-    tenant = _tenant_restorable(schema_name=schema_name)
     stamp = timezone.now().strftime("%Y%m%d%H%M%S")
-    staging, replaced = f"{schema_name}_restoring_{stamp}", f"{schema_name}_replaced_{stamp}"
+    staging, replaced = f"{schema_name}{_STAGING_SUFFIX}{stamp}", f"{schema_name}{_REPLACED_SUFFIX}{stamp}"
     if len(staging) > _NAME_MAX:  # the longer of the two names
         raise TenantRestoreRefused(f"schema name {schema_name!r} is too long for a staging name ({staging!r} is over {_NAME_MAX})")
+    tenant = _tenant_restorable(schema_name=schema_name)
     with _run_lock(schema_name=schema_name):
         left = [name for name in _leftover_schemas(schema_name=schema_name) if _STAGING_SUFFIX in name]
         if left:

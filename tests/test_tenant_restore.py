@@ -527,3 +527,9 @@ def test_replay_cache_entries_recorded_after_the_instant_are_dropped_and_other_t
     with schema_context(OTHER):
         assert replay_cache_get(principal_id="cus_x", key="k-after-t") == entry
     connection.set_schema_to_public()
+
+
+def test_a_schema_name_too_long_for_the_longer_staging_name_is_refused(restoring: World) -> None:
+    # 39 characters: `<name>_replaced_<14 digits>` is 63 and fits, `<name>_restoring_<14 digits>` is 64 and would be cut.
+    with pytest.raises(CommandError, match="too long for a staging name"):
+        _restore(restoring, schema="t" * 39)
