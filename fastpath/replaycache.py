@@ -129,3 +129,26 @@ def replay_cache_set(*, namespace: str, principal_id: str, key: str, entry: Cach
         cache.set(_cache_key(namespace, principal_id, key), {"schema": _schema_name(), **asdict(entry)}, ttl)
     except Exception as exc:  # noqa: BLE001
         _breaker_trip(exc)
+
+
+def replay_cache_clear(*, batch: int = 500) -> int | None:
+    """Drop the current tenant's entries, of every namespace (the cache's key function puts the
+    schema first in every key): what a tenant restore calls, since an entry recorded after the
+    restore point answers for a record the restored schema does not hold. Always safe (the
+    cache never decides: a miss reads PostgreSQL); the cost is one SCAN of the cache's Redis,
+    filtered there. The number dropped, or None when Redis could not be reached (entries then
+    live to their TTL, MAX_TTL_SECONDS at most)."""
+    try:
+        client = cache._cache.get_client(write=True)  # type: ignore[attr-defined]  # Django's RedisCache: no public SCAN
+        dropped, keys = 0, []
+        for name in client.scan_iter(match=cache.make_key("idem:v1:*"), count=1000):
+            keys.append(name)
+            if len(keys) >= batch:
+                dropped += int(client.unlink(*keys))
+                keys = []
+        if keys:
+            dropped += int(client.unlink(*keys))
+    except Exception:  # any Redis failure: logged, never raised into the restore
+        logger.exception("idempotency replay cache not cleared: entries recorded after a restore point live to their TTL")
+        return None
+    return dropped

@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -12,3 +14,17 @@ class IdempotencyConfig(AppConfig):
 
         # Stored answers that show a secret once, for `manage.py secrets_reseal`.
         sealed_store_register(name="idempotency_records", reseal_batch=idempotency_records_reseal)
+        from tenants.signals import tenant_restored
+
+        tenant_restored.connect(_tenant_restored, dispatch_uid="idempotency-tenant-restored")
+
+
+def _tenant_restored(*, schema_name: str, **_: Any) -> None:
+    # Replay-cache entries recorded after the restore point answer for records the restored
+    # schema does not hold (a 201 for a payment that no longer exists): dropped at once.
+    from django_tenants.utils import schema_context
+
+    from idempotency.hotpath import replay_cache_clear
+
+    with schema_context(schema_name):
+        replay_cache_clear()

@@ -17,7 +17,10 @@ from idempotency.models import IdempotencyRecord, RecordState
 from wallets.sealing import sealing_ring
 
 # The cache's entry types, for the engine and the DRF mixin (business code never imports fastpath).
-__all__ = ["CachedResponse", "ReplayPrefetch", "claim_insert", "completion_store", "replay_cache_get", "replay_cache_redis_key", "replay_cache_set"]
+__all__ = [
+    "CachedResponse", "ReplayPrefetch", "claim_insert", "completion_store", "replay_cache_clear", "replay_cache_get", "replay_cache_redis_key",
+    "replay_cache_set",
+]
 
 # The claim says what the ORM cannot in one round trip: INSERT .. ON CONFLICT DO NOTHING
 # RETURNING id, with the wait on a concurrent uncommitted claim of the key bounded by
@@ -82,3 +85,7 @@ def replay_cache_get(*, principal_id: str, key: str) -> CachedResponse | None:
 
 def replay_cache_set(*, principal_id: str, key: str, entry: CachedResponse) -> None:
     replaycache.replay_cache_set(namespace=_namespace(), principal_id=principal_id, key=key, entry=entry)
+
+
+def replay_cache_clear() -> int | None:
+    return replaycache.replay_cache_clear()

@@ -30,11 +30,16 @@ FINDINGS_BATCH = 500
 # The task's hard time limit (tasks.py): a run "running" longer was killed, and runs again when its task is redelivered.
 RUN_TIME_LIMIT_SECONDS = 1800
 
-# The checks whose findings refuse a restored schema (tenants.restore): the ledger's own
-# consistency. The others judge the restore point's moment against now (outbox lag, keys in
-# flight, the PSP's reports) and are told to the operator, who restored that moment on purpose.
-RESTORE_BLOCKING_CHECKS = ("ledger_balances", "conservation", "orphan_references", "daily_totals", "fee_account")
-SHOWN_PER_CHECK = 3
+# The discrepancy kinds that refuse a restored schema (tenants.restore): the copy's own
+# consistency, true or false of the copy alone, whichever check finds them. The others judge
+# the restore point's moment against now or the outside world (outbox lag, keys in flight,
+# the PSP's reports and balances) and are told to the operator, who restored that moment on
+# purpose. Decided per kind, not per check: one check yields kinds of both sorts (payouts).
+RESTORE_BLOCKING_KINDS = frozenset({
+    "ledger_balance_mismatch", "ledger_held_mismatch", "ledger_unbalanced_transaction", "asset_not_conserved", "orphan_reference",
+    "daily_total_mismatch", "fee_account_mismatch", "payouts_in_transit_mismatch",
+})
+SHOWN_PER_KIND = 3
 
 SCHEDULE_NAME = "reconciliation: every tenant"
 SCHEDULE_TASK = "reconciliation.run_all_tenants"
@@ -129,12 +134,10 @@ def reconciliation_restored_schema_check(**_: Any) -> StagedCheck:
     run = reconciliation_run_execute(run_id=run.pk)
     blocking: list[str] = []
     notes: list[str] = []
-    for name, entry in run.report["checks"].items():
-        if not entry["findings"]:
-            continue
-        shown = [str(f.summary) for f in run.findings.filter(check_name=name).order_by("id")[:SHOWN_PER_CHECK]]
-        line = f"{name}: {entry['findings']} finding(s): " + " | ".join(shown)
-        (blocking if name in RESTORE_BLOCKING_CHECKS else notes).append(line)
+    for kind, count in run.report["by_kind"].items():
+        shown = [str(f.summary) for f in run.findings.filter(kind=kind).order_by("id")[:SHOWN_PER_KIND]]
+        line = f"{kind}: {count} finding(s): " + " | ".join(shown)
+        (blocking if kind in RESTORE_BLOCKING_KINDS else notes).append(line)
     return StagedCheck(blocking=tuple(blocking), notes=tuple(notes))
 
 

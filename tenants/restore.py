@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +43,18 @@ Progress = Callable[[str], None]
 
 # PostgreSQL's identifier limit (NAMEDATALEN - 1): a longer staging name would be cut silently.
 _NAME_MAX = 63
+_STAGING_SUFFIX, _REPLACED_SUFFIX = "_restoring_", "_replaced_"
+
+# The comment a run puts on its staging schema in the commit that switches the tenant off:
+# the staging schema exists until the swap's commit (which switches the tenant on), so a
+# marked staging schema left behind is a run that died with the tenant switched off by it.
+_SWITCHED_OFF_MARKER = "tenant_restore: switched the tenant off"
+
+# A lock that was not granted in time, or a deadlock PostgreSQL broke by cancelling us.
+# The run lock's own key space among PostgreSQL's two-int advisory keys.
+_RUN_LOCK_SPACE = 0x72657374  # "rest"
+
+_LOCK_REFUSALS = {"55P03": "stayed busy past", "40P01": "deadlocked with the swap, cancelled after"}
 
 
 class TenantRestoreRefused(Exception):
@@ -69,21 +83,44 @@ def tenant_restore(
     django_migrations must hold exactly the migrations this code knows, and the receivers of
     `tenant_restore_staged` (reconciliation: the ledger against balances) must find nothing
     blocking. `dry_run` stops there and drops the staging schema. Then the swap, one
-    transaction: the live schema (if it still exists) becomes `<schema>_replaced_<stamp>`,
-    dropped after the commit unless `keep_replaced`; staging becomes `<schema>`.
+    transaction: the live schema's credential revocations since the instant are applied to
+    the copy (`_credentials_carry`), the live schema (if it still exists) becomes
+    `<schema>_replaced_<stamp>`, dropped after the commit unless `keep_replaced`; staging
+    becomes `<schema>`.
 
-    Locks: the tenant's public row FOR UPDATE and ACCESS EXCLUSIVE on every table of the
-    live schema, for the swap's instant only, waiting at most `lock_timeout_ms` (then
-    refused, nothing swapped). Other tenants' tables are never locked. Before the swap the
-    tenant is switched off (committed), so beat sends it no work and hosts stop serving it
-    once their cache expires; its previous state is back in the swap's own commit.
+    Locks: a session advisory lock per tenant for the whole run (a second run of the same
+    tenant is refused); the tenant's public row FOR NO KEY UPDATE (a payment's commit, whose
+    due-work row takes FOR KEY SHARE on it, does not wait for it) and ACCESS EXCLUSIVE on
+    every table of the live schema, for the swap's instant only, waiting at most
+    `lock_timeout_ms` (then refused, nothing swapped; a deadlock with the tenant's
+    transactions is refused the same way). Other tenants' tables are never locked. Before the
+    swap the tenant, if it is active then, is switched off (committed, with a marker on the
+    staging schema), so beat sends it no work and hosts stop serving it once their cache
+    expires; the swap's own commit switches it on again, and so does a failed run. A run that
+    died in between leaves the marked staging schema: the next run refuses until
+    `tenant_restore_cleanup` has switched the tenant on and dropped it.
     """
     say = progress or (lambda _: None)
-    tenant = _tenant_restorable(schema_name=schema_name)
     stamp = timezone.now().strftime("%Y%m%d%H%M%S")
-    staging, replaced = f"{schema_name}_restoring_{stamp}", f"{schema_name}_replaced_{stamp}"
-    if len(replaced) > _NAME_MAX:
-        raise TenantRestoreRefused(f"schema name {schema_name!r} is too long for a staging name ({replaced!r} is over {_NAME_MAX})")
+    staging, replaced = f"{schema_name}{_STAGING_SUFFIX}{stamp}", f"{schema_name}{_REPLACED_SUFFIX}{stamp}"
+    if len(staging) > _NAME_MAX:  # the longer of the two names
+        raise TenantRestoreRefused(f"schema name {schema_name!r} is too long for a staging name ({staging!r} is over {_NAME_MAX})")
+    tenant = _tenant_restorable(schema_name=schema_name)
+    with _run_lock(schema_name=schema_name):
+        left = [name for name in _leftover_schemas(schema_name=schema_name) if _STAGING_SUFFIX in name]
+        if left:
+            raise TenantRestoreRefused(
+                f"a run that did not finish left {', '.join(left)}: run `manage.py tenant_restore --schema {schema_name} --cleanup` first"
+            )
+        return _tenant_restore_locked(tenant=tenant, source=source, dry_run=dry_run, keep_replaced=keep_replaced,
+                                      lock_timeout_ms=lock_timeout_ms, staging=staging, replaced=replaced, stamp=stamp, say=say)
+
+
+def _tenant_restore_locked(
+    *, tenant: Tenant, source: str, dry_run: bool, keep_replaced: bool, lock_timeout_ms: int, staging: str, replaced: str,
+    stamp: str, say: Progress,
+) -> TenantRestoreReport:
+    schema_name = str(tenant.schema_name)
     seconds: dict[str, float] = {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tally-tenant-restore-") as workdir:
@@ -104,12 +141,14 @@ def tenant_restore(
         if dry_run:
             return TenantRestoreReport(schema_name=schema_name, dry_run=True, staging_schema=staging, replaced_schema=None,
                                        replaced_kept=False, tables=tables, notes=notes, seconds=seconds)
+        _switch_off(tenant=tenant, staging=staging, lock_timeout_ms=lock_timeout_ms)
         say(f"swapping {staging} in as {schema_name}")
-        had_live = _swap(tenant=tenant, staging=staging, replaced=replaced, lock_timeout_ms=lock_timeout_ms)
+        had_live, carried = _swap(tenant=tenant, staging=staging, replaced=replaced, lock_timeout_ms=lock_timeout_ms)
+        notes += carried
         swapped = True
     finally:
-        if not swapped:  # refused, failed or a dry run: the staging schema goes
-            _schema_drop(schema=staging)
+        if not swapped:  # refused, failed or a dry run: the tenant back on if this run switched it off, then staging goes
+            _staging_discard(tenant=tenant, staging=staging, lock_timeout_ms=lock_timeout_ms)
     seconds["swapped"] = round(time.monotonic() - started, 3)
     tenant_restored.send(sender=Tenant, schema_name=schema_name)
     if had_live and not keep_replaced:
@@ -118,6 +157,39 @@ def tenant_restore(
         seconds["replaced dropped"] = round(time.monotonic() - started, 3)
     return TenantRestoreReport(schema_name=schema_name, dry_run=False, staging_schema=staging, replaced_schema=replaced if had_live else None,
                                replaced_kept=had_live and keep_replaced, tables=tables, notes=notes, seconds=seconds)
+
+
+@dataclass(frozen=True)
+class TenantRestoreCleanup:
+    schema_name: str
+    staging_dropped: tuple[str, ...]
+    switched_on: bool  # a dropped staging schema's marker said a run had switched the tenant off, and it was still off
+    replaced_left: tuple[str, ...]  # `_replaced_` schemas: a kept one is the operator's; listed, never dropped here
+    scratch_dropped: tuple[str, ...]  # scratch databases on the source's server (with `source`)
+
+
+def tenant_restore_cleanup(*, schema_name: str, source: str | None = None, lock_timeout_ms: int = 10_000) -> TenantRestoreCleanup:
+    """After a run that died (killed, its server or connection gone): switch the tenant on
+    again if that run had switched it off (its staging schema's marker says so and the tenant
+    is still off; one an operator switched off is left off), drop its staging schemas, and
+    with `source` the scratch databases left on the source's server. Refused while a run of
+    the tenant is in progress."""
+    tenant = _tenant_restorable(schema_name=schema_name)
+    with _run_lock(schema_name=schema_name):
+        leftovers = _leftover_schemas(schema_name=schema_name)
+        switched_on = False
+        for staging in (name for name in leftovers if _STAGING_SUFFIX in name):
+            switched_on = _staging_discard(tenant=tenant, staging=staging, lock_timeout_ms=lock_timeout_ms) or switched_on
+        scratch: list[str] = []
+        if source is not None:
+            with psycopg.connect(source, autocommit=True) as admin:
+                rows = admin.execute("SELECT datname FROM pg_database WHERE datname ~ '^tally_restore_[0-9]{14}_[0-9]+$' ORDER BY 1").fetchall()
+                for (name,) in rows:
+                    admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(str(name))))
+                    scratch.append(str(name))
+    return TenantRestoreCleanup(schema_name=schema_name, staging_dropped=tuple(n for n in leftovers if _STAGING_SUFFIX in n),
+                                switched_on=switched_on, replaced_left=tuple(n for n in leftovers if _REPLACED_SUFFIX in n),
+                                scratch_dropped=tuple(scratch))
 
 
 def _tenant_restorable(*, schema_name: str) -> Tenant:
@@ -197,18 +269,95 @@ def _staged_check(*, tenant: Tenant, staging: str) -> tuple[str, ...]:
     return tuple(line for check in checks for line in check.notes)
 
 
-def _swap(*, tenant: Tenant, staging: str, replaced: str, lock_timeout_ms: int) -> bool:
-    """The swap; returns whether a live schema was renamed aside."""
-    was_active = bool(tenant.is_active)
-    if was_active:
-        # Committed before the swap waits for locks: hosts stop serving the tenant once their
-        # cache expires (TENANT_CACHE_SECONDS), beat fans no work out to it meanwhile.
-        _active_set(tenant=tenant, active=False)
+@contextmanager
+def _run_lock(*, schema_name: str) -> Iterator[None]:
+    """One run (or cleanup) of a tenant at a time: a session advisory lock on the live
+    database, tried, held until the run ends (or its connection does)."""
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [_RUN_LOCK_SPACE, schema_name])
+        if not cursor.fetchone()[0]:
+            raise TenantRestoreRefused(f"another tenant_restore of {schema_name!r} is running: wait for it to end")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [_RUN_LOCK_SPACE, schema_name])
+
+
+def _leftover_schemas(*, schema_name: str) -> list[str]:
+    """The `<schema>_restoring_<stamp>` and `<schema>_replaced_<stamp>` schemas in the live database."""
+    pattern = f"^{re.escape(schema_name)}_(restoring|replaced)_[0-9]{{14}}$"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ %s ORDER BY 1", [pattern])
+        return [str(name) for (name,) in cursor.fetchall()]
+
+
+def _lock_timeout_set(cursor: Any, *, lock_timeout_ms: int) -> None:
+    # Set before the first lock of the transaction, the tenant's row included.
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(lock_timeout_ms)}ms"])
+
+
+def _tenant_row_lock(*, tenant: Tenant) -> bool:
+    """The tenant's row, locked FOR NO KEY UPDATE: two runs' switches exclude each other, while
+    a payment's commit inserting a due-work row (FOR KEY SHARE on it) goes through. Returns
+    is_active as it is now: the operator may have changed it since the run started."""
+    return bool(Tenant.objects.select_for_update(no_key=True).filter(pk=tenant.pk).values_list("is_active", flat=True).get())
+
+
+def _lock_refused(exc: BaseException, *, lock_timeout_ms: int) -> TenantRestoreRefused | None:
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    why = _LOCK_REFUSALS.get(str(getattr(cause, "sqlstate", "") or ""))
+    if why is None:
+        return None
+    return TenantRestoreRefused(f"the tenant's tables {why} {lock_timeout_ms} ms: nothing swapped; run it again")
+
+
+def _switch_off(*, tenant: Tenant, staging: str, lock_timeout_ms: int) -> None:
+    """Switch the tenant off, committed, if it is on now, and mark `staging` as switched off
+    by this run in the same commit. Hosts stop serving the tenant once their cache expires
+    (TENANT_CACHE_SECONDS), beat fans no work out to it meanwhile."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
-            Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(lock_timeout_ms)}ms"])
+            _lock_timeout_set(cursor, lock_timeout_ms=lock_timeout_ms)
+            if _tenant_row_lock(tenant=tenant):
+                _active_set(tenant=tenant, active=False)
+                cursor.execute(sql.SQL("COMMENT ON SCHEMA {} IS {}").format(sql.Identifier(staging), sql.Literal(_SWITCHED_OFF_MARKER))
+                               .as_string(None))
+    except Exception as exc:
+        refused = _lock_refused(exc, lock_timeout_ms=lock_timeout_ms)
+        if refused is None:
+            raise
+        raise refused from exc
+
+
+def _staging_discard(*, tenant: Tenant, staging: str, lock_timeout_ms: int) -> bool:
+    """Drop a staging schema that is not to be swapped in, first switching the tenant on again
+    if the schema's marker says its run switched it off and it is still off. Returns whether
+    it switched the tenant on."""
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
+    switched_on = False
+    with transaction.atomic(), connection.cursor() as cursor:
+        _lock_timeout_set(cursor, lock_timeout_ms=lock_timeout_ms)
+        cursor.execute("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s", [staging])
+        row = cursor.fetchone()
+        if row is not None and row[0] == _SWITCHED_OFF_MARKER and not _tenant_row_lock(tenant=tenant):
+            _active_set(tenant=tenant, active=True)
+            switched_on = True
+        cursor.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(staging)).as_string(None))
+    return switched_on
+
+
+def _swap(*, tenant: Tenant, staging: str, replaced: str, lock_timeout_ms: int) -> tuple[bool, tuple[str, ...]]:
+    """The swap; returns whether a live schema was renamed aside, and notes."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            _lock_timeout_set(cursor, lock_timeout_ms=lock_timeout_ms)
+            _tenant_row_lock(tenant=tenant)
+            cursor.execute("SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = %s", [staging])
+            switched_off = cursor.fetchone()[0] == _SWITCHED_OFF_MARKER
             had_live = bool(schema_exists(tenant.schema_name))
+            notes: tuple[str, ...] = ()
             if had_live:
                 # Waits for the tenant's transactions in flight (they hold their tables' locks
                 # until they end); a statement queued behind this lock looks its table's name
@@ -221,27 +370,69 @@ def _swap(*, tenant: Tenant, staging: str, replaced: str, lock_timeout_ms: int) 
                 (tables,) = cursor.fetchone()
                 if tables:
                     cursor.execute(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE")
+                notes = _credentials_carry(cursor, live=str(tenant.schema_name), staging=staging)
                 cursor.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(tenant.schema_name), sql.Identifier(replaced))
                                .as_string(None))
+            else:
+                notes = ("the live schema was gone: API keys revoked and logins deactivated after the instant are live again;"
+                         " revoke and deactivate them again",)
             cursor.execute(sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(sql.Identifier(staging), sql.Identifier(tenant.schema_name))
                            .as_string(None))
+            cursor.execute(sql.SQL("COMMENT ON SCHEMA {} IS NULL").format(sql.Identifier(tenant.schema_name)).as_string(None))
             with schema_context(tenant.schema_name):
                 # Events unpublished and top-ups unfinished at the restore point are picked
                 # up by the next beat instead of waiting for the safety sweep.
                 now = timezone.now()
                 due_work_mark(kind=DueWorkKind.RELAY, due_at=now)
                 due_work_mark(kind=DueWorkKind.TOPUPS, due_at=now)
-            if was_active:
+            if switched_off:
                 _active_set(tenant=tenant, active=True)
-    except BaseException as exc:
-        if was_active:
-            _active_set(tenant=tenant, active=True)
-        if "lock timeout" in str(exc):
-            raise TenantRestoreRefused(f"the tenant's tables stayed busy past {lock_timeout_ms} ms: nothing swapped; run it again") from exc
-        raise
+    except Exception as exc:
+        refused = _lock_refused(exc, lock_timeout_ms=lock_timeout_ms)
+        if refused is None:
+            raise
+        raise refused from exc
     finally:
         connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants' database wrapper
-    return had_live
+    return had_live, notes
+
+
+def _credentials_carry(cursor: Any, *, live: str, staging: str) -> tuple[str, ...]:
+    """What the live schema revoked since the instant stays revoked in the copy (the live
+    tables are locked, so this is their final state): API keys revoked or deleted there are
+    revoked, logins deactivated, deleted or no longer staff there are deactivated (the
+    trigger of wallets migration 0015 revokes their staff keys in the copy), passwords are
+    the live ones, and sessions the live schema no longer has are dropped. Webhook signing
+    secrets rotated since are not carried: the notes say so (docs/RELIABILITY.md)."""
+    ids = {"live": sql.Identifier(live), "staging": sql.Identifier(staging)}
+    statements = {
+        "API key(s) revoked": """
+            WITH revoked AS (
+                UPDATE {staging}.wallets_apikey s
+                   SET revoked_at = coalesce((SELECT l.revoked_at FROM {live}.wallets_apikey l WHERE l.id = s.id), now())
+                 WHERE s.revoked_at IS NULL AND NOT EXISTS (SELECT 1 FROM {live}.wallets_apikey l WHERE l.id = s.id AND l.revoked_at IS NULL)
+                RETURNING s.id, s.prefix, s.revoked_at
+            ) INSERT INTO {staging}.wallets_auditentry (created, actor, action, target_type, target_id, before, after, reason, via, ip, request_id)
+              SELECT now(), 'tenant_restore', 'api_key.revoke', 'api_key', id, jsonb_build_object('prefix', prefix, 'revoked_at', NULL),
+                     jsonb_build_object('revoked_at', revoked_at), 'revoked in the live schema after the restore point', 'system', NULL, ''
+                FROM revoked ORDER BY id""",
+        "login(s) deactivated": """
+            UPDATE {staging}.auth_user s SET is_active = false
+             WHERE s.is_active
+               AND NOT EXISTS (SELECT 1 FROM {live}.auth_user l WHERE l.id = s.id AND l.is_active AND (l.is_staff OR NOT s.is_staff))""",
+        "password(s) set to the live one": """
+            UPDATE {staging}.auth_user s SET password = l.password FROM {live}.auth_user l WHERE l.id = s.id AND s.password <> l.password""",
+        "session(s) ended": """
+            DELETE FROM {staging}.django_session s WHERE NOT EXISTS (SELECT 1 FROM {live}.django_session l WHERE l.session_key = s.session_key)""",
+    }
+    carried = []
+    for what, statement in statements.items():
+        cursor.execute(sql.SQL(statement).format(**ids).as_string(None))
+        if cursor.rowcount:
+            carried.append(f"{cursor.rowcount} {what}")
+    notes = [f"revoked in the live schema since the instant, carried into the restored one: {', '.join(carried)}"] if carried else []
+    notes.append("webhook signing secrets are the instant's: any rotated since must be rotated again")
+    return tuple(notes)
 
 
 def _active_set(*, tenant: Tenant, active: bool) -> None:
