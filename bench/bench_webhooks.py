@@ -279,22 +279,10 @@ def _spread(args: argparse.Namespace, fixtures: dict[str, Any], receiver_url: st
 
 
 def _fast_receiver(port: int) -> None:
-    """A child process: answers every POST 200 at once, keeping connections open."""
+    """A child process: answers every POST 200 at once, keeping connections open (bench_outbox's receiver)."""
+    from bench.bench_outbox import _Ok
 
-    class Fast(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Fast)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Ok)
     server.daemon_threads = True
     server.serve_forever()
 
