@@ -288,11 +288,17 @@ def migrations_on_disk() -> frozenset[tuple[str, str]]:
     return frozenset(MigrationLoader(None, ignore_no_migrations=True).graph.nodes)
 
 
+# Schemas a statement of `schemas_missing_migrations` counts: one UNION ALL over every schema
+# could not be parsed past about 10,000 branches (`stack depth limit exceeded`).
+MISSING_MIGRATIONS_BATCH = 500
+
+
 def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
     """For each schema, how many migrations on disk its django_migrations does not hold (0:
-    nothing to migrate), in two queries over all of them (no search_path set per schema). Every
-    migration counts, not only each app's last: a schema missing an earlier one (a --fake, a
-    migration merged into history) is behind; one without the table misses them all."""
+    nothing to migrate): one query finds which schemas have the table, then one a batch of
+    MISSING_MIGRATIONS_BATCH counts them (no search_path set per schema). Every migration
+    counts, not only each app's last: a schema missing an earlier one (a --fake, a migration
+    merged into history) is behind; one without the table misses them all."""
     known = sorted(migrations_on_disk())
     if not schemas:
         return {}
@@ -308,13 +314,15 @@ def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
         ordered = [(schema, quoted) for schema, quoted, present in found if present]
         if not ordered:
             return missing
-        # One statement: a count per schema of the migrations on disk it holds.
-        union = " UNION ALL ".join(
-            f"SELECT {i} AS i, count(*) AS held FROM {q}.django_migrations m"  # noqa: S608 - quoted by PostgreSQL
-            f" JOIN known k ON k.app = m.app AND k.name = m.name"
-            for i, (_, q) in enumerate(ordered)
-        )
-        sql = f"WITH known AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS k(app, name)) {union}"  # noqa: S608 - see above
-        for i, held in _fetch(cursor, sql, [[app for app, _ in known], [name for _, name in known]]):
-            missing[ordered[i][0]] = len(known) - int(held)
+        known_columns = [[app for app, _ in known], [name for _, name in known]]
+        for start in range(0, len(ordered), MISSING_MIGRATIONS_BATCH):
+            # One statement a batch: a count per schema of the migrations on disk it holds.
+            union = " UNION ALL ".join(
+                f"SELECT {i} AS i, count(*) AS held FROM {q}.django_migrations m"  # noqa: S608 - quoted by PostgreSQL
+                f" JOIN known k ON k.app = m.app AND k.name = m.name"
+                for i, (_, q) in enumerate(ordered[start : start + MISSING_MIGRATIONS_BATCH], start)
+            )
+            sql = f"WITH known AS (SELECT * FROM unnest(%s::text[], %s::text[]) AS k(app, name)) {union}"  # noqa: S608 - see above
+            for i, held in _fetch(cursor, sql, known_columns):
+                missing[ordered[i][0]] = len(known) - int(held)
     return missing

@@ -129,3 +129,41 @@ def test_the_table_list_read_by_index_equals_djangos_in_every_kind_of_schema(
                 if schema != "public":  # tenant tables only: public's are not on its path
                     assert "wallets_balance" in {t.name for t in ours} and "tenants_tenant" not in {t.name for t in ours}
         connection.set_schema_to_public()
+
+
+def _bare_schemas(count: int, *, like: str) -> list[str]:
+    """`count` schemas holding only a django_migrations table: the first holds every row of
+    `like`'s, each next one a row fewer (schema i misses i migrations)."""
+    names = [f"mig_bare_{i}" for i in range(count)]
+    with connection.cursor() as cursor:
+        for i, name in enumerate(names):
+            cursor.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE; CREATE SCHEMA "{name}"')
+            cursor.execute(f'CREATE TABLE "{name}".django_migrations (LIKE "{like}".django_migrations INCLUDING ALL)')
+            cursor.execute(
+                f'INSERT INTO "{name}".django_migrations SELECT * FROM "{like}".django_migrations ORDER BY id OFFSET %s', [i]
+            )
+    return names
+
+
+def test_the_schemas_behind_are_counted_in_batches(tenant: Tenant, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 7 schemas (the real size is larger): each schema's count is its own, across batches."""
+    import tenants.schemas as schemas_module
+
+    monkeypatch.setattr(schemas_module, "MISSING_MIGRATIONS_BATCH", 7)
+    connection.set_schema_to_public()
+    names = _bare_schemas(30, like=tenant.schema_name)
+    try:
+        assert schemas_missing_migrations(schemas=[tenant.schema_name, *names, "mig_no_such_schema"]) == {
+            tenant.schema_name: 0, **{name: i for i, name in enumerate(names)}, "mig_no_such_schema": len(migrations_on_disk()),
+        }
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("".join(f'DROP SCHEMA IF EXISTS "{name}" CASCADE;' for name in names))
+
+
+def test_twelve_thousand_schemas_are_checked_without_one_statement_over_them_all(tenant: Tenant) -> None:
+    """One UNION ALL over every schema's django_migrations could not be parsed past about
+    10,000 branches (`stack depth limit exceeded`), and no deploy could migrate. The count
+    of branches is what matters, not distinct tables: the same schema 12,000 times crosses it."""
+    connection.set_schema_to_public()
+    assert schemas_missing_migrations(schemas=[tenant.schema_name] * 12_000) == {tenant.schema_name: 0}

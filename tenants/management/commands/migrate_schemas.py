@@ -1,5 +1,5 @@
 """django-tenants' `migrate_schemas`, visiting only the tenants with something to migrate
-(one query over all schemas: tenants.schemas.schemas_missing_migrations; the cost of a
+(a query per 500 schemas: tenants.schemas.schemas_missing_migrations; the cost of a
 no-op visit: docs/BENCHMARKS.md). `--all-tenants` visits every tenant as django-tenants
 does; so does any run that names an app or a target migration, fakes, prunes, checks or
 plans, since "holds every migration" is not its question.
