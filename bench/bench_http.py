@@ -411,6 +411,14 @@ def compare_peer(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
     }
 
 
+def _paired(blocks: dict[str, list[dict[str, Any]]], side: str, other: str, figure: str) -> dict[str, Any]:
+    """Each round's `side` / `other` ratio of `figure` (its two blocks ran back to back), their
+    median, and each side's mean."""
+    ratios = sorted(a[figure] / max(b[figure], 0.001) for a, b in zip(blocks[side], blocks[other], strict=True))
+    means = {name: round(sum(b[figure] for b in runs) / len(runs), 3) for name, runs in blocks.items()}
+    return {"means": means, "round_ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3)}
+
+
 FEE_RATE = "0.025"
 
 
@@ -465,15 +473,10 @@ def compare_fees(args: argparse.Namespace, fixtures: dict[str, Any]) -> dict[str
     finally:
         stop(server)
 
-    def paired(figure: str) -> dict[str, Any]:
-        """Each round's fee / no-fee ratio (its two blocks ran back to back) and their median."""
-        ratios = sorted(f[figure] / max(n[figure], 0.001) for f, n in zip(blocks["fee"], blocks["no_fee"], strict=True))
-        means = {side: round(sum(b[figure] for b in runs) / len(runs), 3) for side, runs in blocks.items()}
-        return {"means": means, "round_ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3)}
-
     return {
         "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "rounds": args.rounds, "driver": args.driver,
-        "fee_rate": FEE_RATE, "blocks": blocks, "payments_per_s": paired("payments_per_s"), "cpu_ms_per_payment": paired("cpu_ms_per_payment"),
+        "fee_rate": FEE_RATE, "blocks": blocks, "payments_per_s": _paired(blocks, "fee", "no_fee", "payments_per_s"),
+        "cpu_ms_per_payment": _paired(blocks, "fee", "no_fee", "cpu_ms_per_payment"),
     }
 
 
@@ -521,15 +524,10 @@ def compare_daily_totals(args: argparse.Namespace, fixtures: dict[str, Any]) -> 
         stop(server)
         _daily_totals_phase("absent")
 
-    def paired(figure: str) -> dict[str, Any]:
-        """Each round's written / not-written ratio (its two blocks ran back to back) and their median."""
-        ratios = sorted(w[figure] / max(n[figure], 0.001) for w, n in zip(blocks["written"], blocks["not_written"], strict=True))
-        means = {side: round(sum(b[figure] for b in runs) / len(runs), 3) for side, runs in blocks.items()}
-        return {"means": means, "round_ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3)}
-
     return {
         "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "rounds": args.rounds, "driver": args.driver,
-        "blocks": blocks, "payments_per_s": paired("payments_per_s"), "cpu_ms_per_payment": paired("cpu_ms_per_payment"),
+        "blocks": blocks, "payments_per_s": _paired(blocks, "written", "not_written", "payments_per_s"),
+        "cpu_ms_per_payment": _paired(blocks, "written", "not_written", "cpu_ms_per_payment"),
     }
 
 
@@ -608,16 +606,13 @@ def compare_webhook_cost(args: argparse.Namespace, fixtures: dict[str, Any]) -> 
         stack.stop()
         _hot_endpoint_subscribe(every_event=True)
 
-    rounds = []
-    for with_, without in zip(blocks["with"], blocks["without"], strict=True):
-        extra_s = with_["worker_cpu_s"] - without["worker_cpu_s"] * with_["seconds"] / without["seconds"]
-        rounds.append({
-            "payments_per_s_ratio": round(with_["ok_per_s"] / max(without["ok_per_s"], 0.1), 3),
-            "worker_ms_per_delivery_over_without": round(extra_s * 1000 / max(with_["delivered"], 1), 3),
-        })
+    over_without = [
+        round((w["worker_cpu_s"] - n["worker_cpu_s"] * w["seconds"] / n["seconds"]) * 1000 / max(w["delivered"], 1), 3)
+        for w, n in zip(blocks["with"], blocks["without"], strict=True)
+    ]
     return {
-        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "rounds": rounds, "blocks": blocks,
-        "median_payments_per_s_ratio": statistics.median(r["payments_per_s_ratio"] for r in rounds),
+        "workers": args.workers, "clients": args.clients, "seconds": args.seconds, "blocks": blocks,
+        "payments_per_s": _paired(blocks, "with", "without", "ok_per_s"), "worker_ms_per_delivery_over_without": over_without,
     }
 
 
