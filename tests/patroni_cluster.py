@@ -27,7 +27,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -43,7 +42,7 @@ from typing import Any
 import psycopg
 
 from tests.faults import until
-from tests.pg_pair import _alive, _children
+from tests.pg_pair import _alive, postmaster_and_backends_kill
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 VENV_BIN = Path(sys.executable).parent
@@ -155,15 +154,8 @@ class Node:
     def postmaster_kill(self) -> None:
         """SIGKILL to the postmaster and every backend, as when PostgreSQL crashes hard."""
         pid = self.postmaster_pid()
-        if pid is None or not _alive(pid):
-            return
-        victims = [pid, *_children(pid)]
-        for victim in victims:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        until(lambda: not any(_alive(v) for v in victims), f"{self.name}'s postgres processes to go", seconds=20)
+        if pid is not None and _alive(pid):
+            postmaster_and_backends_kill(pid, what=f"{self.name}'s postgres processes")
 
     def patroni_kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -59,15 +59,8 @@ class Cluster:
     def kill(self) -> None:
         """SIGKILL to the postmaster and every backend, as when its machine dies."""
         pid = self.postmaster_pid()
-        if pid is None:
-            return
-        victims = [pid, *_children(pid)]
-        for victim in victims:
-            try:
-                os.kill(victim, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        until(lambda: not any(_alive(v) for v in victims), "the killed cluster's processes to go", seconds=20)
+        if pid is not None:
+            postmaster_and_backends_kill(pid, what="the killed cluster's processes")
 
     def promote(self) -> None:
         _run([_bin("pg_ctl"), "-D", str(self.directory), "-w", "-t", "60", "promote"])
@@ -83,6 +76,17 @@ class Cluster:
         if self.postmaster_pid() is not None and (self.directory / "postmaster.pid").exists():
             subprocess.run(_as_postgres([_bin("pg_ctl"), "-D", str(self.directory), "-m", "immediate", "-w", "stop"]),
                            capture_output=True, check=False)
+
+
+def postmaster_and_backends_kill(pid: int, *, what: str) -> None:
+    """SIGKILL to a postmaster and every process it started, then wait until they are gone."""
+    victims = [pid, *_children(pid)]
+    for victim in victims:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    until(lambda: not any(_alive(v) for v in victims), f"{what} to go", seconds=20)
 
 
 def _alive(pid: int) -> bool:
