@@ -339,8 +339,8 @@ def webhook_deliveries_dispatch(
     are due; `publish` (the relay's) is called between claims. Locks: `_round`'s; none across an HTTP call."""
     budget = float(settings.TALLY_WEBHOOK_DISPATCH_SECONDS) if time_budget_seconds is None else time_budget_seconds
     deadline = time.monotonic() + budget
+    # Idle connections are not reused (transport's check) and the reaper closes idle targets.
     connections = _SENDERS.connections
-    connections.idle_close()
     _SENDERS.reaper_start()
     in_flight: dict[Future[_Outcome], _Claim] = {}
     answered: list[_Outcome] = []
