@@ -533,3 +533,56 @@ def test_a_schema_name_too_long_for_the_longer_staging_name_is_refused(restoring
     # 39 characters: `<name>_replaced_<14 digits>` is 63 and fits, `<name>_restoring_<14 digits>` is 64 and would be cut.
     with pytest.raises(CommandError, match="too long for a staging name"):
         _restore(restoring, schema="t" * 39)
+
+
+def test_a_run_killed_while_its_swap_waits_leaves_the_tenant_off_and_cleanup_switches_it_on(restoring: World) -> None:
+    """A real kill, not a planted leftover: the command runs as a process of its own; a
+    transaction of the tenant holds a table, so its swap waits on `LOCK TABLE`; then SIGKILL.
+    Nothing is swapped (the dead client's transaction rolls back), the tenant stays off with
+    the run's marked staging schema left, a new run is refused, and `--cleanup` puts it right."""
+    import os
+    import signal
+    import sys
+
+    from tests.faults import ROOT, until
+    from tests.test_failover import _test_database_url
+
+    ledger_before = _ledger(RESTORED)
+    env = dict(os.environ)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    env.update(DJANGO_SETTINGS_MODULE="config.settings.local", DATABASE_URL=_test_database_url(), REDIS_URL=str(settings.REDIS_URL),
+               DJANGO_DEBUG="false", TALLY_LOG_LEVEL="WARNING")
+    holder = psycopg.connect(_dsn(str(connection.settings_dict["NAME"])))
+    holder.execute(f"SELECT count(*) FROM {RESTORED}.wallets_balance")  # held to the end of its transaction
+    run = subprocess.Popen([sys.executable, "manage.py", "tenant_restore", "--schema", RESTORED, "--source", restoring.source,
+                            "--lock-timeout-ms", "120000"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with psycopg.connect(_dsn("postgres"), autocommit=True) as watch:
+            def swap_waiting() -> bool:
+                return watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE%%'"
+                                     " AND datname = %s", [connection.settings_dict["NAME"]]).fetchone() == (1,)
+            until(swap_waiting, "the command's swap to wait for the tenant's table", seconds=120)
+            run.send_signal(signal.SIGKILL)
+            run.wait(10)
+            holder.rollback()  # the swap's statement gets its lock, then finds its client gone
+            until(lambda: not swap_waiting() and watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LOCK TABLE%%' AND state <> 'idle'").fetchone() == (0,),
+                "the killed command's transaction to end", seconds=30)
+    finally:
+        holder.close()
+        if run.poll() is None:
+            run.kill()
+    try:
+        assert not Tenant.objects.get(schema_name=RESTORED).is_active
+        assert _ledger(RESTORED) == ledger_before  # nothing swapped
+        [staging] = _schemas_like(f"{RESTORED}_restoring_")
+        with pytest.raises(CommandError, match=f"left {staging}: run .*--cleanup"):
+            _restore(restoring)
+        out = io.StringIO()
+        call_command("tenant_restore", "--schema", RESTORED, "--cleanup", "--source", restoring.source, stdout=out)
+        assert f"staging dropped: {staging}" in out.getvalue()
+        assert Tenant.objects.get(schema_name=RESTORED).is_active
+        assert _schemas_like(f"{RESTORED}_") == []
+    finally:
+        _drop(*_schemas_like(f"{RESTORED}_"))
+        Tenant.objects.filter(schema_name=RESTORED).update(is_active=True)
