@@ -36,7 +36,8 @@ def test_the_freeze_takes_every_live_object_out_of_collections(unfrozen_afterwar
     kept = [[index] for index in range(10)]  # alive, tracked containers made before the freeze
     assert _collected(kept[0])
     frozen = gc_freeze_after_load()
-    assert frozen == gc.get_freeze_count() > len(kept)
+    # a frozen object can still be freed (by a thread an earlier test left running) before the count is read again
+    assert 0 <= frozen - gc.get_freeze_count() < 100 and frozen > len(kept)
     assert not _collected(kept[0]) and not _collected(kept)
     made_after = [1, 2]
     assert _collected(made_after)
