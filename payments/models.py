@@ -1,6 +1,10 @@
 """Payment objects and the outbox. Every row that moves money points at the
 LedgerTransaction that moved it. Amounts are integers in the asset's minor unit; CHECK
-constraints are the last line of defence (the services check first)."""
+constraints are the last line of defence (the services check first).
+
+A foreign key has no index of its own (db_index=False) where no query looks rows up by it
+and nothing deletes its target, or where a composite index leads with it: each index is a
+relation in every tenant (the budget in tests/test_tenant_schemas.py)."""
 
 from __future__ import annotations
 
@@ -110,7 +114,7 @@ class Refund(PrefixedIdModel, new_id=ids.new_refund_id):
     points_reversed = models.BigIntegerField(default=0)
     carbon_grams_reversed = models.BigIntegerField(default=0)
     fee = models.BigIntegerField(default=0, db_default=0)  # the payment's fee this refund gave back (the tenant's policy)
-    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_index=False)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -128,9 +132,9 @@ class Transfer(PrefixedIdModel, new_id=ids.new_transfer_id):
     status = models.CharField(max_length=12, default="succeeded")
     from_customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="transfers_out")
     to_customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="transfers_in")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     amount = models.BigIntegerField()
-    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_index=False)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -154,13 +158,13 @@ class TopUp(PrefixedIdModel, new_id=ids.new_topup_id):
 
     status = models.CharField(max_length=10, choices=TopUpStatus.choices, default=TopUpStatus.PENDING)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="topups")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     amount = models.BigIntegerField()
     bonus_amount = models.BigIntegerField(default=0)
     payment_method = models.CharField(max_length=100)
     psp_reference = models.CharField(max_length=200, blank=True, default="")
     failure_code = models.CharField(max_length=50, blank=True, default="")
-    ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
     # The card saga: the gateway, the idempotency record that owns it (for the recovery),
     # when the PSP charged (its settlement day), the PSP refund of an uncredited charge.
     gateway = models.CharField(max_length=20, blank=True, default="")
@@ -265,14 +269,14 @@ class AdjustmentDirection(models.TextChoices):
 class Adjustment(PrefixedIdModel, new_id=ids.new_adjustment_id):
     """A staff correction with a reason, against the adjustments system account."""
 
-    staff = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments")
+    staff = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments", db_index=False)
     customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments")
     merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     amount = models.BigIntegerField()
     direction = models.CharField(max_length=6, choices=AdjustmentDirection.choices)
     reason = models.CharField(max_length=500)
-    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_index=False)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -309,9 +313,9 @@ class PaymentIntentStatus(models.TextChoices):
 class PaymentIntent(PrefixedIdModel, new_id=ids.new_payment_intent_id):
     """A merchant-initiated charge (SPEC 7). Every transition is a compare-and-set on `version`."""
 
-    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payment_intents")
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payment_intents", db_index=False)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="payment_intents")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     amount = models.BigIntegerField()
     amount_captured = models.BigIntegerField(default=0)
     capture_method = models.CharField(max_length=10, choices=CaptureMethod.choices, default=CaptureMethod.AUTOMATIC)
@@ -427,9 +431,9 @@ class PendingAdjustment(PrefixedIdModel, new_id=new_pending_adjustment_id):
     staff member, posted only when a different one approves it (payments.services.approvals)."""
 
     maker = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments_proposed")
-    checker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments_checked")
+    checker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments_checked", db_index=False)
     customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
     amount = models.BigIntegerField()
     direction = models.CharField(max_length=6, choices=AdjustmentDirection.choices)
@@ -513,7 +517,7 @@ class MerchantBankAccount(models.Model):
     # A payout to an account changed in the last 7 days waits for a staff member's approval.
     changed_at = models.DateTimeField(default=timezone.now)
     # Who attached or changed it: a payout the change makes wait is theirs to propose, never to approve.
-    changed_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    changed_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
 
     class Meta:
         permissions = [("attach_bank_account", "Can attach or change a merchant's bank account")]
@@ -553,7 +557,7 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
     the merchant when failed or canceled, each once, in its own ledger transaction."""
 
     merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="payouts", db_index=False)
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     amount = models.BigIntegerField()
     status = models.CharField(max_length=10, choices=PayoutStatus.choices, default=PayoutStatus.PENDING)
     origin = models.CharField(max_length=10, choices=PayoutOrigin.choices, default=PayoutOrigin.MANUAL)
@@ -568,8 +572,8 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
     # limit, else a second one: `approval_maker` is the first).
     approval_required = models.BooleanField(default=False)
     approval_reason = models.CharField(max_length=200, blank=True, default="")
-    approval_maker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    approved_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approval_maker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
+    approved_by = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
     approved_at = models.DateTimeField(null=True, blank=True)
     # The saga: who may complete a PSP call (fence) and until when (lease); `attempts` > 0
     # means the PSP may have it, so it can no longer be canceled.
@@ -582,9 +586,9 @@ class Payout(PrefixedIdModel, new_id=new_payout_id):
     arrival_expected_at = models.DateTimeField(null=True, blank=True)  # the PSP's promise
     psp_checked_at = models.DateTimeField(null=True, blank=True)  # the recovery last asked the PSP about it
     failure_code = models.CharField(max_length=50, blank=True, default="")
-    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+")
-    paid_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    returned_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    ledger_transaction = models.ForeignKey(LedgerTransaction, on_delete=models.PROTECT, related_name="+", db_index=False)
+    paid_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
+    returned_transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
     settled_at = models.DateTimeField(null=True, blank=True)  # reached paid, failed or canceled
     # The PSP failed or canceled a payout it had: the money it sent on (at Stripe, the transfer
     # to the merchant's connected account) is taken back through the gateway first

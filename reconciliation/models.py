@@ -1,5 +1,9 @@
 """Reconciliation runs and their findings (tenant schema), made by
-`reconciliation_run_request` and filled in by `reconciliation_run_execute`."""
+`reconciliation_run_request` and filled in by `reconciliation_run_execute`.
+
+A foreign key has no index of its own (db_index=False) where no query looks rows up by it
+and nothing deletes its target, or where a composite index leads with it: each index is a
+relation in every tenant (the budget in tests/test_tenant_schemas.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ class ReconciliationFinding(models.Model):
     concerns (`refs`: [{"app_label", "model", "pk"}], links in the admin)."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(ReconciliationRun, on_delete=models.CASCADE, related_name="findings")
+    run = models.ForeignKey(ReconciliationRun, on_delete=models.CASCADE, related_name="findings", db_index=False)
     check_name = models.CharField(max_length=50)
     kind = models.CharField(max_length=50)
     severity = models.CharField(max_length=10)

@@ -273,3 +273,27 @@ def test_the_template_is_read_once_per_migration_state(django_db_setup: None, dj
             schemas._script_cache.clear()
             _drop("shape_once_a", "shape_once_b", "shape_once_c")
     connection.set_schema_to_public()
+
+
+# What an empty tenant costs, by kind (tables, indexes, sequences; TOAST apart), as built
+# today: a new index, table or sequence must fit under it or raise it on purpose, with the
+# query plan that needs it (docs/SCALING.md, "What a tenant costs").
+EMPTY_TENANT_RELATIONS = {"r": 50, "i": 161, "S": 22}
+
+
+def test_an_empty_tenant_costs_what_its_budget_says_and_has_no_pattern_ops_index(django_db_setup: None, django_db_blocker: Any) -> None:
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT relkind, count(*) FROM pg_class WHERE relnamespace = %s::regnamespace GROUP BY relkind", [TEMPLATE])
+        relations = dict(cursor.fetchall())
+        cursor.execute(
+            """
+            SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
+              JOIN pg_opclass o ON o.oid = ANY (x.indclass::oid[])
+             WHERE i.relnamespace = %s::regnamespace AND o.opcname IN ('varchar_pattern_ops', 'text_pattern_ops')
+            """,
+            [TEMPLATE],
+        )
+        pattern_ops = [name for (name,) in cursor.fetchall()]
+    assert pattern_ops == []
+    over = {kind: count for kind, count in relations.items() if count > EMPTY_TENANT_RELATIONS.get(kind, 0)}
+    assert over == {}, f"{relations} against the budget {EMPTY_TENANT_RELATIONS}"

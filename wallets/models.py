@@ -1,4 +1,8 @@
-"""A tenant's parties, assets, accounts, API keys, ledger, audit log and staged-migration state."""
+"""A tenant's parties, assets, accounts, API keys, ledger, audit log and staged-migration state.
+
+A foreign key has no index of its own (db_index=False) where no query looks rows up by it
+and nothing deletes its target, or where a composite index leads with it: each index is a
+relation in every tenant (the budget in tests/test_tenant_schemas.py)."""
 
 from __future__ import annotations
 
@@ -351,11 +355,11 @@ class HoldStatus(models.TextChoices):
 class Hold(PrefixedIdModel, new_id=ids.new_hold_id):
     """Funds reserved on a customer wallet (an authorized intent): counted in Balance.held."""
 
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
-    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds", db_index=False)
+    asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     amount = models.BigIntegerField()
     status = models.CharField(max_length=10, choices=HoldStatus.choices, default=HoldStatus.ACTIVE)
-    reference = models.CharField(max_length=ids.ID_MAX_LENGTH, db_index=True)
+    reference = models.CharField(max_length=ids.ID_MAX_LENGTH)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:

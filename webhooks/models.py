@@ -1,4 +1,8 @@
-"""Merchant webhook endpoints, and the deliveries the outbox relay makes to them (SPEC 8)."""
+"""Merchant webhook endpoints, and the deliveries the outbox relay makes to them (SPEC 8).
+
+A foreign key has no index of its own (db_index=False) where no query looks rows up by it
+and nothing deletes its target, or where a composite index leads with it: each index is a
+relation in every tenant (the budget in tests/test_tenant_schemas.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ class WebhookEndpoint(PrefixedIdModel, new_id=ids.new_webhook_endpoint_id):
     rotation the previous secret also signs until `previous_secret_expires_at`. Only
     webhooks.secrets reads or writes the four secret fields (sealed)."""
 
-    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="webhook_endpoints")
+    merchant = models.ForeignKey(Merchant, on_delete=models.PROTECT, related_name="webhook_endpoints", db_index=False)
     url = models.URLField(max_length=2048)
     description = models.CharField(max_length=200, blank=True, default="")
     # Event topics to deliver ("payment.succeeded", ...); ["*"] for all.
@@ -70,7 +74,7 @@ class WebhookDelivery(PrefixedIdModel, new_id=new_webhook_delivery_id):
     and redeliverable after. A claim sets `leased_until` and `next_attempt_at` to the same
     moment: no other worker claims it meanwhile, and it is due again if the worker dies."""
 
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries")
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="deliveries", db_index=False)
     event = models.ForeignKey(OutboxEvent, on_delete=models.PROTECT, related_name="+")
     topic = models.CharField(max_length=100)
     event_created = models.DateTimeField()  # the event's `created` (lag measurements, admin)
@@ -115,7 +119,7 @@ class WebhookDelivery(PrefixedIdModel, new_id=new_webhook_delivery_id):
 class WebhookDeliveryAttempt(models.Model):
     """One POST of a delivery: what came back, how fast, and why it failed."""
 
-    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.PROTECT, related_name="attempt_log")
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.PROTECT, related_name="attempt_log", db_index=False)
     attempted_at = models.DateTimeField(default=timezone.now)
     succeeded = models.BooleanField()
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)  # null: no HTTP answer

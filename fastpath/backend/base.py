@@ -10,6 +10,7 @@ from django.db.backends.postgresql.base import Cursor
 from django.db.backends.postgresql.creation import DatabaseCreation
 from django.db.backends.postgresql.introspection import TableInfo
 from django.db.backends.postgresql.operations import DatabaseOperations
+from django.db.backends.postgresql.schema import DatabaseSchemaEditor
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantsDatabaseWrapper
 from django_tenants.postgresql_backend.introspection import DatabaseSchemaIntrospection, DatabaseSchemaIntrospectionSearchPathContext
 from django_tenants.utils import get_public_schema_name
@@ -48,6 +49,16 @@ class Creation(DatabaseCreation):
             cursor.execute(f"DROP DATABASE {self.connection.ops.quote_name(test_database_name)} WITH (FORCE)")
 
 
+class SchemaEditor(DatabaseSchemaEditor):
+    """No `varchar_pattern_ops` twin beside the index of an indexed or unique text column.
+    It serves only `LIKE 'prefix%'` outside the C collation, and no query here runs one on
+    such a column (ids, key hashes, references; the admin's searches are exact or
+    `icontains`, which no btree serves). wallets' migration 0021 dropped those built before."""
+
+    def _create_like_index_sql(self, model: Any, field: Any) -> None:
+        return None
+
+
 class Introspection(DatabaseSchemaIntrospection):  # type: ignore[misc]  # django-tenants is untyped
     """Django's table list scans every relation of the database (pg_class has no index by
     schema) and django-tenants' migrate asks for it several times a tenant (through
@@ -78,6 +89,7 @@ class Introspection(DatabaseSchemaIntrospection):  # type: ignore[misc]  # djang
 class DatabaseWrapper(TenantsDatabaseWrapper):  # type: ignore[misc]
     ops_class = Operations
     creation_class = Creation
+    SchemaEditorClass = SchemaEditor
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
