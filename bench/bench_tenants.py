@@ -37,16 +37,33 @@ still missing. Phases (--phase, comma-separated; default all), one JSON line per
 - latency: --latency-requests keyed `POST /v1/terminal/payments` in tenant 1 and in the
   last tenant, in this process through the WSGI application (middleware, tenant lookup,
   API key, idempotency, payment: no socket), alternating tenants; p50 and p99 of each.
+- memory: a new process serving keyed payments through the WSGI application, as a gunicorn
+  worker does, one in each of --memory-tenants different tenants (a key made for each
+  first); its RSS before the first request, after the first and after the last.
 - session: what a session's history costs a clone of the template (`schema_clone`, into a
   probe schema dropped after each): on a new session; on the same session after it wrote a
   merchant, store, terminal and customer into each of --session-tenants tenants (foreign
   keys checked at once, every write rolled back); the same after DISCARD PLANS; and after
   the connection is closed, as `tenant_create` does. With the backend's memory.
+- size: what a tenant costs: the relations of the template schema by kind (TOAST tables and
+  their indexes counted apart), its size, the database's size and pg_class's rows.
+- dump: `pg_dump --schema-only` of the whole database, timed (output discarded).
+
+At 10,000 tenants (an hour or so on 2 cores), creation runs in --create-processes
+processes, each over its own range of tenants, and the last ten are created alone by this
+process, so their times are the figure; the visits of every tenant (--migrate-runs) and the
+column's rollback (--no-column-rollback, for a database dropped afterwards) can be left out:
+
+    .venv/bin/python bench/bench_tenants.py --tenants 10000 --create-processes 2 \
+        --terminals 1 --customers 1 --payments 1 --migrate-runs skip_up_to_date \
+        --column-executors multiprocessing --no-column-rollback \
+        --phase create,size,migrate,column,beat,latency,memory,dump
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -61,10 +78,10 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("TALLY_SEALING_KEYS", "bench1:YmVuY2gtc2VhbGluZy1rZXktMDAwMDAwMDAwMDAwMDA=")
 sys.path.insert(0, str(ROOT))
 
-PHASES = ("create", "migrate", "column", "beat", "idle", "latency", "session")
+PHASES = ("create", "migrate", "column", "beat", "idle", "latency", "memory", "session", "size", "dump")
 PREFIX = "bt"
 PORT = 6450
-MILESTONES = (1, 10, 50, 100, 200, 500, 1000, 2000, 5000)
+MILESTONES = (1, 10, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 
 
 def emit(**figure: Any) -> None:
@@ -141,7 +158,13 @@ def phase_create(args: argparse.Namespace) -> None:
     emit(phase="create", figure="setup_s", value=round(time.perf_counter() - started, 2), existing_tenants=existing)
     creation: list[float] = []
     content: list[float] = []
-    for i in range(existing, args.tenants):
+    start, end = existing, args.tenants
+    if args.create_range:
+        start, end = (int(bound) for bound in args.create_range.split(":"))
+    elif args.create_processes > 1 and end - start > 10:
+        _create_in_processes(args, start, end - 10)
+        start = end - 10
+    for i in range(start, end):
         t0 = time.perf_counter()
         tenant_create(schema_name=schema_of(i), domain=f"{schema_of(i)}.bench.localhost", name=f"Bench {i}", main_currency="JPY")
         t1 = time.perf_counter()
@@ -153,7 +176,7 @@ def phase_create(args: argparse.Namespace) -> None:
         creation.append(t1 - t0)
         content.append(t2 - t1)
         nth = i + 1
-        if nth in MILESTONES or nth == args.tenants:
+        if not args.create_range and (nth in MILESTONES or nth == args.tenants):
             window = creation[-10:]
             emit(phase="create", figure="tenant_create_s", nth=nth, value=round(t1 - t0, 3),
                  median_last_10_s=round(statistics.median(window), 3), content_s=round(t2 - t1, 3))
@@ -163,6 +186,25 @@ def phase_create(args: argparse.Namespace) -> None:
         emit(phase="create", figure="summary", created=len(creation), tenants=args.tenants,
              tenant_create_median_s=round(statistics.median(creation), 3), tenant_create_max_s=round(max(creation), 3),
              content_median_s=round(statistics.median(content), 3), wall_s=round(time.perf_counter() - started, 1))
+
+
+def _create_in_processes(args: argparse.Namespace, start: int, end: int) -> None:
+    """Tenants start..end-1 made by --create-processes processes of this script, each over a
+    contiguous range (--create-range), at once."""
+    count = args.create_processes
+    bounds = [start + (end - start) * k // count for k in range(count + 1)]
+    started = time.perf_counter()
+    children = [
+        subprocess.Popen([sys.executable, __file__, "--reuse", "--keep", "--phase", "create", "--db", args.db,
+                          "--redis-url", args.redis_url, "--tenants", str(end), "--create-range", f"{low}:{high}",
+                          "--terminals", str(args.terminals), "--customers", str(args.customers), "--payments", str(args.payments)],
+                         cwd=ROOT, stdout=subprocess.DEVNULL)
+        for low, high in itertools.pairwise(bounds)
+    ]
+    if any(child.wait() != 0 for child in children):
+        raise SystemExit("a creating process failed")
+    emit(phase="create", figure="created_in_processes", processes=count, tenants=end - start,
+         wall_s=round(time.perf_counter() - started, 1), per_tenant_s=round((time.perf_counter() - started) / max(1, end - start), 3))
 
 
 def compare_django_tenants(count: int) -> None:
@@ -213,6 +255,8 @@ def phase_migrate(args: argparse.Namespace) -> None:
         "multiprocessing_all": ["--tenant", "--all-tenants", "--executor=multiprocessing"],
     }
     for name, options in runs.items():
+        if name not in args.migrate_runs.split(","):
+            continue
         seconds = _manage(args, "migrate_schemas", "--noinput", "-v", "0", *options)
         emit(phase="migrate", figure="noop_migrate_schemas_s", run=name, schemas=schemas, value=seconds,
              per_schema_ms=round(1000 * seconds / schemas, 1))
@@ -225,6 +269,8 @@ def phase_column(args: argparse.Namespace) -> None:
         seconds = _manage(args, "migrate_schemas", "--noinput", "-v", "0", "--tenant", f"--executor={executor}", **column)
         emit(phase="column", figure="add_column_all_tenants_s", executor=executor, schemas=schemas, value=seconds,
              per_schema_ms=round(1000 * seconds / schemas, 1))
+        if not args.column_rollback:
+            continue
         seconds = _manage(args, "migrate_schemas", "tenantcol", "0001_initial", "--noinput", "-v", "0", "--tenant",
                           f"--executor={executor}", **column)
         emit(phase="column", figure="rollback_column_all_tenants_s", executor=executor, schemas=schemas, value=seconds)
@@ -430,6 +476,119 @@ def phase_latency(args: argparse.Namespace) -> None:
              requests=len(times[schema]), p50=pct(times[schema], 0.5), p99=pct(times[schema], 0.99))
 
 
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError("no VmRSS")
+
+
+def _served(application: Any, environ: dict[str, Any]) -> str:
+    """The status line of one request through the WSGI application, its body consumed."""
+    status: list[str] = []
+    for _ in application(environ, lambda line, headers, *exc: status.append(line)):
+        pass
+    return status[0] if status else ""
+
+
+def memory_child(plan_file: str) -> None:
+    """In a new process: one keyed payment in each tenant of the plan, through the WSGI application."""
+    from django.core.handlers.wsgi import WSGIHandler
+
+    from bench.harness import wsgi_environ
+
+    plan = json.loads(Path(plan_file).read_text())
+    rss = {"loaded_mb": _rss_mb()}
+    application = WSGIHandler()
+    for n, (host, key, customer) in enumerate(plan, start=1):
+        body = json.dumps({"customer": customer, "asset": "JPY", "amount": 1}).encode()
+        status = _served(application, dict(wsgi_environ(body, key), HTTP_HOST=host))
+        if not status.startswith("201"):
+            raise SystemExit(f"payment at {host}: {status}")
+        if n == 1:
+            rss["after_first_mb"] = _rss_mb()
+    rss["after_last_mb"] = _rss_mb()
+    from django.db import connection
+
+    # The process's PostgreSQL backend keeps what it learnt of every tenant's catalog.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sum(total_bytes), sum(total_bytes) FILTER (WHERE 'CacheMemoryContext' IN (name, parent))"
+                       " FROM pg_backend_memory_contexts")
+        total, caches = cursor.fetchone()
+    rss["backend_memory_mb"] = round(int(total) / 2**20, 1)
+    rss["backend_cache_memory_mb"] = round(int(caches) / 2**20, 1)
+    print(json.dumps(rss))
+
+
+def phase_memory(args: argparse.Namespace) -> None:
+    from django.db import connection
+    from django_tenants.utils import schema_context
+
+    from tenants.models import Tenant
+    from wallets.models import Customer, Terminal
+    from wallets.services.principals import api_key_create
+
+    schemas = sorted(Tenant.objects.filter(schema_name__startswith=PREFIX).values_list("schema_name", flat=True))
+    step = max(1, len(schemas) // args.memory_tenants)
+    plan = []
+    for schema in schemas[::step][: args.memory_tenants]:
+        with schema_context(schema):
+            terminal = Terminal.objects.order_by("id").first()
+            customer = Customer.objects.order_by("id").first()
+            assert terminal is not None and customer is not None
+            _, key = api_key_create(principal=terminal)
+            plan.append((f"{schema}.bench.localhost", key, customer.id))
+        connection.set_schema_to_public()
+    plan_file = Path(f"/tmp/{args.db}_memory_plan.json")
+    plan_file.write_text(json.dumps(plan))
+    # config.settings.local's app, as a web worker runs it (the bench app and eager tasks of
+    # bench.tenants_settings left out); the payments' relay kicks wait in Redis DB 15.
+    code = f"import django; django.setup(); from bench.bench_tenants import memory_child; memory_child({str(plan_file)!r})"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            env=_env(args, DJANGO_SETTINGS_MODULE="config.settings.local", DJANGO_DEBUG="false"))
+    plan_file.unlink()
+    if result.returncode != 0:
+        raise SystemExit(f"memory child failed:\n{result.stderr[-3000:]}")
+    emit(phase="memory", figure="web_process_rss", tenants_served=len(plan), tenants=_tenant_count(),
+         how="in-process WSGI, a new process", **json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def phase_size(args: argparse.Namespace) -> None:
+    from django.conf import settings
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relkind, count(*), sum(pg_relation_size(c.oid)), count(t.oid), sum(pg_total_relation_size(t.oid))
+              FROM pg_class c LEFT JOIN pg_class t ON t.oid = c.reltoastrelid
+             WHERE c.relnamespace = %s::regnamespace GROUP BY c.relkind
+            """,
+            [settings.TENANT_BASE_SCHEMA],
+        )
+        kinds = {kind: (count, int(size), toast, int(toast_size or 0)) for kind, count, size, toast, toast_size in cursor.fetchall()}
+        cursor.execute("SELECT pg_database_size(current_database()), (SELECT count(*) FROM pg_class)")
+        database_bytes, pg_class_rows = cursor.fetchone()
+    names = {"r": "tables", "i": "indexes", "S": "sequences"}
+    relations = {names.get(kind, kind): count for kind, (count, *_rest) in kinds.items()}
+    toast_tables = sum(toast for _c, _s, toast, _ts in kinds.values())
+    template_bytes = sum(size + toast_size for _c, size, _t, toast_size in kinds.values())
+    emit(phase="size", figure="empty_tenant", schema=settings.TENANT_BASE_SCHEMA, relations=sum(relations.values()), **relations,
+         toast_tables_and_their_indexes=2 * toast_tables, bytes=template_bytes, mb=round(template_bytes / 2**20, 2))
+    emit(phase="size", figure="database", tenants=_tenant_count(), gb=round(database_bytes / 2**30, 2), pg_class_rows=pg_class_rows)
+
+
+def phase_dump(args: argparse.Namespace) -> None:
+    from django.conf import settings
+
+    started = time.perf_counter()
+    result = subprocess.run([str(Path(settings.TALLY_PG_BIN_DIR) / "pg_dump"), "--schema-only", "-f", "/dev/null",
+                             f"postgres://postgres@127.0.0.1:5432/{args.db}"], capture_output=True, text=True)
+    # A failure is a figure too: pg_dump locks every table it dumps, in one transaction.
+    emit(phase="dump", figure="pg_dump_schema_only_s", tenants=_tenant_count(), value=round(time.perf_counter() - started, 1),
+         ok=result.returncode == 0, error=result.stderr.strip()[-300:] if result.returncode else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tenants", type=int, default=100)
@@ -447,6 +606,11 @@ def main() -> None:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--idle-warmup", type=float, default=15)
     parser.add_argument("--latency-requests", type=int, default=300)
+    parser.add_argument("--create-processes", type=int, default=1, help="create: processes that make all but the last ten")
+    parser.add_argument("--create-range", default="", help=argparse.SUPPRESS)  # a creating process's start:end
+    parser.add_argument("--migrate-runs", default="skip_up_to_date,standard_all,multiprocessing_all")
+    parser.add_argument("--no-column-rollback", dest="column_rollback", action="store_false")
+    parser.add_argument("--memory-tenants", type=int, default=1000)
     parser.add_argument("--session-tenants", type=int, default=600, help="session: tenants the session writes to")
     args = parser.parse_args()
     if not args.db.startswith("tally_bench_tenants"):
