@@ -433,7 +433,7 @@ class PendingAdjustment(PrefixedIdModel, new_id=new_pending_adjustment_id):
     maker = models.ForeignKey(StaffMember, on_delete=models.PROTECT, related_name="adjustments_proposed")
     checker = models.ForeignKey(StaffMember, null=True, blank=True, on_delete=models.PROTECT, related_name="adjustments_checked", db_index=False)
     customer = models.ForeignKey(Customer, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
-    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False)
+    merchant = models.ForeignKey(Merchant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+")
     amount = models.BigIntegerField()
     direction = models.CharField(max_length=6, choices=AdjustmentDirection.choices)

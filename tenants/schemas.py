@@ -327,34 +327,3 @@ def schemas_missing_migrations(*, schemas: Sequence[str]) -> dict[str, int]:
                 missing[ordered[i][0]] = len(known) - int(held)
     return missing
 
-
-def indexes_drop_sql(*, table_prefixes: Sequence[str] = (), names: Sequence[str] = ()) -> str:
-    """A statement for a migration that drops, in the schema it runs in (the first on the
-    search path), the `varchar_pattern_ops`/`text_pattern_ops` twins Django built beside the
-    indexes of text columns of the tables named with one of `table_prefixes` (they serve
-    only `LIKE 'prefix%'`, which no query here runs on such a column), and the indexes
-    called `names` where they exist. A plain DROP INDEX: each affected table's lock is held
-    for a catalog update, so that tenant's writes wait behind it for a moment."""
-    prefixes = ", ".join(_literal(prefix.replace("_", "\\_") + "%") for prefix in table_prefixes) or "NULL"
-    listed = ", ".join(_literal(name) for name in names) or "NULL"
-    # Both lists are the migrations' constants, each quoted as a literal.
-    return f"""
-DO $$
-DECLARE
-    index_name text;
-BEGIN
-    FOR index_name IN
-        SELECT DISTINCT i.relname
-          FROM pg_catalog.pg_index x
-          JOIN pg_catalog.pg_class i ON i.oid = x.indexrelid
-          JOIN pg_catalog.pg_class t ON t.oid = x.indrelid
-          JOIN pg_catalog.pg_opclass o ON o.oid = ANY (x.indclass::oid[])
-         WHERE i.relnamespace = current_schema()::regnamespace
-           AND ((o.opcname IN ('varchar_pattern_ops', 'text_pattern_ops') AND t.relname LIKE ANY (ARRAY[{prefixes}]::text[]))
-                OR i.relname = ANY (ARRAY[{listed}]::text[]))
-    LOOP
-        EXECUTE format('DROP INDEX %I', index_name);
-    END LOOP;
-END
-$$;
-"""  # noqa: S608

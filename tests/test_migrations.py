@@ -340,3 +340,47 @@ def test_the_payout_review_migration_adds_columns_in_one_short_transaction_then_
     with in_tenant(scratch_tenant):
         constraints, indexes, _ = _payout_catalog()
         assert set(constraints.values()) == {True} and len(constraints) == 3 and indexes == {"payout_return_owed": True, "payout_in_review": True}
+
+
+def _catalog(schema: str) -> tuple[dict[str, int], set[str], dict[str, int]]:
+    """The schema's relations by kind, its pattern_ops indexes, and its foreign keys' oids by name."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT relkind, count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                       " WHERE n.nspname = %s GROUP BY relkind", [schema])
+        kinds = dict(cursor.fetchall())
+        cursor.execute(
+            """
+            SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_namespace n ON n.oid = i.relnamespace
+              JOIN pg_opclass o ON o.oid = ANY (x.indclass::oid[])
+             WHERE n.nspname = %s AND o.opcname IN ('varchar_pattern_ops', 'text_pattern_ops')
+            """,
+            [schema],
+        )
+        twins = {name for (name,) in cursor.fetchall()}
+        cursor.execute("SELECT conname, c.oid FROM pg_constraint c JOIN pg_namespace n ON n.oid = c.connamespace"
+                       " WHERE n.nspname = %s AND contype = 'f'", [schema])
+        foreign_keys = dict(cursor.fetchall())
+    return kinds, twins, foreign_keys
+
+
+def test_the_lean_index_migrations_drop_the_old_indexes_and_leave_the_foreign_keys_alone(scratch_tenant: Tenant) -> None:
+    """A tenant made before them (its foreign-key indexes there, pattern_ops twins beside
+    them, as the old schema editor built) ends as a new one: the same relations, no twin,
+    and every foreign key the same constraint (never dropped and re-added, which would check
+    every row under a lock)."""
+    schema = scratch_tenant.schema_name
+    connection.set_schema_to_public()
+    new_tenant = _catalog(schema)
+    _migrate(schema, "reconciliation", "0002_books")
+    _migrate(schema, "wallets", "0020_ledgerentry_created_brin")  # and payments 0029, webhooks 0009 with it
+    with in_tenant(scratch_tenant), connection.cursor() as cursor:
+        for table, column in (("payments_payout", "id"), ("wallets_apikey", "key_hash"), ("auth_user", "username"),
+                              ("webhooks_webhookdelivery", "id"), ("payments_payout", "ledger_transaction_id")):
+            cursor.execute(f"CREATE INDEX {table}_{column}_twin_like ON {table} ({column} varchar_pattern_ops)")
+    connection.set_schema_to_public()
+    before = _catalog(schema)
+    assert before[0]["i"] == new_tenant[0]["i"] + 28 + 5 and len(before[1]) == 5  # the 28 foreign-key indexes back, the 5 twins
+    _migrate(schema)
+    after = _catalog(schema)
+    assert after == (new_tenant[0], set(), before[2])
+    assert after[2].keys() == new_tenant[2].keys()

@@ -221,7 +221,7 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
 class HoldAdmin(ReadOnlyAdmin):
     list_display = ("id", link_column("account"), money_column("amount"), "status", "reference", "created")
     list_filter = ("status", "asset")
-    id_search = {"hld": "id", "acc": "account_id", "pi": "reference"}
+    id_search = {"hld": "id", "acc": "account_id", "pi": "payment_intent__id"}
     list_select_related = ("account", "asset")
     date_hierarchy = "created"
 

@@ -355,7 +355,7 @@ class HoldStatus(models.TextChoices):
 class Hold(PrefixedIdModel, new_id=ids.new_hold_id):
     """Funds reserved on a customer wallet (an authorized intent): counted in Balance.held."""
 
-    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds", db_index=False)
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="holds")
     asset = models.ForeignKey(Asset, on_delete=models.PROTECT, related_name="+", db_index=False)
     amount = models.BigIntegerField()
     status = models.CharField(max_length=10, choices=HoldStatus.choices, default=HoldStatus.ACTIVE)

@@ -141,6 +141,25 @@ def test_search_by_id_is_an_exact_lookup(api: Api, world: World, tenant: Tenant)
     assert listing and all("UPPER(" not in sql and "LIKE" not in sql for sql in listing)
 
 
+
+def test_a_hold_is_found_by_its_intents_id_through_the_intent(api: Api, world: World, tenant: Tenant) -> None:
+    """The hold's own reference has no index (nothing else looks holds up by it): the
+    search goes through the intent's primary key and its unique hold."""
+    from payments.services.intents import payment_intent_confirm, payment_intent_create
+    from tests.api.test_money_endpoints import fund
+
+    fund(world, world.customer.obj, 100)
+    intent = payment_intent_create(merchant=world.merchant.obj, customer=world.customer.obj, asset_code="JPY", amount=5,
+                                   capture_method="manual")
+    intent = payment_intent_confirm(intent=intent)  # manual capture: confirming authorizes (a hold)
+    assert intent.hold_id
+    client = _login("root-hold-search", superuser=True)
+    with CaptureQueriesContext(connection) as queries:
+        r = client.get("/admin/wallets/hold/", {"q": intent.id})
+    assert intent.hold_id.encode() in r.content
+    listing = [q["sql"] for q in queries.captured_queries if "wallets_hold" in q["sql"] and "ORDER BY" in q["sql"]]
+    assert listing and all("payments_paymentintent" in sql and "UPPER(" not in sql for sql in listing)
+
 # --- the audit log ------------------------------------------------------------------------
 
 
