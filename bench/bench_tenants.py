@@ -452,12 +452,10 @@ def phase_latency(args: argparse.Namespace) -> None:
         host, key, customer = setup[schema]
         body = json.dumps({"customer": customer, "asset": "JPY", "amount": 1}).encode()
         environ = dict(wsgi_environ(body, key), HTTP_HOST=host)
-        status: list[str] = []
         t0 = time.perf_counter()
-        for _ in application(environ, lambda s, h, *a: status.append(s)):
-            pass
+        status = _served(application, environ)
         elapsed = time.perf_counter() - t0
-        if not status or not status[0].startswith("201"):
+        if not status.startswith("201"):
             raise SystemExit(f"payment in {schema}: {status}")
         return elapsed
 
