@@ -36,7 +36,7 @@ from devtools.demo_seed import DEMO_SCHEMA
 from tests.faults import ROOT, celery_beat, celery_worker, figures, free_port_in, until
 from tests.live import gunicorn_running
 from tests.pgbackrest_support import PORTS, pgbackrest_node
-from tests.test_failover import FINAL, Outcome, _app, _test_database_url, clients_start
+from tests.test_failover import FINAL, Outcome, _app, _test_database_url, clients_start, ledger_reconcile
 
 DROPPED = "harbour"  # the tenant the mistake drops
 
@@ -46,16 +46,6 @@ def _step(env: dict[str, str], *args: str) -> Any:
                           timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _reconcile(env: dict[str, str], *tenant: str) -> subprocess.CompletedProcess[str]:
-    """`manage.py reconcile` of every active tenant (or `--tenant SCHEMA`), without the PSP compares (no PSP answers
-    a restored copy; tests/test_failover.py's `ledger_reconcile` says why)."""
-    from reconciliation.registry import CHECKS
-
-    checks = [arg for check in CHECKS if check.name not in ("psp_settlement", "payouts") for arg in ("--check", check.name)]
-    return subprocess.run([sys.executable, "manage.py", "reconcile", *tenant, *checks], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
 
 
 def _tenant_restore(env: dict[str, str], source: str) -> subprocess.CompletedProcess[str]:
@@ -122,7 +112,7 @@ def test_a_point_in_time_restore_brings_back_every_acknowledged_payment_and_a_dr
         finally:
             worker.stop()
             beat.stop()
-        reconcile = _reconcile(restored_env)
+        reconcile = ledger_reconcile(restored_env, tenant=None)
 
         # The one tenant put back into the running instance from the copy.
         tenant_started = time.monotonic()
@@ -130,7 +120,7 @@ def test_a_point_in_time_restore_brings_back_every_acknowledged_payment_and_a_dr
         tenant_restore_seconds = time.monotonic() - tenant_started
         assert tenant_restore.returncode == 0, tenant_restore.stdout[-3000:] + tenant_restore.stderr[-3000:]
         harbour_live = _step(env, "check", DROPPED)
-        reconcile_live = _reconcile(env, "--tenant", DROPPED)
+        reconcile_live = ledger_reconcile(env, tenant=DROPPED)
         live = _app(env, "check", str(seeded_file))
     seconds = time.monotonic() - started
 

@@ -44,14 +44,16 @@ def _app(env: dict[str, str], *args: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def ledger_reconcile(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`manage.py reconcile` of the demo tenant's books, without the PSP compares: in a shared
-    test database the demo tenant's card gateway may be an earlier test's simulator, long
-    stopped, and a PSP that does not answer is a warning, which is not what these tests judge."""
+def ledger_reconcile(env: dict[str, str], *, tenant: str | None = "demo") -> subprocess.CompletedProcess[str]:
+    """`manage.py reconcile` of a tenant's books (None: every active tenant's), without the PSP
+    compares: in a shared test database the demo tenant's card gateway may be an earlier test's
+    simulator, long stopped, and no PSP answers a restored copy; a PSP that does not answer is
+    a warning, which is not what these tests judge."""
     from reconciliation.registry import CHECKS
 
     checks = [arg for check in CHECKS if check.name not in ("psp_settlement", "payouts") for arg in ("--check", check.name)]
-    return subprocess.run([sys.executable, "manage.py", "reconcile", "--tenant", "demo", *checks], cwd=ROOT, env=env,
+    which = ["--tenant", tenant] if tenant is not None else []
+    return subprocess.run([sys.executable, "manage.py", "reconcile", *which, *checks], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
