@@ -203,8 +203,9 @@ def _create_in_processes(args: argparse.Namespace, start: int, end: int) -> None
     ]
     if any(child.wait() != 0 for child in children):
         raise SystemExit("a creating process failed")
+    wall = time.perf_counter() - started
     emit(phase="create", figure="created_in_processes", processes=count, tenants=end - start,
-         wall_s=round(time.perf_counter() - started, 1), per_tenant_s=round((time.perf_counter() - started) / max(1, end - start), 3))
+         wall_s=round(wall, 1), per_tenant_s=round(wall / max(1, end - start), 3))
 
 
 def compare_django_tenants(count: int) -> None:
